@@ -1,0 +1,30 @@
+// Initial weights of a model: zeros, seeded random, or a file.
+//
+// Spelled in options as  zeros | uniform:<a> | normal:<std> | file:<path>.
+// Random initialisation is deterministic for a given seed and parameter
+// count, whatever the block size or thread count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "status.h"
+
+namespace blkps {
+
+struct InitSpec {
+  enum class Kind { kZeros, kUniform, kNormal, kFile };
+  Kind kind = Kind::kZeros;
+  double scale = 0;   // kUniform: weights in [-scale, scale]; kNormal: std
+  std::string path;   // kFile: raw little-endian float32, one per parameter
+  uint64_t seed = 0;  // kUniform, kNormal
+};
+
+// Parses "zeros", "uniform:0.05", "normal:0.01" or "file:/path" into *spec
+// (seed untouched). On failure returns InvalidArgument naming the problem.
+Status ParseInitSpec(const std::string& text, InitSpec* spec);
+
+// Fills w[0..n) as `spec` says. A file must hold exactly 4*n bytes.
+Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n);
+
+}  // namespace blkps

@@ -1,0 +1,170 @@
+#include "model.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+
+namespace blkps {
+namespace {
+
+uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+// MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
+uint64_t AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
+
+// Index of the first non-finite float in g[0..n), or n if all are finite.
+// Tests the exponent bits: branch-free, so the compiler vectorises it.
+size_t FirstNonFinite(const float* g, size_t n) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(g);
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr size_t kChunk = 1024;
+  for (size_t start = 0; start < n; start += kChunk) {
+    const size_t end = std::min(n, start + kChunk);
+    uint32_t bad = 0;
+    for (size_t i = start; i < end; ++i) bad |= ((bits[i] & kExponent) == kExponent);
+    if (bad) {
+      for (size_t i = start; i < end; ++i) {
+        if ((bits[i] & kExponent) == kExponent) return i;
+      }
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+uint64_t Model::MemoryBytes(const ModelOptions& opts, const UpdateRule& rule) {
+  return opts.num_params * (sizeof(float) + rule.state_bytes_per_param());
+}
+
+Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
+  if (opts.num_params == 0) {
+    return Status::InvalidArgument("params: a model needs at least 1 parameter");
+  }
+  if (opts.num_params > (uint64_t{1} << 61)) {
+    return Status::InvalidArgument("params: " + std::to_string(opts.num_params) + " is too large");
+  }
+  if (opts.block_bytes == 0 || opts.block_bytes % sizeof(float) != 0) {
+    return Status::InvalidArgument("block: a model block must be a positive multiple of 4 bytes, got " +
+                                   std::to_string(opts.block_bytes));
+  }
+  std::unique_ptr<UpdateRule> rule;
+  Status s = MakeUpdateRule(opts.rule, opts.num_params, &rule);
+  if (!s.ok()) return s;
+
+  const uint64_t need = MemoryBytes(opts, *rule);
+  const uint64_t available = AvailableMemoryBytes();
+  if (available != 0 && need > available) {
+    return Status::ResourceExhausted("params: a model of " + std::to_string(opts.num_params) +
+                                     " parameters with rule " + rule->name() + " needs " + Mib(need) +
+                                     " but only " + Mib(available) +
+                                     " of memory is available; use fewer parameters or shard the model");
+  }
+
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t mapped = RoundUp(opts.num_params * sizeof(float), page);
+  void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    return Status::ResourceExhausted("params: cannot allocate " + Mib(mapped) + " for the weights: " +
+                                     std::strerror(errno));
+  }
+  float* weights = static_cast<float*>(mem);
+  s = InitializeWeights(opts.init, weights, opts.num_params);
+  if (!s.ok()) {
+    munmap(mem, mapped);
+    return s;
+  }
+  out->reset(new Model(opts, weights, mapped, std::move(rule)));
+  return Status::OK();
+}
+
+Model::Model(const ModelOptions& opts, float* weights, uint64_t mapped_bytes,
+             std::unique_ptr<UpdateRule> rule)
+    : num_params_(opts.num_params),
+      block_bytes_(opts.block_bytes),
+      num_blocks_((opts.num_params * sizeof(float) + opts.block_bytes - 1) / opts.block_bytes),
+      size_bytes_(RoundUp(opts.num_params * sizeof(float), kDeviceSectorBytes)),
+      weights_(weights),
+      mapped_bytes_(mapped_bytes),
+      rule_(std::move(rule)),
+      block_locks_(new std::shared_mutex[num_blocks_]) {}
+
+Model::~Model() { munmap(weights_, mapped_bytes_); }
+
+Status Model::CheckRange(uint64_t offset, uint64_t len) const {
+  if (offset > size_bytes_ || len > size_bytes_ - offset) {
+    return Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                              ") pass the end of the model device (" + std::to_string(size_bytes_) +
+                              " bytes)");
+  }
+  return Status::OK();
+}
+
+Status Model::Read(uint64_t offset, void* dst, size_t len) const {
+  Status s = CheckRange(offset, len);
+  if (!s.ok()) return s;
+  const uint64_t param_bytes = num_params_ * sizeof(float);
+  const char* src = reinterpret_cast<const char*>(weights_);
+  char* out = static_cast<char*>(dst);
+  uint64_t pos = offset;
+  const uint64_t end = offset + len;
+  while (pos < end && pos < param_bytes) {
+    const uint64_t block = pos / block_bytes_;
+    const uint64_t stop = std::min({end, (block + 1) * block_bytes_, param_bytes});
+    std::shared_lock<std::shared_mutex> lock(block_locks_[block]);
+    std::memcpy(out + (pos - offset), src + pos, stop - pos);
+    pos = stop;
+  }
+  if (pos < end) std::memset(out + (pos - offset), 0, end - pos);  // padding
+  return Status::OK();
+}
+
+Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len) {
+  Status s = CheckRange(offset, len);
+  if (!s.ok()) return s;
+  if (offset % sizeof(float) != 0 || len % sizeof(float) != 0) {
+    return Status::InvalidArgument("gradient bytes [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + len) +
+                                   ") do not start and end on a parameter (multiples of 4)");
+  }
+  const uint64_t first = offset / sizeof(float);
+  const uint64_t count = std::min<uint64_t>(len / sizeof(float), num_params_ > first ? num_params_ - first : 0);
+  const float* g = static_cast<const float*>(src);
+  const size_t bad = FirstNonFinite(g, count);
+  if (bad != count) {
+    return Status::InvalidArgument("gradient for parameter " + std::to_string(first + bad) + " is " +
+                                   (std::isnan(g[bad]) ? "NaN" : "infinite") +
+                                   "; the whole write was rejected");
+  }
+  const uint64_t params_per_block = block_bytes_ / sizeof(float);
+  uint64_t i = first;
+  const uint64_t end = first + count;
+  while (i < end) {
+    const uint64_t block = i / params_per_block;
+    const uint64_t stop = std::min(end, (block + 1) * params_per_block);
+    std::unique_lock<std::shared_mutex> lock(block_locks_[block]);
+    rule_->Apply(i, weights_ + i, g + (i - first), stop - i);
+    i = stop;
+  }
+  return Status::OK();
+}
+
+}  // namespace blkps

@@ -1,0 +1,42 @@
+// Status: the outcome of an operation that can fail, as a value.
+//
+// A Status is OK or carries an error code and a one-line message meant for a
+// person ("params: expected a positive integer, got '0'"). Thread-compatible.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace blkps {
+
+class Status {
+ public:
+  enum class Code {
+    kOk,
+    kInvalidArgument,  // the caller's input is wrong: an option, a gradient
+    kOutOfRange,       // an offset or length past the end of the model
+    kNotFound,         // a named file or thing does not exist
+    kResourceExhausted,  // not enough memory
+    kIOError,          // a file could not be read or written
+  };
+
+  Status() = default;
+  static Status OK() { return Status(); }
+  static Status InvalidArgument(std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); }
+  static Status OutOfRange(std::string msg) { return Status(Code::kOutOfRange, std::move(msg)); }
+  static Status NotFound(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
+  static Status ResourceExhausted(std::string msg) { return Status(Code::kResourceExhausted, std::move(msg)); }
+  static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status(Code code, std::string msg) : code_(code), message_(std::move(msg)) {}
+
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+}  // namespace blkps

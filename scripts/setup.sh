@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Installs everything blkps needs on a Debian 12 machine, as root:
+#   - the Debian packages it builds and runs with;
+#   - tgt's headers for the installed tgt version, from Debian's source package
+#     (unpacked under build/deps/, never committed).
+# Idempotent: a second run checks and returns in a second or two.
+# Usage: scripts/setup.sh [--quiet]
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+deps="$top/build/deps"
+quiet=0
+[ "${1:-}" = "--quiet" ] && quiet=1
+say() { [ "$quiet" = 1 ] || echo "setup: $*"; }
+die() { echo "setup: error: $*" >&2; exit 1; }
+
+packages=(
+  build-essential cmake pkg-config g++ git
+  tgt libiscsi-dev libiscsi-bin libaio-dev libopenblas-dev
+  rdma-core libibverbs-dev librdmacm-dev
+  fio fuse3 libfuse3-dev libgtest-dev
+  python3 python3-numpy python3-sklearn
+  dpkg-dev iproute2 procps
+)
+
+[ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages): sudo $0"
+export DEBIAN_FRONTEND=noninteractive
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing ${missing[*]}"
+  apt-get update -qq || die "apt-get update failed"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || die "apt-get install failed for: ${missing[*]}"
+else
+  say "Debian packages present"
+fi
+
+# tgt's headers: from the source package matching the installed tgt.
+tgt_version=$(dpkg-query -W -f='${Version}' tgt)
+stamp="$deps/tgt-src/.blkps-version"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$tgt_version" ] && [ -f "$deps/tgt-src/usr/tgtd.h" ]; then
+  say "tgt $tgt_version headers present"
+  exit 0
+fi
+
+# A deb-src entry for every deb entry the machine already has, unless one exists.
+has_src() {
+  grep -rqsE '^[[:space:]]*deb-src[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null && return 0
+  grep -rqsE '^Types:.*deb-src' /etc/apt/sources.list.d/*.sources 2>/dev/null
+}
+if ! has_src; then
+  say "adding deb-src entries derived from this machine's apt sources"
+  src=/etc/apt/sources.list.d/blkps-deb-src.sources
+  : > "$src.tmp"
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    case "$f" in */blkps-deb-src.sources) continue ;; esac
+    # deb822: keep only stanzas of Types: deb; rewrite them as deb-src.
+    awk 'BEGIN{RS="";ORS="\n\n"} /Types:[ \t]*([^\n]*[ \t])?deb([ \t]|\n|$)/ {sub(/Types:[^\n]*/,"Types: deb-src"); print}' "$f" >> "$src.tmp"
+  done
+  if [ -f /etc/apt/sources.list ]; then
+    sed -n 's/^[[:space:]]*deb[[:space:]]/deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/blkps-deb-src.list
+  fi
+  mv "$src.tmp" "$src"
+  apt-get update -qq || die "apt-get update failed after adding deb-src entries"
+fi
+
+say "fetching tgt $tgt_version source package (headers only are used)"
+rm -rf "$deps/tgt-src" "$deps/tgt-fetch"
+mkdir -p "$deps/tgt-fetch"
+(cd "$deps/tgt-fetch" && apt-get source -qq --download-only "tgt=$tgt_version" >/dev/null) \
+  || die "could not fetch tgt's source package (is a deb-src entry reachable?)"
+(cd "$deps/tgt-fetch" && dpkg-source -q --no-check -x ./*.dsc tgt >/dev/null) \
+  || die "could not unpack tgt's source package"
+mv "$deps/tgt-fetch/tgt" "$deps/tgt-src"
+rm -rf "$deps/tgt-fetch"
+[ -f "$deps/tgt-src/usr/tgtd.h" ] || die "tgt source has no usr/tgtd.h"
+echo "$tgt_version" > "$stamp"
+say "tgt headers in $deps/tgt-src/usr"
