@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""A learner that trains a small MLP on the digits data set through a blkps
+model device: every iteration it pulls the weights, computes a minibatch
+gradient with numpy and pushes it; the server applies w -= lr * g.
+
+  train_digits.py --params                     print the model's parameter count
+  train_digits.py --target URL --learner K --learners N [--epochs E]
+  train_digits.py --target URL --evaluate      held-out test accuracy
+
+The data is Debian's python3-sklearn copy of the UCI digits (1797 8x8
+images, 10 classes), split 75/25 with a fixed seed; learner K of N trains on
+every N-th training example starting at K. TARGET is anything libblkps
+opens: iscsi://host:port/iqn/lun, iser://..., or a file or block device.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import blkps  # noqa: E402
+
+INPUTS, CLASSES = 64, 10
+
+
+class Mlp:
+    """64 -> hidden (ReLU) -> 10 (softmax). The flat parameter vector is laid
+    out as W1 (64 x hidden), b1, W2 (hidden x 10), b2: the device layout."""
+
+    def __init__(self, hidden):
+        self.shapes = [(INPUTS, hidden), (hidden,), (hidden, CLASSES), (CLASSES,)]
+        self.num_params = sum(int(np.prod(s)) for s in self.shapes)
+
+    def unflatten(self, flat):
+        parts, at = [], 0
+        for s in self.shapes:
+            n = int(np.prod(s))
+            parts.append(flat[at:at + n].reshape(s))
+            at += n
+        return parts
+
+    def forward(self, flat, x):
+        w1, b1, w2, b2 = self.unflatten(flat)
+        h = np.maximum(x @ w1 + b1, 0.0)
+        logits = h @ w2 + b2
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        return h, p
+
+    def loss_and_gradient(self, flat, x, y):
+        w1, b1, w2, b2 = self.unflatten(flat)
+        h, p = self.forward(flat, x)
+        n = x.shape[0]
+        loss = -np.log(p[np.arange(n), y] + 1e-12).mean()
+        dlogits = p.copy()
+        dlogits[np.arange(n), y] -= 1.0
+        dlogits /= n
+        dw2 = h.T @ dlogits
+        db2 = dlogits.sum(axis=0)
+        dh = (dlogits @ w2.T) * (h > 0)
+        dw1 = x.T @ dh
+        db1 = dh.sum(axis=0)
+        grad = np.concatenate([dw1.ravel(), db1, dw2.ravel(), db2]).astype(np.float32)
+        return loss, grad, p
+
+    def accuracy(self, flat, x, y):
+        return float((self.forward(flat, x)[1].argmax(axis=1) == y).mean())
+
+
+def load_data():
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    return train_test_split(x, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
+
+
+def train(args, mlp):
+    x_train, _, y_train, _ = load_data()
+    x, y = x_train[args.learner::args.learners], y_train[args.learner::args.learners]
+    rng = np.random.default_rng(1000 + args.learner)
+    tag = f"learner {args.learner}"
+    with blkps.Model(args.target) as model:
+        weights = np.empty(mlp.num_params, dtype=np.float32)
+        steps_per_epoch = max(1, len(x) // args.batch)
+        pushed = pulled = 0
+        io_seconds = 0.0
+        window_loss, window_correct, window_seen = 0.0, 0, 0
+        step = 0
+        for epoch in range(args.epochs):
+            order = rng.permutation(len(x))
+            for b in range(steps_per_epoch):
+                idx = order[b * args.batch:(b + 1) * args.batch]
+                t0 = time.perf_counter()
+                model.pull_into(0, weights)
+                t1 = time.perf_counter()
+                loss, grad, p = mlp.loss_and_gradient(weights, x[idx], y[idx])
+                t2 = time.perf_counter()
+                model.push(0, grad)
+                t3 = time.perf_counter()
+                io_seconds += (t1 - t0) + (t3 - t2)
+                pulled += weights.nbytes
+                pushed += grad.nbytes
+                window_loss += loss * len(idx)
+                window_correct += int((p.argmax(axis=1) == y[idx]).sum())
+                window_seen += len(idx)
+                step += 1
+            mbps = lambda n: n / 1e6 / max(io_seconds, 1e-9)  # noqa: E731
+            print(f"{tag}: epoch {epoch + 1:3d} iteration {step:5d} loss {window_loss / window_seen:.4f} "
+                  f"train-accuracy {window_correct / window_seen:.3f} "
+                  f"pushed {mbps(pushed):7.1f} MB/s pulled {mbps(pulled):7.1f} MB/s", flush=True)
+            window_loss, window_correct, window_seen = 0.0, 0, 0
+
+
+def evaluate(args, mlp):
+    _, x_test, _, y_test = load_data()
+    with blkps.Model(args.target) as model:
+        weights = model.pull(0, mlp.num_params)
+    if not np.all(np.isfinite(weights)):
+        sys.exit("train_digits: the model holds NaN or infinite weights")
+    acc = mlp.accuracy(weights, x_test, y_test)
+    print(f"held-out test accuracy: {acc:.4f} ({len(y_test)} images)")
+    if args.min_accuracy is not None and acc < args.min_accuracy:
+        sys.exit(f"train_digits: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", help="model device: iscsi:// URL, iser:// URL, file or block device")
+    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
+    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
+    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
+    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
+    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
+    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    args = ap.parse_args()
+    mlp = Mlp(args.hidden)
+    if args.params:
+        print(mlp.num_params)
+        return
+    if not args.target:
+        ap.error("--target is required")
+    if not 0 <= args.learner < args.learners:
+        ap.error(f"--learner must be in [0, {args.learners})")
+    try:
+        evaluate(args, mlp) if args.evaluate else train(args, mlp)
+    except OSError as e:
+        sys.exit(f"train_digits: {e.strerror or e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# README's main job: on this machine, set up and build blkps, start a
+# parameter server on loopback, train an MLP on the digits data set with
+# several learner processes through the model device, print the held-out
+# test accuracy, and shut everything down.
+#
+# Usage: sudo scripts/demo.sh [--learners N] [--epochs E] [--lr X] [--transport iscsi|iser]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+learners=2 epochs=20 lr=0.2 transport=iscsi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --learners) learners=${2:?}; shift 2 ;;
+    --epochs) epochs=${2:?}; shift 2 ;;
+    --lr) lr=${2:?}; shift 2 ;;
+    --transport) transport=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$learners" in ''|*[!0-9]*|0) echo "demo: --learners: expected a positive integer, got '$learners'" >&2; exit 2 ;; esac
+
+"$top/scripts/build.sh"
+
+py=/usr/bin/python3
+train="$top/learner/examples/train_digits.py"
+export BLKPS_LIB="$top/build/cmake/learner/libblkps.so"
+state="$top/build/demo"
+params=$("$py" "$train" --params)
+
+cleanup() { "$top/scripts/blkps-target" stop --dir "$state"; }
+trap cleanup EXIT
+echo "demo: starting the parameter server (MLP on digits, $params parameters, sgd lr=$lr, $transport on loopback)"
+url=$("$top/scripts/blkps-target" start --dir "$state" --name digits-mlp --transport "$transport" \
+        --bsopts "params=$params;rule=sgd;lr=$lr;init=normal:0.1;seed=1")
+echo "demo: model device $url"
+
+echo "demo: training with $learners learner processes, $epochs epochs each"
+pids=()
+for ((k = 0; k < learners; k++)); do
+  "$py" "$train" --target "$url" --learner "$k" --learners "$learners" --epochs "$epochs" &
+  pids+=($!)
+done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+[ "$failed" = 0 ] || { echo "demo: a learner failed" >&2; exit 1; }
+
+"$py" "$train" --target "$url" --evaluate

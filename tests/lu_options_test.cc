@@ -1,0 +1,56 @@
+// Specification of the --bsopts parser.
+#include "lu_options.h"
+
+#include <gtest/gtest.h>
+
+namespace blkps {
+namespace {
+
+std::string ErrorOf(const std::string& bsopts) {
+  LuOptions o;
+  Status s = ParseLuOptions(bsopts, &o);
+  EXPECT_FALSE(s.ok()) << bsopts;
+  return s.message();
+}
+
+TEST(LuOptions, ParsesEveryKey) {
+  LuOptions o;
+  Status s = ParseLuOptions("params=1000;block=256K;rule=sgd;lr=0.5;init=normal:0.01;seed=9", &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.model.num_params, 1000u);
+  EXPECT_EQ(o.model.block_bytes, 256u * 1024);
+  EXPECT_EQ(o.model.rule.name, "sgd");
+  EXPECT_FLOAT_EQ(o.model.rule.lr, 0.5f);
+  EXPECT_EQ(o.model.init.kind, InitSpec::Kind::kNormal);
+  EXPECT_DOUBLE_EQ(o.model.init.scale, 0.01);
+  EXPECT_EQ(o.model.init.seed, 9u);
+}
+
+TEST(LuOptions, DefaultsNeedOnlyParams) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=10;", &o).ok());
+  EXPECT_EQ(o.model.block_bytes, kDefaultBlockBytes);
+  EXPECT_EQ(o.model.rule.name, "sgd");
+  EXPECT_EQ(o.model.init.kind, InitSpec::Kind::kZeros);
+}
+
+TEST(LuOptions, ErrorsNameTheKey) {
+  EXPECT_EQ(ErrorOf("").rfind("params: required", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=0").rfind("params:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=-5").rfind("params:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=12x").rfind("params:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;lr=abc").rfind("lr:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;lr=-1").rfind("lr:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;lr=nan").rfind("lr:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;block=6").rfind("block:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;block=1T").rfind("block:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;init=gauss").rfind("init:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;init=uniform:0").rfind("init:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;seed=x").rfind("seed:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;colour=red").rfind("colour: unknown option", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;params=11").rfind("params: given more than once", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;lr").rfind("bsopts: expected key=value", 0), 0u);
+}
+
+}  // namespace
+}  // namespace blkps

@@ -1,0 +1,279 @@
+// Integration tests: a real tgtd with the built bs_blkps plugin on loopback,
+// reached through libiscsi (libblkps, and raw SCSI commands where the test
+// must bypass the library's own checks).
+#include <blkps/blkps.h>
+#include <iscsi/iscsi.h>
+#include <iscsi/scsi-lowlevel.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "target_process.h"
+
+namespace blkps_test {
+namespace {
+
+constexpr uint64_t kBlockParams = 65536;  // model block of 256 KiB
+
+struct ModelHandle {
+  blkps_model* m = nullptr;
+  std::string error;
+  explicit ModelHandle(const std::string& url, uint32_t request_bytes = 0) {
+    blkps_open_options o{};
+    o.request_bytes = request_bytes;
+    char err[512] = "";
+    if (blkps_open(url.c_str(), &o, &m, err, sizeof err) != 0) error = err;
+  }
+  ~ModelHandle() { blkps_close(m); }
+};
+
+// Runs body(i) in n child processes; returns how many failed. A child's
+// failure message goes to stderr.
+int RunInProcesses(int n, const std::function<std::string(int)>& body) {
+  std::vector<pid_t> kids;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string err = body(i);
+      if (!err.empty()) fprintf(stderr, "learner %d: %s\n", i, err.c_str());
+      _exit(err.empty() ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  return failed;
+}
+
+// Learner p's gradient for parameter i at round r: a small integer, so that
+// float sums stay exact and the expected weights are known exactly.
+float Gradient(int p, int r, uint64_t i) { return static_cast<float>(((p + 1) * (i % 5 + r)) % 9) - 4.0f; }
+
+TEST(Target, ConcurrentLearnersAllUpdatesApplied) {
+  constexpr uint64_t kParams = 5 * kBlockParams + 1234;  // blocks and a ragged tail
+  constexpr int kLearners = 4, kRounds = 12;
+  TargetProcess target("params=" + std::to_string(kParams) + ";block=256K;lr=1;init=zeros");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+
+  int failed = RunInProcesses(kLearners, [&](int p) -> std::string {
+    ModelHandle h(target.url());
+    if (!h.m) return h.error;
+    std::mt19937 rng(100 + p);
+    std::vector<float> g(kParams);
+    for (int r = 0; r < kRounds; ++r) {
+      // The whole model, then a random sub-range starting and ending mid-block.
+      for (uint64_t i = 0; i < kParams; ++i) g[i] = Gradient(p, r, i);
+      if (blkps_push(h.m, 0, g.data(), kParams) != 0) return blkps_last_error(h.m);
+    }
+    uint64_t first = 1 + rng() % (kParams / 2), count = 1 + rng() % (kParams / 2);
+    std::vector<float> ones(count, 1.0f);
+    if (blkps_push(h.m, first, ones.data(), count) != 0) return blkps_last_error(h.m);
+    return "";
+  });
+  ASSERT_EQ(failed, 0);
+
+  std::vector<double> expected(kParams, 0.0);
+  for (int p = 0; p < kLearners; ++p) {
+    for (int r = 0; r < kRounds; ++r) {
+      for (uint64_t i = 0; i < kParams; ++i) expected[i] -= Gradient(p, r, i);
+    }
+    std::mt19937 rng(100 + p);  // the same sub-range the learner drew
+    uint64_t first = 1 + rng() % (kParams / 2), count = 1 + rng() % (kParams / 2);
+    for (uint64_t i = first; i < first + count; ++i) expected[i] -= 1.0;
+  }
+  ModelHandle h(target.url());
+  ASSERT_NE(h.m, nullptr) << h.error;
+  std::vector<float> w(kParams);
+  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), kParams), 0) << blkps_last_error(h.m);
+  for (uint64_t i = 0; i < kParams; ++i) ASSERT_EQ(w[i], static_cast<float>(expected[i])) << "parameter " << i;
+}
+
+TEST(Target, ReaderNeverSeesTornModelBlock) {
+  constexpr uint64_t kBlocks = 8, kParams = kBlocks * kBlockParams;
+  constexpr int kWrites = 150;
+  TargetProcess target("params=" + std::to_string(kParams) + ";block=256K;lr=1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+
+  // The writer process adds 1 to every parameter of the model per push.
+  pid_t writer = fork();
+  if (writer == 0) {
+    ModelHandle h(target.url());
+    std::vector<float> g(kParams, -1.0f);
+    bool ok = h.m != nullptr;
+    for (int k = 0; ok && k < kWrites; ++k) ok = blkps_push(h.m, 0, g.data(), kParams) == 0;
+    _exit(ok ? 0 : 1);
+  }
+
+  ModelHandle h(target.url(), 1 << 20);  // requests cover whole model blocks
+  ASSERT_NE(h.m, nullptr) << h.error;
+  std::vector<float> w(kParams);
+  int reads = 0, mixed_versions = 0;
+  for (;;) {
+    int status = 0;
+    bool writer_done = waitpid(writer, &status, WNOHANG) == writer;
+    ASSERT_EQ(blkps_pull(h.m, 0, w.data(), kParams), 0) << blkps_last_error(h.m);
+    ++reads;
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      const float* blk = w.data() + b * kBlockParams;
+      for (uint64_t i = 1; i < kBlockParams; ++i) {
+        ASSERT_EQ(blk[i], blk[0]) << "read " << reads << ": model block " << b << " torn at parameter " << i;
+      }
+      if (blk[0] != w[0]) ++mixed_versions;
+    }
+    if (writer_done) {
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "writer failed";
+      break;
+    }
+  }
+  EXPECT_EQ(w[0], static_cast<float>(kWrites));
+  std::cout << reads << " reads during the writes; " << mixed_versions
+            << " blocks seen at a different version than block 0\n";
+}
+
+// Raw SCSI access, bypassing libblkps's own range checks.
+class RawLun {
+ public:
+  explicit RawLun(const std::string& url) {
+    ctx_ = iscsi_create_context("iqn.2026-11.io.blkps:test-raw");
+    url_ = iscsi_parse_full_url(ctx_, url.c_str());
+    if (!url_) return;
+    iscsi_set_targetname(ctx_, url_->target);
+    iscsi_set_session_type(ctx_, ISCSI_SESSION_NORMAL);
+    iscsi_set_header_digest(ctx_, ISCSI_HEADER_DIGEST_NONE);
+    connected_ = iscsi_full_connect_sync(ctx_, url_->portal, url_->lun) == 0;
+  }
+  ~RawLun() {
+    if (connected_) iscsi_logout_sync(ctx_);
+    if (url_) iscsi_destroy_url(url_);
+    iscsi_destroy_context(ctx_);
+  }
+  bool connected() const { return connected_; }
+  const char* error() { return iscsi_get_error(ctx_); }
+
+  // Sends WRITE(16) or READ(16); returns "GOOD" or "sense KEY ASC/ASCQ".
+  std::string Io(bool write, uint64_t lba, std::vector<float>* data) {
+    scsi_task* t = write ? iscsi_write16_sync(ctx_, url_->lun, lba, reinterpret_cast<unsigned char*>(data->data()),
+                                              data->size() * 4, 512, 0, 0, 0, 0, 0)
+                         : iscsi_read16_sync(ctx_, url_->lun, lba, data->size() * 4, 512, 0, 0, 0, 0, 0);
+    if (!t) return std::string("no task: ") + error();
+    std::string r;
+    if (t->status == SCSI_STATUS_GOOD) {
+      r = "GOOD";
+      if (!write) std::memcpy(data->data(), t->datain.data, data->size() * 4);
+    } else if (t->status == SCSI_STATUS_CHECK_CONDITION) {
+      char buf[64];
+      snprintf(buf, sizeof buf, "sense %s 0x%04x", scsi_sense_key_str(t->sense.key), t->sense.ascq);
+      r = buf;
+    } else {
+      r = "status " + std::to_string(t->status);
+    }
+    scsi_free_scsi_task(t);
+    return r;
+  }
+
+ private:
+  iscsi_context* ctx_ = nullptr;
+  iscsi_url* url_ = nullptr;
+  bool connected_ = false;
+};
+
+TEST(Target, OutOfRangeIoGetsIllegalRequestAndTargetKeepsServing) {
+  TargetProcess target("params=1000;lr=1");  // 4096-byte device: LBAs 0..7
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  RawLun lun(target.url());
+  ASSERT_TRUE(lun.connected()) << lun.error();
+  std::vector<float> data(256, 1.0f);  // two 512-byte blocks
+  EXPECT_EQ(lun.Io(false, 7, &data), "sense ILLEGAL_REQUEST 0x2100");   // LBA OUT OF RANGE
+  EXPECT_EQ(lun.Io(true, 7, &data), "sense ILLEGAL_REQUEST 0x2100");
+  EXPECT_EQ(lun.Io(false, UINT64_MAX - 1, &data), "sense ILLEGAL_REQUEST 0x2100");
+  EXPECT_EQ(lun.Io(true, 6, &data), "GOOD");
+  EXPECT_EQ(lun.Io(false, 6, &data), "GOOD");
+  EXPECT_EQ(data[0], -1.0f);
+  EXPECT_TRUE(target.TgtdAlive());
+}
+
+TEST(Target, NonFiniteGradientIsRejectedAndNothingApplied) {
+  TargetProcess target("params=1000;lr=1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  RawLun lun(target.url());
+  ASSERT_TRUE(lun.connected()) << lun.error();
+  std::vector<float> g(1024, 1.0f);
+  g[900] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(lun.Io(true, 0, &g), "sense ILLEGAL_REQUEST 0x2600");  // INVALID FIELD IN PARAMETER LIST
+  EXPECT_NE(target.Log().find("gradient for parameter 900 is NaN"), std::string::npos) << target.Log();
+  std::vector<float> w(1024, 5.0f);
+  EXPECT_EQ(lun.Io(false, 0, &w), "GOOD");
+  for (float x : w) ASSERT_EQ(x, 0.0f);
+
+  // Through the library the same write fails with a clear message.
+  ModelHandle h(target.url());
+  ASSERT_NE(h.m, nullptr) << h.error;
+  EXPECT_NE(blkps_push(h.m, 0, g.data(), 1000), 0);
+  EXPECT_NE(std::string(blkps_last_error(h.m)).find("ILLEGAL"), std::string::npos) << blkps_last_error(h.m);
+}
+
+TEST(Target, BadBsoptsFailLunCreationWithOneLineNamingTheKey) {
+  TargetProcess target("params=1000;lr=1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  struct Case { std::string bsopts, key; };
+  const Case cases[] = {
+      {"params=0", "params:"},           {"lr=0.1", "params: required"},
+      {"params=10;lr=fast", "lr:"},      {"params=10;rule=adamx", "rule: unknown update rule 'adamx'"},
+      {"params=10;block=3", "block:"},   {"params=10;init=file:/nonexistent/w.bin", "init: cannot open"},
+      {"params=10;speed=9", "speed: unknown option"},
+  };
+  int lun = 10;
+  for (const Case& c : cases) {
+    std::string out;
+    int rc = target.Admin("--lld iscsi --op new --mode logicalunit --tid 1 --lun " + std::to_string(lun++) +
+                              " --bstype blkps --backing-store m2 --bsopts " + ShellQuote(c.bsopts),
+                          &out);
+    EXPECT_NE(rc, 0) << c.bsopts;
+    EXPECT_NE(target.Log().find("blkps: "), std::string::npos);
+    EXPECT_NE(target.Log().find(c.key), std::string::npos) << c.bsopts << "\n" << target.Log();
+  }
+  // tgtd still serves the good LUN.
+  ModelHandle h(target.url());
+  ASSERT_NE(h.m, nullptr) << h.error;
+  std::vector<float> g(1000, 2.0f), w(1000);
+  ASSERT_EQ(blkps_push(h.m, 0, g.data(), 1000), 0) << blkps_last_error(h.m);
+  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
+  EXPECT_EQ(w[999], -2.0f);
+}
+
+TEST(Target, StartScriptRefusesBadBsoptsAndLeavesNoDaemon) {
+  TargetProcess target("params=10;lr=-3");
+  EXPECT_FALSE(target.ok());
+  EXPECT_NE(target.start_output().find("lr: expected a finite number > 0, got '-3'"), std::string::npos)
+      << target.start_output();
+  EXPECT_FALSE(target.TgtdAlive());
+}
+
+TEST(Target, IserTransportFailsClearlyWithoutRdmaDevice) {
+  std::string out;
+  RunCommand("ls -A /sys/class/infiniband 2>/dev/null", &out);
+  if (!out.empty()) GTEST_SKIP() << "this host has an RDMA device";
+  TargetProcess target("params=10", "--transport iser");
+  EXPECT_FALSE(target.ok());
+  EXPECT_NE(target.start_output().find("RDMA"), std::string::npos) << target.start_output();
+
+  blkps_model* m = nullptr;
+  char err[512] = "";
+  EXPECT_NE(blkps_open("iser://127.0.0.1:3260/iqn.2026-11.io.blkps:none/1", nullptr, &m, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("RDMA"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace blkps_test

@@ -1,0 +1,108 @@
+// TargetProcess: a private blkps target for one test — its own tgtd with the
+// freshly built plugin preloaded, its own control socket and a free loopback
+// port — started and stopped through scripts/blkps-target, the same script
+// people use by hand.
+//
+// The destructor stops the target; if the test process dies without running
+// it, the script's --owner-pid watchdog stops tgtd instead.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+namespace blkps_test {
+
+// Runs a shell command; returns its exit status and its stdout+stderr.
+inline int RunCommand(const std::string& cmd, std::string* output) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+inline std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class TargetProcess {
+ public:
+  // Starts a target whose LUN 1 is a blkps model with `bsopts`.
+  // `extra` is passed to `blkps-target start` as is (e.g. "--null-lun").
+  explicit TargetProcess(const std::string& bsopts, const std::string& extra = "") {
+    char tmpl[] = "/tmp/blkps-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    start_status_ = RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " start --dir " + dir_ +
+                                   " --plugin " + BLKPS_PLUGIN + " --owner-pid " +
+                                   std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts) +
+                                   " " + extra,
+                               &start_output_);
+    if (start_status_ == 0) LoadEnv();
+  }
+
+  ~TargetProcess() {
+    RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " stop --dir " + dir_, nullptr);
+    RunCommand("rm -rf " + ShellQuote(dir_), nullptr);
+  }
+
+  TargetProcess(const TargetProcess&) = delete;
+  TargetProcess& operator=(const TargetProcess&) = delete;
+
+  bool ok() const { return start_status_ == 0; }
+  const std::string& start_output() const { return start_output_; }
+  std::string url() const { return Env("URL"); }
+  std::string null_url() const { return Env("NULL_URL"); }
+
+  // Everything tgtd has logged so far.
+  std::string Log() const {
+    std::ifstream in(dir_ + "/tgtd.log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // Runs tgtadm against this target's private control socket.
+  int Admin(const std::string& args, std::string* output) const {
+    return RunCommand("TGT_IPC_SOCKET=" + dir_ + "/tgtd.sock tgtadm " + args, output);
+  }
+
+  bool TgtdAlive() const {
+    std::string pid = Env("PID");
+    return !pid.empty() && kill(std::stoi(pid), 0) == 0;
+  }
+
+ private:
+  void LoadEnv() {
+    std::ifstream in(dir_ + "/target.env");
+    std::string line;
+    while (std::getline(in, line)) {
+      size_t eq = line.find('=');
+      if (eq != std::string::npos) env_[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+  }
+  std::string Env(const std::string& key) const {
+    auto it = env_.find(key);
+    return it == env_.end() ? "" : it->second;
+  }
+
+  std::string dir_;
+  int start_status_ = -1;
+  std::string start_output_;
+  std::map<std::string, std::string> env_;
+};
+
+}  // namespace blkps_test
