@@ -3,17 +3,9 @@
 #include <cblas.h>
 
 #include <cmath>
-#include <mutex>
 
 namespace blkps {
 namespace {
-
-// The model's own worker threads give the parallelism: each Apply() is one
-// block on one thread. OpenBLAS's threads would only fight them for cores.
-void UseSingleThreadedBlas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
 
 // w -= lr * g
 class SgdRule final : public UpdateRule {
@@ -37,7 +29,6 @@ Status MakeUpdateRule(const RuleOptions& opts, uint64_t /*num_params*/,
     return Status::InvalidArgument("lr: expected a finite number > 0, got " +
                                    std::to_string(opts.lr));
   }
-  UseSingleThreadedBlas();
   if (opts.name == "sgd") {
     *out = std::make_unique<SgdRule>(opts.lr);
     return Status::OK();

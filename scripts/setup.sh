@@ -16,7 +16,7 @@ die() { echo "setup: error: $*" >&2; exit 1; }
 
 packages=(
   build-essential cmake pkg-config g++ git
-  tgt libiscsi-dev libiscsi-bin libaio-dev libopenblas-dev
+  tgt libiscsi-dev libiscsi-bin libaio-dev libopenblas-dev libopenblas-serial-dev
   rdma-core libibverbs-dev librdmacm-dev
   fio fuse3 libfuse3-dev libgtest-dev
   python3 python3-numpy python3-sklearn
