@@ -87,7 +87,7 @@ def train(args, mlp):
         weights = np.empty(mlp.num_params, dtype=np.float32)
         steps_per_epoch = max(1, len(x) // args.batch)
         pushed = pulled = 0
-        io_seconds = 0.0
+        push_seconds = pull_seconds = 0.0
         window_loss, window_correct, window_seen = 0.0, 0, 0
         step = 0
         for epoch in range(args.epochs):
@@ -101,17 +101,18 @@ def train(args, mlp):
                 t2 = time.perf_counter()
                 model.push(0, grad)
                 t3 = time.perf_counter()
-                io_seconds += (t1 - t0) + (t3 - t2)
+                pull_seconds += t1 - t0
+                push_seconds += t3 - t2
                 pulled += weights.nbytes
                 pushed += grad.nbytes
                 window_loss += loss * len(idx)
                 window_correct += int((p.argmax(axis=1) == y[idx]).sum())
                 window_seen += len(idx)
                 step += 1
-            mbps = lambda n: n / 1e6 / max(io_seconds, 1e-9)  # noqa: E731
             print(f"{tag}: epoch {epoch + 1:3d} iteration {step:5d} loss {window_loss / window_seen:.4f} "
                   f"train-accuracy {window_correct / window_seen:.3f} "
-                  f"pushed {mbps(pushed):7.1f} MB/s pulled {mbps(pulled):7.1f} MB/s", flush=True)
+                  f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
+                  f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
             window_loss, window_correct, window_seen = 0.0, 0, 0
 
 
