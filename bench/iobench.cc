@@ -1,0 +1,191 @@
+// blkps-iobench: throughput of libblkps's byte-level API.
+//
+// Transfers the byte range [offset, offset + span) again and again, in
+// requests of --bs bytes with --qd in flight, for --seconds, and prints one
+// line: op=write bs=1048576 qd=16 bytes=... seconds=... MBps=... (MB = 1e6 B).
+// Writes send zeros: to a blkps server they are gradients that change nothing.
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "blkps/model.hpp"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: blkps-iobench --target URL_OR_PATH --op read|write [--bs 1M] "
+    "[--qd 16] [--span 64M] [--seconds 5] [--offset 0]\n"
+    "  --target   a file, block device, iscsi://host[:port]/<iqn>/<lun> or "
+    "iser://...\n"
+    "  --op       read or write (writes send zero gradients)\n"
+    "  --bs       bytes per request (K, M, G: powers of 1024)\n"
+    "  --qd       requests in flight\n"
+    "  --span     bytes transferred per pass (default: 64M, or up to the end "
+    "of the device)\n"
+    "  --seconds  how long to run\n"
+    "  --offset   device byte where each pass starts\n";
+
+struct Options {
+  std::string target;
+  bool write = false;
+  uint64_t bs = 1 << 20;
+  uint32_t qd = 16;
+  uint64_t span = 0;  // 0: 64M, or up to the end of the device
+  double seconds = 5;
+  uint64_t offset = 0;
+};
+
+[[noreturn]] void Fail(const std::string& message) {
+  fprintf(stderr, "blkps-iobench: %s\n", message.c_str());
+  exit(2);
+}
+
+// "4096", "64K", "1M", "2G" (powers of 1024).
+bool ParseSize(const std::string& text, uint64_t* bytes) {
+  if (text.empty() || !isdigit(static_cast<unsigned char>(text[0]))) {
+    return false;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long number = strtoull(text.c_str(), &end, 10);
+  if (errno != 0) return false;
+  int shift = 0;
+  if (*end != '\0') {
+    const int suffix = toupper(static_cast<unsigned char>(*end++));
+    shift = suffix == 'K' ? 10 : suffix == 'M' ? 20 : suffix == 'G' ? 30 : -1;
+  }
+  if (shift < 0 || *end != '\0' || number > (UINT64_MAX >> shift)) {
+    return false;
+  }
+  *bytes = static_cast<uint64_t>(number) << shift;
+  return true;
+}
+
+uint64_t SizeOption(const std::string& name, const std::string& value) {
+  uint64_t bytes = 0;
+  if (!ParseSize(value, &bytes)) {
+    Fail(name + ": expected a size like 1M, got '" + value + "'");
+  }
+  return bytes;
+}
+
+Options ParseOptions(int argc, char** argv) {
+  Options options;
+  bool have_op = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      fputs(kUsage, stdout);
+      exit(0);
+    }
+    std::string value;
+    const size_t equals = name.find('=');
+    if (equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name.resize(equals);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      Fail(name + ": missing value (see --help)");
+    }
+
+    if (name == "--target") {
+      options.target = value;
+    } else if (name == "--op") {
+      if (value != "read" && value != "write") {
+        Fail("--op: expected read or write, got '" + value + "'");
+      }
+      options.write = value == "write";
+      have_op = true;
+    } else if (name == "--bs") {
+      options.bs = SizeOption(name, value);
+      if (options.bs == 0 || options.bs > UINT32_MAX) {
+        Fail("--bs: expected a size from 1 to 4G-1 bytes, got '" + value + "'");
+      }
+    } else if (name == "--qd") {
+      uint64_t qd = 0;
+      if (value.find_first_not_of("0123456789") != std::string::npos ||
+          !ParseSize(value, &qd) || qd == 0 || qd > UINT32_MAX) {
+        Fail("--qd: expected a positive integer, got '" + value + "'");
+      }
+      options.qd = static_cast<uint32_t>(qd);
+    } else if (name == "--span") {
+      options.span = SizeOption(name, value);
+      if (options.span == 0) Fail("--span: expected a size > 0, got '0'");
+    } else if (name == "--seconds") {
+      char* end = nullptr;
+      options.seconds = strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(options.seconds) ||
+          options.seconds <= 0) {
+        Fail("--seconds: expected a positive number, got '" + value + "'");
+      }
+    } else if (name == "--offset") {
+      options.offset = SizeOption(name, value);
+    } else {
+      Fail("unknown option '" + name + "' (see --help)");
+    }
+  }
+  if (options.target.empty()) Fail("--target is required (see --help)");
+  if (!have_op) Fail("--op is required: read or write (see --help)");
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = ParseOptions(argc, argv);
+
+  blkps::OpenOptions open_options;
+  open_options.request_bytes = static_cast<uint32_t>(options.bs);
+  open_options.queue_depth = options.qd;
+  std::string error;
+  std::unique_ptr<blkps::Model> model =
+      blkps::Model::Open(options.target, open_options, &error);
+  if (model == nullptr) Fail(error);
+
+  uint64_t span = options.span;
+  if (span == 0) {
+    if (options.offset >= model->size_bytes()) {
+      Fail("--offset " + std::to_string(options.offset) +
+           " is past the end of the device (" +
+           std::to_string(model->size_bytes()) + " bytes)");
+    }
+    span = std::min<uint64_t>(64 << 20, model->size_bytes() - options.offset);
+  }
+
+  void* buffer = nullptr;
+  if (posix_memalign(&buffer, 4096, span) != 0) {
+    Fail("cannot allocate a " + std::to_string(span) + "-byte buffer");
+  }
+  memset(buffer, 0, span);  // 0.0f: a gradient that changes nothing
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  double elapsed = 0;
+  uint64_t bytes = 0;
+  do {
+    const int rc = options.write
+                       ? model->WriteBytes(options.offset, buffer, span)
+                       : model->ReadBytes(options.offset, buffer, span);
+    if (rc != 0) Fail(model->last_error());
+    bytes += span;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < options.seconds);
+  free(buffer);
+
+  printf("op=%s bs=%llu qd=%u bytes=%llu seconds=%.3f MBps=%.1f\n",
+         options.write ? "write" : "read",
+         static_cast<unsigned long long>(model->request_bytes()),
+         model->queue_depth(), static_cast<unsigned long long>(bytes), elapsed,
+         bytes / elapsed / 1e6);
+  return 0;
+}

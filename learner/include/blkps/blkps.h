@@ -1,0 +1,101 @@
+/* libblkps: a learner's access to a blkps model device. Stable C API.
+ *
+ * The model is a flat vector of float32 parameters stored on a block device:
+ * byte offset 4*i holds parameter i (little-endian). Writing a gradient at a
+ * parameter's offset asks the server to apply it (w -= lr * g, or the
+ * configured rule); reading returns the current weights. The device is a file,
+ * a block device (a kernel iSCSI/iSER session's /dev/sdX) or an iSCSI LUN
+ * reached directly with iscsi:// (TCP) or iser:// (RDMA).
+ *
+ * Errors: calls return 0 or a negative errno value; the one-line message
+ * ("blkps: ...") of the last failed call on a handle is blkps_last_error().
+ *
+ * iSCSI sessions: a dropped connection is re-established transparently and
+ * the commands in flight are resent (a target restart is invisible). When
+ * that fails for about 30 s, the call fails with -EIO and so does every later
+ * call on the handle: close it and open again. A command the target does not
+ * answer within 30 s fails with -EIO.
+ *
+ * Thread-safety: a handle is used by one thread at a time (libiscsi allows
+ * one thread per context). Several handles may be open at once, in one or
+ * several threads or processes; each has its own connection.
+ */
+
+#ifndef BLKPS_BLKPS_H_
+#define BLKPS_BLKPS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct blkps_model blkps_model;
+
+typedef struct blkps_open_options {
+  /* Bytes per I/O request, rounded down to whole logical blocks (at least
+   * one); 0 = default: 1 MiB, or 512 KiB for iser:// (tgt's iSER carries at
+   * most buf_sz_kb = 512 KiB per command unless configured otherwise).
+   * Capped at the largest transfer the device accepts. */
+  uint32_t request_bytes;
+  /* Requests kept in flight; 0 = default 16. Files and block devices run
+   * their requests one at a time for now (pread/pwrite). */
+  uint32_t queue_depth;
+  /* iSCSI initiator IQN; NULL = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
+   * Copied during blkps_open. */
+  const char *initiator_name;
+} blkps_open_options;
+
+/* Opens `target`: a path (regular file or block device) or
+ * iscsi://host[:port]/<target-iqn>/<lun> or iser://... (same shape).
+ * opts may be NULL (all defaults).
+ * Returns 0 and stores a handle in *out, or a negative errno and writes a
+ * one-line message to errbuf (if non-NULL; truncated to errlen bytes with a
+ * terminating NUL). A regular file's size is rounded down to whole 512-byte
+ * blocks. */
+int blkps_open(const char *target, const blkps_open_options *opts,
+               blkps_model **out, char *errbuf, size_t errlen);
+
+/* Closes the handle (logs out of the iSCSI session). NULL is ignored. */
+void blkps_close(blkps_model *m);
+
+/* Device size in bytes: a multiple of the logical block size. */
+uint64_t blkps_size_bytes(const blkps_model *m);
+uint32_t blkps_logical_block_size(const blkps_model *m);
+
+/* Gradients for parameters [first_param, first_param+count).
+ * A range that does not start or end on a logical block boundary is padded
+ * with zero gradients to whole blocks (a zero gradient leaves a parameter
+ * unchanged); there is never a read-modify-write. A range past the end of the
+ * device fails with -ERANGE and transfers nothing.
+ * Returns 0 or a negative errno (message in blkps_last_error). After an I/O
+ * error, which parts of the range reached the server is unspecified. */
+int blkps_push(blkps_model *m, uint64_t first_param, const float *grad,
+               uint64_t count);
+
+/* Current weights for parameters [first_param, first_param+count) into
+ * `weights`. Same range rules as blkps_push. */
+int blkps_pull(blkps_model *m, uint64_t first_param, float *weights,
+               uint64_t count);
+
+/* Raw byte transfers; offset and len must be multiples of the logical block
+ * size (else -EINVAL with a message), and lie within the device (else
+ * -ERANGE). */
+int blkps_write_bytes(blkps_model *m, uint64_t offset, const void *buf,
+                      uint64_t len);
+int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
+
+/* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
+ * before this returns. */
+int blkps_sync(blkps_model *m);
+
+/* Message of the last failed call on m (successful calls leave it); "" if
+ * none has failed. Valid until the next call on m. */
+const char *blkps_last_error(const blkps_model *m);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* BLKPS_BLKPS_H_ */

@@ -1,0 +1,120 @@
+// blkps::Model: a learner's handle on a blkps model device. C++ API.
+//
+// The model is a flat vector of float32 parameters stored on a block device:
+// byte offset 4*i holds parameter i (little-endian). Push() sends gradients
+// (the server applies them), Pull() reads the current weights.
+//
+//   std::string error;
+//   auto model = blkps::Model::Open(
+//       "iscsi://10.0.0.1/iqn.2026-11.io.blkps:t1/1", blkps::OpenOptions(),
+//       &error);
+//   if (!model) { fprintf(stderr, "%s\n", error.c_str()); return 1; }
+//   if (model->Pull(0, weights.data(), n) != 0) { ... model->last_error() ... }
+//
+// Errors are values: methods return 0 or a negative errno value, and
+// last_error() holds the one-line message of the last failure. No method
+// throws.
+//
+// iSCSI sessions: a dropped connection is re-established transparently and
+// the commands in flight are resent (a target restart is invisible). When
+// that fails for about 30 s, the call fails with -EIO and so does every later
+// call: close the Model and open it again. A command the target does not
+// answer within 30 s fails with -EIO.
+//
+// Thread-safety: a Model is used by one thread at a time (libiscsi allows one
+// thread per connection). Distinct Models are independent: open one per
+// thread, or several in one thread.
+
+#ifndef BLKPS_MODEL_HPP_
+#define BLKPS_MODEL_HPP_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace blkps {
+
+class Device;
+class Status;
+
+struct OpenOptions {
+  // Bytes per I/O request, rounded down to whole logical blocks (at least
+  // one); 0 = 1 MiB, or 512 KiB for iser:// (tgt's iSER default limit).
+  // Capped at the largest transfer the device accepts.
+  uint32_t request_bytes = 0;
+  // Requests in flight; 0 = 16. Files and block devices run their requests
+  // one at a time for now (pread/pwrite).
+  uint32_t queue_depth = 0;
+  // iSCSI initiator IQN; empty = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
+  std::string initiator_name;
+};
+
+class Model {
+ public:
+  // Opens `target`: a path (regular file or block device),
+  // iscsi://host[:port]/<target-iqn>/<lun>, or iser://... of the same shape.
+  // On failure returns nullptr, stores a one-line message in *error and,
+  // when `error_code` is not null, the negative errno in *error_code.
+  static std::unique_ptr<Model> Open(const std::string& target,
+                                     const OpenOptions& options,
+                                     std::string* error,
+                                     int* error_code = nullptr);
+
+  ~Model();  // closes the device (logs out of the iSCSI session)
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  // A moved-from Model may only be destroyed or assigned to.
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  // Gradients for parameters [first_param, first_param + count).
+  // A range that does not start or end on a logical block boundary is padded
+  // with zero gradients to whole blocks (a zero gradient leaves a parameter
+  // unchanged); there is never a read-modify-write. Block-aligned ranges go
+  // straight from `grad` to the device (no copy).
+  // Returns 0, -ERANGE (range past the end; nothing transferred) or another
+  // negative errno. After an I/O error, which parts of the range reached the
+  // server is unspecified.
+  int Push(uint64_t first_param, const float* grad, uint64_t count);
+
+  // Current weights for parameters [first_param, first_param + count) into
+  // `weights`. Partial blocks are read whole into a bounce buffer and the
+  // requested part copied out. Same return values as Push().
+  int Pull(uint64_t first_param, float* weights, uint64_t count);
+
+  // Raw transfers of `length` bytes at device byte `offset`.
+  // Returns -EINVAL unless offset and length are multiples of
+  // logical_block_size(), -ERANGE past the end of the device.
+  int WriteBytes(uint64_t offset, const void* buffer, uint64_t length);
+  int ReadBytes(uint64_t offset, void* buffer, uint64_t length);
+
+  // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
+  // before this returns.
+  int Sync();
+
+  uint64_t size_bytes() const;  // a multiple of logical_block_size()
+  uint32_t logical_block_size() const;
+  // The request size and queue depth in effect, after defaults and caps.
+  uint64_t request_bytes() const { return request_bytes_; }
+  uint32_t queue_depth() const { return queue_depth_; }
+
+  // Message of the last failed call (successful calls leave it); empty if
+  // none has failed.
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  Model(std::unique_ptr<Device> device, uint64_t request_bytes,
+        uint32_t queue_depth);
+
+  // Records a failure in last_error_; returns 0 or the negative errno.
+  int Record(const Status& status);
+
+  std::unique_ptr<Device> device_;
+  uint64_t request_bytes_;
+  uint32_t queue_depth_;
+  std::string last_error_;
+};
+
+}  // namespace blkps
+
+#endif  // BLKPS_MODEL_HPP_

@@ -1,0 +1,93 @@
+// Device: the block device that holds the model, as libblkps sees it.
+//
+// A Device moves whole logical blocks between the model device and memory. It
+// knows nothing about parameters or partial blocks: TransferPlan cuts a byte
+// range into block-aligned IoRequests, and a Device runs a batch of them with
+// up to `queue_depth` in flight.
+//
+// Implementations:
+//   file_device.cc   a regular file or a block device (/dev/sdX of a kernel
+//                    iSCSI/iSER session), pread/pwrite.
+//   iscsi_device.cc  iscsi:// and iser:// through libiscsi, one session.
+//
+// Thread-safety: a Device is used by one thread at a time (libiscsi allows one
+// thread per context). Distinct Devices are independent.
+
+#ifndef BLKPS_LEARNER_DEVICE_H_
+#define BLKPS_LEARNER_DEVICE_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace blkps {
+
+enum class Direction { kRead, kWrite };
+
+const char* DirectionName(Direction direction);  // "read" or "write"
+
+// One device command: `length` bytes at device byte `offset`, gathered from
+// (write) or scattered into (read) `iov`.
+struct IoRequest {
+  uint64_t offset;  // a multiple of the logical block size
+  uint64_t length;  // the sum of the iov lengths; a multiple of the block size
+  // The memory stays owned by the caller and must stay valid until the batch
+  // returns. A device may change entries while the request runs but restores
+  // them (libiscsi does this), so the iovecs live in writable memory.
+  iovec* iov;
+  int iovcnt;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual uint64_t size_bytes() const = 0;  // a multiple of the block size
+  virtual uint32_t logical_block_size() const = 0;
+  // Request size when the user asks for none, and the largest request the
+  // device accepts; both multiples of the block size.
+  virtual uint64_t default_request_bytes() const = 0;
+  virtual uint64_t max_request_bytes() const = 0;
+
+  // Runs every request, keeping up to `queue_depth` (>= 1) in flight.
+  // REQUIRES: each request lies within [0, size_bytes()) and is no longer than
+  // max_request_bytes().
+  // After the first failure no further request is started; those in flight
+  // are waited for, and the first failure is returned. Which of the other
+  // requests reached the device is then unspecified.
+  virtual Status Transfer(Direction direction,
+                          const std::vector<IoRequest>& requests,
+                          uint32_t queue_depth) = 0;
+
+  // Makes every completed write durable (fsync / SYNCHRONIZE CACHE); on the
+  // blkps server this checkpoints the model.
+  virtual Status Sync() = 0;
+
+ protected:
+  Device() = default;
+};
+
+// Opens `target`: iscsi://host[:port]/<target-iqn>/<lun>, iser://... of the
+// same shape, or a path to a regular file or block device. `initiator_name`
+// is the iSCSI initiator IQN; empty selects
+// "iqn.2026-11.io.blkps:learner-<host>-<pid>". Ignored for paths.
+// On failure returns nullptr and stores the reason in *status.
+std::unique_ptr<Device> OpenDevice(const std::string& target,
+                                   const std::string& initiator_name,
+                                   Status* status);
+
+std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status);
+std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
+                                        const std::string& initiator_name,
+                                        Status* status);
+
+}  // namespace blkps
+
+#endif  // BLKPS_LEARNER_DEVICE_H_

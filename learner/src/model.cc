@@ -1,0 +1,179 @@
+// Model: parameter ranges and byte ranges onto Device requests. Range checks
+// live here; cutting into block-aligned requests lives in TransferPlan.
+
+#include "blkps/model.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <new>
+
+#include "device.h"
+#include "status.h"
+#include "transfer_plan.h"
+
+namespace blkps {
+namespace {
+
+constexpr uint32_t kDefaultQueueDepth = 16;
+constexpr uint64_t kBytesPerParam = sizeof(float);
+
+using ull = unsigned long long;
+
+// Runs one transfer of `length` bytes at device byte `offset`.
+// REQUIRES: the range lies on the device (the callers check it).
+Status Transfer(Device& device, Direction direction, uint64_t offset,
+                void* buffer, uint64_t length, uint64_t request_bytes,
+                uint32_t queue_depth) {
+  if (length == 0) return Status();
+  try {
+    TransferPlan plan(direction, offset, buffer, length,
+                      device.logical_block_size(), request_bytes);
+    Status status = device.Transfer(direction, plan.requests(), queue_depth);
+    if (status.ok()) plan.FinishRead();
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "out of memory planning a %s of %llu bytes",
+                         DirectionName(direction), static_cast<ull>(length));
+  }
+}
+
+// Parameters [first_param, first_param + count) as a byte range, or -ERANGE
+// when it does not fit on the device.
+Status ParamsToBytes(const char* operation, uint64_t first_param,
+                     uint64_t count, uint64_t size_bytes, uint64_t* offset,
+                     uint64_t* length) {
+  const uint64_t params_on_device = size_bytes / kBytesPerParam;
+  if (first_param > params_on_device ||
+      count > params_on_device - first_param) {
+    return Status::Error(
+        ERANGE,
+        "%s of %llu parameters from parameter %llu is past the end of the "
+        "model (%llu parameters, %llu bytes)",
+        operation, static_cast<ull>(count), static_cast<ull>(first_param),
+        static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
+  }
+  *offset = first_param * kBytesPerParam;
+  *length = count * kBytesPerParam;
+  return Status();
+}
+
+Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length,
+                      const Device& device) {
+  const uint32_t block = device.logical_block_size();
+  if (offset % block != 0 || length % block != 0) {
+    return Status::Error(EINVAL,
+                         "%s: offset %llu and length %llu must be multiples "
+                         "of the logical block size %u",
+                         operation, static_cast<ull>(offset),
+                         static_cast<ull>(length), block);
+  }
+  if (offset > device.size_bytes() || length > device.size_bytes() - offset) {
+    return Status::Error(ERANGE,
+                         "%s of %llu bytes at offset %llu is past the end of "
+                         "the device (%llu bytes)",
+                         operation, static_cast<ull>(length),
+                         static_cast<ull>(offset),
+                         static_cast<ull>(device.size_bytes()));
+  }
+  return Status();
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::Open(const std::string& target,
+                                   const OpenOptions& options,
+                                   std::string* error, int* error_code) {
+  try {
+    Status status;
+    std::unique_ptr<Device> device =
+        OpenDevice(target, options.initiator_name, &status);
+    if (device == nullptr) {
+      *error = status.message();
+      if (error_code != nullptr) *error_code = -status.code();
+      return nullptr;
+    }
+    const uint64_t block = device->logical_block_size();
+    uint64_t request_bytes = options.request_bytes != 0
+                                 ? options.request_bytes
+                                 : device->default_request_bytes();
+    request_bytes = std::min(request_bytes, device->max_request_bytes());
+    request_bytes = std::max(request_bytes / block * block, block);
+    const uint32_t queue_depth =
+        options.queue_depth != 0 ? options.queue_depth : kDefaultQueueDepth;
+    return std::unique_ptr<Model>(
+        new Model(std::move(device), request_bytes, queue_depth));
+  } catch (const std::bad_alloc&) {
+    *error = "blkps: out of memory opening " + target;
+    if (error_code != nullptr) *error_code = -ENOMEM;
+    return nullptr;
+  }
+}
+
+Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes,
+             uint32_t queue_depth)
+    : device_(std::move(device)),
+      request_bytes_(request_bytes),
+      queue_depth_(queue_depth) {}
+
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+
+uint64_t Model::size_bytes() const { return device_->size_bytes(); }
+
+uint32_t Model::logical_block_size() const {
+  return device_->logical_block_size();
+}
+
+int Model::Record(const Status& status) {
+  if (status.ok()) return 0;
+  last_error_ = status.message();
+  return -status.code();
+}
+
+int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = ParamsToBytes("push", first_param, count,
+                                device_->size_bytes(), &offset, &length);
+  if (status.ok()) {
+    // A write only reads the buffer; TransferPlan's iovecs are not const.
+    status =
+        Transfer(*device_, Direction::kWrite, offset, const_cast<float*>(grad),
+                 length, request_bytes_, queue_depth_);
+  }
+  return Record(status);
+}
+
+int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = ParamsToBytes("pull", first_param, count,
+                                device_->size_bytes(), &offset, &length);
+  if (status.ok()) {
+    status = Transfer(*device_, Direction::kRead, offset, weights, length,
+                      request_bytes_, queue_depth_);
+  }
+  return Record(status);
+}
+
+int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
+  Status status = CheckByteRange("write_bytes", offset, length, *device_);
+  if (status.ok()) {
+    status =
+        Transfer(*device_, Direction::kWrite, offset, const_cast<void*>(buffer),
+                 length, request_bytes_, queue_depth_);
+  }
+  return Record(status);
+}
+
+int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
+  Status status = CheckByteRange("read_bytes", offset, length, *device_);
+  if (status.ok()) {
+    status = Transfer(*device_, Direction::kRead, offset, buffer, length,
+                      request_bytes_, queue_depth_);
+  }
+  return Record(status);
+}
+
+int Model::Sync() { return Record(device_->Sync()); }
+
+}  // namespace blkps
