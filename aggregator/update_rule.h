@@ -6,45 +6,117 @@
 // moments: indexed by the absolute parameter index `first`). Different blocks
 // are applied concurrently from different threads.
 //
-// Adding a rule: subclass UpdateRule in update_rule.cc and add its name to
-// MakeUpdateRule(). Nothing else changes.
+// The rules (g: the gradient a learner wrote; every operation is per
+// parameter; state starts at zero):
+//   sgd       w -= lr·g
+//   momentum  v = μ·v + g;  w -= lr·v
+//             with nesterov: v = μ·v + g;  w -= lr·(g + μ·v)
+//   adagrad   s += g²;  w -= lr·g / (sqrt(s) + ε)           (ε: adagrad_eps)
+//   adam      t += 1;  m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;
+//             w -= lr·m̂ / (sqrt(v̂) + ε)  where m̂ = m/(1-β1^t), v̂ = v/(1-β2^t)
+//   sum       w += g            lr is ignored: for learners that run their own
+//                               optimizer and write the step they want added.
+//   average   w += lr·g         a scaled accumulate, nothing more: with lr =
+//                               1/L and each of L learners writing its update
+//                               once, w gains the mean of the L updates. The
+//                               rule neither counts learners nor waits for
+//                               them; averaging across learners per iteration
+//                               (BSP) belongs to consistency control.
+//
+// Adam's step count t is kept per parameter, not per model: a write carries
+// the gradient of one parameter range, so it is one step for those parameters
+// only. Learners write different ranges at different rates (and a range may
+// cover part of a model block), so a global count would over-correct the bias
+// of parameters that are updated rarely. t saturates at 2^32-1, where the
+// bias corrections are exactly 1.
+//
+// Adding a rule: subclass UpdateRule in update_rule.cc, add its name to
+// MakeUpdateRule() and kUpdateRuleNames. Nothing else changes.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "status.h"
 
 namespace blkps {
 
 // The rules MakeUpdateRule() knows, for error messages and docs.
-inline constexpr const char* kUpdateRuleNames = "sgd";
+inline constexpr const char* kUpdateRuleNames = "sgd, momentum, adagrad, adam, sum, average";
 
+// Each field is named as its --bsopts key; MakeUpdateRule() checks every
+// field whichever rule is named (a bad value is refused even where the rule
+// does not use it).
 struct RuleOptions {
   std::string name = "sgd";
-  float lr = 0.01f;  // learning rate; finite and > 0
+  float lr = 0.01f;            // learning rate (not used by sum); finite and > 0
+  float momentum = 0.9f;       // momentum: μ, in [0, 1)
+  bool nesterov = false;       // momentum: take Nesterov's look-ahead step
+  float beta1 = 0.9f;          // adam: decay of the first moment, in [0, 1)
+  float beta2 = 0.999f;        // adam: decay of the second moment, in [0, 1)
+  float eps = 1e-8f;           // adam: ε added to sqrt(v̂); finite and > 0
+  float adagrad_eps = 1e-10f;  // adagrad: ε added to sqrt(s); finite and > 0.
+                               // Its own field: adagrad's customary default
+                               // (1e-10) differs from adam's (1e-8).
+};
+
+// One array of a rule's per-parameter state: element i belongs to parameter
+// i, bytes / num_params bytes each, in host byte order.
+struct StateArray {
+  const char* name;  // "<rule>.<array>", e.g. "adam.m"; stable, for checkpoints
+  void* data;        // owned by the rule, valid while it lives; page-aligned
+                     // (nullptr for a model of 0 parameters)
+  size_t bytes;      // num_params × element size, exactly
 };
 
 class UpdateRule {
  public:
+  explicit UpdateRule(float lr) : lr_(lr) {}
   virtual ~UpdateRule() = default;
+  UpdateRule(const UpdateRule&) = delete;
+  UpdateRule& operator=(const UpdateRule&) = delete;
 
   virtual const char* name() const = 0;
 
-  // Bytes of state the rule keeps per parameter (for memory accounting).
+  // Bytes of state the rule keeps per parameter, exactly (memory accounting):
+  // the sum of state()'s bytes divided by the number of parameters.
   virtual size_t state_bytes_per_param() const = 0;
+
+  // The learning rate. Thread-safe: set_lr() may be called from any thread
+  // while others Apply(). Each Apply() reads the rate once, so one call
+  // applies its whole range with one rate; a call that starts after set_lr()
+  // returns uses the new rate. REQUIRES for set_lr: lr finite and > 0.
+  float lr() const { return lr_.load(); }
+  void set_lr(float lr) { lr_.store(lr); }
 
   // Applies gradient g[0..n) to weights w[0..n), which are parameters
   // [first, first + n). REQUIRES: the caller holds the write lock of the
-  // model block containing them; g is finite.
+  // model block containing them; first + n <= num_params; g is finite.
   virtual void Apply(uint64_t first, float* w, const float* g, size_t n) = 0;
+
+  // The rule's per-parameter state, for checkpoints: empty for rules without
+  // state, otherwise one entry per array, in a fixed order. A checkpoint saves
+  // the bytes and restores them by writing them back. REQUIRES while reading
+  // or writing them: no Apply() runs (hold every block's write lock).
+  virtual std::vector<StateArray> state() { return {}; }
+
+ private:
+  static_assert(std::atomic<float>::is_always_lock_free, "lr is read on the data path");
+  std::atomic<float> lr_;
 };
 
-// Creates the rule named in `opts` for a model of `num_params` parameters.
-// On failure returns non-OK (unknown name, bad learning rate) and leaves *out
-// untouched.
+// Creates the rule named in `opts` for a model of `num_params` parameters,
+// with its state zeroed. State is mapped like the weights (anonymous,
+// page-aligned), so memory is committed as parameters are first written.
+// On failure returns non-OK with a one-line message starting with the option
+// at fault and leaves *out untouched:
+//   InvalidArgument    unknown rule name (the message lists the known ones),
+//                      or a field out of range (named as in RuleOptions);
+//   ResourceExhausted  the state cannot be mapped.
 Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params,
                       std::unique_ptr<UpdateRule>* out);
 

@@ -54,6 +54,8 @@ bool ParseFloat(const std::string& text, float* out) {
 Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   LuOptions opts;
   std::set<std::string> seen;
+  float eps = 0;  // eps= goes to the named rule's ε, known only at the end
+  bool has_eps = false;
   size_t start = 0;
   while (start <= bsopts.size()) {
     size_t end = bsopts.find(';', start);
@@ -87,6 +89,15 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       if (!ParseFloat(value, &opts.model.rule.lr) || opts.model.rule.lr <= 0) {
         return Bad(key, "a finite number > 0", value);
       }
+    } else if (key == "momentum" || key == "beta1" || key == "beta2" || key == "eps") {
+      float v = 0;
+      if (!ParseFloat(value, &v)) return Bad(key, "a finite number", value);
+      RuleOptions& r = opts.model.rule;
+      (key == "momentum" ? r.momentum : key == "beta1" ? r.beta1 : key == "beta2" ? r.beta2 : eps) = v;
+      has_eps = has_eps || key == "eps";
+    } else if (key == "nesterov") {
+      if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
+      opts.model.rule.nesterov = value == "1";
     } else if (key == "init") {
       Status s = ParseInitSpec(value, &opts.model.init);
       if (!s.ok()) return s;
@@ -95,9 +106,11 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
         return Bad(key, "a non-negative integer", value);
       }
     } else {
-      return Status::InvalidArgument(key +
-                                     ": unknown option (known: params, block, rule, lr, init, seed)");
+      return Status::InvalidArgument(key + ": unknown option (known: " + kLuOptionKeys + ")");
     }
+  }
+  if (has_eps) {
+    (opts.model.rule.name == "adagrad" ? opts.model.rule.adagrad_eps : opts.model.rule.eps) = eps;
   }
   if (opts.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");

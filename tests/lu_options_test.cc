@@ -26,6 +26,20 @@ TEST(LuOptions, ParsesEveryKey) {
   EXPECT_EQ(o.model.init.seed, 9u);
 }
 
+TEST(LuOptions, RuleParametersGoToTheirRule) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=10;rule=momentum;momentum=0.5;nesterov=1", &o).ok());
+  EXPECT_FLOAT_EQ(o.model.rule.momentum, 0.5f);
+  EXPECT_TRUE(o.model.rule.nesterov);
+  ASSERT_TRUE(ParseLuOptions("params=10;eps=1e-6;rule=adam;beta1=0.8;beta2=0.99", &o).ok());
+  EXPECT_FLOAT_EQ(o.model.rule.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(o.model.rule.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(o.model.rule.beta2, 0.99f);
+  ASSERT_TRUE(ParseLuOptions("params=10;eps=1e-3;rule=adagrad", &o).ok());
+  EXPECT_FLOAT_EQ(o.model.rule.adagrad_eps, 1e-3f);
+  EXPECT_FLOAT_EQ(o.model.rule.eps, RuleOptions().eps);
+}
+
 TEST(LuOptions, DefaultsNeedOnlyParams) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("params=10;", &o).ok());
@@ -50,6 +64,8 @@ TEST(LuOptions, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("params=10;colour=red").rfind("colour: unknown option", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;params=11").rfind("params: given more than once", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;lr").rfind("bsopts: expected key=value", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;nesterov=yes").rfind("nesterov:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;beta1=inf").rfind("beta1:", 0), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,340 @@
+// Update rules against double-precision references written straight from the
+// equations in aggregator/update_rule.h.
+#include "update_rule.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace blkps {
+namespace {
+
+// One parameter as the reference sees it: the weight and every rule's state.
+struct RefParam {
+  double w = 0, m = 0, v = 0, s = 0;
+  uint64_t t = 0;
+};
+
+// One update of one parameter with gradient g at learning rate lr.
+using RefStep = void (*)(const RuleOptions& o, double lr, double g, RefParam* p);
+
+void SgdRef(const RuleOptions&, double lr, double g, RefParam* p) { p->w -= lr * g; }
+
+void MomentumRef(const RuleOptions& o, double lr, double g, RefParam* p) {
+  const double mu = o.momentum;
+  p->v = mu * p->v + g;
+  p->w -= o.nesterov ? lr * (g + mu * p->v) : lr * p->v;
+}
+
+void AdagradRef(const RuleOptions& o, double lr, double g, RefParam* p) {
+  p->s += g * g;
+  p->w -= lr * g / (std::sqrt(p->s) + o.adagrad_eps);
+}
+
+void AdamRef(const RuleOptions& o, double lr, double g, RefParam* p) {
+  const double b1 = o.beta1, b2 = o.beta2;
+  p->t += 1;
+  p->m = b1 * p->m + (1 - b1) * g;
+  p->v = b2 * p->v + (1 - b2) * g * g;
+  const double m_hat = p->m / (1 - std::pow(b1, static_cast<double>(p->t)));
+  const double v_hat = p->v / (1 - std::pow(b2, static_cast<double>(p->t)));
+  p->w -= lr * m_hat / (std::sqrt(v_hat) + o.eps);
+}
+
+void SumRef(const RuleOptions&, double, double g, RefParam* p) { p->w += g; }
+
+void AverageRef(const RuleOptions&, double lr, double g, RefParam* p) { p->w += lr * g; }
+
+std::unique_ptr<UpdateRule> Make(const RuleOptions& o, uint64_t num_params) {
+  std::unique_ptr<UpdateRule> rule;
+  Status s = MakeUpdateRule(o, num_params, &rule);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return rule;
+}
+
+RuleOptions Named(const std::string& name, float lr = 0.01f) {
+  RuleOptions o;
+  o.name = name;
+  o.lr = lr;
+  return o;
+}
+
+constexpr size_t kParams = 1000;
+constexpr int kSteps = 50;
+constexpr float kLrAfterHalf = 0.004f;
+
+// Runs one seeded history through a rule: random starting weights, then
+// kSteps steps of N(0,1) gradients over kParams parameters. Each step cuts
+// [0, kParams) at random points into ragged ranges (length 1 upwards) and
+// applies each range with its own Apply() call in shuffled order, skipping
+// about a quarter of them, so parameters see different numbers of updates.
+// Halfway the learning rate changes with set_lr(). Returns the weights.
+std::vector<float> RunHistory(UpdateRule* rule, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(kParams);
+  for (float& x : w) x = uniform(rng);
+  std::vector<float> g(kParams);
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == kSteps / 2) rule->set_lr(kLrAfterHalf);
+    for (float& x : g) x = normal(rng);
+    std::vector<size_t> cuts = {0, kParams};
+    const int pieces = std::uniform_int_distribution<int>(1, 12)(rng);
+    for (int i = 1; i < pieces; ++i) cuts.push_back(std::uniform_int_distribution<size_t>(1, kParams - 1)(rng));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<size_t> order(cuts.size() - 1);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t r : order) {
+      const size_t first = cuts[r], n = cuts[r + 1] - cuts[r];
+      if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) continue;  // not updated this step
+      rule->Apply(first, w.data() + first, g.data() + first, n);
+    }
+  }
+  return w;
+}
+
+// An UpdateRule that replays Apply() calls on the reference, so the reference
+// sees exactly the history RunHistory() gives the rule under test.
+class Reference final : public UpdateRule {
+ public:
+  Reference(const RuleOptions& o, RefStep step) : UpdateRule(o.lr), opts_(o), step_(step), params_(kParams) {}
+  const char* name() const override { return "reference"; }
+  size_t state_bytes_per_param() const override { return sizeof(RefParam); }
+  void Apply(uint64_t first, float* w, const float* g, size_t n) override {
+    const double lr = this->lr();
+    for (size_t i = 0; i < n; ++i) {
+      RefParam& p = params_[first + i];
+      if (!seen_[first + i]) p.w = w[i];  // the starting weight
+      seen_[first + i] = true;
+      step_(opts_, lr, g[i], &p);
+      w[i] = static_cast<float>(p.w);  // the caller's copy; the reference keeps its own in double
+    }
+  }
+  // Final weights: the double reference where a parameter was updated, else
+  // the untouched starting weight.
+  std::vector<double> Weights(const std::vector<float>& replayed) const {
+    std::vector<double> out(kParams);
+    for (size_t i = 0; i < kParams; ++i) out[i] = seen_[i] ? params_[i].w : replayed[i];
+    return out;
+  }
+  const RefParam& param(size_t i) const { return params_[i]; }
+
+ private:
+  const RuleOptions opts_;
+  const RefStep step_;
+  std::vector<RefParam> params_;
+  std::vector<bool> seen_ = std::vector<bool>(kParams, false);
+};
+
+// Float rule vs double reference on the same history: every weight within a
+// relative 1e-5 (absolute 1e-5 near zero).
+void ExpectMatchesReference(const RuleOptions& o, RefStep step, uint32_t seed = 7) {
+  std::unique_ptr<UpdateRule> rule = Make(o, kParams);
+  ASSERT_NE(rule, nullptr);
+  Reference ref(o, step);
+  const std::vector<float> got = RunHistory(rule.get(), seed);
+  const std::vector<double> want = ref.Weights(RunHistory(&ref, seed));
+  size_t bad = 0, worst = 0;
+  double worst_err = 0;
+  for (size_t i = 0; i < kParams; ++i) {
+    const double err = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
+    if (err > 1e-5) ++bad;
+    if (err > worst_err) worst_err = err, worst = i;
+  }
+  EXPECT_EQ(bad, 0u) << o.name << ": worst relative error " << worst_err << " at parameter " << worst << " (got "
+                     << got[worst] << ", want " << want[worst] << ")";
+}
+
+TEST(UpdateRule, SgdMatchesReference) { ExpectMatchesReference(Named("sgd"), SgdRef); }
+
+TEST(UpdateRule, MomentumMatchesReference) { ExpectMatchesReference(Named("momentum"), MomentumRef); }
+
+TEST(UpdateRule, NesterovMomentumMatchesReference) {
+  RuleOptions o = Named("momentum");
+  o.nesterov = true;
+  ExpectMatchesReference(o, MomentumRef);
+}
+
+TEST(UpdateRule, MomentumWithOtherMuMatchesReference) {
+  RuleOptions o = Named("momentum");
+  o.momentum = 0.5f;
+  o.nesterov = true;
+  ExpectMatchesReference(o, MomentumRef);
+}
+
+TEST(UpdateRule, AdagradMatchesReference) { ExpectMatchesReference(Named("adagrad", 0.1f), AdagradRef); }
+
+TEST(UpdateRule, AdagradWithLargeEpsMatchesReference) {
+  RuleOptions o = Named("adagrad", 0.1f);
+  o.adagrad_eps = 0.5f;
+  ExpectMatchesReference(o, AdagradRef);
+}
+
+TEST(UpdateRule, AdamMatchesReference) { ExpectMatchesReference(Named("adam"), AdamRef); }
+
+TEST(UpdateRule, AdamWithOtherBetasAndEpsMatchesReference) {
+  RuleOptions o = Named("adam");
+  o.beta1 = 0.5f;
+  o.beta2 = 0.9f;
+  o.eps = 0.1f;
+  ExpectMatchesReference(o, AdamRef);
+}
+
+TEST(UpdateRule, SumMatchesReference) { ExpectMatchesReference(Named("sum"), SumRef); }
+
+TEST(UpdateRule, AverageMatchesReference) { ExpectMatchesReference(Named("average", 0.25f), AverageRef); }
+
+TEST(UpdateRule, NesterovDiffersFromPlainMomentum) {
+  RuleOptions plain = Named("momentum");
+  RuleOptions nesterov = plain;
+  nesterov.nesterov = true;
+  const std::vector<float> a = RunHistory(Make(plain, kParams).get(), 7);
+  const std::vector<float> b = RunHistory(Make(nesterov, kParams).get(), 7);
+  double max_diff = 0;
+  for (size_t i = 0; i < kParams; ++i) max_diff = std::max(max_diff, double(std::abs(a[i] - b[i])));
+  EXPECT_GT(max_diff, 1e-2);
+}
+
+TEST(UpdateRule, SetLrTakesEffectOnTheNextApply) {
+  std::unique_ptr<UpdateRule> rule = Make(Named("sgd", 0.5f), 4);
+  float w[4] = {0, 0, 0, 0};
+  const float g[4] = {1, 1, 1, 1};
+  rule->Apply(0, w, g, 4);
+  EXPECT_EQ(w[0], -0.5f);
+  rule->set_lr(0.25f);
+  EXPECT_EQ(rule->lr(), 0.25f);
+  rule->Apply(0, w, g, 4);
+  EXPECT_EQ(w[0], -0.75f);
+}
+
+TEST(UpdateRule, SumIgnoresTheLearningRate) {
+  std::unique_ptr<UpdateRule> rule = Make(Named("sum", 0.5f), 2);
+  float w[2] = {1, 2};
+  const float g[2] = {3, -4};
+  rule->Apply(0, w, g, 2);
+  rule->set_lr(7.0f);
+  rule->Apply(0, w, g, 2);
+  EXPECT_EQ(w[0], 7.0f);
+  EXPECT_EQ(w[1], -6.0f);
+}
+
+TEST(UpdateRule, AdamCountsStepsPerParameter) {
+  std::unique_ptr<UpdateRule> rule = Make(Named("adam"), 20);
+  std::vector<float> w(20, 0.0f), g(20, 1.0f);
+  rule->Apply(0, w.data(), g.data(), 10);          // [0, 10)
+  rule->Apply(0, w.data(), g.data(), 10);          // [0, 10)
+  rule->Apply(5, w.data() + 5, g.data() + 5, 10);  // [5, 15)
+  const std::vector<StateArray> state = rule->state();
+  ASSERT_EQ(state.size(), 3u);
+  ASSERT_STREQ(state[2].name, "adam.t");
+  const uint32_t* t = static_cast<const uint32_t*>(state[2].data);
+  for (size_t i = 0; i < 20; ++i) {
+    const uint32_t want = i < 5 ? 2 : i < 10 ? 3 : i < 15 ? 1 : 0;
+    EXPECT_EQ(t[i], want) << "parameter " << i;
+  }
+  // Adam's first step moves each parameter by lr·sign(g) whatever its history.
+  EXPECT_NEAR(w[12], -0.01f, 1e-7);
+  EXPECT_NEAR(w[2], -0.02f, 1e-7);
+}
+
+TEST(UpdateRule, AdamStepCountSaturatesInsteadOfWrapping) {
+  std::unique_ptr<UpdateRule> rule = Make(Named("adam"), 1);
+  uint32_t* t = static_cast<uint32_t*>(rule->state()[2].data);
+  *t = std::numeric_limits<uint32_t>::max();
+  float w = 0;
+  const float g = 1;
+  rule->Apply(0, &w, &g, 1);
+  EXPECT_EQ(*t, std::numeric_limits<uint32_t>::max());
+  EXPECT_TRUE(std::isfinite(w));
+  // With corrections of 1: m = 0.1, v = 0.001, step = lr·0.1/sqrt(0.001).
+  EXPECT_NEAR(w, -0.01 * 0.1 / std::sqrt(0.001), 1e-6);
+}
+
+TEST(UpdateRule, StateBytesPerParamAreExact) {
+  const struct {
+    const char* name;
+    size_t bytes;
+  } cases[] = {{"sgd", 0}, {"momentum", 4}, {"adagrad", 4}, {"adam", 12}, {"sum", 0}, {"average", 0}};
+  for (const auto& c : cases) {
+    EXPECT_EQ(Make(Named(c.name), 10)->state_bytes_per_param(), c.bytes) << c.name;
+  }
+}
+
+TEST(UpdateRule, StateArraysAreZeroedPageAlignedAndSumToStateBytes) {
+  constexpr uint64_t kN = 12345;
+  const long page = sysconf(_SC_PAGESIZE);
+  for (const char* name : {"sgd", "momentum", "adagrad", "adam", "sum", "average"}) {
+    std::unique_ptr<UpdateRule> rule = Make(Named(name), kN);
+    size_t total = 0;
+    for (const StateArray& a : rule->state()) {
+      EXPECT_EQ(std::string(a.name).rfind(std::string(name) + ".", 0), 0u) << a.name;
+      ASSERT_NE(a.data, nullptr) << a.name;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data) % page, 0u) << a.name;
+      const unsigned char* bytes = static_cast<const unsigned char*>(a.data);
+      EXPECT_TRUE(std::all_of(bytes, bytes + a.bytes, [](unsigned char b) { return b == 0; })) << a.name;
+      total += a.bytes;
+    }
+    EXPECT_EQ(total, kN * rule->state_bytes_per_param()) << name;
+  }
+}
+
+TEST(UpdateRule, InvalidParametersAreRefusedNamingTheOption) {
+  const struct {
+    void (*set)(RuleOptions*);
+    const char* want;  // the message starts with this
+  } cases[] = {
+      {[](RuleOptions* o) { o->momentum = 1.5f; }, "momentum: expected a number in [0, 1), got 1.5"},
+      {[](RuleOptions* o) { o->momentum = 1.0f; }, "momentum: expected a number in [0, 1), got 1"},
+      {[](RuleOptions* o) { o->momentum = -0.1f; }, "momentum: "},
+      {[](RuleOptions* o) { o->momentum = NAN; }, "momentum: expected a number in [0, 1), got nan"},
+      {[](RuleOptions* o) { o->beta1 = 1.0f; }, "beta1: expected a number in [0, 1), got 1"},
+      {[](RuleOptions* o) { o->beta2 = -0.5f; }, "beta2: expected a number in [0, 1), got -0.5"},
+      {[](RuleOptions* o) { o->eps = 0.0f; }, "eps: expected a finite number > 0, got 0"},
+      {[](RuleOptions* o) { o->eps = INFINITY; }, "eps: expected a finite number > 0, got inf"},
+      {[](RuleOptions* o) { o->adagrad_eps = -1e-10f; }, "adagrad_eps: expected a finite number > 0, got -1e-10"},
+      {[](RuleOptions* o) { o->lr = 0.0f; }, "lr: expected a finite number > 0, got 0"},
+      {[](RuleOptions* o) { o->lr = NAN; }, "lr: "},
+  };
+  for (const char* name : {"sgd", "momentum", "adam"}) {
+    for (const auto& c : cases) {
+      RuleOptions o = Named(name);
+      c.set(&o);
+      std::unique_ptr<UpdateRule> rule;
+      Status s = MakeUpdateRule(o, 10, &rule);
+      EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << c.want;
+      EXPECT_EQ(s.message().rfind(c.want, 0), 0u) << "got: " << s.message();
+      EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+      EXPECT_EQ(rule, nullptr);
+    }
+  }
+}
+
+TEST(UpdateRule, UnknownRuleListsTheKnownOnes) {
+  std::unique_ptr<UpdateRule> rule;
+  Status s = MakeUpdateRule(Named("rmsprop"), 10, &rule);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message(), "rule: unknown update rule 'rmsprop' (known: sgd, momentum, adagrad, adam, sum, average)");
+  EXPECT_EQ(rule, nullptr);
+}
+
+TEST(UpdateRule, EveryKnownNameCreatesThatRule) {
+  for (const char* name : {"sgd", "momentum", "adagrad", "adam", "sum", "average"}) {
+    EXPECT_NE(std::string(kUpdateRuleNames).find(name), std::string::npos) << name;
+    std::unique_ptr<UpdateRule> rule = Make(Named(name), 10);
+    ASSERT_NE(rule, nullptr) << name;
+    EXPECT_STREQ(rule->name(), name);
+  }
+}
+
+}  // namespace
+}  // namespace blkps
