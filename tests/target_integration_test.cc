@@ -261,6 +261,27 @@ TEST(Target, StartScriptRefusesBadBsoptsAndLeavesNoDaemon) {
   EXPECT_FALSE(target.TgtdAlive());
 }
 
+// tgtd dlopens every file in its plugin folder and calls register_bs_module().
+// The test puts the built plugin there for its own tgtd and takes it away.
+TEST(Target, PluginInstalledInTgtFolderServesTheModel) {
+  const std::string dir = "/usr/lib/tgt/backing-store", installed = dir + "/bs_blkps.so";
+  if (access(installed.c_str(), F_OK) == 0) GTEST_SKIP() << installed << " exists: not replacing it";
+  ASSERT_EQ(RunCommand("mkdir -p " + dir + " && cp " + BLKPS_PLUGIN + " " + installed, nullptr), 0);
+  struct Uninstall {
+    std::string path;
+    ~Uninstall() { unlink(path.c_str()); }
+  } uninstall{installed};
+
+  TargetProcess target("params=1000;lr=1", "--plugin installed");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ModelHandle h(target.url());
+  ASSERT_NE(h.m, nullptr) << h.error;
+  std::vector<float> g(1000, 3.0f), w(1000);
+  ASSERT_EQ(blkps_push(h.m, 0, g.data(), 1000), 0) << blkps_last_error(h.m);
+  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
+  EXPECT_EQ(w[0], -3.0f);
+}
+
 TEST(Target, IserTransportFailsClearlyWithoutRdmaDevice) {
   std::string out;
   RunCommand("ls -A /sys/class/infiniband 2>/dev/null || true", &out);
