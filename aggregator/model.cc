@@ -1,8 +1,5 @@
 #include "model.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cerrno>
@@ -79,35 +76,24 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
                                      " of memory is available; use fewer parameters or shard the model");
   }
 
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t mapped = RoundUp(opts.num_params * sizeof(float), page);
-  void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    return Status::ResourceExhausted("params: cannot allocate " + Mib(mapped) + " for the weights: " +
-                                     std::strerror(errno));
-  }
-  float* weights = static_cast<float*>(mem);
-  s = InitializeWeights(opts.init, weights, opts.num_params);
-  if (!s.ok()) {
-    munmap(mem, mapped);
-    return s;
-  }
-  out->reset(new Model(opts, weights, mapped, std::move(rule)));
+  PageBuffer weights;
+  s = PageBuffer::Allocate(opts.num_params, sizeof(float), "the weights", &weights);
+  if (!s.ok()) return s;
+  s = InitializeWeights(opts.init, weights.as<float>(), opts.num_params);
+  if (!s.ok()) return s;
+  out->reset(new Model(opts, std::move(weights), std::move(rule)));
   return Status::OK();
 }
 
-Model::Model(const ModelOptions& opts, float* weights, uint64_t mapped_bytes,
-             std::unique_ptr<UpdateRule> rule)
+Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule)
     : num_params_(opts.num_params),
       block_bytes_(opts.block_bytes),
       num_blocks_((opts.num_params * sizeof(float) + opts.block_bytes - 1) / opts.block_bytes),
       size_bytes_(RoundUp(opts.num_params * sizeof(float), kDeviceSectorBytes)),
-      weights_(weights),
-      mapped_bytes_(mapped_bytes),
+      weights_buffer_(std::move(weights)),
+      weights_(weights_buffer_.as<float>()),
       rule_(std::move(rule)),
       block_locks_(new std::shared_mutex[num_blocks_]) {}
-
-Model::~Model() { munmap(weights_, mapped_bytes_); }
 
 Status Model::CheckRange(uint64_t offset, uint64_t len) const {
   if (offset > size_bytes_ || len > size_bytes_ - offset) {

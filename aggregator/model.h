@@ -24,6 +24,7 @@
 #include <shared_mutex>
 
 #include "initializer.h"
+#include "page_buffer.h"
 #include "status.h"
 #include "update_rule.h"
 
@@ -47,7 +48,6 @@ class Model {
   // enough memory) and leaves *out untouched.
   static Status Create(const ModelOptions& opts, std::unique_ptr<Model>* out);
 
-  ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
@@ -73,8 +73,7 @@ class Model {
   static uint64_t MemoryBytes(const ModelOptions& opts, const UpdateRule& rule);
 
  private:
-  Model(const ModelOptions& opts, float* weights, uint64_t mapped_bytes,
-        std::unique_ptr<UpdateRule> rule);
+  Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
 
@@ -82,8 +81,8 @@ class Model {
   const uint64_t block_bytes_;
   const uint64_t num_blocks_;
   const uint64_t size_bytes_;
-  float* const weights_;  // page-aligned, mapped_bytes_ long
-  const uint64_t mapped_bytes_;
+  PageBuffer weights_buffer_;
+  float* const weights_;  // weights_buffer_'s num_params_ floats
   std::unique_ptr<UpdateRule> rule_;
   mutable std::unique_ptr<std::shared_mutex[]> block_locks_;
 };

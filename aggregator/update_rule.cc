@@ -1,5 +1,7 @@
 #include "update_rule.h"
 
+#include "page_buffer.h"
+
 #include <cblas.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,54 +17,9 @@
 namespace blkps {
 namespace {
 
-// A zero-filled, page-aligned array of per-parameter state, mapped
-// anonymously as the model maps its weights: pages are committed when first
-// written, so creating a rule does not take memory before Model::Create has
-// checked that the model fits. Move-only.
-class StateBuffer {
- public:
-  StateBuffer() = default;
-  ~StateBuffer() {
-    if (data_ != nullptr) munmap(data_, mapped_);
-  }
-  StateBuffer(StateBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        bytes_(std::exchange(other.bytes_, 0)),
-        mapped_(std::exchange(other.mapped_, 0)) {}
-  StateBuffer& operator=(StateBuffer&&) = delete;
-
-  // Maps `count` elements of `elem_bytes` each, named `what` in errors.
-  // On failure returns ResourceExhausted and leaves *out untouched.
-  static Status Allocate(uint64_t count, size_t elem_bytes, const char* what, StateBuffer* out) {
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    if (count == 0) return Status::OK();  // nothing to map; data() is nullptr
-    if (count > (std::numeric_limits<uint64_t>::max() - page) / elem_bytes) {
-      return Status::ResourceExhausted("params: " + std::to_string(count) + " parameters are too many for the " +
-                                       what + " state");
-    }
-    const uint64_t bytes = count * elem_bytes;
-    const uint64_t mapped = (bytes + page - 1) / page * page;
-    void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
-      return Status::ResourceExhausted("params: cannot allocate " + std::to_string((mapped + (1 << 20) - 1) >> 20) +
-                                       " MiB for the " + what + " state: " + std::strerror(errno) +
-                                       "; use fewer parameters, shard the model, or a rule with less state");
-    }
-    out->data_ = mem;
-    out->bytes_ = bytes;
-    out->mapped_ = mapped;
-    return Status::OK();
-  }
-
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  StateArray Describe(const char* name) const { return StateArray{name, data_, bytes_}; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  size_t mapped_ = 0;
-};
+StateArray Describe(const char* name, const PageBuffer& buffer) {
+  return StateArray{name, buffer.as<void>(), buffer.bytes()};
+}
 
 // Runs body(i) for i in [0, n). GCC at -O2 vectorises a loop only when its
 // trip count is a known multiple of the vector width, so the body runs over
@@ -91,7 +48,7 @@ class SgdRule final : public UpdateRule {
 // v = μ·v + g; then w -= lr·v, or with Nesterov w -= lr·(g + μ·v).
 class MomentumRule final : public UpdateRule {
  public:
-  MomentumRule(const RuleOptions& o, StateBuffer v)
+  MomentumRule(const RuleOptions& o, PageBuffer v)
       : UpdateRule(o.lr), mu_(o.momentum), nesterov_(o.nesterov), v_(std::move(v)) {}
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return sizeof(float); }
@@ -114,18 +71,18 @@ class MomentumRule final : public UpdateRule {
       });
     }
   }
-  std::vector<StateArray> state() override { return {v_.Describe("momentum.v")}; }
+  std::vector<StateArray> state() override { return {Describe("momentum.v", v_)}; }
 
  private:
   const float mu_;
   const bool nesterov_;
-  StateBuffer v_;
+  PageBuffer v_;
 };
 
 // s += g²; w -= lr·g / (sqrt(s) + ε)
 class AdagradRule final : public UpdateRule {
  public:
-  AdagradRule(const RuleOptions& o, StateBuffer s) : UpdateRule(o.lr), eps_(o.adagrad_eps), s_(std::move(s)) {}
+  AdagradRule(const RuleOptions& o, PageBuffer s) : UpdateRule(o.lr), eps_(o.adagrad_eps), s_(std::move(s)) {}
   const char* name() const override { return "adagrad"; }
   size_t state_bytes_per_param() const override { return sizeof(float); }
   void Apply(uint64_t first, float* __restrict w, const float* __restrict g, size_t n) override {
@@ -138,11 +95,11 @@ class AdagradRule final : public UpdateRule {
       w[i] -= lr * g[i] / (std::sqrt(si) + eps);
     });
   }
-  std::vector<StateArray> state() override { return {s_.Describe("adagrad.s")}; }
+  std::vector<StateArray> state() override { return {Describe("adagrad.s", s_)}; }
 
  private:
   const float eps_;
-  StateBuffer s_;
+  PageBuffer s_;
 };
 
 // One run of Adam over parameters that all take step `step`:
@@ -175,7 +132,7 @@ __attribute__((noinline)) void AdamRun(float b1, float b2, float eps, uint32_t s
 // more runs, never a wrong answer.
 class AdamRule final : public UpdateRule {
  public:
-  AdamRule(const RuleOptions& o, StateBuffer m, StateBuffer v, StateBuffer t)
+  AdamRule(const RuleOptions& o, PageBuffer m, PageBuffer v, PageBuffer t)
       : UpdateRule(o.lr), beta1_(o.beta1), beta2_(o.beta2), eps_(o.eps),
         m_(std::move(m)), v_(std::move(v)), t_(std::move(t)) {}
   const char* name() const override { return "adam"; }
@@ -202,12 +159,12 @@ class AdamRule final : public UpdateRule {
   }
 
   std::vector<StateArray> state() override {
-    return {m_.Describe("adam.m"), v_.Describe("adam.v"), t_.Describe("adam.t")};
+    return {Describe("adam.m", m_), Describe("adam.v", v_), Describe("adam.t", t_)};
   }
 
  private:
   const float beta1_, beta2_, eps_;
-  StateBuffer m_, v_, t_;
+  PageBuffer m_, v_, t_;
 };
 
 // w += g; the learning rate is ignored.
@@ -268,18 +225,18 @@ Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_
   if (name == "sgd") {
     *out = std::make_unique<SgdRule>(opts.lr);
   } else if (name == "momentum") {
-    StateBuffer v;
-    if (!(s = StateBuffer::Allocate(num_params, sizeof(float), "momentum", &v)).ok()) return s;
+    PageBuffer v;
+    if (!(s = PageBuffer::Allocate(num_params, sizeof(float), "the momentum state", &v)).ok()) return s;
     *out = std::make_unique<MomentumRule>(opts, std::move(v));
   } else if (name == "adagrad") {
-    StateBuffer sq;
-    if (!(s = StateBuffer::Allocate(num_params, sizeof(float), "adagrad", &sq)).ok()) return s;
+    PageBuffer sq;
+    if (!(s = PageBuffer::Allocate(num_params, sizeof(float), "the adagrad state", &sq)).ok()) return s;
     *out = std::make_unique<AdagradRule>(opts, std::move(sq));
   } else if (name == "adam") {
-    StateBuffer m, v, t;
-    if (!(s = StateBuffer::Allocate(num_params, sizeof(float), "adam", &m)).ok() ||
-        !(s = StateBuffer::Allocate(num_params, sizeof(float), "adam", &v)).ok() ||
-        !(s = StateBuffer::Allocate(num_params, sizeof(uint32_t), "adam", &t)).ok()) {
+    PageBuffer m, v, t;
+    if (!(s = PageBuffer::Allocate(num_params, sizeof(float), "the adam state", &m)).ok() ||
+        !(s = PageBuffer::Allocate(num_params, sizeof(float), "the adam state", &v)).ok() ||
+        !(s = PageBuffer::Allocate(num_params, sizeof(uint32_t), "the adam state", &t)).ok()) {
       return s;
     }
     *out = std::make_unique<AdamRule>(opts, std::move(m), std::move(v), std::move(t));

@@ -1,0 +1,69 @@
+// PageBuffer: a zero-filled, page-aligned array owned by the aggregator —
+// the model's weights and the update rules' per-parameter state.
+//
+// Mapped anonymously: pages are committed when first written, so creating a
+// buffer does not take memory before Model::Create has checked that the
+// model fits, and the kernel hands out zeroed pages. Move-only.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "status.h"
+
+namespace blkps {
+
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  ~PageBuffer() {
+    if (data_ != nullptr) munmap(data_, mapped_);
+  }
+  PageBuffer(PageBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        mapped_(std::exchange(other.mapped_, 0)) {}
+  PageBuffer& operator=(PageBuffer&&) = delete;
+
+  // Maps `count` elements of `elem_bytes` each; `what` names the buffer in
+  // errors ("the weights", "the adam state"). count == 0 maps nothing and
+  // data() stays nullptr. On failure returns ResourceExhausted (starting
+  // "params:", the option to change) and leaves *out untouched.
+  static Status Allocate(uint64_t count, size_t elem_bytes, const std::string& what, PageBuffer* out) {
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (count == 0) return Status::OK();
+    if (count > (std::numeric_limits<uint64_t>::max() - page) / elem_bytes) {
+      return Status::ResourceExhausted("params: " + std::to_string(count) + " parameters are too many for " + what);
+    }
+    const uint64_t bytes = count * elem_bytes;
+    const uint64_t mapped = (bytes + page - 1) / page * page;
+    void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      return Status::ResourceExhausted("params: cannot allocate " + std::to_string((mapped + (1 << 20) - 1) >> 20) +
+                                       " MiB for " + what + ": " + std::strerror(errno) +
+                                       "; use fewer parameters, shard the model, or a rule with less state");
+    }
+    out->data_ = mem;
+    out->bytes_ = bytes;
+    out->mapped_ = mapped;
+    return Status::OK();
+  }
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  size_t mapped_ = 0;
+};
+
+}  // namespace blkps
