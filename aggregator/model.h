@@ -31,7 +31,7 @@
 namespace blkps {
 
 inline constexpr uint64_t kDeviceSectorBytes = 512;
-// Chosen by measurement: bench/README.md "model block size".
+// Chosen by measurement (README, Performance): best of 256K/1M/4M for writes.
 inline constexpr uint64_t kDefaultBlockBytes = 1 << 20;
 
 struct ModelOptions {
