@@ -2,19 +2,60 @@
 #include "lu.h"
 
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "lu_options.h"
 #include "model.h"
 
 struct blkps_lu {
+  std::string bsopts;
   blkps::LuOptions options;
-  std::string path;
-  std::unique_ptr<blkps::Model> model;  // null until opened
+  std::shared_ptr<blkps::Model> model;  // null until opened
 };
 
 namespace {
+
+// All LUNs whose --backing-store names the same model are windows onto one
+// Model instance, e.g. one LUN per learner slot. The first LUN to open a name
+// creates the model from its --bsopts; a LUN joining it must give the same
+// --bsopts. The model lives while any LUN has it open.
+class ModelRegistry {
+ public:
+  static ModelRegistry& Get() {
+    static ModelRegistry registry;
+    return registry;
+  }
+
+  blkps::Status Open(const std::string& name, const blkps_lu& lu, std::shared_ptr<blkps::Model>* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& entry = models_[name];
+    if (std::shared_ptr<blkps::Model> open = entry.model.lock()) {
+      if (entry.bsopts != lu.bsopts) {
+        return blkps::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
+                                              entry.bsopts + "'; a LUN joining it must give the same");
+      }
+      *out = open;
+      return blkps::Status::OK();
+    }
+    std::unique_ptr<blkps::Model> model;
+    blkps::Status s = blkps::Model::Create(lu.options.model, &model);
+    if (!s.ok()) return s;
+    *out = std::move(model);
+    entry = Entry{*out, lu.bsopts};
+    return blkps::Status::OK();
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<blkps::Model> model;
+    std::string bsopts;  // what created it
+  };
+  std::mutex mu_;
+  std::map<std::string, Entry> models_;
+};
 
 void SetError(char* err, size_t errlen, const std::string& msg) {
   if (err && errlen) std::snprintf(err, errlen, "%s", msg.c_str());
@@ -32,7 +73,8 @@ extern "C" {
 
 blkps_lu* blkps_lu_create(const char* bsopts, char* err, size_t errlen) {
   auto lu = std::make_unique<blkps_lu>();
-  blkps::Status s = blkps::ParseLuOptions(bsopts ? bsopts : "", &lu->options);
+  lu->bsopts = bsopts ? bsopts : "";
+  blkps::Status s = blkps::ParseLuOptions(lu->bsopts, &lu->options);
   if (!s.ok()) {
     SetError(err, errlen, s.message());
     return nullptr;
@@ -43,14 +85,11 @@ blkps_lu* blkps_lu_create(const char* bsopts, char* err, size_t errlen) {
 void blkps_lu_destroy(blkps_lu* lu) { delete lu; }
 
 int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t* size_bytes, char* err, size_t errlen) {
-  std::unique_ptr<blkps::Model> model;
-  blkps::Status s = blkps::Model::Create(lu->options.model, &model);
+  blkps::Status s = ModelRegistry::Get().Open(path ? path : "", *lu, &lu->model);
   if (!s.ok()) {
     SetError(err, errlen, s.message());
     return -1;
   }
-  lu->path = path ? path : "";
-  lu->model = std::move(model);
   *size_bytes = lu->model->size_bytes();
   return 0;
 }

@@ -33,8 +33,10 @@ enum blkps_io_result {
 struct blkps_lu *blkps_lu_create(const char *bsopts, char *err, size_t errlen);
 void blkps_lu_destroy(struct blkps_lu *lu);
 
-/* Creates the model named by tgt's --backing-store `path` and stores the
- * device size in *size_bytes. Returns 0, or -1 on failure. */
+/* Opens the model named by tgt's --backing-store `path`: creates it, or
+ * joins the instance other LUNs of this tgtd already serve under that name
+ * (their --bsopts must be the same). Stores the device size in *size_bytes.
+ * Returns 0, or -1 on failure. */
 int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t *size_bytes,
                   char *err, size_t errlen);
 void blkps_lu_close(struct blkps_lu *lu);

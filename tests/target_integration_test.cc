@@ -142,6 +142,32 @@ TEST(Target, ReaderNeverSeesTornModelBlock) {
             << " blocks seen at a different version than block 0\n";
 }
 
+TEST(Target, LunsNamingOneModelAreWindowsOntoIt) {
+  TargetProcess target("params=1000;lr=1", "--luns 3");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::vector<float> g(1000), w(1000);
+  for (int lun = 1; lun <= 3; ++lun) {
+    ModelHandle h(target.url(lun));
+    ASSERT_NE(h.m, nullptr) << h.error;
+    std::fill(g.begin(), g.end(), static_cast<float>(lun));
+    ASSERT_EQ(blkps_push(h.m, 0, g.data(), 1000), 0) << blkps_last_error(h.m);
+  }
+  for (int lun = 1; lun <= 3; ++lun) {
+    ModelHandle h(target.url(lun));
+    ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
+    EXPECT_EQ(w[0], -6.0f) << "LUN " << lun;
+  }
+  // A LUN joining the model must not change its options.
+  std::string out;
+  EXPECT_NE(target.Admin("--lld iscsi --op new --mode logicalunit --tid 1 --lun 9 --bstype blkps "
+                         "--backing-store model --bsopts 'params=2000;lr=1'",
+                         &out),
+            0);
+  EXPECT_NE(target.Log().find("model 'model' is already served with --bsopts 'params=1000;lr=1'"),
+            std::string::npos)
+      << target.Log();
+}
+
 // Raw SCSI access, bypassing libblkps's own range checks.
 class RawLun {
  public:

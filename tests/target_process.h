@@ -65,6 +65,11 @@ class TargetProcess {
   bool ok() const { return start_status_ == 0; }
   const std::string& start_output() const { return start_output_; }
   std::string url() const { return Env("URL"); }
+  // The URL of model LUN `lun` (with --luns N in `extra`: 1..N).
+  std::string url(int lun) const {
+    std::string u = url();
+    return u.substr(0, u.rfind('/') + 1) + std::to_string(lun);
+  }
   std::string null_url() const { return Env("NULL_URL"); }
 
   // Everything tgtd has logged so far.
