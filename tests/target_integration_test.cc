@@ -61,6 +61,17 @@ int RunInProcesses(int n, const std::function<std::string(int)>& body) {
 // float sums stay exact and the expected weights are known exactly.
 float Gradient(int p, int r, uint64_t i) { return static_cast<float>(((p + 1) * (i % 5 + r)) % 9) - 4.0f; }
 
+// Asserts that the 1000-parameter, lr=1 model at `url`, all zeros, takes a
+// push of `g` everywhere and then reads back -g everywhere.
+void ExpectServesZeroModel(const std::string& url, float g) {
+  ModelHandle h(url);
+  ASSERT_NE(h.m, nullptr) << h.error;
+  std::vector<float> grad(1000, g), w(1000);
+  ASSERT_EQ(blkps_push(h.m, 0, grad.data(), 1000), 0) << blkps_last_error(h.m);
+  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
+  for (float x : w) ASSERT_EQ(x, -g);
+}
+
 TEST(Target, ConcurrentLearnersAllUpdatesApplied) {
   constexpr uint64_t kParams = 5 * kBlockParams + 1234;  // blocks and a ragged tail
   constexpr int kLearners = 4, kRounds = 12;
@@ -271,12 +282,7 @@ TEST(Target, BadBsoptsFailLunCreationWithOneLineNamingTheKey) {
     EXPECT_NE(target.Log().find(c.key), std::string::npos) << c.bsopts << "\n" << target.Log();
   }
   // tgtd still serves the good LUN.
-  ModelHandle h(target.url());
-  ASSERT_NE(h.m, nullptr) << h.error;
-  std::vector<float> g(1000, 2.0f), w(1000);
-  ASSERT_EQ(blkps_push(h.m, 0, g.data(), 1000), 0) << blkps_last_error(h.m);
-  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
-  EXPECT_EQ(w[999], -2.0f);
+  ExpectServesZeroModel(target.url(), 2.0f);
 }
 
 TEST(Target, StartScriptRefusesBadBsoptsAndLeavesNoDaemon) {
@@ -300,12 +306,7 @@ TEST(Target, PluginInstalledInTgtFolderServesTheModel) {
 
   TargetProcess target("params=1000;lr=1", "--plugin installed");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  ModelHandle h(target.url());
-  ASSERT_NE(h.m, nullptr) << h.error;
-  std::vector<float> g(1000, 3.0f), w(1000);
-  ASSERT_EQ(blkps_push(h.m, 0, g.data(), 1000), 0) << blkps_last_error(h.m);
-  ASSERT_EQ(blkps_pull(h.m, 0, w.data(), 1000), 0) << blkps_last_error(h.m);
-  EXPECT_EQ(w[0], -3.0f);
+  ExpectServesZeroModel(target.url(), 3.0f);
 }
 
 TEST(Target, IserTransportFailsClearlyWithoutRdmaDevice) {
