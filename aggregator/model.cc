@@ -49,7 +49,8 @@ size_t FirstNonFinite(const float* g, size_t n) {
 }  // namespace
 
 uint64_t Model::MemoryBytes(const ModelOptions& opts, const UpdateRule& rule) {
-  return opts.num_params * (sizeof(float) + rule.state_bytes_per_param());
+  const uint64_t accumulator = opts.accumulator ? sizeof(float) : 0;
+  return opts.num_params * (sizeof(float) + rule.state_bytes_per_param() + accumulator);
 }
 
 Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
@@ -81,18 +82,26 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   if (!s.ok()) return s;
   s = InitializeWeights(opts.init, weights.as<float>(), opts.num_params);
   if (!s.ok()) return s;
-  out->reset(new Model(opts, std::move(weights), std::move(rule)));
+  PageBuffer accumulator;
+  if (opts.accumulator) {
+    s = PageBuffer::Allocate(opts.num_params, sizeof(float), "the bsp accumulator", &accumulator);
+    if (!s.ok()) return s;
+  }
+  out->reset(new Model(opts, std::move(weights), std::move(rule), std::move(accumulator)));
   return Status::OK();
 }
 
-Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule)
+Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule,
+             PageBuffer accumulator)
     : num_params_(opts.num_params),
       block_bytes_(opts.block_bytes),
       num_blocks_((opts.num_params * sizeof(float) + opts.block_bytes - 1) / opts.block_bytes),
+      params_per_block_(opts.block_bytes / sizeof(float)),
       size_bytes_(RoundUp(opts.num_params * sizeof(float), kDeviceSectorBytes)),
       weights_buffer_(std::move(weights)),
       weights_(weights_buffer_.as<float>()),
       rule_(std::move(rule)),
+      accumulator_(std::move(accumulator)),
       block_locks_(new std::shared_mutex[num_blocks_]) {}
 
 Status Model::CheckRange(uint64_t offset, uint64_t len) const {
@@ -123,12 +132,15 @@ Status Model::Read(uint64_t offset, void* dst, size_t len) const {
   return Status::OK();
 }
 
-Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len) {
+Status Model::CheckGradient(uint64_t offset, const void* src, size_t len, ParamRange* range) const {
+  return CheckValues(offset, src, len, "gradient", range);
+}
+
+Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const {
   Status s = CheckRange(offset, len);
   if (!s.ok()) return s;
   if (offset % sizeof(float) != 0 || len % sizeof(float) != 0) {
-    return Status::InvalidArgument("gradient bytes [" + std::to_string(offset) + ", " +
-                                   std::to_string(offset + len) +
+    return Status::InvalidArgument("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
                                    ") do not start and end on a parameter (multiples of 4)");
   }
   const uint64_t first = offset / sizeof(float);
@@ -136,21 +148,62 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len) {
   const float* g = static_cast<const float*>(src);
   const size_t bad = FirstNonFinite(g, count);
   if (bad != count) {
-    return Status::InvalidArgument("gradient for parameter " + std::to_string(first + bad) + " is " +
-                                   (std::isnan(g[bad]) ? "NaN" : "infinite") +
-                                   "; the whole write was rejected");
+    return Status::InvalidArgument(std::string(what) + " for parameter " + std::to_string(first + bad) + " is " +
+                                   (std::isnan(g[bad]) ? "NaN" : "infinite") + "; the whole write was rejected");
   }
-  const uint64_t params_per_block = block_bytes_ / sizeof(float);
-  uint64_t i = first;
-  const uint64_t end = first + count;
-  while (i < end) {
-    const uint64_t block = i / params_per_block;
-    const uint64_t stop = std::min(end, (block + 1) * params_per_block);
-    std::unique_lock<std::shared_mutex> lock(block_locks_[block]);
-    rule_->Apply(i, weights_ + i, g + (i - first), stop - i);
-    i = stop;
-  }
+  *range = ParamRange{first, count};
   return Status::OK();
+}
+
+Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len) {
+  ParamRange range;
+  Status s = CheckGradient(offset, src, len, &range);
+  if (!s.ok()) return s;
+  const float* g = static_cast<const float*>(src) - range.first;  // g[i]: parameter i's gradient
+  ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) { ApplyLocked(first, g + first, n); });
+  return Status::OK();
+}
+
+void Model::AccumulateLocked(uint64_t first, const float* g, uint64_t n) {
+  float* __restrict acc = accumulator_.as<float>() + first;
+  for (uint64_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+void Model::ApplyAverageLocked(uint64_t block, uint32_t given) {
+  const uint64_t first = block * params_per_block_;
+  const uint64_t n = BlockParams(block);
+  float* __restrict acc = accumulator_.as<float>() + first;
+  // Divide, not multiply by 1/given: the average of integer gradients over
+  // 2^k learners stays exact, as a sequential reference computes it.
+  const float count = static_cast<float>(given);
+  for (uint64_t i = 0; i < n; ++i) acc[i] /= count;
+  rule_->Apply(first, weights_ + first, acc, n);
+  std::fill_n(acc, n, 0.0f);
+}
+
+Status Model::AssignWeights(uint64_t offset, const void* src, size_t len) {
+  ParamRange range;
+  Status s = CheckValues(offset, src, len, "weight", &range);
+  if (!s.ok()) return s;
+  const float* values = static_cast<const float*>(src) - range.first;
+  ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) {
+    std::memcpy(weights_ + first, values + first, n * sizeof(float));
+  });
+  return Status::OK();
+}
+
+std::vector<Model::Array> Model::Arrays() {
+  std::vector<Array> arrays{{"weights", weights_, num_params_ * sizeof(float)}};
+  for (const StateArray& state : rule_->state()) arrays.push_back({state.name, state.data, state.bytes});
+  if (has_accumulator()) arrays.push_back({"accumulator", accumulator_.as<void>(), accumulator_.bytes()});
+  return arrays;
+}
+
+std::vector<std::shared_lock<std::shared_mutex>> Model::LockAllBlocksShared() const {
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  locks.reserve(num_blocks_);
+  for (uint64_t b = 0; b < num_blocks_; ++b) locks.emplace_back(block_locks_[b]);
+  return locks;
 }
 
 }  // namespace blkps

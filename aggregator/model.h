@@ -18,10 +18,14 @@
 // threads at once.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
+#include <string>
+#include <vector>
 
 #include "initializer.h"
 #include "page_buffer.h"
@@ -39,6 +43,8 @@ struct ModelOptions {
   uint64_t block_bytes = kDefaultBlockBytes;  // a multiple of 4, > 0
   RuleOptions rule;
   InitSpec init;
+  bool accumulator = false;  // bsp: one float per parameter for the sum of
+                             // a round's gradients
 };
 
 class Model {
@@ -56,34 +62,100 @@ class Model {
   uint64_t num_blocks() const { return num_blocks_; }
   uint64_t size_bytes() const { return size_bytes_; }
   const UpdateRule& rule() const { return *rule_; }
+  UpdateRule& rule() { return *rule_; }
 
   // Copies device bytes [offset, offset + len) into dst.
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
   Status Read(uint64_t offset, void* dst, size_t len) const;
 
   // Applies the gradient held in device bytes [offset, offset + len) of src
-  // with the update rule. Returns, applying nothing:
+  // with the update rule: CheckGradient(), then ApplyLocked() block by block.
+  Status ApplyGradient(uint64_t offset, const void* src, size_t len);
+
+  // The parameters a gradient write covers: [first, first + count). Returns,
+  // with *range untouched:
   //   OutOfRange       if the range passes size_bytes();
   //   InvalidArgument  if offset or len is not a multiple of 4, or a gradient
   //                    value is NaN or infinite (the message names the first
   //                    such parameter).
-  Status ApplyGradient(uint64_t offset, const void* src, size_t len);
+  struct ParamRange {
+    uint64_t first = 0;
+    uint64_t count = 0;  // the device's padding past num_params() excluded
+  };
+  Status CheckGradient(uint64_t offset, const void* src, size_t len, ParamRange* range) const;
 
-  // Bytes of memory a model with `opts` needs: weights plus rule state.
+  // Calls piece(block, first, n) for each model block holding parameters of
+  // `range`, in order, with that block's write lock held; [first, first + n)
+  // is the part of the range in the block.
+  template <typename Piece>
+  void ForEachBlockLocked(ParamRange range, Piece piece) {
+    const uint64_t end = range.first + range.count;
+    for (uint64_t i = range.first; i < end;) {
+      const uint64_t block = i / params_per_block_;
+      const uint64_t stop = std::min(end, (block + 1) * params_per_block_);
+      std::unique_lock<std::shared_mutex> lock = LockBlock(block);
+      piece(block, i, stop - i);
+      i = stop;
+    }
+  }
+  std::unique_lock<std::shared_mutex> LockBlock(uint64_t block) {
+    return std::unique_lock<std::shared_mutex>(block_locks_[block]);
+  }
+  uint64_t BlockOf(uint64_t param) const { return param / params_per_block_; }
+  uint64_t BlockParams(uint64_t block) const {
+    return std::min(params_per_block_, num_params_ - block * params_per_block_);
+  }
+
+  // REQUIRES for the *Locked calls: the write lock of the block holding
+  // parameters [first, first + n); g finite.
+  // Applies g with the update rule.
+  void ApplyLocked(uint64_t first, const float* g, uint64_t n) { rule_->Apply(first, weights_ + first, g, n); }
+  // bsp: adds g into the accumulator. REQUIRES: has_accumulator().
+  void AccumulateLocked(uint64_t first, const float* g, uint64_t n);
+  // bsp: applies the accumulated sum of `given` gradients for `block`,
+  // divided by `given`, with the update rule, and zeroes that part of the
+  // accumulator. REQUIRES: has_accumulator(), given > 0.
+  void ApplyAverageLocked(uint64_t block, uint32_t given);
+
+  bool has_accumulator() const { return accumulator_.as<float>() != nullptr; }
+
+  // Sets the weights of device bytes [offset, offset + len) to src, block by
+  // block under write locks; rule state is kept. OutOfRange /
+  // InvalidArgument (alignment, NaN or infinite value) as CheckGradient.
+  Status AssignWeights(uint64_t offset, const void* src, size_t len);
+
+  // The model's arrays, for checkpoints: "weights", the rule's state arrays,
+  // and "accumulator" if any, in that order. Reading them while writes run
+  // needs LockAllBlocksShared(); writing them needs no I/O running at all.
+  struct Array {
+    std::string name;
+    void* data;
+    uint64_t bytes;
+  };
+  std::vector<Array> Arrays();
+  // Read locks on every block: no write changes the arrays while held.
+  std::vector<std::shared_lock<std::shared_mutex>> LockAllBlocksShared() const;
+
+  // Bytes of memory a model with `opts` needs: weights, rule state and the
+  // accumulator if any.
   static uint64_t MemoryBytes(const ModelOptions& opts, const UpdateRule& rule);
 
  private:
-  Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule);
+  Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
+  // CheckGradient's checks; messages call the values `what`.
+  Status CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const;
 
   const uint64_t num_params_;
   const uint64_t block_bytes_;
   const uint64_t num_blocks_;
+  const uint64_t params_per_block_;
   const uint64_t size_bytes_;
   PageBuffer weights_buffer_;
   float* const weights_;  // weights_buffer_'s num_params_ floats
   std::unique_ptr<UpdateRule> rule_;
+  PageBuffer accumulator_;  // bsp only
   mutable std::unique_ptr<std::shared_mutex[]> block_locks_;
 };
 

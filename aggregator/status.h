@@ -18,6 +18,8 @@ class Status {
     kNotFound,         // a named file or thing does not exist
     kResourceExhausted,  // not enough memory
     kIOError,          // a file could not be read or written
+    kUnavailable,      // the job has failed (too many learners dead)
+    kDeadlineExceeded,  // a held command waited past its bound
   };
 
   Status() = default;
@@ -27,6 +29,8 @@ class Status {
   static Status NotFound(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
   static Status ResourceExhausted(std::string msg) { return Status(Code::kResourceExhausted, std::move(msg)); }
   static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
+  static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
+  static Status DeadlineExceeded(std::string msg) { return Status(Code::kDeadlineExceeded, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

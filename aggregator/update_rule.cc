@@ -37,7 +37,7 @@ inline void ForEachParameter(size_t n, Body body) {
 // w -= lr·g
 class SgdRule final : public UpdateRule {
  public:
-  explicit SgdRule(float lr) : UpdateRule(lr) {}
+  explicit SgdRule(const RuleOptions& o) : UpdateRule({{kLr, o.lr}}) {}
   const char* name() const override { return "sgd"; }
   size_t state_bytes_per_param() const override { return 0; }
   void Apply(uint64_t, float* w, const float* g, size_t n) override {
@@ -49,13 +49,13 @@ class SgdRule final : public UpdateRule {
 class MomentumRule final : public UpdateRule {
  public:
   MomentumRule(const RuleOptions& o, PageBuffer v)
-      : UpdateRule(o.lr), mu_(o.momentum), nesterov_(o.nesterov), v_(std::move(v)) {}
+      : UpdateRule({{kLr, o.lr}, {kMomentum, o.momentum}}), nesterov_(o.nesterov), v_(std::move(v)) {}
   const char* name() const override { return "momentum"; }
   size_t state_bytes_per_param() const override { return sizeof(float); }
   // One fused pass (measured faster than saxpby + saxpy: v is read once).
   void Apply(uint64_t first, float* __restrict w, const float* __restrict g, size_t n) override {
     const float lr = this->lr();
-    const float mu = mu_;
+    const float mu = param(kMomentum);
     float* __restrict v = v_.as<float>() + first;
     if (nesterov_) {
       ForEachParameter(n, [=](size_t i) {
@@ -74,7 +74,6 @@ class MomentumRule final : public UpdateRule {
   std::vector<StateArray> state() override { return {Describe("momentum.v", v_)}; }
 
  private:
-  const float mu_;
   const bool nesterov_;
   PageBuffer v_;
 };
@@ -82,12 +81,13 @@ class MomentumRule final : public UpdateRule {
 // s += g²; w -= lr·g / (sqrt(s) + ε)
 class AdagradRule final : public UpdateRule {
  public:
-  AdagradRule(const RuleOptions& o, PageBuffer s) : UpdateRule(o.lr), eps_(o.adagrad_eps), s_(std::move(s)) {}
+  AdagradRule(const RuleOptions& o, PageBuffer s)
+      : UpdateRule({{kLr, o.lr}, {kEps, o.adagrad_eps}}), s_(std::move(s)) {}
   const char* name() const override { return "adagrad"; }
   size_t state_bytes_per_param() const override { return sizeof(float); }
   void Apply(uint64_t first, float* __restrict w, const float* __restrict g, size_t n) override {
     const float lr = this->lr();
-    const float eps = eps_;
+    const float eps = param(kEps);
     float* __restrict s = s_.as<float>() + first;
     ForEachParameter(n, [=](size_t i) {
       const float si = s[i] + g[i] * g[i];
@@ -98,7 +98,6 @@ class AdagradRule final : public UpdateRule {
   std::vector<StateArray> state() override { return {Describe("adagrad.s", s_)}; }
 
  private:
-  const float eps_;
   PageBuffer s_;
 };
 
@@ -129,17 +128,19 @@ __attribute__((noinline)) void AdamRun(float b1, float b2, float eps, uint32_t s
 // range usually share t (a learner writes whole ranges), so Apply() splits
 // the range into runs of equal t, computes the corrections once per run (in
 // double), and runs a branch-free loop over each run. A ragged history costs
-// more runs, never a wrong answer.
+// more runs, never a wrong answer. Every run uses the β's read once at the
+// start of Apply(), so a concurrent SetParam() cannot split a call.
 class AdamRule final : public UpdateRule {
  public:
   AdamRule(const RuleOptions& o, PageBuffer m, PageBuffer v, PageBuffer t)
-      : UpdateRule(o.lr), beta1_(o.beta1), beta2_(o.beta2), eps_(o.eps),
+      : UpdateRule({{kLr, o.lr}, {kBeta1, o.beta1}, {kBeta2, o.beta2}, {kEps, o.eps}}),
         m_(std::move(m)), v_(std::move(v)), t_(std::move(t)) {}
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 2 * sizeof(float) + sizeof(uint32_t); }
 
   void Apply(uint64_t first, float* w, const float* g, size_t n) override {
     const double lr = this->lr();
+    const float beta1 = param(kBeta1), beta2 = param(kBeta2), eps = param(kEps);
     float* m = m_.as<float>() + first;
     float* v = v_.as<float>() + first;
     uint32_t* t = t_.as<uint32_t>() + first;
@@ -149,9 +150,9 @@ class AdamRule final : public UpdateRule {
       size_t end = start + 1;
       while (end < n && t[end] == count) ++end;
       const uint32_t step = count == std::numeric_limits<uint32_t>::max() ? count : count + 1;
-      const double correction1 = 1.0 - std::pow(static_cast<double>(beta1_), step);
-      const double correction2 = 1.0 - std::pow(static_cast<double>(beta2_), step);
-      AdamRun(beta1_, beta2_, eps_, step, static_cast<float>(lr / correction1),
+      const double correction1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+      const double correction2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+      AdamRun(beta1, beta2, eps, step, static_cast<float>(lr / correction1),
               static_cast<float>(1.0 / std::sqrt(correction2)), w + start, g + start, m + start, v + start,
               t + start, end - start);
       start = end;
@@ -163,14 +164,13 @@ class AdamRule final : public UpdateRule {
   }
 
  private:
-  const float beta1_, beta2_, eps_;
   PageBuffer m_, v_, t_;
 };
 
-// w += g; the learning rate is ignored.
+// w += g; no parameters (the learning rate is ignored).
 class SumRule final : public UpdateRule {
  public:
-  explicit SumRule(float lr) : UpdateRule(lr) {}
+  SumRule() : UpdateRule({}) {}
   const char* name() const override { return "sum"; }
   size_t state_bytes_per_param() const override { return 0; }
   void Apply(uint64_t, float* w, const float* g, size_t n) override {
@@ -181,7 +181,7 @@ class SumRule final : public UpdateRule {
 // w += lr·g: a scaled accumulate (see the header for what it is not).
 class AverageRule final : public UpdateRule {
  public:
-  explicit AverageRule(float lr) : UpdateRule(lr) {}
+  explicit AverageRule(const RuleOptions& o) : UpdateRule({{kLr, o.lr}}) {}
   const char* name() const override { return "average"; }
   size_t state_bytes_per_param() const override { return 0; }
   void Apply(uint64_t, float* w, const float* g, size_t n) override {
@@ -196,20 +196,25 @@ std::string FormatFloat(float x) {
   return buf;
 }
 
-Status CheckPositive(const char* option, float x) {
+// The range of a tunable parameter or RuleOptions field, by its name: the
+// decays (momentum, beta1, beta2) in [0, 1); lr, eps and adagrad_eps finite
+// and > 0. The message starts with the name. One check for MakeUpdateRule()
+// and SetParam(), so a value is refused the same way at creation and later.
+Status CheckParam(const std::string& name, float x) {
+  if (name == "momentum" || name == "beta1" || name == "beta2") {
+    if (x >= 0 && x < 1) return Status::OK();  // false for NaN
+    return Status::InvalidArgument(name + ": expected a number in [0, 1), got " + FormatFloat(x));
+  }
   if (std::isfinite(x) && x > 0) return Status::OK();
-  return Status::InvalidArgument(std::string(option) + ": expected a finite number > 0, got " + FormatFloat(x));
-}
-
-Status CheckDecay(const char* option, float x) {
-  if (x >= 0 && x < 1) return Status::OK();  // false for NaN
-  return Status::InvalidArgument(std::string(option) + ": expected a number in [0, 1), got " + FormatFloat(x));
+  return Status::InvalidArgument(name + ": expected a finite number > 0, got " + FormatFloat(x));
 }
 
 Status CheckOptions(const RuleOptions& o) {
-  for (Status s : {CheckPositive("lr", o.lr), CheckDecay("momentum", o.momentum), CheckDecay("beta1", o.beta1),
-                   CheckDecay("beta2", o.beta2), CheckPositive("eps", o.eps),
-                   CheckPositive("adagrad_eps", o.adagrad_eps)}) {
+  const std::pair<const char*, float> fields[] = {
+      {"lr", o.lr},       {"momentum", o.momentum}, {"beta1", o.beta1},
+      {"beta2", o.beta2}, {"eps", o.eps},           {"adagrad_eps", o.adagrad_eps}};
+  for (const auto& [field, x] : fields) {
+    Status s = CheckParam(field, x);
     if (!s.ok()) return s;
   }
   return Status::OK();
@@ -217,13 +222,41 @@ Status CheckOptions(const RuleOptions& o) {
 
 }  // namespace
 
+UpdateRule::UpdateRule(std::initializer_list<std::pair<Param, float>> tuned) {
+  for (const auto& [p, value] : tuned) {
+    values_[p].store(value);
+    tuned_[p] = true;
+  }
+}
+
+std::vector<std::pair<std::string, float>> UpdateRule::params() const {
+  std::vector<std::pair<std::string, float>> out;
+  for (int p = 0; p < kNumParams; ++p) {
+    if (tuned_[p]) out.emplace_back(kParamKeys[p], param(static_cast<Param>(p)));
+  }
+  return out;
+}
+
+Status UpdateRule::SetParam(const std::string& key, float value) {
+  for (int p = 0; p < kNumParams; ++p) {
+    if (!tuned_[p] || key != kParamKeys[p]) continue;
+    Status s = CheckParam(key, value);
+    if (s.ok()) values_[p].store(value);
+    return s;
+  }
+  std::string known;
+  for (const auto& [k, v] : params()) known += (known.empty() ? "" : ", ") + k;
+  return Status::InvalidArgument(key + ": rule " + name() + " has no parameter '" + key + "' (" +
+                                 (known.empty() ? "it has none" : "its parameters: " + known) + ")");
+}
+
 Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_ptr<UpdateRule>* out) {
   Status s = CheckOptions(opts);
   if (!s.ok()) return s;
 
   const std::string& name = opts.name;
   if (name == "sgd") {
-    *out = std::make_unique<SgdRule>(opts.lr);
+    *out = std::make_unique<SgdRule>(opts);
   } else if (name == "momentum") {
     PageBuffer v;
     if (!(s = PageBuffer::Allocate(num_params, sizeof(float), "the momentum state", &v)).ok()) return s;
@@ -241,9 +274,9 @@ Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_
     }
     *out = std::make_unique<AdamRule>(opts, std::move(m), std::move(v), std::move(t));
   } else if (name == "sum") {
-    *out = std::make_unique<SumRule>(opts.lr);
+    *out = std::make_unique<SumRule>();
   } else if (name == "average") {
-    *out = std::make_unique<AverageRule>(opts.lr);
+    *out = std::make_unique<AverageRule>(opts);
   } else {
     return Status::InvalidArgument("rule: unknown update rule '" + name + "' (known: " + kUpdateRuleNames + ")");
   }

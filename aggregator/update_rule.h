@@ -7,15 +7,17 @@
 // are applied concurrently from different threads.
 //
 // The rules (g: the gradient a learner wrote; every operation is per
-// parameter; state starts at zero):
+// parameter; state starts at zero; lr, μ, β1, β2 and ε are the parameters
+// params() calls lr, momentum, beta1, beta2 and eps):
 //   sgd       w -= lr·g
 //   momentum  v = μ·v + g;  w -= lr·v
 //             with nesterov: v = μ·v + g;  w -= lr·(g + μ·v)
-//   adagrad   s += g²;  w -= lr·g / (sqrt(s) + ε)           (ε: adagrad_eps)
+//   adagrad   s += g²;  w -= lr·g / (sqrt(s) + ε)    (ε: RuleOptions::adagrad_eps)
 //   adam      t += 1;  m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;
 //             w -= lr·m̂ / (sqrt(v̂) + ε)  where m̂ = m/(1-β1^t), v̂ = v/(1-β2^t)
-//   sum       w += g            lr is ignored: for learners that run their own
-//                               optimizer and write the step they want added.
+//   sum       w += g            no parameters (lr is ignored): for learners
+//                               that run their own optimizer and write the
+//                               step they want added.
 //   average   w += lr·g         a scaled accumulate, nothing more: with lr =
 //                               1/L and each of L learners writing its update
 //                               once, w gains the mean of the L updates. The
@@ -30,6 +32,12 @@
 // of parameters that are updated rarely. t saturates at 2^32-1, where the
 // bias corrections are exactly 1.
 //
+// Hyperparameters change at run time (a learner's learning-rate schedule, a
+// checkpoint restoring them): SetParam() takes effect from the next Apply()
+// on and applies to the state as it stands. Momentum's v and Adam's m, v and
+// t are kept, not reset, and Adam's bias corrections use the β's of the
+// Apply() call with each parameter's own t. nesterov is fixed at creation.
+//
 // Adding a rule: subclass UpdateRule in update_rule.cc, add its name to
 // MakeUpdateRule() and kUpdateRuleNames. Nothing else changes.
 #pragma once
@@ -37,8 +45,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "status.h"
@@ -75,7 +85,6 @@ struct StateArray {
 
 class UpdateRule {
  public:
-  explicit UpdateRule(float lr) : lr_(lr) {}
   virtual ~UpdateRule() = default;
   UpdateRule(const UpdateRule&) = delete;
   UpdateRule& operator=(const UpdateRule&) = delete;
@@ -86,12 +95,29 @@ class UpdateRule {
   // the sum of state()'s bytes divided by the number of parameters.
   virtual size_t state_bytes_per_param() const = 0;
 
-  // The learning rate. Thread-safe: set_lr() may be called from any thread
-  // while others Apply(). Each Apply() reads the rate once, so one call
-  // applies its whole range with one rate; a call that starts after set_lr()
-  // returns uses the new rate. REQUIRES for set_lr: lr finite and > 0.
-  float lr() const { return lr_.load(); }
-  void set_lr(float lr) { lr_.store(lr); }
+  // The parameters this rule uses, named by their --bsopts keys, with their
+  // current values, in a fixed order:
+  //   sgd: lr; momentum: lr, momentum; adagrad: lr, eps; adam: lr, beta1,
+  //   beta2, eps; sum: (none); average: lr.
+  // adagrad's "eps" is RuleOptions::adagrad_eps.
+  //
+  // Thread-safe: SetParam() may be called from any thread while others
+  // Apply(). Each Apply() call reads every parameter once at its start, so
+  // one call applies its whole range with one set of values; a call that
+  // starts after SetParam() returns uses the new value. SetParam() changes
+  // one parameter at a time: a call that overlaps changes to two may see
+  // only one of them.
+  std::vector<std::pair<std::string, float>> params() const;
+
+  // Sets parameter `key` to `value`. On failure returns InvalidArgument with
+  // a one-line message starting with the key, and changes nothing:
+  //   a key this rule does not use (the message lists the ones it does);
+  //   a value out of range, checked and worded as MakeUpdateRule() checks
+  //   RuleOptions (lr, eps: finite and > 0; momentum, beta1, beta2: [0, 1)).
+  Status SetParam(const std::string& key, float value);
+
+  // The learning rate, "lr" in params(); 0 for a rule without one (sum).
+  float lr() const { return param(kLr); }
 
   // Applies gradient g[0..n) to weights w[0..n), which are parameters
   // [first, first + n). REQUIRES: the caller holds the write lock of the
@@ -104,9 +130,23 @@ class UpdateRule {
   // or writing them: no Apply() runs (hold every block's write lock).
   virtual std::vector<StateArray> state() { return {}; }
 
+ protected:
+  // Every parameter a rule may tune, in params() order; kParamKeys names them.
+  enum Param { kLr, kMomentum, kBeta1, kBeta2, kEps, kNumParams };
+  static constexpr const char* kParamKeys[kNumParams] = {"lr", "momentum", "beta1", "beta2", "eps"};
+
+  // A rule that tunes the parameters in `tuned`, each with its value at
+  // creation. REQUIRES: the values are in range (MakeUpdateRule checks them).
+  explicit UpdateRule(std::initializer_list<std::pair<Param, float>> tuned);
+
+  // The current value of p (0 where the rule does not tune p). Apply() reads
+  // each parameter it uses once, into a local, before its loops.
+  float param(Param p) const { return values_[p].load(); }
+
  private:
-  static_assert(std::atomic<float>::is_always_lock_free, "lr is read on the data path");
-  std::atomic<float> lr_;
+  static_assert(std::atomic<float>::is_always_lock_free, "parameters are read on the data path");
+  std::atomic<float> values_[kNumParams] = {};
+  bool tuned_[kNumParams] = {};  // fixed at creation
 };
 
 // Creates the rule named in `opts` for a model of `num_params` parameters,

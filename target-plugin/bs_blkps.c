@@ -1,7 +1,8 @@
 /*
  * bs_blkps: tgt backing store "blkps". A LUN of this type is a window onto a
- * blkps model: READ returns weights, WRITE applies a gradient, SYNCHRONIZE
- * CACHE is accepted.
+ * blkps model: a learner slot (READ returns weights, WRITE applies a
+ * gradient) or the model's control LUN (lu.h). SYNCHRONIZE CACHE writes a
+ * checkpoint.
  *
  *   tgtadm --op new --mode logicalunit --tid 1 --lun 1 --bstype blkps \
  *          --backing-store <model-name> --bsopts "params=1000000;lr=0.01"
@@ -10,7 +11,11 @@
  * C++); the model and the options live in the C++ core behind lu.h.
  *
  * Commands run on tgt's bs_thread worker pool, never on tgtd's main thread:
- * bs_blkps_request() may take a model block lock. Errors become SCSI sense
+ * bs_blkps_request() may take a model block lock. Before that, on the main
+ * thread, bs_blkps_cmd_submit() asks the core whether a READ or WRITE may run
+ * (bsp/ssp): if not, the core keeps the command (set_cmd_async) and later
+ * releases it through the LU's eventfd, whose handler, again on the main
+ * thread, passes it to the workers or fails it. Errors become SCSI sense
  * data and one line in tgtd's log, never a crash of the daemon.
  */
 #include <errno.h>
@@ -21,6 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "list.h"
 #include "util.h"
@@ -37,6 +45,7 @@
 struct bs_blkps_info {
 	struct bs_thread_info threads;
 	struct blkps_lu *core;
+	int wake_fd;	/* eventfd: the core released held commands */
 };
 
 static struct bs_blkps_info *BS_BLKPS_I(struct scsi_lu *lu)
@@ -67,9 +76,52 @@ static void complete_io(struct scsi_cmd *cmd, enum blkps_io_result r,
 		set_sense(cmd, NOT_READY, ASC_MEDIUM_NOT_PRESENT);
 		err = "no model is open on this LUN";
 		break;
+	case BLKPS_IO_HOLD_TIMEOUT:
+		set_sense(cmd, ABORTED_COMMAND,
+			  ASC_INSUFFICIENT_TIME_FOR_OPERATION);
+		break;
+	case BLKPS_IO_JOB_FAILED:
+		set_sense(cmd, NOT_READY, ASC_MANUAL_INTERVENTION_REQ);
+		break;
+	case BLKPS_IO_WRITE_PROTECT:
+		set_sense(cmd, DATA_PROTECT, ASC_WRITE_PROTECT);
+		break;
+	case BLKPS_IO_CHECKPOINT_FAILED:
+		set_sense(cmd, MEDIUM_ERROR, ASC_WRITE_ERROR);
+		break;
 	}
 	eprintf("blkps: lun %" PRIu64 " %s at byte %" PRIu64 ": %s\n",
 		cmd->dev->lun, what, cmd->offset, err);
+}
+
+static int is_read(struct scsi_cmd *cmd)
+{
+	switch (cmd->scb[0]) {
+	case READ_6:
+	case READ_10:
+	case READ_12:
+	case READ_16:
+		return 1;
+	}
+	return 0;
+}
+
+static int is_write(struct scsi_cmd *cmd)
+{
+	switch (cmd->scb[0]) {
+	case WRITE_6:
+	case WRITE_10:
+	case WRITE_12:
+	case WRITE_16:
+		return 1;
+	}
+	return 0;
+}
+
+static const char *io_name(struct scsi_cmd *cmd)
+{
+	return is_read(cmd) ? "read" : is_write(cmd) ? "gradient write" :
+		"synchronize cache";
 }
 
 /* Runs on a bs_thread worker. */
@@ -86,7 +138,7 @@ static void bs_blkps_request(struct scsi_cmd *cmd)
 	case READ_16:
 		r = blkps_lu_read(core, cmd->offset, scsi_get_in_buffer(cmd),
 				  scsi_get_in_length(cmd), err, sizeof(err));
-		complete_io(cmd, r, "read", err);
+		complete_io(cmd, r, io_name(cmd), err);
 		break;
 	case WRITE_6:
 	case WRITE_10:
@@ -94,17 +146,56 @@ static void bs_blkps_request(struct scsi_cmd *cmd)
 	case WRITE_16:
 		r = blkps_lu_write(core, cmd->offset, scsi_get_out_buffer(cmd),
 				   scsi_get_out_length(cmd), err, sizeof(err));
-		complete_io(cmd, r, "gradient write", err);
+		complete_io(cmd, r, io_name(cmd), err);
 		break;
 	case SYNCHRONIZE_CACHE:
 	case SYNCHRONIZE_CACHE_16:
 		r = blkps_lu_sync(core, err, sizeof(err));
-		complete_io(cmd, r, "synchronize cache", err);
+		complete_io(cmd, r, io_name(cmd), err);
 		break;
 	default:
 		/* The opcode map below keeps other commands away from us. */
 		set_sense(cmd, ILLEGAL_REQUEST, ASC_INVALID_OP_CODE);
 		break;
+	}
+}
+
+/* Main thread: READ and WRITE pass the core's consistency gate first. */
+static int bs_blkps_cmd_submit(struct scsi_cmd *cmd)
+{
+	struct blkps_lu *core = BS_BLKPS_I(cmd->dev)->core;
+	int write = is_write(cmd);
+
+	if ((write || is_read(cmd)) &&
+	    blkps_lu_admit(core, write, cmd->offset,
+			   write ? scsi_get_out_length(cmd) :
+				   scsi_get_in_length(cmd), cmd)) {
+		set_cmd_async(cmd);
+		return 0;
+	}
+	return bs_thread_cmd_submit(cmd);
+}
+
+/* Main thread: the core released held commands of this LU. */
+static void bs_blkps_released(int fd, int events, void *data)
+{
+	struct scsi_lu *lu = data;
+	struct blkps_lu *core = BS_BLKPS_I(lu)->core;
+	char err[BLKPS_ERRLEN];
+	enum blkps_io_result r;
+	struct scsi_cmd *cmd;
+	uint64_t count;
+
+	if (read(fd, &count, sizeof(count)) < 0 && errno != EAGAIN)
+		eprintf("blkps: lun %" PRIu64 " wake: %m\n", lu->lun);
+	while ((cmd = blkps_lu_take_released(core, &r, err, sizeof(err)))) {
+		if (r == BLKPS_IO_OK) {
+			bs_thread_cmd_submit(cmd);
+			continue;
+		}
+		complete_io(cmd, r, io_name(cmd), err);
+		scsi_set_in_resid_by_actual(cmd, 0);
+		target_cmd_io_done(cmd, scsi_get_result(cmd));
 	}
 }
 
@@ -114,17 +205,30 @@ static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 	char err[BLKPS_ERRLEN] = "";
 	tgtadm_err ret;
 
+	info->wake_fd = -1;
 	info->core = blkps_lu_create(bsopts, err, sizeof(err));
 	if (!info->core) {
 		eprintf("blkps: bad --bsopts '%s': %s\n", bsopts ? bsopts : "",
 			err);
 		return TGTADM_INVALID_REQUEST;
 	}
-	ret = bs_thread_open(&info->threads, bs_blkps_request, nr_iothreads);
-	if (ret != TGTADM_SUCCESS) {
-		blkps_lu_destroy(info->core);
-		info->core = NULL;
+	info->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (info->wake_fd < 0 ||
+	    tgt_event_add(info->wake_fd, EPOLLIN, bs_blkps_released, lu)) {
+		eprintf("blkps: cannot set up the LU's eventfd: %m\n");
+		ret = TGTADM_NOMEM;
+		goto fail;
 	}
+	ret = bs_thread_open(&info->threads, bs_blkps_request, nr_iothreads);
+	if (ret == TGTADM_SUCCESS)
+		return ret;
+	tgt_event_del(info->wake_fd);
+fail:
+	if (info->wake_fd >= 0)
+		close(info->wake_fd);
+	info->wake_fd = -1;
+	blkps_lu_destroy(info->core);
+	info->core = NULL;
 	return ret;
 }
 
@@ -133,6 +237,8 @@ static void bs_blkps_exit(struct scsi_lu *lu)
 	struct bs_blkps_info *info = BS_BLKPS_I(lu);
 
 	bs_thread_close(&info->threads);
+	tgt_event_del(info->wake_fd);
+	close(info->wake_fd);
 	blkps_lu_destroy(info->core);
 	info->core = NULL;
 }
@@ -142,9 +248,9 @@ static int bs_blkps_open(struct scsi_lu *lu, char *path, int *fd,
 {
 	char err[BLKPS_ERRLEN] = "";
 
-	if (blkps_lu_open(BS_BLKPS_I(lu)->core, path, size, err,
-			  sizeof(err))) {
-		eprintf("blkps: cannot create model '%s': %s\n", path, err);
+	if (blkps_lu_open(BS_BLKPS_I(lu)->core, path, lu->lun,
+			  BS_BLKPS_I(lu)->wake_fd, size, err, sizeof(err))) {
+		eprintf("blkps: cannot open model '%s': %s\n", path, err);
 		return -1;
 	}
 	*fd = -1;
@@ -163,7 +269,7 @@ static struct backingstore_template blkps_bst = {
 	.bs_close	= bs_blkps_close,
 	.bs_init	= bs_blkps_init,
 	.bs_exit	= bs_blkps_exit,
-	.bs_cmd_submit	= bs_thread_cmd_submit,
+	.bs_cmd_submit	= bs_blkps_cmd_submit,
 };
 
 /*
@@ -227,8 +333,14 @@ static void keep_command_buffers(void)
 	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+static void log_line(const char *line)
+{
+	eprintf("blkps: %s\n", line);
+}
+
 __attribute__((constructor)) static void bs_blkps_constructor(void)
 {
 	keep_command_buffers();
+	blkps_set_log(log_line);
 	register_bs_module();
 }

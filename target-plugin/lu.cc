@@ -1,38 +1,73 @@
-// The C++ core of one blkps logical unit: its options and its model.
+// The C++ core of one blkps logical unit: its options, its job, and the
+// control LUN's layout (see lu.h).
 #include "lu.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "job.h"
 #include "lu_options.h"
-#include "model.h"
+
+namespace {
+
+constexpr uint64_t kStatusBytes = 64 << 10;
+constexpr uint64_t kControlOffset = kStatusBytes;
+constexpr uint64_t kWeightsOffset = 1 << 20;
+
+void (*g_log)(const char*) = nullptr;
+
+void Log(const std::string& line) {
+  if (g_log) g_log(line.c_str());
+}
+
+}  // namespace
 
 struct blkps_lu {
   std::string bsopts;
   blkps::LuOptions options;
-  std::shared_ptr<blkps::Model> model;  // null until opened
+  std::shared_ptr<blkps::Job> job;  // null until opened
+  size_t slot = 0;                  // learner LUNs: the job's slot
+  std::deque<blkps::Job::Released> released;  // main thread only
+
+  // Control LUN: the status snapshot reads are served from.
+  std::mutex status_mu;
+  std::string status;
 };
 
 namespace {
 
 // All LUNs whose --backing-store names the same model are windows onto one
-// Model instance, e.g. one LUN per learner slot. The first LUN to open a name
-// creates the model from its --bsopts; a LUN joining it must give the same
-// --bsopts. The model lives while any LUN has it open.
-class ModelRegistry {
+// Job: one LUN per learner slot, and a control LUN. The first learner LUN to
+// open a name creates the job from its --bsopts; a learner LUN joining it must
+// give the same --bsopts. The job lives while any LUN has it open.
+class JobRegistry {
  public:
-  static ModelRegistry& Get() {
-    static ModelRegistry registry;
+  static JobRegistry& Get() {
+    static JobRegistry registry;
     return registry;
   }
 
-  blkps::Status Open(const std::string& name, const blkps_lu& lu, std::shared_ptr<blkps::Model>* out) {
+  blkps::Status Open(const std::string& name, const blkps_lu& lu, std::shared_ptr<blkps::Job>* out) {
     std::lock_guard<std::mutex> lock(mu_);
-    Entry& entry = models_[name];
-    if (std::shared_ptr<blkps::Model> open = entry.model.lock()) {
+    Entry& entry = jobs_[name];
+    std::shared_ptr<blkps::Job> open = entry.job.lock();
+    if (lu.options.control) {
+      if (!open) {
+        return blkps::Status::NotFound("role=control: no model '" + name +
+                                       "' is served by this tgtd; create its learner LUNs first");
+      }
+      *out = open;
+      return blkps::Status::OK();
+    }
+    if (open) {
       if (entry.bsopts != lu.bsopts) {
         return blkps::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
                                               entry.bsopts + "'; a LUN joining it must give the same");
@@ -40,21 +75,20 @@ class ModelRegistry {
       *out = open;
       return blkps::Status::OK();
     }
-    std::unique_ptr<blkps::Model> model;
-    blkps::Status s = blkps::Model::Create(lu.options.model, &model);
+    blkps::Status s = blkps::Job::Create(
+        name, lu.options.job, [name](const std::string& line) { Log("model '" + name + "': " + line); }, out);
     if (!s.ok()) return s;
-    *out = std::move(model);
     entry = Entry{*out, lu.bsopts};
     return blkps::Status::OK();
   }
 
  private:
   struct Entry {
-    std::weak_ptr<blkps::Model> model;
+    std::weak_ptr<blkps::Job> job;
     std::string bsopts;  // what created it
   };
   std::mutex mu_;
-  std::map<std::string, Entry> models_;
+  std::map<std::string, Entry> jobs_;
 };
 
 void SetError(char* err, size_t errlen, const std::string& msg) {
@@ -64,12 +98,74 @@ void SetError(char* err, size_t errlen, const std::string& msg) {
 blkps_io_result ToIoResult(const blkps::Status& s, char* err, size_t errlen) {
   if (s.ok()) return BLKPS_IO_OK;
   SetError(err, errlen, s.message());
-  return s.code() == blkps::Status::Code::kOutOfRange ? BLKPS_IO_OUT_OF_RANGE : BLKPS_IO_BAD_DATA;
+  switch (s.code()) {
+    case blkps::Status::Code::kOutOfRange: return BLKPS_IO_OUT_OF_RANGE;
+    case blkps::Status::Code::kDeadlineExceeded: return BLKPS_IO_HOLD_TIMEOUT;
+    case blkps::Status::Code::kUnavailable: return BLKPS_IO_JOB_FAILED;
+    case blkps::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
+    default: return BLKPS_IO_BAD_DATA;
+  }
+}
+
+// The control LUN's size: its three regions, the weights as long as the
+// model's device.
+uint64_t ControlSizeBytes(const blkps::Job& job) { return kWeightsOffset + job.size_bytes(); }
+
+blkps::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
+  return blkps::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                                   ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
+}
+
+// Splits [offset, offset + len) of the control LUN at its region borders and
+// calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
+template <typename Piece>
+blkps::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
+  const uint64_t borders[] = {0, kControlOffset, kWeightsOffset, UINT64_MAX};
+  for (int r = 0; r < 3; ++r) {
+    const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
+    if (start >= end) continue;
+    blkps::Status s = piece(borders[r], start, end - start, start - offset);
+    if (!s.ok()) return s;
+  }
+  return blkps::Status::OK();
+}
+
+blkps::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len) {
+  const uint64_t size = ControlSizeBytes(*lu->job);
+  if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
+  return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
+    if (region == 0) {
+      std::lock_guard<std::mutex> lock(lu->status_mu);
+      if (at == 0 || lu->status.empty()) lu->status = lu->job->StatusJson();
+      std::string& text = lu->status;
+      const uint64_t copy = at < text.size() ? std::min<uint64_t>(n, text.size() - at) : 0;
+      std::memcpy(buf + pos, text.data() + at, copy);
+      std::memset(buf + pos + copy, 0, n - copy);
+      return blkps::Status::OK();
+    }
+    if (region == kControlOffset) {
+      std::memset(buf + pos, 0, n);
+      return blkps::Status::OK();
+    }
+    return lu->job->ReadWeights(at - kWeightsOffset, buf + pos, n);
+  });
+}
+
+blkps::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len) {
+  const uint64_t size = ControlSizeBytes(*lu->job);
+  if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
+  // REQUIRES offset >= kControlOffset: the status region is read-only.
+  return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
+    if (region == kControlOffset) return lu->job->Control(std::string(buf + pos, n));
+    return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
+  });
 }
 
 }  // namespace
 
 extern "C" {
+
+void blkps_set_log(void (*log)(const char*)) { g_log = log; }
 
 blkps_lu* blkps_lu_create(const char* bsopts, char* err, size_t errlen) {
   auto lu = std::make_unique<blkps_lu>();
@@ -84,34 +180,71 @@ blkps_lu* blkps_lu_create(const char* bsopts, char* err, size_t errlen) {
 
 void blkps_lu_destroy(blkps_lu* lu) { delete lu; }
 
-int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t* size_bytes, char* err, size_t errlen) {
-  blkps::Status s = ModelRegistry::Get().Open(path ? path : "", *lu, &lu->model);
+int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t lun, int wake_fd, uint64_t* size_bytes, char* err,
+                  size_t errlen) {
+  blkps::Status s = JobRegistry::Get().Open(path ? path : "", *lu, &lu->job);
   if (!s.ok()) {
     SetError(err, errlen, s.message());
     return -1;
   }
-  *size_bytes = lu->model->size_bytes();
+  if (lu->options.control) {
+    *size_bytes = ControlSizeBytes(*lu->job);
+    return 0;
+  }
+  lu->slot = lu->job->AddLearner(lun, [wake_fd] {
+    const uint64_t one = 1;
+    ssize_t ignored = write(wake_fd, &one, sizeof one);  // eventfd: only fails if the count would overflow
+    (void)ignored;
+  });
+  *size_bytes = lu->job->size_bytes();
   return 0;
 }
 
-void blkps_lu_close(blkps_lu* lu) { lu->model.reset(); }
+void blkps_lu_close(blkps_lu* lu) {
+  if (lu->job && !lu->options.control) lu->job->RemoveLearner(lu->slot);
+  lu->released.clear();
+  lu->job.reset();
+}
+
+int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd) {
+  if (!lu->job || lu->options.control) return 0;
+  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd) == blkps::Job::Admission::kHold;
+}
+
+void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, size_t errlen) {
+  if (lu->released.empty() && lu->job) {
+    for (blkps::Job::Released& r : lu->job->TakeReleased(lu->slot)) lu->released.push_back(std::move(r));
+  }
+  if (lu->released.empty()) return nullptr;
+  blkps::Job::Released r = std::move(lu->released.front());
+  lu->released.pop_front();
+  *result = ToIoResult(r.status, err, errlen);
+  return r.cmd;
+}
 
 blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len, char* err,
                               size_t errlen) {
-  if (!lu->model) return BLKPS_IO_NOT_READY;
-  return ToIoResult(lu->model->Read(offset, buf, len), err, errlen);
+  if (!lu->job) return BLKPS_IO_NOT_READY;
+  if (lu->options.control) return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len), err, errlen);
+  return ToIoResult(lu->job->Read(lu->slot, offset, buf, len), err, errlen);
 }
 
-blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len,
-                               char* err, size_t errlen) {
-  if (!lu->model) return BLKPS_IO_NOT_READY;
-  return ToIoResult(lu->model->ApplyGradient(offset, buf, len), err, errlen);
+blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, char* err,
+                               size_t errlen) {
+  if (!lu->job) return BLKPS_IO_NOT_READY;
+  if (lu->options.control) {
+    if (offset < kControlOffset) {
+      SetError(err, errlen, "the status region [0, 64 KiB) of the control LUN is read-only");
+      return BLKPS_IO_WRITE_PROTECT;
+    }
+    return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len), err, errlen);
+  }
+  return ToIoResult(lu->job->Write(lu->slot, offset, buf, len), err, errlen);
 }
 
-blkps_io_result blkps_lu_sync(blkps_lu* lu, char*, size_t) {
-  // The model lives in memory; durable checkpoints on SYNCHRONIZE CACHE come
-  // with the checkpoint module.
-  return lu->model ? BLKPS_IO_OK : BLKPS_IO_NOT_READY;
+blkps_io_result blkps_lu_sync(blkps_lu* lu, char* err, size_t errlen) {
+  if (!lu->job) return BLKPS_IO_NOT_READY;
+  return ToIoResult(lu->job->Checkpoint(), err, errlen);
 }
 
 }  // extern "C"

@@ -2,9 +2,23 @@
  * The bridge between bs_blkps.c (C: tgt's headers do not compile as C++) and
  * the C++ core in lu.cc. One struct blkps_lu per tgt logical unit.
  *
- * Threading: create/open/close/destroy run on tgtd's main thread, never
- * concurrently with I/O on the same LU. read/write/sync run on tgt's worker
- * threads, concurrently with each other; the model does its own locking.
+ * A blkps LUN is one of two kinds, both windows onto one model (a Job, in
+ * aggregator/job.h) named by tgt's --backing-store:
+ *   - a learner slot: READ returns weights, WRITE is a gradient; one LUN
+ *     per learner, which is how the server tells learners apart;
+ *   - the control LUN (--bsopts role=control), laid out as
+ *       [0, 64 KiB)          status: JSON text, NUL-padded; a READ that
+ *                            starts at byte 0 takes a fresh snapshot, reads
+ *                            of the rest of the region return that snapshot
+ *       [64 KiB, 1 MiB)      controls: WRITE `key=value` lines (lr=0.01,
+ *                            resume=1), NUL-padded; READ returns zeros
+ *       [1 MiB, 1 MiB + model device size)
+ *                            the weights: READ them, WRITE to set them
+ *     This is the one place that knows the layout; README documents it.
+ *
+ * Threading: create/open/close/destroy, admit and take_released run on
+ * tgtd's main thread. read/write/sync run on tgt's worker threads,
+ * concurrently with each other and with the main thread.
  *
  * Errors: functions that can fail write a one-line message (no newline) into
  * err[0..errlen) for the shim to log.
@@ -24,32 +38,50 @@ struct blkps_lu;
 /* What an I/O came to; the shim turns each into SCSI status and sense. */
 enum blkps_io_result {
   BLKPS_IO_OK = 0,
-  BLKPS_IO_OUT_OF_RANGE,  /* ILLEGAL REQUEST, LBA OUT OF RANGE */
-  BLKPS_IO_BAD_DATA,      /* ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST */
-  BLKPS_IO_NOT_READY,     /* NOT READY, MEDIUM NOT PRESENT: no model open */
+  BLKPS_IO_OUT_OF_RANGE,      /* ILLEGAL REQUEST, LBA OUT OF RANGE */
+  BLKPS_IO_BAD_DATA,          /* ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST */
+  BLKPS_IO_NOT_READY,         /* NOT READY, MEDIUM NOT PRESENT: no model open */
+  BLKPS_IO_HOLD_TIMEOUT,      /* ABORTED COMMAND, INSUFFICIENT TIME FOR OPERATION */
+  BLKPS_IO_JOB_FAILED,        /* NOT READY, MANUAL INTERVENTION REQUIRED */
+  BLKPS_IO_WRITE_PROTECT,     /* DATA PROTECT, WRITE PROTECTED: the status region */
+  BLKPS_IO_CHECKPOINT_FAILED, /* MEDIUM ERROR, WRITE ERROR */
 };
+
+/* Where the core's event lines go (one line, no newline); set once at load. */
+void blkps_set_log(void (*log)(const char *line));
 
 /* Parses --bsopts (may be NULL). Returns NULL on failure. */
 struct blkps_lu *blkps_lu_create(const char *bsopts, char *err, size_t errlen);
 void blkps_lu_destroy(struct blkps_lu *lu);
 
-/* Opens the model named by tgt's --backing-store `path`: creates it, or
- * joins the instance other LUNs of this tgtd already serve under that name
- * (their --bsopts must be the same). Stores the device size in *size_bytes.
- * Returns 0, or -1 on failure. */
-int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t *size_bytes,
-                  char *err, size_t errlen);
+/* Opens the model named by tgt's --backing-store `path` for LUN `lun`:
+ * creates it, or joins the instance other LUNs of this tgtd already serve
+ * under that name (a learner LUN must give the same --bsopts; a control LUN
+ * needs the model to exist). `wake_fd` is an eventfd the core writes to when
+ * held commands of this LUN are released. Stores the device size in
+ * *size_bytes. Returns 0, or -1 on failure. */
+int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t lun, int wake_fd,
+                  uint64_t *size_bytes, char *err, size_t errlen);
 void blkps_lu_close(struct blkps_lu *lu);
 
-/* READ: weights of device bytes [offset, offset+len) into buf. */
+/* Main thread, for each READ and WRITE. Returns 0 if the command may run
+ * now, or 1 if the core holds it (bsp/ssp): it is handed back later by
+ * blkps_lu_take_released, after wake_fd fires. */
+int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd);
+/* Main thread: one released command, or NULL when there is none. *result is
+ * BLKPS_IO_OK if it may run now; otherwise the shim fails it with *result
+ * and err. */
+void *blkps_lu_take_released(struct blkps_lu *lu, enum blkps_io_result *result, char *err, size_t errlen);
+
+/* READ: device bytes [offset, offset+len) into buf. */
 enum blkps_io_result blkps_lu_read(struct blkps_lu *lu, uint64_t offset,
                                    void *buf, uint64_t len,
                                    char *err, size_t errlen);
-/* WRITE: buf holds the gradient for device bytes [offset, offset+len). */
+/* WRITE: buf holds the gradient (or control data) for [offset, offset+len). */
 enum blkps_io_result blkps_lu_write(struct blkps_lu *lu, uint64_t offset,
                                     const void *buf, uint64_t len,
                                     char *err, size_t errlen);
-/* SYNCHRONIZE CACHE. */
+/* SYNCHRONIZE CACHE: a durable checkpoint of the model, if configured. */
 enum blkps_io_result blkps_lu_sync(struct blkps_lu *lu, char *err, size_t errlen);
 
 #ifdef __cplusplus

@@ -8,6 +8,8 @@
 namespace blkps {
 namespace {
 
+constexpr double kMaxHoldSeconds = 25;
+
 Status Bad(const std::string& key, const std::string& expected, const std::string& got) {
   return Status::InvalidArgument(key + ": expected " + expected + ", got '" + got + "'");
 }
@@ -36,6 +38,17 @@ bool ParseSize(const std::string& text, bool allow_suffix, uint64_t* out) {
   }
   if (shift && (v >> (64 - shift)) != 0) return false;
   *out = static_cast<uint64_t>(v) << shift;
+  return true;
+}
+
+// Seconds: a finite number in [min, max] (min excluded if open_min).
+bool ParseSeconds(const std::string& text, double min, bool open_min, double max, double* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || errno != 0 || !std::isfinite(v) || v < min || (open_min && v == min) || v > max) return false;
+  *out = v;
   return true;
 }
 
@@ -75,44 +88,80 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
     }
 
     if (key == "params") {
-      if (!ParseSize(value, false, &opts.model.num_params) || opts.model.num_params == 0) {
+      if (!ParseSize(value, false, &opts.job.model.num_params) || opts.job.model.num_params == 0) {
         return Bad(key, "a positive integer count of float32 parameters", value);
       }
     } else if (key == "block") {
-      if (!ParseSize(value, true, &opts.model.block_bytes) || opts.model.block_bytes == 0 ||
-          opts.model.block_bytes % 4 != 0) {
+      if (!ParseSize(value, true, &opts.job.model.block_bytes) || opts.job.model.block_bytes == 0 ||
+          opts.job.model.block_bytes % 4 != 0) {
         return Bad(key, "a size in bytes, a positive multiple of 4 (K/M suffix allowed)", value);
       }
     } else if (key == "rule") {
-      opts.model.rule.name = value;
+      opts.job.model.rule.name = value;
     } else if (key == "lr") {
-      if (!ParseFloat(value, &opts.model.rule.lr) || opts.model.rule.lr <= 0) {
+      if (!ParseFloat(value, &opts.job.model.rule.lr) || opts.job.model.rule.lr <= 0) {
         return Bad(key, "a finite number > 0", value);
       }
     } else if (key == "momentum" || key == "beta1" || key == "beta2" || key == "eps") {
       float v = 0;
       if (!ParseFloat(value, &v)) return Bad(key, "a finite number", value);
-      RuleOptions& r = opts.model.rule;
+      RuleOptions& r = opts.job.model.rule;
       (key == "momentum" ? r.momentum : key == "beta1" ? r.beta1 : key == "beta2" ? r.beta2 : eps) = v;
       has_eps = has_eps || key == "eps";
     } else if (key == "nesterov") {
       if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
-      opts.model.rule.nesterov = value == "1";
+      opts.job.model.rule.nesterov = value == "1";
     } else if (key == "init") {
-      Status s = ParseInitSpec(value, &opts.model.init);
+      Status s = ParseInitSpec(value, &opts.job.model.init);
       if (!s.ok()) return s;
     } else if (key == "seed") {
-      if (!ParseSize(value, false, &opts.model.init.seed)) {
+      if (!ParseSize(value, false, &opts.job.model.init.seed)) {
         return Bad(key, "a non-negative integer", value);
       }
+    } else if (key == "mode") {
+      Status s = ParseConsistency(value, &opts.job.consistency);
+      if (!s.ok()) return s;
+    } else if (key == "dead_after") {
+      if (!ParseSeconds(value, 0, true, 86400, &opts.job.dead_after_s)) {
+        return Bad(key, "seconds, > 0", value);
+      }
+    } else if (key == "hold_limit") {
+      if (!ParseSeconds(value, 0, true, kMaxHoldSeconds, &opts.job.hold_limit_s)) {
+        return Bad(key, "seconds in (0, 25]: initiators abort a command after about 30 s", value);
+      }
+    } else if (key == "max_dead") {
+      uint64_t n = 0;
+      if (!ParseSize(value, false, &n) || n > 1000000) return Bad(key, "a count of learners, 0 for never", value);
+      opts.job.max_dead = static_cast<uint32_t>(n);
+    } else if (key == "checkpoint") {
+      if (value.empty() || value[0] != '/') return Bad(key, "an absolute file path", value);
+      opts.job.checkpoint = value;
+    } else if (key == "checkpoint_every") {
+      if (!ParseSeconds(value, 0, false, 1e9, &opts.job.checkpoint_every_s)) {
+        return Bad(key, "seconds, >= 0 (0: only on fsync)", value);
+      }
+    } else if (key == "role") {
+      if (value != "control") return Bad(key, "control", value);
+      opts.control = true;
     } else {
       return Status::InvalidArgument(key + ": unknown option (known: " + kLuOptionKeys + ")");
     }
   }
   if (has_eps) {
-    (opts.model.rule.name == "adagrad" ? opts.model.rule.adagrad_eps : opts.model.rule.eps) = eps;
+    (opts.job.model.rule.name == "adagrad" ? opts.job.model.rule.adagrad_eps : opts.job.model.rule.eps) = eps;
   }
-  if (opts.model.num_params == 0) {
+  if (opts.control) {
+    if (seen.size() != 1) {
+      return Status::InvalidArgument("role: a control LUN takes no other option; it shows the model its "
+                                     "--backing-store names");
+    }
+    *out = opts;
+    return Status::OK();
+  }
+  if (opts.job.checkpoint_every_s > 0 && opts.job.checkpoint.empty()) {
+    return Status::InvalidArgument("checkpoint_every: needs checkpoint=<path>");
+  }
+  if (opts.job.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");
   }
   *out = opts;

@@ -13,21 +13,31 @@
 //   eps=<float>       adam's ε (default 1e-8) or adagrad's (default 1e-10)
 //   init=<spec>       zeros | uniform:<a> | normal:<std> | file:<path>
 //   seed=<n>          seed for uniform/normal (default 0)
+//   mode=<m>          consistency: async | bsp | ssp:<s> (default async)
+//   dead_after=<s>    seconds without I/O before a learner is dead (default 10)
+//   hold_limit=<s>    longest a read waits in bsp/ssp, (0, 25] (default 20)
+//   max_dead=<n>      dead learners that fail the job; 0: never (default 0)
+//   checkpoint=<path> checkpoint file: loaded at start, written on fsync
+//   checkpoint_every=<s>  also write it every s seconds (default 0: off)
+//   role=control      this LUN is the status and control LUN of the model
+//                     its --backing-store names (no other key allowed)
 // This is the one parser of --bsopts; README.md documents the same keys.
 #pragma once
 
 #include <string>
 
-#include "model.h"
+#include "job.h"
 #include "status.h"
 
 namespace blkps {
 
 inline constexpr const char* kLuOptionKeys =
-    "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed";
+    "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
+    "hold_limit, max_dead, checkpoint, checkpoint_every, role";
 
 struct LuOptions {
-  ModelOptions model;
+  bool control = false;  // role=control
+  JobOptions job;
 };
 
 // Parses `bsopts` into *out. On failure returns InvalidArgument with a

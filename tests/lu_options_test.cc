@@ -17,35 +17,35 @@ TEST(LuOptions, ParsesEveryKey) {
   LuOptions o;
   Status s = ParseLuOptions("params=1000;block=256K;rule=sgd;lr=0.5;init=normal:0.01;seed=9", &o);
   ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(o.model.num_params, 1000u);
-  EXPECT_EQ(o.model.block_bytes, 256u * 1024);
-  EXPECT_EQ(o.model.rule.name, "sgd");
-  EXPECT_FLOAT_EQ(o.model.rule.lr, 0.5f);
-  EXPECT_EQ(o.model.init.kind, InitSpec::Kind::kNormal);
-  EXPECT_DOUBLE_EQ(o.model.init.scale, 0.01);
-  EXPECT_EQ(o.model.init.seed, 9u);
+  EXPECT_EQ(o.job.model.num_params, 1000u);
+  EXPECT_EQ(o.job.model.block_bytes, 256u * 1024);
+  EXPECT_EQ(o.job.model.rule.name, "sgd");
+  EXPECT_FLOAT_EQ(o.job.model.rule.lr, 0.5f);
+  EXPECT_EQ(o.job.model.init.kind, InitSpec::Kind::kNormal);
+  EXPECT_DOUBLE_EQ(o.job.model.init.scale, 0.01);
+  EXPECT_EQ(o.job.model.init.seed, 9u);
 }
 
 TEST(LuOptions, RuleParametersGoToTheirRule) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("params=10;rule=momentum;momentum=0.5;nesterov=1", &o).ok());
-  EXPECT_FLOAT_EQ(o.model.rule.momentum, 0.5f);
-  EXPECT_TRUE(o.model.rule.nesterov);
+  EXPECT_FLOAT_EQ(o.job.model.rule.momentum, 0.5f);
+  EXPECT_TRUE(o.job.model.rule.nesterov);
   ASSERT_TRUE(ParseLuOptions("params=10;eps=1e-6;rule=adam;beta1=0.8;beta2=0.99", &o).ok());
-  EXPECT_FLOAT_EQ(o.model.rule.eps, 1e-6f);
-  EXPECT_FLOAT_EQ(o.model.rule.beta1, 0.8f);
-  EXPECT_FLOAT_EQ(o.model.rule.beta2, 0.99f);
+  EXPECT_FLOAT_EQ(o.job.model.rule.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(o.job.model.rule.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(o.job.model.rule.beta2, 0.99f);
   ASSERT_TRUE(ParseLuOptions("params=10;eps=1e-3;rule=adagrad", &o).ok());
-  EXPECT_FLOAT_EQ(o.model.rule.adagrad_eps, 1e-3f);
-  EXPECT_FLOAT_EQ(o.model.rule.eps, RuleOptions().eps);
+  EXPECT_FLOAT_EQ(o.job.model.rule.adagrad_eps, 1e-3f);
+  EXPECT_FLOAT_EQ(o.job.model.rule.eps, RuleOptions().eps);
 }
 
 TEST(LuOptions, DefaultsNeedOnlyParams) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("params=10;", &o).ok());
-  EXPECT_EQ(o.model.block_bytes, kDefaultBlockBytes);
-  EXPECT_EQ(o.model.rule.name, "sgd");
-  EXPECT_EQ(o.model.init.kind, InitSpec::Kind::kZeros);
+  EXPECT_EQ(o.job.model.block_bytes, kDefaultBlockBytes);
+  EXPECT_EQ(o.job.model.rule.name, "sgd");
+  EXPECT_EQ(o.job.model.init.kind, InitSpec::Kind::kZeros);
 }
 
 TEST(LuOptions, ErrorsNameTheKey) {
@@ -66,6 +66,40 @@ TEST(LuOptions, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("params=10;lr").rfind("bsopts: expected key=value", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;nesterov=yes").rfind("nesterov:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;beta1=inf").rfind("beta1:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;mode=ssp").rfind("mode:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;mode=ssp:-1").rfind("mode:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;mode=sync").rfind("mode:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;dead_after=0").rfind("dead_after:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;hold_limit=30").rfind("hold_limit:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;max_dead=x").rfind("max_dead:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;checkpoint=rel/path").rfind("checkpoint:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;checkpoint_every=5").rfind("checkpoint_every:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;role=learner").rfind("role:", 0), 0u);
+  EXPECT_EQ(ErrorOf("role=control;params=10").rfind("role:", 0), 0u);
+}
+
+TEST(LuOptions, ServerSemanticsKeys) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=10;mode=ssp:3;dead_after=2.5;hold_limit=5;max_dead=2;"
+                             "checkpoint=/tmp/m.ckpt;checkpoint_every=60",
+                             &o)
+                  .ok());
+  EXPECT_EQ(o.job.consistency.mode, ConsistencyMode::kSsp);
+  EXPECT_EQ(o.job.consistency.staleness, 3u);
+  EXPECT_DOUBLE_EQ(o.job.dead_after_s, 2.5);
+  EXPECT_DOUBLE_EQ(o.job.hold_limit_s, 5);
+  EXPECT_EQ(o.job.max_dead, 2u);
+  EXPECT_EQ(o.job.checkpoint, "/tmp/m.ckpt");
+  EXPECT_DOUBLE_EQ(o.job.checkpoint_every_s, 60);
+  EXPECT_FALSE(o.control);
+  ASSERT_TRUE(ParseLuOptions("mode=bsp;params=10", &o).ok());
+  EXPECT_EQ(o.job.consistency.mode, ConsistencyMode::kBsp);
+}
+
+TEST(LuOptions, ControlLunTakesOnlyItsRole) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("role=control", &o).ok());
+  EXPECT_TRUE(o.control);
 }
 
 }  // namespace

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace blkps {
@@ -22,24 +25,25 @@ struct RefParam {
   uint64_t t = 0;
 };
 
-// One update of one parameter with gradient g at learning rate lr.
-using RefStep = void (*)(const RuleOptions& o, double lr, double g, RefParam* p);
+// One update of one parameter with gradient g, with the rule's parameters as
+// they are in `o` at that moment.
+using RefStep = void (*)(const RuleOptions& o, double g, RefParam* p);
 
-void SgdRef(const RuleOptions&, double lr, double g, RefParam* p) { p->w -= lr * g; }
+void SgdRef(const RuleOptions& o, double g, RefParam* p) { p->w -= o.lr * g; }
 
-void MomentumRef(const RuleOptions& o, double lr, double g, RefParam* p) {
-  const double mu = o.momentum;
+void MomentumRef(const RuleOptions& o, double g, RefParam* p) {
+  const double lr = o.lr, mu = o.momentum;
   p->v = mu * p->v + g;
   p->w -= o.nesterov ? lr * (g + mu * p->v) : lr * p->v;
 }
 
-void AdagradRef(const RuleOptions& o, double lr, double g, RefParam* p) {
+void AdagradRef(const RuleOptions& o, double g, RefParam* p) {
   p->s += g * g;
-  p->w -= lr * g / (std::sqrt(p->s) + o.adagrad_eps);
+  p->w -= o.lr * g / (std::sqrt(p->s) + o.adagrad_eps);
 }
 
-void AdamRef(const RuleOptions& o, double lr, double g, RefParam* p) {
-  const double b1 = o.beta1, b2 = o.beta2;
+void AdamRef(const RuleOptions& o, double g, RefParam* p) {
+  const double lr = o.lr, b1 = o.beta1, b2 = o.beta2;
   p->t += 1;
   p->m = b1 * p->m + (1 - b1) * g;
   p->v = b2 * p->v + (1 - b2) * g * g;
@@ -48,9 +52,9 @@ void AdamRef(const RuleOptions& o, double lr, double g, RefParam* p) {
   p->w -= lr * m_hat / (std::sqrt(v_hat) + o.eps);
 }
 
-void SumRef(const RuleOptions&, double, double g, RefParam* p) { p->w += g; }
+void SumRef(const RuleOptions&, double g, RefParam* p) { p->w += g; }
 
-void AverageRef(const RuleOptions&, double lr, double g, RefParam* p) { p->w += lr * g; }
+void AverageRef(const RuleOptions& o, double g, RefParam* p) { p->w += o.lr * g; }
 
 std::unique_ptr<UpdateRule> Make(const RuleOptions& o, uint64_t num_params) {
   std::unique_ptr<UpdateRule> rule;
@@ -68,15 +72,27 @@ RuleOptions Named(const std::string& name, float lr = 0.01f) {
 
 constexpr size_t kParams = 1000;
 constexpr int kSteps = 50;
-constexpr float kLrAfterHalf = 0.004f;
 
-// Runs one seeded history through a rule: random starting weights, then
-// kSteps steps of N(0,1) gradients over kParams parameters. Each step cuts
-// [0, kParams) at random points into ragged ranges (length 1 upwards) and
-// applies each range with its own Apply() call in shuffled order, skipping
-// about a quarter of them, so parameters see different numbers of updates.
-// Halfway the learning rate changes with set_lr(). Returns the weights.
-std::vector<float> RunHistory(UpdateRule* rule, uint32_t seed) {
+// A SetParam(key, value) made during step `step` of a history, after that
+// step's first Apply() call: the step's other ranges already see the value.
+struct Change {
+  int step;
+  std::string key;
+  float value;
+};
+
+// The *MatchesReference tests' learning-rate change, halfway (sum has none).
+const std::vector<Change> kLrHalfway = {{kSteps / 2, "lr", 0.004f}};
+
+// Runs one seeded history through a rule (an UpdateRule or the Reference):
+// random starting weights, then kSteps steps of N(0,1) gradients over kParams
+// parameters. Each step cuts [0, kParams) at random points into ragged
+// ranges (length 1 upwards) and applies each range with its own Apply() call
+// in shuffled order, skipping about a quarter of them, so parameters see
+// different numbers of updates. `changes` are made as they say. Returns the
+// weights.
+template <typename Rule>
+std::vector<float> RunHistory(Rule* rule, uint32_t seed, const std::vector<Change>& changes) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -84,7 +100,6 @@ std::vector<float> RunHistory(UpdateRule* rule, uint32_t seed) {
   for (float& x : w) x = uniform(rng);
   std::vector<float> g(kParams);
   for (int step = 0; step < kSteps; ++step) {
-    if (step == kSteps / 2) rule->set_lr(kLrAfterHalf);
     for (float& x : g) x = normal(rng);
     std::vector<size_t> cuts = {0, kParams};
     const int pieces = std::uniform_int_distribution<int>(1, 12)(rng);
@@ -94,31 +109,48 @@ std::vector<float> RunHistory(UpdateRule* rule, uint32_t seed) {
     std::vector<size_t> order(cuts.size() - 1);
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), rng);
+    int calls = 0;
     for (size_t r : order) {
       const size_t first = cuts[r], n = cuts[r + 1] - cuts[r];
       if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) continue;  // not updated this step
       rule->Apply(first, w.data() + first, g.data() + first, n);
+      if (++calls > 1) continue;
+      for (const Change& c : changes) {
+        if (c.step != step) continue;
+        Status s = rule->SetParam(c.key, c.value);
+        EXPECT_TRUE(s.ok()) << c.key << ": " << s.message();
+      }
     }
   }
   return w;
 }
 
-// An UpdateRule that replays Apply() calls on the reference, so the reference
-// sees exactly the history RunHistory() gives the rule under test.
-class Reference final : public UpdateRule {
+// Replays a rule's Apply() and SetParam() calls on the reference, so the
+// reference sees exactly the history RunHistory() gives the rule under test.
+class Reference {
  public:
-  Reference(const RuleOptions& o, RefStep step) : UpdateRule(o.lr), opts_(o), step_(step), params_(kParams) {}
-  const char* name() const override { return "reference"; }
-  size_t state_bytes_per_param() const override { return sizeof(RefParam); }
-  void Apply(uint64_t first, float* w, const float* g, size_t n) override {
-    const double lr = this->lr();
+  Reference(const RuleOptions& o, RefStep step) : opts_(o), step_(step), params_(kParams) {}
+  void Apply(uint64_t first, float* w, const float* g, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       RefParam& p = params_[first + i];
       if (!seen_[first + i]) p.w = w[i];  // the starting weight
       seen_[first + i] = true;
-      step_(opts_, lr, g[i], &p);
+      step_(opts_, g[i], &p);
       w[i] = static_cast<float>(p.w);  // the caller's copy; the reference keeps its own in double
     }
+  }
+  // Sets the option that `key` names in params(): "eps" is adagrad's
+  // adagrad_eps. Ranges are the rule's business; the reference takes any value.
+  Status SetParam(const std::string& key, float value) {
+    float* field = key == "lr"         ? &opts_.lr
+                   : key == "momentum" ? &opts_.momentum
+                   : key == "beta1"    ? &opts_.beta1
+                   : key == "beta2"    ? &opts_.beta2
+                   : key == "eps"      ? (opts_.name == "adagrad" ? &opts_.adagrad_eps : &opts_.eps)
+                                       : nullptr;
+    if (field == nullptr) return Status::InvalidArgument(key + ": not a parameter the reference knows");
+    *field = value;
+    return Status::OK();
   }
   // Final weights: the double reference where a parameter was updated, else
   // the untouched starting weight.
@@ -130,7 +162,7 @@ class Reference final : public UpdateRule {
   const RefParam& param(size_t i) const { return params_[i]; }
 
  private:
-  const RuleOptions opts_;
+  RuleOptions opts_;
   const RefStep step_;
   std::vector<RefParam> params_;
   std::vector<bool> seen_ = std::vector<bool>(kParams, false);
@@ -138,12 +170,13 @@ class Reference final : public UpdateRule {
 
 // Float rule vs double reference on the same history: every weight within a
 // relative 1e-5 (absolute 1e-5 near zero).
-void ExpectMatchesReference(const RuleOptions& o, RefStep step, uint32_t seed = 7) {
+void ExpectMatchesReference(const RuleOptions& o, RefStep step, const std::vector<Change>& changes = kLrHalfway,
+                            uint32_t seed = 7) {
   std::unique_ptr<UpdateRule> rule = Make(o, kParams);
   ASSERT_NE(rule, nullptr);
   Reference ref(o, step);
-  const std::vector<float> got = RunHistory(rule.get(), seed);
-  const std::vector<double> want = ref.Weights(RunHistory(&ref, seed));
+  const std::vector<float> got = RunHistory(rule.get(), seed, changes);
+  const std::vector<double> want = ref.Weights(RunHistory(&ref, seed, changes));
   size_t bad = 0, worst = 0;
   double worst_err = 0;
   for (size_t i = 0; i < kParams; ++i) {
@@ -190,42 +223,219 @@ TEST(UpdateRule, AdamWithOtherBetasAndEpsMatchesReference) {
   ExpectMatchesReference(o, AdamRef);
 }
 
-TEST(UpdateRule, SumMatchesReference) { ExpectMatchesReference(Named("sum"), SumRef); }
+TEST(UpdateRule, SumMatchesReference) { ExpectMatchesReference(Named("sum"), SumRef, {}); }
 
 TEST(UpdateRule, AverageMatchesReference) { ExpectMatchesReference(Named("average", 0.25f), AverageRef); }
+
+// The rule follows `changes` as the reference does, and each change matters:
+// leaving any one out moves some weight by more than 100× the tolerance, so
+// the match is not just the change being too small to see.
+void ExpectFollowsChanges(const RuleOptions& o, RefStep step, const std::vector<Change>& changes) {
+  ExpectMatchesReference(o, step, changes);
+  const std::vector<float> all = RunHistory(Make(o, kParams).get(), 7, changes);
+  for (size_t skip = 0; skip < changes.size(); ++skip) {
+    std::vector<Change> others = changes;
+    others.erase(others.begin() + skip);
+    const std::vector<float> without = RunHistory(Make(o, kParams).get(), 7, others);
+    double max_diff = 0;
+    for (size_t i = 0; i < kParams; ++i) max_diff = std::max(max_diff, double(std::abs(all[i] - without[i])));
+    EXPECT_GT(max_diff, 1e-3) << o.name << ": changing " << changes[skip].key << " at step " << changes[skip].step
+                              << " made no visible difference";
+  }
+}
+
+TEST(UpdateRule, SgdFollowsLrChanges) {
+  ExpectFollowsChanges(Named("sgd"), SgdRef, {{10, "lr", 0.03f}, {30, "lr", 0.002f}});
+}
+
+TEST(UpdateRule, MomentumFollowsLrAndMomentumChanges) {
+  ExpectFollowsChanges(Named("momentum"), MomentumRef,
+                       {{10, "momentum", 0.5f}, {20, "lr", 0.004f}, {35, "momentum", 0.99f}});
+}
+
+TEST(UpdateRule, NesterovMomentumFollowsLrAndMomentumChanges) {
+  RuleOptions o = Named("momentum");
+  o.nesterov = true;
+  ExpectFollowsChanges(o, MomentumRef, {{10, "momentum", 0.0f}, {20, "lr", 0.004f}, {35, "momentum", 0.8f}});
+}
+
+TEST(UpdateRule, AdagradFollowsLrAndEpsChanges) {
+  ExpectFollowsChanges(Named("adagrad", 0.1f), AdagradRef, {{15, "eps", 0.5f}, {30, "lr", 0.03f}});
+}
+
+TEST(UpdateRule, AdamFollowsChangesOfEveryParameter) {
+  ExpectFollowsChanges(Named("adam"), AdamRef,
+                       {{10, "beta1", 0.5f}, {20, "lr", 0.003f}, {30, "beta2", 0.9f}, {40, "eps", 0.1f}});
+}
+
+TEST(UpdateRule, AdamFollowsLrAndBeta1ChangedInTheSameStep) {
+  ExpectFollowsChanges(Named("adam"), AdamRef, {{5, "lr", 0.05f}, {5, "beta1", 0.6f}});
+}
+
+TEST(UpdateRule, AverageFollowsLrChanges) {
+  ExpectFollowsChanges(Named("average", 0.25f), AverageRef, {{10, "lr", 0.5f}, {30, "lr", 0.125f}});
+}
 
 TEST(UpdateRule, NesterovDiffersFromPlainMomentum) {
   RuleOptions plain = Named("momentum");
   RuleOptions nesterov = plain;
   nesterov.nesterov = true;
-  const std::vector<float> a = RunHistory(Make(plain, kParams).get(), 7);
-  const std::vector<float> b = RunHistory(Make(nesterov, kParams).get(), 7);
+  const std::vector<float> a = RunHistory(Make(plain, kParams).get(), 7, kLrHalfway);
+  const std::vector<float> b = RunHistory(Make(nesterov, kParams).get(), 7, kLrHalfway);
   double max_diff = 0;
   for (size_t i = 0; i < kParams; ++i) max_diff = std::max(max_diff, double(std::abs(a[i] - b[i])));
   EXPECT_GT(max_diff, 1e-2);
 }
 
-TEST(UpdateRule, SetLrTakesEffectOnTheNextApply) {
+TEST(UpdateRule, SetParamTakesEffectOnTheNextApply) {
   std::unique_ptr<UpdateRule> rule = Make(Named("sgd", 0.5f), 4);
   float w[4] = {0, 0, 0, 0};
   const float g[4] = {1, 1, 1, 1};
   rule->Apply(0, w, g, 4);
   EXPECT_EQ(w[0], -0.5f);
-  rule->set_lr(0.25f);
+  ASSERT_TRUE(rule->SetParam("lr", 0.25f).ok());
   EXPECT_EQ(rule->lr(), 0.25f);
   rule->Apply(0, w, g, 4);
   EXPECT_EQ(w[0], -0.75f);
 }
 
-TEST(UpdateRule, SumIgnoresTheLearningRate) {
+TEST(UpdateRule, SumHasNoParametersAndIgnoresTheLearningRate) {
   std::unique_ptr<UpdateRule> rule = Make(Named("sum", 0.5f), 2);
+  EXPECT_TRUE(rule->params().empty());
+  EXPECT_EQ(rule->lr(), 0.0f);
+  Status s = rule->SetParam("lr", 7.0f);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message(), "lr: rule sum has no parameter 'lr' (it has none)");
   float w[2] = {1, 2};
   const float g[2] = {3, -4};
   rule->Apply(0, w, g, 2);
-  rule->set_lr(7.0f);
   rule->Apply(0, w, g, 2);
   EXPECT_EQ(w[0], 7.0f);
   EXPECT_EQ(w[1], -6.0f);
+}
+
+using Params = std::vector<std::pair<std::string, float>>;
+
+// Creation values that differ from RuleOptions' defaults and from each other,
+// so params() showing the wrong field is caught.
+RuleOptions Distinct(const std::string& name) {
+  RuleOptions o = Named(name, 0.03f);
+  o.momentum = 0.7f;
+  o.beta1 = 0.8f;
+  o.beta2 = 0.95f;
+  o.eps = 1e-6f;
+  o.adagrad_eps = 1e-9f;
+  return o;
+}
+
+// What params() lists for each rule made from Distinct(name).
+const struct {
+  const char* name;
+  Params params;
+} kParamsOf[] = {
+    {"sgd", {{"lr", 0.03f}}},
+    {"momentum", {{"lr", 0.03f}, {"momentum", 0.7f}}},
+    {"adagrad", {{"lr", 0.03f}, {"eps", 1e-9f}}},
+    {"adam", {{"lr", 0.03f}, {"beta1", 0.8f}, {"beta2", 0.95f}, {"eps", 1e-6f}}},
+    {"sum", {}},
+    {"average", {{"lr", 0.03f}}},
+};
+
+bool IsDecay(const std::string& key) { return key == "momentum" || key == "beta1" || key == "beta2"; }
+
+TEST(UpdateRule, ParamsListTheRuleParametersWithTheirCreationValues) {
+  for (const auto& c : kParamsOf) {
+    EXPECT_EQ(Make(Distinct(c.name), 10)->params(), c.params) << c.name;
+  }
+}
+
+TEST(UpdateRule, SetParamChangesThatParameterOnly) {
+  for (const auto& c : kParamsOf) {
+    for (size_t k = 0; k < c.params.size(); ++k) {
+      std::unique_ptr<UpdateRule> rule = Make(Distinct(c.name), 10);
+      const std::string& key = c.params[k].first;
+      const float value = IsDecay(key) ? 0.0f : 2.5f;  // 0: a decay's lower bound is in range
+      Status s = rule->SetParam(key, value);
+      EXPECT_TRUE(s.ok()) << c.name << " " << key << ": " << s.message();
+      Params want = c.params;
+      want[k].second = value;
+      EXPECT_EQ(rule->params(), want) << c.name << " " << key;
+    }
+  }
+}
+
+TEST(UpdateRule, SetParamRefusesAKeyTheRuleDoesNotUse) {
+  std::unique_ptr<UpdateRule> adam = Make(Named("adam"), 10);
+  Status s = adam->SetParam("momentum", 0.5f);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message(), "momentum: rule adam has no parameter 'momentum' (its parameters: lr, beta1, beta2, eps)");
+
+  for (const auto& c : kParamsOf) {
+    std::unique_ptr<UpdateRule> rule = Make(Distinct(c.name), 10);
+    std::string listed;
+    for (const auto& [key, value] : c.params) listed += (listed.empty() ? "" : ", ") + key;
+    // "nesterov" is fixed at creation, "adagrad_eps" is adagrad's "eps".
+    for (const std::string key : {"lr", "momentum", "beta1", "beta2", "eps", "nesterov", "adagrad_eps", "LR", "mu"}) {
+      const bool used = std::any_of(c.params.begin(), c.params.end(), [&](const auto& p) { return p.first == key; });
+      if (used) continue;
+      s = rule->SetParam(key, 0.5f);
+      EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << c.name << " " << key;
+      EXPECT_EQ(s.message(), key + ": rule " + c.name + " has no parameter '" + key + "' (" +
+                                 (listed.empty() ? "it has none" : "its parameters: " + listed) + ")");
+      EXPECT_EQ(rule->params(), c.params) << c.name << " " << key;
+    }
+  }
+}
+
+TEST(UpdateRule, SetParamRefusesValuesOutOfRangeAsMakeUpdateRuleDoes) {
+  const struct {
+    float value;
+    const char* shown;
+  } positive_bad[] = {{0.0f, "0"}, {-0.01f, "-0.01"}, {NAN, "nan"}, {INFINITY, "inf"}, {-INFINITY, "-inf"}},
+    decay_bad[] = {{1.0f, "1"}, {1.5f, "1.5"}, {-0.1f, "-0.1"}, {NAN, "nan"}, {INFINITY, "inf"}};
+  for (const auto& c : kParamsOf) {
+    std::unique_ptr<UpdateRule> rule = Make(Distinct(c.name), 10);
+    for (const auto& [key, value] : c.params) {
+      const bool decay = IsDecay(key);
+      for (const auto& bad : decay ? decay_bad : positive_bad) {
+        const std::string range = decay ? "a number in [0, 1)" : "a finite number > 0";
+        Status s = rule->SetParam(key, bad.value);
+        EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << c.name << " " << key << "=" << bad.shown;
+        EXPECT_EQ(s.message(), key + ": expected " + range + ", got " + bad.shown);
+        EXPECT_EQ(rule->params(), c.params) << c.name << " " << key << "=" << bad.shown;
+      }
+    }
+  }
+}
+
+// Another thread changes lr and μ as fast as it can while this one applies
+// the same gradient to every parameter: parameters with one history stay
+// equal only if each Apply() uses one set of values for its whole range.
+TEST(UpdateRule, EachApplyUsesOneSetOfValuesWhileAnotherThreadSetsThem) {
+  constexpr size_t kN = 4096;  // a multiple of the loops' chunk: no scalar tail
+  std::unique_ptr<UpdateRule> rule = Make(Named("momentum"), kN);
+  const float* v = static_cast<const float*>(rule->state()[0].data);
+  std::atomic<bool> done{false};
+  std::atomic<int> changes{0};
+  std::thread tuner([&] {
+    for (int i = 0; !done.load(); ++i) {
+      const bool ok = rule->SetParam("lr", i % 2 ? 0.01f : 0.02f).ok() &&
+                      rule->SetParam("momentum", i % 3 ? 0.5f : 0.9f).ok();
+      if (ok) changes.fetch_add(1);
+    }
+  });
+  std::vector<float> w(kN, 0.0f);
+  const std::vector<float> g(kN, 1.0f);
+  bool uniform = true;
+  int calls = 0;
+  for (; uniform && (calls < 200 || changes.load() < 2000); ++calls) {
+    rule->Apply(0, w.data(), g.data(), kN);
+    uniform = std::all_of(w.begin(), w.end(), [&](float x) { return x == w[0]; }) &&
+              std::all_of(v, v + kN, [&](float x) { return x == v[0]; });
+  }
+  done.store(true);
+  tuner.join();
+  EXPECT_TRUE(uniform) << "after Apply() call " << calls;
 }
 
 TEST(UpdateRule, AdamCountsStepsPerParameter) {

@@ -85,7 +85,10 @@ def train(args, mlp):
     tag = f"learner {args.learner}"
     with blkps.Model(args.target) as model:
         weights = np.empty(mlp.num_params, dtype=np.float32)
-        steps_per_epoch = max(1, len(x) // args.batch)
+        # The same number of iterations for every learner (shards differ by
+        # at most one image): in bsp a learner that stopped early would hold
+        # the others back until the server declares it dead.
+        steps_per_epoch = max(1, len(x_train) // args.learners // args.batch)
         pushed = pulled = 0
         push_seconds = pull_seconds = 0.0
         window_loss, window_correct, window_seen = 0.0, 0, 0

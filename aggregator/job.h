@@ -1,0 +1,186 @@
+// Job: one training job's server side — the model, its learner slots and
+// their clocks, consistency control (async / bsp / ssp), learner liveness,
+// checkpoints, and the status and controls people read and set.
+//
+// Who calls what (the tgt plugin, in target-plugin/lu.cc):
+//   - tgtd's main thread: AddLearner / RemoveLearner, Admit, TakeReleased.
+//     These never wait for I/O or model work: only for the Job's own short
+//     critical sections.
+//   - tgt's worker threads: Read, Write, Checkpoint, and the control calls,
+//     concurrently.
+//   - the Job's own ticker thread: hold limits, liveness, bsp rounds freed by
+//     a death, periodic checkpoints.
+//
+// Holding commands. A read (or a bsp write) that may not run yet is kept by
+// the Job, never by a blocked thread: Admit() returns kHold and keeps the
+// caller's opaque command pointer. When it may run, or when it has waited
+// hold_limit, the Job puts it on its slot's released list and calls the
+// slot's wake callback; the caller's main thread then takes it with
+// TakeReleased() and runs it (OK) or fails it (DeadlineExceeded or
+// Unavailable, with a message for the log).
+//
+// Liveness. A learner slot is live from AddLearner until it has had no I/O
+// for dead_after seconds while none of its commands was held; it is then
+// declared dead (logged), and bsp/ssp go on with the live learners. Its next
+// I/O rejoins it (logged). When the dead reach max_dead (if set), the job
+// fails: every learner I/O returns Unavailable with the reason, and status
+// says why, until a control command `resume=1`.
+//
+// Checkpoints. Checkpoint() writes the weights, the rule's state and
+// parameters, the bsp accumulator and every clock to the checkpoint file
+// (durably: temporary file, fsync, rename; checksummed). Writes wait while it
+// runs, reads do not. Create() loads an existing checkpoint; a corrupt one,
+// or one written for another geometry, rule or mode, fails Create().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "learner_clocks.h"
+#include "model.h"
+#include "status.h"
+
+namespace blkps {
+
+struct JobOptions {
+  ModelOptions model;               // model.accumulator is set from the mode
+  ConsistencyOptions consistency;
+  double dead_after_s = 10;         // no I/O this long: a learner is dead
+  double hold_limit_s = 20;         // longest a command is held; under the
+                                    // initiators' ~30 s command timeout
+  uint32_t max_dead = 0;            // dead learners that fail the job; 0: never
+  std::string checkpoint;           // checkpoint file; empty: none
+  double checkpoint_every_s = 0;    // periodic checkpoints; 0: only on fsync
+};
+
+class Job {
+ public:
+  using Logger = std::function<void(const std::string&)>;
+
+  // Creates the model (loading `opts.checkpoint` if that file exists) and
+  // starts the ticker. `name` names the job in status and logs; `log`
+  // receives one line per event (learner dead or back, job failed, a hold
+  // limit hit, checkpoint written). On failure returns non-OK with a one-line
+  // reason and leaves *out untouched.
+  static Status Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const std::string& name() const { return name_; }
+  const JobOptions& options() const { return opts_; }
+  uint64_t size_bytes() const { return model_->size_bytes(); }
+
+  // Adds the learner slot served by LUN `lun` and returns its index. A slot
+  // for that LUN in a loaded checkpoint is taken over, clocks and all.
+  // `wake` is called, possibly from any thread and with the Job's lock held
+  // (so it must not call the Job), when the slot has released commands.
+  size_t AddLearner(uint64_t lun, std::function<void()> wake);
+  // The slot's LUN is going away: its held commands are dropped and it is
+  // treated as dead.
+  void RemoveLearner(size_t slot);
+
+  enum class Admission { kRun, kHold };
+  // Whether learner `slot`'s read or write of device bytes [offset,
+  // offset + len) may run now. kHold: the Job keeps `cmd`. Counts the I/O
+  // for liveness and status; a dead slot rejoins.
+  Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd);
+  struct Released {
+    void* cmd;
+    Status status;  // OK: run it now; otherwise fail it with this
+  };
+  std::vector<Released> TakeReleased(size_t slot);
+
+  // A learner's READ: the weights. Unavailable if the job has failed.
+  Status Read(size_t slot, uint64_t offset, void* dst, size_t len);
+  // A learner's WRITE: its gradient, applied per the consistency mode.
+  // Errors as Model::CheckGradient (nothing applied), or Unavailable.
+  Status Write(size_t slot, uint64_t offset, const void* src, size_t len);
+  // Durable checkpoint; OK and nothing written if no file is configured.
+  Status Checkpoint();
+
+  // Status as one JSON object (layout in README, "Status and control").
+  std::string StatusJson() const;
+  // Control commands, one `key=value` per line (NUL padding ignored):
+  // a rule parameter (lr, momentum, beta1, beta2, eps) or resume=1.
+  // InvalidArgument names the first bad line; the lines before it are done.
+  Status Control(const std::string& commands);
+  // The weights window: read, or set (e.g. initial weights).
+  Status ReadWeights(uint64_t offset, void* dst, size_t len) const { return model_->Read(offset, dst, len); }
+  Status AssignWeights(uint64_t offset, const void* src, size_t len) { return model_->AssignWeights(offset, src, len); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct HeldCommand {
+    void* cmd;
+    size_t slot;
+    bool write;
+    uint64_t first_block, last_block;
+    Clock::time_point since;
+  };
+  struct Slot {
+    uint64_t lun = 0;
+    bool attached = false;  // a LUN serves it now
+    std::function<void()> wake;
+    Clock::time_point last_io;
+    uint32_t held = 0;
+    std::vector<Released> released;
+    // Counters for status.
+    uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
+    uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
+    uint64_t lead_max = 0, lead_sum = 0, lead_count = 0;
+  };
+
+  Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
+  Status LoadCheckpoint();
+  void Tick();
+  void TickerLoop();
+
+  // REQUIRES mu_ for the *Locked calls.
+  // Moves held commands that may now run (or must fail) to their slots'
+  // released lists and wakes those slots.
+  void ReleaseLocked();
+  void ReleaseOneLocked(HeldCommand& held, Status status);
+  void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
+  bool FailedLocked() const { return !failure_.empty(); }
+  std::string WhoIsBehindLocked(const HeldCommand& held) const;
+  // bsp: finishes block b's round if complete. REQUIRES: b's write lock.
+  void FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock);
+
+  const std::string name_;
+  const JobOptions opts_;
+  const Logger log_;
+  std::unique_ptr<Model> model_;
+
+  // Lock order: a model block's lock, then mu_; never the other way.
+  mutable std::mutex mu_;
+  LearnerClocks clocks_;                 // guarded by mu_
+  std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
+  std::vector<HeldCommand> held_;        // guarded by mu_
+  std::string failure_;                  // guarded by mu_; non-empty: failed
+  std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
+  std::atomic<uint64_t> rejected_writes_{0};
+  const Clock::time_point started_ = Clock::now();
+
+  std::mutex checkpoint_mu_;  // one checkpoint at a time
+  // Guarded by mu_:
+  uint64_t checkpoints_ = 0;
+  std::string checkpoint_error_;
+  double checkpoint_seconds_ = 0;
+  Clock::time_point last_checkpoint_;
+
+  std::mutex ticker_mu_;
+  std::condition_variable ticker_cv_;
+  bool stopping_ = false;  // guarded by ticker_mu_
+  std::thread ticker_;
+};
+
+}  // namespace blkps

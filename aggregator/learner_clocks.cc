@@ -1,0 +1,168 @@
+#include "learner_clocks.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+namespace blkps {
+
+Status ParseConsistency(const std::string& text, ConsistencyOptions* out) {
+  if (text == "async" || text == "bsp") {
+    *out = ConsistencyOptions{text == "bsp" ? ConsistencyMode::kBsp : ConsistencyMode::kAsync, 0};
+    return Status::OK();
+  }
+  if (text.rfind("ssp:", 0) == 0 && text.size() > 4 && text[4] >= '0' && text[4] <= '9') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long s = std::strtoul(text.c_str() + 4, &end, 10);
+    if (*end == '\0' && errno == 0 && s <= 1000000) {
+      *out = ConsistencyOptions{ConsistencyMode::kSsp, static_cast<uint32_t>(s)};
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument("mode: expected async, bsp or ssp:<s> (s: iterations a reader may run ahead, 0 to "
+                                 "1000000), got '" + text + "'");
+}
+
+std::string FormatConsistency(const ConsistencyOptions& opts) {
+  switch (opts.mode) {
+    case ConsistencyMode::kAsync: return "async";
+    case ConsistencyMode::kBsp: return "bsp";
+    case ConsistencyMode::kSsp: return "ssp:" + std::to_string(opts.staleness);
+  }
+  return "?";
+}
+
+LearnerClocks::LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params)
+    : opts_(opts), block_params_(std::move(block_params)), blocks_(block_params_.size()) {}
+
+size_t LearnerClocks::AddLearner() {
+  learners_.push_back(Learner{true, std::vector<LearnerBlock>(blocks_.size())});
+  Rejoin(learners_.size() - 1);
+  return learners_.size() - 1;
+}
+
+uint64_t LearnerClocks::MinLiveClock(uint64_t b, size_t except, uint64_t fallback) const {
+  uint64_t least = std::numeric_limits<uint64_t>::max();
+  for (size_t k = 0; k < learners_.size(); ++k) {
+    if (k != except && learners_[k].live) least = std::min(least, learners_[k].blocks[b].clock);
+  }
+  return least == std::numeric_limits<uint64_t>::max() ? fallback : least;
+}
+
+void LearnerClocks::Rejoin(size_t l) {
+  Learner& learner = learners_[l];
+  learner.live = true;
+  for (uint64_t b = 0; b < blocks_.size(); ++b) {
+    LearnerBlock& mine = learner.blocks[b];
+    const uint64_t join = opts_.mode == ConsistencyMode::kBsp ? blocks_[b].round : MinLiveClock(b, l, mine.clock);
+    if (mine.clock < join) mine.clock = join;
+    mine.partial = 0;
+  }
+}
+
+bool LearnerClocks::ReadMayPass(size_t l, uint64_t first, uint64_t last) const {
+  for (uint64_t b = first; b <= last; ++b) {
+    const uint64_t mine = learners_[l].blocks[b].clock;
+    switch (opts_.mode) {
+      case ConsistencyMode::kAsync:
+        return true;
+      case ConsistencyMode::kBsp:
+        if (blocks_[b].round < mine) return false;
+        break;
+      case ConsistencyMode::kSsp:
+        if (mine - MinLiveClock(b, learners_.size(), mine) > opts_.staleness) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+bool LearnerClocks::WriteMayPass(size_t l, uint64_t first, uint64_t last) const {
+  if (opts_.mode != ConsistencyMode::kBsp) return true;
+  for (uint64_t b = first; b <= last; ++b) {
+    if (learners_[l].blocks[b].clock > blocks_[b].round) return false;
+  }
+  return true;
+}
+
+bool LearnerClocks::AddGradient(size_t l, uint64_t b, uint64_t n) {
+  LearnerBlock& mine = learners_[l].blocks[b];
+  mine.partial += n;
+  if (mine.partial < block_params_[b]) return false;
+  mine.partial -= block_params_[b];
+  ++mine.clock;
+  if (opts_.mode == ConsistencyMode::kBsp) {
+    ++blocks_[b].contributors;
+  } else {
+    ++blocks_[b].version;
+  }
+  return true;
+}
+
+bool LearnerClocks::RoundComplete(uint64_t b) const {
+  if (opts_.mode != ConsistencyMode::kBsp || blocks_[b].contributors == 0) return false;
+  return MinLiveClock(b, learners_.size(), blocks_[b].round + 1) > blocks_[b].round;
+}
+
+uint32_t LearnerClocks::FinishRound(uint64_t b) {
+  Block& block = blocks_[b];
+  const uint32_t given = block.contributors;
+  block.contributors = 0;
+  ++block.round;
+  ++block.version;
+  return given;
+}
+
+uint64_t LearnerClocks::iteration(size_t l) const {
+  uint64_t least = std::numeric_limits<uint64_t>::max();
+  for (const LearnerBlock& mine : learners_[l].blocks) least = std::min(least, mine.clock);
+  return learners_[l].blocks.empty() ? 0 : least;
+}
+
+uint64_t LearnerClocks::Lead(size_t l, uint64_t b) const {
+  const uint64_t mine = learners_[l].blocks[b].clock;
+  const uint64_t least = MinLiveClock(b, l, mine);
+  return mine > least ? mine - least : 0;
+}
+
+// Layout: number of blocks, number of learners, per block (round,
+// contributors, version), then per learner (live, then per block (clock,
+// partial)).
+std::vector<uint64_t> LearnerClocks::Save() const {
+  std::vector<uint64_t> words{blocks_.size(), learners_.size()};
+  words.reserve(2 + 3 * blocks_.size() + learners_.size() * (1 + 2 * blocks_.size()));
+  for (const Block& block : blocks_) words.insert(words.end(), {block.round, block.contributors, block.version});
+  for (const Learner& learner : learners_) {
+    words.push_back(learner.live);
+    for (const LearnerBlock& mine : learner.blocks) words.insert(words.end(), {mine.clock, mine.partial});
+  }
+  return words;
+}
+
+Status LearnerClocks::Restore(const std::vector<uint64_t>& words) {
+  if (words.size() < 2 || words[0] != blocks_.size() ||
+      words.size() != 2 + 3 * blocks_.size() + words[1] * (1 + 2 * blocks_.size())) {
+    return Status::InvalidArgument("the saved clocks do not match the model's " + std::to_string(blocks_.size()) +
+                                   " blocks");
+  }
+  size_t i = 2;
+  for (Block& block : blocks_) {
+    block.round = words[i++];
+    block.contributors = static_cast<uint32_t>(words[i++]);
+    block.version = words[i++];
+  }
+  learners_.clear();
+  while (i < words.size()) {
+    Learner learner{words[i++] != 0, std::vector<LearnerBlock>(blocks_.size())};
+    for (LearnerBlock& mine : learner.blocks) {
+      mine.clock = words[i++];
+      mine.partial = words[i++];
+    }
+    learners_.push_back(std::move(learner));
+  }
+  return Status::OK();
+}
+
+}  // namespace blkps

@@ -1,0 +1,126 @@
+// LearnerClocks: each learner's iteration clock per model block, taken from
+// its own I/O, and the gates that async, bsp and ssp put on its reads and
+// writes.
+//
+// A learner slot (one LUN on the target) has, for every model block b:
+//   clock[l][b]    gradients for b it has written in full; its iteration
+//                  clock for b;
+//   partial[l][b]  parameters of b written towards its next gradient.
+// A learner's gradient for block b is complete once it has written as many
+// parameters of b as the block holds, in any number of writes, in any order
+// (a write may cover part of a block or many blocks). So a learner that
+// writes its whole gradient once per iteration, with plain pwrite(), ticks
+// every block's clock once per iteration, whatever its request sizes.
+//
+// The gates (min_live(b): the least clock[·][b] over live learners):
+//   async   reads and writes always pass.
+//   bsp     a read of b passes when round[b] >= clock[l][b]: every live
+//           learner's gradient for the learner's previous iteration has been
+//           applied. A write to b passes when clock[l][b] <= round[b]: the
+//           learner has not already given its gradient for this round (a
+//           learner that writes twice without reading waits). A round of b
+//           completes when every live learner has given its gradient for it;
+//           the caller then applies the average of those given.
+//   ssp:s   a read of b passes when clock[l][b] - min_live(b) <= s. Writes
+//           always pass.
+//
+// Liveness is the caller's: it calls MarkDead() and Rejoin(). A dead learner
+// does not hold anyone back. A rejoining learner's clocks move up to where
+// the live learners are (bsp: the current round; ssp/async: min_live), and
+// its partial gradients are forgotten.
+//
+// Not thread-safe: the owner (Job) serialises every call with its mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace blkps {
+
+enum class ConsistencyMode { kAsync, kBsp, kSsp };
+
+struct ConsistencyOptions {
+  ConsistencyMode mode = ConsistencyMode::kAsync;
+  uint32_t staleness = 0;  // ssp's s
+};
+
+// "async", "bsp", "ssp:<s>" → *out; InvalidArgument naming `mode` otherwise.
+Status ParseConsistency(const std::string& text, ConsistencyOptions* out);
+std::string FormatConsistency(const ConsistencyOptions& opts);
+
+class LearnerClocks {
+ public:
+  // block_params[b]: number of parameters in model block b.
+  LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params);
+
+  const ConsistencyOptions& options() const { return opts_; }
+  size_t num_learners() const { return learners_.size(); }
+  size_t num_blocks() const { return block_params_.size(); }
+
+  // Adds a live learner whose clocks start where the live learners are (as
+  // Rejoin). Returns its index.
+  size_t AddLearner();
+
+  bool live(size_t l) const { return learners_[l].live; }
+  void MarkDead(size_t l) { learners_[l].live = false; }
+  void Rejoin(size_t l);
+
+  // Whether learner l may read / write blocks [first, last] now.
+  bool ReadMayPass(size_t l, uint64_t first, uint64_t last) const;
+  bool WriteMayPass(size_t l, uint64_t first, uint64_t last) const;
+
+  // Records that learner l wrote `n` parameters of block b. Returns true if
+  // that completed its gradient for b (its clock for b ticked).
+  // bsp: REQUIRES WriteMayPass(l, b, b) held when the write was admitted.
+  bool AddGradient(size_t l, uint64_t b, uint64_t n);
+
+  // bsp: whether block b's round is complete (every live learner has given
+  // its gradient, and at least one was given); then FinishRound(b) returns
+  // how many were given and starts the next round.
+  bool RoundComplete(uint64_t b) const;
+  uint32_t FinishRound(uint64_t b);
+
+  // Updates applied to block b so far: bsp rounds; in async/ssp, complete
+  // gradients.
+  uint64_t version(uint64_t b) const { return blocks_[b].version; }
+  uint64_t clock(size_t l, uint64_t b) const { return learners_[l].blocks[b].clock; }
+  // Learner l's iteration: its least clock over all blocks.
+  uint64_t iteration(size_t l) const;
+  // How many iterations learner l is ahead of the slowest live learner, for
+  // block b (0 if no other learner is live).
+  uint64_t Lead(size_t l, uint64_t b) const;
+
+  // Everything, as words, for checkpoints; Restore() takes what Save()
+  // returned for the same geometry and number of learners.
+  std::vector<uint64_t> Save() const;
+  Status Restore(const std::vector<uint64_t>& words);
+
+ private:
+  struct LearnerBlock {
+    uint64_t clock = 0;
+    uint64_t partial = 0;
+  };
+  struct Learner {
+    bool live = true;
+    std::vector<LearnerBlock> blocks;
+  };
+  struct Block {
+    uint64_t round = 0;         // bsp: rounds applied
+    uint32_t contributors = 0;  // bsp: gradients given in the current round
+    uint64_t version = 0;
+  };
+
+  // Least clock[·][b] over live learners other than `except`; `fallback` if none.
+  uint64_t MinLiveClock(uint64_t b, size_t except, uint64_t fallback) const;
+
+  const ConsistencyOptions opts_;
+  const std::vector<uint64_t> block_params_;
+  std::vector<Block> blocks_;
+  std::vector<Learner> learners_;
+};
+
+}  // namespace blkps

@@ -1,0 +1,276 @@
+// Job: consistency control, liveness, checkpoints and controls, without tgt
+// (the integration tests drive the same through a real tgtd).
+#include "job.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+
+namespace blkps {
+namespace {
+
+JobOptions Options(uint64_t params, const std::string& mode, uint64_t block_bytes = 64) {
+  JobOptions o;
+  o.model.num_params = params;
+  o.model.block_bytes = block_bytes;
+  o.model.rule.lr = 1.0f;
+  EXPECT_TRUE(ParseConsistency(mode, &o.consistency).ok());
+  return o;
+}
+
+// Counts wake calls; lets a test wait for one without sleeping blindly.
+class Waker {
+ public:
+  std::function<void()> Callback() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++wakes_;
+      cv_.notify_all();
+    };
+  }
+  bool WaitForWake(double seconds) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return wakes_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int wakes_ = 0;
+};
+
+std::vector<float> ReadAll(const Job& job, uint64_t params) {
+  std::vector<float> w(params);
+  EXPECT_TRUE(job.ReadWeights(0, w.data(), params * 4).ok());
+  return w;
+}
+
+// Writes g through the job in random pieces (Admit, then Write).
+void PushInPieces(Job& job, size_t slot, const std::vector<float>& g, std::mt19937& rng) {
+  uint64_t at = 0;
+  while (at < g.size()) {
+    const uint64_t n = std::min<uint64_t>(g.size() - at, 1 + rng() % 40);
+    ASSERT_EQ(job.Admit(slot, true, at * 4, n * 4, nullptr), Job::Admission::kRun);
+    ASSERT_TRUE(job.Write(slot, at * 4, g.data() + at, n * 4).ok());
+    at += n;
+  }
+}
+
+TEST(Job, BspWithFourLearnersMatchesASequentialReference) {
+  const uint64_t params = 100;  // 7 blocks of 16 parameters, the last of 4
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(params, "bsp"), nullptr, &job).ok());
+  std::vector<size_t> slots;
+  for (int l = 0; l < 4; ++l) slots.push_back(job->AddLearner(l + 1, [] {}));
+  std::vector<float> reference(params, 0.0f);
+  std::mt19937 rng(3);
+  for (int round = 0; round < 5; ++round) {
+    std::vector<float> sum(params, 0.0f);
+    std::vector<int> order{0, 1, 2, 3};
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int l : order) {
+      std::vector<float> g(params);
+      for (uint64_t i = 0; i < params; ++i) g[i] = static_cast<float>(static_cast<int>(rng() % 17) - 8);
+      for (uint64_t i = 0; i < params; ++i) sum[i] += g[i];
+      PushInPieces(*job, slots[l], g, rng);
+    }
+    for (uint64_t i = 0; i < params; ++i) reference[i] -= sum[i] / 4.0f;
+    for (size_t slot : slots) EXPECT_EQ(job->Admit(slot, false, 0, params * 4, nullptr), Job::Admission::kRun);
+    ASSERT_EQ(ReadAll(*job, params), reference) << "round " << round;
+  }
+}
+
+TEST(Job, BspHeldReadIsReleasedWhenTheRoundCompletes) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "bsp"), nullptr, &job).ok());
+  Waker waker;
+  const size_t a = job->AddLearner(1, waker.Callback());
+  const size_t b = job->AddLearner(2, [] {});
+  std::vector<float> g(16, 2.0f);
+  std::mt19937 rng(1);
+  PushInPieces(*job, a, g, rng);
+  int cmd = 0;
+  ASSERT_EQ(job->Admit(a, false, 0, 64, &cmd), Job::Admission::kHold);
+  EXPECT_TRUE(job->TakeReleased(a).empty());
+  PushInPieces(*job, b, g, rng);
+  ASSERT_TRUE(waker.WaitForWake(5));
+  std::vector<Job::Released> released = job->TakeReleased(a);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].cmd, &cmd);
+  EXPECT_TRUE(released[0].status.ok());
+  EXPECT_EQ(ReadAll(*job, 16), std::vector<float>(16, -2.0f));
+}
+
+TEST(Job, HeldReadFailsClearlyAtTheHoldLimit) {
+  JobOptions o = Options(16, "bsp");
+  o.hold_limit_s = 0.2;
+  std::shared_ptr<Job> job;
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ASSERT_TRUE(Job::Create("m", o, [&](const std::string& line) {
+                std::lock_guard<std::mutex> lock(log_mu);
+                log.push_back(line);
+              }, &job).ok());
+  Waker waker;
+  const size_t a = job->AddLearner(1, waker.Callback());
+  job->AddLearner(2, [] {});
+  std::mt19937 rng(1);
+  PushInPieces(*job, a, std::vector<float>(16, 1.0f), rng);
+  int cmd = 0;
+  ASSERT_EQ(job->Admit(a, false, 0, 64, &cmd), Job::Admission::kHold);
+  ASSERT_TRUE(waker.WaitForWake(5));
+  std::vector<Job::Released> released = job->TakeReleased(a);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].status.code(), Status::Code::kDeadlineExceeded);
+  EXPECT_NE(released[0].status.message().find("hold_limit"), std::string::npos) << released[0].status.message();
+  EXPECT_NE(released[0].status.message().find("lun 2 at 0"), std::string::npos) << released[0].status.message();
+  std::lock_guard<std::mutex> lock(log_mu);
+  ASSERT_FALSE(log.empty());
+}
+
+TEST(Job, DeadLearnerIsDeclaredAndBspGoesOnWithTheLive) {
+  JobOptions o = Options(16, "bsp");
+  o.dead_after_s = 0.2;
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  Waker waker;
+  const size_t a = job->AddLearner(1, waker.Callback());
+  job->AddLearner(2, [] {});  // never does I/O
+  std::mt19937 rng(1);
+  PushInPieces(*job, a, std::vector<float>(16, 3.0f), rng);
+  int cmd = 0;
+  ASSERT_EQ(job->Admit(a, false, 0, 64, &cmd), Job::Admission::kHold);
+  ASSERT_TRUE(waker.WaitForWake(5));
+  std::vector<Job::Released> released = job->TakeReleased(a);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_TRUE(released[0].status.ok()) << released[0].status.message();
+  EXPECT_EQ(ReadAll(*job, 16), std::vector<float>(16, -3.0f));  // the average of the one given
+  EXPECT_NE(job->StatusJson().find("\"state\": \"dead\""), std::string::npos) << job->StatusJson();
+}
+
+TEST(Job, ReachingMaxDeadFailsTheJob) {
+  JobOptions o = Options(16, "async");
+  o.dead_after_s = 0.1;
+  o.max_dead = 1;
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {});
+  std::vector<float> w(16);
+  Status s;
+  for (int i = 0; i < 200 && s.ok(); ++i) {
+    usleep(10000);
+    s = job->Read(a, 0, w.data(), 64);
+  }
+  EXPECT_EQ(s.code(), Status::Code::kUnavailable);
+  EXPECT_NE(s.message().find("max_dead=1"), std::string::npos) << s.message();
+  EXPECT_NE(job->StatusJson().find("\"failed\": true"), std::string::npos);
+  ASSERT_TRUE(job->Control("resume=1").ok());
+  EXPECT_TRUE(job->Read(a, 0, w.data(), 64).ok());
+}
+
+TEST(Job, ControlSetsRuleParametersAndRefusesBadLines) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  ASSERT_TRUE(job->Control(std::string("lr=0.25\n") + std::string(10, '\0')).ok());
+  EXPECT_FLOAT_EQ(job->options().model.rule.lr, 1.0f);  // options are what it started with
+  EXPECT_NE(job->StatusJson().find("\"lr\": 0.25"), std::string::npos) << job->StatusJson();
+  EXPECT_EQ(job->Control("lr=-1").message().rfind("control: lr:", 0), 0u);
+  EXPECT_EQ(job->Control("bogus").message().rfind("control: expected", 0), 0u);
+  EXPECT_FALSE(job->Control("momentum=0.5").ok());  // sgd has no momentum
+}
+
+class JobCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/blkps-job-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    path_ = dir_ + "/model.ckpt";
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  JobOptions AdamOptions() {
+    JobOptions o = Options(300, "bsp");
+    o.model.rule.name = "adam";
+    o.model.rule.lr = 0.01f;
+    o.checkpoint = path_;
+    return o;
+  }
+  static std::string Slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  std::string dir_, path_;
+};
+
+TEST_F(JobCheckpoint, RestartRestoresWeightsStateAndClocksBitForBit) {
+  std::string first;
+  std::vector<float> weights;
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("m", AdamOptions(), nullptr, &job).ok());
+    const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+    std::mt19937 rng(5);
+    std::vector<float> g(300);
+    for (int round = 0; round < 3; ++round) {
+      for (size_t slot : {a, b}) {
+        for (float& x : g) x = static_cast<float>(rng() % 100) / 10.0f - 5.0f;
+        PushInPieces(*job, slot, g, rng);
+      }
+    }
+    PushInPieces(*job, a, g, rng);  // half a round: in the accumulator
+    ASSERT_TRUE(job->Control("lr=0.005").ok());
+    ASSERT_TRUE(job->Checkpoint().ok());
+    first = Slurp(path_);
+    weights = ReadAll(*job, 300);
+  }
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", AdamOptions(), nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  job->AddLearner(2, [] {});
+  EXPECT_EQ(ReadAll(*job, 300), weights);
+  ASSERT_TRUE(job->Checkpoint().ok());
+  EXPECT_TRUE(Slurp(path_) == first) << "the state after loading differs from the state saved";
+  EXPECT_NE(job->StatusJson().find("\"lr\": 0.005"), std::string::npos);
+}
+
+TEST_F(JobCheckpoint, CorruptCheckpointIsRefusedAndKept) {
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("m", AdamOptions(), nullptr, &job).ok());
+    ASSERT_TRUE(job->Checkpoint().ok());
+  }
+  std::string bytes = Slurp(path_);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes;
+  std::shared_ptr<Job> job;
+  Status s = Job::Create("m", AdamOptions(), nullptr, &job);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.message();
+  EXPECT_EQ(Slurp(path_), bytes);  // never replaced
+}
+
+TEST_F(JobCheckpoint, CheckpointOfAnotherRuleIsRefused) {
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("m", AdamOptions(), nullptr, &job).ok());
+    ASSERT_TRUE(job->Checkpoint().ok());
+  }
+  JobOptions o = AdamOptions();
+  o.model.rule.name = "sgd";
+  std::shared_ptr<Job> job;
+  Status s = Job::Create("m", o, nullptr, &job);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rule=adam"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace blkps
