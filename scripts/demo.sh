@@ -4,17 +4,21 @@
 # several learner processes through the model device, print the held-out
 # test accuracy, and shut everything down.
 #
-# Usage: sudo scripts/demo.sh [--learners N] [--epochs E] [--lr X] [--transport iscsi|iser]
+# Usage: sudo scripts/demo.sh [--learners N] [--epochs E] [--lr X]
+#                             [--mode async|bsp|ssp:S] [--transport iscsi|iser]
+# Each learner has its own LUN (learner slot). At the end the model is
+# checkpointed (fsync) into build/demo/ and the job's status is printed.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-learners=2 epochs=20 lr=0.2 transport=iscsi
+learners=2 epochs=20 lr=0.2 mode=async transport=iscsi
 while [ $# -gt 0 ]; do
   case "$1" in
     --learners) learners=${2:?}; shift 2 ;;
     --epochs) epochs=${2:?}; shift 2 ;;
     --lr) lr=${2:?}; shift 2 ;;
+    --mode) mode=${2:?}; shift 2 ;;
     --transport) transport=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,19 +34,25 @@ params=$("$py" "$train" --params)
 
 cleanup() { "$top/scripts/blkps-target" stop --dir "$state"; }
 trap cleanup EXIT
-echo "demo: starting the parameter server (MLP on digits, $params parameters, sgd lr=$lr, $transport on loopback)"
-url=$("$top/scripts/blkps-target" start --dir "$state" --name digits-mlp --transport "$transport" \
-        --bsopts "params=$params;rule=sgd;lr=$lr;init=normal:0.1;seed=1")
-echo "demo: model device $url"
+echo "demo: starting the parameter server (MLP on digits, $params parameters, sgd lr=$lr, mode $mode, $transport on loopback)"
+"$top/scripts/blkps-target" stop --dir "$state" 2>/dev/null || true
+rm -f "$state/digits-mlp.ckpt"  # a fresh model each run
+"$top/scripts/blkps-target" start --dir "$state" --name digits-mlp --transport "$transport" --luns "$learners" \
+  --bsopts "params=$params;rule=sgd;lr=$lr;init=normal:0.1;seed=1;mode=$mode;checkpoint=$state/digits-mlp.ckpt" \
+  >/dev/null
+. "$state/target.env"
+read -r -a urls <<<"$URLS"
+echo "demo: learner devices ${urls[*]}; control device $CONTROL_URL"
 
 echo "demo: training with $learners learner processes, $epochs epochs each"
 pids=()
 for ((k = 0; k < learners; k++)); do
-  "$py" "$train" --target "$url" --learner "$k" --learners "$learners" --epochs "$epochs" &
+  "$py" "$train" --target "${urls[$k]}" --learner "$k" --learners "$learners" --epochs "$epochs" --sync &
   pids+=($!)
 done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 [ "$failed" = 0 ] || { echo "demo: a learner failed" >&2; exit 1; }
 
-"$py" "$train" --target "$url" --evaluate
+"$top/scripts/blkps" status --dir "$state"
+"$py" "$train" --target "$URL" --evaluate

@@ -120,7 +120,7 @@ static int is_write(struct scsi_cmd *cmd)
 
 static const char *io_name(struct scsi_cmd *cmd)
 {
-	return is_read(cmd) ? "read" : is_write(cmd) ? "gradient write" :
+	return is_read(cmd) ? "read" : is_write(cmd) ? "write" :
 		"synchronize cache";
 }
 

@@ -356,6 +356,18 @@ TEST_F(CheckpointFileTest, TruncatedInTheHeaderSaysSo) {
   EXPECT_EQ(s.message(), path_ + ": truncated header");
 }
 
+// A damaged "end" line is found at the padding, not by reading on.
+TEST_F(CheckpointFileTest, DamagedEndLineIsMalformed) {
+  ASSERT_TRUE(Write(path_, MakeSample()).ok());
+  std::string file = ReadBytes(path_);
+  file.replace(file.find("\nend\n"), 5, "\nEND\n");
+  WriteBytes(path_, file);
+  CheckpointHeader header;
+  Status s = ReadCheckpointHeader(path_, &header);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message(), path_ + ": malformed header: it has no end line");
+}
+
 TEST_F(CheckpointFileTest, TrailingBytesAreRefused) {
   ASSERT_TRUE(Write(path_, MakeSample()).ok());
   WriteBytes(path_, ReadBytes(path_) + "x");

@@ -117,6 +117,9 @@ def train(args, mlp):
                   f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
                   f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
             window_loss, window_correct, window_seen = 0.0, 0, 0
+        if args.sync:
+            model.sync()
+            print(f"{tag}: checkpointed the model (fsync)", flush=True)
 
 
 def evaluate(args, mlp):
@@ -140,6 +143,7 @@ def main():
     ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
     ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
     ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
     ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
     ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
     args = ap.parse_args()

@@ -74,6 +74,10 @@ def _declare(lib):
     lib.blkps_push.restype = ctypes.c_int
     lib.blkps_pull.argtypes = [handle, ctypes.c_uint64, _FLOAT_P, ctypes.c_uint64]
     lib.blkps_pull.restype = ctypes.c_int
+    lib.blkps_read_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.blkps_read_bytes.restype = ctypes.c_int
+    lib.blkps_write_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
+    lib.blkps_write_bytes.restype = ctypes.c_int
     lib.blkps_sync.argtypes = [handle]
     lib.blkps_sync.restype = ctypes.c_int
     lib.blkps_last_error.argtypes = [handle]
@@ -147,6 +151,18 @@ class Model:
         self._check(self._lib.blkps_pull(self._open_handle(), first_param,
                                          out.ctypes.data_as(_FLOAT_P), out.size))
         return out
+
+    def read_bytes(self, offset, length):
+        """Returns device bytes [offset, offset + length) as bytes (e.g. the
+        control LUN's status region)."""
+        buf = ctypes.create_string_buffer(length)
+        self._check(self._lib.blkps_read_bytes(self._open_handle(), offset, buf, length))
+        return buf.raw
+
+    def write_bytes(self, offset, data):
+        """Writes `data` (bytes) at device byte `offset` (e.g. a command to
+        the control LUN)."""
+        self._check(self._lib.blkps_write_bytes(self._open_handle(), offset, bytes(data), len(data)))
 
     def sync(self):
         """Returns once the server has checkpointed the model durably."""
