@@ -25,6 +25,8 @@ struct InitSpec {
 Status ParseInitSpec(const std::string& text, InitSpec* spec);
 
 // Fills w[0..n) as `spec` says. A file must hold exactly 4*n bytes.
+// REQUIRES: w[0..n) reads as zeros (a fresh PageBuffer): "zeros" leaves it
+// untouched, so the pages stay uncommitted until gradients arrive.
 Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n);
 
 }  // namespace blkps

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -321,6 +322,61 @@ TEST(Target, IserTransportFailsClearlyWithoutRdmaDevice) {
   char err[512] = "";
   EXPECT_NE(blkps_open("iser://127.0.0.1:3260/iqn.2026-11.io.blkps:none/1", nullptr, &m, err, sizeof err), 0);
   EXPECT_NE(std::string(err).find("RDMA"), std::string::npos) << err;
+}
+
+// VmRSS of process `pid` in bytes, or 0 if unknown.
+uint64_t ResidentBytes(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      uint64_t kib = 0;
+      in >> kib;
+      return kib << 10;
+    }
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// README, "Memory": the server holds the weights, the rule's state and (bsp)
+// one accumulator, plus per-learner bookkeeping and tgt's command buffers —
+// never a model-sized buffer per learner. 4 learners each push a whole
+// gradient of a 256 MiB model and pull the weights; tgtd's resident size must
+// grow by the formula's model-sized arrays, and by less than one more model.
+TEST(Target, ServerMemoryForA256MiBModelAndFourLearnersFollowsTheFormula) {
+  constexpr uint64_t kParams = 64ull << 20;  // 256 MiB of float32
+  constexpr uint64_t kModel = kParams * 4;
+  constexpr int kLearners = 4;
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=momentum;mode=bsp", "--luns 4");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  const uint64_t before = ResidentBytes(target.pid());
+  ASSERT_GT(before, 0u);
+
+  int failed = RunInProcesses(kLearners, [&](int k) -> std::string {
+    ModelHandle h(target.url(k + 1));
+    if (!h.m) return h.error;
+    std::vector<float> buffer(kParams, 1.0f);
+    if (blkps_push(h.m, 0, buffer.data(), kParams) != 0) return blkps_last_error(h.m);
+    if (blkps_pull(h.m, 0, buffer.data(), kParams) != 0) return blkps_last_error(h.m);
+    // momentum's first step from v = 0: v = g, w = -lr·g with lr 0.01.
+    if (buffer[0] != -0.01f || buffer[kParams - 1] != -0.01f) return "the round was not applied once";
+    return "";
+  });
+  ASSERT_EQ(failed, 0);
+
+  const uint64_t after = ResidentBytes(target.pid());
+  const uint64_t arrays = 3 * kModel;                         // weights, momentum's v, the bsp sum
+  // tgt's command buffers, kept by malloc for reuse: 2 × queue depth 16 ×
+  // 1 MiB requests per learner (its writes, and its held reads meanwhile
+  // others still write).
+  const uint64_t command_buffers = 2 * kLearners * 16 * (1 << 20);
+  const uint64_t slack = 16 << 20;
+  const uint64_t grew = after - before;
+  EXPECT_GE(grew, arrays - arrays / 50) << "the model's arrays are not all resident: the test measures nothing";
+  EXPECT_LE(grew, arrays + command_buffers + slack)
+      << "tgtd grew by " << (grew >> 20) << " MiB for a " << (kModel >> 20) << " MiB model";
+  EXPECT_LT(grew, arrays + kModel) << "a model-sized buffer per learner?";
 }
 
 }  // namespace

@@ -85,6 +85,9 @@ class TargetProcess {
     return RunCommand("TGT_IPC_SOCKET=" + dir_ + "/tgtd.sock tgtadm " + args, output);
   }
 
+  // tgtd's process id, from target.env.
+  std::string pid() const { return Env("PID"); }
+
   bool TgtdAlive() const {
     std::string pid = Env("PID");
     return !pid.empty() && kill(std::stoi(pid), 0) == 0;
