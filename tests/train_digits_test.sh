@@ -16,8 +16,14 @@ params=$("$py" "$train" --params)
   --bsopts "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=$mode" >/dev/null
 . "$state/target.env"
 read -r url0 url1 <<<"$URLS"
-"$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 & a=$!
+# Learner 0 also drives a learning-rate schedule through the control LUN.
+"$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 \
+  --control "$CONTROL_URL" --lr-decay 0.95 & a=$!
 "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 15 & b=$!
 wait $a
 wait $b
 "$py" "$train" --target "$URL" --evaluate --min-accuracy 0.90
+lr=$("$top/scripts/blkps" status --control "$CONTROL_URL" --json |
+     "$py" -c 'import json, sys; print(json.load(sys.stdin)["rule_params"]["lr"])')
+"$py" -c "import sys; lr = float(sys.argv[1]); want = 0.2 * 0.95 ** 15
+sys.exit(0 if abs(lr - want) < 1e-6 else f'server lr {lr}, expected {want} after the schedule')" "$lr"

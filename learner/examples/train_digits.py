@@ -5,13 +5,19 @@ gradient with numpy and pushes it; the server applies w -= lr * g.
 
   train_digits.py --params                     print the model's parameter count
   train_digits.py --target URL --learner K --learners N [--epochs E]
+                  [--control URL --lr-decay F]   learning-rate schedule
   train_digits.py --target URL --evaluate      held-out test accuracy
 
 The data is Debian's python3-sklearn copy of the UCI digits (1797 8x8
 images, 10 classes), split 75/25 with a fixed seed; learner K of N trains on
 every N-th training example starting at K. TARGET is anything libblkps
 opens: iscsi://host:port/iqn/lun, iser://..., or a file or block device.
+
+With --control (the model's control LUN) and --lr-decay F, this learner
+drives a learning-rate schedule: after each epoch it sets the server's lr to
+F times what it was, with a plain write of "lr=<x>" to the control LUN.
 """
+import json
 import argparse
 import os
 import sys
@@ -78,11 +84,25 @@ def load_data():
     return train_test_split(x, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
 
 
+CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
+
+
+def server_lr(control):
+    status = json.loads(control.read_bytes(0, STATUS_BYTES).split(b"\0", 1)[0])
+    return status["rule_params"]["lr"]
+
+
+def set_server_lr(control, lr):
+    control.write_bytes(CONTROL_OFFSET, f"lr={lr:.9g}\n".encode().ljust(512, b"\0"))
+
+
 def train(args, mlp):
     x_train, _, y_train, _ = load_data()
     x, y = x_train[args.learner::args.learners], y_train[args.learner::args.learners]
     rng = np.random.default_rng(1000 + args.learner)
     tag = f"learner {args.learner}"
+    control = blkps.Model(args.control) if args.control else None
+    lr = server_lr(control) if control else None
     with blkps.Model(args.target) as model:
         weights = np.empty(mlp.num_params, dtype=np.float32)
         # The same number of iterations for every learner (shards differ by
@@ -117,6 +137,12 @@ def train(args, mlp):
                   f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
                   f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
             window_loss, window_correct, window_seen = 0.0, 0, 0
+            if control and args.lr_decay != 1.0:
+                lr *= args.lr_decay
+                set_server_lr(control, lr)
+                print(f"{tag}: server lr set to {lr:.4g}", flush=True)
+        if control:
+            control.close()
         if args.sync:
             model.sync()
             print(f"{tag}: checkpointed the model (fsync)", flush=True)
@@ -143,6 +169,9 @@ def main():
     ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
     ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
     ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--control", help="the model's control LUN, for --lr-decay")
+    ap.add_argument("--lr-decay", type=float, default=1.0,
+                    help="with --control: multiply the server's lr by this after each epoch (default 1: off)")
     ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
     ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
     ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
@@ -153,6 +182,10 @@ def main():
         return
     if not args.target:
         ap.error("--target is required")
+    if args.lr_decay != 1.0 and not args.control:
+        ap.error("--lr-decay needs --control (the model's control LUN)")
+    if not 0 < args.lr_decay <= 1.0:
+        ap.error("--lr-decay must be in (0, 1]")
     if not 0 <= args.learner < args.learners:
         ap.error(f"--learner must be in [0, {args.learners})")
     try:
