@@ -136,6 +136,7 @@ void Job::RemoveLearner(size_t slot) {
   s.wake = nullptr;
   clocks_.MarkDead(slot);
   ReleaseLocked();  // the others may no longer wait for it
+  rounds_may_be_complete_ = true;  // the ticker finishes them
 }
 
 Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd) {
@@ -309,8 +310,9 @@ void Job::Tick() {
       log_(failure_);
     }
     checkpoint_due = opts_.checkpoint_every_s > 0 && Seconds(now - last_checkpoint_) >= opts_.checkpoint_every_s;
-    if (died) {
-      ReleaseLocked();
+    if (died) ReleaseLocked();
+    if (died || rounds_may_be_complete_) {
+      rounds_may_be_complete_ = false;
       if (opts_.consistency.mode == ConsistencyMode::kBsp) {
         for (uint64_t b = 0; b < clocks_.num_blocks(); ++b) {
           if (clocks_.RoundComplete(b)) bsp_blocks.push_back(b);

@@ -166,6 +166,7 @@ class Job {
   std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
   std::vector<HeldCommand> held_;        // guarded by mu_
   std::string failure_;                  // guarded by mu_; non-empty: failed
+  bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
   std::atomic<uint64_t> rejected_writes_{0};
   const Clock::time_point started_ = Clock::now();
