@@ -1,19 +1,23 @@
 // Unit tests for libblkps that need no server: TransferPlan (cutting a byte
 // range into block-aligned requests) run against an in-memory disk, and
-// blkps::Model over a temporary regular file.
+// blkps::Model and the file device (libaio, O_DIRECT) over temporary files.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "blkps/model.hpp"
+#include "device.h"
 #include "transfer_plan.h"
 
 namespace blkps {
@@ -288,6 +292,273 @@ TEST(ModelOpen, UnknownSchemeIsEInval) {
             nullptr);
   EXPECT_EQ(code, -EINVAL);
   EXPECT_NE(error.find("iscsi://"), std::string::npos) << error;
+}
+
+// A file of `size` bytes filled with `fill` in `dir`; removed by the caller.
+std::string MakeFile(const std::string& dir, const std::vector<uint8_t>& fill) {
+  std::string path = dir + "/blkps_file_device_XXXXXX";
+  const int fd = mkstemp(&path[0]);
+  EXPECT_GE(fd, 0) << dir;
+  if (fd < 0) return "";
+  EXPECT_EQ(pwrite(fd, fill.data(), fill.size(), 0),
+            static_cast<ssize_t>(fill.size()));
+  close(fd);
+  return path;
+}
+
+std::vector<uint8_t> ReadFile(const std::string& path, size_t size) {
+  std::vector<uint8_t> bytes(size);
+  const int fd = open(path.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(pread(fd, bytes.data(), size, 0), static_cast<ssize_t>(size));
+  close(fd);
+  return bytes;
+}
+
+std::string TmpDir() {
+  const char* tmpdir = getenv("TMPDIR");
+  return tmpdir != nullptr ? tmpdir : "/tmp";
+}
+
+struct IoShape {
+  uint32_t request_bytes;
+  uint32_t queue_depth;
+};
+
+// Pushes parameters [first, first + count) from a buffer `skew` bytes past
+// an aligned address, checks every byte of the file, and pulls them back into
+// a buffer with the same skew.
+void ExpectRoundTrip(const std::string& dir, IoShape shape, uint64_t first,
+                     uint64_t count, size_t skew, uint32_t seed) {
+  SCOPED_TRACE(dir + " request_bytes " + std::to_string(shape.request_bytes) +
+               " queue_depth " + std::to_string(shape.queue_depth) +
+               " params [" + std::to_string(first) + ", +" +
+               std::to_string(count) + ") skew " + std::to_string(skew));
+  constexpr size_t kFileBytes = 4 << 20;
+  const std::vector<uint8_t> before = Pattern(kFileBytes, seed);
+  const std::string path = MakeFile(dir, before);
+  ASSERT_FALSE(path.empty());
+  OpenOptions options;
+  options.request_bytes = shape.request_bytes;
+  options.queue_depth = shape.queue_depth;
+  std::string error;
+  std::unique_ptr<Model> model = Model::Open(path, options, &error);
+  ASSERT_NE(model, nullptr) << error;
+
+  const size_t bytes = count * sizeof(float);
+  std::vector<uint8_t> out(bytes + 64);  // vector data is 16-byte aligned
+  const std::vector<uint8_t> data = Pattern(bytes, seed + 1);
+  memcpy(out.data() + skew, data.data(), bytes);
+  ASSERT_EQ(model->Push(first, reinterpret_cast<const float*>(out.data() + skew),
+                        count),
+            0)
+      << model->last_error();
+
+  // Partial blocks around the range are padded with zeros; nothing else moves.
+  std::vector<uint8_t> want = before;
+  const uint64_t begin = first * sizeof(float);
+  const uint64_t end = begin + bytes;
+  const uint64_t pad_begin = begin / kBlock * kBlock;
+  const uint64_t pad_end = (end + kBlock - 1) / kBlock * kBlock;
+  memset(want.data() + pad_begin, 0, pad_end - pad_begin);
+  memcpy(want.data() + begin, data.data(), bytes);
+  const std::vector<uint8_t> on_disk = ReadFile(path, kFileBytes);
+  for (size_t i = 0; i < kFileBytes; ++i) {
+    ASSERT_EQ(on_disk[i], want[i]) << "file byte " << i;
+  }
+
+  std::vector<uint8_t> in(bytes + 64, 0xee);
+  ASSERT_EQ(model->Pull(first, reinterpret_cast<float*>(in.data() + skew),
+                        count),
+            0)
+      << model->last_error();
+  ASSERT_EQ(memcmp(in.data() + skew, data.data(), bytes), 0);
+  for (size_t i = 0; i < skew; ++i) ASSERT_EQ(in[i], 0xee);
+  for (size_t i = skew + bytes; i < in.size(); ++i) ASSERT_EQ(in[i], 0xee);
+  unlink(path.c_str());
+}
+
+const IoShape kShapes[] = {{4 << 10, 1}, {64 << 10, 4}, {1 << 20, 16}};
+
+TEST(FileDevice, RoundTripIsExactForEveryRequestShape) {
+  for (const IoShape& shape : kShapes) {
+    for (size_t skew : {0, 4}) {
+      // Aligned whole file, aligned middle, unaligned start and end.
+      ExpectRoundTrip(TmpDir(), shape, 0, 1 << 20, skew, 1);
+      ExpectRoundTrip(TmpDir(), shape, 1024, 300000, skew, 2);
+      ExpectRoundTrip(TmpDir(), shape, 1001, 654321, skew, 3);
+      ExpectRoundTrip(TmpDir(), shape, 130, 100, skew, 4);
+    }
+  }
+}
+
+TEST(FileDevice, RoundTripIsExactOnTmpfs) {
+  for (const IoShape& shape : kShapes) {
+    ExpectRoundTrip("/dev/shm", shape, 1001, 654321, 4, 5);
+  }
+}
+
+// Records the flags of every open and refuses O_DIRECT as tmpfs did before
+// Linux 6.6.
+std::vector<int> open_flags;
+int OpenRefusingDirect(const char* path, int flags) {
+  open_flags.push_back(flags);
+  if ((flags & O_DIRECT) != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  return open(path, flags);
+}
+int OpenRecording(const char* path, int flags) {
+  open_flags.push_back(flags);
+  return open(path, flags);
+}
+
+TEST(FileDevice, OpensWithODirect) {
+  const std::string path = MakeFile(TmpDir(), std::vector<uint8_t>(8192));
+  open_flags.clear();
+  Status status;
+  std::unique_ptr<Device> device =
+      OpenFileDeviceWith(path, OpenRecording, &status);
+  ASSERT_NE(device, nullptr) << status.message();
+  ASSERT_FALSE(open_flags.empty());
+  EXPECT_NE(open_flags[0] & O_DIRECT, 0);
+  unlink(path.c_str());
+}
+
+TEST(FileDevice, RefusedODirectFallsBackToBufferedAndSaysSoOnce) {
+  constexpr size_t kBytes = 1 << 20;
+  const std::vector<uint8_t> before = Pattern(kBytes, 6);
+  const std::string path = MakeFile("/dev/shm", before);
+  open_flags.clear();
+  Status status;
+  ::testing::internal::CaptureStderr();
+  std::unique_ptr<Device> device =
+      OpenFileDeviceWith(path, OpenRefusingDirect, &status);
+  ASSERT_NE(device, nullptr) << status.message();
+
+  // Unaligned memory, unaligned range, several requests in flight.
+  const std::vector<uint8_t> data = Pattern(100000, 7);
+  std::vector<uint8_t> out(data.size() + 8);
+  memcpy(out.data() + 4, data.data(), data.size());
+  {
+    TransferPlan plan(Direction::kWrite, 1000, out.data() + 4, data.size(),
+                      kBlock, 16 << 10);
+    ASSERT_TRUE(device->Transfer(Direction::kWrite, plan.requests(), 4).ok());
+  }
+  std::vector<uint8_t> in(data.size() + 8);
+  {
+    TransferPlan plan(Direction::kRead, 1000, in.data() + 4, data.size(),
+                      kBlock, 16 << 10);
+    ASSERT_TRUE(device->Transfer(Direction::kRead, plan.requests(), 4).ok());
+    plan.FinishRead();
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+
+  EXPECT_EQ(memcmp(in.data() + 4, data.data(), data.size()), 0);
+  const std::vector<uint8_t> on_disk = ReadFile(path, kBytes);
+  EXPECT_EQ(memcmp(on_disk.data() + 1000, data.data(), data.size()), 0);
+  EXPECT_EQ(memcmp(on_disk.data() + 1024 * 100, before.data() + 1024 * 100,
+                   kBytes - 1024 * 100),
+            0);
+  EXPECT_EQ(said.rfind("blkps: ", 0), 0u) << said;
+  EXPECT_NE(said.find("O_DIRECT"), std::string::npos) << said;
+  EXPECT_EQ(said.find('\n'), said.size() - 1) << "one line: " << said;
+  ASSERT_EQ(open_flags.size(), 2u);
+  EXPECT_EQ(open_flags[1] & O_DIRECT, 0);
+  unlink(path.c_str());
+}
+
+TEST(FileDevice, ShrunkFileFailsWithEndOfFile) {
+  const std::string path =
+      MakeFile(TmpDir(), std::vector<uint8_t>(1 << 20, 1));
+  OpenOptions options;
+  options.request_bytes = 64 << 10;
+  options.queue_depth = 4;
+  std::string error;
+  std::unique_ptr<Model> model = Model::Open(path, options, &error);
+  ASSERT_NE(model, nullptr) << error;
+  ASSERT_EQ(truncate(path.c_str(), 256 << 10), 0);
+
+  std::vector<float> weights((1 << 20) / sizeof(float));
+  EXPECT_EQ(model->Pull(0, weights.data(), weights.size()), -EIO);
+  EXPECT_NE(model->last_error().find("end of file"), std::string::npos)
+      << model->last_error();
+  EXPECT_EQ(model->last_error().find('\n'), std::string::npos);
+  // The part still on the file reads fine.
+  EXPECT_EQ(model->Pull(0, weights.data(), (256 << 10) / sizeof(float)), 0)
+      << model->last_error();
+  unlink(path.c_str());
+}
+
+// A measurement, not a check: run with --gtest_also_run_disabled_tests.
+TEST(FileDevice, DISABLED_PrintsThroughputOf64MiBPushAndPull) {
+  constexpr size_t kBytes = 64 << 20;
+  const std::string path = MakeFile(TmpDir(), std::vector<uint8_t>(kBytes));
+  std::vector<float> buffer(kBytes / sizeof(float), 1.0f);
+  auto mib_per_s = [](std::chrono::steady_clock::duration elapsed) {
+    return 64.0 / std::chrono::duration<double>(elapsed).count();
+  };
+  auto now = [] { return std::chrono::steady_clock::now(); };
+
+  OpenOptions options;
+  options.request_bytes = 1 << 20;
+  options.queue_depth = 16;
+  std::string error;
+  std::unique_ptr<Model> model = Model::Open(path, options, &error);
+  ASSERT_NE(model, nullptr) << error;
+  // The vector's memory is not 512-byte aligned (malloc): it goes through the
+  // bounce buffers. `aligned` goes straight to the device.
+  float* aligned = static_cast<float*>(aligned_alloc(4096, kBytes));
+  ASSERT_NE(aligned, nullptr);
+  memset(aligned, 0, kBytes);
+  for (int round = 0; round < 3; ++round) {
+    auto start = now();
+    ASSERT_EQ(model->Push(0, aligned, buffer.size()), 0);
+    ASSERT_EQ(model->Sync(), 0);
+    const double push = mib_per_s(now() - start);
+    start = now();
+    ASSERT_EQ(model->Pull(0, aligned, buffer.size()), 0);
+    const double pull = mib_per_s(now() - start);
+    start = now();
+    ASSERT_EQ(model->Push(0, buffer.data(), buffer.size()), 0);
+    ASSERT_EQ(model->Sync(), 0);
+    const double bounced_push = mib_per_s(now() - start);
+    start = now();
+    ASSERT_EQ(model->Pull(0, buffer.data(), buffer.size()), 0);
+    const double bounced_pull = mib_per_s(now() - start);
+
+    // Plain buffered pwrite/pread in 1 MiB pieces, one at a time.
+    const int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(buffer.data());
+    start = now();
+    for (size_t off = 0; off < kBytes; off += 1 << 20) {
+      ASSERT_EQ(pwrite(fd, bytes + off, 1 << 20, off), 1 << 20);
+    }
+    ASSERT_EQ(fsync(fd), 0);
+    const double plain_push = mib_per_s(now() - start);
+    start = now();
+    for (size_t off = 0; off < kBytes; off += 1 << 20) {
+      ASSERT_EQ(pread(fd, bytes + off, 1 << 20, off), 1 << 20);
+    }
+    const double warm_pull = mib_per_s(now() - start);
+    ASSERT_EQ(posix_fadvise(fd, 0, kBytes, POSIX_FADV_DONTNEED), 0);
+    start = now();
+    for (size_t off = 0; off < kBytes; off += 1 << 20) {
+      ASSERT_EQ(pread(fd, bytes + off, 1 << 20, off), 1 << 20);
+    }
+    const double cold_pull = mib_per_s(now() - start);
+    close(fd);
+    printf("round %d: libaio O_DIRECT 1 MiB x 16: push+fsync %.0f MiB/s, "
+           "pull %.0f MiB/s (aligned memory), %.0f and %.0f MiB/s (bounced) "
+           "| pwrite/pread 1 MiB: push+fsync %.0f MiB/s, pull %.0f MiB/s "
+           "from the page cache, %.0f MiB/s after dropping it\n",
+           round, push, pull, bounced_push, bounced_pull, plain_push,
+           warm_pull, cold_pull);
+  }
+  free(aligned);
+  unlink(path.c_str());
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 //
 // Implementations:
 //   file_device.cc   a regular file or a block device (/dev/sdX of a kernel
-//                    iSCSI/iSER session), pread/pwrite.
+//                    iSCSI/iSER session), libaio with O_DIRECT; buffered
+//                    I/O (same path) where the file system refuses O_DIRECT,
+//                    announced once on stderr.
 //   iscsi_device.cc  iscsi:// and iser:// through libiscsi, one session.
 //
 // Thread-safety: a Device is used by one thread at a time (libiscsi allows one
@@ -84,6 +86,13 @@ std::unique_ptr<Device> OpenDevice(const std::string& target,
                                    Status* status);
 
 std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status);
+// OpenFileDevice with `open_file` in place of open(2) (same arguments, -1 and
+// errno on failure), so that tests can refuse O_DIRECT as some file systems
+// do.
+using OpenFileFn = int (*)(const char* path, int flags);
+std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
+                                           OpenFileFn open_file,
+                                           Status* status);
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
                                         const std::string& initiator_name,
                                         Status* status);

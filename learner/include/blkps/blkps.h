@@ -39,8 +39,9 @@ typedef struct blkps_open_options {
    * most buf_sz_kb = 512 KiB per command unless configured otherwise).
    * Capped at the largest transfer the device accepts. */
   uint32_t request_bytes;
-  /* Requests kept in flight; 0 = default 16. Files and block devices run
-   * their requests one at a time for now (pread/pwrite). */
+  /* Requests kept in flight; 0 = default 16. Files and block devices use
+   * libaio with O_DIRECT (buffered, said once on stderr, where O_DIRECT is
+   * refused); iscsi:// and iser:// use libiscsi's asynchronous tasks. */
   uint32_t queue_depth;
   /* iSCSI initiator IQN; NULL = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
    * Copied during blkps_open. */

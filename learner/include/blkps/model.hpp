@@ -42,8 +42,8 @@ struct OpenOptions {
   // one); 0 = 1 MiB, or 512 KiB for iser:// (tgt's iSER default limit).
   // Capped at the largest transfer the device accepts.
   uint32_t request_bytes = 0;
-  // Requests in flight; 0 = 16. Files and block devices run their requests
-  // one at a time for now (pread/pwrite).
+  // Requests in flight; 0 = 16. Files and block devices use libaio with
+  // O_DIRECT (buffered, said once on stderr, where O_DIRECT is refused).
   uint32_t queue_depth = 0;
   // iSCSI initiator IQN; empty = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
   std::string initiator_name;
