@@ -302,7 +302,9 @@ void Job::Tick() {
       }
       dead += clocks_.live(k) ? 0 : 1;
     }
-    if (opts_.max_dead > 0 && dead >= opts_.max_dead && !FailedLocked()) {
+    // Only a new death fails the job: after resume=1 it goes on with the
+    // live learners until another one dies.
+    if (died && opts_.max_dead > 0 && dead >= opts_.max_dead && !FailedLocked()) {
       failure_ = "job failed: " + std::to_string(dead) + " of " + std::to_string(slots_.size()) +
                  " learners are dead (max_dead=" + std::to_string(opts_.max_dead) +
                  "); learner I/O fails until a control write of resume=1";

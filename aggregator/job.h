@@ -24,7 +24,8 @@
 // declared dead (logged), and bsp/ssp go on with the live learners. Its next
 // I/O rejoins it (logged). When the dead reach max_dead (if set), the job
 // fails: every learner I/O returns Unavailable with the reason, and status
-// says why, until a control command `resume=1`.
+// says why, until a control command `resume=1`; then it goes on with the
+// live learners, and fails again when another learner dies.
 //
 // Checkpoints. Checkpoint() writes the weights, the rule's state and
 // parameters, the bsp accumulator and every clock to the checkpoint file

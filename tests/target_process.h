@@ -12,7 +12,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -43,15 +46,11 @@ class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.
   // `extra` is passed to `blkps-target start` as is (e.g. "--null-lun").
-  explicit TargetProcess(const std::string& bsopts, const std::string& extra = "") {
+  explicit TargetProcess(const std::string& bsopts, const std::string& extra = "")
+      : bsopts_(bsopts), extra_(extra) {
     char tmpl[] = "/tmp/blkps-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    start_status_ = RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " start --dir " + dir_ +
-                                   " --plugin " + BLKPS_PLUGIN + " --owner-pid " +
-                                   std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts) +
-                                   " " + extra,
-                               &start_output_);
-    if (start_status_ == 0) LoadEnv();
+    Start(extra_);
   }
 
   ~TargetProcess() {
@@ -71,6 +70,50 @@ class TargetProcess {
     return u.substr(0, u.rfind('/') + 1) + std::to_string(lun);
   }
   std::string null_url() const { return Env("NULL_URL"); }
+  // The model's status and control LUN (LUN N+1 with --luns N).
+  std::string control_url() const { return Env("CONTROL_URL"); }
+  int port() const { return std::atoi(Env("PORT").c_str()); }
+  // The state folder given to --dir (control socket, tgtd.log, target.env).
+  const std::string& dir() const { return dir_; }
+
+  // Kills tgtd with SIGKILL, as a crash would (no clean shutdown), and waits
+  // until it is gone and the --owner-pid watchdog has noticed and cleaned up
+  // after it (it removes tgtd.pid and target.env), so that Restart() cannot
+  // race that watchdog. Returns false, with the reason in *why, if that does
+  // not happen within timeout_s.
+  bool KillTgtd(std::string* why, double timeout_s = 30) {
+    const pid_t p = static_cast<pid_t>(std::atol(Env("PID").c_str()));
+    if (p <= 0 || kill(p, SIGKILL) != 0) {
+      if (why) *why = "no tgtd to kill (pid " + std::to_string(p) + ")";
+      return false;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    // tgtd is not our child: it is gone once its parent (init) has reaped it.
+    auto gone = [&] { return kill(p, 0) != 0 && errno == ESRCH; };
+    auto cleaned = [&] { return access((dir_ + "/tgtd.pid").c_str(), F_OK) != 0 &&
+                                access((dir_ + "/target.env").c_str(), F_OK) != 0; };
+    while (!(gone() && cleaned())) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        if (why) {
+          *why = !gone() ? "tgtd " + std::to_string(p) + " still exists (not reaped?) after SIGKILL"
+                         : "the --owner-pid watchdog did not clean up " + dir_ + " after tgtd died";
+        }
+        return false;
+      }
+      usleep(20000);
+    }
+    return true;
+  }
+
+  // Starts the target again in the same --dir, with the same --bsopts and
+  // options, on the same port (so that learners' sessions can reconnect), e.g.
+  // after KillTgtd(). Returns ok(); start_output() has the script's output.
+  bool Restart() {
+    const int old_port = port();
+    env_.clear();
+    Start(extra_ + (old_port > 0 ? " --port " + std::to_string(old_port) : std::string()));
+    return ok();
+  }
 
   // Everything tgtd has logged so far.
   std::string Log() const {
@@ -94,6 +137,14 @@ class TargetProcess {
   }
 
  private:
+  void Start(const std::string& extra) {
+    start_status_ = RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " start --dir " + dir_ +
+                                   " --plugin " + BLKPS_PLUGIN + " --owner-pid " +
+                                   std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts_) +
+                                   " " + extra,
+                               &start_output_);
+    if (start_status_ == 0) LoadEnv();
+  }
   void LoadEnv() {
     std::ifstream in(dir_ + "/target.env");
     std::string line;
@@ -107,6 +158,7 @@ class TargetProcess {
     return it == env_.end() ? "" : it->second;
   }
 
+  const std::string bsopts_, extra_;
   std::string dir_;
   int start_status_ = -1;
   std::string start_output_;
