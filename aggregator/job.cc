@@ -363,8 +363,7 @@ Status Job::Checkpoint() {
       std::lock_guard<std::mutex> lock(mu_);
       clocks = clocks_.Save();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
-      step = UINT64_MAX;
-      for (uint64_t b = 0; b < clocks_.num_blocks(); ++b) step = std::min(step, clocks_.version(b));
+      step = clocks_.global_step();
     }
     meta["step"] = std::to_string(step);
     for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
@@ -468,11 +467,6 @@ std::string Job::StatusJson() const {
   const Clock::time_point now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   const Model& m = *model_;
-  uint64_t step = UINT64_MAX, updates = 0;
-  for (uint64_t b = 0; b < clocks_.num_blocks(); ++b) {
-    step = std::min(step, clocks_.version(b));
-    updates += clocks_.version(b);
-  }
   size_t live = 0;
   for (size_t k = 0; k < slots_.size(); ++k) live += clocks_.live(k) ? 1 : 0;
   j << "{\n";
@@ -490,8 +484,8 @@ std::string Job::StatusJson() const {
     sep = ", ";
   }
   j << "},\n";
-  j << "  \"global_step\": " << step << ",\n";
-  j << "  \"updates\": " << updates << ",\n";
+  j << "  \"global_step\": " << clocks_.global_step() << ",\n";
+  j << "  \"updates\": " << clocks_.updates() << ",\n";
   j << "  \"rejected_writes\": " << rejected_writes_.load() << ",\n";
   j << "  \"held_now\": " << held_.size() << ",\n";
   j << "  \"uptime_s\": " << Fixed(Seconds(now - started_), 3) << ",\n";

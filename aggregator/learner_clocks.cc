@@ -115,6 +115,18 @@ uint32_t LearnerClocks::FinishRound(uint64_t b) {
   return given;
 }
 
+uint64_t LearnerClocks::global_step() const {
+  uint64_t least = std::numeric_limits<uint64_t>::max();
+  for (const Block& block : blocks_) least = std::min(least, block.version);
+  return blocks_.empty() ? 0 : least;
+}
+
+uint64_t LearnerClocks::updates() const {
+  uint64_t sum = 0;
+  for (const Block& block : blocks_) sum += block.version;
+  return sum;
+}
+
 uint64_t LearnerClocks::iteration(size_t l) const {
   uint64_t least = std::numeric_limits<uint64_t>::max();
   for (const LearnerBlock& mine : learners_[l].blocks) least = std::min(least, mine.clock);

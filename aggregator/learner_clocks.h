@@ -87,6 +87,9 @@ class LearnerClocks {
   // Updates applied to block b so far: bsp rounds; in async/ssp, complete
   // gradients.
   uint64_t version(uint64_t b) const { return blocks_[b].version; }
+  // The job's global step: the least version over the blocks; and the sum.
+  uint64_t global_step() const;
+  uint64_t updates() const;
   uint64_t clock(size_t l, uint64_t b) const { return learners_[l].blocks[b].clock; }
   // Learner l's iteration: its least clock over all blocks.
   uint64_t iteration(size_t l) const;

@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "raw_lun.h"
 #include "target_process.h"
 
 namespace blkps_test {
@@ -185,68 +186,6 @@ std::string JsonValue(const std::string& json, const std::string& key) {
 
 // ---- Raw SCSI ----------------------------------------------------------------
 
-// One iSCSI session on one LUN, sending READ(16) / WRITE(16) itself so that a
-// test sees the exact SCSI status and sense data.
-class RawLun {
- public:
-  explicit RawLun(const std::string& url) {
-    ctx_ = iscsi_create_context(InitiatorName("raw").c_str());
-    url_ = iscsi_parse_full_url(ctx_, url.c_str());
-    if (!url_) return;
-    iscsi_set_targetname(ctx_, url_->target);
-    iscsi_set_session_type(ctx_, ISCSI_SESSION_NORMAL);
-    iscsi_set_header_digest(ctx_, ISCSI_HEADER_DIGEST_NONE);
-    connected_ = iscsi_full_connect_sync(ctx_, url_->portal, url_->lun) == 0;
-    // A command the server never answers fails the test instead of hanging
-    // it (the longest the tests expect to wait is a 1 s hold limit).
-    iscsi_set_timeout(ctx_, 15);
-  }
-  ~RawLun() {
-    if (connected_) iscsi_logout_sync(ctx_);
-    if (url_) iscsi_destroy_url(url_);
-    iscsi_destroy_context(ctx_);
-  }
-  RawLun(const RawLun&) = delete;
-  RawLun& operator=(const RawLun&) = delete;
-
-  bool connected() const { return connected_; }
-  std::string error() const { return iscsi_get_error(ctx_); }
-
-  // READ(16) of `blocks` logical blocks at `lba`; the data into *data if
-  // given. Returns "GOOD", "sense <key> <asc><ascq>" or what else happened.
-  std::string Read(uint64_t lba, uint32_t blocks, std::vector<uint8_t>* data = nullptr) {
-    scsi_task* t = iscsi_read16_sync(ctx_, url_->lun, lba, blocks * kLbaBytes, kLbaBytes, 0, 0, 0, 0, 0);
-    return Finish(t, data);
-  }
-  // WRITE(16) of `data` (a multiple of 512 bytes) at `lba`.
-  std::string Write(uint64_t lba, std::vector<uint8_t> data) {
-    scsi_task* t = iscsi_write16_sync(ctx_, url_->lun, lba, data.data(), data.size(), kLbaBytes, 0, 0, 0, 0, 0);
-    return Finish(t, nullptr);
-  }
-
- private:
-  std::string Finish(scsi_task* t, std::vector<uint8_t>* data) {
-    if (!t) return "no task: " + error();
-    std::string r;
-    if (t->status == SCSI_STATUS_GOOD) {
-      r = "GOOD";
-      if (data) data->assign(t->datain.data, t->datain.data + t->datain.size);
-    } else if (t->status == SCSI_STATUS_CHECK_CONDITION) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "sense 0x%x 0x%04x", static_cast<unsigned>(t->sense.key),
-                    static_cast<unsigned>(t->sense.ascq));
-      r = buf;
-    } else {
-      r = "status " + std::to_string(t->status) + ": " + error();
-    }
-    scsi_free_scsi_task(t);
-    return r;
-  }
-
-  iscsi_context* ctx_ = nullptr;
-  iscsi_url* url_ = nullptr;
-  bool connected_ = false;
-};
 
 // `text` NUL-padded to whole logical blocks, as a control write.
 std::vector<uint8_t> ControlText(const std::string& text) {
@@ -255,11 +194,6 @@ std::vector<uint8_t> ControlText(const std::string& text) {
   return bytes;
 }
 
-std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
-  std::vector<uint8_t> bytes(v.size() * sizeof(float));
-  std::memcpy(bytes.data(), v.data(), bytes.size());
-  return bytes;
-}
 
 // ---- A learner in a child process, to be killed ------------------------------
 
@@ -404,7 +338,7 @@ TEST(ServerSemantics, BspWithFourLearnersGivesExactlyTheSequentialWeights) {
   for (int l = 0; l < kLearners; ++l) EXPECT_EQ(errors[l], "") << "learner " << l << " (LUN " << l + 1 << ")";
 
   // The weights window of the control LUN (no consistency gate) agrees.
-  RawLun control(target.control_url());
+  RawLun control(target.control_url(), InitiatorName("raw"));
   ASSERT_TRUE(control.connected()) << control.error();
   std::vector<uint8_t> bytes;
   ASSERT_EQ(control.Read(kWeightsOffset / kLbaBytes, kLbas, &bytes), "GOOD");
@@ -643,7 +577,7 @@ TEST(ServerSemantics, ReachingMaxDeadFailsTheJobClearly) {
   ASSERT_FALSE(failure.empty()) << "learner I/O never failed after the death of 1 of 2 learners with max_dead=1";
   EXPECT_TRUE(Contains(failure, "0x0403")) << failure;
 
-  RawLun raw(target.url(1));
+  RawLun raw(target.url(1), InitiatorName("raw"));
   ASSERT_TRUE(raw.connected()) << raw.error();
   EXPECT_EQ(raw.Read(0, 8), kJobFailedSense);
   EXPECT_EQ(raw.Write(0, FloatBytes(std::vector<float>(kLbaParams, 1.0f))), kJobFailedSense);
@@ -652,7 +586,7 @@ TEST(ServerSemantics, ReachingMaxDeadFailsTheJobClearly) {
   EXPECT_TRUE(Contains(JsonValue(status, "failure"), "max_dead=1")) << status;
   EXPECT_TRUE(Contains(target.Log(), "max_dead=1")) << target.Log();
 
-  RawLun control(target.control_url());
+  RawLun control(target.control_url(), InitiatorName("raw"));
   ASSERT_TRUE(control.connected()) << control.error();
   ASSERT_EQ(control.Write(kControlOffset / kLbaBytes, ControlText("resume=1\n")), "GOOD");
   EXPECT_EQ(raw.Read(0, 8), "GOOD");
@@ -677,7 +611,7 @@ TEST(ServerSemantics, ReachingMaxDeadFailsTheJobClearly) {
 TEST(ServerSemantics, HeldReadFailsAtTheHoldLimitWithAClearSense) {
   TargetProcess target(Bsopts("mode=bsp;lr=1;hold_limit=1;dead_after=20"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  RawLun a(target.url(1));
+  RawLun a(target.url(1), InitiatorName("raw"));
   ASSERT_TRUE(a.connected()) << a.error();
   const std::vector<uint8_t> ones = FloatBytes(std::vector<float>(kLbas * kLbaParams, 1.0f));
   ASSERT_EQ(a.Write(0, ones), "GOOD");
@@ -692,7 +626,7 @@ TEST(ServerSemantics, HeldReadFailsAtTheHoldLimitWithAClearSense) {
   EXPECT_EQ(JsonValue(LearnerStatus(status, 2), "state"), "\"live\"") << status;
 
   // Once B gives its gradient, the round completes and A reads its mean.
-  RawLun b(target.url(2));
+  RawLun b(target.url(2), InitiatorName("raw"));
   ASSERT_TRUE(b.connected()) << b.error();
   ASSERT_EQ(b.Write(0, ones), "GOOD");
   std::vector<uint8_t> bytes;
@@ -716,7 +650,7 @@ TEST(ServerSemantics, FsyncCheckpointSurvivesKill9OfTgtd) {
   ASSERT_TRUE(b) << error;
   // A learning rate set through the control LUN is part of what is saved.
   {
-    RawLun control(target.control_url());
+    RawLun control(target.control_url(), InitiatorName("raw"));
     ASSERT_TRUE(control.connected()) << control.error();
     ASSERT_EQ(control.Write(kControlOffset / kLbaBytes, ControlText("lr=0.005\n")), "GOOD");
   }
@@ -818,7 +752,7 @@ TEST(ServerSemantics, CorruptCheckpointIsRefusedAtLunCreation) {
 TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
   TargetProcess target(Bsopts("lr=1"));
   ASSERT_TRUE(target.ok()) << target.start_output();
-  RawLun control(target.control_url());
+  RawLun control(target.control_url(), InitiatorName("raw"));
   ASSERT_TRUE(control.connected()) << control.error();
   std::string error;
   auto a = OpenModel(target.url(), "a", &error);

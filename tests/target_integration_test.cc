@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "raw_lun.h"
 #include "target_process.h"
 
 namespace blkps_test {
@@ -180,80 +181,40 @@ TEST(Target, LunsNamingOneModelAreWindowsOntoIt) {
       << target.Log();
 }
 
-// Raw SCSI access, bypassing libblkps's own range checks.
-class RawLun {
- public:
-  explicit RawLun(const std::string& url) {
-    ctx_ = iscsi_create_context("iqn.2026-11.io.blkps:test-raw");
-    url_ = iscsi_parse_full_url(ctx_, url.c_str());
-    if (!url_) return;
-    iscsi_set_targetname(ctx_, url_->target);
-    iscsi_set_session_type(ctx_, ISCSI_SESSION_NORMAL);
-    iscsi_set_header_digest(ctx_, ISCSI_HEADER_DIGEST_NONE);
-    connected_ = iscsi_full_connect_sync(ctx_, url_->portal, url_->lun) == 0;
-  }
-  ~RawLun() {
-    if (connected_) iscsi_logout_sync(ctx_);
-    if (url_) iscsi_destroy_url(url_);
-    iscsi_destroy_context(ctx_);
-  }
-  bool connected() const { return connected_; }
-  const char* error() { return iscsi_get_error(ctx_); }
-
-  // Sends WRITE(16) or READ(16); returns "GOOD" or "sense KEY ASC/ASCQ".
-  std::string Io(bool write, uint64_t lba, std::vector<float>* data) {
-    scsi_task* t = write ? iscsi_write16_sync(ctx_, url_->lun, lba, reinterpret_cast<unsigned char*>(data->data()),
-                                              data->size() * 4, 512, 0, 0, 0, 0, 0)
-                         : iscsi_read16_sync(ctx_, url_->lun, lba, data->size() * 4, 512, 0, 0, 0, 0, 0);
-    if (!t) return std::string("no task: ") + error();
-    std::string r;
-    if (t->status == SCSI_STATUS_GOOD) {
-      r = "GOOD";
-      if (!write) std::memcpy(data->data(), t->datain.data, data->size() * 4);
-    } else if (t->status == SCSI_STATUS_CHECK_CONDITION) {
-      char buf[64];
-      snprintf(buf, sizeof buf, "sense %s 0x%04x", scsi_sense_key_str(t->sense.key), t->sense.ascq);
-      r = buf;
-    } else {
-      r = "status " + std::to_string(t->status);
-    }
-    scsi_free_scsi_task(t);
-    return r;
-  }
-
- private:
-  iscsi_context* ctx_ = nullptr;
-  iscsi_url* url_ = nullptr;
-  bool connected_ = false;
-};
 
 TEST(Target, OutOfRangeIoGetsIllegalRequestAndTargetKeepsServing) {
   TargetProcess target("params=1000;lr=1");  // 4096-byte device: LBAs 0..7
   ASSERT_TRUE(target.ok()) << target.start_output();
-  RawLun lun(target.url());
+  RawLun lun(target.url(), "iqn.2026-11.io.blkps:test-raw");
   ASSERT_TRUE(lun.connected()) << lun.error();
-  std::vector<float> data(256, 1.0f);  // two 512-byte blocks
-  EXPECT_EQ(lun.Io(false, 7, &data), "sense ILLEGAL_REQUEST 0x2100");   // LBA OUT OF RANGE
-  EXPECT_EQ(lun.Io(true, 7, &data), "sense ILLEGAL_REQUEST 0x2100");
-  EXPECT_EQ(lun.Io(false, UINT64_MAX - 1, &data), "sense ILLEGAL_REQUEST 0x2100");
-  EXPECT_EQ(lun.Io(true, 6, &data), "GOOD");
-  EXPECT_EQ(lun.Io(false, 6, &data), "GOOD");
-  EXPECT_EQ(data[0], -1.0f);
+  const std::vector<uint8_t> ones = FloatBytes(std::vector<float>(256, 1.0f));  // two 512-byte blocks
+  const char kLbaOutOfRange[] = "sense 0x5 0x2100";  // ILLEGAL REQUEST, LBA OUT OF RANGE
+  EXPECT_EQ(lun.Read(7, 2), kLbaOutOfRange);
+  EXPECT_EQ(lun.Write(7, ones), kLbaOutOfRange);
+  EXPECT_EQ(lun.Read(UINT64_MAX - 1, 2), kLbaOutOfRange);
+  EXPECT_EQ(lun.Write(6, ones), "GOOD");
+  std::vector<uint8_t> data;
+  EXPECT_EQ(lun.Read(6, 2, &data), "GOOD");
+  ASSERT_EQ(data.size(), 1024u);
+  float first;
+  std::memcpy(&first, data.data(), sizeof first);
+  EXPECT_EQ(first, -1.0f);
   EXPECT_TRUE(target.TgtdAlive());
 }
 
 TEST(Target, NonFiniteGradientIsRejectedAndNothingApplied) {
   TargetProcess target("params=1000;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  RawLun lun(target.url());
+  RawLun lun(target.url(), "iqn.2026-11.io.blkps:test-raw");
   ASSERT_TRUE(lun.connected()) << lun.error();
   std::vector<float> g(1024, 1.0f);
   g[900] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(lun.Io(true, 0, &g), "sense ILLEGAL_REQUEST 0x2600");  // INVALID FIELD IN PARAMETER LIST
+  EXPECT_EQ(lun.Write(0, FloatBytes(g)), "sense 0x5 0x2600");  // ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST
   EXPECT_NE(target.Log().find("gradient for parameter 900 is NaN"), std::string::npos) << target.Log();
-  std::vector<float> w(1024, 5.0f);
-  EXPECT_EQ(lun.Io(false, 0, &w), "GOOD");
-  for (float x : w) ASSERT_EQ(x, 0.0f);
+  std::vector<uint8_t> w;
+  EXPECT_EQ(lun.Read(0, 8, &w), "GOOD");
+  ASSERT_EQ(w.size(), 4096u);
+  for (uint8_t x : w) ASSERT_EQ(x, 0);
 
   // Through the library the same write fails with a clear message.
   ModelHandle h(target.url());
