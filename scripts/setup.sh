@@ -3,14 +3,22 @@
 #   - the Debian packages it builds and runs with;
 #   - tgt's headers for the installed tgt version, from Debian's source package
 #     (unpacked under build/deps/, never committed).
+#   - with --bench, also what bench/ needs (plots, OpenMPI, PyTorch for gloo
+#     and the PyTorch example).
 # Idempotent: a second run checks and returns in a second or two.
-# Usage: scripts/setup.sh [--quiet]
+# Usage: scripts/setup.sh [--quiet] [--bench]
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 deps="$top/build/deps"
-quiet=0
-[ "${1:-}" = "--quiet" ] && quiet=1
+quiet=0 bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --quiet) quiet=1 ;;
+    --bench) bench=1 ;;
+    *) echo "setup: error: unknown option '$arg' (use --quiet, --bench)" >&2; exit 2 ;;
+  esac
+done
 say() { [ "$quiet" = 1 ] || echo "setup: $*"; }
 die() { echo "setup: error: $*" >&2; exit 1; }
 
@@ -20,8 +28,12 @@ packages=(
   rdma-core libibverbs-dev librdmacm-dev
   fio fuse3 libfuse3-dev libgtest-dev
   python3 python3-numpy python3-sklearn
-  dpkg-dev iproute2 procps
+  dpkg-dev iproute2 procps shellcheck
 )
+bench_packages=(
+  python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3
+)
+[ "$bench" = 1 ] && packages+=("${bench_packages[@]}")
 
 [ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages): sudo $0"
 export DEBIAN_FRONTEND=noninteractive
