@@ -40,7 +40,9 @@ rm -f "$state/digits-mlp.ckpt"  # a fresh model each run
 "$top/scripts/blkps-target" start --dir "$state" --name digits-mlp --transport "$transport" --luns "$learners" \
   --bsopts "params=$params;rule=sgd;lr=$lr;init=normal:0.1;seed=1;mode=$mode;checkpoint=$state/digits-mlp.ckpt" \
   >/dev/null
+# shellcheck source=/dev/null  # written by blkps-target: URL, URLS, CONTROL_URL, ...
 . "$state/target.env"
+# shellcheck disable=SC2153  # URLS comes from target.env
 read -r -a urls <<<"$URLS"
 echo "demo: learner devices ${urls[*]}; control device $CONTROL_URL"
 

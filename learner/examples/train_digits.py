@@ -8,9 +8,10 @@ gradient with numpy and pushes it; the server applies w -= lr * g.
                   [--control URL --lr-decay F]   learning-rate schedule
   train_digits.py --target URL --evaluate      held-out test accuracy
 
-The data is Debian's python3-sklearn copy of the UCI digits (1797 8x8
-images, 10 classes), split 75/25 with a fixed seed; learner K of N trains on
-every N-th training example starting at K. TARGET is anything libblkps
+The data split and the MLP are in digits_mlp.py (shared with
+plain_digits.py and torch_digits.py): Debian's python3-sklearn copy of the
+UCI digits, split 75/25 with a fixed seed; learner K of N trains on every
+N-th training example starting at K. TARGET is anything libblkps
 opens: iscsi://host:port/iqn/lun, iser://..., or a file or block device.
 
 With --control (the model's control LUN) and --lr-decay F, this learner
@@ -24,65 +25,10 @@ import sys
 import time
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import blkps  # noqa: E402
-
-INPUTS, CLASSES = 64, 10
-
-
-class Mlp:
-    """64 -> hidden (ReLU) -> 10 (softmax). The flat parameter vector is laid
-    out as W1 (64 x hidden), b1, W2 (hidden x 10), b2: the device layout."""
-
-    def __init__(self, hidden):
-        self.shapes = [(INPUTS, hidden), (hidden,), (hidden, CLASSES), (CLASSES,)]
-        self.num_params = sum(int(np.prod(s)) for s in self.shapes)
-
-    def unflatten(self, flat):
-        parts, at = [], 0
-        for s in self.shapes:
-            n = int(np.prod(s))
-            parts.append(flat[at:at + n].reshape(s))
-            at += n
-        return parts
-
-    def forward(self, flat, x):
-        w1, b1, w2, b2 = self.unflatten(flat)
-        h = np.maximum(x @ w1 + b1, 0.0)
-        logits = h @ w2 + b2
-        logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=1, keepdims=True)
-        return h, p
-
-    def loss_and_gradient(self, flat, x, y):
-        w1, b1, w2, b2 = self.unflatten(flat)
-        h, p = self.forward(flat, x)
-        n = x.shape[0]
-        loss = -np.log(p[np.arange(n), y] + 1e-12).mean()
-        dlogits = p.copy()
-        dlogits[np.arange(n), y] -= 1.0
-        dlogits /= n
-        dw2 = h.T @ dlogits
-        db2 = dlogits.sum(axis=0)
-        dh = (dlogits @ w2.T) * (h > 0)
-        dw1 = x.T @ dh
-        db1 = dh.sum(axis=0)
-        grad = np.concatenate([dw1.ravel(), db1, dw2.ravel(), db2]).astype(np.float32)
-        return loss, grad, p
-
-    def accuracy(self, flat, x, y):
-        return float((self.forward(flat, x)[1].argmax(axis=1) == y).mean())
-
-
-def load_data():
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    return train_test_split(x, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
-
+from digits_mlp import Mlp, learner_data, learner_rng, load_data  # noqa: E402
 
 CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
 
@@ -97,18 +43,13 @@ def set_server_lr(control, lr):
 
 
 def train(args, mlp):
-    x_train, _, y_train, _ = load_data()
-    x, y = x_train[args.learner::args.learners], y_train[args.learner::args.learners]
-    rng = np.random.default_rng(1000 + args.learner)
+    x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
+    rng = learner_rng(args.learner)
     tag = f"learner {args.learner}"
     control = blkps.Model(args.control) if args.control else None
     lr = server_lr(control) if control else None
     with blkps.Model(args.target) as model:
         weights = np.empty(mlp.num_params, dtype=np.float32)
-        # The same number of iterations for every learner (shards differ by
-        # at most one image): in bsp a learner that stopped early would hold
-        # the others back until the server declares it dead.
-        steps_per_epoch = max(1, len(x_train) // args.learners // args.batch)
         pushed = pulled = 0
         push_seconds = pull_seconds = 0.0
         window_loss, window_correct, window_seen = 0.0, 0, 0

@@ -1,0 +1,87 @@
+"""The digits model shared by the example learners: the data split and a
+small MLP with its flat parameter layout. No I/O: the learners differ only in
+how they move the flat vector to and from the model device.
+
+The data is Debian's python3-sklearn copy of the UCI digits (1797 8x8
+images, 10 classes), split 75/25 with a fixed seed; learner K of N trains on
+every N-th training example starting at K (learner_data).
+
+The flat parameter vector (float32; parameter i at device byte 4*i) is
+W1 (64 x hidden, row-major), b1 (hidden), W2 (hidden x 10), b2 (10).
+"""
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+INPUTS, CLASSES = 64, 10
+
+
+class Mlp:
+    """64 -> hidden (ReLU) -> 10 (softmax). The flat parameter vector is laid
+    out as W1 (64 x hidden), b1, W2 (hidden x 10), b2: the device layout."""
+
+    def __init__(self, hidden):
+        self.shapes = [(INPUTS, hidden), (hidden,), (hidden, CLASSES), (CLASSES,)]
+        self.num_params = sum(int(np.prod(s)) for s in self.shapes)
+
+    def unflatten(self, flat):
+        """Views (no copies) of W1, b1, W2, b2 over the flat vector."""
+        parts, at = [], 0
+        for s in self.shapes:
+            n = int(np.prod(s))
+            parts.append(flat[at:at + n].reshape(s))
+            at += n
+        return parts
+
+    def forward(self, flat, x):
+        w1, b1, w2, b2 = self.unflatten(flat)
+        h = np.maximum(x @ w1 + b1, 0.0)
+        logits = h @ w2 + b2
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        return h, p
+
+    def loss_and_gradient(self, flat, x, y):
+        """Mean cross-entropy over the batch, its gradient as one flat float32
+        vector in the parameter layout, and the class probabilities."""
+        w1, b1, w2, b2 = self.unflatten(flat)
+        h, p = self.forward(flat, x)
+        n = x.shape[0]
+        loss = -np.log(p[np.arange(n), y] + 1e-12).mean()
+        dlogits = p.copy()
+        dlogits[np.arange(n), y] -= 1.0
+        dlogits /= n
+        dw2 = h.T @ dlogits
+        db2 = dlogits.sum(axis=0)
+        dh = (dlogits @ w2.T) * (h > 0)
+        dw1 = x.T @ dh
+        db1 = dh.sum(axis=0)
+        grad = np.concatenate([dw1.ravel(), db1, dw2.ravel(), db2]).astype(np.float32)
+        return loss, grad, p
+
+    def accuracy(self, flat, x, y):
+        return float((self.forward(flat, x)[1].argmax(axis=1) == y).mean())
+
+
+def load_data():
+    """x_train, x_test, y_train, y_test: pixels scaled to [0, 1], float32."""
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    return train_test_split(x, digits.target, test_size=0.25, random_state=0, stratify=digits.target)
+
+
+def learner_data(learner, learners, batch):
+    """Learner K of N's training examples (every N-th, starting at K) and its
+    iterations per epoch of `batch` examples. Every learner does the same
+    number of iterations (their shares differ by at most one image): in bsp a
+    learner that stopped early would hold the others back until the server
+    declares it dead."""
+    x_train, _, y_train, _ = load_data()
+    steps = max(1, len(x_train) // learners // batch)
+    return x_train[learner::learners], y_train[learner::learners], steps
+
+
+def learner_rng(learner):
+    """The minibatch order's random generator of learner K."""
+    return np.random.default_rng(1000 + learner)

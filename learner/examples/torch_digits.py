@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""A PyTorch learner: a small network trained on the digits data set through
+the model as a file (the blkps FUSE mount, a kernel initiator's disk, or a
+regular file) with plain file I/O only, no blkps library.
+
+  torch_digits.py --params                       print the model's parameter count
+  torch_digits.py --target PATH --learner K --learners N [--epochs E] [--sync]
+  torch_digits.py --target PATH --evaluate       held-out test accuracy
+
+The network's parameters live in one flat float32 buffer in the device's
+layout (parameter i at byte 4*i): W1 (64 x hidden), b1, W2 (hidden x 10), b2,
+the layout of digits_mlp.py, so this learner and train_digits.py can share a
+model. Each parameter is a torch.from_numpy view into that buffer: a pull
+(os.preadv straight into it) updates the network with no copy. Likewise each
+parameter's .grad is a view into a second flat buffer, into which autograd
+accumulates in place; that buffer is the gradient pushed with os.pwrite. The
+server applies its update rule (e.g. sgd: w -= lr * g).
+
+The data split, minibatches and learner shares are digits_mlp.py's; file
+access (O_DIRECT and aligned buffers on a block device) is plain_digits.py's
+ModelFile.
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from digits_mlp import Mlp, learner_data, learner_rng, load_data
+from plain_digits import ModelFile
+
+
+class FlatNetwork(torch.nn.Module):
+    """64 -> hidden (ReLU) -> 10 whose parameters and gradients are views
+    into two flat float32 arrays (the weights and the gradient buffers)."""
+
+    def __init__(self, hidden, weights, gradient):
+        super().__init__()
+        shapes = Mlp(hidden).shapes
+        names = ["w1", "b1", "w2", "b2"]
+        flat_weights, flat_gradient = torch.from_numpy(weights), torch.from_numpy(gradient)
+        at = 0
+        for name, shape in zip(names, shapes):
+            n = int(np.prod(shape))
+            parameter = torch.nn.Parameter(flat_weights[at:at + n].view(shape))  # shares memory
+            parameter.grad = flat_gradient[at:at + n].view(shape)  # backward adds into it
+            self.register_parameter(name, parameter)
+            at += n
+
+    def forward(self, x):
+        return F.relu(x @ self.w1 + self.b1) @ self.w2 + self.b2
+
+
+def train(args, num_params):
+    x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    rng = learner_rng(args.learner)
+    tag = f"learner {args.learner}"
+    with ModelFile(args.target, num_params) as model:
+        weights_memory, weights = model.buffer()
+        gradient_memory, gradient = model.buffer()  # padding stays zero
+        net = FlatNetwork(args.hidden, weights[:num_params], gradient[:num_params])
+        pushed = pulled = 0
+        push_seconds = pull_seconds = 0.0
+        window_loss, window_correct, window_seen = 0.0, 0, 0
+        step = 0
+        for epoch in range(args.epochs):
+            order = torch.from_numpy(rng.permutation(len(x)))
+            for b in range(steps_per_epoch):
+                idx = order[b * args.batch:(b + 1) * args.batch]
+                t0 = time.perf_counter()
+                model.pull(weights_memory)
+                t1 = time.perf_counter()
+                gradient[:] = 0.0
+                logits = net(x[idx])
+                loss = F.cross_entropy(logits, y[idx])
+                loss.backward()
+                t2 = time.perf_counter()
+                model.push(gradient_memory)
+                t3 = time.perf_counter()
+                pull_seconds += t1 - t0
+                push_seconds += t3 - t2
+                pulled += model.span
+                pushed += model.span
+                window_loss += loss.item() * len(idx)
+                window_correct += int((logits.argmax(dim=1) == y[idx]).sum())
+                window_seen += len(idx)
+                step += 1
+            print(f"{tag}: epoch {epoch + 1:3d} iteration {step:5d} loss {window_loss / window_seen:.4f} "
+                  f"train-accuracy {window_correct / window_seen:.3f} "
+                  f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
+                  f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
+            window_loss, window_correct, window_seen = 0.0, 0, 0
+        if args.sync:
+            model.sync()
+            print(f"{tag}: checkpointed the model (fsync)", flush=True)
+
+
+def evaluate(args, num_params):
+    _, x_test, _, y_test = load_data()
+    with ModelFile(args.target, num_params) as model:
+        weights_memory, weights = model.buffer()
+        _, gradient = model.buffer()
+        model.pull(weights_memory)
+    if not np.all(np.isfinite(weights[:num_params])):
+        sys.exit("torch_digits: the model holds NaN or infinite weights")
+    net = FlatNetwork(args.hidden, weights[:num_params], gradient[:num_params])
+    with torch.no_grad():
+        predicted = net(torch.from_numpy(x_test)).argmax(dim=1).numpy()
+    acc = float((predicted == y_test).mean())
+    print(f"held-out test accuracy: {acc:.4f} ({len(y_test)} images)")
+    if args.min_accuracy is not None and acc < args.min_accuracy:
+        sys.exit(f"torch_digits: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", help="the model: a file on the blkps mount, a block device, or a file")
+    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
+    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
+    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
+    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
+    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
+    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
+    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    args = ap.parse_args()
+    num_params = Mlp(args.hidden).num_params
+    if args.params:
+        print(num_params)
+        return
+    if not args.target:
+        ap.error("--target is required")
+    if not 0 <= args.learner < args.learners:
+        ap.error(f"--learner must be in [0, {args.learners})")
+    try:
+        evaluate(args, num_params) if args.evaluate else train(args, num_params)
+    except OSError as e:
+        sys.exit(f"torch_digits: {e.filename or args.target}: {e.strerror or e}")
+    except ValueError as e:
+        sys.exit(f"torch_digits: {e}")
+
+
+if __name__ == "__main__":
+    main()

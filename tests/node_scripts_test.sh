@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# The learner-node scripts, checked without a kernel initiator: shellcheck of
+# every shell script in scripts/, and scripts/blkps-login --dry-run printing
+# exactly the commands a node would run (login over tcp and iser, a 2-shard
+# layout assembled with dm and with md, logout), plus its one-line errors.
+# Usage: node_scripts_test.sh <repo> [case]   (no case: every case)
+set -euo pipefail
+top=$1
+login="$top/scripts/blkps-login"
+work=$(mktemp -d /tmp/blkps-nodes-test-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# Runs the command; it must succeed and print exactly `want`.
+expect_output() {
+  local what=$1 want=$2; shift 2
+  local got rc=0
+  got=$("$@" 2>"$work/stderr") || rc=$?
+  if [ "$rc" != 0 ]; then fail "$what: exit $rc: $(cat "$work/stderr")"; return; fi
+  if [ "$got" != "$want" ]; then
+    fail "$what: output differs (- expected, + got):"
+    diff <(echo "$want") <(echo "$got") | sed 's/^/  /' >&2 || true
+  fi
+}
+
+# Runs the command; it must fail with exactly one line on stderr that contains
+# the given text.
+expect_error() {
+  local what=$1 text=$2; shift 2
+  local rc=0
+  "$@" >/dev/null 2>"$work/stderr" || rc=$?
+  if [ "$rc" = 0 ]; then fail "$what: succeeded, expected an error"; return; fi
+  if [ "$(wc -l <"$work/stderr")" != 1 ] || ! grep -qF -- "$text" "$work/stderr"; then
+    fail "$what: expected one line containing '$text', got: $(cat "$work/stderr")"
+  fi
+}
+
+# The node settings blkps-login writes before each login (IQN, portal, iface).
+settings() {
+  local node="iscsiadm -m node -T $1 -p $2 -I $3 -o update -n"
+  cat <<EOF
+$node node.startup -v manual
+$node node.session.iscsi.InitialR2T -v No
+$node node.session.iscsi.ImmediateData -v Yes
+$node node.session.iscsi.FirstBurstLength -v 262144
+$node node.session.iscsi.MaxBurstLength -v 16776192
+$node 'node.conn[0].iscsi.MaxRecvDataSegmentLength' -v 262144
+$node node.session.cmds_max -v 128
+$node node.session.queue_depth -v 64
+$node node.session.timeo.replacement_timeout -v 30
+EOF
+}
+
+iqn_a=iqn.2026-11.io.blkps:a iqn_b=iqn.2026-11.io.blkps:b
+dev_a=/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-$iqn_a-lun-1
+dev_b=/dev/disk/by-path/ip-127.0.0.1:3262-iscsi-$iqn_b-lun-1
+# A layout as scripts/blkps-shards writes it: 1 MiB stripe units on 2 shards.
+cat >"$work/slot-1.layout" <<EOF
+# blkps shard layout
+stripe_unit = 1048576          # bytes
+shard = iscsi://127.0.0.1:3261/$iqn_a/1
+shard = iscsi://127.0.0.1:3262/$iqn_b/1
+EOF
+shard_logins() {  # the login commands for both shards, tcp
+  echo "iscsiadm -m iface -I blkps-tcp -o new"
+  echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+  settings "$iqn_a" 127.0.0.1:3261 blkps-tcp
+  echo "iscsiadm -m node -T $iqn_a -p 127.0.0.1:3261 -I blkps-tcp --login"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3262 -I blkps-tcp"
+  settings "$iqn_b" 127.0.0.1:3262 blkps-tcp
+  echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --login"
+  echo "udevadm settle"
+}
+# A fake sysfs with one RDMA device, and one with none.
+mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
+
+test_shellcheck() {
+  local f files=()
+  for f in "$top"/scripts/*.sh "$top"/scripts/blkps-login "$top"/scripts/blkps-target \
+           "$top"/scripts/blkps "$top"/scripts/blkps-shards "$top"/tests/node_scripts_test.sh \
+           "$top"/learner/examples/read_weights.sh; do
+    [ -f "$f" ] || continue
+    # scripts/blkps may be another language; check shell scripts only.
+    head -n 1 "$f" | grep -qE '^#!.*\b(ba)?sh\b' || continue
+    files+=("$f")
+  done
+  for f in "${files[@]}"; do
+    shellcheck "$f" >&2 || fail "shellcheck found issues in ${f#"$top"/}"
+  done
+}
+
+test_tcp_login() {
+  want=$(
+    echo "iscsiadm -m iface -I blkps-tcp -o new"
+    echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
+    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+    settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp
+    echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
+    echo "udevadm settle"
+    echo "/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2"
+  )
+  expect_output "tcp login" "$want" "$login" login --dry-run \
+        --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+}
+
+test_iser_login() {
+  # An iser:// URL selects iSER; the default port is 3260.
+  want=$(
+    echo "iscsiadm -m iface -I blkps-iser -o new"
+    echo "iscsiadm -m iface -I blkps-iser -o update -n iface.transport_name -v iser"
+    echo "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260 -I blkps-iser"
+    settings iqn.2026-11.io.blkps:model 10.0.0.7:3260 blkps-iser
+    echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 10.0.0.7:3260 -I blkps-iser --login"
+    echo "udevadm settle"
+    echo "/dev/disk/by-path/ip-10.0.0.7:3260-iscsi-iqn.2026-11.io.blkps:model-lun-1"
+  )
+  BLKPS_SYSFS="$work/rdma" expect_output "iser login" "$want" "$login" login --dry-run \
+        --url iser://10.0.0.7/iqn.2026-11.io.blkps:model/1
+}
+
+test_iser_without_rdma_fails() {
+  BLKPS_SYSFS="$work/no-rdma" expect_error "iser without an RDMA device" \
+    "iSER needs an RDMA device and this host has none" \
+    "$login" login --dry-run --transport iser --url iscsi://10.0.0.7:3260/iqn.2026-11.io.blkps:model/1
+}
+
+test_sharded_login_dm() {
+  # 1000000 params = 4000000 bytes = 3 whole units and one of 854272 bytes:
+  # shard a holds units 0 and 2 (2 MiB), shard b units 1 and 3 (1 MiB +
+  # 854272, 1903104 on its 512-byte device). One striped row (2 x 2048
+  # sectors), then the last row's units as linear segments.
+  want=$(
+    shard_logins
+    printf '%s\n' "printf '%s\\n' '0 4096 striped 2 2048 $dev_a 0 $dev_b 0' '4096 2048 linear $dev_a 2048' '6144 1669 linear $dev_b 2048' | dmsetup create blkps-slot-1"
+    echo "udevadm settle"
+    echo "/dev/mapper/blkps-slot-1"
+  )
+  expect_output "2-shard login, dm, unequal shards" "$want" "$login" login --dry-run \
+        --layout "$work/slot-1.layout" --params 1000000
+  # 1048576 params: 4 whole units, shards of equal size: one striped segment.
+  want=$(
+    shard_logins
+    echo "dmsetup create blkps-slot-1 --table '0 8192 striped 2 2048 $dev_a 0 $dev_b 0'"
+    echo "udevadm settle"
+    echo "/dev/mapper/blkps-slot-1"
+  )
+  expect_output "2-shard login, dm, equal shards" "$want" "$login" login --dry-run \
+        --layout "$work/slot-1.layout" --params 1048576
+}
+
+test_sharded_login_md() {
+  want=$(
+    shard_logins
+    echo "mdadm --build /dev/md/model --level=0 --chunk=1024 --raid-devices=2 $dev_a $dev_b"
+    echo "udevadm settle"
+    echo "/dev/md/model"
+  )
+  expect_output "2-shard login, md" "$want" "$login" login --dry-run --stripe md --name model \
+        --layout "$work/slot-1.layout" --params 1048576
+}
+
+test_dm_table_maps_layout() {
+  # For models of several sizes over 2..4 shards, the dm table that --dry-run
+  # prints, read with the kernel's striped and linear semantics, sends each
+  # 512-byte sector of the model to the shard and offset of the layout's
+  # striping: stripe unit k on shard k mod S at (k div S) * unit.
+  local shards unit params layout i
+  for shards in 2 3 4; do
+    layout="$work/s$shards.layout"
+    for unit in 4096 65536; do
+      { echo "stripe_unit = $unit"
+        for ((i = 0; i < shards; i++)); do echo "shard = iscsi://127.0.0.1:$((3261 + i))/iqn.x:s$i/1"; done
+      } >"$layout"
+      for params in 16384 100000 123457 400000; do
+        # Every shard holds at least one unit (blkps-shards needs that too).
+        [ $(((4 * params + unit - 1) / unit)) -ge "$shards" ] || continue
+        local out
+        if ! out=$("$login" login --dry-run --layout "$layout" --params "$params" 2>&1); then
+          fail "dm table for $shards shards, unit $unit, $params params: $(tail -n 1 <<<"$out")"; continue
+        fi
+        /usr/bin/python3 - "$shards" "$unit" "$params" "$out" <<'PY' || fail "dm table for $shards shards, unit $unit, $params params does not map the layout"
+import re, shlex, sys
+shards, unit, params, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+line = next(l for l in out.splitlines() if "dmsetup create" in l)
+words = shlex.split(line.replace("|", " "))
+table = [words[words.index("--table") + 1]] if "--table" in words else \
+    [w for w in words if re.match(r"^\d+ \d+ (striped|linear) ", w)]
+shard_of = lambda dev: int(re.search(r"iqn\.x:s(\d+)-lun", dev).group(1))
+mapping = {}  # model sector -> (shard, shard sector)
+for seg in table:
+    f = seg.split()
+    start, length, kind = int(f[0]), int(f[1]), f[2]
+    for s in range(start, start + length):
+        if kind == "linear":
+            mapping[s] = (shard_of(f[3]), int(f[4]) + s - start)
+        else:
+            stripes, chunk = int(f[3]), int(f[4])
+            c, within = divmod(s - start, chunk)
+            row, stripe = divmod(c, stripes)
+            mapping[s] = (shard_of(f[5 + 2 * stripe]), int(f[6 + 2 * stripe]) + row * chunk + within)
+model_sectors = (4 * params + 511) // 512
+assert sorted(mapping) == list(range(len(mapping))), "segments leave a gap or overlap"
+assert len(mapping) >= model_sectors, f"{len(mapping)} sectors, the model needs {model_sectors}"
+for s in range(model_sectors):
+    k, within = divmod(s * 512, unit)
+    want = (k % shards, ((k // shards) * unit + within) // 512)
+    assert mapping[s] == want, f"sector {s}: {mapping[s]}, layout says {want}"
+PY
+      done
+    done
+  done
+}
+
+test_md_refuses_unequal_shards() {
+  expect_error "md with unequal shards" "md RAID-0 needs shards of equal size" \
+    "$login" login --dry-run --stripe md --layout "$work/slot-1.layout" --params 1000000
+}
+
+test_logout() {
+  want=$(
+    echo "dmsetup remove blkps-slot-1"
+    echo "iscsiadm -m node -T $iqn_a -p 127.0.0.1:3261 -I blkps-tcp --logout"
+    echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --logout"
+  )
+  expect_output "2-shard logout, dm" "$want" "$login" logout --dry-run --layout "$work/slot-1.layout"
+  want=$(
+    echo "mdadm --stop /dev/md/blkps-slot-1"
+    echo "iscsiadm -m node -T $iqn_a -p 127.0.0.1:3261 -I blkps-tcp --logout"
+    echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --logout"
+  )
+  expect_output "2-shard logout, md" "$want" "$login" logout --dry-run --stripe md \
+        --layout "$work/slot-1.layout"
+  expect_output "logout" \
+    "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --logout" "$login" logout --dry-run --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
+}
+
+test_missing_iscsiadm_fails() {
+  # A PATH with the tools the script uses but no iscsiadm.
+  mkdir -p "$work/bin"
+  local t
+  for t in bash awk sed ls basename cat wc readlink; do ln -sf "$(command -v "$t")" "$work/bin/$t"; done
+  expect_error "no iscsiadm" "iscsiadm not found: install open-iscsi" \
+    env PATH="$work/bin" "$work/bin/bash" "$login" login --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
+}
+
+test_bad_layout_names_file_and_line() {
+  printf 'stripe_unit = 1048576\nshard = nfs://host/x\n' >"$work/bad.layout"
+  expect_error "bad shard URL" "bad target URL 'nfs://host/x'" \
+    "$login" login --dry-run --layout "$work/bad.layout" --params 10
+  printf 'stripe_unit = 1000\n' >"$work/bad.layout"
+  expect_error "bad stripe unit" "$work/bad.layout:1: stripe_unit must be a positive multiple of 512" \
+    "$login" login --dry-run --layout "$work/bad.layout" --params 10
+  printf '# comment\nstripe_unt = 4096\n' >"$work/bad.layout"
+  expect_error "unknown key" "$work/bad.layout:2: unknown key 'stripe_unt'" \
+    "$login" login --dry-run --layout "$work/bad.layout" --params 10
+}
+
+cases=(shellcheck tcp_login iser_login iser_without_rdma_fails sharded_login_dm
+       dm_table_maps_layout sharded_login_md md_refuses_unequal_shards logout missing_iscsiadm_fails
+       bad_layout_names_file_and_line)
+if [ $# -ge 2 ]; then cases=("$2"); fi
+for c in "${cases[@]}"; do
+  before=$failures
+  "test_$c"
+  [ "$failures" = "$before" ] && echo "ok: $c"
+done
+[ "$failures" = 0 ] || { echo "$failures check(s) failed" >&2; exit 1; }
