@@ -14,11 +14,14 @@ std::unique_ptr<Device> OpenDevice(const std::string& target,
   if (target.rfind("iscsi://", 0) == 0 || target.rfind("iser://", 0) == 0) {
     return OpenIscsiDevice(target, initiator_name, status);
   }
+  if (target.rfind("layout:", 0) == 0) {
+    return OpenStripedDevice(target.substr(7), initiator_name, status);
+  }
   if (target.find("://") != std::string::npos) {
     *status = Status::Error(
         EINVAL,
         "unsupported target '%s'; expected a file or block device path, "
-        "iscsi://host[:port]/<target-iqn>/<lun> or iser://...",
+        "iscsi://host[:port]/<target-iqn>/<lun>, iser://... or layout:PATH",
         target.c_str());
     return nullptr;
   }

@@ -11,6 +11,7 @@
 //                    I/O (same path) where the file system refuses O_DIRECT,
 //                    announced once on stderr.
 //   iscsi_device.cc  iscsi:// and iser:// through libiscsi, one session.
+//   striped_device.cc  layout:PATH, one model striped over shard Devices.
 //
 // Thread-safety: a Device is used by one thread at a time (libiscsi allows one
 // thread per context). Distinct Devices are independent.
@@ -77,7 +78,9 @@ class Device {
 };
 
 // Opens `target`: iscsi://host[:port]/<target-iqn>/<lun>, iser://... of the
-// same shape, or a path to a regular file or block device. `initiator_name`
+// same shape, or a path to a regular file or block device.
+// layout:PATH opens the shards named in layout file PATH as one StripedDevice.
+// `initiator_name`
 // is the iSCSI initiator IQN; empty selects
 // "iqn.2026-11.io.blkps:learner-<host>-<pid>". Ignored for paths.
 // On failure returns nullptr and stores the reason in *status.
@@ -96,6 +99,11 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
                                         const std::string& initiator_name,
                                         Status* status);
+
+// `layout:` targets: see striped_device.h and shard_layout.h.
+std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
+                                          const std::string& initiator_name,
+                                          Status* status);
 
 }  // namespace blkps
 

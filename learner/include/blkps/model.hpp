@@ -53,6 +53,8 @@ class Model {
  public:
   // Opens `target`: a path (regular file or block device),
   // iscsi://host[:port]/<target-iqn>/<lun>, or iser://... of the same shape.
+  // layout:PATH opens a model striped over the shards listed in layout file
+  // PATH (README "Sharding"): one connection and thread per shard.
   // On failure returns nullptr, stores a one-line message in *error and,
   // when `error_code` is not null, the negative errno in *error_code.
   static std::unique_ptr<Model> Open(const std::string& target,

@@ -1,0 +1,130 @@
+#include "shard_layout.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace blkps {
+namespace {
+
+constexpr uint64_t kSectorBytes = 512;
+
+std::string Trim(const std::string& s) {
+  const char* space = " \t\r";
+  const size_t begin = s.find_first_not_of(space);
+  if (begin == std::string::npos) return "";
+  return s.substr(begin, s.find_last_not_of(space) - begin + 1);
+}
+
+// A decimal number of bytes, > 0 and a multiple of 512.
+bool ParseStripeUnit(const std::string& value, uint64_t* unit) {
+  if (value.empty() || value.size() > 19 ||
+      value.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  *unit = std::stoull(value);
+  return *unit > 0 && *unit % kSectorBytes == 0;
+}
+
+bool IsUrl(const std::string& target) {
+  return target.find("://") != std::string::npos;
+}
+
+}  // namespace
+
+Status ParseShardLayout(const std::string& text, const std::string& name,
+                        ShardLayout* layout) {
+  *layout = ShardLayout();
+  std::istringstream lines(text);
+  std::string raw;
+  int line = 0;
+  int unit_line = 0;
+  while (std::getline(lines, raw)) {
+    ++line;
+    const std::string content = Trim(raw.substr(0, raw.find('#')));
+    if (content.empty()) continue;
+    const size_t eq = content.find('=');
+    if (eq == std::string::npos) {
+      return Status::Error(EINVAL,
+                           "%s:%d: expected 'key = value', got '%s'",
+                           name.c_str(), line, content.c_str());
+    }
+    const std::string key = Trim(content.substr(0, eq));
+    const std::string value = Trim(content.substr(eq + 1));
+    if (key == "stripe_unit") {
+      if (unit_line != 0) {
+        return Status::Error(EINVAL,
+                             "%s:%d: stripe_unit given twice (first on line "
+                             "%d)",
+                             name.c_str(), line, unit_line);
+      }
+      if (!ParseStripeUnit(value, &layout->stripe_unit)) {
+        return Status::Error(EINVAL,
+                             "%s:%d: stripe_unit: expected a number of bytes "
+                             "> 0 and a multiple of 512, got '%s'",
+                             name.c_str(), line, value.c_str());
+      }
+      unit_line = line;
+    } else if (key == "shard") {
+      if (value.empty()) {
+        return Status::Error(EINVAL,
+                             "%s:%d: shard: expected a target (iscsi:// or "
+                             "iser:// URL, or a path), got nothing",
+                             name.c_str(), line);
+      }
+      if (value.rfind("layout:", 0) == 0) {
+        return Status::Error(EINVAL,
+                             "%s:%d: shard '%s': a shard cannot be another "
+                             "layout",
+                             name.c_str(), line, value.c_str());
+      }
+      layout->shards.push_back({value, line});
+    } else {
+      return Status::Error(EINVAL,
+                           "%s:%d: unknown key '%s'; expected stripe_unit or "
+                           "shard",
+                           name.c_str(), line, key.c_str());
+    }
+  }
+  if (unit_line == 0) {
+    return Status::Error(EINVAL,
+                         "%s: no 'stripe_unit = <bytes>' line; a layout needs "
+                         "one",
+                         name.c_str());
+  }
+  if (layout->shards.empty()) {
+    return Status::Error(EINVAL,
+                         "%s: no 'shard = <target>' line; a layout needs at "
+                         "least one shard",
+                         name.c_str());
+  }
+  return Status();
+}
+
+Status ReadShardLayout(const std::string& path, ShardLayout* layout) {
+  std::ifstream file(path);
+  if (!file) {
+    const int code = errno != 0 ? errno : ENOENT;
+    return Status::Error(code, "cannot open layout file %s: %s", path.c_str(),
+                         strerror(code));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) {
+    return Status::Error(EIO, "cannot read layout file %s", path.c_str());
+  }
+  Status status = ParseShardLayout(text.str(), path, layout);
+  if (!status.ok()) return status;
+  const size_t slash = path.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  for (ShardLayout::Shard& shard : layout->shards) {
+    if (!IsUrl(shard.target) && shard.target[0] != '/') {
+      shard.target = folder + shard.target;
+    }
+  }
+  return Status();
+}
+
+}  // namespace blkps

@@ -1,0 +1,50 @@
+// ShardLayout: the text configuration of a model striped over several shards
+// (a "layout file"), as libblkps reads it for `layout:PATH` targets.
+//
+//   # blkps shard layout: the model is striped over the shards below,
+//   stripe_unit = 1048576   # bytes, a multiple of 512 and of the servers' model block
+//   shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1
+//   shard = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1
+//
+// One `key = value` per line; `#` starts a comment; blank lines are ignored.
+// `stripe_unit` appears once; `shard` once per shard, in stripe order
+// (shard 0 first). A shard is anything OpenDevice opens except another
+// layout; a relative path is taken relative to the layout file's folder.
+// See StripeMap for where each model byte lives.
+//
+// Plain values and free functions; thread-compatible.
+
+#ifndef BLKPS_LEARNER_SHARD_LAYOUT_H_
+#define BLKPS_LEARNER_SHARD_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace blkps {
+
+struct ShardLayout {
+  struct Shard {
+    std::string target;  // as OpenDevice takes it
+    int line;            // where the layout file names it (1-based)
+  };
+  uint64_t stripe_unit = 0;  // bytes; > 0 and a multiple of 512
+  std::vector<Shard> shards;
+};
+
+// Parses the text of a layout file; `name` (the file's path) prefixes every
+// message, with the line: "blkps: <name>:<line>: ...". Relative shard paths
+// are left as written. On failure returns the error; *layout is then
+// unspecified.
+Status ParseShardLayout(const std::string& text, const std::string& name,
+                        ShardLayout* layout);
+
+// Reads and parses the layout file at `path`, and resolves relative shard
+// paths against the file's folder.
+Status ReadShardLayout(const std::string& path, ShardLayout* layout);
+
+}  // namespace blkps
+
+#endif  // BLKPS_LEARNER_SHARD_LAYOUT_H_

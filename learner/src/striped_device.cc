@@ -1,0 +1,326 @@
+#include "striped_device.h"
+
+#include <limits.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <mutex>
+#include <new>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "shard_layout.h"
+
+namespace blkps {
+namespace {
+
+using ull = unsigned long long;
+
+// Most iovecs in one shard request: preadv/pwritev's limit (libaio).
+constexpr int kMaxIovecs = IOV_MAX;
+
+// The message of `status` without its "blkps: " prefix.
+const char* Reason(const Status& status) {
+  const std::string& m = status.message();
+  return m.rfind("blkps: ", 0) == 0 ? m.c_str() + 7 : m.c_str();
+}
+
+}  // namespace
+
+// Runs one job at a time on its own thread, for one shard.
+class StripedDevice::Worker {
+ public:
+  Worker() : thread_(&Worker::Run, this) {}
+
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+
+  // REQUIRES: no job running (Wait() returned since the last Start()).
+  void Start(std::function<Status()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = std::move(job);
+      busy_ = true;
+    }
+    changed_.notify_all();
+  }
+
+  // Waits for the job given to Start() and returns its result.
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return !busy_; });
+    return result_;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [this] { return stop_ || job_ != nullptr; });
+      if (stop_) return;
+      std::function<Status()> job = std::move(job_);
+      job_ = nullptr;
+      lock.unlock();
+      Status result = job();
+      lock.lock();
+      result_ = std::move(result);
+      busy_ = false;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<Status()> job_;  // guarded by mutex_
+  Status result_;                // guarded by mutex_
+  bool busy_ = false;            // guarded by mutex_
+  bool stop_ = false;            // guarded by mutex_
+  std::thread thread_;           // last: starts once the members above exist
+};
+
+std::unique_ptr<StripedDevice> StripedDevice::Create(
+    uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
+    std::vector<std::string> names, Status* status) {
+  const uint32_t block = shards[0]->logical_block_size();
+  uint64_t total = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (shards[s]->logical_block_size() != block) {
+      *status = Status::Error(
+          EINVAL,
+          "%s has %u-byte logical blocks but %s has %u-byte ones; all shards "
+          "of a layout must have the same logical block size",
+          names[s].c_str(), shards[s]->logical_block_size(), names[0].c_str(),
+          block);
+      return nullptr;
+    }
+    total += shards[s]->size_bytes();
+  }
+  if (stripe_unit % block != 0) {
+    *status = Status::Error(EINVAL,
+                            "stripe_unit %llu is not a multiple of the shards' "
+                            "logical block size %u",
+                            static_cast<ull>(stripe_unit), block);
+    return nullptr;
+  }
+  const StripeMap map(stripe_unit, static_cast<uint32_t>(shards.size()),
+                      total);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const uint64_t expected = map.ShardBytes(static_cast<uint32_t>(s));
+    if (shards[s]->size_bytes() != expected) {
+      *status = Status::Error(
+          EINVAL,
+          "%s holds %llu bytes, but striping a model of %llu bytes (the "
+          "shards' sum) in units of %llu bytes over %zu shards puts %llu "
+          "bytes on it; start each shard's server with params = its part's "
+          "bytes / 4 (scripts/blkps-shards does)",
+          names[s].c_str(), static_cast<ull>(shards[s]->size_bytes()),
+          static_cast<ull>(total), static_cast<ull>(stripe_unit),
+          shards.size(), static_cast<ull>(expected));
+      return nullptr;
+    }
+  }
+  try {
+    return std::unique_ptr<StripedDevice>(
+        new StripedDevice(map, block, std::move(shards), std::move(names)));
+  } catch (const std::system_error& e) {
+    *status = Status::Error(EAGAIN, "cannot start a thread per shard: %s",
+                            e.what());
+  } catch (const std::bad_alloc&) {
+    *status = Status::Error(ENOMEM, "out of memory opening a striped model");
+  }
+  return nullptr;
+}
+
+StripedDevice::StripedDevice(const StripeMap& map, uint32_t block_size,
+                             std::vector<std::unique_ptr<Device>> shards,
+                             std::vector<std::string> names)
+    : map_(map),
+      block_size_(block_size),
+      shards_(std::move(shards)),
+      names_(std::move(names)) {
+  // One shard needs no worker: the caller's thread runs it.
+  if (shards_.size() > 1) {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      workers_.push_back(std::unique_ptr<Worker>(new Worker()));
+    }
+  }
+}
+
+StripedDevice::~StripedDevice() = default;
+
+uint64_t StripedDevice::default_request_bytes() const {
+  uint64_t bytes = shards_[0]->default_request_bytes();
+  for (const auto& shard : shards_) {
+    bytes = std::min(bytes, shard->default_request_bytes());
+  }
+  return bytes;
+}
+
+uint64_t StripedDevice::max_request_bytes() const {
+  uint64_t bytes = shards_[0]->max_request_bytes();
+  for (const auto& shard : shards_) {
+    bytes = std::min(bytes, shard->max_request_bytes());
+  }
+  return bytes;
+}
+
+Status StripedDevice::RunOnShards(const std::vector<bool>& busy,
+                                  const std::function<Status(uint32_t)>& job) {
+  const uint32_t count = static_cast<uint32_t>(shards_.size());
+  // The first busy shard runs on the caller's thread, the others on their
+  // workers.
+  std::vector<Status> results(count);  // before any worker starts
+  uint32_t first = count;
+  for (uint32_t s = 0; s < count; ++s) {
+    if (!busy[s]) continue;
+    if (first == count) {
+      first = s;
+    } else {
+      workers_[s]->Start([&job, s] { return job(s); });
+    }
+  }
+  if (first == count) return Status();
+  results[first] = job(first);
+  for (uint32_t s = first + 1; s < count; ++s) {
+    if (busy[s]) results[s] = workers_[s]->Wait();
+  }
+  for (uint32_t s = 0; s < count; ++s) {
+    if (!results[s].ok()) {
+      return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(),
+                           Reason(results[s]));
+    }
+  }
+  return Status();
+}
+
+Status StripedDevice::Transfer(Direction direction,
+                               const std::vector<IoRequest>& requests,
+                               uint32_t queue_depth) {
+  const uint32_t count = static_cast<uint32_t>(shards_.size());
+  // A shard request under construction: its iovecs are the last `iovcnt`
+  // entries of its shard's iovec list until it is closed.
+  struct ShardRequest {
+    uint64_t offset;
+    uint64_t length;
+    size_t first_iov;
+    size_t request;  // index of the caller's request it came from
+  };
+  try {
+    std::vector<std::vector<ShardRequest>> parts(count);
+    std::vector<std::vector<iovec>> iovecs(count);
+    std::vector<StripePiece> pieces;
+    const uint64_t max_bytes = max_request_bytes();
+    for (size_t r = 0; r < requests.size(); ++r) {
+      const IoRequest& request = requests[r];
+      pieces.clear();
+      map_.Map(request.offset, request.length, &pieces);
+      int iov_index = 0;
+      uint64_t iov_used = 0;  // bytes of request.iov[iov_index] consumed
+      for (const StripePiece& piece : pieces) {
+        std::vector<ShardRequest>& shard_parts = parts[piece.shard];
+        std::vector<iovec>& shard_iovecs = iovecs[piece.shard];
+        bool extend = false;
+        if (!shard_parts.empty()) {
+          const ShardRequest& last = shard_parts.back();
+          extend = last.request == r &&
+                   last.offset + last.length == piece.shard_offset &&
+                   last.length + piece.length <= max_bytes &&
+                   shard_iovecs.size() - last.first_iov +
+                           static_cast<size_t>(request.iovcnt) <=
+                       static_cast<size_t>(kMaxIovecs);
+        }
+        if (!extend) {
+          shard_parts.push_back(
+              {piece.shard_offset, 0, shard_iovecs.size(), r});
+        }
+        // Take piece.length bytes of the caller's iovecs, in order.
+        uint64_t left = piece.length;
+        while (left > 0) {
+          const iovec& source = request.iov[iov_index];
+          const uint64_t take = std::min<uint64_t>(left,
+                                                   source.iov_len - iov_used);
+          if (take > 0) {
+            shard_iovecs.push_back(
+                {static_cast<uint8_t*>(source.iov_base) + iov_used, take});
+          }
+          iov_used += take;
+          left -= take;
+          if (iov_used == source.iov_len) {
+            ++iov_index;
+            iov_used = 0;
+          }
+        }
+        shard_parts.back().length += piece.length;
+      }
+    }
+    // The iovec lists are complete: point the shard requests into them.
+    std::vector<std::vector<IoRequest>> shard_requests(count);
+    std::vector<bool> busy(count, false);
+    for (uint32_t s = 0; s < count; ++s) {
+      for (size_t i = 0; i < parts[s].size(); ++i) {
+        const ShardRequest& part = parts[s][i];
+        const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov
+                                                   : iovecs[s].size();
+        shard_requests[s].push_back({part.offset, part.length,
+                                     iovecs[s].data() + part.first_iov,
+                                     static_cast<int>(end - part.first_iov)});
+      }
+      busy[s] = !shard_requests[s].empty();
+    }
+    return RunOnShards(busy, [&](uint32_t s) {
+      return shards_[s]->Transfer(direction, shard_requests[s], queue_depth);
+    });
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM,
+                         "out of memory splitting a %s over %u shards",
+                         DirectionName(direction), count);
+  }
+}
+
+Status StripedDevice::Sync() {
+  return RunOnShards(std::vector<bool>(shards_.size(), true),
+                     [this](uint32_t s) { return shards_[s]->Sync(); });
+}
+
+std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
+                                          const std::string& initiator_name,
+                                          Status* status) {
+  try {
+    ShardLayout layout;
+    *status = ReadShardLayout(layout_path, &layout);
+    if (!status->ok()) return nullptr;
+    std::vector<std::unique_ptr<Device>> shards;
+    std::vector<std::string> names;
+    for (size_t s = 0; s < layout.shards.size(); ++s) {
+      const ShardLayout::Shard& shard = layout.shards[s];
+      names.push_back(layout_path + ":" + std::to_string(shard.line) +
+                      ": shard " + std::to_string(s) + " (" + shard.target +
+                      ")");
+      Status opened;
+      std::unique_ptr<Device> device =
+          OpenDevice(shard.target, initiator_name, &opened);
+      if (device == nullptr) {
+        *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(),
+                                Reason(opened));
+        return nullptr;
+      }
+      shards.push_back(std::move(device));
+    }
+    return StripedDevice::Create(layout.stripe_unit, std::move(shards),
+                                 std::move(names), status);
+  } catch (const std::bad_alloc&) {
+    *status = Status::Error(ENOMEM, "out of memory opening layout %s",
+                            layout_path.c_str());
+    return nullptr;
+  }
+}
+
+}  // namespace blkps

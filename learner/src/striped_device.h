@@ -1,0 +1,85 @@
+// StripedDevice: one model striped over several shard Devices, seen as one
+// Device (the target `layout:PATH`).
+//
+// The layout file (shard_layout.h) names the stripe unit and the shards;
+// StripeMap says where each model byte lives. Each shard is its own Device
+// (its own connection, usually its own tgtd) and holds only its part of the
+// model, so each shard's server knows nothing of the others. Transfer cuts
+// every request into per-shard requests and runs the shards in parallel:
+// shard requests are handed to one worker thread per shard, each running
+// the shard Device's own Transfer with up to `queue_depth` requests in
+// flight on that shard.
+//
+// Thread-safety: as every Device, used by one thread at a time. Internally
+// each shard Device is used by one thread at a time too (the caller's
+// thread or its worker, never both at once: Transfer and Sync return only
+// when every shard is done).
+
+#ifndef BLKPS_LEARNER_STRIPED_DEVICE_H_
+#define BLKPS_LEARNER_STRIPED_DEVICE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "stripe_map.h"
+
+namespace blkps {
+
+class StripedDevice : public Device {
+ public:
+  // Stripes `shards` (shard 0 first) in units of `stripe_unit` bytes;
+  // `names` (one per shard, e.g. "model.layout:3 (iscsi://...)") prefix
+  // shard errors. Checks that all shards have one logical block size, that
+  // the stripe unit is a multiple of it, and that each shard's size is the
+  // part of the model that the striping puts on it. On failure returns
+  // nullptr and the reason in *status.
+  // REQUIRES: shards is not empty; names.size() == shards.size().
+  static std::unique_ptr<StripedDevice> Create(
+      uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
+      std::vector<std::string> names, Status* status);
+
+  ~StripedDevice() override;
+
+  uint64_t size_bytes() const override { return map_.size_bytes(); }
+  uint32_t logical_block_size() const override { return block_size_; }
+  // The smallest over the shards: every per-shard request of a request this
+  // size fits the shard.
+  uint64_t default_request_bytes() const override;
+  uint64_t max_request_bytes() const override;
+
+  // Splits the requests by shard (a request's pieces on one shard that are
+  // contiguous there become one shard request of several iovecs) and runs
+  // each shard's part on it, all shards at once. On failure returns the
+  // failure of the lowest-numbered failing shard, prefixed by its name; the
+  // other shards finish their part first.
+  Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
+                  uint32_t queue_depth) override;
+
+  // Syncs every shard at once (on blkps servers: each checkpoints its part).
+  Status Sync() override;
+
+ private:
+  class Worker;
+
+  StripedDevice(const StripeMap& map, uint32_t block_size,
+                std::vector<std::unique_ptr<Device>> shards,
+                std::vector<std::string> names);
+
+  // Runs job(s) for every shard s with busy[s], all at once; returns the
+  // first failure in shard order.
+  Status RunOnShards(const std::vector<bool>& busy,
+                     const std::function<Status(uint32_t)>& job);
+
+  const StripeMap map_;
+  const uint32_t block_size_;
+  std::vector<std::unique_ptr<Device>> shards_;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // one per shard
+};
+
+}  // namespace blkps
+
+#endif  // BLKPS_LEARNER_STRIPED_DEVICE_H_
