@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC1091  # the target.env files are written at run time
+# blkps-mount end to end: each part starts its own tgtd (scripts/blkps-target),
+# mounts the model in a temporary folder, checks, and always unmounts and
+# stops the target, also on failure.
+# Usage: mount_test.sh <repo> <build dir> lifecycle|exactly_once|fio|learner
+#   lifecycle     files and sizes, weights as libblkps reads them, unmount by
+#                 SIGTERM, daemon mode and fusermount3 -u, kill -9 then
+#                 fusermount3 -u cleans up
+#   exactly_once  misaligned Python pwrites (buffer at byte 1 and 3 of a page,
+#                 with and without O_DIRECT), concurrent adjacent writes, and
+#                 fio libaio QD16 from misaligned buffers: every gradient is
+#                 applied exactly once (exact integer check, sgd lr=1)
+#   fio           fio, stock libaio engine, direct=1, iodepth=16, bs=1M, read
+#                 and write: exit status 0 and no errors
+#   learner       2 learners in bsp through the mount (plain_digits.py, plain
+#                 file I/O) reach the same test accuracy (>= 0.90) as through
+#                 libblkps (train_digits.py)
+set -euo pipefail
+top=$1 build=$2 part=$3
+py=/usr/bin/python3
+mount_bin="$build/learner/mount/blkps-mount"
+plugin="$build/target-plugin/bs_blkps.so"
+export BLKPS_LIB="$build/learner/libblkps.so"
+work=$(mktemp -d /tmp/blkps-mount-test-XXXXXX)
+mnt="$work/mnt"
+mkdir -p "$mnt"
+mount_pid=""
+targets=()
+
+cleanup() {
+  if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
+    kill -TERM "$mount_pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
+  for dir in "${targets[@]}"; do "$top/scripts/blkps-target" stop --dir "$dir" >/dev/null 2>&1 || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# start_target NAME BSOPTS [blkps-target options]: a target in $work/NAME.
+start_target() {
+  local name=$1 bsopts=$2
+  shift 2
+  targets+=("$work/$name")
+  "$top/scripts/blkps-target" start --dir "$work/$name" --owner-pid $$ \
+    --plugin "$plugin" --bsopts "$bsopts" "$@" >/dev/null
+}
+
+is_mounted() { grep -qs " $mnt fuse" /proc/mounts; }
+
+# mount_fg ARGS...: blkps-mount -f in the background; waits until mounted.
+mount_fg() {
+  "$mount_bin" -f "$mnt" "$@" 2>"$work/mount.log" &
+  mount_pid=$!
+  for _ in $(seq 100); do
+    is_mounted && return 0
+    kill -0 "$mount_pid" 2>/dev/null || { cat "$work/mount.log" >&2; fail "blkps-mount exited"; }
+    sleep 0.1
+  done
+  fail "not mounted after 10 s"
+}
+
+# unmount_by_signal: SIGTERM, then the process must exit 0 and leave nothing mounted.
+unmount_by_signal() {
+  kill -TERM "$mount_pid"
+  local rc=0
+  wait "$mount_pid" || rc=$?
+  mount_pid=""
+  [ "$rc" = 0 ] || fail "blkps-mount exited with $rc after SIGTERM"
+  ! is_mounted || fail "still mounted after SIGTERM"
+  [ -z "$(ls -A "$mnt")" ] || fail "mount point not empty after unmount"
+}
+
+fio_json() {  # fio_json ARGS...: runs fio, prints "error ios" of job 0
+  fio --output-format=json "$@" >"$work/fio.json" || fail "fio exited with $? ($*)"
+  "$py" -c 'import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+print(j["error"], j["read"]["total_ios"] + j["write"]["total_ios"])' "$work/fio.json"
+}
+
+case "$part" in
+lifecycle)
+  start_target ps "params=1000000;init=normal:0.1;seed=3" --luns 2
+  . "$work/ps/target.env"
+  mount_fg --from "$work/ps"
+  files=("$mnt"/*)
+  [ "${files[*]#"$mnt"/}" = "control slot1 slot2" ] || fail "files: ${files[*]}"
+  device=$(( (4 * 1000000 + 511) / 512 * 512 ))
+  for f in slot1 slot2; do
+    [ "$(stat -c %s "$mnt/$f")" = "$device" ] || fail "$f size $(stat -c %s "$mnt/$f"), expected $device"
+  done
+  [ "$(stat -c %s "$mnt/control")" = $((1048576 + device)) ] || fail "control size"
+  "$py" "$top/tests/mount_test.py" same "$mnt/slot2" "${URLS#* }"
+  head -c 65536 "$mnt/control" | tr -d '\0' | "$py" -c 'import json, sys
+assert json.load(sys.stdin)["params"] == 1000000' || fail "status through the mount"
+  unmount_by_signal
+  # NAME=TARGET form, as a daemon; fusermount3 -u ends it.
+  "$mount_bin" "$mnt" "model=$URL" || fail "daemon mode failed"
+  is_mounted || fail "daemon mode: not mounted"
+  [ -f "$mnt/model" ] || fail "daemon mode: no file model"
+  fusermount3 -u "$mnt"
+  ! is_mounted || fail "still mounted after fusermount3 -u"
+  # A crash: the mount point is stale until fusermount3 -u.
+  mount_fg --from "$work/ps"
+  kill -9 "$mount_pid"
+  wait "$mount_pid" 2>/dev/null || true
+  mount_pid=""
+  if ls "$mnt" >/dev/null 2>"$work/ls.err"; then fail "mount point usable after kill -9?"; fi
+  grep -q "Transport endpoint is not connected" "$work/ls.err" || fail "stale mount: $(cat "$work/ls.err")"
+  if "$mount_bin" -f "$mnt" --from "$work/ps" 2>"$work/again.err"; then fail "mounted over a stale mount"; fi
+  grep -q "fusermount3 -u" "$work/again.err" || fail "no clean-up hint: $(cat "$work/again.err")"
+  fusermount3 -u "$mnt"
+  ! is_mounted || fail "still mounted after fusermount3 -u"
+  [ -z "$(ls -A "$mnt")" ] || fail "mount point not empty after clean-up"
+  # Bad input: one clear line.
+  if "$mount_bin" "$mnt" "x=iscsi://127.0.0.1:1/iqn.none/1" 2>"$work/bad.err"; then fail "bad target mounted"; fi
+  [ "$(wc -l <"$work/bad.err")" = 1 ] || fail "bad target: $(cat "$work/bad.err")"
+  ;;
+exactly_once)
+  start_target ps "params=4194304;lr=1" --luns 1
+  . "$work/ps/target.env"
+  mount_fg "m=$URL"
+  for shift in 1 3; do
+    "$py" "$top/tests/mount_test.py" misaligned "$mnt/m" $shift
+    "$py" "$top/tests/mount_test.py" misaligned "$mnt/m" $shift --direct
+  done
+  "$py" "$top/tests/mount_test.py" threads "$mnt/m"
+  "$py" "$top/tests/mount_test.py" nan "$mnt/m"
+  # libaio, 16 in flight, each 1 MiB buffer starting 1 or 3 bytes into a
+  # page: the kernel sends the pieces concurrently. Every float is 1.0
+  # (bytes 00 00 80 3f), so one pass moves every weight by exactly -1.
+  for align in 1 3; do
+    "$py" -c 'import sys, numpy as np; np.save(sys.argv[2], np.fromfile(sys.argv[1], dtype=np.float32))' "$mnt/m" "$work/before.npy"
+    read -r err ios < <(fio_json --name=aio --filename="$mnt/m" --ioengine=libaio --direct=1 \
+      --iodepth=16 --bs=1M --rw=write --size=16M --mem_align=$align \
+      --buffer_pattern=0x0000803f --scramble_buffers=0)
+    { [ "$err" = 0 ] && [ "$ios" = 16 ]; } || fail "fio mem_align=$align: error $err, $ios I/Os"
+    "$py" -c 'import sys, numpy as np
+before = np.load(sys.argv[2]); after = np.fromfile(sys.argv[1], dtype=np.float32)
+moved = after - before
+bad = np.nonzero(moved != -1)[0]
+sys.exit(f"{len(bad)} weights did not move by exactly -1, e.g. {bad[:3]}: {moved[bad[:3]]}" if len(bad) else 0)' "$mnt/m" "$work/before.npy"
+    echo "fio libaio mem_align=$align: every weight moved by exactly -1"
+  done
+  # One line: the refused NaN write; nothing dropped.
+  if grep -v "ILLEGAL_REQUEST" "$work/mount.log" | grep -q .; then fail "mount logged: $(cat "$work/mount.log")"; fi
+  unmount_by_signal
+  ;;
+fio)
+  start_target ps "params=16777216;lr=1e-9" --luns 1
+  . "$work/ps/target.env"
+  mount_fg "m=$URL"
+  for rw in write read randwrite randread; do
+    # Zero buffers: gradients that change nothing (random bytes would hold
+    # NaNs, which the server rejects).
+    read -r err ios < <(fio_json --name=$rw --filename="$mnt/m" --ioengine=libaio --direct=1 \
+      --iodepth=16 --bs=1M --rw=$rw --size=64M --io_size=256M \
+      --zero_buffers=1 --scramble_buffers=0)
+    { [ "$err" = 0 ] && [ "$ios" = 256 ]; } || fail "fio $rw: error $err, $ios of 256 I/Os"
+    echo "fio $rw: 256 x 1 MiB, no errors"
+  done
+  unmount_by_signal
+  ;;
+learner)
+  plain="$top/learner/examples/plain_digits.py"
+  train="$top/learner/examples/train_digits.py"
+  [ -f "$plain" ] || fail "$plain is missing"
+  params=$("$py" "$train" --params)
+  opts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp"
+  # Through the mount: plain file I/O.
+  start_target viamount "$opts" --luns 2
+  mount_fg --from "$work/viamount"
+  "$py" "$plain" --target "$mnt/slot1" --learner 0 --learners 2 --epochs 15 >"$work/l0.log" & a=$!
+  "$py" "$plain" --target "$mnt/slot2" --learner 1 --learners 2 --epochs 15 >"$work/l1.log" & b=$!
+  wait $a || fail "learner 0 through the mount: $(tail -3 "$work/l0.log")"
+  wait $b || fail "learner 1 through the mount: $(tail -3 "$work/l1.log")"
+  via_mount=$("$py" "$plain" --target "$mnt/slot1" --evaluate | awk '{print $4}')
+  unmount_by_signal
+  # Through libblkps (libiscsi).
+  start_target direct "$opts" --luns 2
+  read -r url0 url1 <<<"$(. "$work/direct/target.env"; echo "$URLS")"
+  "$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 >"$work/d0.log" & a=$!
+  "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 15 >"$work/d1.log" & b=$!
+  wait $a || fail "learner 0 through libblkps: $(tail -3 "$work/d0.log")"
+  wait $b || fail "learner 1 through libblkps: $(tail -3 "$work/d1.log")"
+  direct=$("$py" "$train" --target "$url0" --evaluate | awk '{print $4}')
+  echo "test accuracy: through the mount $via_mount, through libblkps $direct"
+  [ "$via_mount" = "$direct" ] || fail "accuracy differs: mount $via_mount, libblkps $direct"
+  "$py" -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 0.90 else "below 0.90")' "$via_mount"
+  ;;
+*)
+  fail "unknown part '$part'"
+  ;;
+esac
+echo "PASS: mount $part"
