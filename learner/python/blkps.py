@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-__all__ = ["Model"]
+__all__ = ["Model", "Engine"]
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
@@ -39,6 +39,31 @@ class _OpenOptions(ctypes.Structure):
         ("request_bytes", ctypes.c_uint32),
         ("queue_depth", ctypes.c_uint32),
         ("initiator_name", ctypes.c_char_p),
+    ]
+
+
+class _EngineOptions(ctypes.Structure):
+    _fields_ = [
+        ("open", _OpenOptions),
+        ("first_param", ctypes.c_uint64),
+        ("param_count", ctypes.c_uint64),
+        ("double_buffering", ctypes.c_int),
+        ("adaptive_pull", ctypes.c_int),
+        ("smoothing", ctypes.c_double),
+        ("control_target", ctypes.c_char_p),
+    ]
+
+
+class _EngineMetrics(ctypes.Structure):
+    _fields_ = [
+        ("iteration", ctypes.c_uint64),
+        ("compute_s", ctypes.c_double),
+        ("stall_s", ctypes.c_double),
+        ("push_s", ctypes.c_double),
+        ("pull_s", ctypes.c_double),
+        ("bubble_s", ctypes.c_double),
+        ("staleness", ctypes.c_int64),
+        ("concurrent", ctypes.c_int),
     ]
 
 
@@ -82,6 +107,30 @@ def _declare(lib):
     lib.blkps_sync.restype = ctypes.c_int
     lib.blkps_last_error.argtypes = [handle]
     lib.blkps_last_error.restype = ctypes.c_char_p
+    # The learner engine.
+    lib.blkps_engine_options_init.argtypes = [ctypes.POINTER(_EngineOptions)]
+    lib.blkps_engine_options_init.restype = None
+    lib.blkps_engine_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(_EngineOptions),
+                                      ctypes.POINTER(handle), ctypes.c_char_p,
+                                      ctypes.c_size_t]
+    lib.blkps_engine_open.restype = ctypes.c_int
+    lib.blkps_engine_param_count.argtypes = [handle]
+    lib.blkps_engine_param_count.restype = ctypes.c_uint64
+    lib.blkps_engine_weights.argtypes = [handle]
+    lib.blkps_engine_weights.restype = _FLOAT_P
+    lib.blkps_engine_gradient.argtypes = [handle]
+    lib.blkps_engine_gradient.restype = _FLOAT_P
+    for name in ("blkps_engine_step", "blkps_engine_finish"):
+        getattr(lib, name).argtypes = [handle]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.blkps_engine_last_metrics.argtypes = [handle, ctypes.POINTER(_EngineMetrics)]
+    lib.blkps_engine_last_metrics.restype = None
+    lib.blkps_engine_gradients_pushed.argtypes = [handle]
+    lib.blkps_engine_gradients_pushed.restype = ctypes.c_uint64
+    lib.blkps_engine_last_error.argtypes = [handle]
+    lib.blkps_engine_last_error.restype = ctypes.c_char_p
+    lib.blkps_engine_close.argtypes = [handle]
+    lib.blkps_engine_close.restype = None
     return lib
 
 
@@ -191,4 +240,124 @@ class Model:
     def _check(self, rc):
         if rc != 0:
             message = self._lib.blkps_last_error(self._handle)
+            raise OSError(-rc, message.decode(errors="replace"))
+
+
+class Engine:
+    """A training loop's double-buffered view of the model (blkps/engine.hpp).
+
+    The engine pulls the weights into one buffer while the caller computes on
+    the other, and pushes each gradient on its own thread::
+
+        with blkps.Engine(url, control_target=control_url) as engine:
+            for t in range(iterations):
+                engine.gradient[:] = compute_gradient(engine.weights)
+                engine.step()        # hand over the gradient, swap buffers
+            engine.finish()          # push the last gradient
+
+    ``weights`` (read-only) and ``gradient`` (writable) are numpy float32
+    arrays that view the engine's own buffers (no copy); a view is valid
+    until the next step(), finish() or close(), after which the names give
+    new views. step() releases the GIL while it waits. ``metrics`` is the
+    last step's IterationMetrics as a dict. Errors raise OSError(errno,
+    message); after a failed step the engine stays failed. One thread drives
+    an engine.
+    """
+
+    def __init__(self, target, first_param=0, param_count=0,
+                 double_buffering=True, adaptive_pull=True, smoothing=0.25,
+                 control_target=None, request_bytes=0, queue_depth=0,
+                 initiator_name=None):
+        """Opens the engine on `target` (as Model) and pulls the first
+        weights. param_count 0 serves up to the end of the device;
+        double_buffering=False is the baseline (step pushes then pulls);
+        control_target (the model's CONTROL_URL) enables staleness."""
+        lib = _library()
+        options = _EngineOptions()
+        lib.blkps_engine_options_init(ctypes.byref(options))
+        options.open = _OpenOptions(
+            request_bytes, queue_depth,
+            initiator_name.encode() if initiator_name is not None else None)
+        options.first_param = first_param
+        options.param_count = param_count
+        options.double_buffering = 1 if double_buffering else 0
+        options.adaptive_pull = 1 if adaptive_pull else 0
+        options.smoothing = smoothing
+        options.control_target = (os.fsencode(control_target)
+                                  if control_target is not None else None)
+        handle = ctypes.c_void_p()
+        message = ctypes.create_string_buffer(1024)
+        rc = lib.blkps_engine_open(os.fsencode(target), ctypes.byref(options),
+                                   ctypes.byref(handle), message, len(message))
+        if rc != 0:
+            raise OSError(-rc, message.value.decode(errors="replace"))
+        self._lib = lib
+        self._handle = handle
+        self._count = lib.blkps_engine_param_count(handle)
+
+    @property
+    def count(self):
+        """Parameters served: the length of weights and gradient."""
+        return self._count
+
+    @property
+    def weights(self):
+        """This iteration's weights: a read-only view, valid until step()."""
+        view = np.ctypeslib.as_array(
+            self._lib.blkps_engine_weights(self._open_handle()), shape=(self._count,))
+        view.flags.writeable = False
+        return view
+
+    @property
+    def gradient(self):
+        """This iteration's gradient buffer, to fill before step()."""
+        return np.ctypeslib.as_array(
+            self._lib.blkps_engine_gradient(self._open_handle()), shape=(self._count,))
+
+    def step(self):
+        """Hands the gradient over, waits for the next weights, swaps."""
+        self._check(self._lib.blkps_engine_step(self._open_handle()))
+
+    def finish(self):
+        """Pushes the current gradient and waits for every push."""
+        self._check(self._lib.blkps_engine_finish(self._open_handle()))
+
+    @property
+    def metrics(self):
+        """The last step's metrics: iteration, compute_s, stall_s, push_s,
+        pull_s, bubble_s, staleness (-1: unknown), concurrent."""
+        m = _EngineMetrics()
+        self._lib.blkps_engine_last_metrics(self._open_handle(), ctypes.byref(m))
+        return {name: (bool(getattr(m, name)) if name == "concurrent" else getattr(m, name))
+                for name, _ in _EngineMetrics._fields_}
+
+    @property
+    def gradients_pushed(self):
+        """Gradients that reached the server whole so far."""
+        return self._lib.blkps_engine_gradients_pushed(self._open_handle())
+
+    def close(self):
+        """Stops the engine (gradients already handed to step() are still
+        pushed; call finish() first to push the current one). Idempotent."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            self._lib.blkps_engine_close(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _open_handle(self):
+        if self._handle is None:
+            raise ValueError("blkps: operation on a closed Engine")
+        return self._handle
+
+    def _check(self, rc):
+        if rc != 0:
+            message = self._lib.blkps_engine_last_error(self._handle)
             raise OSError(-rc, message.decode(errors="replace"))

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "blkps/blkps.h"
+#include "blkps/engine.hpp"
 #include "blkps/model.hpp"
 
 struct blkps_model {
@@ -77,5 +78,92 @@ int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 const char* blkps_last_error(const blkps_model* m) {
   return m->model->last_error().c_str();
 }
+
+// ---- Learner engine ----------------------------------------------------------
+
+struct blkps_engine {
+  std::unique_ptr<blkps::Engine> engine;
+};
+
+void blkps_engine_options_init(blkps_engine_options* opts) {
+  *opts = blkps_engine_options();
+  opts->double_buffering = 1;
+  opts->adaptive_pull = 1;
+  opts->smoothing = 0.25;
+}
+
+int blkps_engine_open(const char* target, const blkps_engine_options* opts,
+                      blkps_engine** out, char* errbuf, size_t errlen) {
+  std::string error;
+  int error_code = -ENOMEM;
+  try {
+    blkps_engine_options defaults;
+    blkps_engine_options_init(&defaults);
+    if (opts == nullptr) opts = &defaults;
+    blkps::EngineOptions options;
+    options.open.request_bytes = opts->open.request_bytes;
+    options.open.queue_depth = opts->open.queue_depth;
+    if (opts->open.initiator_name != nullptr) {
+      options.open.initiator_name = opts->open.initiator_name;
+    }
+    options.first_param = opts->first_param;
+    options.param_count = opts->param_count;
+    options.double_buffering = opts->double_buffering != 0;
+    options.adaptive_pull = opts->adaptive_pull != 0;
+    options.smoothing = opts->smoothing;
+    if (opts->control_target != nullptr) {
+      options.control_target = opts->control_target;
+    }
+    std::unique_ptr<blkps::Engine> engine =
+        blkps::Engine::Open(target, options, &error, &error_code);
+    if (engine != nullptr) {
+      *out = new blkps_engine{std::move(engine)};
+      return 0;
+    }
+  } catch (const std::bad_alloc&) {
+    error = "blkps: out of memory opening an engine";
+  }
+  if (errbuf != nullptr && errlen > 0) {
+    snprintf(errbuf, errlen, "%s", error.c_str());
+  }
+  return error_code;
+}
+
+uint64_t blkps_engine_param_count(const blkps_engine* e) {
+  return e->engine->count();
+}
+
+const float* blkps_engine_weights(const blkps_engine* e) {
+  return e->engine->weights();
+}
+
+float* blkps_engine_gradient(blkps_engine* e) { return e->engine->gradient(); }
+
+int blkps_engine_step(blkps_engine* e) { return e->engine->Step(); }
+
+int blkps_engine_finish(blkps_engine* e) { return e->engine->Finish(); }
+
+void blkps_engine_last_metrics(const blkps_engine* e,
+                               blkps_engine_metrics* out) {
+  const blkps::IterationMetrics& m = e->engine->last_metrics();
+  out->iteration = m.iteration;
+  out->compute_s = m.compute_s;
+  out->stall_s = m.stall_s;
+  out->push_s = m.push_s;
+  out->pull_s = m.pull_s;
+  out->bubble_s = m.bubble_s;
+  out->staleness = m.staleness;
+  out->concurrent = m.concurrent ? 1 : 0;
+}
+
+uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {
+  return e->engine->gradients_pushed();
+}
+
+const char* blkps_engine_last_error(const blkps_engine* e) {
+  return e->engine->last_error().c_str();
+}
+
+void blkps_engine_close(blkps_engine* e) { delete e; }
 
 }  // extern "C"

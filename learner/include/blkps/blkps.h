@@ -50,6 +50,8 @@ typedef struct blkps_open_options {
 
 /* Opens `target`: a path (regular file or block device) or
  * iscsi://host[:port]/<target-iqn>/<lun> or iser://... (same shape).
+ * layout:PATH opens a model striped over the shards listed in layout file
+ * PATH (README "Sharding"): one handle, one connection and thread per shard.
  * opts may be NULL (all defaults).
  * Returns 0 and stores a handle in *out, or a negative errno and writes a
  * one-line message to errbuf (if non-NULL; truncated to errlen bytes with a
@@ -94,6 +96,95 @@ int blkps_sync(blkps_model *m);
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
 const char *blkps_last_error(const blkps_model *m);
+
+/* ---- Learner engine: double buffering and adaptive pulling ----------------
+ *
+ * An engine trains on one buffer while its own threads push the previous
+ * gradient and pull the next weights into the other; blkps_engine_step()
+ * swaps them (no copy). The C++ header blkps/engine.hpp documents the
+ * contract in full: buffer ownership, the pull's timing (bubble), metrics,
+ * and what happens to gradients on error (each is pushed exactly once, in
+ * order; after a failed push or pull the engine is failed, every later
+ * step/finish returns the error, and blkps_engine_gradients_pushed() counts
+ * the gradients that reached the server whole).
+ *
+ *   blkps_engine_options o;
+ *   blkps_engine_options_init(&o);
+ *   blkps_engine *e;
+ *   if (blkps_engine_open(url, &o, &e, err, sizeof err) != 0) ...
+ *   for (t = 0; t < T; ++t) {
+ *     compute(blkps_engine_weights(e), blkps_engine_gradient(e), n);
+ *     if (blkps_engine_step(e) != 0) ... blkps_engine_last_error(e) ...
+ *   }
+ *   blkps_engine_finish(e);  (pushes the last gradient)
+ *   blkps_engine_close(e);
+ *
+ * Thread-safety: an engine is driven by one thread at a time. */
+
+typedef struct blkps_engine blkps_engine;
+
+typedef struct blkps_engine_options {
+  blkps_open_options open;  /* for every connection the engine opens */
+  uint64_t first_param;     /* range served: [first_param, +param_count) */
+  uint64_t param_count;     /* 0 = up to the end of the device */
+  int double_buffering;     /* 0: baseline, step pushes then pulls itself */
+  int adaptive_pull;        /* 0: each pull starts as soon as it may */
+  double smoothing;         /* weight of the newest sample, in (0, 1] */
+  const char *control_target; /* NULL, or the control LUN (staleness) */
+} blkps_engine_options;
+
+/* Sets the defaults: zeros, double_buffering = 1, adaptive_pull = 1,
+ * smoothing = 0.25. Use it before setting fields: a zeroed struct would
+ * select the baseline without double buffering. */
+void blkps_engine_options_init(blkps_engine_options *opts);
+
+typedef struct blkps_engine_metrics {
+  uint64_t iteration;
+  double compute_s; /* previous step's return to this step */
+  double stall_s;   /* this step's wait for communication */
+  double push_s;    /* the previous gradient's push */
+  double pull_s;    /* the next weights' pull */
+  double bubble_s;  /* iteration start to pull start */
+  int64_t staleness; /* model updates between pull and use; -1 unknown */
+  int concurrent;   /* push and pull ran at the same time */
+} blkps_engine_metrics;
+
+/* Opens an engine on `target` (as blkps_open) and pulls the first weights.
+ * opts NULL = defaults. Returns 0 and stores the engine in *out, or a
+ * negative errno with a one-line message in errbuf (if non-NULL). */
+int blkps_engine_open(const char *target, const blkps_engine_options *opts,
+                      blkps_engine **out, char *errbuf, size_t errlen);
+
+/* Parameters served: the length of the weights and gradient buffers. */
+uint64_t blkps_engine_param_count(const blkps_engine *e);
+
+/* This iteration's weights (read only) and gradient buffer (to be filled);
+ * both valid until the next blkps_engine_step(). */
+const float *blkps_engine_weights(const blkps_engine *e);
+float *blkps_engine_gradient(blkps_engine *e);
+
+/* The gradient is complete: hand it over, wait for the next weights, swap.
+ * Returns 0 or a negative errno. */
+int blkps_engine_step(blkps_engine *e);
+
+/* Pushes the current gradient, waits for every push, stops the threads.
+ * Returns 0 or a negative errno. */
+int blkps_engine_finish(blkps_engine *e);
+
+/* The metrics of the iteration the last successful step ended. */
+void blkps_engine_last_metrics(const blkps_engine *e,
+                               blkps_engine_metrics *out);
+
+/* Gradients that reached the server whole so far. */
+uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
+
+/* Message of the last failure on e; "" if none. */
+const char *blkps_engine_last_error(const blkps_engine *e);
+
+/* Stops the threads (gradients already handed to step are still pushed;
+ * the current one is not: call blkps_engine_finish first) and frees the
+ * engine. NULL is ignored. */
+void blkps_engine_close(blkps_engine *e);
 
 #ifdef __cplusplus
 }  /* extern "C" */
