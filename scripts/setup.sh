@@ -26,7 +26,7 @@ packages=(
   build-essential cmake pkg-config g++ git
   tgt libiscsi-dev libiscsi-bin libaio-dev libopenblas-dev libopenblas-serial-dev
   rdma-core libibverbs-dev librdmacm-dev
-  fio fuse3 libfuse3-dev libgtest-dev
+  fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
   dpkg-dev iproute2 procps shellcheck
 )

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The main job in small: a blkps server on loopback and 2 Python learner
-# processes (libblkps over iSCSI) train the digits MLP; the held-out test
-# accuracy must reach 0.90. Each learner has its own LUN (learner slot).
-# Usage: train_digits_test.sh <repo> <build dir> <mode: async|bsp|ssp:S>
+# The main job in small: a blkps server on loopback and 2 learner processes
+# (libblkps over iSCSI) train the digits MLP; the held-out test accuracy must
+# reach 0.90. Each learner has its own LUN (learner slot).
+#   python: learner/examples/train_digits.py, learner 0 also runs an lr
+#           schedule through the control LUN (checked at the end);
+#   cpp:    blkps-train-digits (learner/examples/train_digits.cc) on the
+#           double-buffered engine, staleness measured through the control LUN.
+# Usage: train_digits_test.sh <repo> <build dir> <mode: async|bsp|ssp:S> [python|cpp]
 set -euo pipefail
-top=$1 build=$2 mode=$3
+top=$1 build=$2 mode=$3 learner=${4:-python}
 py=/usr/bin/python3
 train="$top/learner/examples/train_digits.py"
+cpp="$build/learner/examples/blkps-train-digits"
 export BLKPS_LIB="$build/learner/libblkps.so"
 state=$(mktemp -d /tmp/blkps-test-XXXXXX)
 trap '"$top/scripts/blkps-target" stop --dir "$state"; rm -rf "$state"' EXIT
@@ -14,8 +19,17 @@ params=$("$py" "$train" --params)
 "$top/scripts/blkps-target" start --dir "$state" --owner-pid $$ --luns 2 \
   --plugin "$build/target-plugin/bs_blkps.so" \
   --bsopts "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=$mode" >/dev/null
+# shellcheck source=/dev/null  # written by blkps-target
 . "$state/target.env"
 read -r url0 url1 <<<"$URLS"
+if [ "$learner" = cpp ]; then
+  "$cpp" --target "$url0" --learner 0 --learners 2 --epochs 15 --control "$CONTROL_URL" & a=$!
+  "$cpp" --target "$url1" --learner 1 --learners 2 --epochs 15 & b=$!
+  wait $a
+  wait $b
+  "$cpp" --target "$URL" --evaluate --min-accuracy 0.90
+  exit 0
+fi
 # Learner 0 also drives a learning-rate schedule through the control LUN.
 "$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 \
   --control "$CONTROL_URL" --lr-decay 0.95 & a=$!
