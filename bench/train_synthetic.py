@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""A communication-bound learner for the training benchmark: softmax
+regression on synthetic sparse data, with a model of tens of millions of
+parameters and a gradient that costs almost nothing to compute, so that the
+time per iteration is the whole-model exchange with the parameter server.
+
+  train_synthetic.py --print-params [--params N]    parameters actually served
+  train_synthetic.py --target URL --learner K --learners L --iterations I
+                     [--params N] [--start-at T] [--engine] [--result FILE]
+
+Every iteration pulls all weights, computes the gradient of one minibatch
+and pushes a gradient for every parameter (as bsp and ssp require). The
+model is W (features x classes), row-major: parameter f*classes + c. A
+sample of class c has --active features set to 1, mostly from c's own
+feature set, so the loss falls as training goes on; the gradient touches only
+those rows, which are cleared again after the push.
+
+--start-at T (seconds since the epoch): wait until then after opening the
+device, so that the learners of one run start together. --result FILE: write
+one JSON object with the learner's figures (iterations, samples, seconds,
+bytes pushed and pulled, per-iteration losses). --engine uses
+blkps.Engine (the double-buffered engine) where the binding has one.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "learner", "python"))
+import blkps  # noqa: E402
+
+CLASSES = 1000
+
+
+def geometry(params):
+    """(features, classes) with features * classes <= params and the model a
+    whole number of 512-byte blocks (so every push covers whole blocks)."""
+    features = params // CLASSES // 16 * 16
+    if features < 16:
+        sys.exit(f"train_synthetic: --params {params} is too small (at least {16 * CLASSES})")
+    return features, CLASSES
+
+
+class SyntheticTask:
+    """Samples and the softmax-regression gradient; seeded per learner."""
+
+    def __init__(self, features, classes, active, seed):
+        self.features, self.classes, self.active = features, classes, active
+        own = min(features, 4 * active)
+        self.class_features = np.random.default_rng(7).integers(0, features, size=(classes, own))
+        self.rng = np.random.default_rng(seed)
+
+    def batch(self, size):
+        """(feature indices [size, active], labels [size])."""
+        y = self.rng.integers(0, self.classes, size=size)
+        pick = self.rng.integers(0, self.class_features.shape[1], size=(size, self.active))
+        idx = self.class_features[y[:, None], pick]
+        noise = self.rng.random((size, self.active)) < 0.2
+        idx[noise] = self.rng.integers(0, self.features, size=int(noise.sum()))
+        return idx, y
+
+    def gradient(self, w, grad, idx, y):
+        """Adds the minibatch gradient into grad (zero on entry outside the
+        returned rows) and returns (loss, rows touched)."""
+        size = len(y)
+        w2 = w.reshape(self.features, self.classes)
+        logits = w2[idx].sum(axis=1)
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        loss = float(-np.log(p[np.arange(size), y] + 1e-12).mean())
+        p[np.arange(size), y] -= 1.0
+        p /= size
+        rows, where = np.unique(idx.ravel(), return_inverse=True)
+        counts = np.zeros((len(rows), size), dtype=np.float32)
+        np.add.at(counts, (where, np.repeat(np.arange(size), self.active)), 1.0)
+        grad.reshape(self.features, self.classes)[rows] = counts @ p
+        return loss, rows
+
+
+def train(args):
+    features, classes = geometry(args.params)
+    n = features * classes
+    task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
+    if args.engine:
+        exchange = EngineExchange(args.target, n)
+    else:
+        exchange = ModelExchange(args.target, n)
+    if args.start_at:
+        time.sleep(max(0.0, args.start_at - time.time()))
+    losses, times = [], []
+    start = time.time()
+    for it in range(args.iterations):
+        weights, grad = exchange.begin()
+        idx, y = task.batch(args.batch)
+        loss, rows = task.gradient(weights, grad, idx, y)
+        exchange.end(rows)
+        losses.append(loss)
+        times.append(time.time() - start)
+        if args.progress and (it + 1) % args.progress == 0:
+            print(f"learner {args.learner}: iteration {it + 1} loss {loss:.4f} "
+                  f"{(it + 1) / (time.time() - start):.2f} it/s", flush=True)
+    exchange.close()
+    seconds = time.time() - start
+    result = {
+        "learner": args.learner, "learners": args.learners, "params": n,
+        "iterations": args.iterations, "samples": args.iterations * args.batch,
+        "start": start, "seconds": seconds,
+        "bytes_pushed": args.iterations * 4 * n, "bytes_pulled": args.iterations * 4 * n,
+        "comm_seconds": exchange.comm_seconds,
+        "losses": losses, "times": times,
+    }
+    if args.result:
+        with open(args.result, "w") as f:
+            json.dump(result, f)
+    print(f"learner {args.learner}: {args.iterations} iterations in {seconds:.2f} s, "
+          f"loss {np.mean(losses[:3]):.3f} -> {np.mean(losses[-3:]):.3f}", flush=True)
+
+
+class ModelExchange:
+    """Pull, compute, push in turn with blkps.Model (one thread)."""
+
+    def __init__(self, target, n):
+        self.model = blkps.Model(target)
+        if self.model.size_bytes < 4 * n:
+            sys.exit(f"train_synthetic: {target} holds {self.model.size_bytes // 4} parameters, "
+                     f"the model needs {n} (start the server with params={n})")
+        self.weights = np.empty(n, dtype=np.float32)
+        self.grad = np.zeros(n, dtype=np.float32)
+        self.comm_seconds = 0.0
+
+    def begin(self):
+        """Pulls; returns (weights, a zero gradient buffer)."""
+        t = time.perf_counter()
+        self.model.pull_into(0, self.weights)
+        self.comm_seconds += time.perf_counter() - t
+        return self.weights, self.grad
+
+    def end(self, rows):
+        """Pushes the gradient, then clears the rows it set."""
+        t = time.perf_counter()
+        self.model.push(0, self.grad)
+        self.comm_seconds += time.perf_counter() - t
+        self.grad.reshape(-1, CLASSES)[rows] = 0.0
+
+    def close(self):
+        self.model.close()
+
+
+class EngineExchange:
+    """blkps.Engine: the next pull and this push overlap the next compute.
+    Adaptive pulling is off, so every step moves the whole model both ways,
+    as ModelExchange does."""
+
+    def __init__(self, target, n):
+        engine_class = getattr(blkps, "Engine", None)
+        if engine_class is None:
+            sys.exit("train_synthetic: --engine: this blkps binding has no Engine")
+        self.engine = engine_class(target, param_count=n, adaptive_pull=False)
+        self.rows = {}  # gradient buffer address -> rows it holds from its last use
+        self.grad = None
+        self.comm_seconds = 0.0
+
+    def begin(self):
+        self.grad = self.engine.gradient
+        address = self.grad.ctypes.data
+        if address in self.rows:
+            self.grad.reshape(-1, CLASSES)[self.rows[address]] = 0.0
+        else:
+            self.grad[:] = 0.0
+        return self.engine.weights, self.grad
+
+    def end(self, rows):
+        self.rows[self.grad.ctypes.data] = rows
+        t = time.perf_counter()
+        self.engine.step()  # waits only for what did not overlap the compute
+        self.comm_seconds += time.perf_counter() - t
+
+    def close(self):
+        t = time.perf_counter()
+        self.engine.finish()
+        self.comm_seconds += time.perf_counter() - t
+        self.engine.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", help="model device URL (iscsi://...) or path")
+    ap.add_argument("--print-params", action="store_true", help="print the parameter count served and exit")
+    ap.add_argument("--params", type=int, default=25_000_000, help="model size, rounded down (default 25M)")
+    ap.add_argument("--learner", type=int, default=0)
+    ap.add_argument("--learners", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=64, help="samples per iteration (default 64)")
+    ap.add_argument("--active", type=int, default=32, help="features set per sample (default 32)")
+    ap.add_argument("--start-at", type=float, help="wall-clock second to start at")
+    ap.add_argument("--engine", action="store_true", help="use blkps.Engine")
+    ap.add_argument("--result", help="write the learner's figures here (JSON)")
+    ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
+    args = ap.parse_args()
+    if args.print_params:
+        features, classes = geometry(args.params)
+        print(features * classes)
+        return
+    if not args.target:
+        ap.error("--target is required")
+    if not 0 <= args.learner < args.learners:
+        ap.error(f"--learner must be in [0, {args.learners})")
+    if args.iterations < 1 or args.batch < 1 or args.active < 1:
+        ap.error("--iterations, --batch and --active must be positive")
+    try:
+        train(args)
+    except OSError as e:
+        sys.exit(f"train_synthetic: {e.strerror or e}")
+
+
+if __name__ == "__main__":
+    main()
