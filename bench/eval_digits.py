@@ -11,7 +11,7 @@ Every --interval seconds it reads the weights and the status and appends one
 JSON line to FILE: {"t": wall-clock seconds, "updates": ..., "global_step":
 ..., "iterations": [per learner], "accuracy": held-out test accuracy}. It
 stops after the first poll that finds PATH present (the learners are done).
-The MLP and the data split are learner/examples/train_digits.py's.
+The MLP and the data split are learner/examples/digits_mlp.py's.
 """
 import argparse
 import json
@@ -26,10 +26,7 @@ sys.path.insert(0, os.path.join(examples, "..", "python"))
 sys.path.insert(0, examples)
 import blkps  # noqa: E402
 
-try:  # the MLP may live in its own module next to train_digits.py
-    from digits_mlp import Mlp, load_data  # noqa: E402
-except ImportError:
-    from train_digits import Mlp, load_data  # noqa: E402
+from digits_mlp import Mlp, load_data  # noqa: E402
 
 STATUS_BYTES, WEIGHTS_OFFSET = 64 << 10, 1 << 20
 

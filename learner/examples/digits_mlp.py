@@ -9,6 +9,8 @@ every N-th training example starting at K (learner_data).
 The flat parameter vector (float32; parameter i at device byte 4*i) is
 W1 (64 x hidden, row-major), b1 (hidden), W2 (hidden x 10), b2 (10).
 """
+import sys
+
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -85,3 +87,24 @@ def learner_data(learner, learners, batch):
 def learner_rng(learner):
     """The minibatch order's random generator of learner K."""
     return np.random.default_rng(1000 + learner)
+
+
+def add_learner_arguments(ap):
+    """The options every digits learner takes besides --target, so that they
+    all have one command line (argparse parser `ap`)."""
+    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
+    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
+    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
+    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
+    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
+    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
+    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+
+
+def report_accuracy(prog, accuracy, images, min_accuracy):
+    """Prints the held-out accuracy; exits non-zero below min_accuracy."""
+    print(f"held-out test accuracy: {accuracy:.4f} ({images} images)")
+    if min_accuracy is not None and accuracy < min_accuracy:
+        sys.exit(f"{prog}: test accuracy {accuracy:.4f} is below --min-accuracy {min_accuracy}")

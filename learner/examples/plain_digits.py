@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from digits_mlp import Mlp, learner_data, learner_rng, load_data
+from digits_mlp import (Mlp, add_learner_arguments, learner_data, learner_rng, load_data,
+                        report_accuracy)
 
 BLKSSZGET = 0x1268  # ioctl: a block device's logical block size
 
@@ -143,23 +144,13 @@ def evaluate(args, mlp):
     if not np.all(np.isfinite(weights)):
         sys.exit("plain_digits: the model holds NaN or infinite weights")
     acc = mlp.accuracy(weights, x_test, y_test)
-    print(f"held-out test accuracy: {acc:.4f} ({len(y_test)} images)")
-    if args.min_accuracy is not None and acc < args.min_accuracy:
-        sys.exit(f"plain_digits: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}")
+    report_accuracy("plain_digits", acc, len(y_test), args.min_accuracy)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="the model: a block device, a file on the blkps mount, or a file")
-    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
-    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
-    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
-    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
-    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
-    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
-    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
-    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    add_learner_arguments(ap)
     args = ap.parse_args()
     mlp = Mlp(args.hidden)
     if args.params:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from digits_mlp import Mlp, learner_data, learner_rng, load_data
+from digits_mlp import (Mlp, add_learner_arguments, learner_data, learner_rng, load_data,
+                        report_accuracy)
 from plain_digits import ModelFile
 
 
@@ -110,23 +111,13 @@ def evaluate(args, num_params):
     with torch.no_grad():
         predicted = net(torch.from_numpy(x_test)).argmax(dim=1).numpy()
     acc = float((predicted == y_test).mean())
-    print(f"held-out test accuracy: {acc:.4f} ({len(y_test)} images)")
-    if args.min_accuracy is not None and acc < args.min_accuracy:
-        sys.exit(f"torch_digits: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}")
+    report_accuracy("torch_digits", acc, len(y_test), args.min_accuracy)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="the model: a file on the blkps mount, a block device, or a file")
-    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
-    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
-    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
-    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
-    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
-    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
-    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
-    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    add_learner_arguments(ap)
     args = ap.parse_args()
     num_params = Mlp(args.hidden).num_params
     if args.params:

@@ -28,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import blkps  # noqa: E402
-from digits_mlp import Mlp, learner_data, learner_rng, load_data  # noqa: E402
+from digits_mlp import (Mlp, add_learner_arguments, learner_data, learner_rng, load_data,  # noqa: E402
+                        report_accuracy)
 
 CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
 
@@ -96,26 +97,16 @@ def evaluate(args, mlp):
     if not np.all(np.isfinite(weights)):
         sys.exit("train_digits: the model holds NaN or infinite weights")
     acc = mlp.accuracy(weights, x_test, y_test)
-    print(f"held-out test accuracy: {acc:.4f} ({len(y_test)} images)")
-    if args.min_accuracy is not None and acc < args.min_accuracy:
-        sys.exit(f"train_digits: test accuracy {acc:.4f} is below --min-accuracy {args.min_accuracy}")
+    report_accuracy("train_digits", acc, len(y_test), args.min_accuracy)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="model device: iscsi:// URL, iser:// URL, file or block device")
-    ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
-    ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
-    ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
-    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
-    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
-    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
     ap.add_argument("--control", help="the model's control LUN, for --lr-decay")
     ap.add_argument("--lr-decay", type=float, default=1.0,
                     help="with --control: multiply the server's lr by this after each epoch (default 1: off)")
-    ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
-    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    add_learner_arguments(ap)
     args = ap.parse_args()
     mlp = Mlp(args.hidden)
     if args.params:
