@@ -82,7 +82,11 @@ for bs in 256K 1M; do
   stage "null-ratio $bs" "$top/bench/null-ratio.sh" "$out/null-ratio-$bs.txt" -- \
     "$top/bench/null-ratio.sh" --bs "$bs" --rounds "$rounds" --seconds "$seconds"
 done
-stage fio "$top/bench/fio/sweep.sh" "" -- "$top/bench/fio/sweep.sh" --out "$out" "${quick_flag[@]}" "${build_flag[@]}"
+# The full run adds the real link (--netns): veth, tc shaping, 2 shards x 4 learners.
+netns_flag=(--netns)
+[ "$quick" = 1 ] && netns_flag=()
+stage fio "$top/bench/fio/sweep.sh" "" -- "$top/bench/fio/sweep.sh" --out "$out" "${netns_flag[@]}" \
+  "${quick_flag[@]}" "${build_flag[@]}"
 if [ "$quick" = 1 ]; then
   stage mount "$top/bench/mount-vs-direct.sh" "$out/mount-vs-direct.txt" -- \
     "$top/bench/mount-vs-direct.sh" --rounds 1 --seconds 2 "${build_flag[@]}"
