@@ -145,8 +145,58 @@ def _library():
     return _lib
 
 
-class Model:
-    """An open model device. Close it with close() or a with-block."""
+class _Handle:
+    """What Model and Engine share: a libblkps handle, opened by the
+    subclass's constructor (through _open) and freed by `_CLOSE`; errors
+    raise OSError(errno, message) with the handle's last error (`_LAST_ERROR`).
+    close() is idempotent; later calls raise ValueError."""
+
+    _CLOSE = _LAST_ERROR = None  # names of the libblkps functions
+
+    def _open(self, open_fn, target, options):
+        """Calls open_fn(target, options, &handle, message, len) and keeps the
+        handle; raises OSError with libblkps's one-line message."""
+        lib = _library()
+        handle = ctypes.c_void_p()
+        message = ctypes.create_string_buffer(1024)
+        rc = getattr(lib, open_fn)(os.fsencode(target), ctypes.byref(options),
+                                   ctypes.byref(handle), message, len(message))
+        if rc != 0:
+            raise OSError(-rc, message.value.decode(errors="replace"))
+        self._lib = lib
+        self._handle = handle
+
+    def close(self):
+        """Frees the handle (see the class's docs for what that does)."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            getattr(self._lib, self._CLOSE)(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _open_handle(self):
+        if self._handle is None:
+            raise ValueError(f"blkps: operation on a closed {type(self).__name__}")
+        return self._handle
+
+    def _check(self, rc):
+        if rc != 0:
+            message = getattr(self._lib, self._LAST_ERROR)(self._handle)
+            raise OSError(-rc, message.decode(errors="replace"))
+
+
+class Model(_Handle):
+    """An open model device. Close it with close() or a with-block (which
+    closes the device and logs out of its iSCSI session)."""
+
+    _CLOSE, _LAST_ERROR = "blkps_close", "blkps_last_error"
 
     def __init__(self, target, request_bytes=0, queue_depth=0,
                  initiator_name=None):
@@ -154,18 +204,10 @@ class Model:
         (requests in flight) of 0 take libblkps's defaults (1 MiB, or 512 KiB
         for iser://; 16); initiator_name is the iSCSI initiator IQN (None:
         libblkps's default)."""
-        lib = _library()
         options = _OpenOptions(
             request_bytes, queue_depth,
             initiator_name.encode() if initiator_name is not None else None)
-        handle = ctypes.c_void_p()
-        message = ctypes.create_string_buffer(1024)
-        rc = lib.blkps_open(os.fsencode(target), ctypes.byref(options),
-                            ctypes.byref(handle), message, len(message))
-        if rc != 0:
-            raise OSError(-rc, message.value.decode(errors="replace"))
-        self._lib = lib
-        self._handle = handle
+        self._open("blkps_open", target, options)
 
     @property
     def size_bytes(self):
@@ -217,33 +259,8 @@ class Model:
         """Returns once the server has checkpointed the model durably."""
         self._check(self._lib.blkps_sync(self._open_handle()))
 
-    def close(self):
-        """Closes the device; further calls raise ValueError. Idempotent."""
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            self._lib.blkps_close(handle)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _open_handle(self):
-        if self._handle is None:
-            raise ValueError("blkps: operation on a closed Model")
-        return self._handle
-
-    def _check(self, rc):
-        if rc != 0:
-            message = self._lib.blkps_last_error(self._handle)
-            raise OSError(-rc, message.decode(errors="replace"))
-
-
-class Engine:
+class Engine(_Handle):
     """A training loop's double-buffered view of the model (blkps/engine.hpp).
 
     The engine pulls the weights into one buffer while the caller computes on
@@ -261,8 +278,12 @@ class Engine:
     new views. step() releases the GIL while it waits. ``metrics`` is the
     last step's IterationMetrics as a dict. Errors raise OSError(errno,
     message); after a failed step the engine stays failed. One thread drives
-    an engine.
+    an engine. close() (or leaving the with-block) stops the engine:
+    gradients already handed to step() are still pushed; call finish() first
+    to push the current one.
     """
+
+    _CLOSE, _LAST_ERROR = "blkps_engine_close", "blkps_engine_last_error"
 
     def __init__(self, target, first_param=0, param_count=0,
                  double_buffering=True, adaptive_pull=True, smoothing=0.25,
@@ -285,15 +306,8 @@ class Engine:
         options.smoothing = smoothing
         options.control_target = (os.fsencode(control_target)
                                   if control_target is not None else None)
-        handle = ctypes.c_void_p()
-        message = ctypes.create_string_buffer(1024)
-        rc = lib.blkps_engine_open(os.fsencode(target), ctypes.byref(options),
-                                   ctypes.byref(handle), message, len(message))
-        if rc != 0:
-            raise OSError(-rc, message.value.decode(errors="replace"))
-        self._lib = lib
-        self._handle = handle
-        self._count = lib.blkps_engine_param_count(handle)
+        self._open("blkps_engine_open", target, options)
+        self._count = lib.blkps_engine_param_count(self._handle)
 
     @property
     def count(self):
@@ -335,29 +349,3 @@ class Engine:
     def gradients_pushed(self):
         """Gradients that reached the server whole so far."""
         return self._lib.blkps_engine_gradients_pushed(self._open_handle())
-
-    def close(self):
-        """Stops the engine (gradients already handed to step() are still
-        pushed; call finish() first to push the current one). Idempotent."""
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            self._lib.blkps_engine_close(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _open_handle(self):
-        if self._handle is None:
-            raise ValueError("blkps: operation on a closed Engine")
-        return self._handle
-
-    def _check(self, rc):
-        if rc != 0:
-            message = self._lib.blkps_engine_last_error(self._handle)
-            raise OSError(-rc, message.decode(errors="replace"))
