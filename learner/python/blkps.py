@@ -11,9 +11,10 @@ the current weights::
         w = model.pull(0, 1000)
         model.push(0, np.ones(1000, dtype=np.float32))
 
-A target is a file or block device path, iscsi://host[:port]/<target-iqn>/<lun>
-or iser://... (same shape). Errors raise ``OSError(errno, message)`` with
-libblkps's one-line message.
+A target is a file or block device path, iscsi://host[:port]/<target-iqn>/<lun>,
+iser://... (same shape) or layout:PATH (a model striped over shards; see
+README "Sharding"). ``Engine`` is the double-buffered training loop. Errors
+raise ``OSError(errno, message)`` with libblkps's one-line message.
 
 A Model is used by one thread at a time; open one per thread. The library
 releases the GIL during transfers.
