@@ -6,11 +6,16 @@
 #
 # Usage: sudo scripts/demo.sh [--learners N] [--epochs E] [--lr X]
 #                             [--mode async|bsp|ssp:S] [--transport iscsi|iser]
+#                             [--via lib|mount|engine]
+# --via says how the learners reach the model: lib (default) Python learners
+# through libblkps over iSCSI; mount: the model mounted as files
+# (blkps-mount) and Python learners with plain os.pread/os.pwrite, no
+# library; engine: C++ learners on libblkps's double-buffered engine.
 # Each learner has its own LUN (learner slot). At the end the model is
 # checkpointed (fsync) into build/demo/ and the job's status is printed.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-learners=2 epochs=20 lr=0.2 mode=async transport=iscsi
+learners=2 epochs=20 lr=0.2 mode=async transport=iscsi via=lib
 while [ $# -gt 0 ]; do
   case "$1" in
     --learners) learners=${2:?}; shift 2 ;;
@@ -18,11 +23,13 @@ while [ $# -gt 0 ]; do
     --lr) lr=${2:?}; shift 2 ;;
     --mode) mode=${2:?}; shift 2 ;;
     --transport) transport=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --via) via=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$learners" in ''|*[!0-9]*|0) echo "demo: --learners: expected a positive integer, got '$learners'" >&2; exit 2 ;; esac
+case "$via" in lib|mount|engine) ;; *) echo "demo: --via: expected lib, mount or engine, got '$via'" >&2; exit 2 ;; esac
 
 "$top/scripts/build.sh"
 
@@ -32,7 +39,11 @@ export BLKPS_LIB="$top/build/cmake/learner/libblkps.so"
 state="$top/build/demo"
 params=$("$py" "$train" --params)
 
-cleanup() { "$top/scripts/blkps-target" stop --dir "$state"; }
+mnt="$state/mnt"
+cleanup() {
+  if mountpoint -q "$mnt" 2>/dev/null; then fusermount3 -u "$mnt" || true; fi
+  "$top/scripts/blkps-target" stop --dir "$state"
+}
 trap cleanup EXIT
 echo "demo: starting the parameter server (MLP on digits, $params parameters, sgd lr=$lr, mode $mode, $transport on loopback)"
 "$top/scripts/blkps-target" stop --dir "$state" 2>/dev/null || true
@@ -46,10 +57,22 @@ rm -f "$state/digits-mlp.ckpt"  # a fresh model each run
 read -r -a urls <<<"$URLS"
 echo "demo: learner devices ${urls[*]}; control device $CONTROL_URL"
 
-echo "demo: training with $learners learner processes, $epochs epochs each"
+# The learner program and the device each learner opens.
+case "$via" in
+  lib) learner=("$py" "$train") ;;
+  engine) learner=("$top/build/cmake/learner/examples/blkps-train-digits") ;;
+  mount)
+    learner=("$py" "$top/learner/examples/plain_digits.py")
+    mkdir -p "$mnt"
+    "$top/build/cmake/learner/mount/blkps-mount" "$mnt" --from "$state"
+    for ((k = 0; k < learners; k++)); do urls[k]="$mnt/slot$((k + 1))"; done
+    echo "demo: mounted the model at $mnt: $(cd "$mnt" && echo *)" ;;
+esac
+
+echo "demo: training with $learners learner processes ($via), $epochs epochs each"
 pids=()
 for ((k = 0; k < learners; k++)); do
-  "$py" "$train" --target "${urls[$k]}" --learner "$k" --learners "$learners" --epochs "$epochs" --sync &
+  "${learner[@]}" --target "${urls[$k]}" --learner "$k" --learners "$learners" --epochs "$epochs" --sync &
   pids+=($!)
 done
 failed=0
