@@ -9,6 +9,9 @@
 #   shard_integration_test.sh <repo> <build dir> partial-start
 #     a start where the second shard fails prints one line naming it and
 #     leaves no tgtd running.
+#   shard_integration_test.sh <repo> <build dir> status-and-set
+#     `blkps set lr=... --dir DIR` reaches every shard, and `blkps status
+#     --dir DIR` reports each.
 #
 # Why 2 learners in bsp give exactly the same weights however the model is
 # cut: in bsp a learner's pull of iteration t+1 sees exactly the rounds
@@ -103,5 +106,15 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
     [ ! -e "$state/two/shard-0/tgtd.pid" ] || fail "shard 0's tgtd was left running"
     [ ! -e "$state/two/shards.env" ] || fail "shards.env written for a failed start"
     ;;
-  *) fail "unknown test '$what' (same-weights, partial-start)" ;;
+  status-and-set)
+    "$shards_cmd" start --dir "$state/two" --shards 2 --stripe-unit 4096 --plugin "$plugin" \
+      --bsopts "params=$params;block=4K;lr=0.1" >/dev/null
+    "$top/scripts/blkps" set lr=0.025 --dir "$state/two"
+    lrs=$("$top/scripts/blkps" status --dir "$state/two" --json |
+          "$py" -c 'import json, sys; print(" ".join(str(s["rule_params"]["lr"]) for s in json.load(sys.stdin)))')
+    [ "$lrs" = "0.025 0.025" ] || fail "lr per shard after set: '$lrs', expected '0.025 0.025'"
+    [ "$("$top/scripts/blkps" status --dir "$state/two" | grep -c '^== shard')" = 2 ] ||
+      fail "status does not show both shards"
+    ;;
+  *) fail "unknown test '$what' (same-weights, partial-start, status-and-set)" ;;
 esac
