@@ -18,6 +18,7 @@
 #include <string>
 
 #include "blkps/model.hpp"
+#include "byte_size.h"  // learner/src: the tools' size syntax
 
 namespace {
 
@@ -49,30 +50,9 @@ struct Options {
   exit(2);
 }
 
-// "4096", "64K", "1M", "2G" (powers of 1024).
-bool ParseSize(const std::string& text, uint64_t* bytes) {
-  if (text.empty() || !isdigit(static_cast<unsigned char>(text[0]))) {
-    return false;
-  }
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long number = strtoull(text.c_str(), &end, 10);
-  if (errno != 0) return false;
-  int shift = 0;
-  if (*end != '\0') {
-    const int suffix = toupper(static_cast<unsigned char>(*end++));
-    shift = suffix == 'K' ? 10 : suffix == 'M' ? 20 : suffix == 'G' ? 30 : -1;
-  }
-  if (shift < 0 || *end != '\0' || number > (UINT64_MAX >> shift)) {
-    return false;
-  }
-  *bytes = static_cast<uint64_t>(number) << shift;
-  return true;
-}
-
 uint64_t SizeOption(const std::string& name, const std::string& value) {
   uint64_t bytes = 0;
-  if (!ParseSize(value, &bytes)) {
+  if (!blkps::ParseByteSize(value, &bytes)) {
     Fail(name + ": expected a size like 1M, got '" + value + "'");
   }
   return bytes;
@@ -114,7 +94,7 @@ Options ParseOptions(int argc, char** argv) {
     } else if (name == "--qd") {
       uint64_t qd = 0;
       if (value.find_first_not_of("0123456789") != std::string::npos ||
-          !ParseSize(value, &qd) || qd == 0 || qd > UINT32_MAX) {
+          !blkps::ParseByteSize(value, &qd) || qd == 0 || qd > UINT32_MAX) {
         Fail("--qd: expected a positive integer, got '" + value + "'");
       }
       options.qd = static_cast<uint32_t>(qd);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "blkps/model.hpp"
+#include "byte_size.h"
 #include "device.h"
 #include "transfer_plan.h"
 
@@ -24,6 +25,27 @@ namespace blkps {
 namespace {
 
 constexpr uint32_t kBlock = 512;
+
+TEST(ByteSize, ParsesNumbersAndBinarySuffixes) {
+  uint64_t bytes = 0;
+  EXPECT_TRUE(ParseByteSize("4096", &bytes));
+  EXPECT_EQ(bytes, 4096u);
+  EXPECT_TRUE(ParseByteSize("64k", &bytes));
+  EXPECT_EQ(bytes, 64u << 10);
+  EXPECT_TRUE(ParseByteSize("1M", &bytes));
+  EXPECT_EQ(bytes, 1u << 20);
+  EXPECT_TRUE(ParseByteSize("2G", &bytes));
+  EXPECT_EQ(bytes, 2ull << 30);
+}
+
+TEST(ByteSize, RefusesAnythingElseAndLeavesTheOutput) {
+  for (const char* bad : {"", "M", "-1", " 1", "1 ", "1X", "1MB", "1.5M",
+                          "18446744073709551616", "17179869184G"}) {
+    uint64_t bytes = 7;
+    EXPECT_FALSE(ParseByteSize(bad, &bytes)) << bad;
+    EXPECT_EQ(bytes, 7u) << bad;
+  }
+}
 
 // A disk in memory: runs requests the way a Device does.
 class MemoryDisk {

@@ -54,6 +54,7 @@
 #include <thread>
 #include <vector>
 
+#include "byte_size.h"
 #include "device.h"
 #include "device_pool.h"
 #include "split_write_assembler.h"
@@ -130,35 +131,10 @@ void Log(const char* format, ...) {
   fprintf(stderr, "blkps-mount: %s\n", line);
 }
 
-// "4096", "64K", "1M" (powers of 1024).
-bool ParseSize(const std::string& text, uint64_t* bytes) {
-  if (text.empty() || !isdigit(static_cast<unsigned char>(text[0]))) {
-    return false;
-  }
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long number = strtoull(text.c_str(), &end, 10);
-  if (errno != 0) return false;
-  uint64_t scale = 1;
-  const std::string suffix = end;
-  if (suffix == "K" || suffix == "k") {
-    scale = 1ULL << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    scale = 1ULL << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    scale = 1ULL << 30;
-  } else if (!suffix.empty()) {
-    return false;
-  }
-  if (number > UINT64_MAX / scale) return false;
-  *bytes = number * scale;
-  return true;
-}
-
 uint32_t ParseCount(const std::string& option, const std::string& text,
                     uint32_t most) {
   uint64_t value = 0;
-  if (!ParseSize(text, &value) || value < 1 || value > most) {
+  if (!ParseByteSize(text, &value) || value < 1 || value > most) {
     Fail(option + ": expected a whole number in [1, " + std::to_string(most) +
          "], got '" + text + "'");
   }
@@ -230,7 +206,7 @@ Options ParseOptions(int argc, char** argv) {
       from_dirs.push_back(value());
     } else if (arg == "--request-bytes") {
       const std::string text = value();
-      if (!ParseSize(text, &options.request_bytes) ||
+      if (!ParseByteSize(text, &options.request_bytes) ||
           options.request_bytes == 0) {
         Fail("--request-bytes: expected a size such as 256K or 1M, got '" +
              text + "'");
