@@ -10,6 +10,7 @@ The flat parameter vector (float32; parameter i at device byte 4*i) is
 W1 (64 x hidden, row-major), b1 (hidden), W2 (hidden x 10), b2 (10).
 """
 import sys
+import time
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -108,3 +109,52 @@ def report_accuracy(prog, accuracy, images, min_accuracy):
     print(f"held-out test accuracy: {accuracy:.4f} ({images} images)")
     if min_accuracy is not None and accuracy < min_accuracy:
         sys.exit(f"{prog}: test accuracy {accuracy:.4f} is below --min-accuracy {min_accuracy}")
+
+
+class EpochMeter:
+    """A learner's progress line per epoch: mean loss and training accuracy
+    over the epoch, and the push and pull rates since the start.
+
+        meter = EpochMeter(learner)
+        weights = meter.timed_pull(pull, nbytes)   # returns pull()'s result
+        meter.timed_push(push, nbytes)
+        meter.add_batch(loss, correct, seen)
+        meter.end_epoch()                           # prints, starts a new epoch
+    """
+
+    def __init__(self, learner):
+        self.tag = f"learner {learner}"
+        self.epoch = self.step = 0
+        self.pulled = self.pushed = 0
+        self.pull_seconds = self.push_seconds = 0.0
+        self._reset_window()
+
+    def _reset_window(self):
+        self.loss_sum, self.correct, self.seen = 0.0, 0, 0
+
+    def timed_pull(self, pull, nbytes):
+        t0 = time.perf_counter()
+        result = pull()
+        self.pull_seconds += time.perf_counter() - t0
+        self.pulled += nbytes
+        return result
+
+    def timed_push(self, push, nbytes):
+        t0 = time.perf_counter()
+        push()
+        self.push_seconds += time.perf_counter() - t0
+        self.pushed += nbytes
+
+    def add_batch(self, loss, correct, seen):
+        self.loss_sum += loss * seen
+        self.correct += correct
+        self.seen += seen
+        self.step += 1
+
+    def end_epoch(self):
+        self.epoch += 1
+        print(f"{self.tag}: epoch {self.epoch:3d} iteration {self.step:5d} "
+              f"loss {self.loss_sum / self.seen:.4f} train-accuracy {self.correct / self.seen:.3f} "
+              f"pushed {self.pushed / 1e6 / self.push_seconds:7.1f} MB/s "
+              f"pulled {self.pulled / 1e6 / self.pull_seconds:7.1f} MB/s", flush=True)
+        self._reset_window()

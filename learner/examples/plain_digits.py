@@ -31,12 +31,11 @@ import os
 import stat
 import struct
 import sys
-import time
 
 import numpy as np
 
-from digits_mlp import (Mlp, add_learner_arguments, learner_data, learner_rng, load_data,
-                        report_accuracy)
+from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
+                        load_data, report_accuracy)
 
 BLKSSZGET = 0x1268  # ioctl: a block device's logical block size
 
@@ -96,43 +95,24 @@ class ModelFile:
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
     rng = learner_rng(args.learner)
-    tag = f"learner {args.learner}"
     n = mlp.num_params
     with ModelFile(args.target, n) as model:
         weights_memory, weights = model.buffer()
         gradient_memory, gradient = model.buffer()  # padding stays zero
-        pushed = pulled = 0
-        push_seconds = pull_seconds = 0.0
-        window_loss, window_correct, window_seen = 0.0, 0, 0
-        step = 0
+        meter = EpochMeter(args.learner)
         for epoch in range(args.epochs):
             order = rng.permutation(len(x))
             for b in range(steps_per_epoch):
                 idx = order[b * args.batch:(b + 1) * args.batch]
-                t0 = time.perf_counter()
-                model.pull(weights_memory)
-                t1 = time.perf_counter()
+                meter.timed_pull(lambda: model.pull(weights_memory), model.span)
                 loss, grad, p = mlp.loss_and_gradient(weights[:n], x[idx], y[idx])
                 gradient[:n] = grad
-                t2 = time.perf_counter()
-                model.push(gradient_memory)
-                t3 = time.perf_counter()
-                pull_seconds += t1 - t0
-                push_seconds += t3 - t2
-                pulled += model.span
-                pushed += model.span
-                window_loss += loss * len(idx)
-                window_correct += int((p.argmax(axis=1) == y[idx]).sum())
-                window_seen += len(idx)
-                step += 1
-            print(f"{tag}: epoch {epoch + 1:3d} iteration {step:5d} loss {window_loss / window_seen:.4f} "
-                  f"train-accuracy {window_correct / window_seen:.3f} "
-                  f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
-                  f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
-            window_loss, window_correct, window_seen = 0.0, 0, 0
+                meter.timed_push(lambda: model.push(gradient_memory), model.span)
+                meter.add_batch(loss, int((p.argmax(axis=1) == y[idx]).sum()), len(idx))
+            meter.end_epoch()
         if args.sync:
             model.sync()
-            print(f"{tag}: checkpointed the model (fsync)", flush=True)
+            print(f"{meter.tag}: checkpointed the model (fsync)", flush=True)
 
 
 def evaluate(args, mlp):

@@ -22,14 +22,13 @@ import json
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import blkps  # noqa: E402
-from digits_mlp import (Mlp, add_learner_arguments, learner_data, learner_rng, load_data,  # noqa: E402
-                        report_accuracy)
+from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
+                        load_data, report_accuracy)
 
 CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
 
@@ -46,48 +45,29 @@ def set_server_lr(control, lr):
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
     rng = learner_rng(args.learner)
-    tag = f"learner {args.learner}"
     control = blkps.Model(args.control) if args.control else None
     lr = server_lr(control) if control else None
     with blkps.Model(args.target) as model:
         weights = np.empty(mlp.num_params, dtype=np.float32)
-        pushed = pulled = 0
-        push_seconds = pull_seconds = 0.0
-        window_loss, window_correct, window_seen = 0.0, 0, 0
-        step = 0
+        meter = EpochMeter(args.learner)
         for epoch in range(args.epochs):
             order = rng.permutation(len(x))
             for b in range(steps_per_epoch):
                 idx = order[b * args.batch:(b + 1) * args.batch]
-                t0 = time.perf_counter()
-                model.pull_into(0, weights)
-                t1 = time.perf_counter()
+                meter.timed_pull(lambda: model.pull_into(0, weights), weights.nbytes)
                 loss, grad, p = mlp.loss_and_gradient(weights, x[idx], y[idx])
-                t2 = time.perf_counter()
-                model.push(0, grad)
-                t3 = time.perf_counter()
-                pull_seconds += t1 - t0
-                push_seconds += t3 - t2
-                pulled += weights.nbytes
-                pushed += grad.nbytes
-                window_loss += loss * len(idx)
-                window_correct += int((p.argmax(axis=1) == y[idx]).sum())
-                window_seen += len(idx)
-                step += 1
-            print(f"{tag}: epoch {epoch + 1:3d} iteration {step:5d} loss {window_loss / window_seen:.4f} "
-                  f"train-accuracy {window_correct / window_seen:.3f} "
-                  f"pushed {pushed / 1e6 / push_seconds:7.1f} MB/s "
-                  f"pulled {pulled / 1e6 / pull_seconds:7.1f} MB/s", flush=True)
-            window_loss, window_correct, window_seen = 0.0, 0, 0
+                meter.timed_push(lambda: model.push(0, grad), grad.nbytes)
+                meter.add_batch(loss, int((p.argmax(axis=1) == y[idx]).sum()), len(idx))
+            meter.end_epoch()
             if control and args.lr_decay != 1.0:
                 lr *= args.lr_decay
                 set_server_lr(control, lr)
-                print(f"{tag}: server lr set to {lr:.4g}", flush=True)
+                print(f"{meter.tag}: server lr set to {lr:.4g}", flush=True)
         if control:
             control.close()
         if args.sync:
             model.sync()
-            print(f"{tag}: checkpointed the model (fsync)", flush=True)
+            print(f"{meter.tag}: checkpointed the model (fsync)", flush=True)
 
 
 def evaluate(args, mlp):
