@@ -42,11 +42,8 @@ fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 # (every parameter, pulled at the end) and accuracy (the evaluation line).
 train_through() {
   local shards=$1 dir=$2
-  # No --owner-pid: its watchdog, seeing tgtd exit during our own stop,
-  # removes the control socket under tgtadm, which then retries forever
-  # (tgt 1.0.85). The EXIT trap stops the shards.
   "$shards_cmd" start --dir "$dir" --shards "$shards" --stripe-unit 4096 --luns 2 \
-    --plugin "$plugin" \
+    --plugin "$plugin" --owner-pid $$ \
     --bsopts "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp" >/dev/null
   # shellcheck disable=SC1091
   . "$dir/shards.env"

@@ -172,12 +172,10 @@ sweep_libiscsi() {  # link "sizes" "depths" name=url...
 start_target() {  # name [netns] -- blkps-target start options...
   local name=$1 ns=$2 dir="$state/target-$1"
   shift 3
-  # No --owner-pid: its watchdog runs its own stop when tgtd exits, removes
-  # tgtd's socket, and the tgtadm of our stop, which waits for that socket to
-  # refuse connections, then waits forever (seen once). The EXIT trap stops
-  # every target this script started.
+  # The EXIT trap stops every target this script started; --owner-pid also
+  # stops it if this script is killed.
   ${ns:+ip netns exec "$ns"} "$top/scripts/blkps-target" start --dir "$dir" --plugin "$plugin" \
-    "$@" > /dev/null || die "could not start target $name (above)"
+    --owner-pid $$ "$@" > /dev/null || die "could not start target $name (above)"
   echo "$dir/target.env"
 }
 
