@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The Python binding (learner/python/blkps.py) against a real tgtd: Model's
+"""The Python binding (learner/python/blkps/) against a real tgtd: Model's
 push/pull/read/write round trip, Engine's double-buffered loop giving exact
 weights, and its errors (OSError with libblkps's message; ValueError after
 close).

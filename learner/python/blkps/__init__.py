@@ -72,7 +72,8 @@ def _library_path():
     path = os.environ.get("BLKPS_LIB")
     if path:
         return path
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # <repo>/learner/python/blkps/__init__.py -> <repo>
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     built = os.path.join(repo, "build", "cmake", "learner", "libblkps.so")
     if os.path.exists(built):
         return built
