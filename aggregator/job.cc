@@ -462,6 +462,18 @@ Status Job::Control(const std::string& commands) {
   return Status::OK();
 }
 
+Job::Counters Job::GetCounters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Counters c;
+  c.params = model_->num_params();
+  c.blocks = model_->num_blocks();
+  c.global_step = clocks_.global_step();
+  c.updates = clocks_.updates();
+  c.rejected_writes = rejected_writes_.load();
+  c.failed = FailedLocked();
+  return c;
+}
+
 std::string Job::StatusJson() const {
   std::ostringstream j;
   const Clock::time_point now = Clock::now();

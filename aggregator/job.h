@@ -108,8 +108,15 @@ class Job {
   // Durable checkpoint; OK and nothing written if no file is configured.
   Status Checkpoint();
 
-  // Status as one JSON object (layout in README, "Status and control").
+  // Status as one JSON object (keys in blkps/control_lun.h, meanings in
+  // README, "Status and control").
   std::string StatusJson() const;
+  // The numbers of the control LUN's counters record, taken together.
+  struct Counters {
+    uint64_t params = 0, blocks = 0, global_step = 0, updates = 0, rejected_writes = 0;
+    bool failed = false;
+  };
+  Counters GetCounters() const;
   // Control commands, one `key=value` per line (NUL padding ignored):
   // a rule parameter (lr, momentum, beta1, beta2, eps) or resume=1.
   // InvalidArgument names the first bad line; the lines before it are done.

@@ -24,11 +24,9 @@ import numpy as np
 examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "learner", "examples")
 sys.path.insert(0, os.path.join(examples, "..", "python"))
 sys.path.insert(0, examples)
-import blkps  # noqa: E402
+from blkps.control import Control  # noqa: E402
 
 from digits_mlp import Mlp, load_data  # noqa: E402
-
-STATUS_BYTES, WEIGHTS_OFFSET = 64 << 10, 1 << 20
 
 
 def main():
@@ -41,18 +39,16 @@ def main():
     args = ap.parse_args()
     mlp = Mlp(args.hidden)
     _, x_test, _, y_test = load_data()
-    span = (4 * mlp.num_params + 511) // 512 * 512
     try:
-        control = blkps.Model(args.control)
+        control = Control(args.control)
     except OSError as e:
         sys.exit(f"eval_digits: {e.strerror or e}")
     with control, open(args.out, "w") as out:
         while True:
             done = os.path.exists(args.stop_file)
             t = time.time()
-            status = json.loads(control.read_bytes(0, STATUS_BYTES).split(b"\0", 1)[0])
-            raw = control.read_bytes(WEIGHTS_OFFSET, span)
-            weights = np.frombuffer(raw, dtype=np.float32, count=mlp.num_params)
+            status = control.status()
+            weights = control.read_weights(0, mlp.num_params)
             acc = mlp.accuracy(weights, x_test, y_test) if np.all(np.isfinite(weights)) else 0.0
             out.write(json.dumps({
                 "t": t, "updates": status["updates"], "global_step": status["global_step"],

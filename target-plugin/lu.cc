@@ -1,5 +1,5 @@
 // The C++ core of one blkps logical unit: its options, its job, and the
-// control LUN's layout (see lu.h).
+// control LUN's regions (layout in learner/include/blkps/control_lun.h).
 #include "lu.h"
 
 #include <unistd.h>
@@ -8,19 +8,22 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "blkps/control_lun.h"
 #include "job.h"
 #include "lu_options.h"
 
 namespace {
 
-constexpr uint64_t kStatusBytes = 64 << 10;
-constexpr uint64_t kControlOffset = kStatusBytes;
-constexpr uint64_t kWeightsOffset = 1 << 20;
+constexpr uint64_t kStatusOffset = BLKPS_CONTROL_STATUS_OFFSET;
+constexpr uint64_t kCommandsOffset = BLKPS_CONTROL_COMMANDS_OFFSET;
+constexpr uint64_t kCountersOffset = BLKPS_CONTROL_COUNTERS_OFFSET;
+constexpr uint64_t kWeightsOffset = BLKPS_CONTROL_WEIGHTS_OFFSET;
 
 void (*g_log)(const char*) = nullptr;
 
@@ -107,8 +110,8 @@ blkps_io_result ToIoResult(const blkps::Status& s, char* err, size_t errlen) {
   }
 }
 
-// The control LUN's size: its three regions, the weights as long as the
-// model's device.
+// The control LUN's size: its regions, the weights as long as the model's
+// device.
 uint64_t ControlSizeBytes(const blkps::Job& job) { return kWeightsOffset + job.size_bytes(); }
 
 blkps::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
@@ -116,12 +119,20 @@ blkps::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
                                    ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
 }
 
+// Whether [offset, offset + len) touches a read-only region: status or
+// counters.
+bool TouchesReadOnlyRegion(uint64_t offset, uint64_t len) {
+  const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
+  return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) ||
+         touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES);
+}
+
 // Splits [offset, offset + len) of the control LUN at its region borders and
 // calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
 template <typename Piece>
 blkps::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
-  const uint64_t borders[] = {0, kControlOffset, kWeightsOffset, UINT64_MAX};
-  for (int r = 0; r < 3; ++r) {
+  const uint64_t borders[] = {kStatusOffset, kCommandsOffset, kCountersOffset, kWeightsOffset, UINT64_MAX};
+  for (size_t r = 0; r + 1 < std::size(borders); ++r) {
     const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
     if (start >= end) continue;
     blkps::Status s = piece(borders[r], start, end - start, start - offset);
@@ -130,21 +141,44 @@ blkps::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
   return blkps::Status::OK();
 }
 
+// The counters record as control_lun.h lays it out (little-endian, as this
+// host), then zeros to the end of the region.
+std::string CountersRegion(const blkps::Job& job) {
+  const blkps::Job::Counters c = job.GetCounters();
+  blkps_control_counters record{};
+  std::memcpy(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic);
+  record.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  record.record_bytes = sizeof record;
+  record.params = c.params;
+  record.blocks = c.blocks;
+  record.global_step = c.global_step;
+  record.updates = c.updates;
+  record.rejected_writes = c.rejected_writes;
+  record.failed = c.failed ? 1 : 0;
+  std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
+  std::memcpy(region.data(), &record, sizeof record);
+  return region;
+}
+
 blkps::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len) {
   const uint64_t size = ControlSizeBytes(*lu->job);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == 0) {
+    if (region == kStatusOffset) {
       std::lock_guard<std::mutex> lock(lu->status_mu);
-      if (at == 0 || lu->status.empty()) lu->status = lu->job->StatusJson();
+      if (at == kStatusOffset || lu->status.empty()) lu->status = lu->job->StatusJson();
       std::string& text = lu->status;
       const uint64_t copy = at < text.size() ? std::min<uint64_t>(n, text.size() - at) : 0;
       std::memcpy(buf + pos, text.data() + at, copy);
       std::memset(buf + pos + copy, 0, n - copy);
       return blkps::Status::OK();
     }
-    if (region == kControlOffset) {
+    if (region == kCommandsOffset) {
       std::memset(buf + pos, 0, n);
+      return blkps::Status::OK();
+    }
+    if (region == kCountersOffset) {
+      std::memcpy(buf + pos, CountersRegion(*lu->job).data() + (at - kCountersOffset), n);
       return blkps::Status::OK();
     }
     return lu->job->ReadWeights(at - kWeightsOffset, buf + pos, n);
@@ -154,9 +188,9 @@ blkps::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len
 blkps::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len) {
   const uint64_t size = ControlSizeBytes(*lu->job);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
-  // REQUIRES offset >= kControlOffset: the status region is read-only.
+  // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == kControlOffset) return lu->job->Control(std::string(buf + pos, n));
+    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n));
     return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
   });
 }
@@ -233,8 +267,10 @@ blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, u
                                size_t errlen) {
   if (!lu->job) return BLKPS_IO_NOT_READY;
   if (lu->options.control) {
-    if (offset < kControlOffset) {
-      SetError(err, errlen, "the status region [0, 64 KiB) of the control LUN is read-only");
+    if (TouchesReadOnlyRegion(offset, len)) {
+      SetError(err, errlen,
+               "the control LUN's status [0, 64 KiB) and counters [1 MiB - 4 KiB, 1 MiB) are read-only; write "
+               "commands at 64 KiB, weights from 1 MiB");
       return BLKPS_IO_WRITE_PROTECT;
     }
     return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len), err, errlen);

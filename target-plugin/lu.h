@@ -6,15 +6,9 @@
  * aggregator/job.h) named by tgt's --backing-store:
  *   - a learner slot: READ returns weights, WRITE is a gradient; one LUN
  *     per learner, which is how the server tells learners apart;
- *   - the control LUN (--bsopts role=control), laid out as
- *       [0, 64 KiB)          status: JSON text, NUL-padded; a READ that
- *                            starts at byte 0 takes a fresh snapshot, reads
- *                            of the rest of the region return that snapshot
- *       [64 KiB, 1 MiB)      controls: WRITE `key=value` lines (lr=0.01,
- *                            resume=1), NUL-padded; READ returns zeros
- *       [1 MiB, 1 MiB + model device size)
- *                            the weights: READ them, WRITE to set them
- *     This is the one place that knows the layout; README documents it.
+ *   - the control LUN (--bsopts role=control): status, commands, counters
+ *     and the weights, laid out as learner/include/blkps/control_lun.h says
+ *     (lu.cc serves it; README documents it).
  *
  * Threading: create/open/close/destroy, admit and take_released run on
  * tgtd's main thread. read/write/sync run on tgt's worker threads,
@@ -43,7 +37,8 @@ enum blkps_io_result {
   BLKPS_IO_NOT_READY,         /* NOT READY, MEDIUM NOT PRESENT: no model open */
   BLKPS_IO_HOLD_TIMEOUT,      /* ABORTED COMMAND, INSUFFICIENT TIME FOR OPERATION */
   BLKPS_IO_JOB_FAILED,        /* NOT READY, MANUAL INTERVENTION REQUIRED */
-  BLKPS_IO_WRITE_PROTECT,     /* DATA PROTECT, WRITE PROTECTED: the status region */
+  BLKPS_IO_WRITE_PROTECT,     /* DATA PROTECT, WRITE PROTECTED: the control
+                                 LUN's status and counters regions */
   BLKPS_IO_CHECKPOINT_FAILED, /* MEDIUM ERROR, WRITE ERROR */
 };
 

@@ -242,13 +242,17 @@ TEST(EngineOnFile, SmoothingOutsideZeroToOneIsRefused) {
   EXPECT_NE(error.find("smoothing must be in (0, 1]"), std::string::npos) << error;
 }
 
-TEST(EngineOnFile, ControlTargetWithoutAStatusIsRefused) {
-  TempFile file(4096), not_control(1 << 16);
-  blkps::EngineOptions options;
-  options.control_target = not_control.path;
-  std::string error;
-  EXPECT_EQ(blkps::Engine::Open(file.path, options, &error), nullptr);
-  EXPECT_NE(error.find("holds no blkps status"), std::string::npos) << error;
+TEST(EngineOnFile, ControlTargetWithoutCountersIsRefused) {
+  // Too short to hold the record, and long enough but all zeros.
+  for (uint64_t size : {uint64_t{1} << 16, BLKPS_CONTROL_WEIGHTS_OFFSET}) {
+    TempFile file(4096), not_control(size);
+    blkps::EngineOptions options;
+    options.control_target = not_control.path;
+    std::string error;
+    EXPECT_EQ(blkps::Engine::Open(file.path, options, &error), nullptr);
+    EXPECT_NE(error.find("is this the model's control LUN"), std::string::npos)
+        << error;
+  }
 }
 
 // On a file a push stores the gradient's bytes (no server applies them):

@@ -5,12 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
+
+#include "blkps/control_lun.h"
 
 namespace blkps {
 namespace {
@@ -183,6 +188,77 @@ TEST(Job, ControlSetsRuleParametersAndRefusesBadLines) {
   EXPECT_EQ(job->Control("lr=-1").message().rfind("control: lr:", 0), 0u);
   EXPECT_EQ(job->Control("bogus").message().rfind("control: expected", 0), 0u);
   EXPECT_FALSE(job->Control("momentum=0.5").ok());  // sgd has no momentum
+}
+
+// The keys of every object in a JSON text, in order of first appearance, by
+// the key that holds the object ("" for the outermost; an object in an array
+// goes by the array's key).
+std::map<std::string, std::vector<std::string>> KeysByObject(const std::string& json) {
+  std::map<std::string, std::vector<std::string>> keys;
+  struct Open {
+    std::string holder;
+    bool array;
+  };
+  std::vector<Open> open;
+  std::string last_key;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '"') {
+      std::string text;
+      for (++i; i < json.size() && json[i] != '"'; ++i) text += json[i] == '\\' ? json[++i] : json[i];
+      const size_t next = json.find_first_not_of(" \n", i + 1);
+      if (next != std::string::npos && json[next] == ':' && !open.empty()) {
+        std::vector<std::string>& mine = keys[open.back().holder];
+        if (std::find(mine.begin(), mine.end(), text) == mine.end()) mine.push_back(text);
+        last_key = text;
+      }
+    } else if (c == '{' || c == '[') {
+      const std::string holder = open.empty() ? "" : open.back().array ? open.back().holder : last_key;
+      open.push_back({holder, c == '['});
+    } else if (c == '}' || c == ']') {
+      open.pop_back();
+    }
+  }
+  return keys;
+}
+
+std::vector<std::string> Words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+TEST(Job, StatusHasExactlyTheKeysTheControlLunHeaderLists) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  const auto keys = KeysByObject(job->StatusJson());
+  EXPECT_EQ(keys.at(""), Words(BLKPS_STATUS_KEYS));
+  EXPECT_EQ(keys.at("checkpoint"), Words(BLKPS_STATUS_CHECKPOINT_KEYS));
+  EXPECT_EQ(keys.at("learners"), Words(BLKPS_STATUS_LEARNER_KEYS));
+}
+
+TEST(Job, CountersMatchTheStatus) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(40, "async", 64), nullptr, &job).ok());  // 3 blocks
+  const size_t slot = job->AddLearner(1, [] {});
+  std::vector<float> g(40, 1.0f);
+  std::mt19937 rng(5);
+  PushInPieces(*job, slot, g, rng);
+  PushInPieces(*job, slot, g, rng);
+  const float nan = std::nanf("");
+  EXPECT_FALSE(job->Write(slot, 0, &nan, 4).ok());
+  const Job::Counters c = job->GetCounters();
+  EXPECT_EQ(c.params, 40u);
+  EXPECT_EQ(c.blocks, 3u);
+  EXPECT_EQ(c.global_step, 2u);
+  EXPECT_EQ(c.updates, 6u);  // two complete gradients on each of 3 blocks
+  EXPECT_EQ(c.rejected_writes, 1u);
+  EXPECT_FALSE(c.failed);
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("\"updates\": 6,"), std::string::npos) << status;
+  EXPECT_NE(status.find("\"global_step\": 2,"), std::string::npos) << status;
 }
 
 class JobCheckpoint : public ::testing::Test {

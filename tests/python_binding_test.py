@@ -2,7 +2,7 @@
 """The Python binding (learner/python/blkps/) against a real tgtd: Model's
 push/pull/read/write round trip, Engine's double-buffered loop giving exact
 weights, and its errors (OSError with libblkps's message; ValueError after
-close).
+close); blkps.control's status, counters, commands and weights window.
 
 Usage: python_binding_test.py <repo> <build dir>
 """
@@ -17,6 +17,7 @@ top, build = sys.argv[1], sys.argv[2]
 os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
 sys.path.insert(0, os.path.join(top, "learner", "python"))
 import blkps  # noqa: E402
+import blkps.control  # noqa: E402
 
 PARAMS = 300_000  # not a whole number of 512-byte blocks: the tail is padded
 ITERATIONS = 12
@@ -94,16 +95,46 @@ def test_engine(url, control):
         check("smoothing" in e.strerror, f"unclear error: {e}")
 
 
+def test_control(url, control_url):
+    layout = blkps.control.layout()
+    check(layout.format_version >= 1 and layout.weights_offset > layout.counters_offset,
+          f"odd layout {vars(layout)}")
+    with blkps.control.Control(control_url) as control:
+        status = control.status()
+        check(sorted(status) == sorted(layout.status_keys),
+              f"status keys {sorted(status)} are not the layout's {sorted(layout.status_keys)}")
+        control.set(lr=0.5)
+        check(control.status()["rule_params"]["lr"] == 0.5, "lr=0.5 did not take effect")
+        before = control.counters()
+        with blkps.Model(url) as model:
+            model.push(0, np.full(PARAMS, 2.0, dtype=np.float32))
+        after = control.counters()
+        check(after["updates"] == before["updates"] + after["blocks"],
+              f"one push to every block moved counters {before} to {after}")
+        check(after["updates"] == control.status()["updates"], "counters and status disagree")
+        weights = control.read_weights(1000, 5)
+        check(np.all(weights == -1.0), f"weights window read {weights}, expected -1 (lr 0.5 x 2)")
+        try:
+            control.command("bogus=1")
+            check(False, "a bad command did not raise")
+        except OSError as e:
+            check(e.errno != 0, f"unclear error: {e}")
+        control.set(lr=1)
+    with blkps.Model(url) as model:
+        model.push(0, np.full(PARAMS, -1.0, dtype=np.float32))  # back to zeros
+
+
 def main():
     state = tempfile.mkdtemp(prefix="blkps-pytest-")
     try:
         env = start_target(state)
         test_model(env["URL"])
+        test_control(env["URL"], env["CONTROL_URL"])
         test_engine(env["URL"], env["CONTROL_URL"])
     finally:
         subprocess.run([os.path.join(top, "scripts", "blkps-target"), "stop", "--dir", state])
         subprocess.run(["rm", "-rf", state])
-    print("python binding: Model and Engine OK")
+    print("python binding: Model, Engine and control OK")
 
 
 if __name__ == "__main__":

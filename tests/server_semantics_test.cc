@@ -10,6 +10,7 @@
 //
 // The model of every test: params=3000;block=4K, i.e. model blocks of 1024,
 // 1024 and 952 parameters, on a device of 24 logical blocks of 512 bytes.
+#include <blkps/control_lun.h>
 #include <blkps/model.hpp>
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -50,10 +52,10 @@ constexpr uint64_t kParams = 3000;
 constexpr uint64_t kLbaBytes = 512;
 constexpr uint64_t kLbaParams = kLbaBytes / 4;                         // 128
 constexpr uint64_t kLbas = (kParams + kLbaParams - 1) / kLbaParams;  // 24
-// The control LUN's layout (target-plugin/lu.h).
-constexpr uint64_t kStatusBytes = 64 << 10;
-constexpr uint64_t kControlOffset = 64 << 10;
-constexpr uint64_t kWeightsOffset = 1 << 20;
+// The control LUN's layout (blkps/control_lun.h).
+constexpr uint64_t kStatusBytes = BLKPS_CONTROL_STATUS_BYTES;
+constexpr uint64_t kControlOffset = BLKPS_CONTROL_COMMANDS_OFFSET;
+constexpr uint64_t kWeightsOffset = BLKPS_CONTROL_WEIGHTS_OFFSET;
 
 // Sense data as the raw helpers print it: "sense <key> <asc><ascq>".
 const char kJobFailedSense[] = "sense 0x2 0x0403";    // NOT READY, MANUAL INTERVENTION REQUIRED
@@ -796,6 +798,37 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
   const std::string log = target.Log();
   EXPECT_TRUE(Contains(log, "read-only")) << log;
   EXPECT_TRUE(Contains(log, "bogus")) << log;
+}
+
+TEST(ServerSemantics, ControlLunCountersMatchTheStatusAndAreReadOnly) {
+  TargetProcess target(Bsopts("lr=1"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  auto a = OpenModel(target.url(), "a", &error);
+  ASSERT_TRUE(a) << error;
+  auto control = OpenModel(target.control_url(), "counters", &error);
+  ASSERT_TRUE(control) << error;
+  const std::vector<float> g(kParams, 1.0f);
+  for (int push = 0; push < 2; ++push) ASSERT_EQ(a->Push(0, g.data(), kParams), 0) << a->last_error();
+
+  blkps_control_counters c;
+  ASSERT_EQ(control->ReadControlCounters(&c), 0) << control->last_error();
+  EXPECT_EQ(c.format_version, BLKPS_CONTROL_FORMAT_VERSION);
+  EXPECT_EQ(c.params, kParams);
+  EXPECT_EQ(c.blocks, 3u);
+  EXPECT_EQ(c.global_step, 2u);
+  EXPECT_EQ(c.updates, 6u);  // two complete gradients on each of 3 blocks
+  EXPECT_EQ(c.failed, 0u);
+  const std::string status = ReadStatus(target.control_url());
+  EXPECT_EQ(JsonValue(status, "updates"), "6") << status;
+  EXPECT_EQ(JsonValue(status, "global_step"), "2") << status;
+
+  RawLun raw(target.control_url(), InitiatorName("raw"));
+  ASSERT_TRUE(raw.connected()) << raw.error();
+  EXPECT_EQ(raw.Write(BLKPS_CONTROL_COUNTERS_OFFSET / kLbaBytes, ControlText("lr=9\n")), kWriteProtectSense);
+  // A learner LUN holds no counters: reading them says so.
+  EXPECT_EQ(a->ReadControlCounters(&c), -EPROTO);
+  EXPECT_TRUE(Contains(a->last_error(), "is this the model's control LUN")) << a->last_error();
 }
 
 }  // namespace

@@ -18,7 +18,6 @@ With --control (the model's control LUN) and --lr-decay F, this learner
 drives a learning-rate schedule: after each epoch it sets the server's lr to
 F times what it was, with a plain write of "lr=<x>" to the control LUN.
 """
-import json
 import argparse
 import os
 import sys
@@ -27,26 +26,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import blkps  # noqa: E402
+from blkps.control import Control  # noqa: E402
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
                         load_data, report_accuracy)
-
-CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
-
-
-def server_lr(control):
-    status = json.loads(control.read_bytes(0, STATUS_BYTES).split(b"\0", 1)[0])
-    return status["rule_params"]["lr"]
-
-
-def set_server_lr(control, lr):
-    control.write_bytes(CONTROL_OFFSET, f"lr={lr:.9g}\n".encode().ljust(512, b"\0"))
-
 
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
     rng = learner_rng(args.learner)
-    control = blkps.Model(args.control) if args.control else None
-    lr = server_lr(control) if control else None
+    control = Control(args.control) if args.control else None
+    lr = control.status()["rule_params"]["lr"] if control else None
     with blkps.Model(args.target) as model:
         weights = np.empty(mlp.num_params, dtype=np.float32)
         meter = EpochMeter(args.learner)
@@ -61,7 +49,7 @@ def train(args, mlp):
             meter.end_epoch()
             if control and args.lr_decay != 1.0:
                 lr *= args.lr_decay
-                set_server_lr(control, lr)
+                control.set(lr=lr)
                 print(f"{meter.tag}: server lr set to {lr:.4g}", flush=True)
         if control:
             control.close()

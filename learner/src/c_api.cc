@@ -75,6 +75,25 @@ int blkps_read_bytes(blkps_model* m, uint64_t offset, void* buf, uint64_t len) {
 
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
+void blkps_control_layout_get(blkps_control_layout* out) {
+  *out = blkps_control_layout();
+  out->format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  out->status_offset = BLKPS_CONTROL_STATUS_OFFSET;
+  out->status_bytes = BLKPS_CONTROL_STATUS_BYTES;
+  out->commands_offset = BLKPS_CONTROL_COMMANDS_OFFSET;
+  out->commands_bytes = BLKPS_CONTROL_COMMANDS_BYTES;
+  out->counters_offset = BLKPS_CONTROL_COUNTERS_OFFSET;
+  out->counters_bytes = BLKPS_CONTROL_COUNTERS_BYTES;
+  out->weights_offset = BLKPS_CONTROL_WEIGHTS_OFFSET;
+  out->status_keys = BLKPS_STATUS_KEYS;
+  out->status_checkpoint_keys = BLKPS_STATUS_CHECKPOINT_KEYS;
+  out->status_learner_keys = BLKPS_STATUS_LEARNER_KEYS;
+}
+
+int blkps_control_read_counters(blkps_model* m, blkps_control_counters* out) {
+  return m->model->ReadControlCounters(out);
+}
+
 const char* blkps_last_error(const blkps_model* m) {
   return m->model->last_error().c_str();
 }

@@ -41,7 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ull = unsigned long long;
 
-constexpr uint64_t kStatusBytes = 64 << 10;  // the control LUN's status
 constexpr size_t kBufferAlignment = 4096;    // O_DIRECT-friendly
 
 double Seconds(Clock::duration d) {
@@ -87,17 +86,6 @@ FloatBuffer AllocateFloats(uint64_t count) {
   if (posix_memalign(&p, kBufferAlignment, bytes) != 0) return nullptr;
   memset(p, 0, bytes);
   return FloatBuffer(static_cast<float*>(p));
-}
-
-// The unsigned integer after "key": in a JSON text, or false.
-bool JsonCount(const char* json, const char* key, uint64_t* value) {
-  const std::string k = std::string("\"") + key + "\": ";
-  const char* at = strstr(json, k.c_str());
-  if (at == nullptr) return false;
-  char* end = nullptr;
-  errno = 0;
-  *value = strtoull(at + k.size(), &end, 10);
-  return errno == 0 && end != at + k.size();
 }
 
 }  // namespace
@@ -155,8 +143,9 @@ class Engine::Impl {
                 double* seconds, Clock::time_point* ended = nullptr);
   Status PullOn(Model& model, float* dest, uint64_t iteration,
                 double* seconds, Clock::time_point* ended = nullptr);
-  // The server's update count in model updates (status "updates" / "blocks"),
-  // or -1 when there is no control LUN or the read fails.
+  // The server's update count in model updates (the control LUN's counters
+  // record: updates / blocks), or -1 when there is no control LUN or the read
+  // fails.
   double ServerUpdates();
   // Compute thread, double buffering: waits until this iteration's jobs are
   // done; posts the next iteration's jobs.
@@ -172,9 +161,8 @@ class Engine::Impl {
   std::unique_ptr<Model> push_model_;
   std::unique_ptr<Model> pull_model_;  // null without double buffering
   std::unique_ptr<Model> control_;     // null without control_target
-  std::mutex control_mu_;              // control_ and status_
-  std::vector<char> status_;
-  bool status_error_said_ = false;
+  std::mutex control_mu_;              // control_ and counters_error_said_
+  bool counters_error_said_ = false;
 
   // The compute thread's own state; iteration_ is also read by the push and
   // pull threads, under mu_ (it changes under mu_ too).
@@ -242,21 +230,18 @@ Status Engine::Impl::PullOn(Model& model, float* dest, uint64_t iteration,
 double Engine::Impl::ServerUpdates() {
   if (control_ == nullptr) return -1;
   std::lock_guard<std::mutex> lock(control_mu_);
-  uint64_t updates = 0, blocks = 0;
-  if (control_->ReadBytes(0, status_.data(), kStatusBytes) == 0) {
-    status_[kStatusBytes] = '\0';
-    if (JsonCount(status_.data(), "updates", &updates) &&
-        JsonCount(status_.data(), "blocks", &blocks) && blocks > 0) {
-      return static_cast<double>(updates) / static_cast<double>(blocks);
-    }
+  blkps_control_counters counters;
+  if (control_->ReadControlCounters(&counters) == 0 && counters.blocks > 0) {
+    return static_cast<double>(counters.updates) /
+           static_cast<double>(counters.blocks);
   }
-  if (!status_error_said_) {
-    status_error_said_ = true;
+  if (!counters_error_said_) {
+    counters_error_said_ = true;
     fprintf(stderr,
-            "blkps: engine: cannot read the server's status from %s (%s); "
+            "blkps: engine: cannot read the server's counters from %s (%s); "
             "staleness is unknown (-1) from now on where it fails\n",
             options_.control_target.c_str(),
-            control_->last_error().empty() ? "no updates/blocks in it"
+            control_->last_error().empty() ? "a model of 0 blocks"
                                             : control_->last_error().c_str());
   }
   return -1;
@@ -327,15 +312,11 @@ Status Engine::Impl::Start(const std::string& target,
   if (!options.control_target.empty()) {
     status = open(options.control_target, "control", &control_);
     if (!status.ok()) return status;
-    status_.assign(kStatusBytes + 1, '\0');
-    uint64_t unused = 0;
-    if (control_->ReadBytes(0, status_.data(), kStatusBytes) != 0 ||
-        !JsonCount(status_.data(), "updates", &unused)) {
+    blkps_control_counters unused;
+    if (control_->ReadControlCounters(&unused) != 0) {
       return Status::Error(EINVAL,
-                           "engine: control_target %s holds no blkps status "
-                           "(is it the model's control LUN, CONTROL_URL?)%s%s",
+                           "engine: control_target %s: %s",
                            options.control_target.c_str(),
-                           control_->last_error().empty() ? "" : ": ",
                            Inner(control_->last_error()).c_str());
     }
   }

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <new>
+#include <vector>
 
 #include "device.h"
 #include "status.h"
@@ -175,5 +177,33 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
 }
 
 int Model::Sync() { return Record(device_->Sync()); }
+
+int Model::ReadControlCounters(blkps_control_counters* out) {
+  const Status no_record = Status::Error(
+      EPROTO,
+      "no blkps control counters (format %u) at byte %llu: is this the "
+      "model's control LUN (CONTROL_URL), served by a blkps of this version?",
+      BLKPS_CONTROL_FORMAT_VERSION,
+      static_cast<ull>(BLKPS_CONTROL_COUNTERS_OFFSET));
+  const uint64_t end =
+      BLKPS_CONTROL_COUNTERS_OFFSET + BLKPS_CONTROL_COUNTERS_BYTES;
+  if (device_->size_bytes() < end) return Record(no_record);
+  std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
+  const int rc = ReadBytes(BLKPS_CONTROL_COUNTERS_OFFSET, region.data(),
+                           region.size());
+  if (rc != 0) return rc;
+  blkps_control_counters record;
+  std::memcpy(&record, region.data(), sizeof record);
+  // A later format may append counters (record_bytes grows); this one's
+  // fields stay where they are.
+  if (std::memcmp(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC,
+                  sizeof record.magic) != 0 ||
+      record.format_version != BLKPS_CONTROL_FORMAT_VERSION ||
+      record.record_bytes < sizeof record) {
+    return Record(no_record);
+  }
+  *out = record;
+  return 0;
+}
 
 }  // namespace blkps

@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "blkps/control_lun.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -96,6 +98,29 @@ int blkps_sync(blkps_model *m);
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
 const char *blkps_last_error(const blkps_model *m);
+
+/* ---- The control LUN (layout and record in blkps/control_lun.h) -----------
+ *
+ * Its layout as values, for bindings that cannot include a C header (the
+ * Python package's blkps.control): the same numbers and key lists as the
+ * macros of control_lun.h. */
+typedef struct blkps_control_layout {
+  uint32_t format_version;
+  uint64_t status_offset, status_bytes;
+  uint64_t commands_offset, commands_bytes;
+  uint64_t counters_offset, counters_bytes;
+  uint64_t weights_offset;
+  const char *status_keys; /* static strings, space-separated */
+  const char *status_checkpoint_keys;
+  const char *status_learner_keys;
+} blkps_control_layout;
+void blkps_control_layout_get(blkps_control_layout *out);
+
+/* Reads the counters record from m, a control LUN. Returns 0, or -EIO for a
+ * failed read, or -EPROTO when m holds no record of this format (not a
+ * control LUN, or a server of another version); message in
+ * blkps_last_error. */
+int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
 
 /* ---- Learner engine: double buffering and adaptive pulling ----------------
  *

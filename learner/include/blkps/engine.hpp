@@ -80,8 +80,8 @@ struct EngineOptions {
   double smoothing = 0.25;
   // Optional: the model's control LUN (blkps-target's CONTROL_URL). When set,
   // the engine measures staleness (IterationMetrics::staleness) by reading the
-  // server's status at the start of each pull and when the weights start
-  // being used.
+  // control LUN's counters record (blkps/control_lun.h) at the start of each
+  // pull and when the weights start being used.
   std::string control_target;
 };
 
@@ -102,12 +102,12 @@ struct IterationMetrics {
   // double buffering).
   double bubble_s = 0;
   // Age of the weights used in this iteration, in model updates: the rise of
-  // the server's status "updates" divided by "blocks" (complete gradients
+  // the server's counters "updates" divided by "blocks" (complete gradients
   // applied, from any learner, in async/ssp; bsp rounds in bsp), from the
   // start of the pull that fetched them to the moment this iteration's
   // compute started using them (read by the push thread before it pushes
   // anything of this iteration). Rounded to the nearest integer. -1 without
-  // control_target or when a status read failed (the message goes to stderr
+  // control_target or when a counters read failed (the message goes to stderr
   // once; it does not fail the engine).
   int64_t staleness = -1;
   // Whether push and pull ran concurrently in this iteration.

@@ -32,6 +32,8 @@
 #include <memory>
 #include <string>
 
+#include "blkps/control_lun.h"
+
 namespace blkps {
 
 class Device;
@@ -93,6 +95,11 @@ class Model {
   // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
   // before this returns.
   int Sync();
+
+  // On a control LUN (blkps/control_lun.h): reads its counters record into
+  // *out. Returns 0, a read's negative errno, or -EPROTO (*out untouched) if
+  // the device holds no record of this format.
+  int ReadControlCounters(blkps_control_counters* out);
 
   uint64_t size_bytes() const;  // a multiple of logical_block_size()
   uint32_t logical_block_size() const;

@@ -1,0 +1,136 @@
+"""blkps.control: a model's control LUN (status, commands, counters, weights).
+
+The layout is the C header's (learner/include/blkps/control_lun.h, README
+"Status and control"); ``layout()`` takes it from libblkps, so this module
+holds no copy of its numbers::
+
+    from blkps.control import Control
+
+    with Control(control_url) as control:      # CONTROL_URL, /dev/sdX, a file
+        print(control.status()["global_step"])
+        control.set(lr=0.001)                  # a learning-rate schedule step
+        print(control.counters()["updates"])   # no JSON: one 4 KiB read
+
+Errors raise OSError(errno, message) as blkps.Model's do; a command the
+server refuses raises OSError (EIO) and the server's log says why.
+"""
+
+import ctypes
+import json
+
+import numpy as np
+
+from . import Model, _library
+
+__all__ = ["Control", "layout"]
+
+
+class _Layout(ctypes.Structure):  # blkps_control_layout, blkps.h
+    _fields_ = [
+        ("format_version", ctypes.c_uint32),
+        ("status_offset", ctypes.c_uint64),
+        ("status_bytes", ctypes.c_uint64),
+        ("commands_offset", ctypes.c_uint64),
+        ("commands_bytes", ctypes.c_uint64),
+        ("counters_offset", ctypes.c_uint64),
+        ("counters_bytes", ctypes.c_uint64),
+        ("weights_offset", ctypes.c_uint64),
+        ("status_keys", ctypes.c_char_p),
+        ("status_checkpoint_keys", ctypes.c_char_p),
+        ("status_learner_keys", ctypes.c_char_p),
+    ]
+
+
+class _Counters(ctypes.Structure):  # blkps_control_counters, control_lun.h
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("format_version", ctypes.c_uint32),
+        ("record_bytes", ctypes.c_uint32),
+        ("params", ctypes.c_uint64),
+        ("blocks", ctypes.c_uint64),
+        ("global_step", ctypes.c_uint64),
+        ("updates", ctypes.c_uint64),
+        ("rejected_writes", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+    ]
+
+
+class Layout:
+    """The control LUN's layout: byte offsets and sizes of its regions, the
+    format version, and the status keys (lists of str)."""
+
+    def __init__(self, raw):
+        for name, _ in _Layout._fields_:
+            value = getattr(raw, name)
+            setattr(self, name, value.decode().split() if isinstance(value, bytes) else value)
+
+
+_layout = None
+
+
+def layout():
+    """The control LUN's Layout, from libblkps (loaded on first use)."""
+    global _layout
+    if _layout is None:
+        lib = _library()
+        lib.blkps_control_layout_get.argtypes = [ctypes.POINTER(_Layout)]
+        lib.blkps_control_layout_get.restype = None
+        lib.blkps_control_read_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
+        lib.blkps_control_read_counters.restype = ctypes.c_int
+        raw = _Layout()
+        lib.blkps_control_layout_get(ctypes.byref(raw))
+        _layout = Layout(raw)
+    return _layout
+
+
+class Control:
+    """An open control LUN. Open it as a Model (same arguments); close it
+    with close() or a with-block. One thread at a time, as a Model."""
+
+    def __init__(self, target, **model_options):
+        self.layout = layout()
+        self.device = Model(target, **model_options)
+
+    def close(self):
+        self.device.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def status(self):
+        """The job's status: a fresh snapshot, as a dict."""
+        raw = self.device.read_bytes(self.layout.status_offset, self.layout.status_bytes)
+        return json.loads(raw.split(b"\0", 1)[0])
+
+    def command(self, *lines):
+        """Sends `key=value` lines (lr=0.01, resume=1) in one write."""
+        text = "".join(line + "\n" for line in lines).encode()
+        block = self.device.logical_block_size
+        self.device.write_bytes(self.layout.commands_offset, text + b"\0" * (-len(text) % block))
+
+    def set(self, **values):
+        """command() with keyword values: set(lr=0.001, momentum=0.9)."""
+        self.command(*(f"{key}={value:.9g}" if isinstance(value, float) else f"{key}={value}"
+                       for key, value in values.items()))
+
+    def counters(self):
+        """The counters record as a dict (params, blocks, global_step,
+        updates, rejected_writes, failed)."""
+        record = _Counters()
+        rc = self.device._lib.blkps_control_read_counters(self.device._open_handle(),
+                                                          ctypes.byref(record))
+        self.device._check(rc)
+        return {name: getattr(record, name) for name, _ in _Counters._fields_[3:]}
+
+    def read_weights(self, first_param, count):
+        """The weights of parameters [first_param, first_param + count) as a
+        new float32 array, through the control LUN's weights window."""
+        block = self.device.logical_block_size
+        start = self.layout.weights_offset + 4 * first_param
+        aligned = start - start % block
+        length = start + 4 * count - aligned
+        raw = self.device.read_bytes(aligned, length + (-length % block))
+        return np.frombuffer(raw, dtype=np.float32, count=count, offset=start - aligned).copy()
