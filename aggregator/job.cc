@@ -217,20 +217,8 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len) {
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);
   }
-  Model::ParamRange range;
-  Status s = model_->CheckGradient(offset, src, len, &range);
-  if (!s.ok()) {
-    rejected_writes_.fetch_add(1);
-    return s;
-  }
-  const float* g = static_cast<const float*>(src) - range.first;  // g[i]: parameter i's gradient
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
-  model_->ForEachBlockLocked(range, [&](uint64_t b, uint64_t first, uint64_t n) {
-    if (bsp) {
-      model_->AccumulateLocked(first, g + first, n);
-    } else {
-      model_->ApplyLocked(first, g + first, n);
-    }
+  Status s = model_->ApplyGradient(offset, src, len, [&](uint64_t b, uint64_t n) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!clocks_.AddGradient(slot, b, n)) return;
     if (bsp) {
@@ -239,7 +227,8 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len) {
       ReleaseLocked();  // ssp: the slowest may have moved
     }
   });
-  return Status::OK();
+  if (!s.ok()) rejected_writes_.fetch_add(1);
+  return s;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

@@ -102,8 +102,9 @@ class Job {
 
   // A learner's READ: the weights. Unavailable if the job has failed.
   Status Read(size_t slot, uint64_t offset, void* dst, size_t len);
-  // A learner's WRITE: its gradient, applied per the consistency mode.
-  // Errors as Model::CheckGradient (nothing applied), or Unavailable.
+  // A learner's WRITE: its gradient, applied per the consistency mode
+  // (Model::ApplyGradient) and counted on the learner's clocks. Errors as
+  // Model::ApplyGradient (nothing applied), or Unavailable.
   Status Write(size_t slot, uint64_t offset, const void* src, size_t len);
   // Durable checkpoint; OK and nothing written if no file is configured.
   Status Checkpoint();

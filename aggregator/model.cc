@@ -132,10 +132,6 @@ Status Model::Read(uint64_t offset, void* dst, size_t len) const {
   return Status::OK();
 }
 
-Status Model::CheckGradient(uint64_t offset, const void* src, size_t len, ParamRange* range) const {
-  return CheckValues(offset, src, len, "gradient", range);
-}
-
 Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const {
   Status s = CheckRange(offset, len);
   if (!s.ok()) return s;
@@ -155,12 +151,20 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
   return Status::OK();
 }
 
-Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len) {
+Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied) {
   ParamRange range;
-  Status s = CheckGradient(offset, src, len, &range);
+  Status s = CheckValues(offset, src, len, "gradient", &range);
   if (!s.ok()) return s;
   const float* g = static_cast<const float*>(src) - range.first;  // g[i]: parameter i's gradient
-  ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) { ApplyLocked(first, g + first, n); });
+  const bool bsp = has_accumulator();
+  ForEachBlockLocked(range, [&](uint64_t block, uint64_t first, uint64_t n) {
+    if (bsp) {
+      AccumulateLocked(first, g + first, n);
+    } else {
+      rule_->Apply(first, weights_ + first, g + first, n);
+    }
+    if (applied) applied(block, n);
+  });
   return Status::OK();
 }
 

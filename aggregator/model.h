@@ -7,9 +7,11 @@
 //
 // The parameters are divided into model blocks of block_bytes() each (the
 // last may be shorter). Each block has a reader-writer lock:
-//   - ApplyGradient() applies its range block by block, each under that
-//     block's write lock: concurrent writes to one block are all applied (no
-//     lost update), and writes to different blocks run in parallel.
+//   - ApplyGradient(), the one path every gradient takes (Job::Write calls
+//     it for each learner WRITE), applies its range block by block, each
+//     under that block's write lock: concurrent writes to one block are all
+//     applied (no lost update), and writes to different blocks run in
+//     parallel.
 //   - Read() copies each block under its read lock: a read never returns a
 //     half-applied block.
 // A range spanning several blocks is not atomic as a whole; each block is.
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -68,36 +71,21 @@ class Model {
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
   Status Read(uint64_t offset, void* dst, size_t len) const;
 
-  // Applies the gradient held in device bytes [offset, offset + len) of src
-  // with the update rule: CheckGradient(), then ApplyLocked() block by block.
-  Status ApplyGradient(uint64_t offset, const void* src, size_t len);
-
-  // The parameters a gradient write covers: [first, first + count). Returns,
-  // with *range untouched:
+  // Applies the gradient held in device bytes [offset, offset + len) of src,
+  // block by block under each block's write lock: with the update rule, or,
+  // with an accumulator (bsp), by adding it to the round's sum, which
+  // ApplyAverageLocked() applies when the round is complete. After each
+  // block's part, still under that block's lock, calls applied(block, n)
+  // with the number of parameters given (if `applied` is set): the job
+  // counts the gradient there. Returns, applying nothing:
   //   OutOfRange       if the range passes size_bytes();
   //   InvalidArgument  if offset or len is not a multiple of 4, or a gradient
   //                    value is NaN or infinite (the message names the first
   //                    such parameter).
-  struct ParamRange {
-    uint64_t first = 0;
-    uint64_t count = 0;  // the device's padding past num_params() excluded
-  };
-  Status CheckGradient(uint64_t offset, const void* src, size_t len, ParamRange* range) const;
+  using BlockApplied = std::function<void(uint64_t block, uint64_t n)>;
+  Status ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied = nullptr);
 
-  // Calls piece(block, first, n) for each model block holding parameters of
-  // `range`, in order, with that block's write lock held; [first, first + n)
-  // is the part of the range in the block.
-  template <typename Piece>
-  void ForEachBlockLocked(ParamRange range, Piece piece) {
-    const uint64_t end = range.first + range.count;
-    for (uint64_t i = range.first; i < end;) {
-      const uint64_t block = i / params_per_block_;
-      const uint64_t stop = std::min(end, (block + 1) * params_per_block_);
-      std::unique_lock<std::shared_mutex> lock = LockBlock(block);
-      piece(block, i, stop - i);
-      i = stop;
-    }
-  }
+  // Block `block`'s write lock, for ApplyAverageLocked().
   std::unique_lock<std::shared_mutex> LockBlock(uint64_t block) {
     return std::unique_lock<std::shared_mutex>(block_locks_[block]);
   }
@@ -106,22 +94,16 @@ class Model {
     return std::min(params_per_block_, num_params_ - block * params_per_block_);
   }
 
-  // REQUIRES for the *Locked calls: the write lock of the block holding
-  // parameters [first, first + n); g finite.
-  // Applies g with the update rule.
-  void ApplyLocked(uint64_t first, const float* g, uint64_t n) { rule_->Apply(first, weights_ + first, g, n); }
-  // bsp: adds g into the accumulator. REQUIRES: has_accumulator().
-  void AccumulateLocked(uint64_t first, const float* g, uint64_t n);
   // bsp: applies the accumulated sum of `given` gradients for `block`,
   // divided by `given`, with the update rule, and zeroes that part of the
-  // accumulator. REQUIRES: has_accumulator(), given > 0.
+  // accumulator. REQUIRES: block's write lock, has_accumulator(), given > 0.
   void ApplyAverageLocked(uint64_t block, uint32_t given);
 
   bool has_accumulator() const { return accumulator_.as<float>() != nullptr; }
 
   // Sets the weights of device bytes [offset, offset + len) to src, block by
   // block under write locks; rule state is kept. OutOfRange /
-  // InvalidArgument (alignment, NaN or infinite value) as CheckGradient.
+  // InvalidArgument (alignment, NaN or infinite value) as ApplyGradient.
   Status AssignWeights(uint64_t offset, const void* src, size_t len);
 
   // The model's arrays, for checkpoints: "weights", the rule's state arrays,
@@ -144,8 +126,32 @@ class Model {
   Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
-  // CheckGradient's checks; messages call the values `what`.
+  // The parameters a write of device bytes [offset, offset + len) covers:
+  // [first, first + count), the device's padding past num_params() excluded.
+  struct ParamRange {
+    uint64_t first = 0;
+    uint64_t count = 0;
+  };
+  // bsp: adds g, parameters [first, first + n)' gradient, into the
+  // accumulator. REQUIRES: their block's write lock, has_accumulator().
+  void AccumulateLocked(uint64_t first, const float* g, uint64_t n);
+  // Checks a gradient or weights write (errors as ApplyGradient; messages
+  // call the values `what`) and stores its range in *range.
   Status CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const;
+  // Calls piece(block, first, n) for each model block holding parameters of
+  // `range`, in order, with that block's write lock held; [first, first + n)
+  // is the part of the range in the block.
+  template <typename Piece>
+  void ForEachBlockLocked(ParamRange range, Piece piece) {
+    const uint64_t end = range.first + range.count;
+    for (uint64_t i = range.first; i < end;) {
+      const uint64_t block = i / params_per_block_;
+      const uint64_t stop = std::min(end, (block + 1) * params_per_block_);
+      std::unique_lock<std::shared_mutex> lock = LockBlock(block);
+      piece(block, i, stop - i);
+      i = stop;
+    }
+  }
 
   const uint64_t num_params_;
   const uint64_t block_bytes_;

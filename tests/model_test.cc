@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace blkps {
@@ -55,6 +56,44 @@ TEST(Model, SgdSubtractsLearningRateTimesGradient) {
   ASSERT_TRUE(m->ApplyGradient(0, g.data(), g.size() * 4).ok());
   std::vector<float> after = ReadAll(*m);
   for (size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f * g[i]) << i;
+}
+
+TEST(Model, GradientReportsEachBlockItGaveParametersTo) {
+  auto m = MakeModel(1000, 64);  // 16 parameters per block
+  std::vector<float> g(50, 1.0f);  // parameters [13, 63): blocks 0..3
+  std::vector<std::pair<uint64_t, uint64_t>> applied;
+  ASSERT_TRUE(m->ApplyGradient(13 * 4, g.data(), g.size() * 4, [&](uint64_t block, uint64_t n) {
+                 applied.emplace_back(block, n);
+               }).ok());
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {{0, 3}, {1, 16}, {2, 16}, {3, 15}};
+  EXPECT_EQ(applied, want);
+  // A refused gradient reports nothing.
+  g[7] = std::nanf("");
+  applied.clear();
+  EXPECT_FALSE(m->ApplyGradient(0, g.data(), g.size() * 4, [&](uint64_t b, uint64_t n) {
+                  applied.emplace_back(b, n);
+                }).ok());
+  EXPECT_TRUE(applied.empty());
+}
+
+TEST(Model, BspGradientWaitsInTheAccumulatorUntilTheRoundsAverage) {
+  ModelOptions o;
+  o.num_params = 32;
+  o.block_bytes = 64;  // 2 blocks of 16
+  o.rule.lr = 1.0f;
+  o.accumulator = true;
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Create(o, &m).ok());
+  const std::vector<float> a(32, 1.0f), b(32, 3.0f);
+  ASSERT_TRUE(m->ApplyGradient(0, a.data(), 128).ok());
+  ASSERT_TRUE(m->ApplyGradient(0, b.data(), 128).ok());
+  EXPECT_EQ(ReadAll(*m), std::vector<float>(32, 0.0f)) << "a bsp gradient changed the weights";
+  {
+    auto lock = m->LockBlock(1);
+    m->ApplyAverageLocked(1, 2);
+  }
+  const std::vector<float> w = ReadAll(*m);
+  for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(w[i], i < 16 ? 0.0f : -2.0f) << i;  // -(1 + 3) / 2
 }
 
 TEST(Model, RangeStartingAndEndingInsideBlocksTouchesOnlyThatRange) {
