@@ -12,7 +12,7 @@
 
 #include "crc32c.h"
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 inline uint32_t LoadLe32(const uint8_t* p) {
@@ -566,4 +566,4 @@ Status ReadCheckpointSections(const std::string& path, const std::vector<Checkpo
   return Status::OK();
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

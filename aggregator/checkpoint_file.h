@@ -66,7 +66,7 @@
 
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 // ---- Writing ---------------------------------------------------------------
 
@@ -138,4 +138,4 @@ struct CheckpointDest {
 Status ReadCheckpointSections(const std::string& path,
                               const std::vector<CheckpointDest>& dests);
 
-}  // namespace blkps
+}  // namespace blkps::server

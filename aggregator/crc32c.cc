@@ -8,7 +8,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace blkps {
+namespace blkps::server {
 
 namespace {
 
@@ -171,4 +171,4 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t len) {
   return hardware ? detail::Crc32cSse42(crc, data, len) : detail::Crc32cPortable(crc, data, len);
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

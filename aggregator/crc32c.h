@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace blkps {
+namespace blkps::server {
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, as in iSCSI and
 // ext4) of data[0, len), extending `crc`, the CRC32C of the bytes before:
@@ -22,4 +22,4 @@ uint32_t Crc32cSse42(uint32_t crc, const void* data, size_t len);
 bool CpuHasCrc32cInstruction();
 }  // namespace detail
 
-}  // namespace blkps
+}  // namespace blkps::server

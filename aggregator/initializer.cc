@@ -7,7 +7,7 @@
 #include <fstream>
 #include <random>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 Status ParseScale(const std::string& kind, const std::string& arg, double* out) {
@@ -89,4 +89,4 @@ Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n) {
   return Status::InvalidArgument("init: unknown kind");
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

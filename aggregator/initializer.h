@@ -10,7 +10,7 @@
 
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 struct InitSpec {
   enum class Kind { kZeros, kUniform, kNormal, kFile };
@@ -29,4 +29,4 @@ Status ParseInitSpec(const std::string& text, InitSpec* spec);
 // untouched, so the pages stay uncommitted until gradients arrive.
 Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n);
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -14,7 +14,7 @@
 
 #include "checkpoint_file.h"
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 constexpr auto kTick = std::chrono::milliseconds(50);
@@ -515,4 +515,4 @@ std::string Job::StatusJson() const {
   return j.str();
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -49,7 +49,7 @@
 #include "model.h"
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 struct JobOptions {
   ModelOptions model;               // model.accumulator is set from the mode
@@ -193,4 +193,4 @@ class Job {
   std::thread ticker_;
 };
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
-namespace blkps {
+namespace blkps::server {
 
 Status ParseConsistency(const std::string& text, ConsistencyOptions* out) {
   if (text == "async" || text == "bsp") {
@@ -177,4 +177,4 @@ Status LearnerClocks::Restore(const std::vector<uint64_t>& words) {
   return Status::OK();
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

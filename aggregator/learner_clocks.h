@@ -39,7 +39,7 @@
 
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 enum class ConsistencyMode { kAsync, kBsp, kSsp };
 
@@ -126,4 +126,4 @@ class LearnerClocks {
   std::vector<Learner> learners_;
 };
 
-}  // namespace blkps
+}  // namespace blkps::server

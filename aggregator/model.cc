@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
@@ -210,4 +210,4 @@ std::vector<std::shared_lock<std::shared_mutex>> Model::LockAllBlocksShared() co
   return locks;
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -35,7 +35,7 @@
 #include "status.h"
 #include "update_rule.h"
 
-namespace blkps {
+namespace blkps::server {
 
 inline constexpr uint64_t kDeviceSectorBytes = 512;
 // Chosen by measurement (README, Performance): best of 256K/1M/4M for writes.
@@ -165,4 +165,4 @@ class Model {
   mutable std::unique_ptr<std::shared_mutex[]> block_locks_;
 };
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -18,7 +18,7 @@
 
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 class PageBuffer {
  public:
@@ -66,4 +66,4 @@ class PageBuffer {
   size_t mapped_ = 0;
 };
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-namespace blkps {
+namespace blkps::server {
 
 class Status {
  public:
@@ -43,4 +43,4 @@ class Status {
   std::string message_;
 };
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -14,7 +14,7 @@
 #include <limits>
 #include <utility>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 StateArray Describe(const char* name, const PageBuffer& buffer) {
@@ -288,4 +288,4 @@ Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_
   return Status::OK();
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -53,7 +53,7 @@
 
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 // The rules MakeUpdateRule() knows, for error messages and docs.
 inline constexpr const char* kUpdateRuleNames = "sgd, momentum, adagrad, adam, sum, average";
@@ -160,4 +160,4 @@ class UpdateRule {
 Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params,
                       std::unique_ptr<UpdateRule>* out);
 
-}  // namespace blkps
+}  // namespace blkps::server

@@ -18,6 +18,8 @@
 #include "job.h"
 #include "lu_options.h"
 
+namespace server = blkps::server;
+
 namespace {
 
 constexpr uint64_t kStatusOffset = BLKPS_CONTROL_STATUS_OFFSET;
@@ -35,10 +37,10 @@ void Log(const std::string& line) {
 
 struct blkps_lu {
   std::string bsopts;
-  blkps::LuOptions options;
-  std::shared_ptr<blkps::Job> job;  // null until opened
+  server::LuOptions options;
+  std::shared_ptr<server::Job> job;  // null until opened
   size_t slot = 0;                  // learner LUNs: the job's slot
-  std::deque<blkps::Job::Released> released;  // main thread only
+  std::deque<server::Job::Released> released;  // main thread only
 
   // Control LUN: the status snapshot reads are served from.
   std::mutex status_mu;
@@ -58,36 +60,36 @@ class JobRegistry {
     return registry;
   }
 
-  blkps::Status Open(const std::string& name, const blkps_lu& lu, std::shared_ptr<blkps::Job>* out) {
+  server::Status Open(const std::string& name, const blkps_lu& lu, std::shared_ptr<server::Job>* out) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = jobs_[name];
-    std::shared_ptr<blkps::Job> open = entry.job.lock();
+    std::shared_ptr<server::Job> open = entry.job.lock();
     if (lu.options.control) {
       if (!open) {
-        return blkps::Status::NotFound("role=control: no model '" + name +
+        return server::Status::NotFound("role=control: no model '" + name +
                                        "' is served by this tgtd; create its learner LUNs first");
       }
       *out = open;
-      return blkps::Status::OK();
+      return server::Status::OK();
     }
     if (open) {
       if (entry.bsopts != lu.bsopts) {
-        return blkps::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
+        return server::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
                                               entry.bsopts + "'; a LUN joining it must give the same");
       }
       *out = open;
-      return blkps::Status::OK();
+      return server::Status::OK();
     }
-    blkps::Status s = blkps::Job::Create(
+    server::Status s = server::Job::Create(
         name, lu.options.job, [name](const std::string& line) { Log("model '" + name + "': " + line); }, out);
     if (!s.ok()) return s;
     entry = Entry{*out, lu.bsopts};
-    return blkps::Status::OK();
+    return server::Status::OK();
   }
 
  private:
   struct Entry {
-    std::weak_ptr<blkps::Job> job;
+    std::weak_ptr<server::Job> job;
     std::string bsopts;  // what created it
   };
   std::mutex mu_;
@@ -98,24 +100,24 @@ void SetError(char* err, size_t errlen, const std::string& msg) {
   if (err && errlen) std::snprintf(err, errlen, "%s", msg.c_str());
 }
 
-blkps_io_result ToIoResult(const blkps::Status& s, char* err, size_t errlen) {
+blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
   if (s.ok()) return BLKPS_IO_OK;
   SetError(err, errlen, s.message());
   switch (s.code()) {
-    case blkps::Status::Code::kOutOfRange: return BLKPS_IO_OUT_OF_RANGE;
-    case blkps::Status::Code::kDeadlineExceeded: return BLKPS_IO_HOLD_TIMEOUT;
-    case blkps::Status::Code::kUnavailable: return BLKPS_IO_JOB_FAILED;
-    case blkps::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
+    case server::Status::Code::kOutOfRange: return BLKPS_IO_OUT_OF_RANGE;
+    case server::Status::Code::kDeadlineExceeded: return BLKPS_IO_HOLD_TIMEOUT;
+    case server::Status::Code::kUnavailable: return BLKPS_IO_JOB_FAILED;
+    case server::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
     default: return BLKPS_IO_BAD_DATA;
   }
 }
 
 // The control LUN's size: its regions, the weights as long as the model's
 // device.
-uint64_t ControlSizeBytes(const blkps::Job& job) { return kWeightsOffset + job.size_bytes(); }
+uint64_t ControlSizeBytes(const server::Job& job) { return kWeightsOffset + job.size_bytes(); }
 
-blkps::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
-  return blkps::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
+  return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
                                    ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
 }
 
@@ -130,21 +132,21 @@ bool TouchesReadOnlyRegion(uint64_t offset, uint64_t len) {
 // Splits [offset, offset + len) of the control LUN at its region borders and
 // calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
 template <typename Piece>
-blkps::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
+server::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
   const uint64_t borders[] = {kStatusOffset, kCommandsOffset, kCountersOffset, kWeightsOffset, UINT64_MAX};
   for (size_t r = 0; r + 1 < std::size(borders); ++r) {
     const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
     if (start >= end) continue;
-    blkps::Status s = piece(borders[r], start, end - start, start - offset);
+    server::Status s = piece(borders[r], start, end - start, start - offset);
     if (!s.ok()) return s;
   }
-  return blkps::Status::OK();
+  return server::Status::OK();
 }
 
 // The counters record as control_lun.h lays it out (little-endian, as this
 // host), then zeros to the end of the region.
-std::string CountersRegion(const blkps::Job& job) {
-  const blkps::Job::Counters c = job.GetCounters();
+std::string CountersRegion(const server::Job& job) {
+  const server::Job::Counters c = job.GetCounters();
   blkps_control_counters record{};
   std::memcpy(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic);
   record.format_version = BLKPS_CONTROL_FORMAT_VERSION;
@@ -160,7 +162,7 @@ std::string CountersRegion(const blkps::Job& job) {
   return region;
 }
 
-blkps::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len) {
+server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len) {
   const uint64_t size = ControlSizeBytes(*lu->job);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
@@ -171,21 +173,21 @@ blkps::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len
       const uint64_t copy = at < text.size() ? std::min<uint64_t>(n, text.size() - at) : 0;
       std::memcpy(buf + pos, text.data() + at, copy);
       std::memset(buf + pos + copy, 0, n - copy);
-      return blkps::Status::OK();
+      return server::Status::OK();
     }
     if (region == kCommandsOffset) {
       std::memset(buf + pos, 0, n);
-      return blkps::Status::OK();
+      return server::Status::OK();
     }
     if (region == kCountersOffset) {
       std::memcpy(buf + pos, CountersRegion(*lu->job).data() + (at - kCountersOffset), n);
-      return blkps::Status::OK();
+      return server::Status::OK();
     }
     return lu->job->ReadWeights(at - kWeightsOffset, buf + pos, n);
   });
 }
 
-blkps::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len) {
+server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len) {
   const uint64_t size = ControlSizeBytes(*lu->job);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
@@ -204,7 +206,7 @@ void blkps_set_log(void (*log)(const char*)) { g_log = log; }
 blkps_lu* blkps_lu_create(const char* bsopts, char* err, size_t errlen) {
   auto lu = std::make_unique<blkps_lu>();
   lu->bsopts = bsopts ? bsopts : "";
-  blkps::Status s = blkps::ParseLuOptions(lu->bsopts, &lu->options);
+  server::Status s = server::ParseLuOptions(lu->bsopts, &lu->options);
   if (!s.ok()) {
     SetError(err, errlen, s.message());
     return nullptr;
@@ -216,7 +218,7 @@ void blkps_lu_destroy(blkps_lu* lu) { delete lu; }
 
 int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t lun, int wake_fd, uint64_t* size_bytes, char* err,
                   size_t errlen) {
-  blkps::Status s = JobRegistry::Get().Open(path ? path : "", *lu, &lu->job);
+  server::Status s = JobRegistry::Get().Open(path ? path : "", *lu, &lu->job);
   if (!s.ok()) {
     SetError(err, errlen, s.message());
     return -1;
@@ -242,15 +244,15 @@ void blkps_lu_close(blkps_lu* lu) {
 
 int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd) {
   if (!lu->job || lu->options.control) return 0;
-  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd) == blkps::Job::Admission::kHold;
+  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd) == server::Job::Admission::kHold;
 }
 
 void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, size_t errlen) {
   if (lu->released.empty() && lu->job) {
-    for (blkps::Job::Released& r : lu->job->TakeReleased(lu->slot)) lu->released.push_back(std::move(r));
+    for (server::Job::Released& r : lu->job->TakeReleased(lu->slot)) lu->released.push_back(std::move(r));
   }
   if (lu->released.empty()) return nullptr;
-  blkps::Job::Released r = std::move(lu->released.front());
+  server::Job::Released r = std::move(lu->released.front());
   lu->released.pop_front();
   *result = ToIoResult(r.status, err, errlen);
   return r.cmd;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <set>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 constexpr double kMaxHoldSeconds = 25;
@@ -168,4 +168,4 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   return Status::OK();
 }
 
-}  // namespace blkps
+}  // namespace blkps::server

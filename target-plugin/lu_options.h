@@ -29,7 +29,7 @@
 #include "job.h"
 #include "status.h"
 
-namespace blkps {
+namespace blkps::server {
 
 inline constexpr const char* kLuOptionKeys =
     "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
@@ -44,4 +44,4 @@ struct LuOptions {
 // one-line message that starts with the offending key ("lr: expected ...").
 Status ParseLuOptions(const std::string& bsopts, LuOptions* out);
 
-}  // namespace blkps
+}  // namespace blkps::server

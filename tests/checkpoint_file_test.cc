@@ -23,7 +23,7 @@
 
 #include "crc32c.h"
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 namespace fs = std::filesystem;
@@ -479,4 +479,4 @@ TEST_F(CheckpointFileTest, UncreatableTemporaryFileLeavesTheOldCheckpointUntouch
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

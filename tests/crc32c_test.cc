@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 std::string RandomBytes(size_t n, uint64_t seed) {
@@ -91,4 +91,4 @@ TEST(Crc32cTest, ThroughputOn64MiB) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

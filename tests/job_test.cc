@@ -17,7 +17,7 @@
 
 #include "blkps/control_lun.h"
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 JobOptions Options(uint64_t params, const std::string& mode, uint64_t block_bytes = 64) {
@@ -349,4 +349,4 @@ TEST_F(JobCheckpoint, CheckpointOfAnotherRuleIsRefused) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

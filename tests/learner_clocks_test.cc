@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <random>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 ConsistencyOptions Bsp() { return {ConsistencyMode::kBsp, 0}; }
@@ -153,4 +153,4 @@ TEST(LearnerClocks, SaveAndRestoreRoundTrip) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

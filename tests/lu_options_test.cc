@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 std::string ErrorOf(const std::string& bsopts) {
@@ -103,4 +103,4 @@ TEST(LuOptions, ControlLunTakesOnlyItsRole) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

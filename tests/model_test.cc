@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 std::unique_ptr<Model> MakeModel(uint64_t params, uint64_t block_bytes, float lr = 1.0f,
@@ -280,4 +280,4 @@ TEST(Model, ReadNeverSeesHalfAppliedBlock) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace blkps {
+namespace blkps::server {
 namespace {
 
 // One parameter as the reference sees it: the weight and every rule's state.
@@ -547,4 +547,4 @@ TEST(UpdateRule, EveryKnownNameCreatesThatRule) {
 }
 
 }  // namespace
-}  // namespace blkps
+}  // namespace blkps::server
