@@ -32,6 +32,17 @@
 // (durably: temporary file, fsync, rename; checksummed). Writes wait while it
 // runs, reads do not. Create() loads an existing checkpoint; a corrupt one,
 // or one written for another geometry, rule or mode, fails Create().
+//
+// The code, by what it does:
+//   job.cc             lifetime and learner slots
+//   job_holds.cc       admission: whether a command may run now, held
+//                      commands and their release
+//   job_gradients.cc   reads, gradient writes and bsp rounds
+//   job_liveness.cc    the ticker: hold limits, dead learners, max_dead,
+//                      periodic checkpoints
+//   job_checkpoint.cc  the job's state to and from a checkpoint file
+//   job_status.cc      status JSON and the control LUN's counters
+//   job_control.cc     control commands (lr=..., resume=1)
 #pragma once
 
 #include <atomic>
@@ -128,6 +139,7 @@ class Job {
 
  private:
   using Clock = std::chrono::steady_clock;
+  static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
   struct HeldCommand {
     void* cmd;
     size_t slot;

@@ -1,0 +1,115 @@
+// Job's checkpoints (job.h, "Checkpoints"): which of the job's state goes
+// into which section of a checkpoint file (checkpoint_file.h), what a loaded
+// file must match, and restoring it.
+#include "job.h"
+
+#include <cstdlib>
+#include <map>
+
+#include "checkpoint_file.h"
+#include "number_text.h"
+
+namespace blkps::server {
+namespace {
+
+// The checkpoint's metadata: what a loaded file must match.
+std::map<std::string, std::string> Identity(const JobOptions& opts) {
+  return {{"format", "blkps-model"},
+          {"params", std::to_string(opts.model.num_params)},
+          {"block", std::to_string(opts.model.block_bytes)},
+          {"rule", opts.model.rule.name},
+          {"nesterov", opts.model.rule.nesterov ? "1" : "0"},
+          {"mode", FormatConsistency(opts.consistency)}};
+}
+
+}  // namespace
+
+Status Job::Checkpoint() {
+  if (opts_.checkpoint.empty()) return Status::OK();
+  std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+  const Clock::time_point start = Clock::now();
+  Status s;
+  uint64_t step = 0;
+  {
+    // Writes wait from here until the file is durable: the file is one
+    // instant of the model, its state and its clocks.
+    auto block_locks = model_->LockAllBlocksShared();
+    std::map<std::string, std::string> meta = Identity(opts_);
+    std::vector<uint64_t> clocks, luns;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      clocks = clocks_.Save();
+      for (const Slot& slot : slots_) luns.push_back(slot.lun);
+      step = clocks_.global_step();
+    }
+    meta["step"] = std::to_string(step);
+    for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
+    std::vector<CheckpointSection> sections;
+    for (const Model::Array& a : model_->Arrays()) sections.push_back({a.name, a.data, a.bytes});
+    sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
+    sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
+    s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
+  }
+  const double took = Seconds(Clock::now() - start);
+  std::lock_guard<std::mutex> lock(mu_);
+  last_checkpoint_ = Clock::now();
+  if (!s.ok()) {
+    checkpoint_error_ = s.message();
+    return s;
+  }
+  checkpoint_error_.clear();
+  ++checkpoints_;
+  checkpoint_seconds_ = took;
+  log_("checkpoint of step " + std::to_string(step) + " written to " + opts_.checkpoint + " in " + Fixed(took, 3) +
+       " s");
+  return Status::OK();
+}
+
+Status Job::LoadCheckpoint() {
+  const std::string& path = opts_.checkpoint;
+  CheckpointHeader header;
+  Status s = ReadCheckpointHeader(path, &header);
+  if (s.code() == Status::Code::kNotFound) return Status::OK();  // a new job
+  if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
+  for (const auto& [key, want] : Identity(opts_)) {
+    auto it = header.meta.find(key);
+    const std::string got = it == header.meta.end() ? "(none)" : it->second;
+    if (got != want) {
+      return Status::InvalidArgument("checkpoint: " + path + " was written with " + key + "=" + got +
+                                     " but this LUN has " + key + "=" + want +
+                                     "; give matching --bsopts, or move the file away to start afresh");
+    }
+  }
+  std::vector<CheckpointDest> dests;
+  for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
+  std::vector<uint64_t> clocks, luns;
+  for (const auto& [section, bytes] : header.sections) {
+    if (section == "clocks") clocks.resize(bytes / sizeof(uint64_t));
+    if (section == "luns") luns.resize(bytes / sizeof(uint64_t));
+  }
+  dests.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
+  dests.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
+  s = ReadCheckpointSections(path, dests);
+  if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
+  s = clocks_.Restore(clocks);
+  if (s.ok() && clocks_.num_learners() != luns.size()) {
+    s = Status::InvalidArgument("its clocks are for " + std::to_string(clocks_.num_learners()) + " learners but it names " +
+                                std::to_string(luns.size()) + " LUNs");
+  }
+  if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
+  const Clock::time_point now = Clock::now();
+  for (uint64_t lun : luns) {
+    slots_.emplace_back();
+    slots_.back().lun = lun;
+    slots_.back().last_io = now;
+  }
+  for (const auto& [key, value] : header.meta) {
+    if (key.rfind("rule.", 0) != 0) continue;
+    s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
+    if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
+  }
+  log_("loaded checkpoint " + path + " (step " + header.meta["step"] + ")");
+  return Status::OK();
+}
+
+}  // namespace blkps::server

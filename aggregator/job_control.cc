@@ -1,0 +1,39 @@
+// Control commands for a running Job (written to the control LUN): a rule
+// parameter (lr, momentum, beta1, beta2, eps) or resume=1.
+#include "job.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "number_text.h"
+
+namespace blkps::server {
+
+Status Job::Control(const std::string& commands) {
+  std::istringstream in(commands.substr(0, commands.find('\0')));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    const std::string key = line.substr(0, eq), value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    if (key == "resume") {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
+      failure_.clear();
+      failed_.store(false);
+      continue;
+    }
+    char* end = nullptr;
+    const float v = std::strtof(value.c_str(), &end);
+    if (eq == std::string::npos || value.empty() || *end != '\0') {
+      return Status::InvalidArgument("control: expected key=<number> or resume=1, got '" + line + "'");
+    }
+    Status s = model_->rule().SetParam(key, v);
+    if (!s.ok()) return Status::InvalidArgument("control: " + s.message());
+    log_("control: " + key + " set to " + FloatShort(v));
+  }
+  return Status::OK();
+}
+
+}  // namespace blkps::server

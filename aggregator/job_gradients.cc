@@ -1,0 +1,46 @@
+// Job's data path: a learner's READ (the weights) and WRITE (a gradient,
+// applied through Model::ApplyGradient and counted on the learner's clocks;
+// in bsp, a block's round is averaged and applied when its last gradient
+// arrives). Runs on tgt's worker threads, concurrently.
+#include "job.h"
+
+namespace blkps::server {
+
+Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Status::Unavailable(failure_);
+  }
+  return model_->Read(offset, dst, len);
+}
+
+Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len) {
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Status::Unavailable(failure_);
+  }
+  const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
+  Status s = model_->ApplyGradient(offset, src, len, [&](uint64_t b, uint64_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!clocks_.AddGradient(slot, b, n)) return;
+    if (bsp) {
+      FinishRoundIfCompleteLocked(b, lock);
+    } else if (!held_.empty()) {
+      ReleaseLocked();  // ssp: the slowest may have moved
+    }
+  });
+  if (!s.ok()) rejected_writes_.fetch_add(1);
+  return s;
+}
+
+void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {
+  if (!clocks_.RoundComplete(b)) return;
+  const uint32_t given = clocks_.FinishRound(b);
+  ReleaseLocked();
+  lock.unlock();
+  // Readers released above wait for this block's lock, which the caller
+  // holds, so they see the round's update.
+  model_->ApplyAverageLocked(b, given);
+}
+
+}  // namespace blkps::server

@@ -1,0 +1,89 @@
+// Job admission (job.h, "Holding commands"): whether a learner's command may
+// run now under the consistency mode, and if not, keeping it until it may, or
+// until the ticker fails it at hold_limit. Everything here runs under mu_
+// and never waits for I/O: Admit and TakeReleased are called on tgtd's main
+// thread.
+#include "job.h"
+
+#include <algorithm>
+
+namespace blkps::server {
+
+Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd) {
+  const uint64_t first_param = offset / sizeof(float);
+  const uint64_t end_param = std::min(model_->num_params(), (offset + len + sizeof(float) - 1) / sizeof(float));
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[slot];
+  s.last_io = Clock::now();
+  (write ? s.writes : s.reads) += 1;
+  (write ? s.bytes_written : s.bytes_read) += len;
+  if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
+  if (!clocks_.live(slot)) {
+    clocks_.Rejoin(slot);
+    log_("learner at lun " + std::to_string(s.lun) + " is back; it rejoins at iteration " +
+         std::to_string(clocks_.iteration(slot)));
+  }
+  if (first_param >= end_param || offset + len < offset) return Admission::kRun;  // padding, or Read/Write refuse it
+  const uint64_t first = model_->BlockOf(first_param), last = model_->BlockOf(end_param - 1);
+  const bool may_pass = write ? clocks_.WriteMayPass(slot, first, last) : clocks_.ReadMayPass(slot, first, last);
+  if (may_pass) {
+    if (!write) RecordLeadLocked(slot, first, last);
+    return Admission::kRun;
+  }
+  held_.push_back(HeldCommand{cmd, slot, write, first, last, Clock::now()});
+  ++s.held;
+  ++s.holds;
+  return Admission::kHold;
+}
+
+std::vector<Job::Released> Job::TakeReleased(size_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Released> out;
+  out.swap(slots_[slot].released);
+  return out;
+}
+
+void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block) {
+  uint64_t lead = 0;
+  for (uint64_t b = first_block; b <= last_block; ++b) lead = std::max(lead, clocks_.Lead(slot, b));
+  Slot& s = slots_[slot];
+  s.lead_max = std::max(s.lead_max, lead);
+  s.lead_sum += lead;
+  ++s.lead_count;
+}
+
+void Job::ReleaseOneLocked(HeldCommand& held, Status status) {
+  Slot& s = slots_[held.slot];
+  if (status.ok() && !held.write) RecordLeadLocked(held.slot, held.first_block, held.last_block);
+  s.released.push_back(Released{held.cmd, std::move(status)});
+  --s.held;
+  if (s.wake) s.wake();
+}
+
+void Job::ReleaseLocked() {
+  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) {
+    if (FailedLocked()) {
+      ReleaseOneLocked(held, Status::Unavailable(failure_));
+      return true;
+    }
+    const bool may_pass = held.write ? clocks_.WriteMayPass(held.slot, held.first_block, held.last_block)
+                                     : clocks_.ReadMayPass(held.slot, held.first_block, held.last_block);
+    if (may_pass) ReleaseOneLocked(held, Status::OK());
+    return may_pass;
+  });
+  held_.erase(it, held_.end());
+}
+
+std::string Job::WhoIsBehindLocked(const HeldCommand& held) const {
+  std::string behind;
+  const uint64_t b = held.first_block;
+  const uint64_t mine = clocks_.clock(held.slot, b);
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    if (k == held.slot || !clocks_.live(k) || clocks_.clock(k, b) >= mine) continue;
+    behind += (behind.empty() ? "" : ", ") + std::string("lun ") + std::to_string(slots_[k].lun) + " at " +
+              std::to_string(clocks_.clock(k, b));
+  }
+  return behind.empty() ? "the rest of this round" : behind;
+}
+
+}  // namespace blkps::server

@@ -1,0 +1,96 @@
+// What the control LUN shows of a Job: the status JSON (its keys are listed
+// in blkps/control_lun.h, which a test checks) and the counters record's
+// numbers.
+#include "job.h"
+
+#include <sstream>
+
+#include "number_text.h"
+
+namespace blkps::server {
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Job::Counters Job::GetCounters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Counters c;
+  c.params = model_->num_params();
+  c.blocks = model_->num_blocks();
+  c.global_step = clocks_.global_step();
+  c.updates = clocks_.updates();
+  c.rejected_writes = rejected_writes_.load();
+  c.failed = FailedLocked();
+  return c;
+}
+
+std::string Job::StatusJson() const {
+  std::ostringstream j;
+  const Clock::time_point now = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  const Model& m = *model_;
+  size_t live = 0;
+  for (size_t k = 0; k < slots_.size(); ++k) live += clocks_.live(k) ? 1 : 0;
+  j << "{\n";
+  j << "  \"model\": " << JsonString(name_) << ",\n";
+  j << "  \"params\": " << m.num_params() << ",\n";
+  j << "  \"device_bytes\": " << m.size_bytes() << ",\n";
+  j << "  \"block_bytes\": " << m.block_bytes() << ",\n";
+  j << "  \"blocks\": " << m.num_blocks() << ",\n";
+  j << "  \"mode\": " << JsonString(FormatConsistency(opts_.consistency)) << ",\n";
+  j << "  \"rule\": " << JsonString(m.rule().name()) << ",\n";
+  j << "  \"rule_params\": {";
+  const char* sep = "";
+  for (const auto& [key, value] : m.rule().params()) {
+    j << sep << JsonString(key) << ": " << FloatShort(value);
+    sep = ", ";
+  }
+  j << "},\n";
+  j << "  \"global_step\": " << clocks_.global_step() << ",\n";
+  j << "  \"updates\": " << clocks_.updates() << ",\n";
+  j << "  \"rejected_writes\": " << rejected_writes_.load() << ",\n";
+  j << "  \"held_now\": " << held_.size() << ",\n";
+  j << "  \"uptime_s\": " << Fixed(Seconds(now - started_), 3) << ",\n";
+  j << "  \"dead_after_s\": " << FloatText(opts_.dead_after_s) << ",\n";
+  j << "  \"hold_limit_s\": " << FloatText(opts_.hold_limit_s) << ",\n";
+  j << "  \"max_dead\": " << opts_.max_dead << ",\n";
+  j << "  \"live_learners\": " << live << ",\n";
+  j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
+  j << "  \"failure\": " << JsonString(failure_) << ",\n";
+  j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
+    << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3) << ", \"every_s\": "
+    << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_) << "},\n";
+  j << "  \"learners\": [";
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Slot& s = slots_[k];
+    const double mean = s.lead_count ? static_cast<double>(s.lead_sum) / s.lead_count : 0.0;
+    j << (k ? ",\n" : "\n") << "    {\"lun\": " << s.lun << ", \"state\": \""
+      << (!s.attached ? "detached" : clocks_.live(k) ? "live" : "dead") << "\", \"iteration\": "
+      << clocks_.iteration(k) << ", \"idle_s\": " << Fixed(Seconds(now - s.last_io), 3) << ", \"held\": " << s.held
+      << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes << ", \"bytes_read\": " << s.bytes_read
+      << ", \"bytes_written\": " << s.bytes_written << ", \"holds\": " << s.holds
+      << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
+      << ", \"staleness_max\": " << s.lead_max << ", \"staleness_mean\": " << Fixed(mean, 3) << "}";
+  }
+  j << (slots_.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  return j.str();
+}
+
+}  // namespace blkps::server
