@@ -8,6 +8,7 @@
 // No assertion here depends on timing: sleeps only vary the interleaving.
 
 #include <blkps/blkps.h>
+#include <blkps/control_lun.h>
 #include <blkps/engine.hpp>
 #include <blkps/model.hpp>
 #include <unistd.h>
@@ -478,7 +479,7 @@ void RunTwoLearners(const Setup& setup, const std::string& mode) {
   auto control = blkps::Model::Open(target.control_url(), o, &error);
   ASSERT_NE(control, nullptr) << error;
   std::vector<float> w(3072);
-  ASSERT_EQ(control->ReadBytes(1 << 20, w.data(), w.size() * 4), 0) << control->last_error();
+  ASSERT_EQ(control->ReadBytes(BLKPS_CONTROL_WEIGHTS_OFFSET, w.data(), w.size() * 4), 0) << control->last_error();
   for (uint64_t i = 0; i < kParams; ++i) {
     double sum = 0;
     for (int t = 0; t < kIterations; ++t) {
