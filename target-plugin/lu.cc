@@ -39,7 +39,7 @@ struct blkps_lu {
   std::string bsopts;
   server::LuOptions options;
   std::shared_ptr<server::Job> job;  // null until opened
-  size_t slot = 0;                  // learner LUNs: the job's slot
+  size_t slot = 0;                   // learner LUNs: the job's slot
   std::deque<server::Job::Released> released;  // main thread only
 
   // Control LUN: the status snapshot reads are served from.
@@ -67,7 +67,7 @@ class JobRegistry {
     if (lu.options.control) {
       if (!open) {
         return server::Status::NotFound("role=control: no model '" + name +
-                                       "' is served by this tgtd; create its learner LUNs first");
+                                        "' is served by this tgtd; create its learner LUNs first");
       }
       *out = open;
       return server::Status::OK();
@@ -75,7 +75,7 @@ class JobRegistry {
     if (open) {
       if (entry.bsopts != lu.bsopts) {
         return server::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
-                                              entry.bsopts + "'; a LUN joining it must give the same");
+                                               entry.bsopts + "'; a LUN joining it must give the same");
       }
       *out = open;
       return server::Status::OK();
@@ -118,7 +118,7 @@ uint64_t ControlSizeBytes(const server::Job& job) { return kWeightsOffset + job.
 
 server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
   return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
-                                   ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
+                                    ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
 }
 
 // Whether [offset, offset + len) touches a read-only region: status or

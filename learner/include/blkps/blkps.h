@@ -116,9 +116,9 @@ typedef struct blkps_control_layout {
 } blkps_control_layout;
 void blkps_control_layout_get(blkps_control_layout *out);
 
-/* Reads the counters record from m, a control LUN. Returns 0, or -EIO for a
- * failed read, or -EPROTO when m holds no record of this format (not a
- * control LUN, or a server of another version); message in
+/* Reads the counters record from m, a control LUN. Returns 0, a failed
+ * read's negative errno, or -EPROTO when m holds no record of this format
+ * (not a control LUN, or a server of another version); message in
  * blkps_last_error. */
 int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
 

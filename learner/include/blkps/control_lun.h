@@ -23,10 +23,10 @@
  *                             READ them, WRITE to set them (rule state kept).
  *
  * Users: the server (target-plugin/lu.cc serves the regions and fills the
- * record; aggregator/job.cc writes the status keys), libblkps (the engine
- * reads the counters; blkps_control_layout_get() hands all of this to the
- * Python package, learner/python/blkps/control.py), the tests, and README's
- * "Status and control" section.
+ * record; aggregator/job_status.cc writes the status keys), libblkps (the
+ * engine reads the counters; blkps_control_layout_get() hands all of this to
+ * the Python package, learner/python/blkps/control.py), the tests, and
+ * README's "Status and control" section.
  *
  * Changing it: a new status key goes into BLKPS_STATUS_KEYS (a unit test
  * compares them with what the server writes); a new counter goes at the end
