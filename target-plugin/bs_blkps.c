@@ -208,8 +208,9 @@ static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 	info->wake_fd = -1;
 	info->core = blkps_lu_create(bsopts, err, sizeof(err));
 	if (!info->core) {
-		eprintf("blkps: bad --bsopts '%s': %s\n", bsopts ? bsopts : "",
-			err);
+		/* The reason first: a user reads the log's last line. */
+		eprintf("blkps: %s (--bsopts '%s')\n", err,
+			bsopts ? bsopts : "");
 		return TGTADM_INVALID_REQUEST;
 	}
 	info->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
