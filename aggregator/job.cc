@@ -436,6 +436,13 @@ Status Job::LoadCheckpoint() {
 }
 
 Status Job::Control(const std::string& commands) {
+  // A refused command stays in the status JSON (control_error) until the next
+  // control write succeeds: the writer sees only a SCSI error.
+  auto refuse = [this](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    control_error_ = why;
+    return Status::InvalidArgument(why);
+  };
   std::istringstream in(commands.substr(0, commands.find('\0')));
   std::string line;
   while (std::getline(in, line)) {
@@ -453,12 +460,14 @@ Status Job::Control(const std::string& commands) {
     char* end = nullptr;
     const float v = std::strtof(value.c_str(), &end);
     if (eq == std::string::npos || value.empty() || *end != '\0') {
-      return Status::InvalidArgument("control: expected key=<number> or resume=1, got '" + line + "'");
+      return refuse("control: expected key=<number> or resume=1, got '" + line + "'");
     }
     Status s = model_->rule().SetParam(key, v);
-    if (!s.ok()) return Status::InvalidArgument("control: " + s.message());
+    if (!s.ok()) return refuse("control: " + s.message());
     log_("control: " + key + " set to " + FloatShort(v));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  control_error_.clear();
   return Status::OK();
 }
 
@@ -495,6 +504,7 @@ std::string Job::StatusJson() const {
   j << "  \"live_learners\": " << live << ",\n";
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
+  j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3) << ", \"every_s\": "
     << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_) << "},\n";
