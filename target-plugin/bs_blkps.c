@@ -251,7 +251,7 @@ static int bs_blkps_open(struct scsi_lu *lu, char *path, int *fd,
 
 	if (blkps_lu_open(BS_BLKPS_I(lu)->core, path, lu->lun,
 			  BS_BLKPS_I(lu)->wake_fd, size, err, sizeof(err))) {
-		eprintf("blkps: cannot open model '%s': %s\n", path, err);
+		eprintf("blkps: %s (model '%s')\n", err, path);
 		return -1;
 	}
 	*fd = -1;

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import blkps  # noqa: E402
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
-                        load_data, report_accuracy)
+                        load_data, report_accuracy, warn_if_device_larger)
 
 CONTROL_OFFSET, STATUS_BYTES = 64 << 10, 64 << 10
 
@@ -48,6 +48,7 @@ def train(args, mlp):
     control = blkps.Model(args.control) if args.control else None
     lr = server_lr(control) if control else None
     with blkps.Model(args.target) as model:
+        warn_if_device_larger("train_digits", model.size_bytes, mlp.num_params)
         weights = np.empty(mlp.num_params, dtype=np.float32)
         meter = EpochMeter(args.learner)
         for epoch in range(args.epochs):

@@ -13,6 +13,8 @@
 //   blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...
 //       writes each shard's part of the model file FILE (N parameters) to its
 //       OUT (one per shard), e.g. to give every shard its initial weights.
+//   blkps-layout bytes SIZE
+//       SIZE (e.g. 1M) in bytes.
 //   blkps-layout dm-table --stripe-unit BYTES DEVICE=BYTES...
 //       a device-mapper table that stripes the shard devices (in stripe
 //       order, with their sizes) into one model device: whole rows as one
@@ -198,6 +200,12 @@ int Split(const Args& a) {
   return 0;
 }
 
+int PrintBytes(const Args& a) {
+  if (a.operands.size() != 1) Usage("bytes needs one SIZE");
+  std::printf("%llu\n", static_cast<unsigned long long>(Bytes("SIZE", a.operands[0])));
+  return 0;
+}
+
 int DmTable(const Args& a) {
   Require(a.stripe_unit, "--stripe-unit");
   if (a.operands.empty()) Usage("dm-table needs DEVICE=BYTES for every shard");
@@ -258,6 +266,7 @@ void PrintHelp() {
       "       blkps-layout read FILE\n"
       "       blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...\n"
       "       blkps-layout dm-table --stripe-unit BYTES DEVICE=BYTES...\n"
+      "       blkps-layout bytes SIZE\n"
       "The stripe arithmetic of a sharded blkps model: stripe unit k lives on shard\n"
       "k mod S at shard byte (k div S) * BYTES; see README, \"Sharding\".\n");
 }
@@ -265,7 +274,7 @@ void PrintHelp() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) Usage("expected a command: sizes, read, split or dm-table");
+  if (argc < 2) Usage("expected a command: sizes, read, split, dm-table or bytes");
   command = argv[1];
   if (command == "-h" || command == "--help") {
     PrintHelp();
@@ -276,5 +285,6 @@ int main(int argc, char** argv) {
   if (command == "read") return Read(a);
   if (command == "split") return Split(a);
   if (command == "dm-table") return DmTable(a);
-  Usage("unknown command '" + command + "' (sizes, read, split, dm-table)");
+  if (command == "bytes") return PrintBytes(a);
+  Usage("unknown command '" + command + "' (sizes, read, split, dm-table, bytes)");
 }

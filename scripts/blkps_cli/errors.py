@@ -11,7 +11,7 @@ class UserError(Exception):
     do about it (optional)."""
 
     def __init__(self, what, why, todo=None, status=1):
-        super().__init__(f"{what}: {why}" + (f"; {todo}" if todo else ""))
+        super().__init__((f"{what}: " if what else "") + why + (f"; {todo}" if todo else ""))
         self.status = status
 
     def line(self):
@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
     unknown command before anything else), not a usage block."""
 
     def error(self, message):
-        what = self.prog[len("blkps "):] if self.prog.startswith("blkps ") else self.prog
+        what = self.prog[len("blkps "):] if self.prog.startswith("blkps ") else None
         if "invalid choice" in message:
             # "argument command: invalid choice: 'stat' (choose from 'start', 'stop')"
             got = message.split("invalid choice: ", 1)[1].split(" (choose", 1)[0]

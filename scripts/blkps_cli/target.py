@@ -245,8 +245,8 @@ class Target:
         for line in reversed(self.log_lines(since)):
             reason = re.sub(r"^tgtd: \w+\(\d+\) ", "", line)
             if reason.startswith("blkps: "):
-                # The plugin's line: "blkps: <reason> (--bsopts '...')"; the reason is what matters.
-                raise UserError("target start", re.sub(r" \(--bsopts '.*'\)$", "", reason[len("blkps: "):]))
+                # The plugin's line: "blkps: <reason> (--bsopts '...')" or "(model '...')".
+                raise UserError("target start", re.sub(r" \((--bsopts|model) '.*'\)$", "", reason[len("blkps: "):]))
         raise UserError("target start", f"{what} failed: {out}")
 
     def _configure(self, a, port):
