@@ -251,7 +251,7 @@ test_bad_layout_names_file_and_line() {
   expect_error "bad shard URL" "bad target URL 'nfs://host/x'" \
     "$login" login --dry-run --layout "$work/bad.layout" --params 10
   printf 'stripe_unit = 1000\n' >"$work/bad.layout"
-  expect_error "bad stripe unit" "$work/bad.layout:1: stripe_unit must be a positive multiple of 512" \
+  expect_error "bad stripe unit" "$work/bad.layout:1: stripe_unit: expected a number of bytes > 0 and a multiple of 512" \
     "$login" login --dry-run --layout "$work/bad.layout" --params 10
   printf '# comment\nstripe_unt = 4096\n' >"$work/bad.layout"
   expect_error "unknown key" "$work/bad.layout:2: unknown key 'stripe_unt'" \
