@@ -4,7 +4,6 @@ JSON at [0, 64 KiB), commands at 64 KiB, the weights from 1 MiB. Anything
 that can pread/pwrite can do what these commands do."""
 
 import json
-import os
 import sys
 import time
 

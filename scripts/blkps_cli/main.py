@@ -34,20 +34,20 @@ def parser():
 
 
 def main(argv=None):
+    command = None  # named in an unexpected OSError's line once known
     try:
         args = parser().parse_args(argv)
+        command = args.command
         return args.run(args)
     except UserError as e:
         return report(e)
-    except OSError as e:
-        return report(UserError(getattr(args, "command", "blkps") if "args" in locals() else "blkps",
-                                e.strerror or str(e)))
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:  # `blkps status | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
+    except OSError as e:  # libblkps's messages start with "blkps: " too
+        return report(UserError(command, (e.strerror or str(e)).removeprefix("blkps: ")))
+    except KeyboardInterrupt:
+        return 130
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -138,10 +138,7 @@ def command_show(a):
         raise UserError("shards show", f"no shards running in {a.dir} (no {state.SHARDS_ENV})",
                         f"start them: blkps shards start --dir {a.dir} ...")
     if a.get:
-        unknown = [k for k in a.get if k not in values]
-        if unknown:
-            raise UserError("shards show", f"--get {unknown[0]}: no such key", f"use one of {', '.join(values)}")
-        print("\n".join(values[k] for k in a.get))
+        state.print_values(values, a.get, "shards show")
     else:
         for lun, path in enumerate(values["LAYOUTS"].split(), 1):
             print(f"learner {lun}: layout:{path}")

@@ -69,3 +69,12 @@ def target(folder, what="target"):
 def shards(folder):
     """shards.env of a `blkps shards start --dir` folder, or None."""
     return read(os.path.join(folder, SHARDS_ENV))
+
+
+def print_values(values, keys, what):
+    """Prints values[key] for each of `keys`, one line each (what `show --get`
+    gives scripts); a UserError naming the first unknown key."""
+    unknown = [k for k in keys if k not in values]
+    if unknown:
+        raise UserError(what, f"--get {unknown[0]}: no such key", f"use one of {', '.join(values)}")
+    print("\n".join(values[k] for k in keys))

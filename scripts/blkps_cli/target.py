@@ -333,10 +333,7 @@ def command_show(a):
         raise UserError("target show", f"tgtd ({env.get('PID')}) of {target.dir} is not running; its log is {target.log}",
                         f"blkps target stop --dir {a.dir}, then start it again")
     if a.get:
-        unknown = [k for k in a.get if k not in env]
-        if unknown:
-            raise UserError("target show", f"--get {unknown[0]}: no such key", f"use one of {', '.join(env)}")
-        print("\n".join(env[k] for k in a.get))
+        state.print_values(env, a.get, "target show")
     elif a.json:
         print(json.dumps(env, indent=2))
     elif a.tgtadm:
