@@ -190,9 +190,8 @@ class Target:
             if not os.path.isfile(plugin):
                 raise UserError(what, f"plugin {plugin} not found", "build first (scripts/build.sh), or --plugin installed")
             env["LD_PRELOAD"] = plugin
-        port = self._start_tgtd(a, env)
-        try:
-            return self._configure(a, port)
+        try:  # from here on, any failure (Ctrl-C too) leaves no tgtd
+            return self._configure(a, self._start_tgtd(a, env))
         except BaseException:
             self.stop()
             raise
