@@ -5,7 +5,7 @@ happened first, labelled output, and the trips a new user reported (issue
 
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
-demo-options, progress-lines, device-larger-warning. Cases that start their
+demo-options, progress-lines, device-larger-warning, layout. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
 model-too-large, owner-pid-watchdog.
 """
@@ -168,6 +168,33 @@ def test_device_larger_warning():
         fail(f"train_digits.py on a file failed: {out.stderr}")
     if "warning: the device holds 10000000 parameters but this model uses 9610" not in out.stderr:
         fail(f"no warning about the unused parameters: {out.stderr!r}")
+
+
+def test_layout():
+    # blkps layout is StripeMap as a command: shard sizes, and split puts
+    # stripe unit k of a file on shard k mod S at (k div S) * unit.
+    rc, out, err = blkps("layout", "sizes", "--stripe-unit", "1M", "--shards", "2", "--params", "1000000")
+    if rc != 0 or out.split() != ["2097152", "1902848"]:
+        fail(f"sizes: exit {rc}, {out!r} {err!r}")
+    expect_one_line_error(["layout", "sizes", "--stripe-unit", "1M", "--shards", "5", "--params", "1000000"],
+                          "blkps: layout sizes: a model of 1000000 parameters has only 4 stripe unit(s)")
+    with tempfile.TemporaryDirectory() as d:
+        params, unit, shards = 10_000, 4096, 3
+        model = bytes(range(256)) * (4 * params // 256) + bytes(4 * params % 256)
+        with open(os.path.join(d, "model.f32"), "wb") as f:
+            f.write(model)
+        outs = [os.path.join(d, f"shard-{k}") for k in range(shards)]
+        rc, _, err = blkps("layout", "split", "--stripe-unit", str(unit), "--shards", str(shards), "--params",
+                           str(params), os.path.join(d, "model.f32"), *outs)
+        if rc != 0:
+            fail(f"split: {err}")
+        parts = [open(o, "rb").read() for o in outs]
+        for k in range((len(model) + unit - 1) // unit):
+            at = k // shards * unit
+            if parts[k % shards][at:at + unit] != model[k * unit:(k + 1) * unit]:
+                fail(f"split: stripe unit {k} is not at shard {k % shards} byte {at}")
+        if sum(map(len, parts)) != len(model):
+            fail(f"split wrote {sum(map(len, parts))} bytes of a {len(model)}-byte model")
 
 
 # --- against a real tgtd -------------------------------------------------------
