@@ -5,7 +5,7 @@ happened first, labelled output, and the trips a new user reported (issue
 
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
-demo-options, progress-lines, device-larger-warning, layout. Cases that start their
+demo-options, progress-lines, device-larger-warning, layout, mount-point-missing. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
 model-too-large, owner-pid-watchdog.
 """
@@ -168,6 +168,14 @@ def test_device_larger_warning():
         fail(f"train_digits.py on a file failed: {out.stderr}")
     if "warning: the device holds 10000000 parameters but this model uses 9610" not in out.stderr:
         fail(f"no warning about the unused parameters: {out.stderr!r}")
+
+
+def test_mount_point_missing():
+    # README's "Any language" recipe once lacked the mkdir; the error says it.
+    missing = os.path.join(tempfile.gettempdir(), "blkps-cli-test-no-such-folder")
+    line = expect_one_line_error(["mount", missing, "m=/dev/null"], f"blkps-mount: {missing}: ")
+    if f"mkdir -p {missing}" not in line:
+        fail(f"the line does not say how to make the mount point: {line}")
 
 
 def test_layout():

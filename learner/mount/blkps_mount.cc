@@ -565,7 +565,7 @@ void CheckMountpoint(const std::string& path) {
            ": Transport endpoint is not connected (a blkps-mount there "
            "crashed); clean up with: fusermount3 -u " + path);
     }
-    Fail(path + ": " + strerror(errno) + " (the mount point must be a folder)");
+    Fail(path + ": " + strerror(errno) + "; the mount point must be a folder: mkdir -p " + path);
   }
   if (!S_ISDIR(st.st_mode)) Fail(path + ": not a folder");
 }
