@@ -132,6 +132,7 @@ class Job {
   // Control commands, one `key=value` per line (NUL padding ignored):
   // a rule parameter (lr, momentum, beta1, beta2, eps) or resume=1.
   // InvalidArgument names the first bad line; the lines before it are done.
+  // The status JSON's control_error holds that reason until a write succeeds.
   Status Control(const std::string& commands);
   // The weights window: read, or set (e.g. initial weights).
   Status ReadWeights(uint64_t offset, void* dst, size_t len) const { return model_->Read(offset, dst, len); }
@@ -187,6 +188,7 @@ class Job {
   std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
   std::vector<HeldCommand> held_;        // guarded by mu_
   std::string failure_;                  // guarded by mu_; non-empty: failed
+  std::string control_error_;            // guarded by mu_; why the last control write was refused
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
   std::atomic<uint64_t> rejected_writes_{0};

@@ -10,6 +10,13 @@
 namespace blkps::server {
 
 Status Job::Control(const std::string& commands) {
+  // A refused command stays in the status JSON (control_error) until the next
+  // control write succeeds: the writer sees only a SCSI error.
+  auto refuse = [this](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    control_error_ = why;
+    return Status::InvalidArgument(why);
+  };
   std::istringstream in(commands.substr(0, commands.find('\0')));
   std::string line;
   while (std::getline(in, line)) {
@@ -27,12 +34,14 @@ Status Job::Control(const std::string& commands) {
     char* end = nullptr;
     const float v = std::strtof(value.c_str(), &end);
     if (eq == std::string::npos || value.empty() || *end != '\0') {
-      return Status::InvalidArgument("control: expected key=<number> or resume=1, got '" + line + "'");
+      return refuse("control: expected key=<number> or resume=1, got '" + line + "'");
     }
     Status s = model_->rule().SetParam(key, v);
-    if (!s.ok()) return Status::InvalidArgument("control: " + s.message());
+    if (!s.ok()) return refuse("control: " + s.message());
     log_("control: " + key + " set to " + FloatShort(v));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  control_error_.clear();
   return Status::OK();
 }
 

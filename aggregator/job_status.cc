@@ -74,6 +74,7 @@ std::string Job::StatusJson() const {
   j << "  \"live_learners\": " << live << ",\n";
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
+  j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3) << ", \"every_s\": "
     << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_) << "},\n";

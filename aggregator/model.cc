@@ -64,8 +64,11 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
     return Status::InvalidArgument("block: a model block must be a positive multiple of 4 bytes, got " +
                                    std::to_string(opts.block_bytes));
   }
+  // The memory check comes before any allocation (the rule's state was once
+  // allocated first, and a model too large failed with mmap's error instead):
+  // a rule of no parameters maps nothing and says its state per parameter.
   std::unique_ptr<UpdateRule> rule;
-  Status s = MakeUpdateRule(opts.rule, opts.num_params, &rule);
+  Status s = MakeUpdateRule(opts.rule, 0, &rule);
   if (!s.ok()) return s;
 
   const uint64_t need = MemoryBytes(opts, *rule);
@@ -76,6 +79,8 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
                                      " but only " + Mib(available) +
                                      " of memory is available; use fewer parameters or shard the model");
   }
+  s = MakeUpdateRule(opts.rule, opts.num_params, &rule);
+  if (!s.ok()) return s;
 
   PageBuffer weights;
   s = PageBuffer::Allocate(opts.num_params, sizeof(float), "the weights", &weights);

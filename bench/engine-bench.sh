@@ -28,9 +28,10 @@ plugin="$build/target-plugin/bs_blkps.so"
 [ -x "$bench" ] || { echo "engine-bench: $bench not built: run scripts/build.sh" >&2; exit 1; }
 [ -f "$plugin" ] || { echo "engine-bench: $plugin not built: run scripts/build.sh" >&2; exit 1; }
 state=$(mktemp -d /tmp/blkps-engine-bench-XXXXXX)
-trap '"$top/scripts/blkps-target" stop --dir "$state" >/dev/null 2>&1; rm -rf "$state"' EXIT
-"$top/scripts/blkps-target" start --dir "$state" --luns "$learners" --null-lun \
+blkps="$top/scripts/blkps"
+trap '"$blkps" target stop --dir "$state" >/dev/null 2>&1; rm -rf "$state"' EXIT
+"$blkps" target start --dir "$state" --luns "$learners" --null-lun \
   --plugin "$plugin" --bsopts "params=$params;lr=1e-9" --owner-pid $$ >/dev/null
-# shellcheck disable=SC1091
-. "$state/target.env"
+{ read -r URLS; read -r CONTROL_URL; read -r NULL_URL; } \
+  < <("$blkps" target show --dir "$state" --get URLS --get CONTROL_URL --get NULL_URL)
 "$bench" --urls "$URLS" --control "$CONTROL_URL" --null "$NULL_URL" "$@"

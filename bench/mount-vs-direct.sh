@@ -40,14 +40,15 @@ mount_pid=""
 cleanup() {
   if [ -n "$mount_pid" ]; then kill -TERM "$mount_pid" 2>/dev/null || true; wait "$mount_pid" 2>/dev/null || true; fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
-  "$top/scripts/blkps-target" stop --dir "$work/ps" >/dev/null 2>&1 || true
+  "$top/scripts/blkps" target stop --dir "$work/ps" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 # A tiny lr: the zero gradients both tools send change nothing anyway.
-url=$("$top/scripts/blkps-target" start --dir "$work/ps" --owner-pid $$ --plugin "$plugin" \
-  --bsopts "params=$params;lr=1e-9" | head -1)
+"$top/scripts/blkps" target start --dir "$work/ps" --owner-pid $$ --plugin "$plugin" \
+  --bsopts "params=$params;lr=1e-9" >/dev/null
+url=$("$top/scripts/blkps" target show --dir "$work/ps" --get URL)
 span=$(( params * 4 < 64 * 1048576 ? params * 4 : 64 * 1048576 ))
 # shellcheck disable=SC2086  # the options are words
 "$mount_bin" -f "$mnt" $mount_options "model=$url" 2>"$work/mount.log" &

@@ -23,10 +23,10 @@ done
 iobench="$top/build/cmake/bench/blkps-iobench"
 [ -x "$iobench" ] || { echo "null-ratio: $iobench not built: run scripts/build.sh" >&2; exit 1; }
 state=$(mktemp -d /tmp/blkps-bench-XXXXXX)
-trap '"$top/scripts/blkps-target" stop --dir "$state"; rm -rf "$state"' EXIT
-"$top/scripts/blkps-target" start --dir "$state" --null-lun --bsopts "$bsopts" --owner-pid $$ >/dev/null
-# shellcheck disable=SC1091
-. "$state/target.env"
+blkps="$top/scripts/blkps"
+trap '"$blkps" target stop --dir "$state"; rm -rf "$state"' EXIT
+"$blkps" target start --dir "$state" --null-lun --bsopts "$bsopts" --owner-pid $$ >/dev/null
+{ read -r URL; read -r NULL_URL; } < <("$blkps" target show --dir "$state" --get URL --get NULL_URL)
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 declare -A runs
@@ -43,7 +43,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 printf '%-6s %6s %4s %12s %12s %7s\n' op bs qd "blkps MB/s" "null MB/s" ratio
 for op in write read; do
-  b=$(echo ${runs[blkps.$op]} | tr ' ' '\n' | median)
-  n=$(echo ${runs[null.$op]} | tr ' ' '\n' | median)
+  b=$(echo "${runs[blkps.$op]}" | tr ' ' '\n' | median)
+  n=$(echo "${runs[null.$op]}" | tr ' ' '\n' | median)
   printf '%-6s %6s %4s %12.0f %12.0f %7.2f\n' "$op" "$bs" "$qd" "$b" "$n" "$(echo "$b $n" | awk '{print $1/$2}')"
 done

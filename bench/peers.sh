@@ -55,7 +55,7 @@ mkdir -p "$out/raw"
 out=$(cd "$out" && pwd)
 rm -f "$out"/raw/peers-*
 state=$(mktemp -d /tmp/blkps-peers-XXXXXX)
-stop_target() { "$top/scripts/blkps-target" stop --dir "$state"; }
+stop_target() { "$top/scripts/blkps" target stop --dir "$state"; }
 pids=() profiler=""
 # On any exit: end the processes this script started that still run, then
 # the target.
@@ -112,12 +112,9 @@ for n in "${proc_list[@]}"; do
     note "gloo N=$n done"
   fi
   for mode in async bsp; do
-    "$top/scripts/blkps-target" start --dir "$state" --plugin "$plugin" --luns "$n" \
+    "$top/scripts/blkps" target start --dir "$state" --plugin "$plugin" --luns "$n" \
       --bsopts "params=$params;rule=sgd;lr=1e-6;mode=$mode" --owner-pid $$ >/dev/null
-    # shellcheck disable=SC1091
-    . "$state/target.env"
-    # shellcheck disable=SC2153  # URLS comes from target.env
-    read -r -a urls <<<"$URLS"
+    read -r -a urls <<<"$("$top/scripts/blkps" target show --dir "$state" --get URLS)"
     start_at=$("$py" -c "import time; print(time.time() + 1.0 + 0.3 * $n)")
     pids=()
     for ((k = 0; k < n; k++)); do

@@ -45,7 +45,7 @@ digits_lr=0.2 synthetic_lr=50 batch=32
 mkdir -p "$out/raw"
 out=$(cd "$out" && pwd)
 state=$(mktemp -d /tmp/blkps-training-XXXXXX)
-stop_target() { "$top/scripts/blkps-target" stop --dir "$state"; }
+stop_target() { "$top/scripts/blkps" target stop --dir "$state"; }
 evaluator="" pids=()
 # On any exit: end the processes this script started that still run, then
 # the target.
@@ -60,12 +60,9 @@ begin=$SECONDS
 
 start_target() {  # LUNS BSOPTS: a fresh model on LUNs 1..LUNS
   stop_target 2>/dev/null
-  "$top/scripts/blkps-target" start --dir "$state" --plugin "$plugin" --luns "$1" --bsopts "$2" \
+  "$top/scripts/blkps" target start --dir "$state" --plugin "$plugin" --luns "$1" --bsopts "$2" \
     --owner-pid $$ >/dev/null
-  # shellcheck disable=SC1091
-  . "$state/target.env"
-  # shellcheck disable=SC2153  # URLS comes from target.env
-  read -r -a urls <<<"$URLS"
+  read -r -a urls <<<"$("$top/scripts/blkps" target show --dir "$state" --get URLS)"
 }
 
 wait_all() {  # PID...: waits for each; fails if any failed

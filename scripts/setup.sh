@@ -20,6 +20,8 @@ for arg in "$@"; do
   esac
 done
 say() { [ "$quiet" = 1 ] || echo "setup: $*"; }
+# Slow steps are announced even with --quiet: a first run is minutes of work.
+progress() { echo "setup: $*"; }
 die() { echo "setup: error: $*" >&2; exit 1; }
 
 packages=(
@@ -43,9 +45,11 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-  say "installing ${missing[*]}"
+  progress "installing ${#missing[@]} Debian package(s) (a few minutes): ${missing[*]}"
   apt-get update -qq || die "apt-get update failed"
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+  # One line per package as dpkg sets it up.
+  apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1 |
+    sed -un 's/^Setting up \([^ ]*\) .*/setup: set up \1/p' \
     || die "apt-get install failed for: ${missing[*]}"
 else
   say "Debian packages present"
@@ -81,7 +85,7 @@ if ! has_src; then
   apt-get update -qq || die "apt-get update failed after adding deb-src entries"
 fi
 
-say "fetching tgt $tgt_version source package (headers only are used)"
+progress "fetching tgt $tgt_version source package (headers only are used)"
 rm -rf "$deps/tgt-src" "$deps/tgt-fetch"
 mkdir -p "$deps/tgt-fetch"
 (cd "$deps/tgt-fetch" && apt-get source -qq --download-only "tgt=$tgt_version" >/dev/null) \

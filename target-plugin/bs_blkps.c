@@ -208,8 +208,9 @@ static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 	info->wake_fd = -1;
 	info->core = blkps_lu_create(bsopts, err, sizeof(err));
 	if (!info->core) {
-		eprintf("blkps: bad --bsopts '%s': %s\n", bsopts ? bsopts : "",
-			err);
+		/* The reason first: a user reads the log's last line. */
+		eprintf("blkps: %s (--bsopts '%s')\n", err,
+			bsopts ? bsopts : "");
 		return TGTADM_INVALID_REQUEST;
 	}
 	info->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -250,7 +251,7 @@ static int bs_blkps_open(struct scsi_lu *lu, char *path, int *fd,
 
 	if (blkps_lu_open(BS_BLKPS_I(lu)->core, path, lu->lun,
 			  BS_BLKPS_I(lu)->wake_fd, size, err, sizeof(err))) {
-		eprintf("blkps: cannot open model '%s': %s\n", path, err);
+		eprintf("blkps: %s (model '%s')\n", err, path);
 		return -1;
 	}
 	*fd = -1;

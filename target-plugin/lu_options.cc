@@ -64,11 +64,13 @@ bool ParseFloat(const std::string& text, float* out) {
 
 }  // namespace
 
-Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
-  LuOptions opts;
+Status SplitLuOptions(const std::string& bsopts, LuOptionPairs* pairs) {
+  pairs->clear();
+  if (bsopts.find(',') != std::string::npos) {
+    return Status::InvalidArgument("',' is not an option separator: tgtadm cuts --bsopts at the first ',' and drops "
+                                   "the rest; separate options with ';', e.g. \"params=1000;lr=0.1\"");
+  }
   std::set<std::string> seen;
-  float eps = 0;  // eps= goes to the named rule's ε, known only at the end
-  bool has_eps = false;
   size_t start = 0;
   while (start <= bsopts.size()) {
     size_t end = bsopts.find(';', start);
@@ -82,10 +84,24 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       return Status::InvalidArgument("bsopts: expected key=value, got '" + item + "'");
     }
     const std::string key = item.substr(0, eq);
-    const std::string value = item.substr(eq + 1);
     if (!seen.insert(key).second) {
       return Status::InvalidArgument(key + ": given more than once");
     }
+    pairs->emplace_back(key, item.substr(eq + 1));
+  }
+  return Status::OK();
+}
+
+Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
+  LuOptions opts;
+  LuOptionPairs pairs;
+  Status split = SplitLuOptions(bsopts, &pairs);
+  if (!split.ok()) return split;
+  std::set<std::string> seen;
+  float eps = 0;  // eps= goes to the named rule's ε, known only at the end
+  bool has_eps = false;
+  for (const auto& [key, value] : pairs) {
+    seen.insert(key);
 
     if (key == "params") {
       if (!ParseSize(value, false, &opts.job.model.num_params) || opts.job.model.num_params == 0) {

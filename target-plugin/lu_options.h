@@ -25,6 +25,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "job.h"
 #include "status.h"
@@ -39,6 +41,13 @@ struct LuOptions {
   bool control = false;  // role=control
   JobOptions job;
 };
+
+// The key=value pairs of `bsopts` in the order given, values verbatim
+// (`blkps-bsopts` prints them so that tools rewrite options without parsing
+// the syntax again). Refuses ',' (tgtadm would cut the string there), an item
+// without '=' and a key given twice; keys and values are not checked here.
+using LuOptionPairs = std::vector<std::pair<std::string, std::string>>;
+Status SplitLuOptions(const std::string& bsopts, LuOptionPairs* pairs);
 
 // Parses `bsopts` into *out. On failure returns InvalidArgument with a
 // one-line message that starts with the offending key ("lr: expected ...").

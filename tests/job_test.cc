@@ -261,6 +261,20 @@ TEST(Job, CountersMatchTheStatus) {
   EXPECT_NE(status.find("\"global_step\": 2,"), std::string::npos) << status;
 }
 
+// A control write's caller sees only a SCSI error; the reason is in the
+// status JSON until a later control write succeeds.
+TEST(Job, RefusedControlWriteLeavesItsReasonInTheStatus) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  EXPECT_NE(job->StatusJson().find("\"control_error\": \"\""), std::string::npos) << job->StatusJson();
+  const Status refused = job->Control("foo=1");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(job->StatusJson().find("\"control_error\": \"" + refused.message() + "\""), std::string::npos)
+      << job->StatusJson();
+  ASSERT_TRUE(job->Control("lr=0.5").ok());
+  EXPECT_NE(job->StatusJson().find("\"control_error\": \"\""), std::string::npos) << job->StatusJson();
+}
+
 class JobCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -102,5 +102,24 @@ TEST(LuOptions, ControlLunTakesOnlyItsRole) {
   EXPECT_TRUE(o.control);
 }
 
+// tgtadm cuts --bsopts at the first ',': "params=1000,lr=0.1" would reach the
+// plugin as "params=1000" and lr would be silently dropped.
+TEST(LuOptions, RefusesACommaWithTheReasonFirst) {
+  const std::string message = ErrorOf("params=1000,lr=0.1");
+  EXPECT_EQ(message.rfind("',' is not an option separator", 0), 0u) << message;
+  EXPECT_NE(message.find("separate options with ';'"), std::string::npos) << message;
+  LuOptionPairs pairs;
+  EXPECT_FALSE(SplitLuOptions("params=1000,lr=0.1", &pairs).ok());
+}
+
+TEST(LuOptions, SplitKeepsPairsInOrderAndVerbatim) {
+  LuOptionPairs pairs;
+  ASSERT_TRUE(SplitLuOptions("params=10;;init=file:/a=b;lr=x", &pairs).ok());
+  const LuOptionPairs want = {{"params", "10"}, {"init", "file:/a=b"}, {"lr", "x"}};
+  EXPECT_EQ(pairs, want);
+  EXPECT_FALSE(SplitLuOptions("lr=1;lr=2", &pairs).ok());
+  EXPECT_FALSE(SplitLuOptions("params", &pairs).ok());
+}
+
 }  // namespace
 }  // namespace blkps::server

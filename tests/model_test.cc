@@ -182,6 +182,19 @@ TEST(Model, ModelLargerThanMemoryIsRefused) {
   EXPECT_NE(s.message().find("available"), std::string::npos) << s.message();
 }
 
+// The check comes before any allocation: a rule with state (adam) once
+// mapped its state first and failed with mmap's error, not README's line.
+TEST(Model, RuleStateLargerThanMemoryIsRefusedByTheMemoryCheck) {
+  ModelOptions o;
+  o.num_params = 100000000000;  // 1.5 TiB with adam's state
+  o.rule.name = "adam";
+  std::unique_ptr<Model> m;
+  Status s = Model::Create(o, &m);
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(s.message().rfind("params: a model of 100000000000 parameters with rule adam needs ", 0), 0u)
+      << s.message();
+}
+
 TEST(Model, RandomInitIsDeterministicPerSeedAndIndependentOfBlockSize) {
   InitSpec init;
   init.kind = InitSpec::Kind::kNormal;

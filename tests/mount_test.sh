@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC1091  # the target.env files are written at run time
-# blkps-mount end to end: each part starts its own tgtd (scripts/blkps-target),
+# blkps-mount end to end: each part starts its own tgtd (blkps target),
 # mounts the model in a temporary folder, checks, and always unmounts and
 # stops the target, also on failure.
 # Usage: mount_test.sh <repo> <build dir> lifecycle|exactly_once|fio|learner
@@ -20,6 +19,7 @@ set -euo pipefail
 top=$1 build=$2 part=$3
 py=/usr/bin/python3
 mount_bin="$build/learner/mount/blkps-mount"
+blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so"
 work=$(mktemp -d /tmp/blkps-mount-test-XXXXXX)
@@ -34,27 +34,31 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
-  for dir in "${targets[@]}"; do "$top/scripts/blkps-target" stop --dir "$dir" >/dev/null 2>&1 || true; done
+  for dir in "${targets[@]}"; do "$blkps" target stop --dir "$dir" >/dev/null 2>&1 || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# start_target NAME BSOPTS [blkps-target options]: a target in $work/NAME.
+# start_target NAME BSOPTS [blkps target start options]: a target in $work/NAME.
 start_target() {
   local name=$1 bsopts=$2
   shift 2
   targets+=("$work/$name")
-  "$top/scripts/blkps-target" start --dir "$work/$name" --owner-pid $$ \
+  "$blkps" target start --dir "$work/$name" --owner-pid $$ \
     --plugin "$plugin" --bsopts "$bsopts" "$@" >/dev/null
 }
 
 is_mounted() { grep -qs " $mnt fuse" /proc/mounts; }
 
-# mount_fg ARGS...: blkps-mount -f in the background; waits until mounted.
+# show NAME KEY: a value of the target in $work/NAME (target.env).
+show() { "$blkps" target show --dir "$work/$1" --get "$2"; }
+
+# mount_fg ARGS...: blkps mount -f in the background (it becomes blkps-mount,
+# same pid); waits until mounted.
 mount_fg() {
-  "$mount_bin" -f "$mnt" "$@" 2>"$work/mount.log" &
+  "$blkps" mount "$mnt" -f "$@" 2>"$work/mount.log" &
   mount_pid=$!
   for _ in $(seq 100); do
     is_mounted && return 0
@@ -85,8 +89,8 @@ print(j["error"], j["read"]["total_ios"] + j["write"]["total_ios"])' "$work/fio.
 case "$part" in
 lifecycle)
   start_target ps "params=1000000;init=normal:0.1;seed=3" --luns 2
-  . "$work/ps/target.env"
-  mount_fg --from "$work/ps"
+  URL=$(show ps URL) URLS=$(show ps URLS)
+  mount_fg --dir "$work/ps"
   files=("$mnt"/*)
   [ "${files[*]#"$mnt"/}" = "control slot1 slot2" ] || fail "files: ${files[*]}"
   device=$(( (4 * 1000000 + 511) / 512 * 512 ))
@@ -105,13 +109,13 @@ assert json.load(sys.stdin)["params"] == 1000000' || fail "status through the mo
   fusermount3 -u "$mnt"
   ! is_mounted || fail "still mounted after fusermount3 -u"
   # A crash: the mount point is stale until fusermount3 -u.
-  mount_fg --from "$work/ps"
+  mount_fg --dir "$work/ps"
   kill -9 "$mount_pid"
   wait "$mount_pid" 2>/dev/null || true
   mount_pid=""
   if ls "$mnt" >/dev/null 2>"$work/ls.err"; then fail "mount point usable after kill -9?"; fi
   grep -q "Transport endpoint is not connected" "$work/ls.err" || fail "stale mount: $(cat "$work/ls.err")"
-  if "$mount_bin" -f "$mnt" --from "$work/ps" 2>"$work/again.err"; then fail "mounted over a stale mount"; fi
+  if "$blkps" mount "$mnt" -f --dir "$work/ps" 2>"$work/again.err"; then fail "mounted over a stale mount"; fi
   grep -q "fusermount3 -u" "$work/again.err" || fail "no clean-up hint: $(cat "$work/again.err")"
   fusermount3 -u "$mnt"
   ! is_mounted || fail "still mounted after fusermount3 -u"
@@ -122,8 +126,7 @@ assert json.load(sys.stdin)["params"] == 1000000' || fail "status through the mo
   ;;
 exactly_once)
   start_target ps "params=4194304;lr=1" --luns 1
-  . "$work/ps/target.env"
-  mount_fg "m=$URL"
+  mount_fg "m=$(show ps URL)"
   for shift in 1 3; do
     "$py" "$top/tests/mount_test.py" misaligned "$mnt/m" $shift
     "$py" "$top/tests/mount_test.py" misaligned "$mnt/m" $shift --direct
@@ -152,8 +155,7 @@ sys.exit(f"{len(bad)} weights did not move by exactly -1, e.g. {bad[:3]}: {moved
   ;;
 fio)
   start_target ps "params=16777216;lr=1e-9" --luns 1
-  . "$work/ps/target.env"
-  mount_fg "m=$URL"
+  mount_fg "m=$(show ps URL)"
   for rw in write read randwrite randread; do
     # Zero buffers: gradients that change nothing (random bytes would hold
     # NaNs, which the server rejects).
@@ -173,7 +175,7 @@ learner)
   opts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp"
   # Through the mount: plain file I/O.
   start_target viamount "$opts" --luns 2
-  mount_fg --from "$work/viamount"
+  mount_fg --dir "$work/viamount"
   "$py" "$plain" --target "$mnt/slot1" --learner 0 --learners 2 --epochs 15 >"$work/l0.log" & a=$!
   "$py" "$plain" --target "$mnt/slot2" --learner 1 --learners 2 --epochs 15 >"$work/l1.log" & b=$!
   wait $a || fail "learner 0 through the mount: $(tail -3 "$work/l0.log")"
@@ -182,7 +184,7 @@ learner)
   unmount_by_signal
   # Through libblkps (libiscsi).
   start_target direct "$opts" --luns 2
-  read -r url0 url1 <<<"$(. "$work/direct/target.env"; echo "$URLS")"
+  read -r url0 url1 <<<"$(show direct URLS)"
   "$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 >"$work/d0.log" & a=$!
   "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 15 >"$work/d1.log" & b=$!
   wait $a || fail "learner 0 through libblkps: $(tail -3 "$work/d0.log")"

@@ -56,7 +56,7 @@ EOF
 iqn_a=iqn.2026-11.io.blkps:a iqn_b=iqn.2026-11.io.blkps:b
 dev_a=/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-$iqn_a-lun-1
 dev_b=/dev/disk/by-path/ip-127.0.0.1:3262-iscsi-$iqn_b-lun-1
-# A layout as scripts/blkps-shards writes it: 1 MiB stripe units on 2 shards.
+# A layout as blkps shards start writes it: 1 MiB stripe units on 2 shards.
 cat >"$work/slot-1.layout" <<EOF
 # blkps shard layout
 stripe_unit = 1048576          # bytes
@@ -175,7 +175,7 @@ test_dm_table_maps_layout() {
         for ((i = 0; i < shards; i++)); do echo "shard = iscsi://127.0.0.1:$((3261 + i))/iqn.x:s$i/1"; done
       } >"$layout"
       for params in 16384 100000 123457 400000; do
-        # Every shard holds at least one unit (blkps-shards needs that too).
+        # Every shard holds at least one unit (blkps shards needs that too).
         [ $(((4 * params + unit - 1) / unit)) -ge "$shards" ] || continue
         local out
         if ! out=$("$login" login --dry-run --layout "$layout" --params "$params" 2>&1); then
@@ -251,7 +251,7 @@ test_bad_layout_names_file_and_line() {
   expect_error "bad shard URL" "bad target URL 'nfs://host/x'" \
     "$login" login --dry-run --layout "$work/bad.layout" --params 10
   printf 'stripe_unit = 1000\n' >"$work/bad.layout"
-  expect_error "bad stripe unit" "$work/bad.layout:1: stripe_unit must be a positive multiple of 512" \
+  expect_error "bad stripe unit" "$work/bad.layout:1: stripe_unit: expected a number of bytes > 0 and a multiple of 512" \
     "$login" login --dry-run --layout "$work/bad.layout" --params 10
   printf '# comment\nstripe_unt = 4096\n' >"$work/bad.layout"
   expect_error "unknown key" "$work/bad.layout:2: unknown key 'stripe_unt'" \

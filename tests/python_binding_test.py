@@ -29,18 +29,17 @@ def check(condition, message):
 
 
 def start_target(state):
+    """Starts a target in `state`; returns its URL and CONTROL_URL."""
+    blkps_command = os.path.join(top, "scripts", "blkps")
     subprocess.run(
-        [os.path.join(top, "scripts", "blkps-target"), "start", "--dir", state,
+        [blkps_command, "target", "start", "--dir", state,
          "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
          "--owner-pid", str(os.getpid()),
          "--bsopts", f"params={PARAMS};rule=sgd;lr=1;mode=async"],
         check=True, stdout=subprocess.DEVNULL)
-    env = {}
-    with open(os.path.join(state, "target.env")) as f:
-        for line in f:
-            key, _, value = line.strip().partition("=")
-            env[key] = value
-    return env
+    shown = subprocess.run([blkps_command, "target", "show", "--dir", state, "--get", "URL", "--get", "CONTROL_URL"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    return dict(zip(("URL", "CONTROL_URL"), shown))
 
 
 def test_model(url):
@@ -132,7 +131,7 @@ def main():
         test_control(env["URL"], env["CONTROL_URL"])
         test_engine(env["URL"], env["CONTROL_URL"])
     finally:
-        subprocess.run([os.path.join(top, "scripts", "blkps-target"), "stop", "--dir", state])
+        subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state])
         subprocess.run(["rm", "-rf", state])
     print("python binding: Model, Engine and control OK")
 

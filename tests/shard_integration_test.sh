@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sharding end to end, against real tgtds on loopback (scripts/blkps-shards).
+# Sharding end to end, against real tgtds on loopback (blkps shards).
 #
 #   shard_integration_test.sh <repo> <build dir> same-weights
 #     2 Python learners train the digits MLP in bsp mode through a model
@@ -30,11 +30,11 @@ set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
 train="$top/learner/examples/train_digits.py"
-shards_cmd="$top/scripts/blkps-shards"
+blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-shard-test-XXXXXX)
-trap '"$shards_cmd" stop --dir "$state/one"; "$shards_cmd" stop --dir "$state/two"; rm -rf "$state"' EXIT
+trap '"$blkps" shards stop --dir "$state/one"; "$blkps" shards stop --dir "$state/two"; rm -rf "$state"' EXIT
 params=$("$py" "$train" --params)
 fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 
@@ -42,13 +42,12 @@ fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 # (every parameter, pulled at the end) and accuracy (the evaluation line).
 train_through() {
   local shards=$1 dir=$2
-  "$shards_cmd" start --dir "$dir" --shards "$shards" --stripe-unit 4096 --luns 2 \
+  "$blkps" shards start --dir "$dir" --shards "$shards" --stripe-unit 4096 --luns 2 \
     --plugin "$plugin" --owner-pid $$ \
     --bsopts "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp" >/dev/null
-  # shellcheck disable=SC1091
-  . "$dir/shards.env"
-  local slot1 slot2 a b
-  read -r slot1 slot2 <<<"$LAYOUTS"
+  local slot1 slot2 a b CONTROL_URLS SHARD_PARAMS
+  { read -r slot1 slot2; read -r CONTROL_URLS; read -r SHARD_PARAMS; } \
+    < <("$blkps" shards show --dir "$dir" --get LAYOUTS --get CONTROL_URLS --get SHARD_PARAMS)
   "$py" "$train" --target "layout:$slot1" --learner 0 --learners 2 --epochs 10 & a=$!
   "$py" "$train" --target "layout:$slot2" --learner 1 --learners 2 --epochs 10 & b=$!
   wait $a
@@ -64,7 +63,7 @@ PY
   # Each server holds only its part of the model.
   local k=0 url json
   for url in $CONTROL_URLS; do
-    json=$("$top/scripts/blkps" status --control "$url" --json)
+    json=$("$blkps" status --control "$url" --json)
     "$py" -c 'import json, sys
 got, want = json.loads(sys.argv[1])["params"], int(sys.argv[2])
 sys.exit(0 if got == want else f"shard {sys.argv[3]} serves {got} parameters, expected {want}")' \
@@ -72,7 +71,7 @@ sys.exit(0 if got == want else f"shard {sys.argv[3]} serves {got} parameters, ex
     k=$((k + 1))
   done
   [ "$k" = "$shards" ] || fail "expected $shards control URLs, got $k"
-  "$shards_cmd" stop --dir "$dir"
+  "$blkps" shards stop --dir "$dir"
 }
 
 case "$what" in
@@ -92,25 +91,25 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
     # Shard 1 finds a corrupt checkpoint and refuses to start; shard 0 had
     # started and must be stopped again.
     echo "not a checkpoint" > "$state/model.ckpt.shard-1"
-    if out=$("$shards_cmd" start --dir "$state/two" --shards 2 --stripe-unit 4096 \
+    if out=$("$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 4096 \
         --plugin "$plugin" \
         --bsopts "params=$params;block=4K;checkpoint=$state/model.ckpt" 2>&1); then
       fail "start succeeded with a corrupt checkpoint on shard 1"
     fi
     echo "$out"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
-    case "$out" in "blkps-shards: shard 1: "*) ;; *) fail "the message does not name shard 1: $out" ;; esac
+    case "$out" in "blkps: shards start: shard 1: "*) ;; *) fail "the message does not name shard 1: $out" ;; esac
     [ ! -e "$state/two/shard-0/tgtd.pid" ] || fail "shard 0's tgtd was left running"
     [ ! -e "$state/two/shards.env" ] || fail "shards.env written for a failed start"
     ;;
   status-and-set)
-    "$shards_cmd" start --dir "$state/two" --shards 2 --stripe-unit 4096 --plugin "$plugin" \
+    "$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 4096 --plugin "$plugin" \
       --bsopts "params=$params;block=4K;lr=0.1" >/dev/null
-    "$top/scripts/blkps" set lr=0.025 --dir "$state/two"
-    lrs=$("$top/scripts/blkps" status --dir "$state/two" --json |
+    "$blkps" set lr=0.025 --dir "$state/two"
+    lrs=$("$blkps" status --dir "$state/two" --json |
           "$py" -c 'import json, sys; print(" ".join(str(s["rule_params"]["lr"]) for s in json.load(sys.stdin)))')
     [ "$lrs" = "0.025 0.025" ] || fail "lr per shard after set: '$lrs', expected '0.025 0.025'"
-    [ "$("$top/scripts/blkps" status --dir "$state/two" | grep -c '^== shard')" = 2 ] ||
+    [ "$("$blkps" status --dir "$state/two" | grep -c '^== shard')" = 2 ] ||
       fail "status does not show both shards"
     ;;
   *) fail "unknown test '$what' (same-weights, partial-start, status-and-set)" ;;

@@ -1,10 +1,11 @@
 // TargetProcess: a private blkps target for one test — its own tgtd with the
 // freshly built plugin preloaded, its own control socket and a free loopback
-// port — started and stopped through scripts/blkps-target, the same script
-// people use by hand.
+// port — started and stopped through `blkps target` (scripts/blkps), the same
+// command people use by hand; what it wrote in target.env is asked of
+// `blkps target show --get`, the file's one reader.
 //
 // The destructor stops the target; if the test process dies without running
-// it, the script's --owner-pid watchdog stops tgtd instead.
+// it, the command's --owner-pid watchdog stops tgtd instead.
 #pragma once
 
 #include <signal.h>
@@ -45,7 +46,7 @@ inline std::string ShellQuote(const std::string& s) {
 class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.
-  // `extra` is passed to `blkps-target start` as is (e.g. "--null-lun").
+  // `extra` is passed to `blkps target start` as is (e.g. "--null-lun").
   explicit TargetProcess(const std::string& bsopts, const std::string& extra = "")
       : bsopts_(bsopts), extra_(extra) {
     char tmpl[] = "/tmp/blkps-test-XXXXXX";
@@ -54,7 +55,7 @@ class TargetProcess {
   }
 
   ~TargetProcess() {
-    RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " stop --dir " + dir_, nullptr);
+    RunCommand(std::string(BLKPS_COMMAND) + " target stop --dir " + dir_, nullptr);
     RunCommand("rm -rf " + ShellQuote(dir_), nullptr);
   }
 
@@ -107,7 +108,7 @@ class TargetProcess {
 
   // Starts the target again in the same --dir, with the same --bsopts and
   // options, on the same port (so that learners' sessions can reconnect), e.g.
-  // after KillTgtd(). Returns ok(); start_output() has the script's output.
+  // after KillTgtd(). Returns ok(); start_output() has the command's output.
   bool Restart() {
     const int old_port = port();
     env_.clear();
@@ -128,7 +129,7 @@ class TargetProcess {
     return RunCommand("TGT_IPC_SOCKET=" + dir_ + "/tgtd.sock tgtadm " + args, output);
   }
 
-  // tgtd's process id, from target.env.
+  // tgtd's process id.
   std::string pid() const { return Env("PID"); }
 
   bool TgtdAlive() const {
@@ -138,19 +139,25 @@ class TargetProcess {
 
  private:
   void Start(const std::string& extra) {
-    start_status_ = RunCommand(std::string(BLKPS_TARGET_SCRIPT) + " start --dir " + dir_ +
+    start_status_ = RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ +
                                    " --plugin " + BLKPS_PLUGIN + " --owner-pid " +
                                    std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts_) +
                                    " " + extra,
                                &start_output_);
     if (start_status_ == 0) LoadEnv();
   }
+  // The target.env values the tests use, one line each in the order asked.
   void LoadEnv() {
-    std::ifstream in(dir_ + "/target.env");
+    static const char* const kKeys[] = {"URL", "NULL_URL", "CONTROL_URL", "PORT", "PID"};
+    std::string cmd = std::string(BLKPS_COMMAND) + " target show --dir " + dir_;
+    for (const char* key : kKeys) cmd += std::string(" --get ") + key;
+    std::string out;
+    if (RunCommand(cmd, &out) != 0) return;
+    std::istringstream lines(out);
     std::string line;
-    while (std::getline(in, line)) {
-      size_t eq = line.find('=');
-      if (eq != std::string::npos) env_[line.substr(0, eq)] = line.substr(eq + 1);
+    for (const char* key : kKeys) {
+      if (!std::getline(lines, line)) break;
+      env_[key] = line;
     }
   }
   std::string Env(const std::string& key) const {

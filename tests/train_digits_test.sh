@@ -13,15 +13,15 @@ py=/usr/bin/python3
 train="$top/learner/examples/train_digits.py"
 cpp="$build/learner/examples/blkps-train-digits"
 export BLKPS_LIB="$build/learner/libblkps.so"
+blkps="$top/scripts/blkps"
 state=$(mktemp -d /tmp/blkps-test-XXXXXX)
-trap '"$top/scripts/blkps-target" stop --dir "$state"; rm -rf "$state"' EXIT
+trap '"$blkps" target stop --dir "$state"; rm -rf "$state"' EXIT
 params=$("$py" "$train" --params)
-"$top/scripts/blkps-target" start --dir "$state" --owner-pid $$ --luns 2 \
+"$blkps" target start --dir "$state" --owner-pid $$ --luns 2 \
   --plugin "$build/target-plugin/bs_blkps.so" \
   --bsopts "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=$mode" >/dev/null
-# shellcheck source=/dev/null  # written by blkps-target
-. "$state/target.env"
-read -r url0 url1 <<<"$URLS"
+{ read -r URL; read -r url0 url1; read -r CONTROL_URL; } \
+  < <("$blkps" target show --dir "$state" --get URL --get URLS --get CONTROL_URL)
 if [ "$learner" = cpp ]; then
   "$cpp" --target "$url0" --learner 0 --learners 2 --epochs 15 --control "$CONTROL_URL" & a=$!
   "$cpp" --target "$url1" --learner 1 --learners 2 --epochs 15 & b=$!
@@ -37,7 +37,7 @@ fi
 wait $a
 wait $b
 "$py" "$train" --target "$URL" --evaluate --min-accuracy 0.90
-lr=$("$top/scripts/blkps" status --control "$CONTROL_URL" --json |
+lr=$("$blkps" status --control "$CONTROL_URL" --json |
      "$py" -c 'import json, sys; print(json.load(sys.stdin)["rule_params"]["lr"])')
 "$py" -c "import sys; lr = float(sys.argv[1]); want = 0.2 * 0.95 ** 15
 sys.exit(0 if abs(lr - want) < 1e-6 else f'server lr {lr}, expected {want} after the schedule')" "$lr"

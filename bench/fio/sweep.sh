@@ -5,7 +5,7 @@
 #   sudo bench/fio/sweep.sh --out DIR [--quick] [--netns] [--netns-only]
 #                           [--shape none,10gbit:0.5ms,...] [--build BUILD_DIR]
 #
-# One private tgtd (scripts/blkps-target) serves four stores side by side:
+# One private tgtd (blkps target) serves four stores side by side:
 #   blkps-sgd   a blkps model LUN, rule sgd (64M parameters, 256 MiB)
 #   blkps-adam  a second model in the same tgtd, rule adam
 #   rdwr        tgt's "rdwr" store over a 256 MiB file on tmpfs (/dev/shm)
@@ -103,7 +103,7 @@ cleanup() {
   for d in "$state"/target-*; do
     [ -d "$d" ] || continue
     [ -f "$d/tgtd.log" ] && cp "$d/tgtd.log" "$out/tgtd-${d##*/target-}.log"
-    "$top/scripts/blkps-target" stop --dir "$d"
+    "$top/scripts/blkps" target stop --dir "$d"
   done
   for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
   rm -f "$img"
@@ -169,23 +169,29 @@ sweep_libiscsi() {  # link "sizes" "depths" name=url...
   done
 }
 
-start_target() {  # name [netns] -- blkps-target start options...
+# target_values DIR: URL, URLS, NULL_URL, RDWR_URL, TGT_IPC_SOCKET and LOG of
+# the target started in DIR.
+target_values() {
+  { read -r URL; read -r URLS; read -r NULL_URL; read -r RDWR_URL; read -r TGT_IPC_SOCKET; read -r LOG; } < <(
+    "$top/scripts/blkps" target show --dir "$1" --get URL --get URLS --get NULL_URL --get RDWR_URL \
+      --get TGT_IPC_SOCKET --get LOG)
+}
+
+start_target() {  # name [netns] -- blkps target start options...; prints its DIR
   local name=$1 ns=$2 dir="$state/target-$1"
   shift 3
   # The EXIT trap stops every target this script started; --owner-pid also
   # stops it if this script is killed.
-  ${ns:+ip netns exec "$ns"} "$top/scripts/blkps-target" start --dir "$dir" --plugin "$plugin" \
+  ${ns:+ip netns exec "$ns"} "$top/scripts/blkps" target start --dir "$dir" --plugin "$plugin" \
     --owner-pid $$ "$@" > /dev/null || die "could not start target $name (above)"
-  echo "$dir/target.env"
+  echo "$dir"
 }
 
 started=$SECONDS
 # --- loopback: four stores in one tgtd -----------------------------------------
 if [ "$loopback" = 1 ]; then
   truncate -s $span "$img"
-  env=$(start_target loopback "" -- --null-lun --rdwr-lun "$img" --bsopts "$bsopts;rule=sgd")
-  # shellcheck disable=SC1090
-  . "$env"
+  target_values "$(start_target loopback "" -- --null-lun --rdwr-lun "$img" --bsopts "$bsopts;rule=sgd")"
   # The adam model: a second model in the same tgtd (LUN 10, its control LUN 11).
   for lun_args in "10 --backing-store adam --bsopts params=$params;lr=1e-9;rule=adam" \
                   "11 --backing-store adam --bsopts role=control"; do
@@ -223,7 +229,7 @@ if [ "$loopback" = 1 ]; then
   else
     note "fuse path skipped: $mount_bin is not built (learner/mount/, target blkps-mount)"
   fi
-  "$top/scripts/blkps-target" stop --dir "$state/target-loopback"
+  "$top/scripts/blkps" target stop --dir "$state/target-loopback"
   cp "$LOG" "$out/tgtd-loopback.log" 2>/dev/null || true
   rm -rf "$state/target-loopback" "$img"
 fi
@@ -274,10 +280,8 @@ if [ "$netns" = 1 ]; then
   elif [[ "$shapes" == *:* ]]; then
     note "this kernel has no netem qdisc: --shape delays are left out (rate only, with tbf)"
   fi
-  env=$(start_target veth "$ns_target" -- --address "$net.1" --port 3260 --allow "$net.2" \
-        --null-lun --bsopts "$bsopts;rule=sgd")
-  # shellcheck disable=SC1090
-  . "$env"
+  target_values "$(start_target veth "$ns_target" -- --address "$net.1" --port 3260 --allow "$net.2" \
+        --null-lun --bsopts "$bsopts;rule=sgd")"
   for spec in "${shape_list[@]}"; do
     shape_link "$spec"
     link=veth
@@ -288,14 +292,14 @@ if [ "$netns" = 1 ]; then
     note "$link: target in network namespace $ns_target at $net.1"
     sweep_libiscsi "$link" "$net_sizes" "$net_depths" "blkps-sgd=$URL" "null=$NULL_URL"
   done
-  "$top/scripts/blkps-target" stop --dir "$state/target-veth"
+  "$top/scripts/blkps" target stop --dir "$state/target-veth"
   cp "$LOG" "$out/tgtd-veth.log" 2>/dev/null || true
   rm -rf "$state/target-veth"
 
   # --- multi-host: one model sharded over 2 servers, 4 learners -------------
-  # Each host is a namespace with eth0 on one bridge. scripts/blkps-shards
+  # Each host is a namespace with eth0 on one bridge. blkps shards
   # serves every shard on one address, so here each shard is started by
-  # blkps-target in its own namespace and the learners' layout files
+  # blkps target in its own namespace and the learners' layout files
   # (format: learner/src/shard_layout.h) are written here: learner slot L is
   # LUN L of both shards, striped in 1 MiB units. Each learner is a
   # blkps-iobench process opening layout:PATH; the ceiling is the same
@@ -319,11 +323,8 @@ if [ "$netns" = 1 ]; then
     printf 'stripe_unit = 1048576\n' > "$state/null.layout"
     for s in 1 2; do
       host_up "s$s" "$mnet.$s"
-      env=$(start_target "shard$s" "blkpsfio$tag-s$s" -- --address "$mnet.$s" --port 3260 --allow ALL \
-            --luns 4 --null-lun --bsopts "params=16777216;lr=1e-9;rule=sgd")
-      # shellcheck disable=SC1090
-      . "$env"
-      # shellcheck disable=SC2153  # URLS comes from target.env
+      target_values "$(start_target "shard$s" "blkpsfio$tag-s$s" -- --address "$mnet.$s" --port 3260 \
+        --allow ALL --luns 4 --null-lun --bsopts "params=16777216;lr=1e-9;rule=sgd")"
       read -r -a urls <<< "$URLS"
       for l in 1 2 3 4; do echo "shard = ${urls[$((l - 1))]}" >> "$state/slot-$l.layout"; done
       echo "shard = $NULL_URL" >> "$state/null.layout"

@@ -90,18 +90,47 @@ def learner_rng(learner):
     return np.random.default_rng(1000 + learner)
 
 
+def count(text, least=1):
+    """argparse type: an integer >= least (--epochs -1 once ran 0 epochs and
+    reported the untrained model's accuracy)."""
+    value = int(text)
+    if value < least:
+        raise ValueError(text)
+    return value
+
+
+count.__name__ = "positive integer"
+
+
+def index(text):
+    return count(text, least=0)
+
+
+index.__name__ = "non-negative integer"
+
+
 def add_learner_arguments(ap):
     """The options every digits learner takes besides --target, so that they
     all have one command line (argparse parser `ap`)."""
     ap.add_argument("--params", action="store_true", help="print the parameter count and exit")
     ap.add_argument("--evaluate", action="store_true", help="print held-out test accuracy and exit")
     ap.add_argument("--min-accuracy", type=float, help="with --evaluate: fail below this accuracy")
-    ap.add_argument("--learner", type=int, default=0, help="this learner's index (default 0)")
-    ap.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
-    ap.add_argument("--epochs", type=int, default=20, help="passes over this learner's data (default 20)")
+    ap.add_argument("--learner", type=index, default=0, help="this learner's index (default 0)")
+    ap.add_argument("--learners", type=count, default=1, help="number of learners (default 1)")
+    ap.add_argument("--epochs", type=count, default=20, help="passes over this learner's data (default 20)")
     ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
-    ap.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden units (default 128)")
+    ap.add_argument("--batch", type=count, default=32, help="minibatch size (default 32)")
+    ap.add_argument("--hidden", type=count, default=128, help="hidden units (default 128)")
+
+
+def warn_if_device_larger(prog, device_bytes, num_params):
+    """Warns (stderr) when the device holds many more parameters than this
+    model uses: the rest is never trained, and a server started for another
+    model (its --bsopts params=) is the likely cause."""
+    if device_bytes >= 4 * num_params + 4096:
+        print(f"{prog}: warning: the device holds {device_bytes // 4} parameters but this model uses "
+              f"{num_params}; the rest is never trained (start the server with params={num_params})",
+              file=sys.stderr, flush=True)
 
 
 def report_accuracy(prog, accuracy, images, min_accuracy):
@@ -153,8 +182,13 @@ class EpochMeter:
 
     def end_epoch(self):
         self.epoch += 1
-        print(f"{self.tag}: epoch {self.epoch:3d} iteration {self.step:5d} "
-              f"loss {self.loss_sum / self.seen:.4f} train-accuracy {self.correct / self.seen:.3f} "
-              f"pushed {self.pushed / 1e6 / self.push_seconds:7.1f} MB/s "
-              f"pulled {self.pulled / 1e6 / self.pull_seconds:7.1f} MB/s", flush=True)
+        # One write of the whole line: learners sharing a terminal or pipe
+        # (print writes the text and the newline apart when unbuffered) must
+        # not run their lines together.
+        line = (f"{self.tag}: epoch {self.epoch:3d} iteration {self.step:5d} "
+                f"loss {self.loss_sum / self.seen:.4f} train-accuracy {self.correct / self.seen:.3f} "
+                f"pushed {self.pushed / 1e6 / self.push_seconds:7.1f} MB/s "
+                f"pulled {self.pulled / 1e6 / self.pull_seconds:7.1f} MB/s\n")
+        sys.stdout.write(line)
+        sys.stdout.flush()
         self._reset_window()

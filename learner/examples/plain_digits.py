@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
-                        load_data, report_accuracy)
+                        load_data, report_accuracy, warn_if_device_larger)
 
 BLKSSZGET = 0x1268  # ioctl: a block device's logical block size
 
@@ -58,6 +58,7 @@ class ModelFile:
             os.close(self.fd)
             raise ValueError(f"{path} holds {size} bytes but a model of {num_params} "
                              f"parameters needs {self.span}: is this the right model?")
+        warn_if_device_larger(os.path.basename(sys.argv[0]), size, num_params)
 
     def buffer(self):
         """Page-aligned zeroed memory for the whole model, as float32s."""

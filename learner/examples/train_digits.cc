@@ -322,6 +322,10 @@ int Train(const Args& args, Mlp& mlp, const Examples& train) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Whole lines, each written when done: learners sharing a terminal or a
+  // pipe must not run their progress lines together (a pipe is otherwise
+  // block-buffered and cut anywhere).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const Args args = ParseArgs(argc, argv);
   Mlp mlp(args.hidden);
   if (args.params) {

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import blkps  # noqa: E402
 from blkps.control import Control  # noqa: E402
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
-                        load_data, report_accuracy)
+                        load_data, report_accuracy, warn_if_device_larger)
 
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
@@ -36,6 +36,7 @@ def train(args, mlp):
     control = Control(args.control) if args.control else None
     lr = control.status()["rule_params"]["lr"] if control else None
     with blkps.Model(args.target) as model:
+        warn_if_device_larger("train_digits", model.size_bytes, mlp.num_params)
         weights = np.empty(mlp.num_params, dtype=np.float32)
         meter = EpochMeter(args.learner)
         for epoch in range(args.epochs):

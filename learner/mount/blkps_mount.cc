@@ -6,7 +6,7 @@
 // pwrite and fsync the model, with O_DIRECT and libaio truly asynchronous.
 //
 //   blkps-mount [options] MOUNTPOINT NAME=TARGET [NAME=TARGET...]
-//   blkps-mount [options] MOUNTPOINT --from DIR
+//   blkps mount MOUNTPOINT --dir DIR [options]   (runs this with a target's LUNs)
 //
 // Semantics (README "Mounting the model (FUSE)"):
 //   - every file is opened with direct_io: no page cache, every read and
@@ -47,7 +47,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,17 +64,18 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [NAME=TARGET...]\n"
-    "       blkps-mount [options] MOUNTPOINT --from DIR\n"
+    "       blkps mount MOUNTPOINT --dir DIR [options]   (a blkps target's LUNs)\n"
     "\n"
     "Presents each model device as a regular file MOUNTPOINT/NAME of the\n"
     "device's size. TARGET is anything libblkps opens: "
     "iscsi://host[:port]/<iqn>/<lun>,\n"
     "iser://..., layout:PATH (a sharded model), or a file or block device.\n"
-    "--from DIR reads DIR/target.env (written by scripts/blkps-target):\n"
-    "URLS become files slot1..slotN, CONTROL_URL the file 'control'.\n"
+    "`blkps mount --dir DIR` presents a `blkps target start --dir DIR`'s\n"
+    "learner slots as files slot1..slotN and its control LUN as 'control'.\n"
     "\n"
     "options:\n"
-    "  --from DIR            targets from DIR/target.env (see above)\n"
+    "  --control NAME=TARGET the model's control LUN as file NAME (its writes\n"
+    "                        are commands, not gradients)\n"
     "  --request-bytes N     bytes per device command (K, M suffixes; default:\n"
     "                        the device's, 1M for iSCSI); larger FUSE requests\n"
     "                        are cut into commands of this size\n"
@@ -141,54 +141,9 @@ uint32_t ParseCount(const std::string& option, const std::string& text,
   return static_cast<uint32_t>(value);
 }
 
-// KEY=VALUE lines of a target.env; VALUE may be in double quotes.
-std::map<std::string, std::string> ReadTargetEnv(const std::string& dir) {
-  const std::string path = dir + "/target.env";
-  std::ifstream in(path);
-  if (!in) {
-    Fail("--from: cannot read " + path + ": " + strerror(errno) +
-         " (start a target with scripts/blkps-target start --dir " + dir +
-         ")");
-  }
-  std::map<std::string, std::string> env;
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos || line[0] == '#') continue;
-    std::string value = line.substr(eq + 1);
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-      value = value.substr(1, value.size() - 2);
-    }
-    env[line.substr(0, eq)] = value;
-  }
-  return env;
-}
-
-void AddFromDir(const std::string& dir, Options* options) {
-  std::map<std::string, std::string> env = ReadTargetEnv(dir);
-  const std::string urls = env["URLS"].empty() ? env["URL"] : env["URLS"];
-  size_t slot = 0;
-  size_t at = 0;
-  while (at < urls.size()) {
-    size_t end = urls.find(' ', at);
-    if (end == std::string::npos) end = urls.size();
-    if (end > at) {
-      options->files.emplace_back("slot" + std::to_string(++slot),
-                                  urls.substr(at, end - at));
-    }
-    at = end + 1;
-  }
-  if (slot == 0) Fail("--from: " + dir + "/target.env has no URLS or URL");
-  if (!env["CONTROL_URL"].empty()) {
-    options->files.emplace_back("control", env["CONTROL_URL"]);
-    options->control_name = "control";
-  }
-}
-
 Options ParseOptions(int argc, char** argv) {
   Options options;
   std::vector<std::string> positional;
-  std::vector<std::string> from_dirs;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -202,8 +157,14 @@ Options ParseOptions(int argc, char** argv) {
       options.foreground = true;
     } else if (arg == "--debug") {
       options.debug = options.foreground = true;
-    } else if (arg == "--from") {
-      from_dirs.push_back(value());
+    } else if (arg == "--control") {
+      const std::string spec = value();
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+        Fail("--control: expected NAME=TARGET, got '" + spec + "'");
+      }
+      options.control_name = spec.substr(0, eq);
+      options.files.emplace_back(options.control_name, spec.substr(eq + 1));
     } else if (arg == "--request-bytes") {
       const std::string text = value();
       if (!ParseByteSize(text, &options.request_bytes) ||
@@ -227,7 +188,6 @@ Options ParseOptions(int argc, char** argv) {
   }
   if (positional.empty()) Fail("no MOUNTPOINT given; see --help");
   options.mountpoint = positional[0];
-  for (const std::string& dir : from_dirs) AddFromDir(dir, &options);
   for (size_t i = 1; i < positional.size(); ++i) {
     const std::string& spec = positional[i];
     const size_t eq = spec.find('=');
@@ -237,7 +197,7 @@ Options ParseOptions(int argc, char** argv) {
     options.files.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
   }
   if (options.files.empty()) {
-    Fail("no files to present: give NAME=TARGET or --from DIR");
+    Fail("no files to present: give NAME=TARGET, or use blkps mount MOUNTPOINT --dir DIR");
   }
   std::map<std::string, int> seen;
   for (const auto& file : options.files) {
@@ -605,7 +565,7 @@ void CheckMountpoint(const std::string& path) {
            ": Transport endpoint is not connected (a blkps-mount there "
            "crashed); clean up with: fusermount3 -u " + path);
     }
-    Fail(path + ": " + strerror(errno) + " (the mount point must be a folder)");
+    Fail(path + ": " + strerror(errno) + "; the mount point must be a folder: mkdir -p " + path);
   }
   if (!S_ISDIR(st.st_mode)) Fail(path + ": not a folder");
 }

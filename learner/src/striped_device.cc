@@ -120,7 +120,7 @@ std::unique_ptr<StripedDevice> StripedDevice::Create(
           "%s holds %llu bytes, but striping a model of %llu bytes (the "
           "shards' sum) in units of %llu bytes over %zu shards puts %llu "
           "bytes on it; start each shard's server with params = its part's "
-          "bytes / 4 (scripts/blkps-shards does)",
+          "bytes / 4 (blkps shards start does)",
           names[s].c_str(), static_cast<ull>(shards[s]->size_bytes()),
           static_cast<ull>(total), static_cast<ull>(stripe_unit),
           shards.size(), static_cast<ull>(expected));

@@ -60,7 +60,7 @@ extern "C" {
 #define BLKPS_STATUS_KEYS                                                    \
   "model params device_bytes block_bytes blocks mode rule rule_params "      \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "      \
-  "hold_limit_s max_dead live_learners failed failure checkpoint learners"
+  "hold_limit_s max_dead live_learners failed failure control_error checkpoint learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds every_s error"
 #define BLKPS_STATUS_LEARNER_KEYS                                            \
   "lun state iteration idle_s held reads writes bytes_read bytes_written "   \

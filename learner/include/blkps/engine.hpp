@@ -78,7 +78,7 @@ struct EngineOptions {
   bool adaptive_pull = true;
   // Weight of the newest sample in the moving averages, in (0, 1].
   double smoothing = 0.25;
-  // Optional: the model's control LUN (blkps-target's CONTROL_URL). When set,
+  // Optional: the model's control LUN (`blkps target start`'s control URL). When set,
   // the engine measures staleness (IterationMetrics::staleness) by reading the
   // control LUN's counters record (blkps/control_lun.h) at the start of each
   // pull and when the weights start being used.

@@ -12,7 +12,7 @@ holds no copy of its numbers::
         print(control.counters()["updates"])   # no JSON: one 4 KiB read
 
 Errors raise OSError(errno, message) as blkps.Model's do; a command the
-server refuses raises OSError (EIO) and the server's log says why.
+server refuses raises OSError (EIO); the status's control_error says why.
 """
 
 import ctypes

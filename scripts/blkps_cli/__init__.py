@@ -1,0 +1,14 @@
+"""The `blkps` command (scripts/blkps): one option parser and one way of
+printing errors for everything a person runs on a blkps server or learner
+node. Modules, one job each:
+
+  errors     UserError and the parser that prints `blkps: <what>: <why>; <what to do>`
+  tools      where the built or installed programs are (tgtd plugin, blkps-layout, ...)
+  state      target.env and shards.env: the one writer and reader
+  target     blkps target start|stop|show: a private tgtd and its process handling
+  shards     blkps shards start|stop: one model striped over several targets
+  control    blkps status|set: the control LUN
+  node       blkps login|logout|node-status (scripts/blkps-login), blkps mount, blkps layout
+  demo       blkps demo: README's main job
+  main       the command line
+"""

@@ -1,0 +1,135 @@
+"""blkps status|set: look at and steer a running job through its control
+LUN. The control LUN is plain bytes (README, "Status and control"; its layout
+is learner/include/blkps/control_lun.h, which blkps.control reads through
+libblkps). Anything that can pread/pwrite can do what these commands do."""
+
+import json
+import sys
+import time
+
+from . import state, tools
+from .errors import UserError
+
+sys.path.insert(0, tools.PYTHON_PACKAGE)
+import blkps.control  # noqa: E402  the learner's package: libblkps through ctypes
+
+
+def control_targets(a, what):
+    """[(label, control LUN)]: one for a target, one per shard for a
+    `blkps shards` folder (label "shard K", K from 0 as in DIR/shard-K)."""
+    if a.control:
+        return [("", a.control)]
+    if not a.dir:
+        raise UserError(what, "which job?", "give --dir DIR (a blkps target or shards folder) or --control TARGET")
+    shards = state.shards(a.dir)
+    if shards is not None:
+        return [(f"shard {k}", url) for k, url in enumerate(shards["CONTROL_URLS"].split())]
+    return [("", state.target(a.dir, what)["CONTROL_URL"])]
+
+
+def human_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def print_status(s):
+    params = ", ".join(f"{k}={v:g}" for k, v in s["rule_params"].items()) or "no parameters"
+    print(f"model {s['model']}: {s['params']} parameters ({human_bytes(s['device_bytes'])}), "
+          f"{s['blocks']} blocks of {human_bytes(s['block_bytes'])}")
+    print(f"mode {s['mode']}, rule {s['rule']} ({params})")
+    print(f"global step {s['global_step']}, updates {s['updates']}, held now {s['held_now']}, "
+          f"rejected writes {s['rejected_writes']}, up {s['uptime_s']:.0f} s")
+    fails = f"the job fails at {s['max_dead']} dead" if s["max_dead"] else "dead learners never fail the job"
+    print(f"learners: {s['live_learners']} live of {len(s['learners'])} "
+          f"(dead after {s['dead_after_s']:g} s without I/O; hold limit {s['hold_limit_s']:g} s; {fails})")
+    columns = ("lun", "state", "iteration", "idle_s", "held", "reads", "writes", "bytes_read",
+               "bytes_written", "holds", "hold_timeouts", "staleness_max", "staleness_mean")
+    header = ("LUN", "STATE", "ITER", "IDLE_S", "HELD", "READS", "WRITES", "READ", "WRITTEN",
+              "HOLDS", "TIMEOUTS", "STALE_MAX", "STALE_MEAN")
+    rows = [header]
+    for learner in s["learners"]:
+        row = []
+        for c in columns:
+            v = learner[c]
+            row.append(human_bytes(v) if c.startswith("bytes") else f"{v:.1f}" if isinstance(v, float) else str(v))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        print("  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)))
+    c = s["checkpoint"]
+    if c["path"]:
+        every = f", every {c['every_s']:g} s" if c["every_s"] else ""
+        print(f"checkpoint: {c['path']} (written {c['written']} times, last took {c['last_seconds']:.3f} s{every})")
+        if c["error"]:
+            print(f"checkpoint error: {c['error']}")
+    else:
+        print("checkpoint: none (set checkpoint=<path> in --bsopts to checkpoint on fsync)")
+    if s.get("control_error"):
+        print(f"last control write refused: {s['control_error']}")
+    if s["failed"]:
+        print(f"FAILED: {s['failure']}")
+
+
+def command_status(a):
+    devices = [(label, blkps.control.Control(url)) for label, url in control_targets(a, "status")]
+    try:
+        while True:
+            statuses = [(label, device.status()) for label, device in devices]
+            if a.json:
+                body = [s for _, s in statuses]
+                print(json.dumps(body if len(body) > 1 else body[0], indent=2))
+            else:
+                for label, s in statuses:
+                    if label:
+                        print(f"== {label} ==")
+                    print_status(s)
+            if not a.watch:
+                return 1 if any(s["failed"] for _, s in statuses) else 0
+            sys.stdout.flush()
+            time.sleep(a.watch)
+            print()
+    finally:
+        for _, device in devices:
+            device.close()
+
+
+def command_set(a):
+    for kv in a.settings:
+        if "=" not in kv:
+            raise UserError("set", f"expected KEY=VALUE, got '{kv}'", "e.g. blkps set --dir DIR lr=0.001")
+    for label, url in control_targets(a, "set"):
+        where = label + ": " if label else ""
+        with blkps.control.Control(url) as control:
+            try:
+                control.command(*a.settings)
+            except OSError as e:
+                # The writer sees only a SCSI error; the server keeps its reason in the status.
+                reason = control.status().get("control_error") or f"{e.strerror} (tgtd's log has the reason)"
+                raise UserError("set", f"{where}the server refused '{' '.join(a.settings)}': {reason}",
+                                "KEY is a rule parameter (lr, momentum, beta1, beta2, eps) or resume")
+            s = control.status()
+        print(f"{where}mode {s['mode']}, rule {s['rule']}: " +
+              ", ".join(f"{k}={v:g}" for k, v in s["rule_params"].items()) +
+              (f"; FAILED: {s['failure']}" if s["failed"] else ""))
+    return 0
+
+
+def add_parsers(sub):
+    """`blkps status` and `blkps set` on the subparsers `sub`."""
+    for name, helptext in (("status", "print a job's status from its control LUN"),
+                           ("set", "set rule parameters (lr=0.001) or resume=1 through the control LUN")):
+        p = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ". DIR is a "
+                           "`blkps target` folder or a `blkps shards` folder (every shard); TARGET is the control "
+                           "LUN itself: an iscsi:// or iser:// URL, or a file or block device.")
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--dir", help="a blkps target or shards folder")
+        where.add_argument("--control", metavar="TARGET", help="the control LUN")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print the raw status JSON")
+            p.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS")
+            p.set_defaults(run=command_status)
+        else:
+            p.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+            p.set_defaults(run=command_set)

@@ -1,0 +1,133 @@
+"""blkps demo: README's main job on this machine. Builds what the demo needs
+(with progress), starts a parameter server on loopback, trains an MLP on the
+digits data set with several learner processes through the model device,
+prints the job's status and the held-out test accuracy, and shuts
+everything down (also on Ctrl-C or a failure).
+
+--via says how the learners reach the model: lib (default) Python learners
+through libblkps over iSCSI; mount: the model mounted as files (blkps mount)
+and Python learners with plain os.pread/os.pwrite, no library; engine: C++
+learners on libblkps's double-buffered engine. Each learner has its own LUN
+(learner slot). At the end the model is checkpointed (fsync) into
+build/demo/."""
+
+import os
+import subprocess
+import sys
+import threading
+
+from . import control, target, tools
+from .errors import UserError
+
+PYTHON = "/usr/bin/python3"
+TRAIN = os.path.join(tools.TOP, "learner", "examples", "train_digits.py")
+PLAIN = os.path.join(tools.TOP, "learner", "examples", "plain_digits.py")
+# The build targets each --via needs (the plugin and its option checker always).
+BUILD_TARGETS = {"lib": ["blkps"], "mount": ["blkps", "blkps-mount"], "engine": ["blkps", "blkps-train-digits"]}
+
+
+def say(text):
+    print(f"demo: {text}", flush=True)
+
+
+def relay(stream, lock):
+    """Copies a learner's output to ours line by line: two learners' lines
+    never run together."""
+    for line in iter(stream.readline, ""):
+        with lock:
+            sys.stdout.write(line if line.endswith("\n") else line + "\n")
+            sys.stdout.flush()
+    stream.close()
+
+
+def run_learners(commands):
+    lock = threading.Lock()
+    procs, relays = [], []
+    for cmd in commands:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        relay_thread = threading.Thread(target=relay, args=(proc.stdout, lock))
+        relay_thread.start()
+        procs.append(proc)
+        relays.append(relay_thread)
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for t in relays:
+            t.join()
+    failed = [k for k, code in enumerate(codes) if code != 0]
+    if failed:
+        raise UserError("demo", f"learner {failed[0]} failed (exit {codes[failed[0]]})", "its lines above say why")
+
+
+def command_demo(a):
+    targets = ["bs_blkps", "blkps-bsopts", *BUILD_TARGETS[a.via]]
+    say(f"building {', '.join(targets)} (the first run installs packages and takes a few minutes)")
+    if subprocess.run([tools.script("build.sh"), *targets]).returncode != 0:
+        raise UserError("demo", "the build failed", "see build/build.log")
+    state = os.path.join(tools.TOP, "build", "demo")
+    mnt = os.path.join(state, "mnt")
+    params = subprocess.run([PYTHON, TRAIN, "--params"], capture_output=True, text=True, check=True).stdout.strip()
+    server = target.Target(state)
+    server.stop()
+    checkpoint = os.path.join(state, "digits-mlp.ckpt")
+    if os.path.exists(checkpoint):
+        os.remove(checkpoint)  # a fresh model each run
+    say(f"starting the parameter server (MLP on digits, {params} parameters, sgd lr={a.lr}, mode {a.mode}, "
+        f"{a.transport} on loopback)")
+    mounted = False
+    try:
+        values = server.start(target.start_options([
+            "--dir", state, "--name", "digits-mlp", "--transport", a.transport, "--luns", str(a.learners),
+            "--bsopts", f"params={params};rule=sgd;lr={a.lr};init=normal:0.1;seed=1;mode={a.mode};"
+                        f"checkpoint={checkpoint}"]))
+        urls = values["URLS"].split()
+        say("learner devices " + " ".join(urls) + "; control device " + values["CONTROL_URL"])
+        if a.via == "lib":
+            learner = [PYTHON, TRAIN]
+        elif a.via == "engine":
+            learner = [tools.built("blkps-train-digits")]
+        else:
+            learner = [PYTHON, PLAIN]
+            os.makedirs(mnt, exist_ok=True)
+            files = [f"slot{k}={url}" for k, url in enumerate(urls, 1)]
+            subprocess.run([tools.built("blkps-mount"), mnt, *files, "--control", f"control={values['CONTROL_URL']}"],
+                           check=True)
+            mounted = True
+            urls = [os.path.join(mnt, f"slot{k}") for k in range(1, a.learners + 1)]
+            say(f"mounted the model at {mnt}: {' '.join(sorted(os.listdir(mnt)))}")
+        say(f"training with {a.learners} learner processes ({a.via}), {a.epochs} epochs each")
+        run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(a.learners),
+                       "--epochs", str(a.epochs), "--sync"] for k in range(a.learners)])
+        with control.blkps.Model(values["CONTROL_URL"]) as device:
+            control.print_status(control.read_status(device))
+        sys.stdout.flush()
+        return subprocess.run([PYTHON, TRAIN, "--target", values["URL"], "--evaluate"]).returncode
+    finally:
+        if mounted:
+            subprocess.run(["fusermount3", "-u", mnt])
+        server.stop()
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
+positive_float.__name__ = "a number > 0"
+
+
+def add_parser(sub):
+    p = sub.add_parser("demo", help="README's main job: train digits with several learners through a server here",
+                       description=__doc__.replace("blkps demo: ", "", 1))
+    p.add_argument("--learners", type=target.positive_int, default=2, help="learner processes (default 2)")
+    p.add_argument("--epochs", type=target.positive_int, default=20, help="epochs per learner (default 20)")
+    p.add_argument("--lr", type=positive_float, default=0.2, help="the server's sgd learning rate (default 0.2)")
+    p.add_argument("--mode", default="async", help="async, bsp or ssp:S (default async)")
+    p.add_argument("--transport", choices=("iscsi", "iser"), default="iscsi")
+    p.add_argument("--via", choices=tuple(BUILD_TARGETS), default="lib", help="how learners reach the model")
+    p.set_defaults(run=command_demo)

@@ -1,0 +1,53 @@
+"""The command line of `blkps`: one parser, one subcommand per thing a
+person runs, one way of printing errors (errors.py)."""
+
+import argparse
+import os
+import sys
+
+from . import control, demo, node, shards, target
+from .errors import Parser, UserError, report
+
+DESCRIPTION = """\
+blkps: a parameter server that is a block device.
+
+server:        blkps target start|stop|show    one model served by a private tgtd
+               blkps shards start|stop|show    one model striped over several servers
+               blkps status | blkps set        a running job's status and control LUN
+learner node:  blkps login|logout|node-status  the model as a local disk (open-iscsi)
+               blkps mount                     the model as files (FUSE)
+               blkps layout                    the stripe arithmetic of a sharded model
+everything:    blkps demo                      README's main job on this machine
+
+`blkps COMMAND --help` describes each."""
+
+
+def parser():
+    p = Parser(prog="blkps", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    target.add_parser(sub)
+    shards.add_parser(sub)
+    control.add_parsers(sub)
+    node.add_parsers(sub)
+    demo.add_parser(sub)
+    return p
+
+
+def main(argv=None):
+    command = None  # named in an unexpected OSError's line once known
+    try:
+        args = parser().parse_args(argv)
+        command = args.command
+        return args.run(args)
+    except UserError as e:
+        return report(e)
+    except BrokenPipeError:  # `blkps status | head`: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:  # libblkps's messages start with "blkps: " too
+        return report(UserError(command, (e.strerror or str(e)).removeprefix("blkps: ")))
+    except KeyboardInterrupt:
+        return 130
+
+if __name__ == "__main__":
+    sys.exit(main())

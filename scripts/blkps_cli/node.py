@@ -1,0 +1,58 @@
+"""The learner node's commands: blkps login|logout|node-status run
+scripts/blkps-login (thin shell over iscsiadm, dmsetup, mdadm), blkps mount
+runs blkps-mount (FUSE), blkps layout runs blkps-layout (the stripe
+arithmetic). Their own options pass through unchanged; --help shows them."""
+
+import argparse
+import os
+
+from . import state, tools
+from .errors import UserError
+
+
+def run(argv):
+    """Replaces this process with argv (its exit status is the command's)."""
+    os.execv(argv[0], argv)
+
+
+def command_login(a):
+    run([tools.script("blkps-login"), {"node-status": "status"}.get(a.command, a.command), *a.args])
+
+
+def command_layout(a):
+    run([tools.built("blkps-layout"), *a.args])
+
+
+def command_mount(a):
+    """blkps mount MOUNTPOINT --dir DIR [blkps-mount options]: DIR's learner
+    slots become MOUNTPOINT/slot1..slotN and its control LUN MOUNTPOINT/control;
+    without --dir the arguments go to blkps-mount as they are."""
+    args = list(a.args)
+    files = []
+    if "--dir" in args:
+        i = args.index("--dir")
+        if i + 1 >= len(args):
+            raise UserError("mount", "--dir needs a value", "e.g. blkps mount /mnt/model --dir /tmp/ps")
+        env = state.target(args[i + 1], "mount")
+        del args[i:i + 2]
+        files = [f"slot{k}={url}" for k, url in enumerate(env["URLS"].split(), 1)]
+        files += ["--control", f"control={env['CONTROL_URL']}"]
+    run([tools.built("blkps-mount"), *args, *files])
+
+
+def add_parsers(sub):
+    for name, helptext in (("login", "log this node into a model with the kernel's iSCSI initiator; prints the device"),
+                           ("logout", "log this node out of a model"),
+                           ("node-status", "show this node's devices of a model")):
+        p = sub.add_parser(name, help=helptext, add_help=False, prefix_chars="\0",
+                           description=f"{helptext}: scripts/blkps-login's options (blkps {name} --help)")
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        p.set_defaults(run=command_login)
+    p = sub.add_parser("mount", help="present a model's LUNs as files (FUSE): blkps mount MOUNTPOINT --dir DIR",
+                       add_help=False, prefix_chars="\0")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=command_mount)
+    p = sub.add_parser("layout", help="the stripe arithmetic of a sharded model (sizes, read, split, dm-table, bytes)",
+                       add_help=False, prefix_chars="\0")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=command_layout)

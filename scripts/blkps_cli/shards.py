@@ -1,0 +1,177 @@
+"""blkps shards start|stop|show: one model striped over several blkps
+servers (shards), each a private target in DIR/shard-K, and the layout files
+learners open as layout:PATH.
+
+Stripe unit k of the model lives on shard k mod S at shard byte
+(k div S) * unit; the last unit may be partial (StripeMap; blkps-layout does
+the arithmetic). Shard K is served with exactly its part: params = its
+bytes / 4. No server knows of the others.
+"""
+
+import glob
+import os
+import subprocess
+
+from . import state, target, tools
+from .errors import UserError
+
+
+def layout_tool(what, args):
+    """Runs blkps-layout; its stdout lines, or a UserError with its reason."""
+    out = subprocess.run([tools.built("blkps-layout"), *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or [f"blkps-layout exit {out.returncode}"])[-1]
+        raise UserError(what, reason.split(": ", 2)[-1] if reason.startswith("blkps: layout") else reason)
+    return out.stdout.split()
+
+
+def shard_bsopts(options, k, shard_params, folder):
+    """Shard K's --bsopts from the whole model's option pairs: params is the
+    shard's; init=file:PATH becomes the shard's part of the file; init=normal
+    and uniform use seed+K; checkpoint=PATH becomes PATH.shard-K."""
+    given = dict(options)
+    out = []
+    for key, value in options:
+        if key == "params":
+            value = str(shard_params)
+        elif key == "init" and value.startswith("file:"):
+            value = f"file:{folder}/init.f32"
+        elif key == "seed" and given.get("init", "zeros").split(":")[0] in ("normal", "uniform"):
+            value = str(int(value) + k)
+        elif key == "checkpoint":
+            value = f"{value}.shard-{k}"
+        out.append(f"{key}={value}")
+    if "seed" not in given and given.get("init", "zeros").split(":")[0] in ("normal", "uniform"):
+        out.append(f"seed={k}")
+    return ";".join(out)
+
+
+def stop(folder):
+    for d in sorted(glob.glob(os.path.join(folder, "shard-*"))):
+        target.Target(d).stop()
+    for f in [os.path.join(folder, state.SHARDS_ENV), *glob.glob(os.path.join(folder, "slot-*.layout"))]:
+        try:
+            os.remove(f)
+        except FileNotFoundError:
+            pass
+
+
+def start(a):
+    what = "shards start"
+    folder = os.path.abspath(a.dir)
+    model = target.check_bsopts(a.bsopts)
+    if model["control"]:
+        raise UserError("--bsopts", "role=control is not a model", "give the model's options")
+    params = model["params"]
+    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
+                                                "--params", str(params), "--block", str(model["block_bytes"])])]
+    unit = layout_tool(what, ["bytes", a.stripe_unit])[0]
+    for k in range(a.shards):
+        if target.Target(os.path.join(folder, f"shard-{k}")).alive():
+            raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
+                            f"stop it first: blkps shards stop --dir {a.dir}")
+    dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    try:
+        init = dict(model["options"]).get("init", "")
+        if init.startswith("file:"):
+            layout_tool(what, ["split", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
+                               "--params", str(params), init[len("file:"):],
+                               *[os.path.join(d, "init.f32") for d in dirs]])
+        envs = []
+        for k, d in enumerate(dirs):
+            argv = ["--dir", d, "--name", f"shard-{k}", "--luns", str(a.luns), "--address", a.address,
+                    "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d)]
+            argv += ["--plugin", a.plugin] if a.plugin else []
+            shard = target.Target(d)
+            try:
+                envs.append(shard.start(target.start_options(argv)))
+            except UserError as e:
+                raise UserError(what, f"shard {k}: {str(e).split(': ', 1)[-1]}") from None
+            if a.owner_pid:
+                shard.start_watchdog(a.owner_pid)
+        layouts = write_layouts(folder, envs, a.luns, unit, params)
+    except BaseException:
+        stop(folder)
+        raise
+    state.write(os.path.join(folder, state.SHARDS_ENV), {
+        "SHARDS": a.shards, "STRIPE_UNIT": unit, "PARAMS": params, "SHARD_PARAMS": [str(n // 4) for n in sizes],
+        "SHARD_DIRS": dirs, "LAYOUT": layouts[0], "LAYOUTS": layouts,
+        "CONTROL_URLS": [env["CONTROL_URL"] for env in envs]})
+    return layouts, envs
+
+
+def write_layouts(folder, envs, luns, unit, params):
+    """DIR/slot-L.layout for every learner slot L: LUN L of every shard."""
+    layouts = []
+    for lun in range(1, luns + 1):
+        path = os.path.join(folder, f"slot-{lun}.layout")
+        with open(path, "w") as f:
+            f.write(f"# blkps shard layout (written by blkps shards start): learner slot {lun} of a model\n"
+                    f"# of {params} parameters striped over {len(envs)} shard(s).\n"
+                    f"stripe_unit = {unit}\n")
+            for env in envs:
+                f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
+        layouts.append(path)
+    return layouts
+
+
+def command_start(a):
+    layouts, envs = start(a)
+    for lun, path in enumerate(layouts, 1):
+        print(f"learner {lun}: layout:{path}")
+    for k, env in enumerate(envs):
+        print(f"control shard {k}: {env['CONTROL_URL']}")
+    return 0
+
+
+def command_stop(a):
+    if os.path.isdir(a.dir):
+        stop(os.path.abspath(a.dir))
+    return 0
+
+
+def command_show(a):
+    values = state.shards(a.dir)
+    if values is None:
+        raise UserError("shards show", f"no shards running in {a.dir} (no {state.SHARDS_ENV})",
+                        f"start them: blkps shards start --dir {a.dir} ...")
+    if a.get:
+        state.print_values(values, a.get, "shards show")
+    else:
+        for lun, path in enumerate(values["LAYOUTS"].split(), 1):
+            print(f"learner {lun}: layout:{path}")
+        for k, url in enumerate(values["CONTROL_URLS"].split()):
+            print(f"control shard {k}: {url}")
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("shards", help="start or stop one model striped over several servers",
+                       description=__doc__.split("\n\n")[0].replace("\n", " "))
+    cmds = p.add_subparsers(dest="shards_command", required=True)
+    s = cmds.add_parser("start", help="start every shard and write the layout files",
+                        description="Starts shard K in DIR/shard-K and writes DIR/slot-L.layout for every learner "
+                        "slot L (open it as layout:PATH) and DIR/shards.env. A failure prints one line and leaves "
+                        "no shard running.")
+    s.add_argument("--dir", required=True, help="state folder")
+    s.add_argument("--shards", type=target.positive_int, required=True, help="number of shards")
+    s.add_argument("--stripe-unit", required=True, metavar="BYTES", help="stripe unit: a multiple of 512 and of "
+                   "the model block (bsopts block=, default 1M); K, M suffixes")
+    s.add_argument("--bsopts", required=True, help="the whole model's options as for blkps target start; "
+                   "params= is the whole model's; init=file:PATH is split over the shards; init=normal/uniform "
+                   "use seed+K on shard K; checkpoint=PATH becomes PATH.shard-K")
+    s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
+    s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
+    s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")
+    s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
+    s.set_defaults(run=command_start)
+    t = cmds.add_parser("stop", help="stop every shard (quiet when none runs)")
+    t.add_argument("--dir", required=True)
+    t.set_defaults(run=command_stop)
+    w = cmds.add_parser("show", help="print the layout files and control URLs")
+    w.add_argument("--dir", required=True)
+    w.add_argument("--get", action="append", metavar="KEY", help="print this shards.env value (SHARDS, STRIPE_UNIT, "
+                   "PARAMS, SHARD_PARAMS, SHARD_DIRS, LAYOUT, LAYOUTS, CONTROL_URLS); repeatable")
+    w.set_defaults(run=command_show)

@@ -1,0 +1,426 @@
+"""blkps target start|stop|show: a blkps parameter server, that is a private
+tgtd (its own control socket, log and port) serving a model of backing-store
+type "blkps" on LUNs 1..N (one per learner slot) and its control LUN N+1.
+
+Process handling (each point was a bug once; keep them):
+  - tgtd runs in its own session and outlives this command; only tgtd gets
+    LD_PRELOAD of the plugin.
+  - An exited but unreaped tgtd (a zombie) counts as stopped.
+  - One stop at a time per folder (flock on DIR/stop.lock): a stop by hand
+    and the --owner-pid watchdog may run together, and the second must not
+    remove the control socket under the first one's tgtadm, which would then
+    retry connect(2) forever. Every tgtadm call is bounded by a timeout.
+  - The lock's descriptor is never inherited by a tgtd or a watchdog started
+    later (Python opens files close-on-exec).
+  - tgtd ignores SIGTERM: stop deletes its targets, then asks it to exit
+    (tgtadm --op delete --mode system), and kills it only if it does not.
+"""
+
+import fcntl
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from . import state, tools
+from .errors import Parser, UserError
+
+# The iSCSI session parameters that matter for throughput (DESIGN.md).
+ISCSI_PARAMS = (
+    ("MaxRecvDataSegmentLength", "262144"),
+    ("FirstBurstLength", "262144"),
+    ("MaxBurstLength", "16776192"),
+    ("InitialR2T", "No"),
+    ("ImmediateData", "Yes"),
+    ("MaxOutstandingR2T", "16"),
+)
+ADMIN_TIMEOUT_S = 5      # tgtadm queries and deletes
+CREATE_TIMEOUT_S = 300   # creating a LUN allocates (and may load) the model
+READY_TIMEOUT_S = 10     # from starting tgtd to its answering tgtadm
+
+
+def running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def has_rdma():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+def free_port(address):
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def check_bsopts(bsopts, what="--bsopts"):
+    """The options as the plugin's parser sees them (blkps-bsopts's JSON);
+    a UserError with its reason, first, if it refuses them."""
+    out = subprocess.run([tools.built("blkps-bsopts"), bsopts], capture_output=True, text=True)
+    if out.returncode != 0:
+        reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see README, \"Options\"")
+    return json.loads(out.stdout)
+
+
+class Target:
+    """The target whose state lives in `folder` (--dir)."""
+
+    def __init__(self, folder):
+        self.dir = os.path.abspath(folder)
+        self.socket = os.path.join(self.dir, "tgtd.sock")
+        self.log = os.path.join(self.dir, "tgtd.log")
+        self.env_file = os.path.join(self.dir, state.TARGET_ENV)
+        self.pid_file = os.path.join(self.dir, "tgtd.pid")
+        self.lld_file = os.path.join(self.dir, "lld")
+
+    # --- tgtd and tgtadm -------------------------------------------------
+
+    def pid(self):
+        try:
+            with open(self.pid_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def alive(self):
+        p = self.pid()
+        return p is not None and running(p)
+
+    def tgtadm(self, args, timeout=ADMIN_TIMEOUT_S):
+        """Runs tgtadm on this target's socket: (exit status, output);
+        status 124 when it ran past `timeout`."""
+        env = dict(os.environ, TGT_IPC_SOCKET=self.socket)
+        try:
+            out = subprocess.run(["tgtadm", *args], env=env, capture_output=True, text=True, timeout=timeout)
+            return out.returncode, (out.stdout + out.stderr).strip()
+        except subprocess.TimeoutExpired:
+            return 124, f"tgtadm {' '.join(args)} did not answer within {timeout} s"
+
+    def log_lines(self, since=0):
+        """tgtd's log lines after byte `since`."""
+        try:
+            with open(self.log, errors="replace") as f:
+                f.seek(since)
+                return f.read().splitlines()
+        except OSError:
+            return []
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.log)
+        except OSError:
+            return 0
+
+    # --- stop --------------------------------------------------------------
+
+    def stop(self):
+        """Stops tgtd if it runs and removes the folder's state; quiet and
+        successful when nothing runs."""
+        if not os.path.isdir(self.dir):
+            return
+        with open(os.path.join(self.dir, "stop.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            p = self.pid()
+            if p is not None and running(p):
+                self._stop_tgtd(p)
+            for path in [self.pid_file, self.env_file, self.lld_file, *glob.glob(self.socket + ".*")]:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+
+    def _stop_tgtd(self, p):
+        try:
+            with open(self.lld_file) as f:
+                lld = f.read().strip() or "iscsi"
+        except OSError:
+            lld = "iscsi"
+        _, shown = self.tgtadm(["--op", "show", "--mode", "target"])
+        for tid in re.findall(r"^Target (\d+):", shown, re.M):
+            self.tgtadm(["--lld", lld, "--op", "delete", "--mode", "target", "--tid", tid, "--force"])
+        self.tgtadm(["--op", "delete", "--mode", "system"])
+        deadline = time.monotonic() + 5
+        while running(p) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if running(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            print(f"blkps: target stop: tgtd {p} did not exit after 'tgtadm --op delete --mode system'; "
+                  "killed it", file=sys.stderr)
+
+    # --- start -------------------------------------------------------------
+
+    def start(self, a):
+        """Starts the target for the parsed `blkps target start` options `a`;
+        returns target.env's values. Every failure raises a UserError and
+        leaves no tgtd."""
+        what = "target start"
+        check_bsopts(a.bsopts)
+        if a.rdwr_lun and not os.path.isfile(a.rdwr_lun):
+            raise UserError(what, f"--rdwr-lun: no such file: {a.rdwr_lun}")
+        if not shutil.which("tgtd"):
+            raise UserError(what, "tgtd not found", "run scripts/setup.sh (Debian package tgt)")
+        if a.transport == "iser" and not has_rdma():
+            raise UserError(what, "iSER needs an RDMA device and this host has none (/sys/class/infiniband is empty)",
+                            "use --transport iscsi")
+        os.makedirs(self.dir, exist_ok=True)
+        if self.alive():
+            raise UserError(what, f"a target is already running in {self.dir} (pid {self.pid()})",
+                            f"stop it first: blkps target stop --dir {self.dir}")
+        env = dict(os.environ, TGT_IPC_SOCKET=self.socket)
+        if a.plugin != "installed":
+            plugin = os.path.abspath(a.plugin or tools.built("bs_blkps.so"))
+            if not os.path.isfile(plugin):
+                raise UserError(what, f"plugin {plugin} not found", "build first (scripts/build.sh), or --plugin installed")
+            env["LD_PRELOAD"] = plugin
+        try:  # from here on, any failure (Ctrl-C too) leaves no tgtd
+            return self._configure(a, self._start_tgtd(a, env))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_tgtd(self, a, env):
+        """Starts tgtd on a's portal (with --port auto, retries when another
+        process took the port first); returns the port."""
+        why = ""
+        for _ in range(5):
+            port = free_port(a.address) if a.port == "auto" else int(a.port)
+            with open(self.log, "w") as log:
+                proc = subprocess.Popen(["tgtd", "-f", f"--{a.transport}", f"portal={a.address}:{port}"],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)
+            with open(self.pid_file, "w") as f:
+                f.write(f"{proc.pid}\n")
+            with open(self.lld_file, "w") as f:
+                f.write(a.transport + "\n")
+            ready = False
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while self.alive() and time.monotonic() < deadline:
+                if self.tgtadm(["--op", "show", "--mode", "sys"])[0] == 0:
+                    ready = True
+                    break
+                time.sleep(0.1)
+            # tgtd keeps running when it cannot bind its portal: its log says so.
+            lines = self.log_lines()
+            port_taken = any("unable to bind" in l or "failed to create/bind" in l for l in lines)
+            if ready and not port_taken:
+                return port
+            why = next((l for l in lines if not l.startswith("can't adjust")), "nothing")
+            self.stop()
+            if a.port != "auto":
+                if port_taken:
+                    raise UserError("target start", f"port {port} on {a.address} is in use",
+                                    "choose another with --port, or --port auto")
+                break
+        raise UserError("target start", f"tgtd did not start; its log says: {why}")
+
+    def _admin(self, a, what, args, timeout=ADMIN_TIMEOUT_S):
+        """Runs tgtadm --lld T args; on failure raises the server's reason
+        (the last "blkps:" line tgtd logged meanwhile) or tgtadm's."""
+        since = self.log_size()
+        status, out = self.tgtadm(["--lld", a.transport, *args], timeout)
+        if status == 0:
+            return
+        if a.transport == "iser" and "driver" in out.lower():
+            raise UserError("target start", f"iSER transport unavailable in tgtd (no RDMA device on this host?): {out}",
+                            "use --transport iscsi")
+        for line in reversed(self.log_lines(since)):
+            reason = re.sub(r"^tgtd: \w+\(\d+\) ", "", line)
+            if reason.startswith("blkps: "):
+                # The plugin's line: "blkps: <reason> (--bsopts '...')" or "(model '...')".
+                raise UserError("target start", re.sub(r" \((--bsopts|model) '.*'\)$", "", reason[len("blkps: "):]))
+        raise UserError("target start", f"{what} failed: {out}")
+
+    def _configure(self, a, port):
+        iqn = a.iqn or f"iqn.2026-11.io.blkps:{a.name}"
+        base = f"{a.transport}://{a.address}:{port}/{iqn}"
+        self._admin(a, f"creating target {iqn}", ["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn])
+        urls = []
+        for lun in range(1, a.luns + 1):
+            self._admin(a, f"creating model LUN {lun}",
+                        ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "blkps",
+                         "--backing-store", a.name, "--bsopts", a.bsopts], CREATE_TIMEOUT_S)
+            urls.append(f"{base}/{lun}")
+        lun = a.luns + 1
+        self._admin(a, f"creating the control LUN {lun}",
+                    ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "blkps",
+                     "--backing-store", a.name, "--bsopts", "role=control"])
+        control_url = f"{base}/{lun}"
+        null_url = rdwr_url = ""
+        if a.null_lun:
+            lun += 1
+            self._admin(a, "creating the null LUN", ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun",
+                                                     str(lun), "--bstype", "null", "--backing-store", "None"])
+            null_url = f"{base}/{lun}"
+        if a.rdwr_lun:
+            lun += 1
+            self._admin(a, f"creating the rdwr LUN over {a.rdwr_lun}",
+                        ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "rdwr",
+                         "--backing-store", os.path.abspath(a.rdwr_lun)])
+            rdwr_url = f"{base}/{lun}"
+        for key, value in ISCSI_PARAMS:
+            self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", "--tid", "1", "-n", key, "-v", value])
+        allow = a.allow or a.address
+        self._admin(a, f"setting the initiator ACL ({allow})", ["--op", "bind", "--mode", "target", "--tid", "1",
+                                                                "-I", allow])
+        values = {"URL": urls[0], "URLS": urls, "CONTROL_URL": control_url, "NULL_URL": null_url,
+                  "RDWR_URL": rdwr_url, "PORT": port, "IQN": iqn, "TRANSPORT": a.transport, "PID": self.pid(),
+                  "TGT_IPC_SOCKET": self.socket, "LOG": self.log}
+        state.write(self.env_file, values)
+        return state.target(self.dir)
+
+    # --- the --owner-pid watchdog -------------------------------------------
+
+    def start_watchdog(self, owner):
+        """A detached process that stops the target when process `owner`
+        exits (even by SIGKILL) or tgtd dies."""
+        subprocess.Popen([sys.executable, tools.script("blkps"), "target", "watch", "--dir", self.dir,
+                          "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def watch(self, owner):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while running(owner) and self.alive():
+            time.sleep(1)
+        self.stop()
+
+
+def labelled_urls(env):
+    """The URLs of a target.env, one `label: URL` line each."""
+    lines = [f"learner {k}: {url}" for k, url in enumerate(env["URLS"].split(), 1)]
+    lines.append(f"control: {env['CONTROL_URL']}")
+    lines += [f"{label}: {env[key]}" for label, key in (("null", "NULL_URL"), ("rdwr", "RDWR_URL")) if env.get(key)]
+    return lines
+
+
+def command_start(a):
+    target = Target(a.dir)
+    env = target.start(a)
+    if a.owner_pid:
+        target.start_watchdog(a.owner_pid)
+    print("\n".join(labelled_urls(env)))
+    return 0
+
+
+def command_stop(a):
+    Target(a.dir).stop()
+    return 0
+
+
+def command_show(a):
+    target = Target(a.dir)
+    env = state.target(target.dir, "target show")
+    if not target.alive():
+        raise UserError("target show", f"tgtd ({env.get('PID')}) of {target.dir} is not running; its log is {target.log}",
+                        f"blkps target stop --dir {a.dir}, then start it again")
+    if a.get:
+        state.print_values(env, a.get, "target show")
+    elif a.json:
+        print(json.dumps(env, indent=2))
+    elif a.tgtadm:
+        status, out = target.tgtadm(["--op", "show", "--mode", "target"])
+        print(out)
+        return 0 if status == 0 else 1
+    else:
+        print("\n".join(labelled_urls(env)))
+        print(f"tgtd: pid {env['PID']}, log {env['LOG']}")
+    return 0
+
+
+def command_watch(a):
+    Target(a.dir).watch(a.owner_pid)
+    return 0
+
+
+def add_parser(sub):
+    """`blkps target ...` on the subparsers `sub`."""
+    p = sub.add_parser("target", help="start, stop or show a blkps server (a private tgtd)",
+                       description="A blkps parameter server: a private tgtd (its own control socket, log and port "
+                       "in --dir) serving a model on LUNs 1..N, one per learner slot, and its status and control "
+                       "LUN N+1. start writes DIR/target.env; scripts read it with `blkps target show --get KEY`.")
+    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,show}")
+    s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
+                        "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
+    add_start_arguments(s)
+    s.set_defaults(run=command_start)
+    t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
+    t.add_argument("--dir", required=True)
+    t.set_defaults(run=command_stop)
+    w = cmds.add_parser("show", help="print a running target's URLs", description="Prints the running target's "
+                        "URLs, labelled; --get KEY prints target.env values one per line (for scripts).")
+    w.add_argument("--dir", required=True)
+    how = w.add_mutually_exclusive_group()
+    how.add_argument("--get", action="append", metavar="KEY", help="print this target.env value (URL, URLS, "
+                     "CONTROL_URL, NULL_URL, RDWR_URL, PORT, IQN, TRANSPORT, PID, TGT_IPC_SOCKET, LOG); repeatable")
+    how.add_argument("--json", action="store_true", help="print target.env as JSON")
+    how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
+    w.set_defaults(run=command_show)
+    # The --owner-pid watchdog (started by start; not for people).
+    d = cmds.add_parser("watch")
+    d.add_argument("--dir", required=True)
+    d.add_argument("--owner-pid", type=positive_int, required=True)
+    d.set_defaults(run=command_watch)
+
+
+def add_start_arguments(s):
+    """The options of `blkps target start` (also used by `blkps shards`,
+    which starts its shards' targets with them)."""
+    s.add_argument("--dir", required=True, help="state folder: control socket, tgtd.log, target.env")
+    s.add_argument("--bsopts", required=True, help="the model's options, key=value;... (README, \"Options\"), "
+                   "e.g. \"params=1000000;lr=0.01\"; checked by the plugin's parser before tgtd starts")
+    s.add_argument("--name", default="model", help="the model's name, tgt's --backing-store (default: model)")
+    s.add_argument("--luns", type=positive_int, default=1, help="learner slots: the model on LUNs 1..N; "
+                   "LUN N+1 is the control LUN (default 1)")
+    s.add_argument("--transport", choices=("iscsi", "iser"), default="iscsi", help="iser needs an RDMA device")
+    s.add_argument("--address", default="127.0.0.1", help="portal address (default 127.0.0.1)")
+    s.add_argument("--port", type=port_or_auto, default="auto", help="portal port, or auto for a free one (default)")
+    s.add_argument("--iqn", help="target name (default iqn.2026-11.io.blkps:NAME)")
+    s.add_argument("--allow", help="initiator ACL: an address or ALL (default: the portal address)")
+    s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
+                   "'installed': tgt's plugin folder)")
+    s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")
+    s.add_argument("--rdwr-lun", metavar="FILE", help="also serve FILE through tgt's rdwr store (a plain-disk baseline)")
+    s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop the target when process PID exits")
+
+
+def start_options(argv):
+    """`blkps target start` options parsed from argv, as start() takes them."""
+    p = Parser(prog="blkps target start")
+    add_start_arguments(p)
+    return p.parse_args(argv)
+
+
+def positive_int(text):
+    if not text.isdigit() or int(text) == 0:
+        raise ValueError(text)
+    return int(text)
+
+
+positive_int.__name__ = "a positive integer"
+
+
+def port_or_auto(text):
+    if text != "auto" and not (text.isdigit() and 0 < int(text) < 65536):
+        raise ValueError(text)
+    return text
+
+
+port_or_auto.__name__ = "a port or auto"

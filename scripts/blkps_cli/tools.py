@@ -1,0 +1,40 @@
+"""Where the programs the command runs are: in the build tree of this
+checkout (build/cmake) when it has them, else installed (PATH, tgt's plugin
+folder)."""
+
+import os
+import shutil
+
+from .errors import UserError
+
+SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOP = os.path.dirname(SCRIPTS)
+BUILD = os.path.join(TOP, "build", "cmake")
+PYTHON_PACKAGE = os.path.join(TOP, "learner", "python")  # the learner's `blkps` package
+
+# The built programs: name -> path in the build tree.
+_BUILT = {
+    "blkps-layout": "learner/tools/blkps-layout",
+    "blkps-bsopts": "target-plugin/blkps-bsopts",
+    "blkps-mount": "learner/mount/blkps-mount",
+    "blkps-train-digits": "learner/examples/blkps-train-digits",
+    "bs_blkps.so": "target-plugin/bs_blkps.so",
+    "libblkps.so": "learner/libblkps.so",
+}
+
+
+def built(name):
+    """The path of a program blkps builds, or raises a UserError that says
+    how to build it."""
+    path = os.path.join(BUILD, _BUILT[name])
+    if os.path.exists(path):
+        return path
+    found = shutil.which(name)
+    if found:
+        return found
+    raise UserError(name, "not found in build/cmake nor on PATH", "build first: sudo scripts/build.sh")
+
+
+def script(name):
+    """A script shipped beside this command (scripts/NAME)."""
+    return os.path.join(SCRIPTS, name)

@@ -1,0 +1,63 @@
+// blkps-bsopts: asks the plugin's own --bsopts parser (ParseLuOptions) about
+// an option string, so that tools never parse --bsopts again.
+//
+//   blkps-bsopts 'params=1000;lr=0.1'
+//
+// On success prints one JSON object on stdout and exits 0:
+//   {"control": false, "params": 1000, "block_bytes": 1048576,
+//    "options": [["params", "1000"], ["lr", "0.1"]]}
+// `options` are the pairs as given (SplitLuOptions), for a tool that rewrites
+// some of them (blkps shards gives each shard its part). On failure prints
+// "blkps: --bsopts: <reason>" on stderr, one line, and exits 1.
+
+#include <cstdio>
+#include <string>
+
+#include "lu_options.h"
+
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::fprintf(argc == 2 ? stdout : stderr,
+                 "usage: blkps-bsopts OPTIONS\n"
+                 "Checks a --bsopts string with the blkps plugin's parser; prints it as JSON.\n");
+    return argc == 2 ? 0 : 2;
+  }
+  const std::string bsopts = argv[1];
+  blkps::LuOptions options;
+  blkps::LuOptionPairs pairs;
+  blkps::Status s = blkps::ParseLuOptions(bsopts, &options);
+  if (s.ok()) s = blkps::SplitLuOptions(bsopts, &pairs);
+  if (!s.ok()) {
+    std::fprintf(stderr, "blkps: --bsopts: %s\n", s.message().c_str());
+    return 1;
+  }
+  std::string out = "{\"control\": " + std::string(options.control ? "true" : "false") +
+                    ", \"params\": " + std::to_string(options.job.model.num_params) +
+                    ", \"block_bytes\": " + std::to_string(options.job.model.block_bytes) + ", \"options\": [";
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    out += (i ? ", [" : "[") + JsonString(pairs[i].first) + ", " + JsonString(pairs[i].second) + "]";
+  }
+  std::printf("%s]}\n", out.c_str());
+  return 0;
+}

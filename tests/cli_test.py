@@ -1,0 +1,289 @@
+#!/usr/bin/python3
+"""The `blkps` command as a user meets it: one-line errors that say what
+happened first, labelled output, and the trips a new user reported (issue
+11, item 5), each kept fixed here.
+
+Usage: cli_test.py <repo> <build dir> <case>
+Cases without a server (ctest label unit): unknown-command, help, bsopts,
+demo-options, progress-lines, device-larger-warning, layout, mount-point-missing. Cases that start their
+own tgtd (label integration): start-labels-urls, set-shows-reason,
+model-too-large, owner-pid-watchdog.
+"""
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
+BLKPS = os.path.join(top, "scripts", "blkps")
+PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
+PYTHON = "/usr/bin/python3"
+os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
+
+
+def fail(message):
+    sys.exit(f"cli_test {case}: FAIL: {message}")
+
+
+def blkps(*args, **kwargs):
+    """Runs `blkps ARGS`: (exit status, stdout, stderr)."""
+    out = subprocess.run([BLKPS, *args], capture_output=True, text=True, **kwargs)
+    return out.returncode, out.stdout, out.stderr
+
+
+def expect_one_line_error(args, starts, status=None):
+    """`blkps ARGS` must fail with exactly one stderr line starting `starts`."""
+    rc, _, err = blkps(*args)
+    lines = err.splitlines()
+    if rc == 0:
+        fail(f"blkps {' '.join(args)} succeeded")
+    if status is not None and rc != status:
+        fail(f"blkps {' '.join(args)}: exit {rc}, expected {status}")
+    if len(lines) != 1 or not lines[0].startswith(starts):
+        fail(f"blkps {' '.join(args)}: expected one line starting {starts!r}, got {err!r}")
+    return lines[0]
+
+
+def running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def target_dir():
+    return tempfile.mkdtemp(prefix="blkps-cli-test-")
+
+
+class Target:
+    """A target started by `blkps target start` for one case, stopped at exit."""
+
+    def __init__(self, bsopts, *extra):
+        self.dir = target_dir()
+        self.rc, self.out, self.err = blkps("target", "start", "--dir", self.dir, "--plugin", PLUGIN,
+                                            "--owner-pid", str(os.getpid()), "--bsopts", bsopts, *extra)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        blkps("target", "stop", "--dir", self.dir)
+        subprocess.run(["rm", "-rf", self.dir])
+
+
+# --- no server ---------------------------------------------------------------
+
+def test_unknown_command():
+    # A misspelt subcommand is named as such before any option is checked
+    # (it once said "no such folder" for the --dir it lacked).
+    line = expect_one_line_error(["target", "stat"], "blkps: target: unknown command 'stat'", 2)
+    if "start, stop, show" not in line or "watch" in line:
+        fail(f"the line should list start, stop, show (and not the watchdog): {line}")
+    expect_one_line_error(["bogus"], "blkps: unknown command 'bogus'", 2)
+    expect_one_line_error(["target", "start", "--bsopts", "params=1"], "blkps: target start: the following "
+                          "arguments are required: --dir", 2)
+
+
+def test_help():
+    for args in (["--help"], ["target", "--help"], ["target", "start", "--help"], ["target", "stop", "--help"],
+                 ["target", "show", "--help"], ["shards", "start", "--help"], ["shards", "stop", "--help"],
+                 ["status", "--help"], ["set", "--help"], ["demo", "--help"], ["login", "--help"],
+                 ["logout", "--help"], ["node-status", "--help"], ["layout", "--help"], ["mount", "--help"]):
+        rc, out, err = blkps(*args)
+        # login, logout, node-status, layout and mount show their program's own text.
+        if rc != 0 or not re.search(r"usage|blkps-login", out, re.I):
+            fail(f"blkps {' '.join(args)}: exit {rc}, no help on stdout: {out[:200]!r} {err[:200]!r}")
+
+
+def test_bsopts():
+    # tgtadm cuts --bsopts at ',': lr would be silently dropped. Refused with
+    # one line, the reason first, before any tgtd starts.
+    folder = target_dir()
+    try:
+        line = expect_one_line_error(["target", "start", "--dir", folder, "--plugin", PLUGIN,
+                                      "--bsopts", "params=1000,lr=0.1"], "blkps: --bsopts: ',' is not an option "
+                                     "separator")
+        if line.count("params=1000,lr=0.1") != 0:
+            fail(f"the line repeats the option string: {line}")
+        line = expect_one_line_error(["target", "start", "--dir", folder, "--plugin", PLUGIN,
+                                      "--bsopts", "params=10;lr=x"], "blkps: --bsopts: lr: expected a finite number")
+        if os.path.exists(os.path.join(folder, "tgtd.pid")):
+            fail("a tgtd was started for refused --bsopts")
+        expect_one_line_error(["shards", "start", "--dir", folder, "--shards", "2", "--stripe-unit", "4096",
+                               "--bsopts", "params=1000,lr=0.1"], "blkps: --bsopts: ',' is not")
+    finally:
+        subprocess.run(["rm", "-rf", folder])
+
+
+def test_demo_options():
+    # Checked before anything is built or started.
+    expect_one_line_error(["demo", "--epochs", "-1"], "blkps: demo: argument --epochs: invalid", 2)
+    expect_one_line_error(["demo", "--epochs"], "blkps: demo: argument --epochs: expected one argument", 2)
+    expect_one_line_error(["demo", "--learners", "0"], "blkps: demo: argument --learners: invalid", 2)
+    learner = subprocess.run([PYTHON, os.path.join(top, "learner", "examples", "train_digits.py"),
+                              "--epochs", "-1", "--target", "/dev/null"], capture_output=True, text=True)
+    if learner.returncode == 0 or "--epochs" not in learner.stderr:
+        fail(f"train_digits.py --epochs -1: exit {learner.returncode}, {learner.stderr!r}")
+
+
+def test_progress_lines():
+    # Two learners share the demo's stdout: each progress line must reach it
+    # in one write, or lines run together.
+    sys.path.insert(0, os.path.join(top, "learner", "examples"))
+    import digits_mlp
+
+    class Recorder(io.StringIO):
+        writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return len(text)
+
+    meter = digits_mlp.EpochMeter(3)
+    meter.timed_pull(lambda: None, 100)
+    meter.timed_push(lambda: None, 100)
+    meter.add_batch(0.5, 3, 4)
+    real, sys.stdout = sys.stdout, Recorder()
+    try:
+        meter.end_epoch()
+    finally:
+        recorder, sys.stdout = sys.stdout, real
+    if len(recorder.writes) != 1 or not re.match(r"learner 3: epoch +1 .*\n$", recorder.writes[0]):
+        fail(f"the progress line took {len(recorder.writes)} writes: {recorder.writes!r}")
+
+
+def test_device_larger_warning():
+    # README's sharding recipe once served 10M parameters to a 9,610-parameter
+    # learner, which trained to 0.49 without a word.
+    with tempfile.NamedTemporaryFile(suffix=".f32") as device:
+        device.truncate(40_000_000)
+        out = subprocess.run([PYTHON, os.path.join(top, "learner", "examples", "train_digits.py"),
+                              "--target", device.name, "--epochs", "1"], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"train_digits.py on a file failed: {out.stderr}")
+    if "warning: the device holds 10000000 parameters but this model uses 9610" not in out.stderr:
+        fail(f"no warning about the unused parameters: {out.stderr!r}")
+
+
+def test_mount_point_missing():
+    # README's "Any language" recipe once lacked the mkdir; the error says it.
+    missing = os.path.join(tempfile.gettempdir(), "blkps-cli-test-no-such-folder")
+    line = expect_one_line_error(["mount", missing, "m=/dev/null"], f"blkps-mount: {missing}: ")
+    if f"mkdir -p {missing}" not in line:
+        fail(f"the line does not say how to make the mount point: {line}")
+
+
+def test_layout():
+    # blkps layout is StripeMap as a command: shard sizes, and split puts
+    # stripe unit k of a file on shard k mod S at (k div S) * unit.
+    rc, out, err = blkps("layout", "sizes", "--stripe-unit", "1M", "--shards", "2", "--params", "1000000")
+    if rc != 0 or out.split() != ["2097152", "1902848"]:
+        fail(f"sizes: exit {rc}, {out!r} {err!r}")
+    expect_one_line_error(["layout", "sizes", "--stripe-unit", "1M", "--shards", "5", "--params", "1000000"],
+                          "blkps: layout sizes: a model of 1000000 parameters has only 4 stripe unit(s)")
+    with tempfile.TemporaryDirectory() as d:
+        params, unit, shards = 10_000, 4096, 3
+        model = bytes(range(256)) * (4 * params // 256) + bytes(4 * params % 256)
+        with open(os.path.join(d, "model.f32"), "wb") as f:
+            f.write(model)
+        outs = [os.path.join(d, f"shard-{k}") for k in range(shards)]
+        rc, _, err = blkps("layout", "split", "--stripe-unit", str(unit), "--shards", str(shards), "--params",
+                           str(params), os.path.join(d, "model.f32"), *outs)
+        if rc != 0:
+            fail(f"split: {err}")
+        parts = [open(o, "rb").read() for o in outs]
+        for k in range((len(model) + unit - 1) // unit):
+            at = k // shards * unit
+            if parts[k % shards][at:at + unit] != model[k * unit:(k + 1) * unit]:
+                fail(f"split: stripe unit {k} is not at shard {k % shards} byte {at}")
+        if sum(map(len, parts)) != len(model):
+            fail(f"split wrote {sum(map(len, parts))} bytes of a {len(model)}-byte model")
+
+
+# --- against a real tgtd -------------------------------------------------------
+
+def test_start_labels_urls():
+    with Target("params=1000;lr=0.1", "--luns", "2") as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        lines = t.out.splitlines()
+        labels = [line.split(": ", 1)[0] for line in lines]
+        if labels != ["learner 1", "learner 2", "control"]:
+            fail(f"start printed {lines}")
+        if not all(re.match(r"iscsi://127\.0\.0\.1:\d+/iqn\.2026-11\.io\.blkps:model/\d$", line.split(": ", 1)[1])
+                   for line in lines):
+            fail(f"not URLs: {lines}")
+        _, shown, _ = blkps("target", "show", "--dir", t.dir, "--get", "URL", "--get", "CONTROL_URL")
+        if shown.split() != [lines[0].split(": ", 1)[1], lines[2].split(": ", 1)[1]]:
+            fail(f"show --get gives {shown.split()}, start printed {lines}")
+
+
+def test_set_shows_reason():
+    # The writer of a refused control command sees only a SCSI error; the
+    # command shows the server's reason instead.
+    with Target("params=1000;lr=0.1") as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        line = expect_one_line_error(["set", "--dir", t.dir, "foo=1"], "blkps: set: the server refused 'foo=1': ")
+        if "no parameter 'foo'" not in line:
+            fail(f"the server's reason is missing: {line}")
+        rc, out, _ = blkps("status", "--dir", t.dir)
+        if "last control write refused: control: foo" not in out:
+            fail(f"status does not show the refused write: {out}")
+        rc, out, err = blkps("set", "--dir", t.dir, "lr=0.5")
+        if rc != 0 or "lr=0.5" not in out:
+            fail(f"a good set after a refused one: {rc} {out} {err}")
+
+
+def test_model_too_large():
+    # README quotes the line a user sees for a model larger than memory.
+    with Target("params=100000000000;rule=adam") as t:
+        lines = t.err.splitlines()
+        if t.rc == 0 or len(lines) != 1:
+            fail(f"expected one line, got exit {t.rc}: {t.err}")
+        shape = re.sub(r"\d+ MiB", "N MiB", lines[0])
+        want = ("blkps: target start: params: a model of 100000000000 parameters with rule adam needs N MiB but "
+                "only N MiB of memory is available; use fewer parameters or shard the model")
+        if shape != want:
+            fail(f"got {lines[0]!r}, expected the shape {want!r}")
+        with open(os.path.join(top, "README.md")) as f:
+            documented = re.sub(r"\d+ MiB", "N MiB", f.read().replace("\n", " "))
+        if want not in documented:
+            fail("README does not quote this line")
+        if os.path.exists(os.path.join(t.dir, "tgtd.pid")):
+            fail("a tgtd was left running")
+
+
+def test_owner_pid_watchdog():
+    # When the --owner-pid process exits (here: SIGKILL), the target stops.
+    owner = subprocess.Popen(["sleep", "600"])
+    folder = target_dir()
+    try:
+        rc, _, err = blkps("target", "start", "--dir", folder, "--plugin", PLUGIN, "--owner-pid", str(owner.pid),
+                           "--bsopts", "params=1000")
+        if rc != 0:
+            fail(f"start failed: {err}")
+        with open(os.path.join(folder, "tgtd.pid")) as f:
+            tgtd = int(f.read())
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
+        while os.path.exists(os.path.join(folder, "tgtd.pid")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if os.path.exists(os.path.join(folder, "tgtd.pid")) or running(tgtd):
+            fail("the target still runs after its owner died")
+    finally:
+        blkps("target", "stop", "--dir", folder)
+        subprocess.run(["rm", "-rf", folder])
+
+
+test = globals().get("test_" + case.replace("-", "_"))
+if not test:
+    fail("unknown case")
+test()
+print(f"cli_test {case}: ok")
