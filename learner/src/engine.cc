@@ -102,7 +102,9 @@ bool JsonCount(const char* json, const char* key, uint64_t* value) {
 
 }  // namespace
 
-class Engine::Impl {
+// Hidden: a nested class of an exported class would otherwise be exported
+// with it, and Impl is no part of libblkps's interface.
+class __attribute__((visibility("hidden"))) Engine::Impl {
  public:
   ~Impl();
 

@@ -32,6 +32,8 @@
 #include <memory>
 #include <string>
 
+#include "blkps/export.h"
+
 namespace blkps {
 
 class Device;
@@ -49,7 +51,7 @@ struct OpenOptions {
   std::string initiator_name;
 };
 
-class Model {
+class BLKPS_EXPORT Model {
  public:
   // Opens `target`: a path (regular file or block device),
   // iscsi://host[:port]/<target-iqn>/<lun>, or iser://... of the same shape.
