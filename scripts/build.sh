@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Sets up the machine (scripts/setup.sh) and builds blkps into build/cmake.
-# Usage: scripts/build.sh   (as root; quick when nothing changed)
+# Sets up the machine (scripts/setup.sh) and builds blkps into build/cmake;
+# then shows the compiler warnings of what it compiled (errors too, if it
+# failed).
+# Usage: scripts/build.sh [cmake options, e.g. -DBLKPS_WERROR=ON]
+#   (as root; quick when nothing changed; options stay in build/cmake's cache)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/setup.sh" --quiet
 log="$top/build/build.log"
 echo "build: compiling into build/cmake (log: build/build.log)"
-if ! { cmake -S "$top" -B "$top/build/cmake" -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-       cmake --build "$top/build/cmake" -j "$(nproc)"; } > "$log" 2>&1; then
+status=0
+{ cmake -S "$top" -B "$top/build/cmake" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+  cmake --build "$top/build/cmake" -j "$(nproc)"; } > "$log" 2>&1 || status=$?
+warnings=$(grep -E ': warning: ' "$log" | sort -u || true)
+if [ -n "$warnings" ]; then
+  echo "build: $(wc -l <<<"$warnings") compiler warning(s):" >&2
+  head -n 20 <<<"$warnings" >&2
+fi
+if [ "$status" != 0 ]; then
   grep -E "error|Error" "$log" | head -n 20 >&2 || tail -n 20 "$log" >&2
   echo "build: failed; full log in $log" >&2
   exit 1
