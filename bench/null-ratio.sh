@@ -43,7 +43,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 printf '%-6s %6s %4s %12s %12s %7s\n' op bs qd "blkps MB/s" "null MB/s" ratio
 for op in write read; do
-  b=$(echo ${runs[blkps.$op]} | tr ' ' '\n' | median)
-  n=$(echo ${runs[null.$op]} | tr ' ' '\n' | median)
+  b=$(echo "${runs[blkps.$op]}" | tr ' ' '\n' | median)
+  n=$(echo "${runs[null.$op]}" | tr ' ' '\n' | median)
   printf '%-6s %6s %4s %12.0f %12.0f %7.2f\n' "$op" "$bs" "$qd" "$b" "$n" "$(echo "$b $n" | awk '{print $1/$2}')"
 done
