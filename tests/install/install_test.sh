@@ -6,7 +6,7 @@
 #     public API; a C program copied out of the tree builds with pkg-config
 #     and with find_package(blkps), and both copies push and pull a model on
 #     a target that runs the staged plugin; `import blkps` from the staged
-#     prefix opens that model too.
+#     prefix opens that model too, and the staged `blkps status` reads it.
 #   install_test.sh <repo> <build dir> debs
 #     cpack builds the learner-node and server .debs, with their files and
 #     Debian dependencies.
@@ -67,7 +67,9 @@ staged() {
   # Each push of g (from zero weights, lr=1) is checked to give w = -g; the
   # Python step below pushes -g back to zero between the two programs.
   LD_LIBRARY_PATH=$libdir "$tmp/open_model-pc" "$url" "$params"
-  (cd "$tmp" && PYTHONPATH=$(find "$prefix" -type d -name dist-packages) LD_LIBRARY_PATH=$libdir \
+  local pythonpath
+  pythonpath=$(find "$prefix" -type d -name dist-packages)
+  (cd "$tmp" && PYTHONPATH=$pythonpath LD_LIBRARY_PATH=$libdir \
     /usr/bin/python3 - "$url" "$params" "$prefix" <<'EOF'
 import sys
 import numpy as np
@@ -86,6 +88,14 @@ with blkps.Model(url) as model:
 EOF
   )
   LD_LIBRARY_PATH=$libdir "$tmp/src/build/open_model" "$url" "$params"
+
+  # The installed command reads the job's status through the installed
+  # Python package and library.
+  local control status
+  control=$(sed -n 's/^CONTROL_URL=//p' "$tmp/state/target.env")
+  status=$(cd "$tmp" && PYTHONPATH=$pythonpath LD_LIBRARY_PATH=$libdir \
+    "$prefix/bin/blkps" status --control "$control" --json)
+  expect_line "staged blkps status" "$status" '"params": '"$params"
 }
 
 debs() {
