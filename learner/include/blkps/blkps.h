@@ -76,20 +76,21 @@ BLKPS_EXPORT uint32_t blkps_logical_block_size(const blkps_model *m);
  * device fails with -ERANGE and transfers nothing.
  * Returns 0 or a negative errno (message in blkps_last_error). After an I/O
  * error, which parts of the range reached the server is unspecified. */
-BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param, const float *grad,
-                            uint64_t count);
+BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param,
+                            const float *grad, uint64_t count);
 
 /* Current weights for parameters [first_param, first_param+count) into
  * `weights`. Same range rules as blkps_push. */
-BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param, float *weights,
-                            uint64_t count);
+BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param,
+                            float *weights, uint64_t count);
 
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else
  * -ERANGE). */
-BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset, const void *buf,
-                                   uint64_t len);
-BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
+BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset,
+                                   const void *buf, uint64_t len);
+BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf,
+                                  uint64_t len);
 
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */
@@ -154,8 +155,10 @@ typedef struct blkps_engine_metrics {
 /* Opens an engine on `target` (as blkps_open) and pulls the first weights.
  * opts NULL = defaults. Returns 0 and stores the engine in *out, or a
  * negative errno with a one-line message in errbuf (if non-NULL). */
-BLKPS_EXPORT int blkps_engine_open(const char *target, const blkps_engine_options *opts,
-                                   blkps_engine **out, char *errbuf, size_t errlen);
+BLKPS_EXPORT int blkps_engine_open(const char *target,
+                                   const blkps_engine_options *opts,
+                                   blkps_engine **out, char *errbuf,
+                                   size_t errlen);
 
 /* Parameters served: the length of the weights and gradient buffers. */
 BLKPS_EXPORT uint64_t blkps_engine_param_count(const blkps_engine *e);
