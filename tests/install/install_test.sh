@@ -68,7 +68,7 @@ staged() {
   # Python step below pushes -g back to zero between the two programs.
   LD_LIBRARY_PATH=$libdir "$tmp/open_model-pc" "$url" "$params"
   local pythonpath
-  pythonpath=$(find "$prefix" -type d -name dist-packages)
+  pythonpath=$(find "$prefix" -type d -name dist-packages | head -n 1)
   (cd "$tmp" && PYTHONPATH=$pythonpath LD_LIBRARY_PATH=$libdir \
     /usr/bin/python3 - "$url" "$params" "$prefix" <<'EOF'
 import sys
@@ -119,7 +119,8 @@ debs() {
   expect_line "blkps .deb" "$files" '/pkgconfig/blkps\.pc$'
   expect_line "blkps .deb" "$files" '/cmake/blkps/blkpsConfig\.cmake$'
   expect_line "blkps .deb" "$files" '/usr/lib/python3/dist-packages/blkps/__init__\.py$'
-  expect_line "blkps .deb" "$files" '/usr/bin/blkps$'
+  expect_line "blkps .deb" "$files" '/usr/bin/blkps -> \.\./lib/blkps/blkps$'
+  expect_line "blkps .deb" "$files" '/usr/lib/blkps/blkps$'
   expect_line "blkps .deb" "$files" '/usr/bin/blkps-mount$'
 
   info=$(dpkg-deb -I "$server")
