@@ -3,9 +3,8 @@
 # Usage: scripts/format.sh            rewrite the files in place
 #        scripts/format.sh --check    change nothing; list the files that
 #                                     would change and exit 1 if any would
-# Files: every *.c, *.cc, *.h, *.hpp of the tree (git's list when it is a
-# checkout, else outside build/), except target-plugin/bs_blkps.c, which
-# follows tgt's style.
+# Files: every *.c, *.cc, *.h, *.hpp of the tree (scripts/tree-files.sh),
+# except target-plugin/bs_blkps.c, which follows tgt's style.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 check=0
@@ -17,8 +16,7 @@ esac
 command -v clang-format >/dev/null || { echo "format: clang-format not found; apt-get install clang-format" >&2; exit 1; }
 
 cd "$top"
-listing=$(git ls-files --cached --others --exclude-standard 2>/dev/null || true)
-[ -n "$listing" ] || listing=$(find . -path ./build -prune -o -type f -print | sed 's|^\./||')
+listing=$("$top/scripts/tree-files.sh")
 files=()
 while IFS= read -r f; do
   case "$f" in

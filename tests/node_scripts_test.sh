@@ -79,13 +79,10 @@ mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
 
 test_shellcheck() {
   local f files=()
-  # Every shell file of the tree: *.sh, and any file whose #! names sh or
-  # bash (scripts/blkps-login, .ci/run, ...). From git when the tree is a
-  # checkout (tracked or new, not ignored), else every file outside build/.
+  # Every shell file of the tree (scripts/tree-files.sh): *.sh, and any file
+  # whose #! names sh or bash (scripts/blkps-login, .ci/run, ...).
   local listing
-  listing=$(git -C "$top" ls-files --cached --others --exclude-standard 2>/dev/null || true)
-  [ -n "$listing" ] ||
-    listing=$(cd "$top" && find . -path ./build -prune -o -type f -print | sed 's|^\./||')
+  listing=$("$top/scripts/tree-files.sh")
   while IFS= read -r f; do
     [ -f "$top/$f" ] || continue
     case "$f" in
