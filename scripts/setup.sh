@@ -30,6 +30,7 @@ packages=(
   python3 python3-numpy python3-sklearn
   dpkg-dev iproute2 procps shellcheck
   file                      # cpack: finds the ELF files dpkg-shlibdeps reads
+  help2man                  # man pages from the commands' --help
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
 )
 bench_packages=(

@@ -122,6 +122,8 @@ debs() {
   expect_line "blkps .deb" "$files" '/usr/bin/blkps -> \.\./lib/blkps/blkps$'
   expect_line "blkps .deb" "$files" '/usr/lib/blkps/blkps$'
   expect_line "blkps .deb" "$files" '/usr/bin/blkps-mount$'
+  expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps\.1$'
+  expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps-mount\.1$'
 
   info=$(dpkg-deb -I "$server")
   expect_line "blkps-server .deb" "$info" '^ Depends: .*tgt \(>= '
