@@ -69,15 +69,20 @@ staged() {
   LD_LIBRARY_PATH=$libdir "$tmp/open_model-pc" "$url" "$params"
   local pythonpath
   pythonpath=$(find "$prefix" -type d -name dist-packages | head -n 1)
-  (cd "$tmp" && PYTHONPATH=$pythonpath LD_LIBRARY_PATH=$libdir \
+  (cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
     /usr/bin/python3 - "$url" "$params" "$prefix" <<'EOF'
+import os
 import sys
 import numpy as np
 import blkps
-url, n, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+url, n, prefix = sys.argv[1], int(sys.argv[2]), os.path.realpath(sys.argv[3])
 if not blkps.__file__.startswith(prefix):
     sys.exit(f"install_test: imported {blkps.__file__}, not the staged package")
 with blkps.Model(url) as model:
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split()[-1] for line in maps if "libblkps" in line}
+    if not loaded or not all(path.startswith(prefix) for path in loaded):
+        sys.exit(f"install_test: Python loaded {loaded}, not the staged libblkps")
     g = (np.arange(n) % 5 + 1).astype(np.float32)
     w = model.pull(0, n)
     if not np.array_equal(w, -g):
@@ -93,7 +98,7 @@ EOF
   # Python package and library.
   local control status
   control=$(sed -n 's/^CONTROL_URL=//p' "$tmp/state/target.env")
-  status=$(cd "$tmp" && PYTHONPATH=$pythonpath LD_LIBRARY_PATH=$libdir \
+  status=$(cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
     "$prefix/bin/blkps" status --control "$control" --json)
   expect_line "staged blkps status" "$status" '"params": '"$params"
 }
