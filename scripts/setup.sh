@@ -31,6 +31,9 @@ packages=(
   fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
   dpkg-dev iproute2 procps shellcheck
+  file                      # cpack: finds the ELF files dpkg-shlibdeps reads
+  help2man                  # man pages from the commands' --help
+  clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
 )
 bench_packages=(
   python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3

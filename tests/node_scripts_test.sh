@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The learner-node scripts, checked without a kernel initiator: shellcheck of
-# every shell script in scripts/, and scripts/blkps-login --dry-run printing
+# every shell file in the tree, and scripts/blkps-login --dry-run printing
 # exactly the commands a node would run (login over tcp and iser, a 2-shard
 # layout assembled with dm and with md, logout), plus its one-line errors.
 # Usage: node_scripts_test.sh <repo> [case]   (no case: every case)
@@ -79,14 +79,19 @@ mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
 
 test_shellcheck() {
   local f files=()
-  for f in "$top"/scripts/*.sh "$top"/scripts/blkps-login "$top"/scripts/blkps-target \
-           "$top"/scripts/blkps "$top"/scripts/blkps-shards "$top"/tests/node_scripts_test.sh \
-           "$top"/learner/examples/read_weights.sh; do
-    [ -f "$f" ] || continue
-    # scripts/blkps may be another language; check shell scripts only.
-    head -n 1 "$f" | grep -qE '^#!.*\b(ba)?sh\b' || continue
-    files+=("$f")
-  done
+  # Every shell file of the tree (scripts/tree-files.sh): *.sh, and any file
+  # whose #! names sh or bash (scripts/blkps-login, .ci/run, ...).
+  local listing
+  listing=$("$top/scripts/tree-files.sh")
+  while IFS= read -r f; do
+    [ -f "$top/$f" ] || continue
+    case "$f" in
+      *.sh) ;;
+      *) head -n 1 "$top/$f" | grep -qE '^#!.*\b(ba|da)?sh\b' || continue ;;
+    esac
+    files+=("$top/$f")
+  done <<<"$listing"
+  [ "${#files[@]}" -gt 10 ] || fail "shellcheck: found only ${#files[@]} shell files"
   for f in "${files[@]}"; do
     shellcheck "$f" >&2 || fail "shellcheck found issues in ${f#"$top"/}"
   done

@@ -90,7 +90,9 @@ FloatBuffer AllocateFloats(uint64_t count) {
 
 }  // namespace
 
-class Engine::Impl {
+// Hidden: a nested class of an exported class would otherwise be exported
+// with it, and Impl is no part of libblkps's interface.
+class __attribute__((visibility("hidden"))) Engine::Impl {
  public:
   ~Impl();
 

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "blkps/control_lun.h"
+#include "blkps/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,15 +60,15 @@ typedef struct blkps_open_options {
  * one-line message to errbuf (if non-NULL; truncated to errlen bytes with a
  * terminating NUL). A regular file's size is rounded down to whole 512-byte
  * blocks. */
-int blkps_open(const char *target, const blkps_open_options *opts,
-               blkps_model **out, char *errbuf, size_t errlen);
+BLKPS_EXPORT int blkps_open(const char *target, const blkps_open_options *opts,
+                            blkps_model **out, char *errbuf, size_t errlen);
 
 /* Closes the handle (logs out of the iSCSI session). NULL is ignored. */
-void blkps_close(blkps_model *m);
+BLKPS_EXPORT void blkps_close(blkps_model *m);
 
 /* Device size in bytes: a multiple of the logical block size. */
-uint64_t blkps_size_bytes(const blkps_model *m);
-uint32_t blkps_logical_block_size(const blkps_model *m);
+BLKPS_EXPORT uint64_t blkps_size_bytes(const blkps_model *m);
+BLKPS_EXPORT uint32_t blkps_logical_block_size(const blkps_model *m);
 
 /* Gradients for parameters [first_param, first_param+count).
  * A range that does not start or end on a logical block boundary is padded
@@ -76,28 +77,29 @@ uint32_t blkps_logical_block_size(const blkps_model *m);
  * device fails with -ERANGE and transfers nothing.
  * Returns 0 or a negative errno (message in blkps_last_error). After an I/O
  * error, which parts of the range reached the server is unspecified. */
-int blkps_push(blkps_model *m, uint64_t first_param, const float *grad,
-               uint64_t count);
+BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param,
+                            const float *grad, uint64_t count);
 
 /* Current weights for parameters [first_param, first_param+count) into
  * `weights`. Same range rules as blkps_push. */
-int blkps_pull(blkps_model *m, uint64_t first_param, float *weights,
-               uint64_t count);
+BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param,
+                            float *weights, uint64_t count);
 
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else
  * -ERANGE). */
-int blkps_write_bytes(blkps_model *m, uint64_t offset, const void *buf,
-                      uint64_t len);
-int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
+BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset,
+                                   const void *buf, uint64_t len);
+BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf,
+                                  uint64_t len);
 
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */
-int blkps_sync(blkps_model *m);
+BLKPS_EXPORT int blkps_sync(blkps_model *m);
 
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
-const char *blkps_last_error(const blkps_model *m);
+BLKPS_EXPORT const char *blkps_last_error(const blkps_model *m);
 
 /* ---- The control LUN (layout and record in blkps/control_lun.h) -----------
  *
@@ -114,13 +116,13 @@ typedef struct blkps_control_layout {
   const char *status_checkpoint_keys;
   const char *status_learner_keys;
 } blkps_control_layout;
-void blkps_control_layout_get(blkps_control_layout *out);
+BLKPS_EXPORT void blkps_control_layout_get(blkps_control_layout *out);
 
 /* Reads the counters record from m, a control LUN. Returns 0, a failed
  * read's negative errno, or -EPROTO when m holds no record of this format
  * (not a control LUN, or a server of another version); message in
  * blkps_last_error. */
-int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
+BLKPS_EXPORT int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
 
 /* ---- Learner engine: double buffering and adaptive pulling ----------------
  *
@@ -161,7 +163,7 @@ typedef struct blkps_engine_options {
 /* Sets the defaults: zeros, double_buffering = 1, adaptive_pull = 1,
  * smoothing = 0.25. Use it before setting fields: a zeroed struct would
  * select the baseline without double buffering. */
-void blkps_engine_options_init(blkps_engine_options *opts);
+BLKPS_EXPORT void blkps_engine_options_init(blkps_engine_options *opts);
 
 typedef struct blkps_engine_metrics {
   uint64_t iteration;
@@ -177,39 +179,41 @@ typedef struct blkps_engine_metrics {
 /* Opens an engine on `target` (as blkps_open) and pulls the first weights.
  * opts NULL = defaults. Returns 0 and stores the engine in *out, or a
  * negative errno with a one-line message in errbuf (if non-NULL). */
-int blkps_engine_open(const char *target, const blkps_engine_options *opts,
-                      blkps_engine **out, char *errbuf, size_t errlen);
+BLKPS_EXPORT int blkps_engine_open(const char *target,
+                                   const blkps_engine_options *opts,
+                                   blkps_engine **out, char *errbuf,
+                                   size_t errlen);
 
 /* Parameters served: the length of the weights and gradient buffers. */
-uint64_t blkps_engine_param_count(const blkps_engine *e);
+BLKPS_EXPORT uint64_t blkps_engine_param_count(const blkps_engine *e);
 
 /* This iteration's weights (read only) and gradient buffer (to be filled);
  * both valid until the next blkps_engine_step(). */
-const float *blkps_engine_weights(const blkps_engine *e);
-float *blkps_engine_gradient(blkps_engine *e);
+BLKPS_EXPORT const float *blkps_engine_weights(const blkps_engine *e);
+BLKPS_EXPORT float *blkps_engine_gradient(blkps_engine *e);
 
 /* The gradient is complete: hand it over, wait for the next weights, swap.
  * Returns 0 or a negative errno. */
-int blkps_engine_step(blkps_engine *e);
+BLKPS_EXPORT int blkps_engine_step(blkps_engine *e);
 
 /* Pushes the current gradient, waits for every push, stops the threads.
  * Returns 0 or a negative errno. */
-int blkps_engine_finish(blkps_engine *e);
+BLKPS_EXPORT int blkps_engine_finish(blkps_engine *e);
 
 /* The metrics of the iteration the last successful step ended. */
-void blkps_engine_last_metrics(const blkps_engine *e,
-                               blkps_engine_metrics *out);
+BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e,
+                                            blkps_engine_metrics *out);
 
 /* Gradients that reached the server whole so far. */
-uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
+BLKPS_EXPORT uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
 
 /* Message of the last failure on e; "" if none. */
-const char *blkps_engine_last_error(const blkps_engine *e);
+BLKPS_EXPORT const char *blkps_engine_last_error(const blkps_engine *e);
 
 /* Stops the threads (gradients already handed to step are still pushed;
  * the current one is not: call blkps_engine_finish first) and frees the
  * engine. NULL is ignored. */
-void blkps_engine_close(blkps_engine *e);
+BLKPS_EXPORT void blkps_engine_close(blkps_engine *e);
 
 #ifdef __cplusplus
 }  /* extern "C" */

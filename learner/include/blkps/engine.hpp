@@ -56,6 +56,7 @@
 #include <memory>
 #include <string>
 
+#include "blkps/export.h"
 #include "blkps/model.hpp"
 
 namespace blkps {
@@ -114,7 +115,7 @@ struct IterationMetrics {
   bool concurrent = false;
 };
 
-class Engine {
+class BLKPS_EXPORT Engine {
  public:
   // Opens the model at `target` (a path, iscsi:// or iser:// URL, as
   // Model::Open) and control_target if set, allocates the buffers, pulls the

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "blkps/control_lun.h"
+#include "blkps/export.h"
 
 namespace blkps {
 
@@ -51,7 +52,7 @@ struct OpenOptions {
   std::string initiator_name;
 };
 
-class Model {
+class BLKPS_EXPORT Model {
  public:
   // Opens `target`: a path (regular file or block device),
   // iscsi://host[:port]/<target-iqn>/<lun>, or iser://... of the same shape.

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# What an installed blkps gives a user, checked from outside the tree.
+#
+#   install_test.sh <repo> <build dir> staged
+#     cmake --install into a staging prefix; libblkps.so exports only the
+#     public API; a C program copied out of the tree builds with pkg-config
+#     and with find_package(blkps), and both copies push and pull a model on
+#     a target that runs the staged plugin; `import blkps` from the staged
+#     prefix opens that model too, and the staged `blkps status` reads it.
+#   install_test.sh <repo> <build dir> debs
+#     cpack builds the learner-node and server .debs, with their files and
+#     Debian dependencies.
+#
+# Needs root (tgtd) for "staged". Every temporary file and the target go away
+# on exit, also on failure.
+set -euo pipefail
+top=$1 build=$2 part=$3
+here="$top/tests/install"
+fail() { echo "install_test: $*" >&2; exit 1; }
+
+tmp=$(mktemp -d /tmp/blkps-install-test.XXXXXX)
+cleanup() {
+  [ ! -f "$tmp/state/target.env" ] || "$top/scripts/blkps-target" stop --dir "$tmp/state" >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Asserts that `haystack` (a command's output) has a line matching `pattern`.
+expect_line() {
+  local what=$1 haystack=$2 pattern=$3
+  grep -qE -- "$pattern" <<<"$haystack" || fail "$what: no line matching '$pattern' in:"$'\n'"$haystack"
+}
+
+staged() {
+  local prefix="$tmp/stage/usr" params=3000
+  cmake --install "$build" --prefix "$prefix" >/dev/null
+  export PKG_CONFIG_PATH
+  PKG_CONFIG_PATH=$(dirname "$(find "$prefix" -name blkps.pc)")
+  local libdir
+  libdir=$(pkg-config --variable=libdir blkps)
+
+  # Of blkps's own functions and objects, only the C API and the classes of
+  # include/blkps/ leave libblkps.so (the standard library's templates
+  # instantiated on blkps types may: they are weak and self-contained).
+  local leaked
+  leaked=$(nm -DC --defined-only "$libdir/libblkps.so" |
+           grep -E '^[0-9a-f]+ [A-Za-z] blkps::' |
+           grep -vE ' blkps::(Model|Engine)::' || true)
+  [ -z "$leaked" ] || fail "libblkps.so exports internals:"$'\n'"$leaked"
+
+  # The program is built from a copy outside the tree, so that only the
+  # staged prefix can supply blkps.h and libblkps.
+  mkdir -p "$tmp/src"
+  cp "$here/open_model.c" "$here/CMakeLists.txt" "$tmp/src/"
+  # shellcheck disable=SC2046  # pkg-config's output is a list of words
+  cc -std=c11 -Wall -Wextra -Werror -o "$tmp/open_model-pc" "$tmp/src/open_model.c" \
+    $(pkg-config --cflags --libs blkps)
+  cmake -S "$tmp/src" -B "$tmp/src/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$tmp/src/build" >/dev/null
+
+  "$top/scripts/blkps-target" start --dir "$tmp/state" --owner-pid $$ \
+    --plugin "$prefix/lib/tgt/backing-store/bs_blkps.so" \
+    --bsopts "params=$params;rule=sgd;lr=1;mode=async" >/dev/null
+  local url
+  url=$(sed -n 's/^URL=//p' "$tmp/state/target.env")
+
+  # Each push of g (from zero weights, lr=1) is checked to give w = -g; the
+  # Python step below pushes -g back to zero between the two programs.
+  LD_LIBRARY_PATH=$libdir "$tmp/open_model-pc" "$url" "$params"
+  local pythonpath
+  pythonpath=$(find "$prefix" -type d -name dist-packages | head -n 1)
+  (cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
+    /usr/bin/python3 - "$url" "$params" "$prefix" <<'EOF'
+import os
+import sys
+import numpy as np
+import blkps
+url, n, prefix = sys.argv[1], int(sys.argv[2]), os.path.realpath(sys.argv[3])
+if not blkps.__file__.startswith(prefix):
+    sys.exit(f"install_test: imported {blkps.__file__}, not the staged package")
+with blkps.Model(url) as model:
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split()[-1] for line in maps if "libblkps" in line}
+    if not loaded or not all(path.startswith(prefix) for path in loaded):
+        sys.exit(f"install_test: Python loaded {loaded}, not the staged libblkps")
+    g = (np.arange(n) % 5 + 1).astype(np.float32)
+    w = model.pull(0, n)
+    if not np.array_equal(w, -g):
+        sys.exit("install_test: Python did not see the C program's push")
+    model.push(0, -g)
+    if np.any(model.pull(0, n)):
+        sys.exit("install_test: Python's push did not bring the weights back to zero")
+EOF
+  )
+  LD_LIBRARY_PATH=$libdir "$tmp/src/build/open_model" "$url" "$params"
+
+  # The installed command reads the job's status through the installed
+  # Python package and library.
+  local control status
+  control=$(sed -n 's/^CONTROL_URL=//p' "$tmp/state/target.env")
+  status=$(cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
+    "$prefix/bin/blkps" status --control "$control" --json)
+  expect_line "staged blkps status" "$status" '"params": '"$params"
+}
+
+debs() {
+  (cd "$build" && cpack -G DEB -B "$tmp/debs" >/dev/null)
+  local learner server
+  learner=$(find "$tmp/debs" -maxdepth 1 -name 'blkps_*.deb')
+  server=$(find "$tmp/debs" -maxdepth 1 -name 'blkps-server_*.deb')
+  if [ ! -f "$learner" ] || [ ! -f "$server" ]; then
+    fail "cpack made no blkps and blkps-server .debs: $(ls "$tmp/debs")"
+  fi
+
+  local info files
+  info=$(dpkg-deb -I "$learner")
+  expect_line "blkps .deb" "$info" '^ Depends: .*libiscsi7'
+  expect_line "blkps .deb" "$info" '^ Depends: .*libfuse3-3'
+  expect_line "blkps .deb" "$info" '^ Depends: .*python3-numpy'
+  expect_line "blkps .deb" "$info" '^ Depends: .*open-iscsi'
+  files=$(dpkg-deb -c "$learner")
+  expect_line "blkps .deb" "$files" '/usr/lib/.*libblkps\.so\.0 '
+  expect_line "blkps .deb" "$files" '/usr/include/blkps/blkps\.h$'
+  expect_line "blkps .deb" "$files" '/pkgconfig/blkps\.pc$'
+  expect_line "blkps .deb" "$files" '/cmake/blkps/blkpsConfig\.cmake$'
+  expect_line "blkps .deb" "$files" '/usr/lib/python3/dist-packages/blkps/__init__\.py$'
+  expect_line "blkps .deb" "$files" '/usr/bin/blkps -> \.\./lib/blkps/blkps$'
+  expect_line "blkps .deb" "$files" '/usr/lib/blkps/blkps$'
+  expect_line "blkps .deb" "$files" '/usr/bin/blkps-mount$'
+  expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps\.1$'
+  expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps-mount\.1$'
+
+  info=$(dpkg-deb -I "$server")
+  expect_line "blkps-server .deb" "$info" '^ Depends: .*tgt \(>= '
+  expect_line "blkps-server .deb" "$info" '^ Depends: .*blkps \(= '
+  expect_line "blkps-server .deb" "$info" '^ Depends: .*libopenblas0-serial'
+  files=$(dpkg-deb -c "$server")
+  expect_line "blkps-server .deb" "$files" '/usr/lib/tgt/backing-store/bs_blkps\.so$'
+  expect_line "blkps-server .deb" "$files" '/usr/bin/blkps-bsopts$'
+  if grep -qE '/usr/bin/blkps(-mount|-layout)?$|libblkps' <<<"$files"; then
+    fail "blkps-server .deb holds files of the blkps .deb:"$'\n'"$files"
+  fi
+}
+
+case "$part" in
+  staged) staged ;;
+  debs) debs ;;
+  *) fail "unknown part '$part' (staged, debs)" ;;
+esac
+echo "install_test: $part ok"
