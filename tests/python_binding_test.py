@@ -116,6 +116,9 @@ def test_engine_dropping(url, start):
                   f"step {t}: pushed + residual is not the sum of the gradients")
             check(np.count_nonzero(engine.residual) > PARAMS // 2, f"step {t}: nothing was dropped")
         check(not np.any(engine.residual), "finish() left a residual")
+        # Each step pushed one run of 16384 of 19; finish() pushed all.
+        check(engine.params_pushed == (ITERATIONS - 1) * 16384 + PARAMS,
+              f"{engine.params_pushed} parameters pushed")
     with blkps.Model(url) as model:
         check(np.array_equal(start - model.pull(0, PARAMS), given), "a dropped gradient was lost")
     with blkps.Engine(url, param_count=PARAMS) as engine:

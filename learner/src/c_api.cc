@@ -182,6 +182,10 @@ uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {
   return e->engine->gradients_pushed();
 }
 
+uint64_t blkps_engine_params_pushed(const blkps_engine* e) {
+  return e->engine->params_pushed();
+}
+
 const float* blkps_engine_residual(const blkps_engine* e) {
   return e->engine->residual();
 }

@@ -125,6 +125,7 @@ class Engine::Impl {
   IterationMetrics metrics_;
   std::string last_error_;
   std::atomic<uint64_t> pushed_{0};
+  std::atomic<uint64_t> params_pushed_{0};
   // Null unless options.drop_ratio > 0; used by whichever thread pushes.
   std::unique_ptr<GradientDropper> dropper_;
 
@@ -227,12 +228,14 @@ Status Engine::Impl::PushOn(Model& model, float* grad, bool flush,
   int rc = 0;
   if (dropper_ == nullptr) {
     rc = model.Push(first_, grad, count_);
+    if (rc == 0) params_pushed_ += count_;
   } else {
     const auto& runs =
         flush ? dropper_->SelectAll(grad) : dropper_->Select(grad);
     for (const GradientDropper::Range& run : runs) {
       rc = model.Push(first_ + run.first, grad + run.first, run.count);
       if (rc != 0) break;
+      params_pushed_ += run.count;
     }
   }
   const Clock::time_point end = Clock::now();
@@ -709,6 +712,7 @@ const IterationMetrics& Engine::last_metrics() const {
   return impl_->metrics_;
 }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
+uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
 const float* Engine::residual() const {
   return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr;
 }

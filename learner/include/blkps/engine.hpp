@@ -179,6 +179,9 @@ class Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
+  // Parameters sent to the server so far (the pushes' length: with
+  // dropping, only the runs pushed; padding to whole blocks not counted).
+  uint64_t params_pushed() const;
   // With drop_ratio > 0: count() floats, the gradient dropped and not yet
   // pushed; all zeros after a successful Finish(). Readable after Finish()
   // or a failure, and between Step()s with double_buffering = false (the

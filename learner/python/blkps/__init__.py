@@ -132,6 +132,8 @@ def _declare(lib):
     lib.blkps_engine_last_metrics.restype = None
     lib.blkps_engine_gradients_pushed.argtypes = [handle]
     lib.blkps_engine_gradients_pushed.restype = ctypes.c_uint64
+    lib.blkps_engine_params_pushed.argtypes = [handle]
+    lib.blkps_engine_params_pushed.restype = ctypes.c_uint64
     lib.blkps_engine_residual.argtypes = [handle]
     lib.blkps_engine_residual.restype = _FLOAT_P
     lib.blkps_engine_last_error.argtypes = [handle]
@@ -357,6 +359,12 @@ class Engine(_Handle):
         self._lib.blkps_engine_last_metrics(self._open_handle(), ctypes.byref(m))
         return {name: (bool(getattr(m, name)) if name == "concurrent" else getattr(m, name))
                 for name, _ in _EngineMetrics._fields_}
+
+    @property
+    def params_pushed(self):
+        """Parameters sent to the server so far (with dropping: the runs
+        pushed)."""
+        return self._lib.blkps_engine_params_pushed(self._open_handle())
 
     @property
     def residual(self):
