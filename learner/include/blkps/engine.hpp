@@ -157,7 +157,8 @@ class Engine {
   // This iteration's weights: valid, and unchanged, until Step() returns.
   const float* weights() const;
   // This iteration's gradient buffer, count() floats for the caller to fill
-  // before Step(); its contents at the start of an iteration are unspecified.
+  // before Step(); its contents at the start of an iteration are unspecified
+  // (with drop_ratio, the accumulated gradient of its last push).
   // Valid until Step() returns.
   float* gradient();
 
