@@ -581,7 +581,9 @@ TEST_P(EngineAgainstTarget, DroppedGradientIsDelayedNeverLostAsync) {
     }
     residual_seen = residual_seen || held > kParams / 2;
   }
-  if (!GetParam().double_buffering) EXPECT_TRUE(residual_seen) << "nothing was ever dropped";
+  if (!GetParam().double_buffering) {
+    EXPECT_TRUE(residual_seen) << "nothing was ever dropped";
+  }
   EXPECT_EQ(engine->gradients_pushed(), static_cast<uint64_t>(kIterations));
   const std::vector<float> server = ServerWeights(target, kParams);
   for (uint64_t i = 0; i < kParams; ++i) {
