@@ -601,6 +601,51 @@ TEST_P(EngineAgainstTarget, TwoLearnersDroppingGiveExactlyTheExpectedWeightsSsp)
   RunTwoLearners(GetParam(), "ssp:2", 0.75);
 }
 
+// The iteration (least clock over the blocks) of the model's first learner,
+// from the control LUN's status; -1 if it cannot be read.
+int64_t FirstLearnerIteration(const TargetProcess& target) {
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = InitiatorName("status");
+  auto control = blkps::Model::Open(target.control_url(), o, &error);
+  if (control == nullptr) return -1;
+  std::string json(BLKPS_CONTROL_STATUS_BYTES, '\0');
+  if (control->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, json.data(), json.size()) != 0) return -1;
+  const size_t learners = json.find("\"learners\"");
+  const std::string key = "\"iteration\": ";
+  const size_t at = json.find(key, learners == std::string::npos ? 0 : learners);
+  if (learners == std::string::npos || at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + key.size(), nullptr, 10);
+}
+
+// In ssp the engine drops per model block (read from the control LUN): with
+// 4 runs per block and 1 kept, every block gets one run per step, so after 8
+// steps every block's clock has ticked twice, even though block 0's
+// gradient is 100 times larger than the others' (a selection over the whole
+// model would push only block 0's runs, and the others' clocks would stay
+// at 0, holding ssp readers back).
+TEST(EngineAgainstTargetDropping, InSspEveryBlockGetsItsShareSoClocksTickTogether) {
+  constexpr uint64_t kParams = 4096;  // 4 blocks of 1024 = 4 runs of 256 each
+  TargetProcess target("params=4096;block=4K;rule=sum;mode=ssp:2", "--luns 1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options;
+  options.double_buffering = false;
+  options.open.initiator_name = InitiatorName("ssp-drop");
+  options.control_target = target.control_url();
+  options.drop_ratio = 0.75;
+  options.drop_run_params = 256;
+  std::string error;
+  auto engine = blkps::Engine::Open(target.url(1), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < 8; ++t) {
+    float* g = engine->gradient();
+    for (uint64_t i = 0; i < kParams; ++i) g[i] = i < 1024 ? 100 : 1;
+    ASSERT_EQ(engine->Step(), 0) << engine->last_error();
+  }
+  EXPECT_EQ(engine->params_pushed(), 8u * 4 * 256);
+  EXPECT_EQ(FirstLearnerIteration(target), 2);
+}
+
 TEST(EngineAgainstTargetDropping, DroppingIsRefusedInBspInOneLine) {
   TargetProcess target("params=4096;block=4K;rule=sum;mode=bsp", "--luns 1");
   ASSERT_TRUE(target.ok()) << target.start_output();
