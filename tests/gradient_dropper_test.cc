@@ -44,18 +44,25 @@ void ExpectNothingLost(const GradientDropper& dropper, const std::vector<double>
   }
 }
 
+// `steps` steps of random integer gradients through the dropper, checking
+// after each that nothing was lost.
+void PushRandomSteps(GradientDropper& dropper, std::mt19937& rng, int steps,
+                     std::vector<double>* server, std::vector<double>* given) {
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> g = RandomIntegers(rng, dropper.count());
+    for (uint64_t i = 0; i < dropper.count(); ++i) (*given)[i] += g[i];
+    PushInto(dropper, g, server);
+    ExpectNothingLost(dropper, *server, *given, step);
+  }
+}
+
 TEST(GradientDropper, PushedPlusResidualIsExactlyTheSumOfAllGradients) {
   // 1000 parameters in runs of 64 (the last run is 40), 99% dropped.
   constexpr uint64_t kCount = 1000;
   GradientDropper dropper(kCount, 64, 0, 0.99);
   std::mt19937 rng(11);
   std::vector<double> server(kCount), given(kCount);
-  for (int step = 0; step < 500; ++step) {
-    std::vector<float> g = RandomIntegers(rng, kCount);
-    for (uint64_t i = 0; i < kCount; ++i) given[i] += g[i];
-    PushInto(dropper, g, &server);
-    ExpectNothingLost(dropper, server, given, step);
-  }
+  PushRandomSteps(dropper, rng, 500, &server, &given);
 }
 
 TEST(GradientDropper, SelectAllPushesTheGradientWithTheWholeResidual) {
@@ -63,18 +70,13 @@ TEST(GradientDropper, SelectAllPushesTheGradientWithTheWholeResidual) {
   GradientDropper dropper(kCount, 32, 0, 0.9);
   std::mt19937 rng(17);
   std::vector<double> server(kCount), given(kCount);
-  for (int step = 0; step < 30; ++step) {
-    std::vector<float> g = RandomIntegers(rng, kCount);
-    for (uint64_t i = 0; i < kCount; ++i) given[i] += g[i];
-    if (step + 1 < 30) {
-      PushInto(dropper, g, &server);
-      continue;
-    }
-    const auto ranges = dropper.SelectAll(g.data());
-    ASSERT_EQ(ranges.size(), 1u);
-    ASSERT_EQ(ranges[0].count, kCount);
-    for (uint64_t i = 0; i < kCount; ++i) server[i] += g[i];
-  }
+  PushRandomSteps(dropper, rng, 29, &server, &given);
+  std::vector<float> g = RandomIntegers(rng, kCount);
+  for (uint64_t i = 0; i < kCount; ++i) given[i] += g[i];
+  const auto ranges = dropper.SelectAll(g.data());
+  ASSERT_EQ(ranges.size(), 1u);
+  ASSERT_EQ(ranges[0].count, kCount);
+  for (uint64_t i = 0; i < kCount; ++i) server[i] += g[i];
   for (uint64_t i = 0; i < kCount; ++i) {
     ASSERT_EQ(server[i], given[i]) << "parameter " << i;
     ASSERT_EQ(dropper.residual()[i], 0.0f) << "parameter " << i;
