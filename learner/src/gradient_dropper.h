@@ -16,9 +16,9 @@
 // (exactly, when the values are small integers), and each value of the
 // residual is pushed exactly once, with the run that carries it.
 //
-// Runs whose accumulated gradient holds a NaN or an infinity are always
-// selected: the server refuses them loudly instead of the residual hiding
-// them.
+// Runs whose accumulated gradient holds a NaN or an infinity (or whose
+// squared norm overflows a float) are always selected: the server refuses a
+// non-finite gradient loudly instead of the residual hiding it.
 //
 // Thread-safety: none; one thread calls Select() at a time (the engine's push
 // thread).

@@ -36,10 +36,10 @@
 //
 // Gradients: each gradient handed to Step() is pushed exactly once, in
 // order (with drop_ratio, the parts of it that are dropped are pushed later,
-// exactly once, added to a later gradient); the engine never drops one silently and never resends one (below
-// it, an iSCSI reconnect resends the commands in flight, see Model). When a
-// push or a pull fails, Step() (or Finish()) returns the error and the engine
-// is failed: every later Step()/Finish() returns that error again, nothing
+// exactly once, added to a later gradient); the engine never drops one
+// silently and never resends one (below it, an iSCSI reconnect resends the
+// commands in flight, see Model). When a push or a pull fails, Step() (or
+// Finish()) returns the error and the engine is failed: every later Step()/Finish() returns that error again, nothing
 // more is pushed, and gradients_pushed() says how many gradients reached the
 // server whole. The gradient whose push failed may be partly applied (the
 // device cannot say which requests of a failed transfer arrived); the
