@@ -6,7 +6,8 @@ time per iteration is the whole-model exchange with the parameter server.
 
   train_synthetic.py --print-params [--params N]    parameters actually served
   train_synthetic.py --target URL --learner K --learners L --iterations I
-                     [--params N] [--start-at T] [--engine [--drop-ratio R]]
+                     [--params N] [--start-at T]
+                     [--engine [--drop-ratio R] [--control URL]]
                      [--result FILE]
 
 Every iteration pulls all weights, computes the gradient of one minibatch
@@ -22,7 +23,8 @@ one JSON object with the learner's figures (iterations, samples, seconds,
 bytes pushed and pulled, per-iteration losses). --engine uses
 blkps.Engine (the double-buffered engine) where the binding has one;
 --drop-ratio R makes it push only the largest gradient runs and keep the
-rest as a residual (README "Gradient dropping"; async or ssp).
+rest as a residual (README "Gradient dropping"; async or ssp, where it
+needs --control, the model's CONTROL_URL, to drop per model block).
 """
 import argparse
 import json
@@ -89,7 +91,7 @@ def train(args):
     n = features * classes
     task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
     if args.engine:
-        exchange = EngineExchange(args.target, n, args.drop_ratio)
+        exchange = EngineExchange(args.target, n, args.drop_ratio, args.control)
     else:
         exchange = ModelExchange(args.target, n)
     if args.start_at:
@@ -164,12 +166,12 @@ class EngineExchange:
     as ModelExchange does (with drop_ratio: the whole model is pulled, the
     largest runs of the gradient pushed)."""
 
-    def __init__(self, target, n, drop_ratio=0.0):
+    def __init__(self, target, n, drop_ratio=0.0, control=None):
         engine_class = getattr(blkps, "Engine", None)
         if engine_class is None:
             sys.exit("train_synthetic: --engine: this blkps binding has no Engine")
         self.engine = engine_class(target, param_count=n, adaptive_pull=False,
-                                   drop_ratio=drop_ratio)
+                                   drop_ratio=drop_ratio, control_target=control)
         # Dropping adds the residual into the pushed buffer: every row may be
         # non-zero afterwards, so the whole buffer is cleared.
         self.clear_all = drop_ratio > 0
@@ -219,6 +221,8 @@ def main():
     ap.add_argument("--engine", action="store_true", help="use blkps.Engine")
     ap.add_argument("--drop-ratio", type=float, default=0.0,
                     help="with --engine: gradient runs dropped per push, in [0, 1) (default 0)")
+    ap.add_argument("--control", help="with --engine: the model's CONTROL_URL (staleness; "
+                    "with --drop-ratio in ssp, the per-block groups)")
     ap.add_argument("--result", help="write the learner's figures here (JSON)")
     ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
     args = ap.parse_args()
@@ -230,8 +234,8 @@ def main():
         ap.error("--target is required")
     if not 0 <= args.learner < args.learners:
         ap.error(f"--learner must be in [0, {args.learners})")
-    if args.drop_ratio and not args.engine:
-        ap.error("--drop-ratio needs --engine")
+    if (args.drop_ratio or args.control) and not args.engine:
+        ap.error("--drop-ratio and --control need --engine")
     if args.iterations < 1 or args.batch < 1 or args.active < 1:
         ap.error("--iterations, --batch and --active must be positive")
     try:

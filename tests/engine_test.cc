@@ -268,6 +268,17 @@ TEST(EngineOnFile, DropRunThatIsNotWholeBlocksIsRefused) {
   EXPECT_NE(error.find("drop_run_params 100 is not a multiple"), std::string::npos) << error;
 }
 
+TEST(EngineOnFile, DropRatioThatWouldKeepEveryRunIsRefused) {
+  TempFile file(4096);  // 1024 parameters: one run of the 1 MiB request size
+  blkps::EngineOptions options;
+  options.drop_ratio = 0.9;
+  std::string error;
+  int code = 0;
+  EXPECT_EQ(blkps::Engine::Open(file.path, options, &error, &code), nullptr);
+  EXPECT_EQ(code, -EINVAL);
+  EXPECT_NE(error.find("nothing would be dropped"), std::string::npos) << error;
+}
+
 TEST(EngineOnFile, ControlTargetWithoutCountersIsRefused) {
   // Too short to hold the record, and long enough but all zeros.
   for (uint64_t size : {uint64_t{1} << 16, BLKPS_CONTROL_WEIGHTS_OFFSET}) {

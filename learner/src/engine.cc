@@ -428,9 +428,14 @@ Status Engine::Impl::StartDropping(const std::string& target) {
     }
   }
   uint64_t run = options_.drop_run_params;
-  if (run == 0) {
+  if (run == 0 && group == 0) {
     run = push_model_->request_bytes() / sizeof(float);
-    if (group != 0 && group < run) run = group;
+  } else if (run == 0) {
+    // Enough runs per group that 1 - drop_ratio of them is about one run:
+    // a power of two at least 1 / (1 - drop_ratio), whole logical blocks.
+    uint64_t runs_per_group = 1;
+    while (runs_per_group * (1 - options_.drop_ratio) < 1) runs_per_group *= 2;
+    run = std::max(group / runs_per_group / unit * unit, unit);
   }
   if (run % unit != 0) {
     return Status::Error(EINVAL,
@@ -450,6 +455,15 @@ Status Engine::Impl::StartDropping(const std::string& target) {
   }
   dropper_ = std::make_unique<GradientDropper>(count_, run, group,
                                                options_.drop_ratio);
+  const uint64_t group_runs = (group != 0 ? group : count_ + run - 1) / run;
+  if (dropper_->RunsKept(group_runs) == group_runs) {
+    return Status::Error(EINVAL,
+                         "engine: drop_ratio %g keeps every run of %llu "
+                         "parameters in groups of %llu runs: nothing would "
+                         "be dropped; give a smaller drop_run_params",
+                         options_.drop_ratio, static_cast<ull>(run),
+                         static_cast<ull>(group_runs));
+  }
   return Status();
 }
 

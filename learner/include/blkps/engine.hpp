@@ -86,11 +86,12 @@ struct EngineOptions {
   // each group of drop_group_params (at least one), and keeps the rest as a
   // residual added to the next gradient: delayed, never lost. Finish()
   // pushes the last gradient whole, with the residual.
-  // Refused in bsp (seen through control_target). drop_run_params: a
-  // multiple of the device's logical block; 0 = the request size (capped at
-  // the group). drop_group_params: a multiple of the run; 0 = the whole
-  // range, or in ssp (seen through control_target) the server's model block,
-  // so that every block's clocks tick alike for every learner.
+  // Refused in bsp (seen through control_target), and where it would keep
+  // every run. drop_run_params: a multiple of the device's logical block;
+  // 0 = the request size, or with groups 1/2^k of the group, 2^k at least
+  // 1 / (1 - drop_ratio). drop_group_params: a multiple of the run; 0 = the
+  // whole range, or in ssp (seen through control_target) the server's model
+  // block, so that every block's clocks tick alike for every learner.
   double drop_ratio = 0;
   uint64_t drop_run_params = 0;
   uint64_t drop_group_params = 0;
