@@ -159,7 +159,7 @@ typedef struct blkps_engine_options {
   /* Gradient dropping (engine.hpp, EngineOptions::drop_ratio): 0 = off; in
    * (0, 1): push only the largest runs, keep the rest as a residual. */
   double drop_ratio;
-  uint64_t drop_run_params;   /* 0 = the request size */
+  uint64_t drop_run_params;   /* 0 = the default (engine.hpp) */
   uint64_t drop_group_params; /* 0 = the whole range (ssp: the model block) */
 } blkps_engine_options;
 
