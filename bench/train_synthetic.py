@@ -6,7 +6,9 @@ time per iteration is the whole-model exchange with the parameter server.
 
   train_synthetic.py --print-params [--params N]    parameters actually served
   train_synthetic.py --target URL --learner K --learners L --iterations I
-                     [--params N] [--start-at T] [--engine] [--result FILE]
+                     [--params N] [--start-at T]
+                     [--engine [--drop-ratio R] [--control URL]]
+                     [--result FILE]
 
 Every iteration pulls all weights, computes the gradient of one minibatch
 and pushes a gradient for every parameter (as bsp and ssp require). The
@@ -19,7 +21,10 @@ those rows, which are cleared again after the push.
 device, so that the learners of one run start together. --result FILE: write
 one JSON object with the learner's figures (iterations, samples, seconds,
 bytes pushed and pulled, per-iteration losses). --engine uses
-blkps.Engine (the double-buffered engine) where the binding has one.
+blkps.Engine (the double-buffered engine) where the binding has one;
+--drop-ratio R makes it push only the largest gradient runs and keep the
+rest as a residual (README "Gradient dropping"; async or ssp, where it
+needs --control, the model's CONTROL_URL, to drop per model block).
 """
 import argparse
 import json
@@ -86,7 +91,7 @@ def train(args):
     n = features * classes
     task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
     if args.engine:
-        exchange = EngineExchange(args.target, n)
+        exchange = EngineExchange(args.target, n, args.drop_ratio, args.control)
     else:
         exchange = ModelExchange(args.target, n)
     if args.start_at:
@@ -109,7 +114,8 @@ def train(args):
         "learner": args.learner, "learners": args.learners, "params": n,
         "iterations": args.iterations, "samples": args.iterations * args.batch,
         "start": start, "seconds": seconds,
-        "bytes_pushed": args.iterations * 4 * n, "bytes_pulled": args.iterations * 4 * n,
+        "bytes_pushed": exchange.bytes_pushed(args.iterations, n),
+        "bytes_pulled": args.iterations * 4 * n, "drop_ratio": args.drop_ratio,
         "comm_seconds": exchange.comm_seconds,
         "losses": losses, "times": times,
     }
@@ -139,6 +145,10 @@ class ModelExchange:
         self.comm_seconds += time.perf_counter() - t
         return self.weights, self.grad
 
+    @staticmethod
+    def bytes_pushed(iterations, n):
+        return iterations * 4 * n
+
     def end(self, rows):
         """Pushes the gradient, then clears the rows it set."""
         t = time.perf_counter()
@@ -153,13 +163,19 @@ class ModelExchange:
 class EngineExchange:
     """blkps.Engine: the next pull and this push overlap the next compute.
     Adaptive pulling is off, so every step moves the whole model both ways,
-    as ModelExchange does."""
+    as ModelExchange does (with drop_ratio: the whole model is pulled, the
+    largest runs of the gradient pushed)."""
 
-    def __init__(self, target, n):
+    def __init__(self, target, n, drop_ratio=0.0, control=None):
         engine_class = getattr(blkps, "Engine", None)
         if engine_class is None:
             sys.exit("train_synthetic: --engine: this blkps binding has no Engine")
-        self.engine = engine_class(target, param_count=n, adaptive_pull=False)
+        self.engine = engine_class(target, param_count=n, adaptive_pull=False,
+                                   drop_ratio=drop_ratio, control_target=control)
+        # Dropping adds the residual into the pushed buffer: every row may be
+        # non-zero afterwards, so the whole buffer is cleared.
+        self.clear_all = drop_ratio > 0
+        self.pushed = 0
         self.rows = {}  # gradient buffer address -> rows it holds from its last use
         self.grad = None
         self.comm_seconds = 0.0
@@ -167,7 +183,7 @@ class EngineExchange:
     def begin(self):
         self.grad = self.engine.gradient
         address = self.grad.ctypes.data
-        if address in self.rows:
+        if address in self.rows and not self.clear_all:
             self.grad.reshape(-1, CLASSES)[self.rows[address]] = 0.0
         else:
             self.grad[:] = 0.0
@@ -179,10 +195,15 @@ class EngineExchange:
         self.engine.step()  # waits only for what did not overlap the compute
         self.comm_seconds += time.perf_counter() - t
 
+    def bytes_pushed(self, iterations, n):
+        del iterations, n  # counted by the engine
+        return 4 * self.pushed
+
     def close(self):
         t = time.perf_counter()
         self.engine.finish()
         self.comm_seconds += time.perf_counter() - t
+        self.pushed = self.engine.params_pushed
         self.engine.close()
 
 
@@ -198,6 +219,10 @@ def main():
     ap.add_argument("--active", type=int, default=32, help="features set per sample (default 32)")
     ap.add_argument("--start-at", type=float, help="wall-clock second to start at")
     ap.add_argument("--engine", action="store_true", help="use blkps.Engine")
+    ap.add_argument("--drop-ratio", type=float, default=0.0,
+                    help="with --engine: gradient runs dropped per push, in [0, 1) (default 0)")
+    ap.add_argument("--control", help="with --engine: the model's CONTROL_URL (staleness; "
+                    "with --drop-ratio in ssp, the per-block groups)")
     ap.add_argument("--result", help="write the learner's figures here (JSON)")
     ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
     args = ap.parse_args()
@@ -209,6 +234,8 @@ def main():
         ap.error("--target is required")
     if not 0 <= args.learner < args.learners:
         ap.error(f"--learner must be in [0, {args.learners})")
+    if (args.drop_ratio or args.control) and not args.engine:
+        ap.error("--drop-ratio and --control need --engine")
     if args.iterations < 1 or args.batch < 1 or args.active < 1:
         ap.error("--iterations, --batch and --active must be positive")
     try:

@@ -243,6 +243,42 @@ TEST(EngineOnFile, SmoothingOutsideZeroToOneIsRefused) {
   EXPECT_NE(error.find("smoothing must be in (0, 1]"), std::string::npos) << error;
 }
 
+TEST(EngineOnFile, DropRatioOutsideZeroToOneIsRefused) {
+  TempFile file(4096);
+  for (double ratio : {-0.1, 1.0, std::nan("")}) {
+    blkps::EngineOptions options;
+    options.drop_ratio = ratio;
+    std::string error;
+    int code = 0;
+    EXPECT_EQ(blkps::Engine::Open(file.path, options, &error, &code), nullptr);
+    EXPECT_EQ(code, -EINVAL);
+    EXPECT_NE(error.find("drop_ratio must be in [0, 1)"), std::string::npos) << error;
+  }
+}
+
+TEST(EngineOnFile, DropRunThatIsNotWholeBlocksIsRefused) {
+  TempFile file(1 << 16);
+  blkps::EngineOptions options;
+  options.drop_ratio = 0.5;
+  options.drop_run_params = 100;  // 400 bytes: not whole 512-byte blocks
+  std::string error;
+  int code = 0;
+  EXPECT_EQ(blkps::Engine::Open(file.path, options, &error, &code), nullptr);
+  EXPECT_EQ(code, -EINVAL);
+  EXPECT_NE(error.find("drop_run_params 100 is not a multiple"), std::string::npos) << error;
+}
+
+TEST(EngineOnFile, DropRatioThatWouldKeepEveryRunIsRefused) {
+  TempFile file(4096);  // 1024 parameters: one run of the 1 MiB request size
+  blkps::EngineOptions options;
+  options.drop_ratio = 0.9;
+  std::string error;
+  int code = 0;
+  EXPECT_EQ(blkps::Engine::Open(file.path, options, &error, &code), nullptr);
+  EXPECT_EQ(code, -EINVAL);
+  EXPECT_NE(error.find("nothing would be dropped"), std::string::npos) << error;
+}
+
 TEST(EngineOnFile, ControlTargetWithoutCountersIsRefused) {
   // Too short to hold the record, and long enough but all zeros.
   for (uint64_t size : {uint64_t{1} << 16, BLKPS_CONTROL_WEIGHTS_OFFSET}) {
@@ -436,10 +472,14 @@ float IntGradient(int l, int t, uint64_t i) {
 // Two engines (learners on LUNs 1 and 2) run kIterations through the server
 // in each consistency mode; the final weights are exactly the sum of every
 // gradient (async, ssp) or of every round's average (bsp), rule "sum".
-void RunTwoLearners(const Setup& setup, const std::string& mode) {
-  constexpr uint64_t kParams = 3000;
+// With drop_ratio > 0 the engines drop gradient runs (of 256 parameters) and
+// Finish() pushes the residual: the sums are still exact.
+void RunTwoLearners(const Setup& setup, const std::string& mode, double drop_ratio = 0) {
+  // Not whole blocks; with dropping, 3 blocks of 4 whole runs.
+  const uint64_t kParams = drop_ratio > 0 ? 3072 : 3000;
   constexpr int kLearners = 2, kIterations = 30;
-  TargetProcess target("params=3000;block=4K;rule=sum;mode=" + mode, "--luns 2");
+  TargetProcess target("params=" + std::to_string(kParams) + ";block=4K;rule=sum;mode=" + mode,
+                       "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
   std::vector<std::string> errors(kLearners);
@@ -450,6 +490,8 @@ void RunTwoLearners(const Setup& setup, const std::string& mode) {
       blkps::EngineOptions options = Options(setup, "e2e" + std::to_string(l));
       options.control_target = target.control_url();
       options.open.request_bytes = 2048;  // several commands per transfer
+      options.drop_ratio = drop_ratio;
+      options.drop_run_params = 256;
       auto engine = blkps::Engine::Open(target.url(l + 1), options, &errors[l]);
       if (!engine) return;
       std::mt19937 rng(100 + l);
@@ -488,6 +530,146 @@ void RunTwoLearners(const Setup& setup, const std::string& mode) {
     const float expected = static_cast<float>(mode == "bsp" ? sum / kLearners : sum);
     ASSERT_EQ(w[i], expected) << "mode " << mode << ", parameter " << i;
   }
+}
+
+// What the server holds now: the weights window of the control LUN.
+std::vector<float> ServerWeights(const TargetProcess& target, uint64_t params) {
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = InitiatorName("check");
+  auto control = blkps::Model::Open(target.control_url(), o, &error);
+  EXPECT_NE(control, nullptr) << error;
+  std::vector<float> w((params * 4 + 4095) / 4096 * 1024);
+  if (control == nullptr) return w;
+  EXPECT_EQ(control->ReadBytes(BLKPS_CONTROL_WEIGHTS_OFFSET, w.data(), w.size() * 4), 0)
+      << control->last_error();
+  w.resize(params);
+  return w;
+}
+
+// One engine drops 90% of its gradient runs in async, rule sum: after every
+// step the server's weights plus the engine's residual are exactly the sum
+// of every gradient handed in (checked between steps where the engine allows
+// reading the residual: without double buffering), and after Finish() the
+// server holds exactly that sum and the residual is empty. While it runs,
+// most of each gradient is held back.
+TEST_P(EngineAgainstTarget, DroppedGradientIsDelayedNeverLostAsync) {
+  constexpr uint64_t kParams = 8192;  // 32 runs of 256
+  constexpr int kIterations = 40;
+  TargetProcess target("params=8192;block=4K;rule=sum;mode=async", "--luns 1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options = Options(GetParam(), "drop");
+  options.control_target = target.control_url();
+  options.drop_ratio = 0.9;  // 3 runs of 32 pushed per step
+  options.drop_run_params = 256;
+  std::string error;
+  auto engine = blkps::Engine::Open(target.url(1), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+
+  std::vector<double> given(kParams);
+  bool residual_seen = false;
+  for (int t = 0; t < kIterations; ++t) {
+    float* g = engine->gradient();
+    for (uint64_t i = 0; i < kParams; ++i) {
+      g[i] = IntGradient(0, t, i);
+      given[i] += g[i];
+    }
+    if (t + 1 == kIterations) {
+      ASSERT_EQ(engine->Finish(), 0) << engine->last_error();
+      break;
+    }
+    ASSERT_EQ(engine->Step(), 0) << engine->last_error();
+    if (GetParam().double_buffering) continue;
+    const std::vector<float> server = ServerWeights(target, kParams);
+    const float* residual = engine->residual();
+    ASSERT_NE(residual, nullptr);
+    uint64_t held = 0;
+    for (uint64_t i = 0; i < kParams; ++i) {
+      ASSERT_EQ(server[i] + residual[i], given[i])
+          << "after step " << t << ", parameter " << i
+          << ": the server's weights plus the residual are not the sum of the gradients";
+      held += residual[i] != 0;
+    }
+    residual_seen = residual_seen || held > kParams / 2;
+  }
+  if (!GetParam().double_buffering) {
+    EXPECT_TRUE(residual_seen) << "nothing was ever dropped";
+  }
+  EXPECT_EQ(engine->gradients_pushed(), static_cast<uint64_t>(kIterations));
+  const std::vector<float> server = ServerWeights(target, kParams);
+  for (uint64_t i = 0; i < kParams; ++i) {
+    ASSERT_EQ(engine->residual()[i], 0.0f) << "parameter " << i;
+    ASSERT_EQ(server[i], given[i]) << "parameter " << i << ": a gradient was lost or pushed twice";
+  }
+}
+
+TEST_P(EngineAgainstTarget, TwoLearnersDroppingGiveExactlyTheExpectedWeightsAsync) {
+  RunTwoLearners(GetParam(), "async", 0.9);
+}
+// In ssp each model block of 4 runs gets one run from each learner per
+// step: every block's clocks tick alike, once per 4 steps.
+TEST_P(EngineAgainstTarget, TwoLearnersDroppingGiveExactlyTheExpectedWeightsSsp) {
+  RunTwoLearners(GetParam(), "ssp:2", 0.75);
+}
+
+// The iteration (least clock over the blocks) of the model's first learner,
+// from the control LUN's status; -1 if it cannot be read.
+int64_t FirstLearnerIteration(const TargetProcess& target) {
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = InitiatorName("status");
+  auto control = blkps::Model::Open(target.control_url(), o, &error);
+  if (control == nullptr) return -1;
+  std::string json(BLKPS_CONTROL_STATUS_BYTES, '\0');
+  if (control->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, json.data(), json.size()) != 0) return -1;
+  const size_t learners = json.find("\"learners\"");
+  const std::string key = "\"iteration\": ";
+  const size_t at = json.find(key, learners == std::string::npos ? 0 : learners);
+  if (learners == std::string::npos || at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + key.size(), nullptr, 10);
+}
+
+// In ssp the engine drops per model block (read from the control LUN): with
+// 4 runs per block and 1 kept, every block gets one run per step, so after 8
+// steps every block's clock has ticked twice, even though block 0's
+// gradient is 100 times larger than the others' (a selection over the whole
+// model would push only block 0's runs, and the others' clocks would stay
+// at 0, holding ssp readers back).
+TEST(EngineAgainstTargetDropping, InSspEveryBlockGetsItsShareSoClocksTickTogether) {
+  constexpr uint64_t kParams = 4096;  // 4 blocks of 1024 = 4 runs of 256 each
+  TargetProcess target("params=4096;block=4K;rule=sum;mode=ssp:2", "--luns 1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options;
+  options.double_buffering = false;
+  options.open.initiator_name = InitiatorName("ssp-drop");
+  options.control_target = target.control_url();
+  options.drop_ratio = 0.75;
+  options.drop_run_params = 256;
+  std::string error;
+  auto engine = blkps::Engine::Open(target.url(1), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < 8; ++t) {
+    float* g = engine->gradient();
+    for (uint64_t i = 0; i < kParams; ++i) g[i] = i < 1024 ? 100 : 1;
+    ASSERT_EQ(engine->Step(), 0) << engine->last_error();
+  }
+  EXPECT_EQ(engine->params_pushed(), 8u * 4 * 256);
+  EXPECT_EQ(FirstLearnerIteration(target), 2);
+}
+
+TEST(EngineAgainstTargetDropping, DroppingIsRefusedInBspInOneLine) {
+  TargetProcess target("params=4096;block=4K;rule=sum;mode=bsp", "--luns 1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options;
+  options.open.initiator_name = InitiatorName("bsp-drop");
+  options.control_target = target.control_url();
+  options.drop_ratio = 0.9;
+  std::string error;
+  int code = 0;
+  EXPECT_EQ(blkps::Engine::Open(target.url(1), options, &error, &code), nullptr);
+  EXPECT_EQ(code, -EINVAL);
+  EXPECT_NE(error.find("gradient dropping needs mode async or ssp"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
 }
 
 TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsAsync) {

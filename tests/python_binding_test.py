@@ -92,6 +92,42 @@ def test_engine(url, control):
         check(False, "smoothing=0 did not raise")
     except OSError as e:
         check("smoothing" in e.strerror, f"unclear error: {e}")
+    return weights
+
+
+def test_engine_dropping(url, start):
+    # 99% dropped, runs of 16384 parameters, no double buffering (so the
+    # residual may be read between steps): after every step the weights'
+    # change (sgd, lr=1: minus what was pushed) plus the residual is exactly
+    # the sum of the gradients given; after finish() the residual is empty.
+    given = np.zeros(PARAMS)
+    with blkps.Engine(url, param_count=PARAMS, double_buffering=False,
+                      drop_ratio=0.99, drop_run_params=16384) as engine:
+        for t in range(ITERATIONS):
+            engine.gradient[:] = np.arange(PARAMS) % 5 + t
+            given += engine.gradient
+            if t + 1 == ITERATIONS:
+                engine.finish()
+                break
+            engine.step()
+            with blkps.Model(url) as model:
+                pushed = start - model.pull(0, PARAMS)
+            check(np.array_equal(pushed + engine.residual, given),
+                  f"step {t}: pushed + residual is not the sum of the gradients")
+            check(np.count_nonzero(engine.residual) > PARAMS // 2, f"step {t}: nothing was dropped")
+        check(not np.any(engine.residual), "finish() left a residual")
+        # Each step pushed one run of 16384 of 19; finish() pushed all.
+        check(engine.params_pushed == (ITERATIONS - 1) * 16384 + PARAMS,
+              f"{engine.params_pushed} parameters pushed")
+    with blkps.Model(url) as model:
+        check(np.array_equal(start - model.pull(0, PARAMS), given), "a dropped gradient was lost")
+    with blkps.Engine(url, param_count=PARAMS) as engine:
+        check(engine.residual is None, "a residual without dropping")
+    try:
+        blkps.Engine(url, drop_ratio=1)
+        check(False, "drop_ratio=1 did not raise")
+    except OSError as e:
+        check("drop_ratio" in e.strerror, f"unclear error: {e}")
 
 
 def test_control(url, control_url):
@@ -129,7 +165,8 @@ def main():
         env = start_target(state)
         test_model(env["URL"])
         test_control(env["URL"], env["CONTROL_URL"])
-        test_engine(env["URL"], env["CONTROL_URL"])
+        weights = test_engine(env["URL"], env["CONTROL_URL"])
+        test_engine_dropping(env["URL"], weights)
     finally:
         subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state])
         subprocess.run(["rm", "-rf", state])

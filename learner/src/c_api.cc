@@ -133,6 +133,9 @@ int blkps_engine_open(const char* target, const blkps_engine_options* opts,
     if (opts->control_target != nullptr) {
       options.control_target = opts->control_target;
     }
+    options.drop_ratio = opts->drop_ratio;
+    options.drop_run_params = opts->drop_run_params;
+    options.drop_group_params = opts->drop_group_params;
     std::unique_ptr<blkps::Engine> engine =
         blkps::Engine::Open(target, options, &error, &error_code);
     if (engine != nullptr) {
@@ -177,6 +180,14 @@ void blkps_engine_last_metrics(const blkps_engine* e,
 
 uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {
   return e->engine->gradients_pushed();
+}
+
+uint64_t blkps_engine_params_pushed(const blkps_engine* e) {
+  return e->engine->params_pushed();
+}
+
+const float* blkps_engine_residual(const blkps_engine* e) {
+  return e->engine->residual();
 }
 
 const char* blkps_engine_last_error(const blkps_engine* e) {

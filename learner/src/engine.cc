@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "gradient_dropper.h"
 #include "pull_scheduler.h"
 #include "status.h"
 
@@ -88,6 +89,24 @@ FloatBuffer AllocateFloats(uint64_t count) {
   return FloatBuffer(static_cast<float*>(p));
 }
 
+// The text of top-level key `key` in the control LUN's status object
+// (README "Status and control": one key per line, `  "key": value,`),
+// without a string's quotes; empty if absent. Reads two flat keys only.
+std::string StatusValue(const char* json, const std::string& key) {
+  const std::string needle = "\n  \"" + key + "\": ";
+  const char* at = strstr(json, needle.c_str());
+  if (at == nullptr) return "";
+  at += needle.size();
+  const bool quoted = *at == '"';
+  if (quoted) ++at;
+  const char* end = at;
+  while (*end != '\0' && *end != '\n' &&
+         (quoted ? *end != '"' : *end != ',')) {
+    ++end;
+  }
+  return std::string(at, end);
+}
+
 }  // namespace
 
 // Hidden: a nested class of an exported class would otherwise be exported
@@ -108,12 +127,16 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   IterationMetrics metrics_;
   std::string last_error_;
   std::atomic<uint64_t> pushed_{0};
+  std::atomic<uint64_t> params_pushed_{0};
+  // Null unless options.drop_ratio > 0; used by whichever thread pushes.
+  std::unique_ptr<GradientDropper> dropper_;
 
  private:
   struct PushJob {
     // In: the gradient to push (null: none this iteration) and whether to
     // read the server's update count first.
-    const float* grad = nullptr;
+    float* grad = nullptr;
+    bool flush = false;  // with dropping: push the whole residual too
     bool read_updates = false;
     // Out.
     bool done = true;
@@ -140,8 +163,11 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
     status = Fail(std::move(status));
     return -status.code();
   }
-  // Pushes `grad` / pulls into `dest` on `model`; errors name the iteration.
-  Status PushOn(Model& model, const float* grad, uint64_t iteration,
+  // Pushes `grad` (all of it, or with dropping the runs dropper_ selects
+  // after adding the residual to it in place; `flush`: all of it plus the
+  // whole residual) / pulls into `dest` on `model`; errors name the
+  // iteration.
+  Status PushOn(Model& model, float* grad, bool flush, uint64_t iteration,
                 double* seconds, Clock::time_point* ended = nullptr);
   Status PullOn(Model& model, float* dest, uint64_t iteration,
                 double* seconds, Clock::time_point* ended = nullptr);
@@ -152,7 +178,9 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   // Compute thread, double buffering: waits until this iteration's jobs are
   // done; posts the next iteration's jobs.
   void WaitForJobs(std::unique_lock<std::mutex>& lock);
-  void PostJobs(const float* grad, float* dest);
+  void PostJobs(float* grad, float* dest);
+  // Sets up dropper_ for options_.drop_*; first_ and count_ are known.
+  Status StartDropping(const std::string& target);
   void PushLoop();
   void PullLoop();
   void StopThreads();
@@ -195,11 +223,23 @@ Status Engine::Impl::Fail(Status status) {
   return status;
 }
 
-Status Engine::Impl::PushOn(Model& model, const float* grad,
+Status Engine::Impl::PushOn(Model& model, float* grad, bool flush,
                             uint64_t iteration, double* seconds,
                             Clock::time_point* ended) {
   const Clock::time_point start = Clock::now();
-  const int rc = model.Push(first_, grad, count_);
+  int rc = 0;
+  if (dropper_ == nullptr) {
+    rc = model.Push(first_, grad, count_);
+    if (rc == 0) params_pushed_ += count_;
+  } else {
+    const auto& runs =
+        flush ? dropper_->SelectAll(grad) : dropper_->Select(grad);
+    for (const GradientDropper::Range& run : runs) {
+      rc = model.Push(first_ + run.first, grad + run.first, run.count);
+      if (rc != 0) break;
+      params_pushed_ += run.count;
+    }
+  }
   const Clock::time_point end = Clock::now();
   *seconds = Seconds(end - start);
   if (ended != nullptr) *ended = end;
@@ -263,6 +303,11 @@ Status Engine::Impl::Start(const std::string& target,
                          options.smoothing);
   }
   scheduler_ = PullScheduler(options.smoothing);
+  if (!(options.drop_ratio >= 0 && options.drop_ratio < 1)) {
+    return Status::Error(EINVAL,
+                         "engine: drop_ratio must be in [0, 1), got %g",
+                         options.drop_ratio);
+  }
 
   auto open = [&](const std::string& url, const char* role,
                   std::unique_ptr<Model>* out) {
@@ -323,6 +368,9 @@ Status Engine::Impl::Start(const std::string& target,
     }
   }
 
+  status = StartDropping(target);
+  if (!status.ok()) return status;
+
   // The first weights, pulled before Open() returns.
   weights_pull_updates_ = ServerUpdates();
   double seconds = 0;
@@ -342,6 +390,85 @@ Status Engine::Impl::Start(const std::string& target,
   return Status();
 }
 
+Status Engine::Impl::StartDropping(const std::string& target) {
+  if (options_.drop_ratio == 0) return Status();
+  std::string mode;
+  uint64_t block_params = 0;
+  if (control_ != nullptr) {
+    std::vector<char> status_json(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
+    if (control_->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, status_json.data(),
+                            BLKPS_CONTROL_STATUS_BYTES) != 0) {
+      return Status::Error(EIO, "engine: control_target %s: %s",
+                           options_.control_target.c_str(),
+                           Inner(control_->last_error()).c_str());
+    }
+    mode = StatusValue(status_json.data(), "mode");
+    block_params =
+        strtoull(StatusValue(status_json.data(), "block_bytes").c_str(),
+                 nullptr, 10) /
+        sizeof(float);
+  }
+  if (mode == "bsp") {
+    return Status::Error(EINVAL,
+                         "engine: drop_ratio %g: gradient dropping needs mode "
+                         "async or ssp (a bsp round waits for every learner's "
+                         "whole gradient); the model at %s is in bsp",
+                         options_.drop_ratio, target.c_str());
+  }
+  const uint64_t unit = push_model_->logical_block_size() / sizeof(float);
+  uint64_t group = options_.drop_group_params;
+  // In ssp every block must get the same share of its runs from every
+  // learner in every iteration, so that its clocks tick alike (README).
+  if (group == 0 && mode.rfind("ssp", 0) == 0) {
+    group = block_params;
+    if (group == 0 || first_ % group != 0) {
+      return Status::Error(EINVAL,
+                           "engine: drop_ratio in ssp needs first_param (%llu) "
+                           "on a model block boundary (%llu parameters)",
+                           static_cast<ull>(first_),
+                           static_cast<ull>(group));
+    }
+  }
+  uint64_t run = options_.drop_run_params;
+  if (run == 0 && group == 0) {
+    run = push_model_->request_bytes() / sizeof(float);
+  } else if (run == 0) {
+    // Enough runs per group that 1 - drop_ratio of them is about one run:
+    // a power of two at least 1 / (1 - drop_ratio), whole logical blocks.
+    uint64_t runs_per_group = 1;
+    while (runs_per_group * (1 - options_.drop_ratio) < 1) runs_per_group *= 2;
+    run = std::max(group / runs_per_group / unit * unit, unit);
+  }
+  if (run % unit != 0) {
+    return Status::Error(EINVAL,
+                         "engine: drop_run_params %llu is not a multiple of "
+                         "%s's logical block (%llu parameters)",
+                         static_cast<ull>(run), target.c_str(),
+                         static_cast<ull>(unit));
+  }
+  if (group % run != 0) {
+    return Status::Error(EINVAL,
+                         "engine: drop_group_params %llu is not a multiple of "
+                         "the run of %llu parameters%s",
+                         static_cast<ull>(group), static_cast<ull>(run),
+                         options_.drop_group_params == 0
+                             ? " (the group is the server's block, in ssp)"
+                             : "");
+  }
+  dropper_ = std::make_unique<GradientDropper>(count_, run, group,
+                                               options_.drop_ratio);
+  const uint64_t group_runs = (group != 0 ? group : count_ + run - 1) / run;
+  if (dropper_->RunsKept(group_runs) == group_runs) {
+    return Status::Error(EINVAL,
+                         "engine: drop_ratio %g keeps every run of %llu "
+                         "parameters in groups of %llu runs: nothing would "
+                         "be dropped; give a smaller drop_run_params",
+                         options_.drop_ratio, static_cast<ull>(run),
+                         static_cast<ull>(group_runs));
+  }
+  return Status();
+}
+
 Engine::Impl::~Impl() { StopThreads(); }
 
 void Engine::Impl::StopThreads() {
@@ -355,7 +482,7 @@ void Engine::Impl::StopThreads() {
   if (pull_thread_.joinable()) pull_thread_.join();
 }
 
-void Engine::Impl::PostJobs(const float* grad, float* dest) {
+void Engine::Impl::PostJobs(float* grad, float* dest) {
   plan_ = scheduler_.Next();
   std::lock_guard<std::mutex> lock(mu_);
   iteration_start_ = Clock::now();
@@ -394,7 +521,8 @@ void Engine::Impl::PushLoop() {
     const Clock::time_point started = Clock::now();
     Clock::time_point ended = started;
     if (job.grad != nullptr) {
-      status = PushOn(*push_model_, job.grad, iteration - 1, &seconds, &ended);
+      status = PushOn(*push_model_, job.grad, job.flush, iteration - 1,
+                      &seconds, &ended);
     }
     lock.lock();
     push_.started = started;
@@ -512,7 +640,7 @@ int Engine::Impl::StepBaseline(double compute_s,
   m.concurrent = false;
   m.staleness = baseline_staleness_;
   Status status =
-      PushOn(*push_model_, grads_[0].get(), iteration_, &m.push_s);
+      PushOn(*push_model_, grads_[0].get(), false, iteration_, &m.push_s);
   if (!status.ok()) return Failed(status);
   const double at_pull = ServerUpdates();
   status = PullOn(*push_model_, weights_[0].get(), iteration_ + 1, &m.pull_s);
@@ -536,7 +664,8 @@ int Engine::Impl::Finish() {
   finished_ = true;
   if (!options_.double_buffering) {
     double seconds = 0;
-    Status status = PushOn(*push_model_, grads_[0].get(), iteration_, &seconds);
+    Status status =
+        PushOn(*push_model_, grads_[0].get(), true, iteration_, &seconds);
     return status.ok() ? 0 : Failed(status);
   }
   PushJob push;
@@ -549,6 +678,7 @@ int Engine::Impl::Finish() {
     if (push.status.ok()) {
       push_ = PushJob();
       push_.grad = grads_[current_].get();
+      push_.flush = true;
       push_.done = false;
       push_posted_ = true;
       ++iteration_;  // the push thread names the gradient iteration_ - 1
@@ -598,6 +728,10 @@ const IterationMetrics& Engine::last_metrics() const {
   return impl_->metrics_;
 }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
+uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
+const float* Engine::residual() const {
+  return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr;
+}
 const std::string& Engine::last_error() const { return impl_->last_error_; }
 
 }  // namespace blkps

@@ -158,6 +158,11 @@ typedef struct blkps_engine_options {
   int adaptive_pull;        /* 0: each pull starts as soon as it may */
   double smoothing;         /* weight of the newest sample, in (0, 1] */
   const char *control_target; /* NULL, or the control LUN (staleness) */
+  /* Gradient dropping (engine.hpp, EngineOptions::drop_ratio): 0 = off; in
+   * (0, 1): push only the largest runs, keep the rest as a residual. */
+  double drop_ratio;
+  uint64_t drop_run_params;   /* 0 = the default (engine.hpp) */
+  uint64_t drop_group_params; /* 0 = the whole range (ssp: the model block) */
 } blkps_engine_options;
 
 /* Sets the defaults: zeros, double_buffering = 1, adaptive_pull = 1,
@@ -206,6 +211,15 @@ BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e,
 
 /* Gradients that reached the server whole so far. */
 BLKPS_EXPORT uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
+
+/* Parameters sent to the server so far (with dropping: the runs pushed). */
+uint64_t blkps_engine_params_pushed(const blkps_engine *e);
+
+/* With drop_ratio > 0: the dropped gradient not pushed yet, param_count
+ * floats (zeros after a successful finish); readable after finish, after a
+ * failure, or between steps with double_buffering = 0. NULL without
+ * dropping. */
+const float *blkps_engine_residual(const blkps_engine *e);
 
 /* Message of the last failure on e; "" if none. */
 BLKPS_EXPORT const char *blkps_engine_last_error(const blkps_engine *e);

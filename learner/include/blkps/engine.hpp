@@ -35,10 +35,11 @@
 // transfer is a stall).
 //
 // Gradients: each gradient handed to Step() is pushed exactly once, in
-// order; the engine never drops one silently and never resends one (below
-// it, an iSCSI reconnect resends the commands in flight, see Model). When a
-// push or a pull fails, Step() (or Finish()) returns the error and the engine
-// is failed: every later Step()/Finish() returns that error again, nothing
+// order (with drop_ratio, the parts of it that are dropped are pushed later,
+// exactly once, added to a later gradient); the engine never drops one
+// silently and never resends one (below it, an iSCSI reconnect resends the
+// commands in flight, see Model). When a push or a pull fails, Step() (or
+// Finish()) returns the error and the engine is failed: every later Step()/Finish() returns that error again, nothing
 // more is pushed, and gradients_pushed() says how many gradients reached the
 // server whole. The gradient whose push failed may be partly applied (the
 // device cannot say which requests of a failed transfer arrived); the
@@ -79,6 +80,22 @@ struct EngineOptions {
   bool adaptive_pull = true;
   // Weight of the newest sample in the moving averages, in (0, 1].
   double smoothing = 0.25;
+  // Gradient dropping (README "Gradient dropping"): 0 pushes every gradient
+  // whole. A ratio in (0, 1) pushes only the runs of drop_run_params
+  // parameters whose accumulated gradient (this gradient plus what was
+  // dropped before) has the largest L2 norm, 1 - drop_ratio of the runs of
+  // each group of drop_group_params (at least one), and keeps the rest as a
+  // residual added to the next gradient: delayed, never lost. Finish()
+  // pushes the last gradient whole, with the residual.
+  // Refused in bsp (seen through control_target), and where it would keep
+  // every run. drop_run_params: a multiple of the device's logical block;
+  // 0 = the request size, or with groups 1/2^k of the group, 2^k at least
+  // 1 / (1 - drop_ratio). drop_group_params: a multiple of the run; 0 = the
+  // whole range, or in ssp (seen through control_target) the server's model
+  // block, so that every block's clocks tick alike for every learner.
+  double drop_ratio = 0;
+  uint64_t drop_run_params = 0;
+  uint64_t drop_group_params = 0;
   // Optional: the model's control LUN (`blkps target start`'s control URL). When set,
   // the engine measures staleness (IterationMetrics::staleness) by reading the
   // control LUN's counters record (blkps/control_lun.h) at the start of each
@@ -142,7 +159,8 @@ class BLKPS_EXPORT Engine {
   // This iteration's weights: valid, and unchanged, until Step() returns.
   const float* weights() const;
   // This iteration's gradient buffer, count() floats for the caller to fill
-  // before Step(); its contents at the start of an iteration are unspecified.
+  // before Step(); its contents at the start of an iteration are unspecified
+  // (with drop_ratio, the accumulated gradient of its last push).
   // Valid until Step() returns.
   float* gradient();
 
@@ -152,7 +170,8 @@ class BLKPS_EXPORT Engine {
   // above). After Finish(): -EINVAL.
   int Step();
 
-  // Pushes the current gradient (as if it were handed to Step()), waits for
+  // Pushes the current gradient (as if it were handed to Step(); with
+  // dropping, whole and with the residual), waits for
   // every push to end and stops the threads; no further pull is made. After
   // it, weights() and gradient() stay readable; Step() and Finish() return
   // -EINVAL. Returns 0 or a negative errno.
@@ -163,6 +182,14 @@ class BLKPS_EXPORT Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
+  // Parameters sent to the server so far (the pushes' length: with
+  // dropping, only the runs pushed; padding to whole blocks not counted).
+  uint64_t params_pushed() const;
+  // With drop_ratio > 0: count() floats, the gradient dropped and not yet
+  // pushed; all zeros after a successful Finish(). Readable after Finish()
+  // or a failure, and between Step()s with double_buffering = false (the
+  // push thread updates it otherwise). nullptr without dropping.
+  const float* residual() const;
   // The message of the last failure; empty if none.
   const std::string& last_error() const;
 

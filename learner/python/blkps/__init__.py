@@ -52,6 +52,9 @@ class _EngineOptions(ctypes.Structure):
         ("adaptive_pull", ctypes.c_int),
         ("smoothing", ctypes.c_double),
         ("control_target", ctypes.c_char_p),
+        ("drop_ratio", ctypes.c_double),
+        ("drop_run_params", ctypes.c_uint64),
+        ("drop_group_params", ctypes.c_uint64),
     ]
 
 
@@ -129,6 +132,10 @@ def _declare(lib):
     lib.blkps_engine_last_metrics.restype = None
     lib.blkps_engine_gradients_pushed.argtypes = [handle]
     lib.blkps_engine_gradients_pushed.restype = ctypes.c_uint64
+    lib.blkps_engine_params_pushed.argtypes = [handle]
+    lib.blkps_engine_params_pushed.restype = ctypes.c_uint64
+    lib.blkps_engine_residual.argtypes = [handle]
+    lib.blkps_engine_residual.restype = _FLOAT_P
     lib.blkps_engine_last_error.argtypes = [handle]
     lib.blkps_engine_last_error.restype = ctypes.c_char_p
     lib.blkps_engine_close.argtypes = [handle]
@@ -290,11 +297,14 @@ class Engine(_Handle):
     def __init__(self, target, first_param=0, param_count=0,
                  double_buffering=True, adaptive_pull=True, smoothing=0.25,
                  control_target=None, request_bytes=0, queue_depth=0,
-                 initiator_name=None):
+                 initiator_name=None, drop_ratio=0.0, drop_run_params=0,
+                 drop_group_params=0):
         """Opens the engine on `target` (as Model) and pulls the first
         weights. param_count 0 serves up to the end of the device;
         double_buffering=False is the baseline (step pushes then pulls);
-        control_target (the model's CONTROL_URL) enables staleness."""
+        control_target (the model's CONTROL_URL) enables staleness.
+        drop_ratio in (0, 1) turns on gradient dropping (README "Gradient
+        dropping"; run and group sizes in parameters, 0 = defaults)."""
         lib = _library()
         options = _EngineOptions()
         lib.blkps_engine_options_init(ctypes.byref(options))
@@ -308,6 +318,9 @@ class Engine(_Handle):
         options.smoothing = smoothing
         options.control_target = (os.fsencode(control_target)
                                   if control_target is not None else None)
+        options.drop_ratio = drop_ratio
+        options.drop_run_params = drop_run_params
+        options.drop_group_params = drop_group_params
         self._open("blkps_engine_open", target, options)
         self._count = lib.blkps_engine_param_count(self._handle)
 
@@ -346,6 +359,22 @@ class Engine(_Handle):
         self._lib.blkps_engine_last_metrics(self._open_handle(), ctypes.byref(m))
         return {name: (bool(getattr(m, name)) if name == "concurrent" else getattr(m, name))
                 for name, _ in _EngineMetrics._fields_}
+
+    @property
+    def params_pushed(self):
+        """Parameters sent to the server so far (with dropping: the runs
+        pushed)."""
+        return self._lib.blkps_engine_params_pushed(self._open_handle())
+
+    @property
+    def residual(self):
+        """With drop_ratio: a copy of the gradient dropped and not pushed yet
+        (zeros after finish()); None without dropping. Read it after finish()
+        or, with double_buffering=False, between steps."""
+        pointer = self._lib.blkps_engine_residual(self._open_handle())
+        if not pointer:
+            return None
+        return np.ctypeslib.as_array(pointer, shape=(self._count,)).copy()
 
     @property
     def gradients_pushed(self):
