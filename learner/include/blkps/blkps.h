@@ -213,13 +213,13 @@ BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e,
 BLKPS_EXPORT uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
 
 /* Parameters sent to the server so far (with dropping: the runs pushed). */
-uint64_t blkps_engine_params_pushed(const blkps_engine *e);
+BLKPS_EXPORT uint64_t blkps_engine_params_pushed(const blkps_engine *e);
 
 /* With drop_ratio > 0: the dropped gradient not pushed yet, param_count
  * floats (zeros after a successful finish); readable after finish, after a
  * failure, or between steps with double_buffering = 0. NULL without
  * dropping. */
-const float *blkps_engine_residual(const blkps_engine *e);
+BLKPS_EXPORT const float *blkps_engine_residual(const blkps_engine *e);
 
 /* Message of the last failure on e; "" if none. */
 BLKPS_EXPORT const char *blkps_engine_last_error(const blkps_engine *e);
