@@ -41,9 +41,11 @@ def cpu_seconds(pid):
 def run_once(pid, url, op, a):
     """One iobench run; returns (MB/s, user ms/GB, system ms/GB)."""
     before = cpu_seconds(pid)
-    out = subprocess.run([IOBENCH, "--target", url, "--op", op, "--bs", a.bs, "--qd", str(a.qd),
-                          "--span", "64M", "--seconds", str(a.seconds)],
-                         check=True, capture_output=True, text=True).stdout
+    run = subprocess.run([IOBENCH, "--target", url, "--op", op, "--bs", a.bs, "--qd", str(a.qd),
+                          "--span", "32M", "--seconds", str(a.seconds)], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"server-cpu: {run.stderr.strip() or 'blkps-iobench failed'}")
+    out = run.stdout
     after = cpu_seconds(pid)
     fields = dict(item.split("=", 1) for item in out.split())
     gb = int(fields["bytes"]) / 1e9

@@ -58,46 +58,51 @@ inline float BitsFloat(uint32_t u) {
   return f;
 }
 
+// The conversions are branch-free (every case computed, one selected) so
+// that the loops of Narrow and Widen vectorise.
+
 inline uint16_t FloatToBfloat16(float f) {
-  uint32_t x = FloatBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);  // ties to even; a carry into the exponent is right (up to Inf)
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t x = FloatBits(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // ties to even; a carry into
+                                                                     // the exponent is right (up to Inf)
+  const uint32_t quiet_nan = (x >> 16) | 0x0040u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 inline float Bfloat16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
 inline uint16_t FloatToFloat16(float f) {
-  uint32_t x = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));  // quiet NaN
-  if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 (the tie above 65504): Inf
-  if (x >= 0x38800000u) {  // >= 2^-14: normal
-    x += 0xfffu + ((x >> 13) & 1u);
-    return static_cast<uint16_t>(sign | ((x - 0x38000000u) >> 13));  // rebias 127 -> 15
-  }
-  if (x <= 0x33000000u) return sign;  // <= 2^-25 (the tie between 0 and 2^-24): zero
-  // Subnormal: the value in units of 2^-24, rounded to nearest even; it may
-  // round up to 0x400, the smallest normal, which is its right encoding.
-  const uint32_t exponent = x >> 23;  // 102..112
-  const uint32_t mantissa = (x & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - exponent;  // 14..24
-  uint32_t q = mantissa >> shift;
+  const uint32_t x = FloatBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  const uint32_t quiet_nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  // Normal (a >= 2^-14): round to 10 fraction bits, rebias 127 -> 15.
+  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  // Subnormal or zero (a < 2^-14): the value in units of 2^-24, rounded to
+  // nearest even; it may round up to 0x400, the smallest normal, which is
+  // its right encoding. The shift is 14..24 where the result is not 0;
+  // clamped to 31 it gives 0 for everything smaller (2^-25, the tie between
+  // 0 and 2^-24, rounds to even: 0).
+  const uint32_t exponent = a >> 23;
+  const uint32_t shift = exponent >= 112 ? 14 : exponent <= 95 ? 31 : 126 - exponent;
+  const uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t q = mantissa >> shift;
   const uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
-  if (rest > half || (rest == half && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
+  const uint32_t subnormal = q + ((rest > half) | ((rest == half) & q & 1u));
+  const uint32_t r = a > 0x7f800000u   ? quiet_nan
+                     : a >= 0x477ff000u ? 0x7c00u  // >= 65520 (the tie above 65504): Inf
+                     : a >= 0x38800000u ? normal
+                                        : subnormal;
+  return static_cast<uint16_t>(sign | r);
 }
 
 inline float Float16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return BitsFloat(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return BitsFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
-  if (mantissa == 0) return BitsFloat(sign);
-  // Subnormal: mantissa * 2^-24, exact in float32.
-  const float magnitude = static_cast<float>(mantissa) * BitsFloat(0x33800000u);  // 2^-24
-  return BitsFloat(sign | FloatBits(magnitude));
+  const uint32_t inf_nan = 0x7f800000u | (mantissa << 13);
+  const uint32_t normal = ((exponent + 112) << 23) | (mantissa << 13);
+  const uint32_t subnormal = FloatBits(static_cast<float>(mantissa) * BitsFloat(0x33800000u));  // m * 2^-24, exact
+  return BitsFloat(sign | (exponent == 0x1f ? inf_nan : exponent != 0 ? normal : subnormal));
 }
 
 // Whether a 16-bit value is NaN or infinite (all exponent bits set).
@@ -105,8 +110,18 @@ inline bool IsNonFinite16(Dtype t, uint16_t h) {
   return t == Dtype::kBfloat16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
 }
 
+// The bulk conversions run on every 16-bit READ and WRITE (server) and
+// Push/Pull (learner): vectorised, with AVX2 and AVX-512 clones picked at
+// load time where GCC builds them (each file that includes this header gets
+// its own copies: they have internal linkage).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define BLKPS_WIRE_VECTORISED __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
+#else
+#define BLKPS_WIRE_VECTORISED
+#endif
+
 // n float32 values to the 16-bit type t (t != kFloat32).
-inline void Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) {
+BLKPS_WIRE_VECTORISED static inline void Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) {
   if (t == Dtype::kBfloat16) {
     for (size_t i = 0; i < n; ++i) dst[i] = FloatToBfloat16(src[i]);
   } else {
@@ -115,13 +130,15 @@ inline void Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) {
 }
 
 // n 16-bit values of type t (t != kFloat32) to float32, exactly.
-inline void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) {
+BLKPS_WIRE_VECTORISED static inline void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) {
   if (t == Dtype::kBfloat16) {
     for (size_t i = 0; i < n; ++i) dst[i] = Bfloat16ToFloat(src[i]);
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
   }
 }
+
+#undef BLKPS_WIRE_VECTORISED
 
 }  // namespace blkps::wire
 
