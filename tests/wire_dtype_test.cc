@@ -128,6 +128,16 @@ TEST_P(WireDtype, ArrayConversionsMatchTheScalarOnes) {
   }
 }
 
+TEST_P(WireDtype, FirstNonFiniteFindsTheFirstNanOrInf) {
+  const Dtype t = GetParam();
+  std::vector<uint16_t> v(10000, Narrow1(t, 1.0f));
+  EXPECT_EQ(blkps::wire::FirstNonFinite16(t, v.data(), v.size()), v.size());
+  v[9000] = Narrow1(t, std::numeric_limits<float>::quiet_NaN());
+  v[5000] = Narrow1(t, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(blkps::wire::FirstNonFinite16(t, v.data(), v.size()), 5000u);
+  EXPECT_EQ(blkps::wire::FirstNonFinite16(t, v.data(), 5000), 5000u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, WireDtype, ::testing::Values(Dtype::kBfloat16, Dtype::kFloat16),
                          [](const ::testing::TestParamInfo<Dtype>& info) {
                            return std::string(blkps::wire::DtypeName(info.param));

@@ -166,15 +166,15 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
                                 static_cast<ull>(count), dtype()));
   }
   wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
-  for (uint64_t i = 0; i < count; ++i) {
-    if (wire::IsNonFinite16(dtype_, wire_buffer_[i])) {
-      return Record(Status::Error(
-          EINVAL,
-          "push: gradient for parameter %llu is %g, which is %s in %s; "
-          "nothing was sent",
-          static_cast<ull>(first_param + i), static_cast<double>(grad[i]),
-          grad[i] != grad[i] ? "NaN" : "infinite", dtype()));
-    }
+  const uint64_t bad =
+      wire::FirstNonFinite16(dtype_, wire_buffer_.data(), count);
+  if (bad != count) {
+    return Record(Status::Error(
+        EINVAL,
+        "push: gradient for parameter %llu is %g, which is %s in %s; "
+        "nothing was sent",
+        static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
+        grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
   }
   return Record(Transfer(*device_, Direction::kWrite, offset,
                          wire_buffer_.data(), length, request_bytes_,

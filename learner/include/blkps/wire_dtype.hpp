@@ -138,6 +138,23 @@ BLKPS_WIRE_VECTORISED static inline void Widen(Dtype t, const uint16_t* src, flo
   }
 }
 
+// Index of the first value in v[0..n) that is NaN or infinite in type t
+// (t != kFloat32), or n if there is none.
+BLKPS_WIRE_VECTORISED static inline size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) {
+  constexpr size_t kChunk = 4096;  // branch-free within a chunk
+  for (size_t start = 0; start < n; start += kChunk) {
+    const size_t end = n - start < kChunk ? n : start + kChunk;
+    unsigned bad = 0;
+    for (size_t i = start; i < end; ++i) bad |= IsNonFinite16(t, v[i]);
+    if (bad) {
+      for (size_t i = start; i < end; ++i) {
+        if (IsNonFinite16(t, v[i])) return i;
+      }
+    }
+  }
+  return n;
+}
+
 #undef BLKPS_WIRE_VECTORISED
 
 }  // namespace blkps::wire
