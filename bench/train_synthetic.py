@@ -86,9 +86,9 @@ def train(args):
     n = features * classes
     task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
     if args.engine:
-        exchange = EngineExchange(args.target, n)
+        exchange = EngineExchange(args.target, n, args.dtype)
     else:
-        exchange = ModelExchange(args.target, n)
+        exchange = ModelExchange(args.target, n, args.dtype)
     if args.start_at:
         time.sleep(max(0.0, args.start_at - time.time()))
     losses, times = [], []
@@ -123,10 +123,10 @@ def train(args):
 class ModelExchange:
     """Pull, compute, push in turn with blkps.Model (one thread)."""
 
-    def __init__(self, target, n):
-        self.model = blkps.Model(target)
-        if self.model.size_bytes < 4 * n:
-            sys.exit(f"train_synthetic: {target} holds {self.model.size_bytes // 4} parameters, "
+    def __init__(self, target, n, dtype):
+        self.model = blkps.Model(target, dtype=dtype)
+        if self.model.param_capacity < n:
+            sys.exit(f"train_synthetic: {target} holds {self.model.param_capacity} parameters, "
                      f"the model needs {n} (start the server with params={n})")
         self.weights = np.empty(n, dtype=np.float32)
         self.grad = np.zeros(n, dtype=np.float32)
@@ -155,11 +155,11 @@ class EngineExchange:
     Adaptive pulling is off, so every step moves the whole model both ways,
     as ModelExchange does."""
 
-    def __init__(self, target, n):
+    def __init__(self, target, n, dtype):
         engine_class = getattr(blkps, "Engine", None)
         if engine_class is None:
             sys.exit("train_synthetic: --engine: this blkps binding has no Engine")
-        self.engine = engine_class(target, param_count=n, adaptive_pull=False)
+        self.engine = engine_class(target, param_count=n, adaptive_pull=False, dtype=dtype)
         self.rows = {}  # gradient buffer address -> rows it holds from its last use
         self.grad = None
         self.comm_seconds = 0.0
@@ -198,6 +198,8 @@ def main():
     ap.add_argument("--active", type=int, default=32, help="features set per sample (default 32)")
     ap.add_argument("--start-at", type=float, help="wall-clock second to start at")
     ap.add_argument("--engine", action="store_true", help="use blkps.Engine")
+    ap.add_argument("--dtype", help="the LUN's --bsopts dtype: float32 (default), bfloat16 or float16 "
+                    "(README \"16-bit wire\")")
     ap.add_argument("--result", help="write the learner's figures here (JSON)")
     ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
     args = ap.parse_args()
