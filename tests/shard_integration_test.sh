@@ -38,7 +38,12 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-shard-test-XXXXXX)
-trap 'for d in one two three; do "$blkps" shards stop --dir "$state/$d"; done; rm -rf "$state"' EXIT
+stop_all() {
+  local d
+  for d in one two three; do "$blkps" shards stop --dir "$state/$d"; done
+  rm -rf "$state"
+}
+trap stop_all EXIT
 params=$("$py" "$train" --params)
 fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 
