@@ -91,9 +91,9 @@ def train(args):
     n = features * classes
     task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
     if args.engine:
-        exchange = EngineExchange(args.target, n, args.drop_ratio, args.control)
+        exchange = EngineExchange(args.target, n, args.dtype, args.drop_ratio, args.control)
     else:
-        exchange = ModelExchange(args.target, n)
+        exchange = ModelExchange(args.target, n, args.dtype)
     if args.start_at:
         time.sleep(max(0.0, args.start_at - time.time()))
     losses, times = [], []
@@ -129,10 +129,10 @@ def train(args):
 class ModelExchange:
     """Pull, compute, push in turn with blkps.Model (one thread)."""
 
-    def __init__(self, target, n):
-        self.model = blkps.Model(target)
-        if self.model.size_bytes < 4 * n:
-            sys.exit(f"train_synthetic: {target} holds {self.model.size_bytes // 4} parameters, "
+    def __init__(self, target, n, dtype):
+        self.model = blkps.Model(target, dtype=dtype)
+        if self.model.param_capacity < n:
+            sys.exit(f"train_synthetic: {target} holds {self.model.param_capacity} parameters, "
                      f"the model needs {n} (start the server with params={n})")
         self.weights = np.empty(n, dtype=np.float32)
         self.grad = np.zeros(n, dtype=np.float32)
@@ -166,12 +166,12 @@ class EngineExchange:
     as ModelExchange does (with drop_ratio: the whole model is pulled, the
     largest runs of the gradient pushed)."""
 
-    def __init__(self, target, n, drop_ratio=0.0, control=None):
+    def __init__(self, target, n, dtype=None, drop_ratio=0.0, control=None):
         engine_class = getattr(blkps, "Engine", None)
         if engine_class is None:
             sys.exit("train_synthetic: --engine: this blkps binding has no Engine")
         self.engine = engine_class(target, param_count=n, adaptive_pull=False,
-                                   drop_ratio=drop_ratio, control_target=control)
+                                   drop_ratio=drop_ratio, control_target=control, dtype=dtype)
         # Dropping adds the residual into the pushed buffer: every row may be
         # non-zero afterwards, so the whole buffer is cleared.
         self.clear_all = drop_ratio > 0
@@ -223,6 +223,8 @@ def main():
                     help="with --engine: gradient runs dropped per push, in [0, 1) (default 0)")
     ap.add_argument("--control", help="with --engine: the model's CONTROL_URL (staleness; "
                     "with --drop-ratio in ssp, the per-block groups)")
+    ap.add_argument("--dtype", help="the LUN's --bsopts dtype: float32 (default), bfloat16 or float16 "
+                    "(README \"16-bit wire\")")
     ap.add_argument("--result", help="write the learner's figures here (JSON)")
     ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
     args = ap.parse_args()

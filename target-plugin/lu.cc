@@ -13,8 +13,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "blkps/control_lun.h"
+#include "blkps/wire_dtype.hpp"
 #include "job.h"
 #include "lu_options.h"
 
@@ -73,9 +75,10 @@ class JobRegistry {
       return server::Status::OK();
     }
     if (open) {
-      if (entry.bsopts != lu.bsopts) {
+      if (entry.bsopts != lu.options.model_bsopts) {
         return server::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
-                                               entry.bsopts + "'; a LUN joining it must give the same");
+                                               entry.bsopts + "'; a LUN joining it must give the same "
+                                               "(dtype aside)");
       }
       *out = open;
       return server::Status::OK();
@@ -83,14 +86,14 @@ class JobRegistry {
     server::Status s = server::Job::Create(
         name, lu.options.job, [name](const std::string& line) { Log("model '" + name + "': " + line); }, out);
     if (!s.ok()) return s;
-    entry = Entry{*out, lu.bsopts};
+    entry = Entry{*out, lu.options.model_bsopts};
     return server::Status::OK();
   }
 
  private:
   struct Entry {
     std::weak_ptr<server::Job> job;
-    std::string bsopts;  // what created it
+    std::string bsopts;  // what created it, dtype aside (LuOptions::model_bsopts)
   };
   std::mutex mu_;
   std::map<std::string, Entry> jobs_;
@@ -197,6 +200,73 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   });
 }
 
+// ---- The 16-bit wire (--bsopts dtype=bfloat16|float16) ----
+// A 16-bit learner LUN is a view of the float32 model: device byte 2*i holds
+// parameter i. Its READ and WRITE are converted here, at the LUN boundary,
+// and go on to the job as float32 (blkps/wire_dtype.hpp says how values
+// round); admission, clocks and the rule never see 16-bit values.
+
+bool IsWire16(const blkps_lu& lu) { return lu.options.dtype != blkps::wire::Dtype::kFloat32; }
+
+uint64_t WireSizeBytes(const blkps_lu& lu) {
+  const uint64_t bytes = lu.job->options().model.num_params * blkps::wire::BytesPerParam(lu.options.dtype);
+  return (bytes + server::kDeviceSectorBytes - 1) / server::kDeviceSectorBytes * server::kDeviceSectorBytes;
+}
+
+// The parameters device bytes [offset, offset + len) of a 16-bit LUN hold,
+// the padding past the model excluded. OutOfRange past the LUN's end;
+// InvalidArgument for half a value.
+struct WireRange {
+  uint64_t first = 0, count = 0;
+};
+server::Status ToWireRange(const blkps_lu& lu, uint64_t offset, uint64_t len, WireRange* out) {
+  const uint64_t size = WireSizeBytes(lu);
+  if (offset > size || len > size - offset) {
+    return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                                      ") pass the end of the model device (" + std::to_string(size) + " bytes, " +
+                                      blkps::wire::DtypeName(lu.options.dtype) + ")");
+  }
+  if (offset % 2 != 0 || len % 2 != 0) {
+    return server::Status::InvalidArgument("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                                           ") do not start and end on a 16-bit parameter (multiples of 2)");
+  }
+  const uint64_t params = lu.job->options().model.num_params;
+  out->first = offset / 2;
+  out->count = out->first < params ? std::min(len / 2, params - out->first) : 0;
+  return server::Status::OK();
+}
+
+// Per worker thread: the float32 side of a 16-bit transfer.
+std::vector<float>& WideScratch(uint64_t count) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < count) scratch.resize(count);
+  return scratch;
+}
+
+server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) {
+  WireRange r;
+  server::Status s = ToWireRange(*lu, offset, len, &r);
+  if (!s.ok()) return s;
+  std::vector<float>& wide = WideScratch(r.count);
+  s = lu->job->Read(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
+  if (!s.ok()) return s;
+  uint16_t* narrow = static_cast<uint16_t*>(buf);
+  blkps::wire::Narrow(lu->options.dtype, wide.data(), narrow, r.count);
+  std::memset(narrow + r.count, 0, len - r.count * 2);  // padding
+  return server::Status::OK();
+}
+
+// Widening is exact and keeps NaN and Inf, so the job's own check refuses
+// such a gradient whole (and counts it) as it does a float32 one.
+server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len) {
+  WireRange r;
+  server::Status s = ToWireRange(*lu, offset, len, &r);
+  if (!s.ok()) return s;
+  std::vector<float>& wide = WideScratch(r.count);
+  blkps::wire::Widen(lu->options.dtype, static_cast<const uint16_t*>(buf), wide.data(), r.count);
+  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
+}
+
 }  // namespace
 
 extern "C" {
@@ -232,7 +302,7 @@ int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t lun, int wake_fd, uin
     ssize_t ignored = write(wake_fd, &one, sizeof one);  // eventfd: only fails if the count would overflow
     (void)ignored;
   });
-  *size_bytes = lu->job->size_bytes();
+  *size_bytes = IsWire16(*lu) ? WireSizeBytes(*lu) : lu->job->size_bytes();
   return 0;
 }
 
@@ -244,6 +314,11 @@ void blkps_lu_close(blkps_lu* lu) {
 
 int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd) {
   if (!lu->job || lu->options.control) return 0;
+  if (IsWire16(*lu)) {  // the same parameters in float32 bytes
+    const uint64_t per_param = blkps::wire::BytesPerParam(lu->options.dtype);
+    offset = offset / per_param * sizeof(float);
+    len = len / per_param * sizeof(float);
+  }
   return lu->job->Admit(lu->slot, write != 0, offset, len, cmd) == server::Job::Admission::kHold;
 }
 
@@ -262,6 +337,7 @@ blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t
                               size_t errlen) {
   if (!lu->job) return BLKPS_IO_NOT_READY;
   if (lu->options.control) return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len), err, errlen);
+  if (IsWire16(*lu)) return ToIoResult(WireRead(lu, offset, buf, len), err, errlen);
   return ToIoResult(lu->job->Read(lu->slot, offset, buf, len), err, errlen);
 }
 
@@ -277,6 +353,7 @@ blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, u
     }
     return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len), err, errlen);
   }
+  if (IsWire16(*lu)) return ToIoResult(WireWrite(lu, offset, buf, len), err, errlen);
   return ToIoResult(lu->job->Write(lu->slot, offset, buf, len), err, errlen);
 }
 

@@ -102,6 +102,7 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   bool has_eps = false;
   for (const auto& [key, value] : pairs) {
     seen.insert(key);
+    if (key != "dtype") opts.model_bsopts += (opts.model_bsopts.empty() ? "" : ";") + key + "=" + value;
 
     if (key == "params") {
       if (!ParseSize(value, false, &opts.job.model.num_params) || opts.job.model.num_params == 0) {
@@ -156,6 +157,8 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       if (!ParseSeconds(value, 0, false, 1e9, &opts.job.checkpoint_every_s)) {
         return Bad(key, "seconds, >= 0 (0: only on fsync)", value);
       }
+    } else if (key == "dtype") {
+      if (!wire::ParseDtype(value, &opts.dtype)) return Bad(key, std::string("one of ") + wire::kDtypeNames, value);
     } else if (key == "role") {
       if (value != "control") return Bad(key, "control", value);
       opts.control = true;

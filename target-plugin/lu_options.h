@@ -21,6 +21,11 @@
 //   checkpoint_every=<s>  also write it every s seconds (default 0: off)
 //   role=control      this LUN is the status and control LUN of the model
 //                     its --backing-store names (no other key allowed)
+//   dtype=<t>         how this learner LUN presents the model: float32 |
+//                     bfloat16 | float16 (default float32); a 16-bit LUN
+//                     holds parameter i at byte 2*i (blkps/wire_dtype.hpp).
+//                     The model stays float32; LUNs of one model may differ
+//                     in dtype only.
 // This is the one parser of --bsopts; README.md documents the same keys.
 #pragma once
 
@@ -28,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "blkps/wire_dtype.hpp"
 #include "job.h"
 #include "status.h"
 
@@ -35,11 +41,15 @@ namespace blkps::server {
 
 inline constexpr const char* kLuOptionKeys =
     "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
-    "hold_limit, max_dead, checkpoint, checkpoint_every, role";
+    "hold_limit, max_dead, checkpoint, checkpoint_every, role, dtype";
 
 struct LuOptions {
   bool control = false;  // role=control
+  wire::Dtype dtype = wire::Dtype::kFloat32;  // this LUN's view of the model
   JobOptions job;
+  // The options that define the model: bsopts without dtype, pairs in the
+  // order given. LUNs joining one model must give the same.
+  std::string model_bsopts;
 };
 
 // The key=value pairs of `bsopts` in the order given, values verbatim

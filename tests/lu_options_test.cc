@@ -96,6 +96,21 @@ TEST(LuOptions, ServerSemanticsKeys) {
   EXPECT_EQ(o.job.consistency.mode, ConsistencyMode::kBsp);
 }
 
+TEST(LuOptions, DtypeIsPerLunAndNotPartOfTheModel) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=10;lr=0.5", &o).ok());
+  EXPECT_EQ(o.dtype, wire::Dtype::kFloat32);
+  const std::string model = o.model_bsopts;
+  EXPECT_EQ(model, "params=10;lr=0.5");
+  for (const char* t : {"bfloat16", "float16", "float32"}) {
+    ASSERT_TRUE(ParseLuOptions(std::string("params=10;dtype=") + t + ";lr=0.5", &o).ok()) << t;
+    EXPECT_STREQ(wire::DtypeName(o.dtype), t);
+    EXPECT_EQ(o.model_bsopts, model) << t;
+  }
+  EXPECT_EQ(ErrorOf("params=10;dtype=fp16"), "dtype: expected one of float32, bfloat16, float16, got 'fp16'");
+  EXPECT_EQ(ErrorOf("role=control;dtype=bfloat16").rfind("role:", 0), 0u);
+}
+
 TEST(LuOptions, ControlLunTakesOnlyItsRole) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("role=control", &o).ok());

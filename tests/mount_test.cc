@@ -76,7 +76,7 @@ std::vector<std::pair<uint64_t, uint64_t>> RandomPieces(uint64_t length, int cut
 }
 
 TEST(SplitWriteAssembler, WholeBlocksGoStraightThrough) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(4 * kBlock, 1);
   auto result = assembler.AddPiece(kBlock, data.data(), data.size(), 1);
   EXPECT_EQ(result.direct_begin, kBlock);
@@ -86,7 +86,7 @@ TEST(SplitWriteAssembler, WholeBlocksGoStraightThrough) {
 }
 
 TEST(SplitWriteAssembler, BlockSplitInsideAFloatIsSentOnceWhenComplete) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(kBlock, 2);
   auto first = assembler.AddPiece(0, data.data(), 301, 1);  // cuts float 75
   EXPECT_TRUE(first.drained.blocks.empty());
@@ -99,7 +99,7 @@ TEST(SplitWriteAssembler, BlockSplitInsideAFloatIsSentOnceWhenComplete) {
 }
 
 TEST(SplitWriteAssembler, PartialBlockOfWholeFloatsIsZeroCompletedAtFlush) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(100, 3);
   assembler.AddPiece(kBlock + 8, data.data(), 100, 7);
   EXPECT_TRUE(assembler.TakeOwnedBy(8).blocks.empty());  // another open file
@@ -114,7 +114,7 @@ TEST(SplitWriteAssembler, PartialBlockOfWholeFloatsIsZeroCompletedAtFlush) {
 }
 
 TEST(SplitWriteAssembler, PartlyWrittenFloatIsDroppedAtFlushWithAMessage) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(10, 4);
   assembler.AddPiece(0, data.data(), 10, 1);  // float at byte 8 half written
   Drained drained = assembler.TakeAll();
@@ -125,8 +125,25 @@ TEST(SplitWriteAssembler, PartlyWrittenFloatIsDroppedAtFlushWithAMessage) {
   EXPECT_EQ(assembler.pending_blocks(), 0u);
 }
 
+// A 16-bit LUN's file (blkps-mount --dtype): a value is 2 bytes, so bytes
+// 8..9 are whole, and byte 10 alone is half of one.
+TEST(SplitWriteAssembler, SixteenBitFilesCheckTwoByteValues) {
+  SplitWriteAssembler assembler(kBlock, 2);
+  std::vector<uint8_t> data = Pattern(11, 4);
+  assembler.AddPiece(0, data.data(), 10, 1);
+  Drained whole = assembler.TakeAll();
+  ASSERT_EQ(whole.blocks.size(), 1u);
+  EXPECT_TRUE(whole.dropped.empty());
+  assembler.AddPiece(0, data.data(), 11, 1);
+  Drained drained = assembler.TakeAll();
+  EXPECT_TRUE(drained.blocks.empty());
+  ASSERT_EQ(drained.dropped.size(), 1u);
+  EXPECT_NE(drained.dropped[0].find("16-bit value at byte 10"), std::string::npos)
+      << drained.dropped[0];
+}
+
 TEST(SplitWriteAssembler, ByteFilesZeroCompleteAnyPartialBlock) {
-  SplitWriteAssembler assembler(kBlock, false);  // e.g. the control LUN
+  SplitWriteAssembler assembler(kBlock, 0);  // e.g. the control LUN
   const char command[] = "lr=0.001\n";
   assembler.AddPiece(65536, reinterpret_cast<const uint8_t*>(command), 9, 1);
   Drained drained = assembler.TakeOwnedBy(1);
@@ -136,7 +153,7 @@ TEST(SplitWriteAssembler, ByteFilesZeroCompleteAnyPartialBlock) {
 }
 
 TEST(SplitWriteAssembler, ReadTakesOverlappingWholeFloatBlocksOnly) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(kBlock, 5);
   assembler.AddPiece(0, data.data(), 8, 1);              // whole floats
   assembler.AddPiece(2 * kBlock, data.data(), 6, 1);     // a partial float
@@ -149,7 +166,7 @@ TEST(SplitWriteAssembler, ReadTakesOverlappingWholeFloatBlocksOnly) {
 }
 
 TEST(SplitWriteAssembler, SecondGradientForTheSameBytesPushesTheFirstOut) {
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> a = Pattern(16, 6), b = Pattern(16, 7);
   assembler.AddPiece(0, a.data(), 16, 1);
   auto result = assembler.AddPiece(8, b.data(), 16, 1);  // overlaps bytes 8..15
@@ -174,7 +191,7 @@ TEST(SplitWriteAssembler, RandomSplitsInRandomOrderArriveExactlyOnce) {
     std::vector<uint8_t> data = Pattern(length, round);
     auto pieces = RandomPieces(length, 1 + random() % 12, &random);
     std::shuffle(pieces.begin(), pieces.end(), random);
-    SplitWriteAssembler assembler(kBlock, true);
+    SplitWriteAssembler assembler(kBlock, 4);
     RecordingDevice device(device_size);
     for (auto [begin, end] : pieces) {
       device.Apply(assembler.AddPiece(offset + begin, data.data() + begin,
@@ -200,7 +217,7 @@ TEST(SplitWriteAssembler, ConcurrentPiecesArriveExactlyOnce) {
   std::vector<uint8_t> data = Pattern(device_size, 9);
   auto pieces = RandomPieces(device_size, 3000, &random);
   std::shuffle(pieces.begin(), pieces.end(), random);
-  SplitWriteAssembler assembler(kBlock, true);
+  SplitWriteAssembler assembler(kBlock, 4);
   RecordingDevice device(device_size);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

@@ -2,7 +2,7 @@
 # blkps-mount end to end: each part starts its own tgtd (blkps target),
 # mounts the model in a temporary folder, checks, and always unmounts and
 # stops the target, also on failure.
-# Usage: mount_test.sh <repo> <build dir> lifecycle|exactly_once|fio|learner
+# Usage: mount_test.sh <repo> <build dir> lifecycle|exactly_once|fio|learner|sixteen_bit
 #   lifecycle     files and sizes, weights as libblkps reads them, unmount by
 #                 SIGTERM, daemon mode and fusermount3 -u, kill -9 then
 #                 fusermount3 -u cleans up
@@ -15,6 +15,10 @@
 #   learner       2 learners in bsp through the mount (plain_digits.py, plain
 #                 file I/O) reach the same test accuracy (>= 0.90) as through
 #                 libblkps (train_digits.py)
+#   sixteen_bit   --dtype float16 over a float16 LUN: the file is 2 bytes per
+#                 parameter; unaligned pwrites of float16 integers add up
+#                 exactly (read back through the file and through libblkps);
+#                 a half-written value fails close with EIO
 set -euo pipefail
 top=$1 build=$2 part=$3
 py=/usr/bin/python3
@@ -84,6 +88,44 @@ fio_json() {  # fio_json ARGS...: runs fio, prints "error ios" of job 0
   "$py" -c 'import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 print(j["error"], j["read"]["total_ios"] + j["write"]["total_ios"])' "$work/fio.json"
+}
+
+sixteen_bit() {
+  start_target ps "params=1000000;rule=sum;dtype=float16" --luns 1
+  local url
+  url=$(show ps URL)
+  mount_fg --dtype float16 "m=$url"
+  [ "$(stat -c %s "$mnt/m")" = $(( (2 * 1000000 + 511) / 512 * 512 )) ] || fail "size $(stat -c %s "$mnt/m")"
+  "$py" - "$mnt/m" "$url" "$top/learner/python" <<'PY' || fail "16-bit writes through the mount"
+import errno, os, sys
+import numpy as np
+path, url = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import blkps
+n = 1000000
+g = ((np.arange(n) % 7) - 3).astype(np.float16)
+fd = os.open(path, os.O_RDWR)
+os.pwrite(fd, g[:333333].tobytes(), 0)           # ends inside a block
+os.pwrite(fd, g[333333:].tobytes(), 2 * 333333)  # starts inside it
+os.pwrite(fd, g[5:1005].tobytes(), 2 * 5)        # a second gradient for 1000 of them
+os.fsync(fd)
+os.close(fd)
+want = 1.0 * g.astype(np.float32)
+want[5:1005] += g[5:1005]
+got = np.fromfile(path, dtype=np.float16, count=n).astype(np.float32)
+assert np.array_equal(got, want), f"through the file: {got[:8]} != {want[:8]}"
+with blkps.Model(url, dtype="float16") as m:
+    assert np.array_equal(m.pull(0, n), want), "through libblkps"
+fd = os.open(path, os.O_WRONLY)
+os.pwrite(fd, b"\x01", 11)  # half of parameter 5's value
+try:
+    os.close(fd)
+    sys.exit("a half-written 16-bit value did not fail close")
+except OSError as e:
+    assert e.errno == errno.EIO, e
+PY
+  grep -q "16-bit value at byte 10 is only partly written" "$work/mount.log" || fail "no log line: $(cat "$work/mount.log")"
+  unmount_by_signal
 }
 
 case "$part" in
@@ -193,6 +235,9 @@ learner)
   echo "test accuracy: through the mount $via_mount, through libblkps $direct"
   [ "$via_mount" = "$direct" ] || fail "accuracy differs: mount $via_mount, libblkps $direct"
   "$py" -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= 0.90 else "below 0.90")' "$via_mount"
+  ;;
+sixteen_bit)
+  sixteen_bit
   ;;
 *)
   fail "unknown part '$part'"

@@ -2,10 +2,12 @@
 """The Python binding (learner/python/blkps/) against a real tgtd: Model's
 push/pull/read/write round trip, Engine's double-buffered loop giving exact
 weights, and its errors (OSError with libblkps's message; ValueError after
-close); blkps.control's status, counters, commands and weights window.
+close); blkps.control's status, counters, commands and weights window;
+Model and Engine on bfloat16 and float16 LUNs (exact small-integer sums).
 
 Usage: python_binding_test.py <repo> <build dir>
 """
+import errno
 import os
 import subprocess
 import sys
@@ -28,14 +30,13 @@ def check(condition, message):
         sys.exit(f"python_binding_test: {message}")
 
 
-def start_target(state):
+def start_target(state, bsopts=f"params={PARAMS};rule=sgd;lr=1;mode=async"):
     """Starts a target in `state`; returns its URL and CONTROL_URL."""
     blkps_command = os.path.join(top, "scripts", "blkps")
     subprocess.run(
         [blkps_command, "target", "start", "--dir", state,
          "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-         "--owner-pid", str(os.getpid()),
-         "--bsopts", f"params={PARAMS};rule=sgd;lr=1;mode=async"],
+         "--owner-pid", str(os.getpid()), "--bsopts", bsopts],
         check=True, stdout=subprocess.DEVNULL)
     shown = subprocess.run([blkps_command, "target", "show", "--dir", state, "--get", "URL", "--get", "CONTROL_URL"],
                            check=True, capture_output=True, text=True).stdout.split()
@@ -159,18 +160,49 @@ def test_control(url, control_url):
         model.push(0, np.full(PARAMS, -1.0, dtype=np.float32))  # back to zeros
 
 
+def test_sixteen_bit(url, dtype):
+    """A LUN with --bsopts dtype=bfloat16|float16 (rule=sum): Model and Engine
+    take float32 arrays; small integer sums come back exact."""
+    with blkps.Model(url, dtype=dtype) as model:
+        check(model.param_capacity == model.size_bytes // 2 >= PARAMS,
+              f"{dtype}: capacity {model.param_capacity} for {model.size_bytes} bytes")
+        grad = (np.arange(PARAMS, dtype=np.float32) % 9) - 4
+        model.push(0, grad)
+        model.push(0, grad)
+        weights = model.pull(0, PARAMS)
+        check(np.array_equal(weights, 2 * grad), f"{dtype}: two pushes of small integers did not add exactly")
+        try:
+            model.push(0, np.full(PARAMS, np.nan, dtype=np.float32))
+            check(False, f"{dtype}: a NaN gradient did not raise")
+        except OSError as e:
+            check(e.errno == errno.EINVAL and "is NaN" in e.strerror, f"unclear error: {e}")
+        model.push(0, -2 * grad)  # back to zeros
+    with blkps.Engine(url, param_count=PARAMS, dtype=dtype) as engine:
+        for t in range(ITERATIONS):
+            engine.gradient[:] = t + 1
+            engine.finish() if t + 1 == ITERATIONS else engine.step()
+    with blkps.Model(url, dtype=dtype) as model:
+        weights = model.pull(0, PARAMS)
+    want = ITERATIONS * (ITERATIONS + 1) / 2
+    check(np.all(weights == want), f"{dtype}: engine weights {weights[:4]}..., expected {want} everywhere")
+
+
 def main():
-    state = tempfile.mkdtemp(prefix="blkps-pytest-")
+    states = [tempfile.mkdtemp(prefix="blkps-pytest-") for _ in range(3)]
     try:
-        env = start_target(state)
+        env = start_target(states[0])
         test_model(env["URL"])
         test_control(env["URL"], env["CONTROL_URL"])
         weights = test_engine(env["URL"], env["CONTROL_URL"])
         test_engine_dropping(env["URL"], weights)
+        for state, dtype in zip(states[1:], ("bfloat16", "float16")):
+            test_sixteen_bit(start_target(state, f"params={PARAMS};rule=sum;dtype={dtype}")["URL"], dtype)
     finally:
-        subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state])
-        subprocess.run(["rm", "-rf", state])
-    print("python binding: Model, Engine and control OK")
+        for state in states:
+            subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state],
+                           stderr=subprocess.DEVNULL)
+            subprocess.run(["rm", "-rf", state])
+    print("python binding: Model, Engine, control and the 16-bit wire OK")
 
 
 if __name__ == "__main__":

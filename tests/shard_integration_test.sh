@@ -9,6 +9,10 @@
 #   shard_integration_test.sh <repo> <build dir> partial-start
 #     a start where the second shard fails prints one line naming it and
 #     leaves no tgtd running.
+#   shard_integration_test.sh <repo> <build dir> sixteen-bit
+#     a model of 10,007 parameters over 3 bfloat16 shards (--bsopts
+#     dtype=bfloat16): the layout says dtype, and small integer gradients
+#     pushed through layout: add up exactly in the float32 model.
 #   shard_integration_test.sh <repo> <build dir> status-and-set
 #     `blkps set lr=... --dir DIR` reaches every shard, and `blkps status
 #     --dir DIR` reports each.
@@ -34,7 +38,12 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-shard-test-XXXXXX)
-trap '"$blkps" shards stop --dir "$state/one"; "$blkps" shards stop --dir "$state/two"; rm -rf "$state"' EXIT
+stop_all() {
+  local d
+  for d in one two three; do "$blkps" shards stop --dir "$state/$d"; done
+  rm -rf "$state"
+}
+trap stop_all EXIT
 params=$("$py" "$train" --params)
 fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 
@@ -112,5 +121,28 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
     [ "$("$blkps" status --dir "$state/two" | grep -c '^== shard')" = 2 ] ||
       fail "status does not show both shards"
     ;;
-  *) fail "unknown test '$what' (same-weights, partial-start, status-and-set)" ;;
+  sixteen-bit)
+    "$blkps" shards start --dir "$state/three" --shards 3 --stripe-unit 4096 --plugin "$plugin" --owner-pid $$ \
+      --bsopts "params=10007;block=4K;rule=sum;dtype=bfloat16" >/dev/null
+    layout=$("$blkps" shards show --dir "$state/three" --get LAYOUT)
+    grep -qx "dtype = bfloat16" "$layout" || fail "the layout has no 'dtype = bfloat16' line: $(cat "$layout")"
+    "$py" - "layout:$layout" <<'PY' || fail "sums through 3 bfloat16 shards are not exact"
+import os, sys
+import numpy as np
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps
+n = 10007
+g = (np.arange(n, dtype=np.float32) % 13) - 6
+with blkps.Model(sys.argv[1], dtype="bfloat16") as m:
+    for _ in range(3):
+        m.push(0, g)
+    m.push(17, g[:100])  # an unaligned range too
+    w = m.pull(0, n)
+want = 3 * g
+want[17:117] += g[:100]
+sys.exit(0 if np.array_equal(w, want) else f"weights {w[:8]}..., expected {want[:8]}...")
+PY
+    "$blkps" shards stop --dir "$state/three"
+    ;;
+  *) fail "unknown test '$what' (same-weights, partial-start, sixteen-bit, status-and-set)" ;;
 esac

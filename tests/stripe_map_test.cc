@@ -201,6 +201,17 @@ TEST(ShardLayoutTest, ParsesUnitAndShardsInOrderWithComments) {
   EXPECT_EQ(layout.shards[1].line, 5);
 }
 
+TEST(ShardLayoutTest, SixteenBitShardsHalveTheDeviceStripeUnit) {
+  ShardLayout layout;
+  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\ndtype = float16\nshard = a\n",
+                               "m.layout", &layout)
+                  .ok());
+  EXPECT_EQ(layout.dtype, wire::Dtype::kFloat16);
+  EXPECT_EQ(layout.device_stripe_unit(), 2048u);
+  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\nshard = a\n", "m.layout", &layout).ok());
+  EXPECT_EQ(layout.device_stripe_unit(), 4096u);
+}
+
 // The message of parsing `text` as file "m.layout" (expected to fail).
 std::string ParseError(const std::string& text) {
   ShardLayout layout;
@@ -213,8 +224,14 @@ std::string ParseError(const std::string& text) {
 
 TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\nbogus = 1\n"),
-            "blkps: m.layout:3: unknown key 'bogus'; expected stripe_unit or "
-            "shard");
+            "blkps: m.layout:3: unknown key 'bogus'; expected stripe_unit, "
+            "dtype or shard");
+  EXPECT_EQ(ParseError("stripe_unit = 1024\ndtype = half\nshard = a\n"),
+            "blkps: m.layout:2: dtype: expected one of float32, bfloat16, "
+            "float16, got 'half'");
+  EXPECT_EQ(ParseError("stripe_unit = 512\ndtype = bfloat16\nshard = a\n"),
+            "blkps: m.layout:1: stripe_unit 512 over bfloat16 shards is 256 "
+            "device bytes, not a multiple of 512; use a multiple of 1024");
   EXPECT_EQ(ParseError("stripe_unit = 1000\nshard = a\n"),
             "blkps: m.layout:1: stripe_unit: expected a number of bytes > 0 "
             "and a multiple of 512, got '1000'");

@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "blkps/wire_dtype.hpp"
 #include "byte_size.h"
 #include "device.h"
 #include "device_pool.h"
@@ -80,6 +81,10 @@ constexpr char kUsage[] =
     "                        the device's, 1M for iSCSI); larger FUSE requests\n"
     "                        are cut into commands of this size\n"
     "  --queue-depth N       commands in flight per FUSE request (default 16)\n"
+    "  --dtype T             float32 (default), bfloat16 or float16: the\n"
+    "                        model files' LUNs' --bsopts dtype; a 16-bit file\n"
+    "                        holds parameter i at byte 2*i (README \"16-bit\n"
+    "                        wire\"), and a partly written value is 2 bytes\n"
     "  --sessions N          devices (iSCSI sessions) per file, opened on\n"
     "                        demand, one per concurrent request (default 16)\n"
     "  --threads N           most FUSE worker threads (default 32)\n"
@@ -109,6 +114,7 @@ struct Options {
   std::string control_name;  // the file holding the control LUN, if any
   uint64_t request_bytes = 0;  // 0: the device's default
   uint32_t queue_depth = 16;
+  wire::Dtype dtype = wire::Dtype::kFloat32;  // of the model files
   uint32_t sessions = 16;
   uint32_t threads = 32;
   uint32_t max_background = 64;
@@ -174,6 +180,12 @@ Options ParseOptions(int argc, char** argv) {
       }
     } else if (arg == "--queue-depth") {
       options.queue_depth = ParseCount(arg, value(), 1024);
+    } else if (arg == "--dtype") {
+      const std::string name = value();
+      if (!wire::ParseDtype(name, &options.dtype)) {
+        Fail("--dtype: expected one of " + std::string(wire::kDtypeNames) +
+             ", got '" + name + "'");
+      }
     } else if (arg == "--sessions") {
       options.sessions = ParseCount(arg, value(), 1024);
     } else if (arg == "--threads") {
@@ -551,7 +563,10 @@ void OpenFiles(Mount* mount) {
                                               std::move(first),
                                               mount->options.sessions);
     file->assembler = std::make_unique<SplitWriteAssembler>(
-        block, file->name != mount->options.control_name);
+        block, file->name == mount->options.control_name
+                   ? 0
+                   : static_cast<uint32_t>(
+                         wire::BytesPerParam(mount->options.dtype)));
     mount->files.push_back(std::move(file));
   }
 }

@@ -4,8 +4,9 @@
 
 namespace blkps {
 
-SplitWriteAssembler::SplitWriteAssembler(uint32_t block_size, bool whole_floats)
-    : block_size_(block_size), whole_floats_(whole_floats) {}
+SplitWriteAssembler::SplitWriteAssembler(uint32_t block_size,
+                                         uint32_t value_bytes)
+    : block_size_(block_size), value_bytes_(value_bytes) {}
 
 SplitWriteAssembler::PieceResult SplitWriteAssembler::AddPiece(
     uint64_t offset, const uint8_t* data, uint64_t length, uint64_t owner) {
@@ -77,32 +78,35 @@ void SplitWriteAssembler::MergeLocked(uint64_t offset, const uint8_t* data,
   }
 }
 
-int64_t SplitWriteAssembler::PartialFloat(const PendingBlock& block) const {
-  for (uint32_t i = 0; i < block_size_; i += 4) {
-    const int n = block.written[i] + block.written[i + 1] +
-                  block.written[i + 2] + block.written[i + 3];
-    if (n != 0 && n != 4) return i;
+int64_t SplitWriteAssembler::PartialValue(const PendingBlock& block) const {
+  if (value_bytes_ == 0) return -1;
+  for (uint32_t i = 0; i < block_size_; i += value_bytes_) {
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < value_bytes_; ++j) n += block.written[i + j];
+    if (n != 0 && n != value_bytes_) return i;
   }
   return -1;
 }
 
 void SplitWriteAssembler::EvictLocked(
     std::map<uint64_t, PendingBlock>::iterator it, Drained* out) {
-  const int64_t partial = whole_floats_ ? PartialFloat(it->second) : -1;
+  const int64_t partial = PartialValue(it->second);
   if (partial < 0) {
     out->blocks.push_back({it->first, std::move(it->second.bytes)});
   } else {
     const uint64_t at = it->first + static_cast<uint64_t>(partial);
     std::string written;
-    for (int i = 0; i < 4; ++i) {
+    for (uint32_t i = 0; i < value_bytes_; ++i) {
       if (it->second.written[partial + i]) {
         written += (written.empty() ? "" : ",") + std::to_string(at + i);
       }
     }
     out->dropped.push_back(
-        "block at byte " + std::to_string(it->first) + ": the float at byte " +
+        "block at byte " + std::to_string(it->first) + ": the " +
+        (value_bytes_ == 4 ? "float" : "16-bit value") + " at byte " +
         std::to_string(at) + " is only partly written (bytes " + written +
-        " of " + std::to_string(at) + ".." + std::to_string(at + 3) +
+        " of " + std::to_string(at) + ".." +
+        std::to_string(at + value_bytes_ - 1) +
         "); the block's pending bytes are dropped");
   }
   pending_.erase(it);
@@ -134,7 +138,7 @@ Drained SplitWriteAssembler::TakeOverlapping(uint64_t begin, uint64_t end) {
   for (auto it = pending_.lower_bound(first_block);
        it != pending_.end() && it->first < end;) {
     auto next = std::next(it);
-    if (!whole_floats_ || PartialFloat(it->second) < 0) EvictLocked(it, &out);
+    if (PartialValue(it->second) < 0) EvictLocked(it, &out);
     it = next;
   }
   return out;

@@ -3,7 +3,7 @@
 //
 // Why: with direct_io the kernel may cut one write(2) into several FUSE
 // writes at page boundaries of the CALLER'S buffer, so a piece may start or
-// end at any byte of the file, even inside a float; with async DIO the pieces
+// end at any byte of the file, even inside a value; with async DIO the pieces
 // may arrive concurrently and in any order. The blkps server applies
 // gradients in whole 512-byte logical blocks, and must see each block once.
 //
@@ -19,9 +19,10 @@
 //     a byte of it that is already written (a second gradient for the same
 //     parameter: the first one goes out alone, the new one starts a fresh
 //     pending block);
-//   - a block completed with zeros must hold whole floats only (for files
-//     with `whole_floats`; bytes 4k..4k+3 of the block are one float): a
-//     float only partly written is an error. At flush/fsync/release/overlap
+//   - a block completed with zeros must hold whole values only (for files
+//     of `value_bytes` V > 0; bytes V*k..V*k+V-1 of the block are one value:
+//     a float32, or a 16-bit value of a 16-bit LUN): a value only partly
+//     written is an error. At flush/fsync/release/overlap
 //     the block is dropped and one line says so (the caller returns EIO); a
 //     read leaves such a block pending, since its other bytes are most
 //     likely still on their way.
@@ -49,8 +50,8 @@ struct ReadyBlock {
 };
 
 // What the caller must send (blocks), and the blocks dropped (one message
-// each, e.g. "block at byte 4096: float at byte 4100 only partly written
-// (bytes 4100..4101 of 4100..4103); dropped").
+// each, e.g. "block at byte 4096: the value at byte 4100 is only partly
+// written (bytes 4100,4101 of 4100..4103); ... dropped").
 struct Drained {
   std::vector<ReadyBlock> blocks;
   std::vector<std::string> dropped;
@@ -58,11 +59,12 @@ struct Drained {
 
 class SplitWriteAssembler {
  public:
-  // REQUIRES: block_size > 0 and a multiple of 4.
-  // `whole_floats`: the file holds float32 gradients, so zero-completing a
-  // block with a partly written float is an error (false for byte files such
-  // as the control LUN, whose commands are NUL-padded text).
-  SplitWriteAssembler(uint32_t block_size, bool whole_floats);
+  // REQUIRES: block_size > 0 and a multiple of 4; value_bytes 0, 2 or 4.
+  // `value_bytes`: the file holds gradients of this size (4: float32, 2: a
+  // 16-bit LUN), so zero-completing a block with a partly written value is
+  // an error; 0 for byte files such as the control LUN, whose commands are
+  // NUL-padded text.
+  SplitWriteAssembler(uint32_t block_size, uint32_t value_bytes);
 
   SplitWriteAssembler(const SplitWriteAssembler&) = delete;
   SplitWriteAssembler& operator=(const SplitWriteAssembler&) = delete;
@@ -90,7 +92,7 @@ class SplitWriteAssembler {
   Drained TakeOwnedBy(uint64_t owner);
   // Every pending block, zero-completed (fsync, unmount).
   Drained TakeAll();
-  // Pending blocks that overlap [begin, end) and hold whole floats only,
+  // Pending blocks that overlap [begin, end) and hold whole values only,
   // zero-completed (before a read, so that it sees the reader's own writes).
   Drained TakeOverlapping(uint64_t begin, uint64_t end);
 
@@ -109,15 +111,16 @@ class SplitWriteAssembler {
   void MergeLocked(uint64_t offset, const uint8_t* data, uint64_t length,
                    uint64_t owner, Drained* out);
   // Moves the pending block `it` out of the table, zero-completed, into
-  // *out (or drops it, with a message, when it must hold whole floats and
+  // *out (or drops it, with a message, when it must hold whole values and
   // does not).
   void EvictLocked(std::map<uint64_t, PendingBlock>::iterator it,
                    Drained* out);
-  // The first float of `block` that is only partly written, or -1.
-  int64_t PartialFloat(const PendingBlock& block) const;
+  // The first value of `block` that is only partly written, or -1 (always
+  // -1 for byte files).
+  int64_t PartialValue(const PendingBlock& block) const;
 
   const uint32_t block_size_;
-  const bool whole_floats_;
+  const uint32_t value_bytes_;
   mutable std::mutex mutex_;
   std::map<uint64_t, PendingBlock> pending_;  // by device byte of the block
 };

@@ -14,6 +14,21 @@ struct blkps_model {
   std::unique_ptr<blkps::Model> model;
 };
 
+namespace {
+
+blkps::OpenOptions ToOpenOptions(const blkps_open_options& opts) {
+  blkps::OpenOptions options;
+  options.request_bytes = opts.request_bytes;
+  options.queue_depth = opts.queue_depth;
+  if (opts.initiator_name != nullptr) {
+    options.initiator_name = opts.initiator_name;
+  }
+  if (opts.dtype != nullptr) options.dtype = opts.dtype;
+  return options;
+}
+
+}  // namespace
+
 extern "C" {
 
 int blkps_open(const char* target, const blkps_open_options* opts,
@@ -22,13 +37,7 @@ int blkps_open(const char* target, const blkps_open_options* opts,
   int error_code = -ENOMEM;
   try {
     blkps::OpenOptions options;
-    if (opts != nullptr) {
-      options.request_bytes = opts->request_bytes;
-      options.queue_depth = opts->queue_depth;
-      if (opts->initiator_name != nullptr) {
-        options.initiator_name = opts->initiator_name;
-      }
-    }
+    if (opts != nullptr) options = ToOpenOptions(*opts);
     std::unique_ptr<blkps::Model> model =
         blkps::Model::Open(target, options, &error, &error_code);
     if (model != nullptr) {
@@ -48,6 +57,10 @@ void blkps_close(blkps_model* m) { delete m; }
 
 uint64_t blkps_size_bytes(const blkps_model* m) {
   return m->model->size_bytes();
+}
+
+uint64_t blkps_param_capacity(const blkps_model* m) {
+  return m->model->param_capacity();
 }
 
 uint32_t blkps_logical_block_size(const blkps_model* m) {
@@ -120,11 +133,7 @@ int blkps_engine_open(const char* target, const blkps_engine_options* opts,
     blkps_engine_options_init(&defaults);
     if (opts == nullptr) opts = &defaults;
     blkps::EngineOptions options;
-    options.open.request_bytes = opts->open.request_bytes;
-    options.open.queue_depth = opts->open.queue_depth;
-    if (opts->open.initiator_name != nullptr) {
-      options.open.initiator_name = opts->open.initiator_name;
-    }
+    options.open = ToOpenOptions(opts->open);
     options.first_param = opts->first_param;
     options.param_count = opts->param_count;
     options.double_buffering = opts->double_buffering != 0;

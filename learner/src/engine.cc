@@ -322,7 +322,7 @@ Status Engine::Impl::Start(const std::string& target,
   Status status = open(target, "push", &push_model_);
   if (!status.ok()) return status;
 
-  const uint64_t params_on_device = push_model_->size_bytes() / sizeof(float);
+  const uint64_t params_on_device = push_model_->param_capacity();
   if (options.first_param >= params_on_device ||
       options.param_count > params_on_device - options.first_param) {
     if (options.param_count == 0) {

@@ -17,7 +17,6 @@ namespace blkps {
 namespace {
 
 constexpr uint32_t kDefaultQueueDepth = 16;
-constexpr uint64_t kBytesPerParam = sizeof(float);
 
 using ull = unsigned long long;
 
@@ -39,12 +38,13 @@ Status Transfer(Device& device, Direction direction, uint64_t offset,
   }
 }
 
-// Parameters [first_param, first_param + count) as a byte range, or -ERANGE
-// when it does not fit on the device.
+// Parameters [first_param, first_param + count) as a byte range of a device
+// of `dtype`, or -ERANGE when it does not fit on the device.
 Status ParamsToBytes(const char* operation, uint64_t first_param,
-                     uint64_t count, uint64_t size_bytes, uint64_t* offset,
-                     uint64_t* length) {
-  const uint64_t params_on_device = size_bytes / kBytesPerParam;
+                     uint64_t count, uint64_t size_bytes, wire::Dtype dtype,
+                     uint64_t* offset, uint64_t* length) {
+  const uint64_t per_param = wire::BytesPerParam(dtype);
+  const uint64_t params_on_device = size_bytes / per_param;
   if (first_param > params_on_device ||
       count > params_on_device - first_param) {
     return Status::Error(
@@ -54,8 +54,8 @@ Status ParamsToBytes(const char* operation, uint64_t first_param,
         operation, static_cast<ull>(count), static_cast<ull>(first_param),
         static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
   }
-  *offset = first_param * kBytesPerParam;
-  *length = count * kBytesPerParam;
+  *offset = first_param * per_param;
+  *length = count * per_param;
   return Status();
 }
 
@@ -87,6 +87,13 @@ std::unique_ptr<Model> Model::Open(const std::string& target,
                                    std::string* error, int* error_code) {
   try {
     Status status;
+    wire::Dtype dtype = wire::Dtype::kFloat32;
+    if (!options.dtype.empty() && !wire::ParseDtype(options.dtype, &dtype)) {
+      *error = "blkps: dtype '" + options.dtype + "' is not one of " +
+               wire::kDtypeNames + " (the LUN's --bsopts dtype)";
+      if (error_code != nullptr) *error_code = -EINVAL;
+      return nullptr;
+    }
     std::unique_ptr<Device> device =
         OpenDevice(target, options.initiator_name, &status);
     if (device == nullptr) {
@@ -103,7 +110,7 @@ std::unique_ptr<Model> Model::Open(const std::string& target,
     const uint32_t queue_depth =
         options.queue_depth != 0 ? options.queue_depth : kDefaultQueueDepth;
     return std::unique_ptr<Model>(
-        new Model(std::move(device), request_bytes, queue_depth));
+        new Model(std::move(device), request_bytes, queue_depth, dtype));
   } catch (const std::bad_alloc&) {
     *error = "blkps: out of memory opening " + target;
     if (error_code != nullptr) *error_code = -ENOMEM;
@@ -112,10 +119,11 @@ std::unique_ptr<Model> Model::Open(const std::string& target,
 }
 
 Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes,
-             uint32_t queue_depth)
+             uint32_t queue_depth, wire::Dtype dtype)
     : device_(std::move(device)),
       request_bytes_(request_bytes),
-      queue_depth_(queue_depth) {}
+      queue_depth_(queue_depth),
+      dtype_(dtype) {}
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
@@ -127,6 +135,12 @@ uint32_t Model::logical_block_size() const {
   return device_->logical_block_size();
 }
 
+uint64_t Model::param_capacity() const {
+  return device_->size_bytes() / wire::BytesPerParam(dtype_);
+}
+
+const char* Model::dtype() const { return wire::DtypeName(dtype_); }
+
 int Model::Record(const Status& status) {
   if (status.ok()) return 0;
   last_error_ = status.message();
@@ -136,24 +150,56 @@ int Model::Record(const Status& status) {
 int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("push", first_param, count,
-                                device_->size_bytes(), &offset, &length);
-  if (status.ok()) {
+                                device_->size_bytes(), dtype_, &offset,
+                                &length);
+  if (!status.ok()) return Record(status);
+  if (dtype_ == wire::Dtype::kFloat32) {
     // A write only reads the buffer; TransferPlan's iovecs are not const.
-    status =
-        Transfer(*device_, Direction::kWrite, offset, const_cast<float*>(grad),
-                 length, request_bytes_, queue_depth_);
+    return Record(Transfer(*device_, Direction::kWrite, offset,
+                           const_cast<float*>(grad), length, request_bytes_,
+                           queue_depth_));
   }
-  return Record(status);
+  try {
+    wire_buffer_.resize(count);
+  } catch (const std::bad_alloc&) {
+    return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values",
+                                static_cast<ull>(count), dtype()));
+  }
+  wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
+  const uint64_t bad =
+      wire::FirstNonFinite16(dtype_, wire_buffer_.data(), count);
+  if (bad != count) {
+    return Record(Status::Error(
+        EINVAL,
+        "push: gradient for parameter %llu is %g, which is %s in %s; "
+        "nothing was sent",
+        static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
+        grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
+  }
+  return Record(Transfer(*device_, Direction::kWrite, offset,
+                         wire_buffer_.data(), length, request_bytes_,
+                         queue_depth_));
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("pull", first_param, count,
-                                device_->size_bytes(), &offset, &length);
-  if (status.ok()) {
-    status = Transfer(*device_, Direction::kRead, offset, weights, length,
-                      request_bytes_, queue_depth_);
+                                device_->size_bytes(), dtype_, &offset,
+                                &length);
+  if (!status.ok()) return Record(status);
+  if (dtype_ == wire::Dtype::kFloat32) {
+    return Record(Transfer(*device_, Direction::kRead, offset, weights, length,
+                           request_bytes_, queue_depth_));
   }
+  try {
+    wire_buffer_.resize(count);
+  } catch (const std::bad_alloc&) {
+    return Record(Status::Error(ENOMEM, "pull: out of memory for %llu %s values",
+                                static_cast<ull>(count), dtype()));
+  }
+  status = Transfer(*device_, Direction::kRead, offset, wire_buffer_.data(),
+                    length, request_bytes_, queue_depth_);
+  if (status.ok()) wire::Widen(dtype_, wire_buffer_.data(), weights, count);
   return Record(status);
 }
 

@@ -39,7 +39,7 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
   std::istringstream lines(text);
   std::string raw;
   int line = 0;
-  int unit_line = 0;
+  int unit_line = 0, dtype_line = 0;
   while (std::getline(lines, raw)) {
     ++line;
     const std::string content = Trim(raw.substr(0, raw.find('#')));
@@ -66,6 +66,17 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
                              name.c_str(), line, value.c_str());
       }
       unit_line = line;
+    } else if (key == "dtype") {
+      if (dtype_line != 0) {
+        return Status::Error(EINVAL, "%s:%d: dtype given twice (first on line %d)",
+                             name.c_str(), line, dtype_line);
+      }
+      if (!wire::ParseDtype(value, &layout->dtype)) {
+        return Status::Error(EINVAL, "%s:%d: dtype: expected one of %s, got '%s'",
+                             name.c_str(), line, wire::kDtypeNames,
+                             value.c_str());
+      }
+      dtype_line = line;
     } else if (key == "shard") {
       if (value.empty()) {
         return Status::Error(EINVAL,
@@ -82,8 +93,8 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
       layout->shards.push_back({value, line});
     } else {
       return Status::Error(EINVAL,
-                           "%s:%d: unknown key '%s'; expected stripe_unit or "
-                           "shard",
+                           "%s:%d: unknown key '%s'; expected stripe_unit, "
+                           "dtype or shard",
                            name.c_str(), line, key.c_str());
     }
   }
@@ -92,6 +103,17 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
                          "%s: no 'stripe_unit = <bytes>' line; a layout needs "
                          "one",
                          name.c_str());
+  }
+  if (layout->device_stripe_unit() % kSectorBytes != 0) {
+    return Status::Error(EINVAL,
+                         "%s:%d: stripe_unit %llu over %s shards is %llu "
+                         "device bytes, not a multiple of 512; use a multiple "
+                         "of 1024",
+                         name.c_str(), unit_line,
+                         static_cast<unsigned long long>(layout->stripe_unit),
+                         wire::DtypeName(layout->dtype),
+                         static_cast<unsigned long long>(
+                             layout->device_stripe_unit()));
   }
   if (layout->shards.empty()) {
     return Status::Error(EINVAL,

@@ -3,12 +3,16 @@
 //
 //   # blkps shard layout: the model is striped over the shards below,
 //   stripe_unit = 1048576   # bytes, a multiple of 512 and of the servers' model block
+//   dtype = bfloat16        # optional: the shards' LUNs are 16-bit
 //   shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1
 //   shard = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1
 //
 // One `key = value` per line; `#` starts a comment; blank lines are ignored.
-// `stripe_unit` appears once; `shard` once per shard, in stripe order
-// (shard 0 first). A shard is anything OpenDevice opens except another
+// `stripe_unit` appears once; `dtype` at most once; `shard` once per shard,
+// in stripe order (shard 0 first). stripe_unit counts bytes of the float32
+// model (stripe_unit / 4 parameters per unit), whatever the shards' dtype:
+// on 16-bit shards (their --bsopts dtype) a unit is stripe_unit / 2 device
+// bytes, which must be a multiple of 512. A shard is anything OpenDevice opens except another
 // layout; a relative path is taken relative to the layout file's folder.
 // See StripeMap for where each model byte lives.
 //
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "blkps/wire_dtype.hpp"
 #include "status.h"
 
 namespace blkps {
@@ -30,8 +35,11 @@ struct ShardLayout {
     std::string target;  // as OpenDevice takes it
     int line;            // where the layout file names it (1-based)
   };
-  uint64_t stripe_unit = 0;  // bytes; > 0 and a multiple of 512
+  uint64_t stripe_unit = 0;  // float32 model bytes; > 0 and a multiple of 512
+  wire::Dtype dtype = wire::Dtype::kFloat32;  // of the shards' LUNs
   std::vector<Shard> shards;
+  // A stripe unit in the shards' device bytes.
+  uint64_t device_stripe_unit() const { return stripe_unit / 4 * wire::BytesPerParam(dtype); }
 };
 
 // Parses the text of a layout file; `name` (the file's path) prefixes every

@@ -314,7 +314,7 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
       }
       shards.push_back(std::move(device));
     }
-    return StripedDevice::Create(layout.stripe_unit, std::move(shards),
+    return StripedDevice::Create(layout.device_stripe_unit(), std::move(shards),
                                  std::move(names), status);
   } catch (const std::bad_alloc&) {
     *status = Status::Error(ENOMEM, "out of memory opening layout %s",

@@ -91,7 +91,7 @@ def start(a):
                 raise UserError(what, f"shard {k}: {str(e).split(': ', 1)[-1]}") from None
             if a.owner_pid:
                 shard.start_watchdog(a.owner_pid)
-        layouts = write_layouts(folder, envs, a.luns, unit, params)
+        layouts = write_layouts(folder, envs, a.luns, unit, params, model["dtype"])
     except BaseException:
         stop(folder)
         raise
@@ -102,15 +102,16 @@ def start(a):
     return layouts, envs
 
 
-def write_layouts(folder, envs, luns, unit, params):
-    """DIR/slot-L.layout for every learner slot L: LUN L of every shard."""
+def write_layouts(folder, envs, luns, unit, params, dtype):
+    """DIR/slot-L.layout for every learner slot L: LUN L of every shard
+    (16-bit shards, --bsopts dtype: a dtype line says so)."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
         with open(path, "w") as f:
             f.write(f"# blkps shard layout (written by blkps shards start): learner slot {lun} of a model\n"
                     f"# of {params} parameters striped over {len(envs)} shard(s).\n"
-                    f"stripe_unit = {unit}\n")
+                    f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
             for env in envs:
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
         layouts.append(path)

@@ -49,6 +49,12 @@ typedef struct blkps_open_options {
   /* iSCSI initiator IQN; NULL = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
    * Copied during blkps_open. */
   const char *initiator_name;
+  /* How the device presents the model, as the LUN's --bsopts dtype says:
+   * NULL or "float32", "bfloat16", "float16" (README, "16-bit wire"). On a
+   * 16-bit device parameter i is at byte 2*i; blkps_push and blkps_pull
+   * still take float32 arrays and convert (nearest, ties to even). Another
+   * name fails blkps_open with -EINVAL. */
+  const char *dtype;
 } blkps_open_options;
 
 /* Opens `target`: a path (regular file or block device) or
@@ -68,13 +74,17 @@ BLKPS_EXPORT void blkps_close(blkps_model *m);
 
 /* Device size in bytes: a multiple of the logical block size. */
 BLKPS_EXPORT uint64_t blkps_size_bytes(const blkps_model *m);
+/* Parameters the device holds: its size over 4 bytes, or 2 on a 16-bit
+ * device. */
+BLKPS_EXPORT uint64_t blkps_param_capacity(const blkps_model *m);
 BLKPS_EXPORT uint32_t blkps_logical_block_size(const blkps_model *m);
 
 /* Gradients for parameters [first_param, first_param+count).
  * A range that does not start or end on a logical block boundary is padded
  * with zero gradients to whole blocks (a zero gradient leaves a parameter
  * unchanged); there is never a read-modify-write. A range past the end of the
- * device fails with -ERANGE and transfers nothing.
+ * device fails with -ERANGE and transfers nothing; so does, with -EINVAL, a
+ * gradient that is NaN or infinite in a 16-bit device's type.
  * Returns 0 or a negative errno (message in blkps_last_error). After an I/O
  * error, which parts of the range reached the server is unspecified. */
 BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param,

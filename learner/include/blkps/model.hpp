@@ -1,8 +1,9 @@
 // blkps::Model: a learner's handle on a blkps model device. C++ API.
 //
 // The model is a flat vector of float32 parameters stored on a block device:
-// byte offset 4*i holds parameter i (little-endian). Push() sends gradients
-// (the server applies them), Pull() reads the current weights.
+// byte offset 4*i holds parameter i (little-endian), or 2*i on a 16-bit
+// device (OpenOptions::dtype). Push() sends gradients (the server applies
+// them), Pull() reads the current weights.
 //
 //   std::string error;
 //   auto model = blkps::Model::Open(
@@ -31,9 +32,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "blkps/control_lun.h"
 #include "blkps/export.h"
+#include "blkps/wire_dtype.hpp"
 
 namespace blkps {
 
@@ -50,6 +53,12 @@ struct OpenOptions {
   uint32_t queue_depth = 0;
   // iSCSI initiator IQN; empty = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
   std::string initiator_name;
+  // How the device presents the model: "float32" (empty = float32),
+  // "bfloat16" or "float16", as the LUN's --bsopts dtype says (README,
+  // "16-bit wire"). On a 16-bit device parameter i is at byte 2*i; Push and
+  // Pull still take float32 arrays and convert (blkps/wire_dtype.hpp).
+  // Open() fails with -EINVAL on another name.
+  std::string dtype;
 };
 
 class BLKPS_EXPORT Model {
@@ -76,10 +85,13 @@ class BLKPS_EXPORT Model {
   // A range that does not start or end on a logical block boundary is padded
   // with zero gradients to whole blocks (a zero gradient leaves a parameter
   // unchanged); there is never a read-modify-write. Block-aligned ranges go
-  // straight from `grad` to the device (no copy).
-  // Returns 0, -ERANGE (range past the end; nothing transferred) or another
-  // negative errno. After an I/O error, which parts of the range reached the
-  // server is unspecified.
+  // straight from `grad` to the device (no copy) on a float32 device; a
+  // 16-bit device gets them rounded to its type (nearest, ties to even).
+  // Returns 0, -ERANGE (range past the end; nothing transferred), -EINVAL (a
+  // 16-bit device: a value that is NaN or infinite in its type, e.g. beyond
+  // float16's 65504; nothing transferred) or another negative errno. After
+  // an I/O error, which parts of the range reached the server is
+  // unspecified.
   int Push(uint64_t first_param, const float* grad, uint64_t count);
 
   // Current weights for parameters [first_param, first_param + count) into
@@ -104,6 +116,12 @@ class BLKPS_EXPORT Model {
 
   uint64_t size_bytes() const;  // a multiple of logical_block_size()
   uint32_t logical_block_size() const;
+  // The parameters the device holds: size_bytes() / bytes per parameter
+  // (4, or 2 on a 16-bit device; the model may be smaller: the device's
+  // size is rounded up to whole blocks).
+  uint64_t param_capacity() const;
+  // The dtype in effect: "float32", "bfloat16" or "float16".
+  const char* dtype() const;
   // The request size and queue depth in effect, after defaults and caps.
   uint64_t request_bytes() const { return request_bytes_; }
   uint32_t queue_depth() const { return queue_depth_; }
@@ -114,7 +132,7 @@ class BLKPS_EXPORT Model {
 
  private:
   Model(std::unique_ptr<Device> device, uint64_t request_bytes,
-        uint32_t queue_depth);
+        uint32_t queue_depth, wire::Dtype dtype);
 
   // Records a failure in last_error_; returns 0 or the negative errno.
   int Record(const Status& status);
@@ -122,6 +140,8 @@ class BLKPS_EXPORT Model {
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;
   uint32_t queue_depth_;
+  wire::Dtype dtype_;
+  std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
   std::string last_error_;
 };
 

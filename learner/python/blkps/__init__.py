@@ -1,8 +1,8 @@
 """blkps: a learner's access to a blkps model device (ctypes over libblkps.so).
 
 The model is a flat float32 vector on a block device: parameter i lives at
-byte 4*i. ``push`` sends gradients (the server applies them), ``pull`` reads
-the current weights::
+byte 4*i (2*i on a LUN with a 16-bit ``dtype``). ``push`` sends gradients (the
+server applies them), ``pull`` reads the current weights::
 
     import numpy as np
     import blkps
@@ -40,6 +40,7 @@ class _OpenOptions(ctypes.Structure):
         ("request_bytes", ctypes.c_uint32),
         ("queue_depth", ctypes.c_uint32),
         ("initiator_name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
     ]
 
 
@@ -98,6 +99,8 @@ def _declare(lib):
     lib.blkps_close.restype = None
     lib.blkps_size_bytes.argtypes = [handle]
     lib.blkps_size_bytes.restype = ctypes.c_uint64
+    lib.blkps_param_capacity.argtypes = [handle]
+    lib.blkps_param_capacity.restype = ctypes.c_uint64
     lib.blkps_logical_block_size.argtypes = [handle]
     lib.blkps_logical_block_size.restype = ctypes.c_uint32
     lib.blkps_push.argtypes = [handle, ctypes.c_uint64, _FLOAT_P, ctypes.c_uint64]
@@ -154,6 +157,14 @@ def _library():
     return _lib
 
 
+def _open_options(request_bytes, queue_depth, initiator_name, dtype):
+    """blkps_open_options from Model's and Engine's keyword arguments."""
+    return _OpenOptions(
+        request_bytes, queue_depth,
+        initiator_name.encode() if initiator_name is not None else None,
+        dtype.encode() if dtype is not None else None)
+
+
 class _Handle:
     """What Model and Engine share: a libblkps handle, opened by the
     subclass's constructor (through _open) and freed by `_CLOSE`; errors
@@ -208,20 +219,26 @@ class Model(_Handle):
     _CLOSE, _LAST_ERROR = "blkps_close", "blkps_last_error"
 
     def __init__(self, target, request_bytes=0, queue_depth=0,
-                 initiator_name=None):
+                 initiator_name=None, dtype=None):
         """Opens `target`. request_bytes (per I/O request) and queue_depth
         (requests in flight) of 0 take libblkps's defaults (1 MiB, or 512 KiB
         for iser://; 16); initiator_name is the iSCSI initiator IQN (None:
-        libblkps's default)."""
-        options = _OpenOptions(
-            request_bytes, queue_depth,
-            initiator_name.encode() if initiator_name is not None else None)
-        self._open("blkps_open", target, options)
+        libblkps's default). dtype is the LUN's --bsopts dtype: None or
+        "float32", "bfloat16", "float16" (README "16-bit wire"); push and
+        pull still take and give float32 arrays."""
+        self._open("blkps_open", target,
+                   _open_options(request_bytes, queue_depth, initiator_name, dtype))
 
     @property
     def size_bytes(self):
-        """Device size in bytes (parameters: size_bytes // 4)."""
+        """Device size in bytes."""
         return self._lib.blkps_size_bytes(self._open_handle())
+
+    @property
+    def param_capacity(self):
+        """Parameters the device holds: size_bytes // 4, or // 2 on a 16-bit
+        device."""
+        return self._lib.blkps_param_capacity(self._open_handle())
 
     @property
     def logical_block_size(self):
@@ -298,7 +315,7 @@ class Engine(_Handle):
                  double_buffering=True, adaptive_pull=True, smoothing=0.25,
                  control_target=None, request_bytes=0, queue_depth=0,
                  initiator_name=None, drop_ratio=0.0, drop_run_params=0,
-                 drop_group_params=0):
+                 drop_group_params=0, dtype=None):
         """Opens the engine on `target` (as Model) and pulls the first
         weights. param_count 0 serves up to the end of the device;
         double_buffering=False is the baseline (step pushes then pulls);
@@ -308,9 +325,7 @@ class Engine(_Handle):
         lib = _library()
         options = _EngineOptions()
         lib.blkps_engine_options_init(ctypes.byref(options))
-        options.open = _OpenOptions(
-            request_bytes, queue_depth,
-            initiator_name.encode() if initiator_name is not None else None)
+        options.open = _open_options(request_bytes, queue_depth, initiator_name, dtype)
         options.first_param = first_param
         options.param_count = param_count
         options.double_buffering = 1 if double_buffering else 0
