@@ -1,0 +1,160 @@
+// Fault tests against a real tgtd: learners push through connections that a
+// CuttingProxy cuts at random (seeded) points of their byte stream, and every
+// parameter must end at its exact integer sum — no gradient applied twice, none
+// lost — with bsp clocks exact and no learner stuck.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "blkps/control_lun.h"
+#include "blkps/model.hpp"
+#include "cutting_proxy.h"
+#include "target_process.h"
+
+namespace {
+
+using blkps_test::CuttingProxy;
+using blkps_test::TargetProcess;
+
+constexpr uint64_t kParams = 1 << 20;  // 4 MiB of float32
+constexpr uint64_t kModelBytes = kParams * sizeof(float);
+// Small requests put many commands in flight at each cut.
+constexpr uint32_t kRequestBytes = 256 << 10;
+
+// `url` with its portal's port replaced by `port`.
+std::string ViaPort(const std::string& url, int port) {
+  const size_t host = url.find("://") + 3;
+  const size_t colon = url.find(':', host), slash = url.find('/', host);
+  return url.substr(0, colon < slash ? colon : slash) + ":" + std::to_string(port) + url.substr(slash);
+}
+
+std::unique_ptr<blkps::Model> Open(const std::string& url, const std::string& who, std::string* error) {
+  blkps::OpenOptions o;
+  o.request_bytes = kRequestBytes;
+  o.queue_depth = 16;
+  o.initiator_name = "iqn.2026-11.io.blkps:fault-test-" + who + "-" + std::to_string(getpid());
+  return blkps::Model::Open(url, o, error);
+}
+
+// Every weight of the model behind `url`.
+std::vector<float> Weights(const std::string& url) {
+  std::string error;
+  auto m = Open(url, "reader", &error);
+  std::vector<float> w(kParams, -1.0f);
+  if (!m) {
+    ADD_FAILURE() << error;
+  } else if (m->Pull(0, w.data(), kParams) != 0) {
+    ADD_FAILURE() << m->last_error();
+  }
+  return w;
+}
+
+// How many weights differ from `want`, and a description of the first.
+std::string CountWrong(const std::vector<float>& w, float want) {
+  uint64_t wrong = 0, first = 0;
+  for (uint64_t i = 0; i < w.size(); ++i) {
+    if (w[i] != want && wrong++ == 0) first = i;
+  }
+  if (wrong == 0) return "";
+  return std::to_string(wrong) + " of " + std::to_string(w.size()) + " parameters are not " + std::to_string(want) +
+         " (parameter " + std::to_string(first) + " is " + std::to_string(w[first]) + ")";
+}
+
+// `cuts` positions spread at random over the first `bytes` of a stream.
+std::vector<uint64_t> RandomCuts(uint32_t seed, int cuts, uint64_t bytes) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> at(1, bytes);
+  std::vector<uint64_t> positions;
+  for (int k = 0; k < cuts; ++k) positions.push_back(at(rng));
+  return positions;
+}
+
+// The status object's learner at LUN `lun`, through the control LUN.
+std::string LearnerStatus(const std::string& control_url, int lun) {
+  std::string error;
+  auto m = Open(control_url, "status", &error);
+  if (!m) return "cannot open the control LUN: " + error;
+  std::vector<char> buf(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
+  if (m->ReadBytes(0, buf.data(), BLKPS_CONTROL_STATUS_BYTES) != 0) return m->last_error();
+  const std::string json(buf.data());
+  const size_t at = json.find("{\"lun\": " + std::to_string(lun) + ",");
+  return at == std::string::npos ? json : json.substr(at, json.find('}', at) - at + 1);
+}
+
+std::string Field(const std::string& object, const std::string& key) {
+  const std::string k = "\"" + key + "\": ";
+  const size_t at = object.find(k);
+  if (at == std::string::npos) return "";
+  return object.substr(at + k.size(), object.find_first_of(",}", at + k.size()) - at - k.size());
+}
+
+TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  const std::vector<float> before = Weights(target.url());
+  ASSERT_EQ(CountWrong(before, 0.0f), "");
+
+  constexpr int kPushes = 200, kCuts = 16;
+  proxy.CutAt(RandomCuts(15, kCuts, kPushes * kModelBytes));
+  std::string error;
+  auto m = Open(ViaPort(target.url(), proxy.port()), "learner", &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kParams, 1.0f);
+  for (int t = 0; t < kPushes; ++t) ASSERT_EQ(m->Push(0, ones.data(), kParams), 0) << "push " << t << ": " << m->last_error();
+  m.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");
+  EXPECT_EQ(Field(LearnerStatus(target.control_url(), 1), "iteration"), std::to_string(kPushes));
+}
+
+// Two learners in bsp push g_l = 2l + 1 (1 and 3) and pull; the round's
+// average, 2, is added per iteration. Each pull must see exactly 2(t + 1).
+TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;mode=bsp", "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+
+  constexpr int kIterations = 30, kCuts = 12;
+  proxy.CutAt(RandomCuts(1515, kCuts, 2 * kIterations * kModelBytes));
+  std::string errors[2];
+  auto learner = [&](int l) {
+    std::string error;
+    auto m = Open(ViaPort(target.url(l + 1), proxy.port()), "learner" + std::to_string(l), &error);
+    if (!m) {
+      errors[l] = error;
+      return;
+    }
+    const std::vector<float> g(kParams, static_cast<float>(2 * l + 1));
+    std::vector<float> w(kParams);
+    for (int t = 0; t < kIterations; ++t) {
+      if (m->Push(0, g.data(), kParams) != 0 || m->Pull(0, w.data(), kParams) != 0) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + m->last_error();
+        return;
+      }
+      const std::string wrong = CountWrong(w, 2.0f * (t + 1));
+      if (!wrong.empty()) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + wrong;
+        return;
+      }
+    }
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_GT(proxy.cuts(), 0);
+  EXPECT_EQ(CountWrong(Weights(target.url()), 2.0f * kIterations), "");
+  for (int lun = 1; lun <= 2; ++lun) {
+    EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(kIterations));
+  }
+}
+
+}  // namespace
