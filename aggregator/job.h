@@ -69,7 +69,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "learner_clocks.h"
@@ -185,7 +184,7 @@ class Job {
   };
   // One initiator's writes to one slot.
   struct Receipt {
-    std::unordered_map<uint64_t, uint32_t> applied;  // unit -> writes applied that start there (mod 2^32)
+    std::map<uint64_t, uint32_t> applied;  // unit -> writes applied that start there (mod 2^32)
     uint64_t writes_applied = 0;
     uint64_t in_progress = 0;  // admitted, not yet finished or failed
   };

@@ -48,8 +48,9 @@ Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, 
     auto it = s.lun == lun ? s.receipts.find(initiator) : s.receipts.end();
     if (it == s.receipts.end()) continue;
     const Receipt& r = it->second;
-    for (const auto& [unit, count] : r.applied) {
-      if (unit >= first_unit && unit - first_unit < counts->size()) (*counts)[unit - first_unit] = count;
+    for (auto c = r.applied.lower_bound(first_unit); c != r.applied.end() && c->first - first_unit < counts->size();
+         ++c) {
+      (*counts)[c->first - first_unit] = c->second;
     }
     return ReceiptNumbers{r.writes_applied, r.in_progress};
   }
