@@ -175,6 +175,10 @@ void blkps_engine_last_metrics(const blkps_engine* e,
   out->concurrent = m.concurrent ? 1 : 0;
 }
 
+uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) {
+  return e->engine->pushed_bytes_lost();
+}
+
 uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {
   return e->engine->gradients_pushed();
 }

@@ -106,6 +106,7 @@ class Engine::Impl {
   IterationMetrics metrics_;
   std::string last_error_;
   std::atomic<uint64_t> pushed_{0};
+  uint64_t pushed_bytes_lost() const { return push_model_ ? push_model_->pushed_bytes_lost() : 0; }
 
  private:
   struct PushJob {
@@ -596,6 +597,8 @@ const IterationMetrics& Engine::last_metrics() const {
   return impl_->metrics_;
 }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
+
+uint64_t Engine::pushed_bytes_lost() const { return impl_->pushed_bytes_lost(); }
 const std::string& Engine::last_error() const { return impl_->last_error_; }
 
 }  // namespace blkps

@@ -35,6 +35,7 @@
 #include <deque>
 #include <functional>
 #include <thread>
+#include <unordered_map>
 
 #include "blkps/control_lun.h"
 #include "device.h"
@@ -293,7 +294,7 @@ class IscsiDevice : public Device {
     return std::min(default_request_bytes_, max_request_bytes_);
   }
   uint64_t max_request_bytes() const override { return max_request_bytes_; }
-  uint64_t writes_lost() const override { return writes_lost_; }
+  uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
                   uint32_t queue_depth) override;
@@ -347,7 +348,10 @@ class IscsiDevice : public Device {
   // Per 512-byte unit: how many of this session's writes starting there the
   // server has applied, as far as the device knows (receipts only).
   std::vector<uint32_t> expected_;
-  uint64_t writes_lost_ = 0;
+  // The length of the last write acknowledged at each unit, to put lost
+  // writes in bytes.
+  std::unordered_map<uint64_t, uint64_t> write_length_;
+  uint64_t pushed_bytes_lost_ = 0;
   bool said_no_receipts_ = false;
 };
 
@@ -434,7 +438,9 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth,
       } else if (command.status != SCSI_STATUS_GOOD) {
         if (result.ok()) result = CommandError(describe(command.index), command);
       } else if (writes != nullptr && !expected_.empty()) {
-        ++expected_[(*writes)[command.index].offset / BLKPS_CONTROL_RECEIPT_UNIT];
+        const IoRequest& write = (*writes)[command.index];
+        ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
+        write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] = write.length;
       }
       scsi_free_scsi_task(command.task);
       command = Command();
@@ -492,10 +498,13 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   }
   // Acknowledged writes the server no longer counts: it restarted from a
   // checkpoint taken before them.
-  uint64_t lost = 0, first_lost_unit = 0;
+  uint64_t lost = 0, lost_bytes = 0, first_lost_unit = 0;
   for (size_t u = 0; u < counts.size(); ++u) {
     const int32_t behind = static_cast<int32_t>(expected_[u] - counts[u]);
-    if (behind > 0 && (lost += static_cast<uint64_t>(behind)) == static_cast<uint64_t>(behind)) first_lost_unit = u;
+    if (behind <= 0) continue;
+    if (lost == 0) first_lost_unit = u;
+    lost += static_cast<uint64_t>(behind);
+    lost_bytes += static_cast<uint64_t>(behind) * write_length_[u];
   }
   for (size_t index : dropped) {
     const uint64_t u = (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT;
@@ -503,11 +512,11 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (counts[u] - expected_[u] != 1u) resend->push_back(index);
   }
   if (lost > 0) {
-    writes_lost_ += lost;
+    pushed_bytes_lost_ += lost_bytes;
     fprintf(stderr,
-            "blkps: %s: the target lost %llu acknowledged writes (the first at byte %llu) with a restart from its "
-            "checkpoint; those gradients are not in the model\n",
-            name_.c_str(), static_cast<unsigned long long>(lost),
+            "blkps: %s: the target restarted from a checkpoint older than %llu acknowledged writes (%llu bytes, "
+            "the first at byte %llu); those gradients are not in the model\n",
+            name_.c_str(), static_cast<unsigned long long>(lost), static_cast<unsigned long long>(lost_bytes),
             static_cast<unsigned long long>(first_lost_unit * BLKPS_CONTROL_RECEIPT_UNIT));
   }
   expected_ = std::move(counts);

@@ -203,6 +203,10 @@ void blkps_engine_last_metrics(const blkps_engine *e,
 /* Gradients that reached the server whole so far. */
 uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
 
+/* Bytes of pushes the server acknowledged and then lost with a restart from
+ * its checkpoint (README "Faults"); 0 if none. */
+uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine *e);
+
 /* Message of the last failure on e; "" if none. */
 const char *blkps_engine_last_error(const blkps_engine *e);
 

@@ -162,6 +162,9 @@ class Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
+  // Bytes of gradients the server acknowledged and then lost with a restart
+  // from its checkpoint (Model::pushed_bytes_lost()); 0 if none.
+  uint64_t pushed_bytes_lost() const;
   // The message of the last failure; empty if none.
   const std::string& last_error() const;
 

@@ -96,6 +96,12 @@ class Model {
   // before this returns.
   int Sync();
 
+  // Bytes of pushes the server acknowledged and then lost: it restarted
+  // from a checkpoint taken before them (iscsi:// and layout: of blkps
+  // targets; README "Faults"). Those gradients are not in the model; every
+  // other push is applied exactly once, across reconnects.
+  uint64_t pushed_bytes_lost() const;
+
   // On a control LUN (blkps/control_lun.h): reads its counters record into
   // *out. Returns 0, a read's negative errno, or -EPROTO (*out untouched) if
   // the device holds no record of this format.
