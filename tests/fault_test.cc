@@ -4,6 +4,9 @@
 // lost — with bsp clocks exact and no learner stuck.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,6 +21,7 @@
 namespace {
 
 using blkps_test::CuttingProxy;
+using blkps_test::RunCommand;
 using blkps_test::TargetProcess;
 
 constexpr uint64_t kParams = 1 << 20;  // 4 MiB of float32
@@ -155,6 +159,90 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
   for (int lun = 1; lun <= 2; ++lun) {
     EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(kIterations));
   }
+}
+
+// Two learners push g_l = l + 1 to a rule=sum model with periodic
+// checkpoints while tgtd is killed with SIGKILL at 20 random points and
+// started again with the same options. Every restart must load the
+// checkpoint (a torn or corrupt one fails the start), both learners must
+// finish, and the weights must hold exactly what was pushed minus what the
+// learners were told was lost.
+TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kIterations = 150, kKills = 20;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
+                           "/model.ckpt;checkpoint_every=0.05",
+                       "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+
+  std::atomic<int> pushes{0};
+  std::string errors[2];
+  uint64_t lost_bytes[2] = {0, 0};
+  auto learner = [&](int l) {
+    std::string error;
+    blkps::OpenOptions o;
+    o.request_bytes = 64 << 10;
+    o.initiator_name = "iqn.2026-11.io.blkps:kill-test-" + std::to_string(l) + "-" + std::to_string(getpid());
+    auto m = blkps::Model::Open(target.url(l + 1), o, &error);
+    if (!m) {
+      errors[l] = error;
+      return;
+    }
+    const std::vector<float> g(kSmallParams, static_cast<float>(l + 1));
+    for (int t = 0; t < kIterations; ++t, ++pushes) {
+      if (m->Push(0, g.data(), kSmallParams) != 0) {
+        errors[l] = "push " + std::to_string(t) + ": " + m->last_error();
+        return;
+      }
+    }
+    lost_bytes[l] = m->pushed_bytes_lost();
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  // The kill points: after a random number of pushes, spread over the run.
+  std::mt19937 rng(20);
+  std::vector<int> at;
+  for (int k = 0; k < kKills; ++k) at.push_back(std::uniform_int_distribution<int>(1, 2 * kIterations - 20)(rng));
+  std::sort(at.begin(), at.end());
+  int restarts = 0, loads = 0;
+  for (int k = 0; k < kKills; ++k) {
+    while (pushes.load() < at[k]) std::this_thread::yield();
+    std::string why;
+    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
+    const bool checkpointed = access((dir + "/model.ckpt").c_str(), F_OK) == 0;
+    // A torn or corrupt checkpoint fails the start (its CRC is checked).
+    ASSERT_TRUE(target.Restart()) << "restart " << k << ": " << target.start_output();
+    ++restarts;
+    if (checkpointed) {
+      EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << "restart " << k << ": " << target.Log();
+      ++loads;
+    }
+  }
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(restarts, kKills);
+  // Exact: each learner pushed kIterations gradients of l + 1 over every
+  // parameter; the lost bytes are whole writes of l + 1 each.
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = "iqn.2026-11.io.blkps:kill-test-reader-" + std::to_string(getpid());
+  auto reader = blkps::Model::Open(target.url(1), o, &error);
+  ASSERT_NE(reader, nullptr) << error;
+  std::vector<float> w(kSmallParams);
+  ASSERT_EQ(reader->Pull(0, w.data(), kSmallParams), 0) << reader->last_error();
+  double sum = 0;
+  for (float v : w) sum += v;
+  double expected = 0;
+  for (int l = 0; l < 2; ++l) {
+    expected += (l + 1) * (static_cast<double>(kIterations) * kSmallParams - lost_bytes[l] / sizeof(float));
+  }
+  EXPECT_EQ(sum, expected) << "lost bytes: " << lost_bytes[0] << ", " << lost_bytes[1];
+  std::printf("kill -9 trials: %d restarts, %d from a checkpoint; pushed bytes lost: %llu, %llu\n", restarts, loads,
+              static_cast<unsigned long long>(lost_bytes[0]), static_cast<unsigned long long>(lost_bytes[1]));
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 }  // namespace
