@@ -245,4 +245,45 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
+// A large model checkpointed over and over; tgtd is killed while a
+// checkpoint is being written (its temporary file exists) and started again:
+// the old or the new checkpoint loads, never a torn one, and the weights
+// hold exactly the pushes minus what the learner was told was lost.
+TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
+  constexpr uint64_t kLargeParams = 16 << 20;  // 64 MiB
+  constexpr int kKills = 4;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string checkpoint = dir + "/model.ckpt";
+  TargetProcess target("params=" + std::to_string(kLargeParams) + ";rule=sum;checkpoint=" + checkpoint +
+                       ";checkpoint_every=0.05");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = "iqn.2026-11.io.blkps:ckpt-test-" + std::to_string(getpid());
+  auto m = blkps::Model::Open(target.url(), o, &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kLargeParams, 1.0f);
+  std::vector<float> w(kLargeParams);
+  int pushes = 0;
+  for (int k = 0; k < kKills; ++k) {
+    // Push until a checkpoint is being written, then kill tgtd at once.
+    const std::string tmp = checkpoint + ".tmp";
+    do {
+      ASSERT_EQ(m->Push(0, ones.data(), kLargeParams), 0) << m->last_error();
+      ++pushes;
+    } while (access(tmp.c_str(), F_OK) != 0);
+    std::string why;
+    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
+    ASSERT_TRUE(target.Restart()) << "restart " << k << " (a torn checkpoint fails it): " << target.start_output();
+    EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << target.Log();
+  }
+  ASSERT_EQ(m->Pull(0, w.data(), kLargeParams), 0) << m->last_error();
+  double sum = 0;
+  for (float v : w) sum += v;
+  EXPECT_EQ(sum, static_cast<double>(pushes) * kLargeParams - m->pushed_bytes_lost() / sizeof(float))
+      << pushes << " pushes, " << m->pushed_bytes_lost() << " bytes lost";
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
 }  // namespace

@@ -462,7 +462,9 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth,
 
 Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
                               std::vector<size_t>* resend) {
-  const bool receipts = writes != nullptr && !expected_.empty();
+  // The receipt is read after every reconnect, whatever the batch: a target
+  // restarted while the device was reading or idle lost writes too.
+  const bool receipts = !expected_.empty();
   const auto deadline = std::chrono::steady_clock::now() + kReconnectTime;
   std::chrono::milliseconds backoff(50);
   std::string error;
@@ -507,9 +509,11 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     lost_bytes += static_cast<uint64_t>(behind) * write_length_[u];
   }
   for (size_t index : dropped) {
-    const uint64_t u = (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT;
-    // Applied: the receipt counts it (one more than was expected before it).
-    if (counts[u] - expected_[u] != 1u) resend->push_back(index);
+    // Reads and syncs are resent; a write only if the receipt does not count
+    // it (applied, it is one more than was expected before it).
+    const uint64_t u = writes != nullptr ? (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT : 0;
+    const bool applied = writes != nullptr && counts[u] - expected_[u] == 1u;
+    if (!applied) resend->push_back(index);
   }
   if (lost > 0) {
     pushed_bytes_lost_ += lost_bytes;
