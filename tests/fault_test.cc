@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "blkps/control_lun.h"
+#include "blkps/engine.hpp"
 #include "blkps/model.hpp"
 #include "cutting_proxy.h"
 #include "target_process.h"
@@ -115,6 +116,34 @@ TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   EXPECT_EQ(proxy.cuts(), kCuts);
   EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");
   EXPECT_EQ(Field(LearnerStatus(target.control_url(), 1), "iteration"), std::to_string(kPushes));
+}
+
+// The learner engine (double-buffered push and pull on two connections)
+// through the same cuts: every parameter exactly the number of steps.
+TEST(CutConnections, EngineSumIsExactAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  constexpr int kSteps = 100, kCuts = 10;
+  // Each step pushes the model and pulls it: cut both streams' bytes.
+  proxy.CutAt(RandomCuts(1500, kCuts, kSteps * kModelBytes));
+  blkps::EngineOptions options;
+  options.open.request_bytes = kRequestBytes;
+  std::string error;
+  auto engine = blkps::Engine::Open(ViaPort(target.url(), proxy.port()), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < kSteps; ++t) {
+    std::fill_n(engine->gradient(), engine->count(), 1.0f);
+    ASSERT_EQ(engine->Step(), 0) << "step " << t << ": " << engine->last_error();
+  }
+  std::fill_n(engine->gradient(), engine->count(), 1.0f);
+  ASSERT_EQ(engine->Finish(), 0) << engine->last_error();  // pushes the last gradient
+  EXPECT_EQ(engine->gradients_pushed(), static_cast<uint64_t>(kSteps + 1));
+  EXPECT_EQ(engine->pushed_bytes_lost(), 0u);
+  engine.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kSteps + 1), "");
 }
 
 // Two learners in bsp push g_l = 2l + 1 (1 and 3) and pull; the round's
