@@ -55,8 +55,8 @@
 //   job_checkpoint.cc  the job's state to and from a checkpoint file
 //   job_status.cc      status JSON and the control LUN's counters
 //   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
-//   job_receipts.cc    receipts: counting applied writes, the receipts
-//                      region, fences, their checkpoint section
+//   job_receipts.cc    receipts: the write gate, counting applied writes,
+//                      reading them, fences, their checkpoint section
 #pragma once
 
 #include <atomic>

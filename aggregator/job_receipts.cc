@@ -1,6 +1,7 @@
 // Job's receipts (job.h, "Receipts"): what each initiator's writes to each
-// learner slot have done, counted as they are applied, served as the control
-// LUN's receipts region (blkps/control_lun.h), fenced, and checkpointed.
+// learner slot have done, counted as they are applied (inside the write gate
+// that checkpoints close), read for target-plugin/lu.cc (which serves them as
+// the control LUN's receipts region), fenced, and checkpointed.
 #include <algorithm>
 #include <cstring>
 
