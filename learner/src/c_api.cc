@@ -75,6 +75,8 @@ int blkps_read_bytes(blkps_model* m, uint64_t offset, void* buf, uint64_t len) {
 
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
+uint64_t blkps_pushed_bytes_lost(const blkps_model* m) { return m->model->pushed_bytes_lost(); }
+
 void blkps_control_layout_get(blkps_control_layout* out) {
   *out = blkps_control_layout();
   out->format_version = BLKPS_CONTROL_FORMAT_VERSION;

@@ -95,6 +95,11 @@ int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
  * before this returns. */
 int blkps_sync(blkps_model *m);
 
+/* Bytes of pushes the server acknowledged and then lost with a restart from
+ * its checkpoint (README "Faults"); 0 if none. Every other push is applied
+ * exactly once, across reconnects. */
+uint64_t blkps_pushed_bytes_lost(const blkps_model *m);
+
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
 const char *blkps_last_error(const blkps_model *m);
