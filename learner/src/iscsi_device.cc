@@ -201,6 +201,21 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
   return iscsi;
 }
 
+// Runs a synchronous command until it reports no UNIT ATTENTION: the first
+// commands to a LUN of a new session report its unit attentions (power on,
+// reset, LUNs changed), one each, and do nothing. Returns its task.
+scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
+  scsi_task* task = nullptr;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (task != nullptr) scsi_free_scsi_task(task);
+    task = command();
+    const bool unit_attention = task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION &&
+                                task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
+    if (!unit_attention) break;
+  }
+  return task;
+}
+
 // One synchronous command on `lun` of a context with nothing else in
 // flight: READ(16) into `data` or WRITE(16) from it, in pieces of at most
 // 1 MiB.
@@ -210,20 +225,12 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
   for (uint64_t done = 0; done < len;) {
     const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kDefaultRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
-    scsi_task* task = nullptr;
-    // The first commands to a LUN of a new session report its UNIT
-    // ATTENTIONs (power on, reset, LUNs changed), one each, and do nothing:
-    // send again.
-    for (int attempt = 0; attempt < 16; ++attempt) {
-      if (task != nullptr) scsi_free_scsi_task(task);
-      task = direction == Direction::kRead
+    scsi_task* task = PastUnitAttentions([&] {
+      return direction == Direction::kRead
                  ? iscsi_read16_sync(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0)
                  : iscsi_write16_sync(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
                                       block_size, 0, 0, 0, 0, 0);
-      const bool unit_attention = task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION &&
-                                  task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
-      if (!unit_attention) break;
-    }
+    });
     const bool good = task != nullptr && task->status == SCSI_STATUS_GOOD &&
                       (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
     if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
@@ -237,9 +244,22 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
   return Status();
 }
 
-// The target's control LUN (INQUIRY product BLKPS_CONTROL_PRODUCT_ID) other
-// than `lun`, or -1 if there is none.
-int FindControlLun(iscsi_context* iscsi, int lun) {
+// The capacity in bytes of `lun`, or 0 if READ CAPACITY(16) fails.
+uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
+  uint64_t bytes = 0;
+  scsi_task* task = PastUnitAttentions([&] { return iscsi_readcapacity16_sync(iscsi, lun); });
+  auto* capacity = task != nullptr && task->status == SCSI_STATUS_GOOD
+                       ? static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task))
+                       : nullptr;
+  if (capacity != nullptr) bytes = (capacity->returned_lba + 1) * capacity->block_length;
+  if (task != nullptr) scsi_free_scsi_task(task);
+  return bytes;
+}
+
+// The control LUN of the model behind `lun`, a learner LUN of `device_bytes`:
+// the target's LUN that answers INQUIRY with BLKPS_CONTROL_PRODUCT_ID and is
+// as large as such a model's control LUN. -1 if there is none.
+int FindControlLun(iscsi_context* iscsi, int lun, uint64_t device_bytes) {
   int found = -1;
   scsi_task* task = iscsi_reportluns_sync(iscsi, 0, 16384);
   auto* list = task != nullptr && task->status == SCSI_STATUS_GOOD
@@ -255,7 +275,9 @@ int FindControlLun(iscsi_context* iscsi, int lun) {
     if (standard != nullptr) {
       std::string product = standard->product_identification;
       while (!product.empty() && product.back() == ' ') product.pop_back();
-      if (product == BLKPS_CONTROL_PRODUCT_ID) found = candidate;
+      const uint64_t control_bytes = blkps_control_receipts_offset(device_bytes) +
+                                     static_cast<uint64_t>(candidate) * blkps_control_receipt_bytes(device_bytes);
+      if (product == BLKPS_CONTROL_PRODUCT_ID && CapacityBytes(iscsi, candidate) == control_bytes) found = candidate;
     }
     if (inquiry != nullptr) scsi_free_scsi_task(inquiry);
   }
@@ -728,7 +750,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
   const uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
   const uint64_t default_request_bytes =
       spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
-  const int control_lun = FindControlLun(iscsi, spec.lun);
+  const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
   auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);
   if (control_lun >= 0) {
