@@ -65,9 +65,12 @@ size_t Job::AddLearner(uint64_t lun, std::function<void()> wake) {
 
 void Job::RemoveLearner(size_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[slot];
+  for (const HeldCommand& h : held_) {
+    if (h.slot == slot && h.write) --s.receipts[h.initiator].in_progress;  // dropped: never run
+  }
   held_.erase(std::remove_if(held_.begin(), held_.end(), [&](const HeldCommand& h) { return h.slot == slot; }),
               held_.end());
-  Slot& s = slots_[slot];
   s.attached = false;
   s.held = 0;
   s.released.clear();

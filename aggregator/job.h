@@ -27,8 +27,20 @@
 // says why, until a control command `resume=1`; then it goes on with the
 // live learners, and fails again when another learner dies.
 //
+// Receipts (exactly-once pushes; README "Faults"). For every learner slot
+// and initiator the Job counts the writes it has applied, by the 512-byte
+// unit each write starts at. A learner whose connection dropped reads its
+// receipt (the control LUN's receipts region, blkps/control_lun.h) after
+// reconnecting and resends only the writes it does not show; a fence first
+// fails that initiator's held writes, and writes_in_progress says when the
+// ones already running have finished. A gradient and its receipt count are
+// one step for checkpoints: a checkpoint waits for the running writes and
+// holds new ones back, so a restarted server's receipts are exactly its
+// checkpoint's.
+//
 // Checkpoints. Checkpoint() writes the weights, the rule's state and
-// parameters, the bsp accumulator and every clock to the checkpoint file
+// parameters, the bsp accumulator, every clock and the receipts to the
+// checkpoint file
 // (durably: temporary file, fsync, rename; checksummed). Writes wait while it
 // runs, reads do not. Create() loads an existing checkpoint; a corrupt one,
 // or one written for another geometry, rule or mode, fails Create().
@@ -42,7 +54,9 @@
 //                      periodic checkpoints
 //   job_checkpoint.cc  the job's state to and from a checkpoint file
 //   job_status.cc      status JSON and the control LUN's counters
-//   job_control.cc     control commands (lr=..., resume=1)
+//   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
+//   job_receipts.cc    receipts: the write gate, counting applied writes,
+//                      reading them, fences, their checkpoint section
 #pragma once
 
 #include <atomic>
@@ -50,6 +64,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -103,8 +118,11 @@ class Job {
   enum class Admission { kRun, kHold };
   // Whether learner `slot`'s read or write of device bytes [offset,
   // offset + len) may run now. kHold: the Job keeps `cmd`. Counts the I/O
-  // for liveness and status; a dead slot rejoins.
-  Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd);
+  // for liveness and status; a dead slot rejoins. `initiator` (the iSCSI
+  // initiator name) keys the receipt; a write is in progress on it from
+  // here until Write() returns or its hold fails.
+  Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd,
+                  const std::string& initiator = "");
   struct Released {
     void* cmd;
     Status status;  // OK: run it now; otherwise fail it with this
@@ -114,9 +132,18 @@ class Job {
   // A learner's READ: the weights. Unavailable if the job has failed.
   Status Read(size_t slot, uint64_t offset, void* dst, size_t len);
   // A learner's WRITE: its gradient, applied per the consistency mode
-  // (Model::ApplyGradient) and counted on the learner's clocks. Errors as
-  // Model::ApplyGradient (nothing applied), or Unavailable.
-  Status Write(size_t slot, uint64_t offset, const void* src, size_t len);
+  // (Model::ApplyGradient) and counted on the learner's clocks and on
+  // `initiator`'s receipt. Errors as Model::ApplyGradient (nothing applied,
+  // nothing counted), or Unavailable. REQUIRES: admitted by Admit() with the
+  // same slot and initiator.
+  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator = "") {
+    return Write(slot, offset, src, len, initiator, offset);
+  }
+  // The same, for a LUN whose device bytes are not the model's float32 bytes
+  // (a 16-bit wire LUN): the receipt counts the write at `device_offset`,
+  // where the learner's write started on its own device.
+  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
+               uint64_t device_offset);
   // Durable checkpoint; OK and nothing written if no file is configured.
   Status Checkpoint();
 
@@ -130,10 +157,24 @@ class Job {
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line (NUL padding ignored):
-  // a rule parameter (lr, momentum, beta1, beta2, eps) or resume=1.
+  // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1, or
+  // fence=<lun> (fails `initiator`'s held writes on that learner LUN).
   // InvalidArgument names the first bad line; the lines before it are done.
   // The status JSON's control_error holds that reason until a write succeeds.
-  Status Control(const std::string& commands);
+  Status Control(const std::string& commands, const std::string& initiator = "");
+
+  // Receipts count writes by the unit of this many device bytes they start
+  // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
+  static constexpr uint64_t kReceiptUnit = 512;
+  struct ReceiptNumbers {
+    uint64_t writes_applied = 0;
+    uint64_t writes_in_progress = 0;
+  };
+  // The receipt of `initiator`'s writes to learner LUN `lun`: counts[i] =
+  // its writes applied that start at unit first_unit + i (mod 2^32), for
+  // counts->size() units; zeros and no writes where there is none.
+  ReceiptNumbers GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,
+                            std::vector<uint32_t>* counts) const;
   // The weights window: read, or set (e.g. initial weights).
   Status ReadWeights(uint64_t offset, void* dst, size_t len) const { return model_->Read(offset, dst, len); }
   Status AssignWeights(uint64_t offset, const void* src, size_t len) { return model_->AssignWeights(offset, src, len); }
@@ -145,8 +186,15 @@ class Job {
     void* cmd;
     size_t slot;
     bool write;
+    std::string initiator;
     uint64_t first_block, last_block;
     Clock::time_point since;
+  };
+  // One initiator's writes to one slot.
+  struct Receipt {
+    std::map<uint64_t, uint32_t> applied;  // unit -> writes applied that start there (mod 2^32)
+    uint64_t writes_applied = 0;
+    uint64_t in_progress = 0;  // admitted, not yet finished or failed
   };
   struct Slot {
     uint64_t lun = 0;
@@ -159,10 +207,23 @@ class Job {
     uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
     uint64_t lead_max = 0, lead_sum = 0, lead_count = 0;
+    std::map<std::string, Receipt> receipts;  // by initiator name
   };
 
   Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
   Status LoadCheckpoint();
+  // Write() without the gate and the receipt.
+  Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len);
+  // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
+  std::vector<uint64_t> SaveReceiptsLocked() const;
+  Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);
+  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
+  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
+  void FenceLocked(uint64_t lun, const std::string& initiator);
+  // Writes hold the checkpoint gate while they apply and count a gradient;
+  // Checkpoint closes it (new writes wait) and waits for the running ones.
+  void EnterWriteGate();
+  void LeaveWriteGate();
   void Tick();
   void TickerLoop();
 
@@ -195,6 +256,10 @@ class Job {
   const Clock::time_point started_ = Clock::now();
 
   std::mutex checkpoint_mu_;  // one checkpoint at a time
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  uint32_t writes_running_ = 0;  // guarded by gate_mu_
+  bool gate_closed_ = false;     // guarded by gate_mu_
   // Guarded by mu_:
   uint64_t checkpoints_ = 0;
   std::string checkpoint_error_;

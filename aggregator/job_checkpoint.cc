@@ -31,14 +31,21 @@ Status Job::Checkpoint() {
   Status s;
   uint64_t step = 0;
   {
+    // Close the write gate: the running writes finish, new ones wait, so
+    // every gradient in the file has its receipt count in it too.
+    std::unique_lock<std::mutex> gate(gate_mu_);
+    gate_closed_ = true;
+    gate_cv_.wait(gate, [&] { return writes_running_ == 0; });
+    gate.unlock();
     // Writes wait from here until the file is durable: the file is one
-    // instant of the model, its state and its clocks.
+    // instant of the model, its state, its clocks and its receipts.
     auto block_locks = model_->LockAllBlocksShared();
     std::map<std::string, std::string> meta = Identity(opts_);
-    std::vector<uint64_t> clocks, luns;
+    std::vector<uint64_t> clocks, luns, receipts;
     {
       std::lock_guard<std::mutex> lock(mu_);
       clocks = clocks_.Save();
+      receipts = SaveReceiptsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
     }
@@ -48,7 +55,11 @@ Status Job::Checkpoint() {
     for (const Model::Array& a : model_->Arrays()) sections.push_back({a.name, a.data, a.bytes});
     sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
     sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
+    sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
     s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
+    gate.lock();
+    gate_closed_ = false;
+    gate_cv_.notify_all();
   }
   const double took = Seconds(Clock::now() - start);
   std::lock_guard<std::mutex> lock(mu_);
@@ -82,13 +93,19 @@ Status Job::LoadCheckpoint() {
   }
   std::vector<CheckpointDest> dests;
   for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
-  std::vector<uint64_t> clocks, luns;
+  std::vector<uint64_t> clocks, luns, receipts;
+  bool has_receipts = false;  // files written before receipts have none
   for (const auto& [section, bytes] : header.sections) {
     if (section == "clocks") clocks.resize(bytes / sizeof(uint64_t));
     if (section == "luns") luns.resize(bytes / sizeof(uint64_t));
+    if (section == "receipts") {
+      receipts.resize(bytes / sizeof(uint64_t));
+      has_receipts = true;
+    }
   }
   dests.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   dests.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
+  if (has_receipts) dests.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
   s = ReadCheckpointSections(path, dests);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   s = clocks_.Restore(clocks);
@@ -103,6 +120,8 @@ Status Job::LoadCheckpoint() {
     slots_.back().lun = lun;
     slots_.back().last_io = now;
   }
+  s = RestoreReceiptsLocked(receipts);
+  if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {
     if (key.rfind("rule.", 0) != 0) continue;
     s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));

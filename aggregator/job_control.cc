@@ -1,5 +1,6 @@
 // Control commands for a running Job (written to the control LUN): a rule
-// parameter (lr, momentum, beta1, beta2, eps) or resume=1.
+// parameter (lr, momentum, beta1, beta2, eps), resume=1, or fence=<lun>
+// (job.h, "Receipts").
 #include "job.h"
 
 #include <cstdlib>
@@ -9,7 +10,7 @@
 
 namespace blkps::server {
 
-Status Job::Control(const std::string& commands) {
+Status Job::Control(const std::string& commands, const std::string& initiator) {
   // A refused command stays in the status JSON (control_error) until the next
   // control write succeeds: the writer sees only a SCSI error.
   auto refuse = [this](const std::string& why) {
@@ -29,6 +30,16 @@ Status Job::Control(const std::string& commands) {
       if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
       failure_.clear();
       failed_.store(false);
+      continue;
+    }
+    if (key == "fence") {
+      char* lun_end = nullptr;
+      const unsigned long long lun = std::strtoull(value.c_str(), &lun_end, 10);
+      if (value.empty() || *lun_end != '\0') {
+        return refuse("control: expected fence=<learner LUN>, got '" + line + "'");
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      FenceLocked(lun, initiator);
       continue;
     }
     char* end = nullptr;

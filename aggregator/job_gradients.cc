@@ -14,7 +14,18 @@ Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
   return model_->Read(offset, dst, len);
 }
 
-Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len) {
+Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
+                  uint64_t device_offset) {
+  EnterWriteGate();
+  Status s = ApplyWrite(slot, offset, src, len);
+  // Counted inside the gate: a checkpoint holds both the gradient and its
+  // count, or neither.
+  FinishWrite(slot, initiator, device_offset, s.ok());
+  LeaveWriteGate();
+  return s;
+}
+
+Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len) {
   if (failed_.load()) {
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);

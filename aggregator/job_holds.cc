@@ -9,7 +9,8 @@
 
 namespace blkps::server {
 
-Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd) {
+Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd,
+                          const std::string& initiator) {
   const uint64_t first_param = offset / sizeof(float);
   const uint64_t end_param = std::min(model_->num_params(), (offset + len + sizeof(float) - 1) / sizeof(float));
   std::lock_guard<std::mutex> lock(mu_);
@@ -17,6 +18,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   s.last_io = Clock::now();
   (write ? s.writes : s.reads) += 1;
   (write ? s.bytes_written : s.bytes_read) += len;
+  if (write) ++s.receipts[initiator].in_progress;
   if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
   if (!clocks_.live(slot)) {
     clocks_.Rejoin(slot);
@@ -30,7 +32,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
     if (!write) RecordLeadLocked(slot, first, last);
     return Admission::kRun;
   }
-  held_.push_back(HeldCommand{cmd, slot, write, first, last, Clock::now()});
+  held_.push_back(HeldCommand{cmd, slot, write, initiator, first, last, Clock::now()});
   ++s.held;
   ++s.holds;
   return Admission::kHold;
@@ -55,6 +57,10 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
 void Job::ReleaseOneLocked(HeldCommand& held, Status status) {
   Slot& s = slots_[held.slot];
   if (status.ok() && !held.write) RecordLeadLocked(held.slot, held.first_block, held.last_block);
+  if (held.write && !status.ok()) {
+    Receipt& r = s.receipts[held.initiator];
+    if (r.in_progress > 0) --r.in_progress;  // it will never run
+  }
   s.released.push_back(Released{held.cmd, std::move(status)});
   --s.held;
   if (s.wake) s.wake();

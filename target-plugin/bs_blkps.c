@@ -35,8 +35,10 @@
 #include "tgtd.h"
 #include "scsi.h"
 #include "bs_thread.h"
+#include "target.h"
 
 #include "lu.h"
+#include "blkps/control_lun.h"
 
 #define BLKPS_ERRLEN 512
 
@@ -137,7 +139,7 @@ static void bs_blkps_request(struct scsi_cmd *cmd)
 	case READ_12:
 	case READ_16:
 		r = blkps_lu_read(core, cmd->offset, scsi_get_in_buffer(cmd),
-				  scsi_get_in_length(cmd), err, sizeof(err));
+				  scsi_get_in_length(cmd), cmd, err, sizeof(err));
 		complete_io(cmd, r, io_name(cmd), err);
 		break;
 	case WRITE_6:
@@ -145,7 +147,8 @@ static void bs_blkps_request(struct scsi_cmd *cmd)
 	case WRITE_12:
 	case WRITE_16:
 		r = blkps_lu_write(core, cmd->offset, scsi_get_out_buffer(cmd),
-				   scsi_get_out_length(cmd), err, sizeof(err));
+				   scsi_get_out_length(cmd), cmd, err,
+				   sizeof(err));
 		complete_io(cmd, r, io_name(cmd), err);
 		break;
 	case SYNCHRONIZE_CACHE:
@@ -169,7 +172,8 @@ static int bs_blkps_cmd_submit(struct scsi_cmd *cmd)
 	if ((write || is_read(cmd)) &&
 	    blkps_lu_admit(core, write, cmd->offset,
 			   write ? scsi_get_out_length(cmd) :
-				   scsi_get_in_length(cmd), cmd)) {
+				   scsi_get_in_length(cmd), cmd,
+			   cmd->it_nexus ? cmd->it_nexus->info : NULL)) {
 		set_cmd_async(cmd);
 		return 0;
 	}
@@ -255,6 +259,10 @@ static int bs_blkps_open(struct scsi_lu *lu, char *path, int *fd,
 		return -1;
 	}
 	*fd = -1;
+	/* Learners find the control LUN by this (blkps/control_lun.h). */
+	if (blkps_lu_is_control(BS_BLKPS_I(lu)->core))
+		snprintf(lu->attrs.product_id, sizeof(lu->attrs.product_id),
+			 "%s", BLKPS_CONTROL_PRODUCT_ID);
 	return 0;
 }
 

@@ -28,6 +28,7 @@ constexpr uint64_t kStatusOffset = BLKPS_CONTROL_STATUS_OFFSET;
 constexpr uint64_t kCommandsOffset = BLKPS_CONTROL_COMMANDS_OFFSET;
 constexpr uint64_t kCountersOffset = BLKPS_CONTROL_COUNTERS_OFFSET;
 constexpr uint64_t kWeightsOffset = BLKPS_CONTROL_WEIGHTS_OFFSET;
+static_assert(server::Job::kReceiptUnit == BLKPS_CONTROL_RECEIPT_UNIT, "one receipt unit");
 
 void (*g_log)(const char*) = nullptr;
 
@@ -42,7 +43,13 @@ struct blkps_lu {
   server::LuOptions options;
   std::shared_ptr<server::Job> job;  // null until opened
   size_t slot = 0;                   // learner LUNs: the job's slot
+  uint64_t lun = 0;
   std::deque<server::Job::Released> released;  // main thread only
+
+  // The initiator name of each admitted command, from blkps_lu_admit until
+  // it runs or fails.
+  std::mutex initiators_mu;
+  std::map<void*, std::string> initiators;
 
   // Control LUN: the status snapshot reads are served from.
   std::mutex status_mu;
@@ -116,27 +123,53 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
 }
 
 // The control LUN's size: its regions, the weights as long as the model's
-// device.
-uint64_t ControlSizeBytes(const server::Job& job) { return kWeightsOffset + job.size_bytes(); }
+// device, and a receipt for every LUN before the control LUN's own.
+uint64_t ControlSizeBytes(const blkps_lu& lu) {
+  const uint64_t device = lu.job->size_bytes();
+  return blkps_control_receipts_offset(device) + lu.lun * blkps_control_receipt_bytes(device);
+}
+
+// "Initiator: <name> alias: ..." (tgt's it_nexus info) -> <name>.
+std::string InitiatorName(const char* nexus) {
+  const std::string info = nexus ? nexus : "";
+  const std::string key = "Initiator: ";
+  const size_t at = info.find(key);
+  if (at == std::string::npos) return "";
+  const size_t start = at + key.size();
+  return info.substr(start, info.find_first_of(" \n", start) - start);
+}
+
+// The initiator name blkps_lu_admit recorded for `cmd`, forgotten here.
+std::string TakeInitiator(blkps_lu* lu, void* cmd) {
+  std::lock_guard<std::mutex> lock(lu->initiators_mu);
+  auto it = lu->initiators.find(cmd);
+  if (it == lu->initiators.end()) return "";
+  std::string name = std::move(it->second);
+  lu->initiators.erase(it);
+  return name;
+}
 
 server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
   return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
                                     ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
 }
 
-// Whether [offset, offset + len) touches a read-only region: status or
-// counters.
-bool TouchesReadOnlyRegion(uint64_t offset, uint64_t len) {
+// Whether [offset, offset + len) touches a read-only region: status,
+// counters or receipts.
+bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
   const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
   return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) ||
-         touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES);
+         touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
+         touches(blkps_control_receipts_offset(lu.job->size_bytes()), UINT64_MAX / 2);
 }
 
 // Splits [offset, offset + len) of the control LUN at its region borders and
 // calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
 template <typename Piece>
-server::Status ForEachControlRegion(uint64_t offset, uint64_t len, Piece piece) {
-  const uint64_t borders[] = {kStatusOffset, kCommandsOffset, kCountersOffset, kWeightsOffset, UINT64_MAX};
+server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_t len, Piece piece) {
+  const uint64_t borders[] = {kStatusOffset,  kCommandsOffset,
+                              kCountersOffset, kWeightsOffset,
+                              blkps_control_receipts_offset(lu.job->size_bytes()), UINT64_MAX};
   for (size_t r = 0; r + 1 < std::size(borders); ++r) {
     const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
     if (start >= end) continue;
@@ -165,10 +198,43 @@ std::string CountersRegion(const server::Job& job) {
   return region;
 }
 
-server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len) {
-  const uint64_t size = ControlSizeBytes(*lu->job);
+// Bytes [at, at + n) of the receipts region (control_lun.h), as
+// `initiator` sees it, into out.
+void ReceiptsRegion(const server::Job& job, const std::string& initiator, uint64_t at, uint64_t n, char* out) {
+  const uint64_t stride = blkps_control_receipt_bytes(job.size_bytes());
+  const uint64_t header_bytes = BLKPS_CONTROL_RECEIPT_HEADER_BYTES;
+  for (uint64_t done = 0; done < n;) {
+    // Bytes [from, from + piece) of LUN `lun`'s record: its header page,
+    // then one uint32 per unit (little-endian, as this host).
+    const uint64_t lun = (at + done) / stride, from = (at + done) % stride;
+    const uint64_t piece = std::min(n - done, stride - from);
+    const uint64_t first_unit = from > header_bytes ? (from - header_bytes) / 4 : 0;
+    const uint64_t end_unit = from + piece > header_bytes ? (from + piece - header_bytes + 3) / 4 : 0;
+    std::vector<uint32_t> counts(end_unit > first_unit ? end_unit - first_unit : 0);
+    const server::Job::ReceiptNumbers numbers = job.GetReceipt(lun, initiator, first_unit, &counts);
+    std::string header_page(header_bytes, '\0');
+    blkps_control_receipt header{};
+    std::memcpy(header.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header.magic);
+    header.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+    header.record_bytes = sizeof header;
+    header.lun = lun;
+    header.writes_applied = numbers.writes_applied;
+    header.writes_in_progress = numbers.writes_in_progress;
+    std::memcpy(header_page.data(), &header, sizeof header);
+    const char* units = reinterpret_cast<const char*>(counts.data());
+    for (uint64_t i = 0; i < piece; ++i) {
+      const uint64_t byte = from + i;
+      out[done + i] = byte < header_bytes ? header_page[byte] : units[byte - header_bytes - first_unit * 4];
+    }
+    done += piece;
+  }
+}
+
+server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len, const std::string& initiator) {
+  const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
-  return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
+  const uint64_t receipts = blkps_control_receipts_offset(lu->job->size_bytes());
+  return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
     if (region == kStatusOffset) {
       std::lock_guard<std::mutex> lock(lu->status_mu);
       if (at == kStatusOffset || lu->status.empty()) lu->status = lu->job->StatusJson();
@@ -186,16 +252,24 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
       std::memcpy(buf + pos, CountersRegion(*lu->job).data() + (at - kCountersOffset), n);
       return server::Status::OK();
     }
-    return lu->job->ReadWeights(at - kWeightsOffset, buf + pos, n);
+    if (region == receipts) {
+      ReceiptsRegion(*lu->job, initiator, at - receipts, n, buf + pos);
+      return server::Status::OK();
+    }
+    // The weights, then zeros up to the receipts' MiB boundary.
+    const uint64_t from = at - kWeightsOffset, device = lu->job->size_bytes();
+    const uint64_t weights = from < device ? std::min(n, device - from) : 0;
+    std::memset(buf + pos + weights, 0, n - weights);
+    return weights ? lu->job->ReadWeights(from, buf + pos, weights) : server::Status::OK();
   });
 }
 
-server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len) {
-  const uint64_t size = ControlSizeBytes(*lu->job);
+server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len, const std::string& initiator) {
+  const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
-  return ForEachControlRegion(offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n));
+  return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
+    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator);
     return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
   });
 }
@@ -258,13 +332,13 @@ server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) 
 
 // Widening is exact and keeps NaN and Inf, so the job's own check refuses
 // such a gradient whole (and counts it) as it does a float32 one.
-server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len) {
+server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator) {
   WireRange r;
   server::Status s = ToWireRange(*lu, offset, len, &r);
   if (!s.ok()) return s;
   std::vector<float>& wide = WideScratch(r.count);
   blkps::wire::Widen(lu->options.dtype, static_cast<const uint16_t*>(buf), wide.data(), r.count);
-  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
+  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float), initiator, offset);
 }
 
 }  // namespace
@@ -293,8 +367,9 @@ int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t lun, int wake_fd, uin
     SetError(err, errlen, s.message());
     return -1;
   }
+  lu->lun = lun;
   if (lu->options.control) {
-    *size_bytes = ControlSizeBytes(*lu->job);
+    *size_bytes = ControlSizeBytes(*lu);
     return 0;
   }
   lu->slot = lu->job->AddLearner(lun, [wake_fd] {
@@ -312,14 +387,22 @@ void blkps_lu_close(blkps_lu* lu) {
   lu->job.reset();
 }
 
-int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd) {
-  if (!lu->job || lu->options.control) return 0;
+int blkps_lu_is_control(const blkps_lu* lu) { return lu->options.control ? 1 : 0; }
+
+int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd, const char* nexus) {
+  if (!lu->job) return 0;
+  const std::string initiator = InitiatorName(nexus);
+  {
+    std::lock_guard<std::mutex> lock(lu->initiators_mu);
+    lu->initiators[cmd] = initiator;
+  }
+  if (lu->options.control) return 0;
   if (IsWire16(*lu)) {  // the same parameters in float32 bytes
     const uint64_t per_param = blkps::wire::BytesPerParam(lu->options.dtype);
     offset = offset / per_param * sizeof(float);
     len = len / per_param * sizeof(float);
   }
-  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd) == server::Job::Admission::kHold;
+  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd, initiator) == server::Job::Admission::kHold;
 }
 
 void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, size_t errlen) {
@@ -330,31 +413,36 @@ void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, s
   server::Job::Released r = std::move(lu->released.front());
   lu->released.pop_front();
   *result = ToIoResult(r.status, err, errlen);
+  if (*result != BLKPS_IO_OK) TakeInitiator(lu, r.cmd);  // it will not run
   return r.cmd;
 }
 
-blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len, char* err,
+blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len, void* cmd, char* err,
                               size_t errlen) {
+  const std::string initiator = TakeInitiator(lu, cmd);
   if (!lu->job) return BLKPS_IO_NOT_READY;
-  if (lu->options.control) return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len), err, errlen);
+  if (lu->options.control) {
+    return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len, initiator), err, errlen);
+  }
   if (IsWire16(*lu)) return ToIoResult(WireRead(lu, offset, buf, len), err, errlen);
   return ToIoResult(lu->job->Read(lu->slot, offset, buf, len), err, errlen);
 }
 
-blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, char* err,
+blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, void* cmd, char* err,
                                size_t errlen) {
+  const std::string initiator = TakeInitiator(lu, cmd);
   if (!lu->job) return BLKPS_IO_NOT_READY;
   if (lu->options.control) {
-    if (TouchesReadOnlyRegion(offset, len)) {
+    if (TouchesReadOnlyRegion(*lu, offset, len)) {
       SetError(err, errlen,
-               "the control LUN's status [0, 64 KiB) and counters [1 MiB - 4 KiB, 1 MiB) are read-only; write "
-               "commands at 64 KiB, weights from 1 MiB");
+               "the control LUN's status [0, 64 KiB), counters [1 MiB - 4 KiB, 1 MiB) and receipts (after the "
+               "weights) are read-only; write commands at 64 KiB, weights from 1 MiB");
       return BLKPS_IO_WRITE_PROTECT;
     }
-    return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len), err, errlen);
+    return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len, initiator), err, errlen);
   }
-  if (IsWire16(*lu)) return ToIoResult(WireWrite(lu, offset, buf, len), err, errlen);
-  return ToIoResult(lu->job->Write(lu->slot, offset, buf, len), err, errlen);
+  if (IsWire16(*lu)) return ToIoResult(WireWrite(lu, offset, buf, len, initiator), err, errlen);
+  return ToIoResult(lu->job->Write(lu->slot, offset, buf, len, initiator), err, errlen);
 }
 
 blkps_io_result blkps_lu_sync(blkps_lu* lu, char* err, size_t errlen) {

@@ -16,6 +16,11 @@
  *
  * Errors: functions that can fail write a one-line message (no newline) into
  * err[0..errlen) for the shim to log.
+ *
+ * Receipts are kept per initiator: blkps_lu_admit takes tgt's description
+ * of the command's I_T nexus (it_nexus->info, "Initiator: <name> alias:
+ * ...") while the session surely exists, and the core remembers the name for
+ * that command until it runs (read/write take the same `cmd`) or fails.
  */
 #ifndef BLKPS_TARGET_PLUGIN_LU_H
 #define BLKPS_TARGET_PLUGIN_LU_H
@@ -58,11 +63,14 @@ void blkps_lu_destroy(struct blkps_lu *lu);
 int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t lun, int wake_fd,
                   uint64_t *size_bytes, char *err, size_t errlen);
 void blkps_lu_close(struct blkps_lu *lu);
+/* 1 for a control LUN (it answers INQUIRY with BLKPS_CONTROL_PRODUCT_ID). */
+int blkps_lu_is_control(const struct blkps_lu *lu);
 
 /* Main thread, for each READ and WRITE. Returns 0 if the command may run
  * now, or 1 if the core holds it (bsp/ssp): it is handed back later by
  * blkps_lu_take_released, after wake_fd fires. */
-int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd);
+int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd,
+                   const char *nexus);
 /* Main thread: one released command, or NULL when there is none. *result is
  * BLKPS_IO_OK if it may run now; otherwise the shim fails it with *result
  * and err. */
@@ -70,11 +78,11 @@ void *blkps_lu_take_released(struct blkps_lu *lu, enum blkps_io_result *result, 
 
 /* READ: device bytes [offset, offset+len) into buf. */
 enum blkps_io_result blkps_lu_read(struct blkps_lu *lu, uint64_t offset,
-                                   void *buf, uint64_t len,
+                                   void *buf, uint64_t len, void *cmd,
                                    char *err, size_t errlen);
 /* WRITE: buf holds the gradient (or control data) for [offset, offset+len). */
 enum blkps_io_result blkps_lu_write(struct blkps_lu *lu, uint64_t offset,
-                                    const void *buf, uint64_t len,
+                                    const void *buf, uint64_t len, void *cmd,
                                     char *err, size_t errlen);
 /* SYNCHRONIZE CACHE: a durable checkpoint of the model, if configured. */
 enum blkps_io_result blkps_lu_sync(struct blkps_lu *lu, char *err, size_t errlen);

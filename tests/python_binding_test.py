@@ -79,6 +79,7 @@ def test_engine(url, control):
                 check(m["stall_s"] >= 0 and m["compute_s"] >= 0, f"bad metrics {m}")
         check(engine.gradients_pushed == ITERATIONS,
               f"{engine.gradients_pushed} gradients pushed, expected {ITERATIONS}")
+        check(engine.pushed_bytes_lost == 0, f"{engine.pushed_bytes_lost} bytes lost without a restart")
         try:
             engine.step()
             check(False, "step() after finish() did not raise")

@@ -88,6 +88,8 @@ int blkps_read_bytes(blkps_model* m, uint64_t offset, void* buf, uint64_t len) {
 
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
+uint64_t blkps_pushed_bytes_lost(const blkps_model* m) { return m->model->pushed_bytes_lost(); }
+
 void blkps_control_layout_get(blkps_control_layout* out) {
   *out = blkps_control_layout();
   out->format_version = BLKPS_CONTROL_FORMAT_VERSION;
@@ -185,6 +187,10 @@ void blkps_engine_last_metrics(const blkps_engine* e,
   out->bubble_s = m.bubble_s;
   out->staleness = m.staleness;
   out->concurrent = m.concurrent ? 1 : 0;
+}
+
+uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) {
+  return e->engine->pushed_bytes_lost();
 }
 
 uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {

@@ -73,6 +73,12 @@ class Device {
   // blkps server this checkpoints the model.
   virtual Status Sync() = 0;
 
+  // Bytes of writes this device had seen acknowledged that the server no
+  // longer counts: it restarted from a checkpoint taken before them, so
+  // those gradients are not in the model (iscsi:// with receipts; README
+  // "Faults").
+  virtual uint64_t pushed_bytes_lost() const { return 0; }
+
  protected:
   Device() = default;
 };

@@ -130,6 +130,7 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   std::atomic<uint64_t> params_pushed_{0};
   // Null unless options.drop_ratio > 0; used by whichever thread pushes.
   std::unique_ptr<GradientDropper> dropper_;
+  uint64_t pushed_bytes_lost() const { return push_model_ ? push_model_->pushed_bytes_lost() : 0; }
 
  private:
   struct PushJob {
@@ -732,6 +733,8 @@ uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
 const float* Engine::residual() const {
   return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr;
 }
+
+uint64_t Engine::pushed_bytes_lost() const { return impl_->pushed_bytes_lost(); }
 const std::string& Engine::last_error() const { return impl_->last_error_; }
 
 }  // namespace blkps

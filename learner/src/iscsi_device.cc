@@ -3,13 +3,27 @@
 //
 // Data moves as READ(16)/WRITE(16) commands whose scsi_iovecs point at the
 // caller's memory (zero copy), queue_depth of them in flight, driven by poll()
-// on the context's descriptor. libiscsi reconnects a dropped session by itself
-// and resends what was in flight; with no_ua_on_reconnect a target restart
-// stays invisible to the learner.
+// on the context's descriptor.
+//
+// Exactly-once writes (README "Faults"). A write is a gradient: resending one
+// the server has already applied counts it twice. So the device, not
+// libiscsi, reconnects a dropped session (libiscsi would resend every command
+// in flight): it logs in again, fences its old writes (the control LUN's
+// fence=<lun>), waits until the server has none in progress, reads its
+// receipt (how many of its writes starting at each 512-byte unit the server
+// has applied; blkps/control_lun.h) and resends only the writes the receipt
+// lacks. Reads and syncs are resent as they are. The device keeps what it
+// expects the receipt to say (expected_); after a target restart from a
+// checkpoint the receipt is the checkpoint's, and writes it acknowledged that
+// the receipt lacks were lost with the server's memory: counted in
+// writes_lost() and said on stderr. Without a control LUN (a target not made
+// by blkps) the device resends every write in flight, as libiscsi would.
 
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +32,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <thread>
+#include <unordered_map>
 
+#include "blkps/control_lun.h"
 #include "device.h"
 
 namespace blkps {
@@ -38,10 +56,11 @@ constexpr uint64_t kIserDefaultRequestBytes = 512 << 10;
 constexpr int kPollTimeoutMs = 1000;
 // iscsi_which_events() == 0 means "reconnect pending, wait >= 100 ms".
 constexpr int kReconnectWaitMs = 100;
-// A lost session is re-established with backoff between attempts; 7 attempts
-// span about 30 s (measured, libiscsi 1.19): long enough for a server
-// restart, short enough that a learner whose server is gone fails.
-constexpr int kReconnectAttempts = 7;
+// A lost session is re-established with backoff between attempts for this
+// long: enough for a server restart, short enough that a learner whose
+// server is gone fails.
+constexpr std::chrono::seconds kReconnectTime(30);
+constexpr std::chrono::milliseconds kReconnectBackoffMax(1000);
 // A command the target does not answer fails after this, as with the Linux
 // SCSI layer: a hung server must not hang the learner. blkps servers bound
 // their held commands well below it.
@@ -122,28 +141,173 @@ Status CommandError(const std::string& what, const Command& command) {
   }
 }
 
+// iscsi_service() without SIGPIPE: libiscsi writes to the socket with
+// writev, and a connection the peer reset must end in an error the device
+// handles, not kill the learner. SIGPIPE is blocked in this thread while
+// libiscsi runs, and one it raised is taken back.
+int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents) {
+  sigset_t sigpipe, old_mask, pending;
+  sigemptyset(&sigpipe);
+  sigaddset(&sigpipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &sigpipe, &old_mask);
+  sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE);
+  const int result = iscsi_service(iscsi, revents);
+  sigpending(&pending);
+  if (!was_pending && sigismember(&pending, SIGPIPE)) {
+    const timespec now = {0, 0};
+    sigtimedwait(&sigpipe, nullptr, &now);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  return result;
+}
+
+// What it takes to log in again.
+struct SessionSpec {
+  std::string name;  // the URL without credentials, for messages
+  std::string initiator, portal, target;
+  int lun = 0;
+  bool iser = false;
+};
+
+// A logged-in context for `spec`, or nullptr with libiscsi's reason in
+// *error.
+iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
+  iscsi_context* iscsi = iscsi_create_context(spec.initiator.c_str());
+  if (iscsi == nullptr) {
+    *error = "cannot create an iSCSI context for " + spec.initiator;
+    return nullptr;
+  }
+  if (spec.iser && iscsi_init_transport(iscsi, ISER_TRANSPORT) != 0) {
+    *error = LastError(iscsi);
+    iscsi_destroy_context(iscsi);
+    return nullptr;
+  }
+  iscsi_set_targetname(iscsi, spec.target.c_str());
+  iscsi_set_session_type(iscsi, ISCSI_SESSION_NORMAL);
+  iscsi_set_header_digest(iscsi, ISCSI_HEADER_DIGEST_NONE);
+  iscsi_set_initial_r2t(iscsi, ISCSI_INITIAL_R2T_NO);
+  iscsi_set_immediate_data(iscsi, ISCSI_IMMEDIATE_DATA_YES);
+  iscsi_set_no_ua_on_reconnect(iscsi, 1);
+  // A dropped session fails the commands in flight (CANCELLED) and the
+  // device reconnects itself (see the top of this file).
+  iscsi_set_noautoreconnect(iscsi, 1);
+  iscsi_set_timeout(iscsi, kCommandTimeoutSeconds);
+  if (iscsi_full_connect_sync(iscsi, spec.portal.c_str(), spec.lun) != 0) {
+    *error = LastError(iscsi);
+    iscsi_destroy_context(iscsi);
+    return nullptr;
+  }
+  return iscsi;
+}
+
+// Runs a synchronous command until it reports no UNIT ATTENTION: the first
+// commands to a LUN of a new session report its unit attentions (power on,
+// reset, LUNs changed), one each, and do nothing. Returns its task.
+scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
+  scsi_task* task = nullptr;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (task != nullptr) scsi_free_scsi_task(task);
+    task = command();
+    const bool unit_attention = task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION &&
+                                task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
+    if (!unit_attention) break;
+  }
+  return task;
+}
+
+// One synchronous command on `lun` of a context with nothing else in
+// flight: READ(16) into `data` or WRITE(16) from it, in pieces of at most
+// 1 MiB.
+Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t offset, void* data, uint64_t len,
+                    uint32_t block_size) {
+  char* bytes = static_cast<char*>(data);
+  for (uint64_t done = 0; done < len;) {
+    const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kDefaultRequestBytes));
+    const uint64_t lba = (offset + done) / block_size;
+    scsi_task* task = PastUnitAttentions([&] {
+      return direction == Direction::kRead
+                 ? iscsi_read16_sync(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0)
+                 : iscsi_write16_sync(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
+                                      block_size, 0, 0, 0, 0, 0);
+    });
+    const bool good = task != nullptr && task->status == SCSI_STATUS_GOOD &&
+                      (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
+    if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
+    if (task != nullptr) scsi_free_scsi_task(task);
+    if (!good) {
+      return Status::Error(EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction), lun,
+                           static_cast<unsigned long long>(offset + done), LastError(iscsi).c_str());
+    }
+    done += piece;
+  }
+  return Status();
+}
+
+// The capacity in bytes of `lun`, or 0 if READ CAPACITY(16) fails.
+uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
+  uint64_t bytes = 0;
+  scsi_task* task = PastUnitAttentions([&] { return iscsi_readcapacity16_sync(iscsi, lun); });
+  auto* capacity = task != nullptr && task->status == SCSI_STATUS_GOOD
+                       ? static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task))
+                       : nullptr;
+  if (capacity != nullptr) bytes = (capacity->returned_lba + 1) * capacity->block_length;
+  if (task != nullptr) scsi_free_scsi_task(task);
+  return bytes;
+}
+
+// The control LUN of the model behind `lun`, a learner LUN of `device_bytes`:
+// the target's LUN that answers INQUIRY with BLKPS_CONTROL_PRODUCT_ID and is
+// as large as such a model's control LUN. -1 if there is none.
+int FindControlLun(iscsi_context* iscsi, int lun, uint64_t device_bytes) {
+  int found = -1;
+  scsi_task* task = iscsi_reportluns_sync(iscsi, 0, 16384);
+  auto* list = task != nullptr && task->status == SCSI_STATUS_GOOD
+                   ? static_cast<scsi_reportluns_list*>(scsi_datain_unmarshall(task))
+                   : nullptr;
+  for (uint32_t i = 0; list != nullptr && i < list->num && found < 0; ++i) {
+    const int candidate = list->luns[i];
+    if (candidate == lun) continue;
+    scsi_task* inquiry = iscsi_inquiry_sync(iscsi, candidate, 0, 0, 255);
+    auto* standard = inquiry != nullptr && inquiry->status == SCSI_STATUS_GOOD
+                         ? static_cast<scsi_inquiry_standard*>(scsi_datain_unmarshall(inquiry))
+                         : nullptr;
+    if (standard != nullptr) {
+      std::string product = standard->product_identification;
+      while (!product.empty() && product.back() == ' ') product.pop_back();
+      const uint64_t control_bytes = blkps_control_receipts_offset(device_bytes) +
+                                     static_cast<uint64_t>(candidate) * blkps_control_receipt_bytes(device_bytes);
+      if (product == BLKPS_CONTROL_PRODUCT_ID && CapacityBytes(iscsi, candidate) == control_bytes) found = candidate;
+    }
+    if (inquiry != nullptr) scsi_free_scsi_task(inquiry);
+  }
+  if (task != nullptr) scsi_free_scsi_task(task);
+  return found;
+}
+
 class IscsiDevice : public Device {
  public:
-  // Takes ownership of the logged-in context.
-  IscsiDevice(iscsi_context* iscsi, std::string name, int lun,
-              uint64_t size_bytes, uint32_t block_size,
-              uint64_t default_request_bytes, uint64_t max_request_bytes)
+  // Takes ownership of the logged-in context. `control_lun`: the target's
+  // control LUN, whose receipts make writes exactly-once; -1 if none.
+  IscsiDevice(iscsi_context* iscsi, SessionSpec spec, uint64_t size_bytes, uint32_t block_size,
+              uint64_t default_request_bytes, uint64_t max_request_bytes, int control_lun)
       : iscsi_(iscsi),
-        name_(std::move(name)),
-        lun_(lun),
+        spec_(std::move(spec)),
+        name_(spec_.name),
+        lun_(spec_.lun),
         size_bytes_(size_bytes),
         block_size_(block_size),
         default_request_bytes_(default_request_bytes),
-        max_request_bytes_(max_request_bytes) {}
+        max_request_bytes_(max_request_bytes),
+        control_lun_(control_lun) {}
 
   ~IscsiDevice() override {
+    if (iscsi_ == nullptr) return;
     if (lost_.ok() && iscsi_is_logged_in(iscsi_)) LogOut();
     // Runs the callbacks of commands libiscsi still holds (after a lost
     // connection); they land in commands_, which is still alive.
     iscsi_destroy_context(iscsi_);
-    for (Command& command : commands_) {
-      if (command.task != nullptr) scsi_free_scsi_task(command.task);
-    }
+    FreeTasks();
   }
 
   uint64_t size_bytes() const override { return size_bytes_; }
@@ -152,10 +316,17 @@ class IscsiDevice : public Device {
     return std::min(default_request_bytes_, max_request_bytes_);
   }
   uint64_t max_request_bytes() const override { return max_request_bytes_; }
+  uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
                   uint32_t queue_depth) override;
   Status Sync() override;
+
+  // Reads this session's receipt into *counts (one per unit of the device).
+  // REQUIRES: control_lun_ >= 0 and no command in flight.
+  Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header);
+  // The receipt is what the device expects from now on.
+  void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
 
  private:
   // Queues command `index` with OnCommandDone and `command` as its callback
@@ -164,26 +335,46 @@ class IscsiDevice : public Device {
   // Names command `index` for messages.
   using DescribeFn = std::function<std::string(size_t index)>;
 
-  Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start,
-                     const DescribeFn& describe);
+  // `writes`: the batch's requests when its commands are writes, else null.
+  Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
+                     const std::vector<IoRequest>* writes);
   Status Service();
+  // The session dropped and every command of it has ended; `dropped` lists
+  // the batch's commands that were in flight. Logs in again and stores in
+  // *resend those to send again: all of them, except writes that the
+  // receipt shows applied.
+  Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
+                   std::vector<size_t>* resend);
+  // Fences this initiator's writes on the server and waits until none is in
+  // progress; then reads the receipt.
+  Status FenceAndReadReceipt(std::vector<uint32_t>* counts);
+  void FreeTasks();
   void LogOut();
 
-  iscsi_context* const iscsi_;
-  const std::string name_;  // the URL without credentials, for messages
+  iscsi_context* iscsi_;  // null while reconnecting failed
+  const SessionSpec spec_;
+  const std::string& name_;
   const int lun_;
   const uint64_t size_bytes_;
   const uint32_t block_size_;
   const uint64_t default_request_bytes_;
   const uint64_t max_request_bytes_;
+  const int control_lun_;
 
   // Slots for the commands in flight. libiscsi keeps pointers to them until
   // each command completes, so they live as long as the context.
   std::vector<Command> commands_;
-  // Set once the session is lost for good: libiscsi then still holds the
-  // unfinished commands, and the device refuses further work.
+  // Set once the session is lost for good: the device refuses further work.
   Status lost_;
   bool logout_done_ = false;  // set by the LOGOUT's callback
+  // Per 512-byte unit: how many of this session's writes starting there the
+  // server has applied, as far as the device knows (receipts only).
+  std::vector<uint32_t> expected_;
+  // The length of the last write acknowledged at each unit, to put lost
+  // writes in bytes.
+  std::unordered_map<uint64_t, uint64_t> write_length_;
+  uint64_t pushed_bytes_lost_ = 0;
+  bool said_no_receipts_ = false;
 };
 
 Status IscsiDevice::Transfer(Direction direction,
@@ -206,7 +397,8 @@ Status IscsiDevice::Transfer(Direction direction,
     return std::string(DirectionName(direction)) + " at offset " +
            std::to_string(requests[index].offset) + " on " + name_;
   };
-  return RunCommands(requests.size(), queue_depth, start, describe);
+  return RunCommands(requests.size(), queue_depth, start, describe,
+                     direction == Direction::kWrite ? &requests : nullptr);
 }
 
 Status IscsiDevice::Sync() {
@@ -215,56 +407,199 @@ Status IscsiDevice::Sync() {
                                          OnCommandDone, command);
   };
   auto describe = [&](size_t) { return "sync on " + name_; };
-  return RunCommands(1, 1, start, describe);
+  return RunCommands(1, 1, start, describe, nullptr);
 }
 
 Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth,
                                 const StartFn& start,
-                                const DescribeFn& describe) {
+                                const DescribeFn& describe,
+                                const std::vector<IoRequest>* writes) {
   if (!lost_.ok()) return lost_;
   // No command is in flight between batches, so the slots may move.
   commands_.assign(std::min<size_t>(std::max<uint32_t>(queue_depth, 1), count),
                    Command());
   Status result;
-  size_t next = 0;  // the first command not started yet
+  std::deque<size_t> pending;  // commands to start, in order
+  for (size_t i = 0; i < count; ++i) pending.push_back(i);
   size_t in_flight = 0;
   auto start_more = [&] {
     for (Command& command : commands_) {
-      if (!result.ok() || next == count) return;
+      if (!result.ok() || pending.empty()) return;
       if (command.task != nullptr) continue;
       command = Command();
-      command.index = next;
-      command.task = start(next, &command);
+      command.index = pending.front();
+      command.task = start(command.index, &command);
       if (command.task == nullptr) {
         result =
             Status::Error(EIO, "%s: cannot queue the command: %s",
-                          describe(next).c_str(), LastError(iscsi_).c_str());
+                          describe(command.index).c_str(), LastError(iscsi_).c_str());
         return;
       }
-      ++next;
+      pending.pop_front();
       ++in_flight;
     }
   };
 
   start_more();
   while (in_flight > 0) {
-    Status service = Service();
-    if (!service.ok()) {
-      lost_ = service;
-      return service;
+    // A dropped session ends every command in flight with CANCELLED
+    // (noautoreconnect); a failing poll ends them when the context goes.
+    bool dropped = !Service().ok();
+    for (const Command& command : commands_) {
+      dropped = dropped || (command.task != nullptr && command.done && command.status == SCSI_STATUS_CANCELLED);
     }
+    if (dropped) {
+      iscsi_destroy_context(iscsi_);  // runs the callbacks of what it held
+      iscsi_ = nullptr;
+    }
+    std::vector<size_t> ended_with_session;
     for (Command& command : commands_) {
-      if (command.task == nullptr || !command.done) continue;
-      if (result.ok() && command.status != SCSI_STATUS_GOOD) {
-        result = CommandError(describe(command.index), command);
+      if (command.task == nullptr || !(command.done || dropped)) continue;
+      if (dropped && (!command.done || command.status == SCSI_STATUS_CANCELLED)) {
+        ended_with_session.push_back(command.index);
+      } else if (command.status != SCSI_STATUS_GOOD) {
+        if (result.ok()) result = CommandError(describe(command.index), command);
+      } else if (writes != nullptr && !expected_.empty()) {
+        const IoRequest& write = (*writes)[command.index];
+        ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
+        write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] = write.length;
       }
       scsi_free_scsi_task(command.task);
       command = Command();
       --in_flight;
     }
+    if (dropped) {
+      std::vector<size_t> resend;
+      Status s = Reconnect(ended_with_session, writes, &resend);
+      if (!s.ok()) {
+        lost_ = s;
+        return s;
+      }
+      pending.insert(pending.begin(), resend.begin(), resend.end());
+    }
     start_more();
   }
   return result;
+}
+
+Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
+                              std::vector<size_t>* resend) {
+  // The receipt is read after every reconnect, whatever the batch: a target
+  // restarted while the device was reading or idle lost writes too.
+  const bool receipts = !expected_.empty();
+  const auto deadline = std::chrono::steady_clock::now() + kReconnectTime;
+  std::chrono::milliseconds backoff(50);
+  std::string error;
+  std::vector<uint32_t> counts;
+  // The new session may drop too, before the receipt is read: start again.
+  for (;;) {
+    iscsi_ = LogIn(spec_, &error);
+    if (iscsi_ != nullptr && receipts) {
+      Status s = FenceAndReadReceipt(&counts);
+      if (s.ok()) break;
+      error = s.message();
+      iscsi_destroy_context(iscsi_);
+      iscsi_ = nullptr;
+    }
+    if (iscsi_ != nullptr) break;
+    if (std::chrono::steady_clock::now() + backoff > deadline) {
+      return Status::Error(EIO, "connection to %s lost and not re-established within %d s (%s); reopen the model",
+                           name_.c_str(), static_cast<int>(kReconnectTime.count()), error.c_str());
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
+  }
+  if (!receipts) {
+    if (writes != nullptr && !said_no_receipts_) {
+      said_no_receipts_ = true;
+      fprintf(stderr,
+              "blkps: %s: reconnected; no blkps control LUN on this target, so the writes in flight are sent "
+              "again and some may be applied twice\n",
+              name_.c_str());
+    }
+    *resend = dropped;
+    return Status();
+  }
+  // Acknowledged writes the server no longer counts: it restarted from a
+  // checkpoint taken before them.
+  uint64_t lost = 0, lost_bytes = 0, first_lost_unit = 0;
+  for (size_t u = 0; u < counts.size(); ++u) {
+    const int32_t behind = static_cast<int32_t>(expected_[u] - counts[u]);
+    if (behind <= 0) continue;
+    if (lost == 0) first_lost_unit = u;
+    lost += static_cast<uint64_t>(behind);
+    lost_bytes += static_cast<uint64_t>(behind) * write_length_[u];
+  }
+  for (size_t index : dropped) {
+    // Reads and syncs are resent; a write only if the receipt does not count
+    // it (applied, it is one more than was expected before it).
+    const uint64_t u = writes != nullptr ? (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT : 0;
+    const bool applied = writes != nullptr && counts[u] - expected_[u] == 1u;
+    if (!applied) resend->push_back(index);
+  }
+  if (lost > 0) {
+    pushed_bytes_lost_ += lost_bytes;
+    fprintf(stderr,
+            "blkps: %s: the target restarted from a checkpoint older than %llu acknowledged writes (%llu bytes, "
+            "the first at byte %llu); those gradients are not in the model\n",
+            name_.c_str(), static_cast<unsigned long long>(lost), static_cast<unsigned long long>(lost_bytes),
+            static_cast<unsigned long long>(first_lost_unit * BLKPS_CONTROL_RECEIPT_UNIT));
+  }
+  expected_ = std::move(counts);
+  return Status();
+}
+
+Status IscsiDevice::FenceAndReadReceipt(std::vector<uint32_t>* counts) {
+  std::string fence = "fence=" + std::to_string(lun_) + "\n";
+  fence.resize(block_size_, '\0');
+  Status s = SyncTransfer(iscsi_, control_lun_, Direction::kWrite, BLKPS_CONTROL_COMMANDS_OFFSET, fence.data(),
+                          fence.size(), block_size_);
+  if (!s.ok()) return Status::Error(EIO, "%s: after reconnecting: fence: %s", name_.c_str(), s.message().c_str());
+  // Writes already running on the server finish in well under a command
+  // timeout; poll for that.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds);
+  blkps_control_receipt header{};
+  for (;;) {
+    s = ReadReceipt(counts, &header);
+    if (!s.ok() || header.writes_in_progress == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Error(EIO, "%s: after reconnecting: the server still runs %llu old writes after %d s",
+                           name_.c_str(), static_cast<unsigned long long>(header.writes_in_progress),
+                           kCommandTimeoutSeconds);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return s;
+}
+
+Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header) {
+  const uint64_t record = blkps_control_receipts_offset(size_bytes_) +
+                          static_cast<uint64_t>(lun_) * blkps_control_receipt_bytes(size_bytes_);
+  std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
+  Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_);
+  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  std::memcpy(header, page.data(), sizeof *header);
+  if (std::memcmp(header->magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header->magic) != 0 ||
+      header->format_version != BLKPS_CONTROL_FORMAT_VERSION || header->lun != static_cast<uint64_t>(lun_)) {
+    return Status::Error(EPROTO, "%s: the control LUN holds no receipt of format %u for LUN %d", name_.c_str(),
+                         BLKPS_CONTROL_FORMAT_VERSION, lun_);
+  }
+  const uint64_t units = (size_bytes_ + BLKPS_CONTROL_RECEIPT_UNIT - 1) / BLKPS_CONTROL_RECEIPT_UNIT;
+  const uint64_t bytes = (units * 4 + block_size_ - 1) / block_size_ * block_size_;
+  std::vector<uint32_t> words(bytes / 4);
+  s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, words.data(),
+                   bytes, block_size_);
+  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  words.resize(units);
+  *counts = std::move(words);
+  return Status();
+}
+
+void IscsiDevice::FreeTasks() {
+  for (Command& command : commands_) {
+    if (command.task != nullptr) scsi_free_scsi_task(command.task);
+    command = Command();
+  }
 }
 
 // Logs out politely. A target that went away while the device was idle must
@@ -283,6 +618,9 @@ void IscsiDevice::LogOut() {
 
 // Waits for the socket and lets libiscsi send, receive and run callbacks.
 Status IscsiDevice::Service() {
+  if (iscsi_get_fd(iscsi_) < 0) {
+    return Status::Error(EIO, "connection to %s lost", name_.c_str());
+  }
   pollfd pfd = {iscsi_get_fd(iscsi_),
                 static_cast<short>(iscsi_which_events(iscsi_)), 0};
   if (pfd.events == 0) {
@@ -292,11 +630,8 @@ Status IscsiDevice::Service() {
     return Status::Error(errno, "poll on the connection to %s failed: %s",
                          name_.c_str(), strerror(errno));
   }
-  if (iscsi_service(iscsi_, pfd.revents) < 0) {
-    return Status::Error(EIO,
-                         "connection to %s lost and not re-established (%s); "
-                         "reopen the model",
-                         name_.c_str(), LastError(iscsi_).c_str());
+  if (ServiceWithoutSigpipe(iscsi_, pfd.revents) < 0) {
+    return Status::Error(EIO, "connection to %s lost (%s)", name_.c_str(), LastError(iscsi_).c_str());
   }
   return Status();
 }
@@ -354,13 +689,38 @@ Status DiagnoseConnectFailure(const std::string& name,
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
                                         const std::string& initiator_name,
                                         Status* status) {
-  const bool iser = url.rfind("iser://", 0) == 0;
-  const std::string initiator =
-      initiator_name.empty() ? DefaultInitiatorName() : initiator_name;
-  iscsi_context* iscsi = iscsi_create_context(initiator.c_str());
+  SessionSpec spec;
+  spec.iser = url.rfind("iser://", 0) == 0;
+  spec.initiator = initiator_name.empty() ? DefaultInitiatorName() : initiator_name;
+  iscsi_context* scratch = iscsi_create_context(spec.initiator.c_str());
+  if (scratch == nullptr) {
+    *status = Status::Error(ENOMEM, "cannot create an iSCSI context for %s", spec.initiator.c_str());
+    return nullptr;
+  }
+  iscsi_url* parsed = iscsi_parse_full_url(scratch, url.c_str());
+  if (parsed == nullptr) {
+    *status = Status::Error(EINVAL, "bad target URL: %s", LastError(scratch).c_str());
+    iscsi_destroy_context(scratch);
+    return nullptr;
+  }
+  spec.name = std::string(spec.iser ? "iser://" : "iscsi://") + parsed->portal + "/" + parsed->target + "/" +
+              std::to_string(parsed->lun);
+  spec.portal = parsed->portal;
+  spec.target = parsed->target;
+  spec.lun = parsed->lun;
+  iscsi_destroy_url(parsed);
+  iscsi_destroy_context(scratch);
+
+  std::string login_error;
+  iscsi_context* iscsi = LogIn(spec, &login_error);
+  if (iscsi == nullptr && spec.iser) {
+    *status = Status::Error(ENODEV,
+                            "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
+                            spec.name.c_str(), login_error.c_str());
+    return nullptr;
+  }
   if (iscsi == nullptr) {
-    *status = Status::Error(ENOMEM, "cannot create an iSCSI context for %s",
-                            initiator.c_str());
+    *status = DiagnoseConnectFailure(spec.name, spec.portal, spec.target, spec.lun, login_error);
     return nullptr;
   }
   auto fail = [&](Status error) {
@@ -369,47 +729,10 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
     return nullptr;
   };
 
-  iscsi_url* parsed = iscsi_parse_full_url(iscsi, url.c_str());
-  if (parsed == nullptr) {
-    return fail(
-        Status::Error(EINVAL, "bad target URL: %s", LastError(iscsi).c_str()));
-  }
-  const std::string name = std::string(iser ? "iser://" : "iscsi://") +
-                           parsed->portal + "/" + parsed->target + "/" +
-                           std::to_string(parsed->lun);
-  const std::string portal = parsed->portal;
-  const std::string target = parsed->target;
-  const int lun = parsed->lun;
-  iscsi_destroy_url(parsed);
-
-  auto no_rdma = [&] {
-    return fail(Status::Error(
-        ENODEV,
-        "%s: iSER transport unavailable (no RDMA device on this host?): %s; "
-        "use iscsi:// instead",
-        name.c_str(), LastError(iscsi).c_str()));
-  };
-  if (iser && iscsi_init_transport(iscsi, ISER_TRANSPORT) != 0)
-    return no_rdma();
-
-  iscsi_set_targetname(iscsi, target.c_str());
-  iscsi_set_session_type(iscsi, ISCSI_SESSION_NORMAL);
-  iscsi_set_header_digest(iscsi, ISCSI_HEADER_DIGEST_NONE);
-  iscsi_set_initial_r2t(iscsi, ISCSI_INITIAL_R2T_NO);
-  iscsi_set_immediate_data(iscsi, ISCSI_IMMEDIATE_DATA_YES);
-  iscsi_set_no_ua_on_reconnect(iscsi, 1);
-  iscsi_set_reconnect_max_retries(iscsi, kReconnectAttempts);
-  iscsi_set_timeout(iscsi, kCommandTimeoutSeconds);
-  if (iscsi_full_connect_sync(iscsi, portal.c_str(), lun) != 0) {
-    if (iser) return no_rdma();
-    return fail(
-        DiagnoseConnectFailure(name, portal, target, lun, LastError(iscsi)));
-  }
-
-  scsi_task* task = iscsi_readcapacity16_sync(iscsi, lun);
+  scsi_task* task = iscsi_readcapacity16_sync(iscsi, spec.lun);
   if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
     Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s",
-                                 name.c_str(), LastError(iscsi).c_str());
+                                 spec.name.c_str(), LastError(iscsi).c_str());
     if (task != nullptr) scsi_free_scsi_task(task);
     return fail(std::move(error));
   }
@@ -418,18 +741,27 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
   if (capacity == nullptr || capacity->block_length == 0) {
     scsi_free_scsi_task(task);
     return fail(Status::Error(EIO, "%s: cannot decode READ CAPACITY(16) data",
-                              name.c_str()));
+                              spec.name.c_str()));
   }
   const uint32_t block_size = capacity->block_length;
   const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
   scsi_free_scsi_task(task);
 
-  const uint64_t max_request_bytes = MaxRequestBytes(iscsi, lun, block_size);
+  const uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
   const uint64_t default_request_bytes =
-      iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
-  return std::make_unique<IscsiDevice>(iscsi, name, lun, size_bytes, block_size,
-                                       default_request_bytes,
-                                       max_request_bytes);
+      spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
+  const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
+  auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
+                                              max_request_bytes, control_lun);
+  if (control_lun >= 0) {
+    // Where the receipt starts: what the server has applied of this
+    // initiator's writes so far (nothing, for a new initiator name).
+    std::vector<uint32_t> counts;
+    blkps_control_receipt header{};
+    Status s = device->ReadReceipt(&counts, &header);
+    if (s.ok()) device->ExpectReceipt(std::move(counts));
+  }
+  return device;
 }
 
 }  // namespace blkps

@@ -224,6 +224,8 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
 
 int Model::Sync() { return Record(device_->Sync()); }
 
+uint64_t Model::pushed_bytes_lost() const { return device_->pushed_bytes_lost(); }
+
 int Model::ReadControlCounters(blkps_control_counters* out) {
   const Status no_record = Status::Error(
       EPROTO,

@@ -323,4 +323,10 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
   }
 }
 
+uint64_t StripedDevice::pushed_bytes_lost() const {
+  uint64_t lost = 0;
+  for (const auto& shard : shards_) lost += shard->pushed_bytes_lost();
+  return lost;
+}
+
 }  // namespace blkps

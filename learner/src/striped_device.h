@@ -60,6 +60,7 @@ class StripedDevice : public Device {
 
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
+  uint64_t pushed_bytes_lost() const override;
 
  private:
   class Worker;

@@ -107,6 +107,11 @@ BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf,
  * before this returns. */
 BLKPS_EXPORT int blkps_sync(blkps_model *m);
 
+/* Bytes of pushes the server acknowledged and then lost with a restart from
+ * its checkpoint (README "Faults"); 0 if none. Every other push is applied
+ * exactly once, across reconnects. */
+BLKPS_EXPORT uint64_t blkps_pushed_bytes_lost(const blkps_model *m);
+
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
 BLKPS_EXPORT const char *blkps_last_error(const blkps_model *m);
@@ -230,6 +235,10 @@ BLKPS_EXPORT uint64_t blkps_engine_params_pushed(const blkps_engine *e);
  * failure, or between steps with double_buffering = 0. NULL without
  * dropping. */
 BLKPS_EXPORT const float *blkps_engine_residual(const blkps_engine *e);
+
+/* Bytes of pushes the server acknowledged and then lost with a restart from
+ * its checkpoint (README "Faults"); 0 if none. */
+BLKPS_EXPORT uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine *e);
 
 /* Message of the last failure on e; "" if none. */
 BLKPS_EXPORT const char *blkps_engine_last_error(const blkps_engine *e);

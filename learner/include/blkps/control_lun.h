@@ -21,6 +21,22 @@
  *                             Writes are refused (DATA PROTECT).
  *   [1 MiB, 1 MiB + device)   the weights, as the learner LUNs' bytes:
  *                             READ them, WRITE to set them (rule state kept).
+ *   [R, R + n * S)            receipts (exactly-once pushes, README
+ *                             "Faults"): for learner LUN k, at R + k * S,
+ *                             the receipt of the initiator that reads it:
+ *                             a header (struct blkps_control_receipt), then
+ *                             at R + k * S + 4 KiB one little-endian uint32
+ *                             per 512-byte unit u of the device: how many
+ *                             writes of this initiator to LUN k that start
+ *                             at byte 512 * u the server has applied (mod
+ *                             2^32). R = blkps_control_receipts_offset(),
+ *                             S = blkps_control_receipt_bytes(), n = the
+ *                             control LUN's own number (learner LUNs come
+ *                             before it). Read-only. After a restart from a
+ *                             checkpoint they are the checkpoint's.
+ *
+ * The control LUN answers INQUIRY with product BLKPS_CONTROL_PRODUCT_ID, so
+ * that a learner finds it among the target's LUNs (REPORT LUNS).
  *
  * Users: the server (target-plugin/lu.cc serves the regions and fills the
  * record; aggregator/job_status.cc writes the status keys), libblkps (the
@@ -43,7 +59,7 @@ extern "C" {
 #endif
 
 /* The version of this layout, also in the counters record. */
-#define BLKPS_CONTROL_FORMAT_VERSION 1u
+#define BLKPS_CONTROL_FORMAT_VERSION 2u
 
 #define BLKPS_CONTROL_STATUS_OFFSET UINT64_C(0)
 #define BLKPS_CONTROL_STATUS_BYTES (UINT64_C(64) << 10)
@@ -53,6 +69,27 @@ extern "C" {
 #define BLKPS_CONTROL_COUNTERS_OFFSET ((UINT64_C(1) << 20) - (UINT64_C(4) << 10))
 #define BLKPS_CONTROL_COUNTERS_BYTES (UINT64_C(4) << 10)
 #define BLKPS_CONTROL_WEIGHTS_OFFSET (UINT64_C(1) << 20)
+
+/* INQUIRY's product identification of a control LUN (tgt pads it). */
+#define BLKPS_CONTROL_PRODUCT_ID "BLKPS CONTROL"
+
+/* Receipts: one counter per unit of this many device bytes. */
+#define BLKPS_CONTROL_RECEIPT_UNIT 512u
+#define BLKPS_CONTROL_RECEIPT_HEADER_BYTES (UINT64_C(4) << 10)
+#define BLKPS_CONTROL_RECEIPT_MAGIC "blkpsrcp"
+
+/* Where the receipts region starts: after the weights, at a MiB boundary. */
+static inline uint64_t blkps_control_receipts_offset(uint64_t device_bytes) {
+  const uint64_t mib = UINT64_C(1) << 20;
+  return BLKPS_CONTROL_WEIGHTS_OFFSET + (device_bytes + mib - 1) / mib * mib;
+}
+
+/* Bytes of one LUN's receipt: the header, then the counters, to 4 KiB. */
+static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
+  const uint64_t units = (device_bytes + BLKPS_CONTROL_RECEIPT_UNIT - 1) / BLKPS_CONTROL_RECEIPT_UNIT;
+  const uint64_t page = UINT64_C(4) << 10;
+  return BLKPS_CONTROL_RECEIPT_HEADER_BYTES + (units * 4 + page - 1) / page * page;
+}
 
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
@@ -84,9 +121,21 @@ typedef struct blkps_control_counters {
   uint64_t failed;          /* 1 while the job has failed, else 0 */
 } blkps_control_counters;
 
+/* A receipt's header, little-endian, then zeros to 4 KiB. */
+typedef struct blkps_control_receipt {
+  char magic[8];               /* BLKPS_CONTROL_RECEIPT_MAGIC, no NUL */
+  uint32_t format_version;     /* BLKPS_CONTROL_FORMAT_VERSION */
+  uint32_t record_bytes;       /* sizeof(blkps_control_receipt) */
+  uint64_t lun;                /* the learner LUN it is for */
+  uint64_t writes_applied;     /* all of this initiator's applied writes */
+  uint64_t writes_in_progress; /* admitted and not yet finished or failed:
+                                  0 means the counters are final for now */
+} blkps_control_receipt;
+
 #ifdef __cplusplus
 }  // extern "C"
 static_assert(sizeof(blkps_control_counters) == 64, "the record is 64 bytes in format 1");
+static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
 #endif
 
 #endif /* BLKPS_CONTROL_LUN_H */

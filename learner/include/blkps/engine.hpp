@@ -190,6 +190,9 @@ class BLKPS_EXPORT Engine {
   // or a failure, and between Step()s with double_buffering = false (the
   // push thread updates it otherwise). nullptr without dropping.
   const float* residual() const;
+  // Bytes of gradients the server acknowledged and then lost with a restart
+  // from its checkpoint (Model::pushed_bytes_lost()); 0 if none.
+  uint64_t pushed_bytes_lost() const;
   // The message of the last failure; empty if none.
   const std::string& last_error() const;
 

@@ -16,11 +16,13 @@
 // last_error() holds the one-line message of the last failure. No method
 // throws.
 //
-// iSCSI sessions: a dropped connection is re-established transparently and
-// the commands in flight are resent (a target restart is invisible). When
-// that fails for about 30 s, the call fails with -EIO and so does every later
-// call: close the Model and open it again. A command the target does not
-// answer within 30 s fails with -EIO.
+// iSCSI sessions: a dropped connection is re-established transparently;
+// reads are resent, and a push is resent only where the server's receipt
+// shows it was not applied, so every push is applied exactly once (README
+// "Faults"; pushed_bytes_lost() counts pushes a target restarted from an
+// older checkpoint lost). When reconnecting fails for about 30 s, the call
+// fails with -EIO and so does every later call: close the Model and open it
+// again. A command the target does not answer within 30 s fails with -EIO.
 //
 // Thread-safety: a Model is used by one thread at a time (libiscsi allows one
 // thread per connection). Distinct Models are independent: open one per
@@ -108,6 +110,12 @@ class BLKPS_EXPORT Model {
   // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
   // before this returns.
   int Sync();
+
+  // Bytes of pushes the server acknowledged and then lost: it restarted
+  // from a checkpoint taken before them (iscsi:// and layout: of blkps
+  // targets; README "Faults"). Those gradients are not in the model; every
+  // other push is applied exactly once, across reconnects.
+  uint64_t pushed_bytes_lost() const;
 
   // On a control LUN (blkps/control_lun.h): reads its counters record into
   // *out. Returns 0, a read's negative errno, or -EPROTO (*out untouched) if

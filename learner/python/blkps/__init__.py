@@ -113,6 +113,10 @@ def _declare(lib):
     lib.blkps_write_bytes.restype = ctypes.c_int
     lib.blkps_sync.argtypes = [handle]
     lib.blkps_sync.restype = ctypes.c_int
+    lib.blkps_pushed_bytes_lost.argtypes = [handle]
+    lib.blkps_pushed_bytes_lost.restype = ctypes.c_uint64
+    lib.blkps_engine_pushed_bytes_lost.argtypes = [handle]
+    lib.blkps_engine_pushed_bytes_lost.restype = ctypes.c_uint64
     lib.blkps_last_error.argtypes = [handle]
     lib.blkps_last_error.restype = ctypes.c_char_p
     # The learner engine.
@@ -285,6 +289,12 @@ class Model(_Handle):
         """Returns once the server has checkpointed the model durably."""
         self._check(self._lib.blkps_sync(self._open_handle()))
 
+    @property
+    def pushed_bytes_lost(self):
+        """Bytes of pushes the server acknowledged and then lost with a
+        restart from its checkpoint (README "Faults"); 0 if none."""
+        return self._lib.blkps_pushed_bytes_lost(self._open_handle())
+
 
 class Engine(_Handle):
     """A training loop's double-buffered view of the model (blkps/engine.hpp).
@@ -395,3 +405,9 @@ class Engine(_Handle):
     def gradients_pushed(self):
         """Gradients that reached the server whole so far."""
         return self._lib.blkps_engine_gradients_pushed(self._open_handle())
+
+    @property
+    def pushed_bytes_lost(self):
+        """Bytes of gradients the server acknowledged and then lost with a
+        restart from its checkpoint; 0 if none."""
+        return self._lib.blkps_engine_pushed_bytes_lost(self._open_handle())

@@ -1,0 +1,105 @@
+// Job's receipts (job.h, "Receipts"): what each initiator's writes to each
+// learner slot have done, counted as they are applied (inside the write gate
+// that checkpoints close), read for target-plugin/lu.cc (which serves them as
+// the control LUN's receipts region), fenced, and checkpointed.
+#include <algorithm>
+#include <cstring>
+
+#include "job.h"
+
+namespace blkps::server {
+
+void Job::EnterWriteGate() {
+  std::unique_lock<std::mutex> lock(gate_mu_);
+  gate_cv_.wait(lock, [&] { return !gate_closed_; });
+  ++writes_running_;
+}
+
+void Job::LeaveWriteGate() {
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  if (--writes_running_ == 0) gate_cv_.notify_all();
+}
+
+void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Receipt& r = slots_[slot].receipts[initiator];
+  if (r.in_progress > 0) --r.in_progress;
+  if (!applied) return;
+  ++r.applied[offset / kReceiptUnit];
+  ++r.writes_applied;
+}
+
+void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
+  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) {
+    const bool fenced = held.write && slots_[held.slot].lun == lun && held.initiator == initiator;
+    if (fenced) {
+      ReleaseOneLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
+                                                       " reconnected and will resend what its receipt lacks"));
+    }
+    return fenced;
+  });
+  held_.erase(it, held_.end());
+}
+
+Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,
+                                    std::vector<uint32_t>* counts) const {
+  std::fill(counts->begin(), counts->end(), 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Slot& s : slots_) {
+    auto it = s.lun == lun ? s.receipts.find(initiator) : s.receipts.end();
+    if (it == s.receipts.end()) continue;
+    const Receipt& r = it->second;
+    for (auto c = r.applied.lower_bound(first_unit); c != r.applied.end() && c->first - first_unit < counts->size();
+         ++c) {
+      (*counts)[c->first - first_unit] = c->second;
+    }
+    return ReceiptNumbers{r.writes_applied, r.in_progress};
+  }
+  return ReceiptNumbers{};
+}
+
+// Layout: receipts; per receipt: slot, writes_applied, initiator length,
+// its bytes in words (zero-padded), number of counters, then (unit, count)
+// pairs.
+std::vector<uint64_t> Job::SaveReceiptsLocked() const {
+  std::vector<uint64_t> words{0};
+  for (size_t slot = 0; slot < slots_.size(); ++slot) {
+    for (const auto& [initiator, r] : slots_[slot].receipts) {
+      ++words[0];
+      words.insert(words.end(), {slot, r.writes_applied, initiator.size()});
+      std::vector<uint64_t> name((initiator.size() + 7) / 8, 0);
+      std::memcpy(name.data(), initiator.data(), initiator.size());
+      words.insert(words.end(), name.begin(), name.end());
+      words.push_back(r.applied.size());
+      for (const auto& [unit, count] : r.applied) words.insert(words.end(), {unit, count});
+    }
+  }
+  return words;
+}
+
+Status Job::RestoreReceiptsLocked(const std::vector<uint64_t>& words) {
+  const Status bad = Status::InvalidArgument("its receipts section is malformed");
+  size_t i = 0;
+  auto next = [&](uint64_t* w) {
+    if (i >= words.size()) return false;
+    *w = words[i++];
+    return true;
+  };
+  uint64_t receipts = 0;
+  if (!words.empty() && !next(&receipts)) return bad;
+  for (uint64_t k = 0; k < receipts; ++k) {
+    uint64_t slot, applied, name_len, counters;
+    if (!next(&slot) || !next(&applied) || !next(&name_len) || slot >= slots_.size()) return bad;
+    const uint64_t name_words = (name_len + 7) / 8;
+    if (name_words > words.size() - i) return bad;
+    std::string initiator(reinterpret_cast<const char*>(words.data() + i), name_len);
+    i += name_words;
+    if (!next(&counters) || counters > (words.size() - i) / 2) return bad;
+    Receipt& r = slots_[slot].receipts[initiator];
+    r.writes_applied = applied;
+    for (uint64_t c = 0; c < counters; ++c, i += 2) r.applied[words[i]] = static_cast<uint32_t>(words[i + 1]);
+  }
+  return i == words.size() ? Status::OK() : bad;
+}
+
+}  // namespace blkps::server

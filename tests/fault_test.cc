@@ -1,0 +1,318 @@
+// Fault tests against a real tgtd: learners push through connections that a
+// CuttingProxy cuts at random (seeded) points of their byte stream, and every
+// parameter must end at its exact integer sum — no gradient applied twice, none
+// lost — with bsp clocks exact and no learner stuck.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "blkps/control_lun.h"
+#include "blkps/engine.hpp"
+#include "blkps/model.hpp"
+#include "cutting_proxy.h"
+#include "target_process.h"
+
+namespace {
+
+using blkps_test::CuttingProxy;
+using blkps_test::RunCommand;
+using blkps_test::TargetProcess;
+
+constexpr uint64_t kParams = 1 << 20;  // 4 MiB of float32
+constexpr uint64_t kModelBytes = kParams * sizeof(float);
+// Small requests put many commands in flight at each cut.
+constexpr uint32_t kRequestBytes = 256 << 10;
+
+// `url` with its portal's port replaced by `port`.
+std::string ViaPort(const std::string& url, int port) {
+  const size_t host = url.find("://") + 3;
+  const size_t colon = url.find(':', host), slash = url.find('/', host);
+  return url.substr(0, colon < slash ? colon : slash) + ":" + std::to_string(port) + url.substr(slash);
+}
+
+std::unique_ptr<blkps::Model> Open(const std::string& url, const std::string& who, std::string* error) {
+  blkps::OpenOptions o;
+  o.request_bytes = kRequestBytes;
+  o.queue_depth = 16;
+  o.initiator_name = "iqn.2026-11.io.blkps:fault-test-" + who + "-" + std::to_string(getpid());
+  return blkps::Model::Open(url, o, error);
+}
+
+// Every weight of the model behind `url`.
+std::vector<float> Weights(const std::string& url) {
+  std::string error;
+  auto m = Open(url, "reader", &error);
+  std::vector<float> w(kParams, -1.0f);
+  if (!m) {
+    ADD_FAILURE() << error;
+  } else if (m->Pull(0, w.data(), kParams) != 0) {
+    ADD_FAILURE() << m->last_error();
+  }
+  return w;
+}
+
+// How many weights differ from `want`, and a description of the first.
+std::string CountWrong(const std::vector<float>& w, float want) {
+  uint64_t wrong = 0, first = 0;
+  for (uint64_t i = 0; i < w.size(); ++i) {
+    if (w[i] != want && wrong++ == 0) first = i;
+  }
+  if (wrong == 0) return "";
+  return std::to_string(wrong) + " of " + std::to_string(w.size()) + " parameters are not " + std::to_string(want) +
+         " (parameter " + std::to_string(first) + " is " + std::to_string(w[first]) + ")";
+}
+
+// `cuts` positions spread at random over the first `bytes` of a stream.
+std::vector<uint64_t> RandomCuts(uint32_t seed, int cuts, uint64_t bytes) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint64_t> at(1, bytes);
+  std::vector<uint64_t> positions;
+  for (int k = 0; k < cuts; ++k) positions.push_back(at(rng));
+  return positions;
+}
+
+// The status object's learner at LUN `lun`, through the control LUN.
+std::string LearnerStatus(const std::string& control_url, int lun) {
+  std::string error;
+  auto m = Open(control_url, "status", &error);
+  if (!m) return "cannot open the control LUN: " + error;
+  std::vector<char> buf(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
+  if (m->ReadBytes(0, buf.data(), BLKPS_CONTROL_STATUS_BYTES) != 0) return m->last_error();
+  const std::string json(buf.data());
+  const size_t at = json.find("{\"lun\": " + std::to_string(lun) + ",");
+  return at == std::string::npos ? json : json.substr(at, json.find('}', at) - at + 1);
+}
+
+std::string Field(const std::string& object, const std::string& key) {
+  const std::string k = "\"" + key + "\": ";
+  const size_t at = object.find(k);
+  if (at == std::string::npos) return "";
+  return object.substr(at + k.size(), object.find_first_of(",}", at + k.size()) - at - k.size());
+}
+
+TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  const std::vector<float> before = Weights(target.url());
+  ASSERT_EQ(CountWrong(before, 0.0f), "");
+
+  constexpr int kPushes = 200, kCuts = 16;
+  proxy.CutAt(RandomCuts(15, kCuts, kPushes * kModelBytes));
+  std::string error;
+  auto m = Open(ViaPort(target.url(), proxy.port()), "learner", &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kParams, 1.0f);
+  for (int t = 0; t < kPushes; ++t) ASSERT_EQ(m->Push(0, ones.data(), kParams), 0) << "push " << t << ": " << m->last_error();
+  m.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");
+  EXPECT_EQ(Field(LearnerStatus(target.control_url(), 1), "iteration"), std::to_string(kPushes));
+}
+
+// The learner engine (double-buffered push and pull on two connections)
+// through the same cuts: every parameter exactly the number of steps.
+TEST(CutConnections, EngineSumIsExactAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  constexpr int kSteps = 100, kCuts = 10;
+  // Each step pushes the model and pulls it: cut both streams' bytes.
+  proxy.CutAt(RandomCuts(1500, kCuts, kSteps * kModelBytes));
+  blkps::EngineOptions options;
+  options.open.request_bytes = kRequestBytes;
+  std::string error;
+  auto engine = blkps::Engine::Open(ViaPort(target.url(), proxy.port()), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < kSteps; ++t) {
+    std::fill_n(engine->gradient(), engine->count(), 1.0f);
+    ASSERT_EQ(engine->Step(), 0) << "step " << t << ": " << engine->last_error();
+  }
+  std::fill_n(engine->gradient(), engine->count(), 1.0f);
+  ASSERT_EQ(engine->Finish(), 0) << engine->last_error();  // pushes the last gradient
+  EXPECT_EQ(engine->gradients_pushed(), static_cast<uint64_t>(kSteps + 1));
+  EXPECT_EQ(engine->pushed_bytes_lost(), 0u);
+  engine.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kSteps + 1), "");
+}
+
+// Two learners in bsp push g_l = 2l + 1 (1 and 3) and pull; the round's
+// average, 2, is added per iteration. Each pull must see exactly 2(t + 1).
+TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;mode=bsp", "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+
+  constexpr int kIterations = 30, kCuts = 12;
+  proxy.CutAt(RandomCuts(1515, kCuts, 2 * kIterations * kModelBytes));
+  std::string errors[2];
+  auto learner = [&](int l) {
+    std::string error;
+    auto m = Open(ViaPort(target.url(l + 1), proxy.port()), "learner" + std::to_string(l), &error);
+    if (!m) {
+      errors[l] = error;
+      return;
+    }
+    const std::vector<float> g(kParams, static_cast<float>(2 * l + 1));
+    std::vector<float> w(kParams);
+    for (int t = 0; t < kIterations; ++t) {
+      if (m->Push(0, g.data(), kParams) != 0 || m->Pull(0, w.data(), kParams) != 0) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + m->last_error();
+        return;
+      }
+      const std::string wrong = CountWrong(w, 2.0f * (t + 1));
+      if (!wrong.empty()) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + wrong;
+        return;
+      }
+    }
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_GT(proxy.cuts(), 0);
+  EXPECT_EQ(CountWrong(Weights(target.url()), 2.0f * kIterations), "");
+  for (int lun = 1; lun <= 2; ++lun) {
+    EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(kIterations));
+  }
+}
+
+// Two learners push g_l = l + 1 to a rule=sum model with periodic
+// checkpoints while tgtd is killed with SIGKILL at 20 random points and
+// started again with the same options. Every restart must load the
+// checkpoint (a torn or corrupt one fails the start), both learners must
+// finish, and the weights must hold exactly what was pushed minus what the
+// learners were told was lost.
+TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kIterations = 150, kKills = 20;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
+                           "/model.ckpt;checkpoint_every=0.05",
+                       "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+
+  std::atomic<int> pushes{0};
+  std::string errors[2];
+  uint64_t lost_bytes[2] = {0, 0};
+  auto learner = [&](int l) {
+    std::string error;
+    blkps::OpenOptions o;
+    o.request_bytes = 64 << 10;
+    o.initiator_name = "iqn.2026-11.io.blkps:kill-test-" + std::to_string(l) + "-" + std::to_string(getpid());
+    auto m = blkps::Model::Open(target.url(l + 1), o, &error);
+    if (!m) {
+      errors[l] = error;
+      return;
+    }
+    const std::vector<float> g(kSmallParams, static_cast<float>(l + 1));
+    for (int t = 0; t < kIterations; ++t, ++pushes) {
+      if (m->Push(0, g.data(), kSmallParams) != 0) {
+        errors[l] = "push " + std::to_string(t) + ": " + m->last_error();
+        return;
+      }
+    }
+    lost_bytes[l] = m->pushed_bytes_lost();
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  // The kill points: after a random number of pushes, spread over the run.
+  std::mt19937 rng(20);
+  std::vector<int> at;
+  for (int k = 0; k < kKills; ++k) at.push_back(std::uniform_int_distribution<int>(1, 2 * kIterations - 20)(rng));
+  std::sort(at.begin(), at.end());
+  int restarts = 0, loads = 0;
+  for (int k = 0; k < kKills; ++k) {
+    while (pushes.load() < at[k]) std::this_thread::yield();
+    std::string why;
+    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
+    const bool checkpointed = access((dir + "/model.ckpt").c_str(), F_OK) == 0;
+    // A torn or corrupt checkpoint fails the start (its CRC is checked).
+    ASSERT_TRUE(target.Restart()) << "restart " << k << ": " << target.start_output();
+    ++restarts;
+    if (checkpointed) {
+      EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << "restart " << k << ": " << target.Log();
+      ++loads;
+    }
+  }
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(restarts, kKills);
+  // Exact: each learner pushed kIterations gradients of l + 1 over every
+  // parameter; the lost bytes are whole writes of l + 1 each.
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = "iqn.2026-11.io.blkps:kill-test-reader-" + std::to_string(getpid());
+  auto reader = blkps::Model::Open(target.url(1), o, &error);
+  ASSERT_NE(reader, nullptr) << error;
+  std::vector<float> w(kSmallParams);
+  ASSERT_EQ(reader->Pull(0, w.data(), kSmallParams), 0) << reader->last_error();
+  double sum = 0;
+  for (float v : w) sum += v;
+  double expected = 0;
+  for (int l = 0; l < 2; ++l) {
+    expected += (l + 1) * (static_cast<double>(kIterations) * kSmallParams - lost_bytes[l] / sizeof(float));
+  }
+  EXPECT_EQ(sum, expected) << "lost bytes: " << lost_bytes[0] << ", " << lost_bytes[1];
+  std::printf("kill -9 trials: %d restarts, %d from a checkpoint; pushed bytes lost: %llu, %llu\n", restarts, loads,
+              static_cast<unsigned long long>(lost_bytes[0]), static_cast<unsigned long long>(lost_bytes[1]));
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+// A large model checkpointed over and over; tgtd is killed while a
+// checkpoint is being written (its temporary file exists) and started again:
+// the old or the new checkpoint loads, never a torn one, and the weights
+// hold exactly the pushes minus what the learner was told was lost.
+TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
+  constexpr uint64_t kLargeParams = 16 << 20;  // 64 MiB
+  constexpr int kKills = 4;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string checkpoint = dir + "/model.ckpt";
+  TargetProcess target("params=" + std::to_string(kLargeParams) + ";rule=sum;checkpoint=" + checkpoint +
+                       ";checkpoint_every=0.05");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  blkps::OpenOptions o;
+  o.initiator_name = "iqn.2026-11.io.blkps:ckpt-test-" + std::to_string(getpid());
+  auto m = blkps::Model::Open(target.url(), o, &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kLargeParams, 1.0f);
+  std::vector<float> w(kLargeParams);
+  int pushes = 0;
+  for (int k = 0; k < kKills; ++k) {
+    // Push until a checkpoint is being written, then kill tgtd at once.
+    const std::string tmp = checkpoint + ".tmp";
+    do {
+      ASSERT_EQ(m->Push(0, ones.data(), kLargeParams), 0) << m->last_error();
+      ++pushes;
+    } while (access(tmp.c_str(), F_OK) != 0);
+    std::string why;
+    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
+    ASSERT_TRUE(target.Restart()) << "restart " << k << " (a torn checkpoint fails it): " << target.start_output();
+    EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << target.Log();
+  }
+  ASSERT_EQ(m->Pull(0, w.data(), kLargeParams), 0) << m->last_error();
+  double sum = 0;
+  for (float v : w) sum += v;
+  EXPECT_EQ(sum, static_cast<double>(pushes) * kLargeParams - m->pushed_bytes_lost() / sizeof(float))
+      << pushes << " pushes, " << m->pushed_bytes_lost() << " bytes lost";
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+}  // namespace
