@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -65,6 +66,17 @@ bool ParseFloat(const std::string& text, float* out) {
 }  // namespace
 
 Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
+  // Errors quote what they refuse, and go to tgtd's log as one line: a
+  // control character would break that line (found by tests/fuzz).
+  for (size_t i = 0; i < bsopts.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(bsopts[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char byte[8];
+      std::snprintf(byte, sizeof(byte), "0x%02x", c);
+      return Status::InvalidArgument("bsopts: control character " + std::string(byte) + " at byte " +
+                                     std::to_string(i) + "; --bsopts is one line of key=value;key=value");
+    }
+  }
   LuOptions opts;
   std::set<std::string> seen;
   float eps = 0;  // eps= goes to the named rule's ε, known only at the end
