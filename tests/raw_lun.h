@@ -57,6 +57,15 @@ class RawLun {
     return Finish(t, nullptr);
   }
 
+  // MODE SENSE(6) or (10) of all pages with allocation length `alloc`.
+  std::string ModeSense(bool ten, uint8_t alloc) {
+    scsi_task* t = ten ? iscsi_modesense10_sync(ctx_, url_->lun, 0, 1, SCSI_MODESENSE_PC_CURRENT,
+                                                SCSI_MODEPAGE_RETURN_ALL_PAGES, 0, alloc)
+                       : iscsi_modesense6_sync(ctx_, url_->lun, 1, SCSI_MODESENSE_PC_CURRENT,
+                                               SCSI_MODEPAGE_RETURN_ALL_PAGES, 0, alloc);
+    return Finish(t, nullptr);
+  }
+
  private:
   std::string Finish(scsi_task* t, std::vector<uint8_t>* data) {
     if (!t) return "no task: " + error();
