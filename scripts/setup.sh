@@ -29,6 +29,7 @@ packages=(
   fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
   dpkg-dev iproute2 procps shellcheck
+  clang libclang-rt-14-dev
 )
 bench_packages=(
   python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3
