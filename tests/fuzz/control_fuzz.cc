@@ -10,6 +10,7 @@
 // crash, leak or undefined behaviour (ASan, UBSan).
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

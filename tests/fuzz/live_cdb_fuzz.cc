@@ -25,6 +25,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -328,6 +329,10 @@ int main(int argc, char** argv) {
       if (rss < 0) return stop_watching(Fail(target, "tgtd is gone (no /proc entry) after command " + std::to_string(i)));
       if (i + 1 >= commands / 10 && rss_warm < 0) rss_warm = rss;
       if (rss > rss_peak) rss_peak = rss;
+      if ((i + 1) % std::max<uint64_t>(commands / 10 / 1000 * 1000, 1000) == 0) {
+        std::printf("live_cdb_fuzz: %llu commands, tgtd RSS %ld KiB\n", static_cast<unsigned long long>(i + 1), rss);
+        std::fflush(stdout);
+      }
     }
   }
   stop_watching(0);
