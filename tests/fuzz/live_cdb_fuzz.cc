@@ -20,6 +20,7 @@
 // length) to replay. Needs root, as tgtd does.
 //
 // Usage: live_cdb_fuzz [--commands N] [--seed S] [--rss-growth-kib K]
+//                      [--plugin PATH]   (another bs_blkps.so, e.g. build/asan's)
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
 
@@ -260,17 +261,21 @@ void Watch(const blkps_test::TargetProcess& target, Progress& progress, const st
 int main(int argc, char** argv) {
   uint64_t commands = 100000, seed = 1;
   long rss_growth_kib = 16 << 10;
+  std::string plugin_option;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
     if (key == "--commands") commands = std::strtoull(argv[i + 1], nullptr, 10);
     else if (key == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (key == "--rss-growth-kib") rss_growth_kib = std::atol(argv[i + 1]);
+    else if (key == "--plugin") plugin_option = " --plugin " + blkps_test::ShellQuote(argv[i + 1]);
     else {
-      std::fprintf(stderr, "live_cdb_fuzz: unknown option '%s' (use --commands, --seed, --rss-growth-kib)\n", argv[i]);
+      std::fprintf(stderr, "live_cdb_fuzz: unknown option '%s' (use --commands, --seed, --rss-growth-kib, --plugin)\n",
+                   argv[i]);
       return 2;
     }
   }
-  blkps_test::TargetProcess target("params=" + std::to_string(kParams) + ";block=64K;rule=sgd;lr=0.001", "--luns 2");
+  blkps_test::TargetProcess target("params=" + std::to_string(kParams) + ";block=64K;rule=sgd;lr=0.001",
+                                   "--luns 2" + plugin_option);
   if (!target.ok()) {
     std::fprintf(stderr, "live_cdb_fuzz: target did not start:\n%s\n", target.start_output().c_str());
     return 1;
