@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "raw_lun.h"
 #include "target_process.h"
 
 namespace {
@@ -47,7 +48,6 @@ namespace {
 constexpr uint64_t kParams = 262144;  // a 1 MiB model
 constexpr uint64_t kModelBlocks = kParams * 4 / 512;
 constexpr uint32_t kMaxData = 64 << 10;
-constexpr int kCommandTimeoutS = 15;  // far above any answer tgtd should take
 constexpr int kStuckS = 60;           // no progress this long: tgtd hangs
 
 // Opcodes the plugin's opcode map sends to tgt's handlers or to the plugin
@@ -163,51 +163,6 @@ long RssKib(const std::string& pid) {
   return -1;
 }
 
-// One libiscsi session to the target (any LUN can be addressed on it).
-class Session {
- public:
-  Session(const std::string& url, const std::string& initiator) {
-    ctx_ = iscsi_create_context(initiator.c_str());
-    iscsi_url* u = iscsi_parse_full_url(ctx_, url.c_str());
-    if (!u) return;
-    iscsi_set_targetname(ctx_, u->target);
-    iscsi_set_session_type(ctx_, ISCSI_SESSION_NORMAL);
-    iscsi_set_header_digest(ctx_, ISCSI_HEADER_DIGEST_NONE);
-    iscsi_set_timeout(ctx_, kCommandTimeoutS);
-    connected_ = iscsi_full_connect_sync(ctx_, u->portal, u->lun) == 0;
-    iscsi_destroy_url(u);
-  }
-  ~Session() {
-    if (connected_) iscsi_logout_sync(ctx_);
-    iscsi_destroy_context(ctx_);
-  }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-
-  bool connected() const { return connected_; }
-  std::string error() const { return iscsi_get_error(ctx_); }
-
-  // Sends one CDB; returns its SCSI status, or -1 if no answer came (the
-  // connection dropped or the command timed out).
-  int Send(int lun, std::vector<uint8_t> cdb, int dir, uint32_t expected, std::vector<uint8_t>* out) {
-    scsi_task* task = scsi_create_task(static_cast<int>(cdb.size()), cdb.data(), dir, static_cast<int>(expected));
-    if (!task) return -1;
-    iscsi_data data{out ? out->size() : 0, out ? out->data() : nullptr};
-    scsi_task* done = iscsi_scsi_command_sync(ctx_, lun, task, dir == SCSI_XFER_WRITE ? &data : nullptr);
-    if (!done) {
-      scsi_free_scsi_task(task);
-      return -1;
-    }
-    const int status = done->status;
-    scsi_free_scsi_task(done);
-    return status >= SCSI_STATUS_CANCELLED ? -1 : status;
-  }
-
- private:
-  iscsi_context* ctx_ = nullptr;
-  bool connected_ = false;
-};
-
 // The command being sent, for the report of a failure.
 struct Progress {
   std::atomic<uint64_t> sent{0};
@@ -282,7 +237,7 @@ int main(int argc, char** argv) {
   }
   const int luns[] = {1, 2, 3 /* control */, 1, 3, 0 /* tgt's controller LUN */};
   const std::string initiator = "iqn.2026-11.io.blkps:cdb-fuzz";
-  Session session(target.url(1), initiator);
+  blkps_test::RawLun session(target.url(1), initiator);
   if (!session.connected()) return Fail(target, "cannot log in: " + session.error());
 
   Progress progress;
@@ -314,7 +269,7 @@ int main(int argc, char** argv) {
       std::lock_guard<std::mutex> lock(progress.mu);
       progress.command = Describe(i, lun, cdb, dir, expected);
     }
-    const int status = session.Send(lun, cdb, dir, expected, dir == SCSI_XFER_WRITE ? &data : nullptr);
+    const int status = session.Command(lun, cdb, dir, expected, dir == SCSI_XFER_WRITE ? &data : nullptr);
     progress.sent.fetch_add(1);
     if (status == SCSI_STATUS_GOOD) ++good;
     else if (status == SCSI_STATUS_CHECK_CONDITION) ++check;
@@ -322,9 +277,9 @@ int main(int argc, char** argv) {
     else {
       ++dropped;
       if (!target.TgtdAlive()) return stop_watching(Fail(target, "tgtd died after command " + std::to_string(i)));
-      Session probe(target.url(1), initiator + "-probe");
+      blkps_test::RawLun probe(target.url(1), initiator + "-probe");
       std::vector<uint8_t> tur(6, 0);
-      if (!probe.connected() || probe.Send(1, tur, SCSI_XFER_NONE, 0, nullptr) < 0) {
+      if (!probe.connected() || probe.Command(1, tur, SCSI_XFER_NONE, 0, nullptr) < 0) {
         return stop_watching(Fail(target, "tgtd does not answer a new session after command " +
                                               std::to_string(i) + ": " + probe.error()));
       }
