@@ -165,13 +165,16 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const 
   ParamRange range;
   Status s = CheckValues(offset, src, len, "gradient", &range);
   if (!s.ok()) return s;
-  const float* g = static_cast<const float*>(src) - range.first;  // g[i]: parameter i's gradient
+  // Parameter i's gradient is g[i - range.first]. (Not a pointer biased by
+  // -range.first: that is undefined, and UBSan stopped tgtd on it for a
+  // zero-length WRITE, whose buffer is null.)
+  const float* g = static_cast<const float*>(src);
   const bool bsp = has_accumulator();
   ForEachBlockLocked(range, [&](uint64_t block, uint64_t first, uint64_t n) {
     if (bsp) {
-      AccumulateLocked(first, g + first, n);
+      AccumulateLocked(first, g + (first - range.first), n);
     } else {
-      rule_->Apply(first, weights_ + first, g + first, n);
+      rule_->Apply(first, weights_ + first, g + (first - range.first), n);
     }
     if (applied) applied(block, n);
   });
@@ -199,9 +202,9 @@ Status Model::AssignWeights(uint64_t offset, const void* src, size_t len) {
   ParamRange range;
   Status s = CheckValues(offset, src, len, "weight", &range);
   if (!s.ok()) return s;
-  const float* values = static_cast<const float*>(src) - range.first;
+  const float* values = static_cast<const float*>(src);  // values[i - range.first]: parameter i
   ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) {
-    std::memcpy(weights_ + first, values + first, n * sizeof(float));
+    std::memcpy(weights_ + first, values + (first - range.first), n * sizeof(float));
   });
   return Status::OK();
 }

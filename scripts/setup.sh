@@ -34,6 +34,7 @@ packages=(
   file                      # cpack: finds the ELF files dpkg-shlibdeps reads
   help2man                  # man pages from the commands' --help
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
+  clang libclang-rt-14-dev    # -DBLKPS_FUZZ=ON (libFuzzer), scripts/checked-tests.sh
 )
 bench_packages=(
   python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # README's test command: sets up, builds with warnings as errors
-# (-DBLKPS_WERROR=ON, as CI does) and runs every test in two stages: the unit
+# (-DBLKPS_WERROR=ON, as CI does) and runs every test in stages: the unit
 # tests (no daemon, seconds), then the rest (integration tests start their own
-# tgtd on loopback; vm tests boot a guest). With ctest arguments it runs
-# just those.
+# tgtd on loopback; vm tests boot a guest), then scripts/checked-tests.sh
+# (the fuzzers' short runs, unit tests under ASan+UBSan, the aggregator under
+# TSan). With ctest arguments it runs just those.
 # Usage: sudo scripts/test.sh [ctest arguments, e.g. -R Target or -L unit]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,4 +15,5 @@ if [ $# -gt 0 ]; then
   exec "${ctest[@]}" "$@"
 fi
 "${ctest[@]}" -L unit
-exec "${ctest[@]}" -LE unit
+"${ctest[@]}" -LE unit
+exec "$top/scripts/checked-tests.sh"

@@ -203,6 +203,46 @@ static void bs_blkps_released(int fd, int events, void *data)
 	}
 }
 
+/*
+ * MODE SENSE guard. tgt 1.0.85's sbc_mode_sense() sets the device-specific
+ * byte of the mode parameter header (byte 2 of MODE SENSE(6)'s data, byte 3
+ * of MODE SENSE(10)'s) without checking the allocation length: a shorter one
+ * wrote past the data-in buffer, and 0 (no buffer at all) crashed tgtd
+ * (found by tests/fuzz/live_cdb_fuzz). Each blkps LU has its own copy of
+ * tgt's opcode table, and its MODE SENSE entries point here: allocation
+ * length 0 transfers nothing (GOOD, as SPC-4 says), 1 up to that byte is
+ * refused (ILLEGAL REQUEST, INVALID FIELD IN CDB), anything longer goes to
+ * tgt's handler.
+ */
+static int (*tgt_mode_sense)(int host_no, struct scsi_cmd *cmd);
+
+static int bs_blkps_mode_sense(int host_no, struct scsi_cmd *cmd)
+{
+	int mode6 = cmd->scb[0] == MODE_SENSE;
+	uint32_t alloc_len = mode6 ? cmd->scb[4] :
+				     get_unaligned_be16(&cmd->scb[7]);
+
+	if (alloc_len == 0) {
+		scsi_set_in_resid_by_actual(cmd, 0);
+		return SAM_STAT_GOOD;
+	}
+	if (alloc_len <= (mode6 ? 2u : 3u)) {
+		set_sense(cmd, ILLEGAL_REQUEST, ASC_INVALID_FIELD_IN_CDB);
+		return SAM_STAT_CHECK_CONDITION;
+	}
+	return tgt_mode_sense(host_no, cmd);
+}
+
+static void guard_mode_sense(struct scsi_lu *lu)
+{
+	struct device_type_operations *ops = lu->dev_type_template.ops;
+
+	if (ops[MODE_SENSE].cmd_perform != bs_blkps_mode_sense)
+		tgt_mode_sense = ops[MODE_SENSE].cmd_perform;
+	ops[MODE_SENSE].cmd_perform = bs_blkps_mode_sense;
+	ops[MODE_SENSE_10].cmd_perform = bs_blkps_mode_sense;
+}
+
 static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 {
 	struct bs_blkps_info *info = BS_BLKPS_I(lu);
@@ -210,6 +250,7 @@ static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 	tgtadm_err ret;
 
 	info->wake_fd = -1;
+	guard_mode_sense(lu);
 	info->core = blkps_lu_create(bsopts, err, sizeof(err));
 	if (!info->core) {
 		/* The reason first: a user reads the log's last line. */

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -66,6 +67,17 @@ bool ParseFloat(const std::string& text, float* out) {
 
 Status SplitLuOptions(const std::string& bsopts, LuOptionPairs* pairs) {
   pairs->clear();
+  // Errors quote what they refuse, and go to tgtd's log as one line: a
+  // control character would break that line (found by tests/fuzz).
+  for (size_t i = 0; i < bsopts.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(bsopts[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char byte[8];
+      std::snprintf(byte, sizeof(byte), "0x%02x", c);
+      return Status::InvalidArgument("bsopts: control character " + std::string(byte) + " at byte " +
+                                     std::to_string(i) + "; --bsopts is one line of key=value;key=value");
+    }
+  }
   if (bsopts.find(',') != std::string::npos) {
     return Status::InvalidArgument("',' is not an option separator: tgtadm cuts --bsopts at the first ',' and drops "
                                    "the rest; separate options with ';', e.g. \"params=1000;lr=0.1\"");

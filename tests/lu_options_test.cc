@@ -136,5 +136,13 @@ TEST(LuOptions, SplitKeepsPairsInOrderAndVerbatim) {
   EXPECT_FALSE(SplitLuOptions("params", &pairs).ok());
 }
 
+// Found by tests/fuzz/bsopts_fuzz: a newline inside a key came back in the
+// error message, which tgtd logs as one line.
+TEST(LuOptions, ControlCharactersAreRefusedInOneLine) {
+  const std::string message = ErrorOf("params=10;dead_\n\nafter=5");
+  EXPECT_EQ(message, "bsopts: control character 0x0a at byte 15; --bsopts is one line of key=value;key=value");
+  EXPECT_EQ(ErrorOf(std::string("params=10;lr=0.1\0", 17)).rfind("bsopts: control character 0x00 at byte 16", 0), 0u);
+}
+
 }  // namespace
 }  // namespace blkps::server

@@ -58,6 +58,18 @@ TEST(Model, SgdSubtractsLearningRateTimesGradient) {
   for (size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f * g[i]) << i;
 }
 
+// Found by the live CDB fuzzer with the plugin under UBSan: a WRITE of 0
+// blocks reaches the model with no buffer, and the gradient's pointer was
+// biased before the buffer (undefined; UBSan stopped tgtd). The asan stage of
+// scripts/checked-tests.sh is where this test can fail.
+TEST(Model, ZeroLengthWriteWithNoBufferChangesNothing) {
+  auto m = MakeModel(1000, 1024);
+  const std::vector<float> before = ReadAll(*m);
+  EXPECT_TRUE(m->ApplyGradient(2048, nullptr, 0).ok());
+  EXPECT_TRUE(m->AssignWeights(2048, nullptr, 0).ok());
+  EXPECT_EQ(ReadAll(*m), before);
+}
+
 TEST(Model, GradientReportsEachBlockItGaveParametersTo) {
   auto m = MakeModel(1000, 64);  // 16 parameters per block
   std::vector<float> g(50, 1.0f);  // parameters [13, 63): blocks 0..3

@@ -57,6 +57,33 @@ class RawLun {
     return Finish(t, nullptr);
   }
 
+  // Any CDB, to any LUN of the session's target: `dir` is SCSI_XFER_NONE,
+  // _READ (up to `expected` bytes) or _WRITE (`data`, `expected` bytes of it).
+  // Returns the SCSI status, or -1 if no answer came (the connection dropped
+  // or the command timed out).
+  int Command(int lun, std::vector<uint8_t> cdb, int dir, uint32_t expected, std::vector<uint8_t>* data) {
+    scsi_task* task = scsi_create_task(static_cast<int>(cdb.size()), cdb.data(), dir, static_cast<int>(expected));
+    if (!task) return -1;
+    iscsi_data out{data ? data->size() : 0, data ? data->data() : nullptr};
+    scsi_task* done = iscsi_scsi_command_sync(ctx_, lun, task, dir == SCSI_XFER_WRITE ? &out : nullptr);
+    if (!done) {
+      scsi_free_scsi_task(task);
+      return -1;
+    }
+    const int status = done->status;
+    scsi_free_scsi_task(done);
+    return status >= SCSI_STATUS_CANCELLED ? -1 : status;
+  }
+
+  // MODE SENSE(6) or (10) of all pages with allocation length `alloc`.
+  std::string ModeSense(bool ten, uint8_t alloc) {
+    scsi_task* t = ten ? iscsi_modesense10_sync(ctx_, url_->lun, 0, 1, SCSI_MODESENSE_PC_CURRENT,
+                                                SCSI_MODEPAGE_RETURN_ALL_PAGES, 0, alloc)
+                       : iscsi_modesense6_sync(ctx_, url_->lun, 1, SCSI_MODESENSE_PC_CURRENT,
+                                               SCSI_MODEPAGE_RETURN_ALL_PAGES, 0, alloc);
+    return Finish(t, nullptr);
+  }
+
  private:
   std::string Finish(scsi_task* t, std::vector<uint8_t>* data) {
     if (!t) return "no task: " + error();

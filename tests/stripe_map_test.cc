@@ -135,7 +135,8 @@ TEST(StripeMapTest, RoundTripThroughShardBuffersEqualsAFlatModel) {
         memcpy(&read[at], &shard[p.shard][p.shard_offset], p.length);
         at += p.length;
       }
-      ASSERT_EQ(0, memcmp(read.data(), &flat[offset], length))
+      // (memcmp of an empty vector's null data is undefined: UBSan says so)
+      ASSERT_TRUE(length == 0 || memcmp(read.data(), &flat[offset], length) == 0)
           << "range [" << offset << ", " << offset + length << ")";
     }
   }

@@ -202,6 +202,26 @@ TEST(Target, OutOfRangeIoGetsIllegalRequestAndTargetKeepsServing) {
   EXPECT_TRUE(target.TgtdAlive());
 }
 
+// Found by tests/fuzz/live_cdb_fuzz: tgt's MODE SENSE handler writes byte 2
+// (6) or 3 (10) of the data without checking the allocation length, so 0
+// crashed tgtd. bs_blkps.c guards it.
+TEST(Target, ModeSenseShorterThanItsHeaderIsAnsweredAndTgtdLives) {
+  TargetProcess target("params=1000");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  RawLun lun(target.url(), "iqn.2026-11.io.blkps:test-raw");
+  ASSERT_TRUE(lun.connected()) << lun.error();
+  const char kInvalidFieldInCdb[] = "sense 0x5 0x2400";  // ILLEGAL REQUEST
+  for (bool ten : {false, true}) {
+    EXPECT_EQ(lun.ModeSense(ten, 0), "GOOD") << "MODE SENSE(" << (ten ? 10 : 6) << ")";
+    for (uint8_t alloc = 1; alloc <= (ten ? 3 : 2); ++alloc) {
+      EXPECT_EQ(lun.ModeSense(ten, alloc), kInvalidFieldInCdb) << "allocation length " << int(alloc);
+    }
+    EXPECT_EQ(lun.ModeSense(ten, 255), "GOOD");
+  }
+  EXPECT_EQ(lun.Read(0, 1), "GOOD");
+  EXPECT_TRUE(target.TgtdAlive());
+}
+
 TEST(Target, NonFiniteGradientIsRejectedAndNothingApplied) {
   TargetProcess target("params=1000;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();

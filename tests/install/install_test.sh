@@ -20,7 +20,7 @@ fail() { echo "install_test: $*" >&2; exit 1; }
 
 tmp=$(mktemp -d /tmp/blkps-install-test.XXXXXX)
 cleanup() {
-  [ ! -f "$tmp/state/target.env" ] || "$top/scripts/blkps-target" stop --dir "$tmp/state" >/dev/null 2>&1 || true
+  [ ! -f "$tmp/state/target.env" ] || "$top/scripts/blkps" target stop --dir "$tmp/state" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -58,11 +58,11 @@ staged() {
   cmake -S "$tmp/src" -B "$tmp/src/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
   cmake --build "$tmp/src/build" >/dev/null
 
-  "$top/scripts/blkps-target" start --dir "$tmp/state" --owner-pid $$ \
+  "$top/scripts/blkps" target start --dir "$tmp/state" --owner-pid $$ \
     --plugin "$prefix/lib/tgt/backing-store/bs_blkps.so" \
     --bsopts "params=$params;rule=sgd;lr=1;mode=async" >/dev/null
   local url
-  url=$(sed -n 's/^URL=//p' "$tmp/state/target.env")
+  url=$("$top/scripts/blkps" target show --dir "$tmp/state" --get URL)
 
   # Each push of g (from zero weights, lr=1) is checked to give w = -g; the
   # Python step below pushes -g back to zero between the two programs.
@@ -97,7 +97,7 @@ EOF
   # The installed command reads the job's status through the installed
   # Python package and library.
   local control status
-  control=$(sed -n 's/^CONTROL_URL=//p' "$tmp/state/target.env")
+  control=$("$top/scripts/blkps" target show --dir "$tmp/state" --get CONTROL_URL)
   status=$(cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
     "$prefix/bin/blkps" status --control "$control" --json)
   expect_line "staged blkps status" "$status" '"params": '"$params"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The checked builds, each in its own folder beside build/cmake, and the
+# tests each runs (README, "Fuzzing and sanitizers"):
+#   fuzz  build/fuzz, clang, -DBLKPS_FUZZ=ON: every libFuzzer harness for a
+#         short time (ctest -L fuzz)
+#   asan  build/asan, -DBLKPS_SANITIZE=address,undefined: the unit tests
+#         (not the node scripts' shell checks: nothing of ours to instrument)
+#   tsan  build/tsan, -DBLKPS_SANITIZE=thread: the aggregator's tests, its
+#         concurrency tests among them
+# scripts/test.sh runs all three after the normal suite.
+# Usage: scripts/checked-tests.sh [--build-only] [fuzz|asan|tsan]...  (default: all)
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+build_only=0
+stages=()
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) build_only=1 ;;
+    fuzz|asan|tsan) stages+=("$arg") ;;
+    *) echo "checked-tests: error: unknown argument '$arg' (use --build-only, fuzz, asan, tsan)" >&2; exit 2 ;;
+  esac
+done
+[ "${#stages[@]}" -gt 0 ] || stages=(fuzz asan tsan)
+
+unit_targets=(aggregator_test update_rule_test checkpoint_file_test crc32c_test learner_unit_test
+              stripe_map_test engine_test mount_test gradient_dropper_test wire_dtype_test)
+for stage in "${stages[@]}"; do
+  dir="$top/build/$stage"
+  case "$stage" in
+    fuzz) options=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DBLKPS_FUZZ=ON)
+          targets=(fuzz_harnesses) tests=(-L fuzz) ;;
+    asan) options=("-DBLKPS_SANITIZE=address,undefined")
+          targets=("${unit_targets[@]}") tests=(-L unit -E "_NOT_BUILT|NodeScripts|Cli\\.|Labels\\.") ;;
+    tsan) options=(-DBLKPS_SANITIZE=thread)
+          targets=(aggregator_test) tests=(-R "^(Model|Job|JobCheckpoint|LearnerClocks|LuOptions)\.") ;;
+  esac
+  log="$dir.log"
+  echo "checked-tests: $stage: building into build/$stage (log: build/$stage.log)"
+  if ! { cmake -S "$top" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${options[@]}" &&
+         cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"; } > "$log" 2>&1; then
+    grep -E "error|Error" "$log" | head -n 20 >&2 || tail -n 20 "$log" >&2
+    echo "checked-tests: $stage: build failed; full log in $log" >&2
+    exit 1
+  fi
+  [ "$build_only" = 1 ] && continue
+  (cd "$dir" && UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --timeout 300 "${tests[@]}")
+done
