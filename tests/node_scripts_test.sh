@@ -37,10 +37,12 @@ expect_error() {
   fi
 }
 
-# The node settings blkps-login writes before each login (IQN, portal, iface).
+# The node record blkps-login makes for the portal given, and the settings it
+# writes before each login (IQN, portal, iface).
 settings() {
   local node="iscsiadm -m node -T $1 -p $2 -I $3 -o update -n"
   cat <<EOF
+iscsiadm -m node -o new -T $1 -p $2 -I $3
 $node node.startup -v manual
 $node node.session.iscsi.InitialR2T -v No
 $node node.session.iscsi.ImmediateData -v Yes
@@ -66,10 +68,10 @@ EOF
 shard_logins() {  # the login commands for both shards, tcp
   echo "iscsiadm -m iface -I blkps-tcp -o new"
   echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
-  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp -o nonpersistent"
   settings "$iqn_a" 127.0.0.1:3261 blkps-tcp
   echo "iscsiadm -m node -T $iqn_a -p 127.0.0.1:3261 -I blkps-tcp --login"
-  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3262 -I blkps-tcp"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3262 -I blkps-tcp -o nonpersistent"
   settings "$iqn_b" 127.0.0.1:3262 blkps-tcp
   echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --login"
   echo "udevadm settle"
@@ -81,7 +83,7 @@ test_shellcheck() {
   local f files=()
   for f in "$top"/scripts/*.sh "$top"/scripts/blkps-login "$top"/scripts/blkps-target \
            "$top"/scripts/blkps "$top"/scripts/blkps-shards "$top"/tests/node_scripts_test.sh \
-           "$top"/learner/examples/read_weights.sh; do
+           "$top"/learner/examples/read_weights.sh "$top"/tests/vm/*; do
     [ -f "$f" ] || continue
     # scripts/blkps may be another language; check shell scripts only.
     head -n 1 "$f" | grep -qE '^#!.*\b(ba)?sh\b' || continue
@@ -96,7 +98,7 @@ test_tcp_login() {
   want=$(
     echo "iscsiadm -m iface -I blkps-tcp -o new"
     echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
-    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp -o nonpersistent"
     settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
     echo "udevadm settle"
@@ -111,7 +113,7 @@ test_iser_login() {
   want=$(
     echo "iscsiadm -m iface -I blkps-iser -o new"
     echo "iscsiadm -m iface -I blkps-iser -o update -n iface.transport_name -v iser"
-    echo "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260 -I blkps-iser"
+    echo "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260 -I blkps-iser -o nonpersistent"
     settings iqn.2026-11.io.blkps:model 10.0.0.7:3260 blkps-iser
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 10.0.0.7:3260 -I blkps-iser --login"
     echo "udevadm settle"
