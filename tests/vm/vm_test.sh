@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Learner nodes with the kernel's iSCSI initiator, in guests that boot a real
+# Linux kernel (tests/vm/guest), against real tgtds on the host's loopback
+# (the guest reaches the host's 127.0.0.1:PORT as 10.0.2.2:PORT).
+#
+#   vm_test.sh <repo> <build dir> <case>
+#
+#   guest-boots     the guest runs the fetched Debian kernel with iscsi_tcp
+#                   loaded, prints the command's output and returns its status.
+#   guest-killed    killing tests/vm/guest (SIGTERM, or SIGKILL) leaves no QEMU.
+#   login           scripts/blkps-login login / status / logout against a
+#                   real iscsiadm and iscsid: the by-path device it prints is
+#                   the learner slot's LUN, O_DIRECT reads give the server's
+#                   weights, the session settings it documents are in force;
+#                   --transport iser fails with its one line.
+#   train-bsp       two learners in bsp train the digits MLP: one in a guest,
+#                   plain_digits.py on /dev/sdX (O_DIRECT), one on the host
+#                   through libblkps; the final weights equal those of two
+#                   libblkps learners on the host, byte for byte, and the
+#                   held-out accuracy is >= 0.90.
+set -euo pipefail
+top=$1 build=$2 what=$3
+py=/usr/bin/python3
+guest="$top/tests/vm/guest"
+train="$top/learner/examples/train_digits.py"
+plain="$top/learner/examples/plain_digits.py"
+export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
+state=$(mktemp -d /tmp/blkps-vm-test-XXXXXX)
+targets=()
+cleanup() {
+  local d
+  for d in "${targets[@]}"; do "$top/scripts/blkps-target" stop --dir "$d"; done
+  rm -rf "$state"
+}
+trap cleanup EXIT
+fail() { echo "vm_test: $*" >&2; exit 1; }
+cd "$top"
+
+# Starts a target in $state/NAME with the given --bsopts and --luns, and
+# sources its target.env (URL, URLS, PORT, IQN, ...).
+start_target() {
+  local name=$1 bsopts=$2 luns=$3
+  targets+=("$state/$name")
+  "$top/scripts/blkps-target" start --dir "$state/$name" --owner-pid $$ --luns "$luns" \
+    --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" >/dev/null
+  # shellcheck source=/dev/null  # written by blkps-target
+  . "$state/$name/target.env"
+}
+# A host URL as the guest reaches it.
+guest_url() { echo "${1/iscsi:\/\/127.0.0.1:/iscsi://10.0.2.2:}"; }
+
+# Writes the model's weights (COUNT float32 from byte 0) to FILE, through libblkps.
+pull_weights() {  # URL COUNT FILE
+  "$py" - "$@" <<'PY'
+import os, sys
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps
+with blkps.Model(sys.argv[1]) as m:
+    m.pull(0, int(sys.argv[2])).tofile(sys.argv[3])
+PY
+}
+
+# Waits until FILE exists or process PID has ended; fails in the second case.
+wait_for_file() {  # FILE PID WHAT
+  until [ -e "$1" ]; do
+    kill -0 "$2" 2>/dev/null || fail "$3 ended before $1 appeared"
+    sleep 0.2
+  done
+}
+
+# Learners' numerics, the same in the guest and on the host: the guest's CPU
+# is a Nehalem (SSE4.2, see tests/vm/guest), so OpenBLAS uses its Nehalem
+# kernels in one thread everywhere, and numpy on the host leaves out the loops
+# for what a Nehalem lacks (AVX and later round differently).
+blas_env="OPENBLAS_CORETYPE=Nehalem OPENBLAS_NUM_THREADS=1"
+host_numerics() {
+  local later
+  later=$("$py" -c 'from numpy.core._multiarray_umath import __cpu_dispatch__ as d, __cpu_features__ as f
+nehalem = {"SSSE3", "SSE41", "POPCNT", "SSE42"}
+print(",".join(k for k in d if f[k] and k not in nehalem))')
+  echo "$blas_env${later:+ NPY_DISABLE_CPU_FEATURES=$later}"
+}
+
+test_guest_boots() {
+  local out rc=0 version
+  version=$(sed 's/^linux-image-//' "$top/build/deps/linux-image/.blkps-package")
+  out=$("$guest" -- sh -c 'cat /proc/version; lsmod | grep iscsi_tcp; echo to-stderr >&2; exit 3' \
+        2>"$state/stderr") || rc=$?
+  echo "$out"
+  [ "$rc" = 3 ] || fail "the guest returned $rc, expected the command's 3: $(cat "$state/stderr")"
+  case "$out" in "Linux version $version "*) ;; *) fail "the guest does not run kernel $version" ;; esac
+  echo "$out" | grep -q '^iscsi_tcp ' || fail "iscsi_tcp is not loaded in the guest"
+  grep -qx to-stderr "$state/stderr" || fail "the command's stderr did not arrive on stderr"
+}
+
+test_guest_killed() {
+  local sig harness qemu
+  for sig in TERM KILL; do
+    "$guest" --name "killed-$sig" -- sleep 600 >/dev/null 2>&1 & harness=$!
+    qemu=""
+    until [ -n "$qemu" ]; do
+      kill -0 "$harness" 2>/dev/null || fail "the harness ended before starting QEMU"
+      qemu=$(pgrep -P "$harness" -f qemu-system-x86_64 || true)
+      sleep 0.1
+    done
+    kill "-$sig" "$harness"
+    wait "$harness" || true
+    # The harness is gone; QEMU must follow (SIGKILL from PR_SET_PDEATHSIG,
+    # or the harness's own kill), at once or within 30 s at worst.
+    for _ in $(seq 300); do kill -0 "$qemu" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$qemu" 2>/dev/null; then
+      kill -9 "$qemu"
+      fail "QEMU (pid $qemu) outlived the harness killed by SIG$sig"
+    fi
+    echo "SIG$sig: QEMU $qemu went with the harness"
+  done
+}
+
+test_login() {
+  local params=4096 lun2
+  start_target login "params=$params;init=uniform:1;seed=3" 2
+  lun2=$(guest_url "${URLS#* }")
+  pull_weights "${URLS#* }" "$params" "$state/host.f32"
+  cat > "$state/in-guest.sh" <<EOF
+set -euo pipefail
+login=scripts/blkps-login
+dev=\$(\$login login --url $lun2 --queue-depth 16 --replacement-timeout 17)
+echo "device: \$dev"
+[ "\$dev" = /dev/disk/by-path/ip-10.0.2.2:$PORT-iscsi-$IQN-lun-2 ] || { echo "unexpected device \$dev" >&2; exit 1; }
+\$login status --url $lun2
+disk=\$(basename "\$(readlink -f "\$dev")")
+echo "queue_depth \$(cat /sys/block/\$disk/device/queue_depth)"
+iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(Recovery Timeout\|FirstBurstLength\|MaxBurstLength\|ImmediateData\|InitialR2T\|MaxRecvDataSegmentLength\): /\1 /p'
+dd if="\$dev" of=$state/guest.f32 bs=$((4 * params)) count=1 iflag=direct status=none
+\$login logout --url $lun2
+if \$login status --url $lun2; then echo "status succeeded after logout" >&2; exit 1; fi
+\$login login --transport iser --url $lun2 2> $state/iser.err && exit 1
+exit 0
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" | tee "$state/out"
+  grep -qx "queue_depth 16" "$state/out" || fail "--queue-depth 16 is not the disk's queue_depth"
+  local want
+  for want in "Recovery Timeout 17" "FirstBurstLength 262144" "MaxBurstLength 16776192" \
+              "ImmediateData Yes" "InitialR2T No" "MaxRecvDataSegmentLength 262144"; do
+    grep -qx "$want" "$state/out" || fail "the session does not have '$want'"
+  done
+  grep -q "not logged in" "$state/out" || fail "status after logout does not say 'not logged in'"
+  cmp "$state/guest.f32" "$state/host.f32" || fail "the guest read other bytes than libblkps on the host"
+  { [ "$(wc -l < "$state/iser.err")" = 1 ] && grep -q "iSER needs an RDMA device" "$state/iser.err"; } ||
+    fail "--transport iser: expected one line about the RDMA device, got: $(cat "$state/iser.err")"
+}
+
+test_train_bsp() {
+  local params bsopts env a b g
+  params=$("$py" "$train" --params)
+  # dead_after: the guest's first I/O comes a boot after the server starts.
+  bsopts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=60"
+  env=$(host_numerics)
+  # Two libblkps learners on the host: the reference.
+  start_target ref "$bsopts" 2
+  read -r a b <<<"$URLS"
+  # shellcheck disable=SC2086  # env is words VAR=VALUE
+  env $env "$py" "$train" --target "$a" --learner 0 --learners 2 --epochs 10 & a=$!
+  # shellcheck disable=SC2086
+  env $env "$py" "$train" --target "$b" --learner 1 --learners 2 --epochs 10 & b=$!
+  wait $a
+  wait $b
+  pull_weights "$URL" "$params" "$state/reference.f32"
+  # Learner 0 in a guest through the kernel's disk, learner 1 on the host.
+  start_target node "$bsopts" 2
+  local url0 url1
+  read -r url0 url1 <<<"$URLS"
+  url0=$(guest_url "$url0")
+  cat > "$state/in-guest.sh" <<EOF
+set -euo pipefail
+dev=\$(scripts/blkps-login login --url $url0)
+touch $state/logged-in
+env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs 10
+scripts/blkps-login logout --url $url0
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" & g=$!
+  wait_for_file "$state/logged-in" $g "the guest"
+  # shellcheck disable=SC2086
+  env $env "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 10
+  wait $g || fail "the guest's learner failed"
+  pull_weights "$URL" "$params" "$state/node.f32"
+  cmp "$state/node.f32" "$state/reference.f32" ||
+    fail "the weights trained through the guest's /dev/sdX differ from two libblkps learners'"
+  "$py" "$train" --target "$URL" --evaluate --min-accuracy 0.90
+}
+
+case "$what" in
+  guest-boots) test_guest_boots ;;
+  guest-killed) test_guest_killed ;;
+  login) test_login ;;
+  train-bsp) test_train_bsp ;;
+  *) fail "unknown case '$what'" ;;
+esac
