@@ -23,6 +23,14 @@
 #                   striped device and as md RAID-0: a learner in the guest
 #                   trains through /dev/mapper/NAME and /dev/md/NAME and gets
 #                   the weights of a libblkps learner on layout:, byte for byte.
+#   target-restart  a guest learner is logged in while its target is killed
+#                   (kill -9): restarted from its checkpoint within
+#                   replacement_timeout, the kernel logs in again and the
+#                   learner goes on to its end; a target that stays away
+#                   fails the learner's I/O after replacement_timeout with
+#                   one line (EIO).
+#   node-dies       a guest learner killed mid-training in bsp is declared
+#                   dead by the server and the host learner goes on.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -80,6 +88,15 @@ PY
 wait_for_file() {  # FILE PID WHAT
   until [ -e "$1" ]; do
     kill -0 "$2" 2>/dev/null || fail "$3 ended before $1 appeared"
+    sleep 0.2
+  done
+}
+
+# Waits until FILE has a line matching the extended regular expression RE, or
+# process PID has ended (then fails).
+wait_for_line() {  # FILE RE PID WHAT
+  until grep -qE "$2" "$1" 2>/dev/null; do
+    kill -0 "$3" 2>/dev/null || fail "$4 ended before '$2' appeared in $1"
     sleep 0.2
   done
 }
@@ -246,11 +263,91 @@ EOF
   done
 }
 
+test_target_restart() {
+  local params bsopts_a pid_a port_a url_a url_b pid_b g
+  params=$("$py" "$train" --params)
+  bsopts_a="params=$params;lr=0.2;init=normal:0.1;seed=1;checkpoint=$state/a.ckpt;checkpoint_every=1"
+  start_target a "$bsopts_a" 1
+  pid_a=$PID port_a=$PORT url_a=$(guest_url "$URL")
+  start_target b "params=$params;lr=0.2;init=normal:0.1;seed=1" 1
+  pid_b=$PID url_b=$(guest_url "$URL")
+  cat > "$state/in-guest.sh" <<EOF
+set -uo pipefail
+learn() {  # NAME URL [blkps-login options]: trains, output and status in $state
+  local name=\$1 url=\$2 dev; shift 2
+  dev=\$(scripts/blkps-login login --url "\$url" "\$@") || exit 1
+  env $blas_env python3 $plain --target "\$dev" --epochs 6 > $state/\$name.out 2>&1
+  echo \$? > $state/\$name.status
+  dmesg | grep -E 'connection|session recovery' > $state/\$name.dmesg
+}
+learn a $url_a
+learn b $url_b --replacement-timeout 5
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" & g=$!
+  wait_for_line "$state/a.out" "epoch +1 " $g "the guest"
+  kill -9 "$pid_a"
+  while kill -0 "$pid_a" 2>/dev/null; do sleep 0.1; done
+  "$top/scripts/blkps-target" start --dir "$state/a" --owner-pid $$ --port "$port_a" \
+    --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts_a" >/dev/null
+  echo "target a killed after epoch 1 and restarted from its checkpoint"
+  wait_for_line "$state/b.out" "epoch +1 " $g "the guest"
+  kill -9 "$pid_b"
+  echo "target b killed after epoch 1 for good"
+  wait $g || fail "the guest's script failed"
+  cat "$state/a.out" "$state/a.dmesg"
+  [ "$(cat "$state/a.status")" = 0 ] || fail "the learner failed across the restart of its target"
+  grep -qE "epoch +6 " "$state/a.out" || fail "the learner did not reach its last epoch"
+  grep -q "detected conn error" "$state/a.dmesg" || fail "the guest's kernel saw no connection error"
+  cat "$state/b.out"
+  [ "$(cat "$state/b.status")" != 0 ] || fail "the learner went on with its target gone"
+  tail -n 1 "$state/b.out" | grep -q "^plain_digits: .*: Input/output error$" ||
+    fail "the learner's last line is not the one-line I/O error: $(tail -n 1 "$state/b.out")"
+  # shellcheck source=/dev/null
+  . "$state/a/target.env"
+  "$py" "$train" --target "$URL" --evaluate --min-accuracy 0.90
+}
+
+test_node_dies() {
+  local params g h
+  params=$("$py" "$train" --params)
+  start_target dies "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=3" 2
+  local url0 url1
+  read -r url0 url1 <<<"$URLS"
+  url0=$(guest_url "$url0")
+  cat > "$state/in-guest.sh" <<EOF
+set -euo pipefail
+dev=\$(scripts/blkps-login login --url $url0)
+env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs 100 > $state/guest.out 2>&1
+EOF
+  # Until both learners run, each is declared dead while the other trains
+  # alone (a guest boots for longer than dead_after) and rejoins with its
+  # next I/O. The host learner starts once the guest's has done an epoch,
+  # and the guest (with epochs to go) is killed once they have trained an
+  # epoch together.
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" & g=$!
+  wait_for_line "$state/guest.out" "epoch +1 " $g "the guest"
+  "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 6 > "$state/host.out" 2>&1 & h=$!
+  wait_for_line "$state/host.out" "epoch +1 " $h "the host learner"
+  local deaths
+  deaths=$(grep -c "learner at lun 1 is dead" "$state/dies/tgtd.log" || true)
+  kill -9 $g || fail "the guest ended before it was killed"
+  wait $g || true
+  echo "guest killed after the host learner's epoch 1"
+  wait $h || fail "the host learner failed after the guest died: $(tail -n 1 "$state/host.out")"
+  cat "$state/host.out"
+  grep -qE "epoch +6 " "$state/host.out" || fail "the host learner did not reach its last epoch"
+  [ "$(grep -c "learner at lun 1 is dead" "$state/dies/tgtd.log")" -gt "$deaths" ] ||
+    fail "the server did not declare the killed guest's learner (lun 1) dead"
+  grep "learner at lun 1 is dead" "$state/dies/tgtd.log" | tail -n 1
+}
+
 case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
   login) test_login ;;
   train-bsp) test_train_bsp ;;
   shards) test_shards ;;
+  target-restart) test_target_restart ;;
+  node-dies) test_node_dies ;;
   *) fail "unknown case '$what'" ;;
 esac
