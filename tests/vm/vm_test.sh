@@ -31,6 +31,10 @@
 #                   one line (EIO).
 #   node-dies       a guest learner killed mid-training in bsp is declared
 #                   dead by the server and the host learner goes on.
+#   held-write      a bsp gradient write from a guest that the server holds
+#                   past hold_limit fails (ABORTED COMMAND) and the kernel's
+#                   SCSI layer retries it; it is applied once, when the round
+#                   completes, and pwrite returns success.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -341,6 +345,65 @@ EOF
   grep "learner at lun 1 is dead" "$state/dies/tgtd.log" | tail -n 1
 }
 
+test_held_write() {
+  # One block of 1024 parameters, lr 1: the guest (lun 1) writes gradient 1
+  # twice, the host (lun 2) writes 0 twice; each round moves the weights by
+  # -(1 + 0) / 2, so two rounds applied once each leave exactly -1.
+  start_target held "params=1024;block=4K;lr=1;mode=bsp;dead_after=300;hold_limit=2" 2
+  local url0 url1 g
+  read -r url0 url1 <<<"$URLS"
+  url0=$(guest_url "$url0")
+  cat > "$state/in-guest.sh" <<EOF
+set -euo pipefail
+dev=\$(scripts/blkps-login login --url $url0)
+python3 - "\$dev" <<'PY'
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_DIRECT)
+ones = mmap.mmap(-1, 4096)
+ones.write(b"\\x00\\x00\\x80\\x3f" * 1024)  # float32 1.0
+os.pwrite(fd, ones, 0)
+open("$state/second-write", "w").close()
+os.pwrite(fd, ones, 0)  # waits for the host's round-1 gradient
+print("second write returned", flush=True)
+os.close(fd)
+PY
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" > "$state/guest.out" 2>&1 & g=$!
+  wait_for_file "$state/second-write" $g "the guest"
+  # The server fails the held write at hold_limit; the kernel retries it,
+  # and the retry is held and fails again: the write has been retried.
+  local held="gradient write of block 0 by lun 1 .*waited 2.0 s"
+  until [ "$(grep -c "log_line.*$held" "$state/held/tgtd.log")" -ge 2 ]; do
+    kill -0 $g 2>/dev/null || fail "the guest ended before its write was retried: $(cat "$state/guest.out")"
+    sleep 0.2
+  done
+  "$py" - "$url1" <<'PY'
+import os, sys
+import numpy as np
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps
+with blkps.Model(sys.argv[1]) as m:
+    for round in (1, 2):
+        m.push(0, np.zeros(1024, np.float32))
+PY
+  wait $g || fail "the guest failed: $(cat "$state/guest.out")"
+  grep -q "second write returned" "$state/guest.out" || fail "the guest's second write did not return"
+  pull_weights "$URL" 1024 "$state/weights.f32"
+  "$top/scripts/blkps" status --control "$CONTROL_URL" --json > "$state/status.json"
+  "$py" - "$state/weights.f32" "$state/status.json" <<'PY'
+import json, sys
+import numpy as np
+w = np.fromfile(sys.argv[1], dtype="<f4")
+lun1 = json.load(open(sys.argv[2]))["learners"][0]
+print(f"weights {set(w.tolist())}, lun 1: iteration {lun1['iteration']}, "
+      f"writes {lun1['writes']}, hold timeouts {lun1['hold_timeouts']}")
+if not np.all(w == -1.0):
+    sys.exit(f"weights {set(w.tolist())}, expected all -1: a gradient was applied twice or lost")
+if lun1["iteration"] != 2 or lun1["writes"] < 3:
+    sys.exit("expected lun 1 at iteration 2 after at least 3 writes (2 and the kernel's retries)")
+PY
+}
+
 case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
@@ -349,5 +412,6 @@ case "$what" in
   shards) test_shards ;;
   target-restart) test_target_restart ;;
   node-dies) test_node_dies ;;
+  held-write) test_held_write ;;
   *) fail "unknown case '$what'" ;;
 esac
