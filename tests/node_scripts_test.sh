@@ -55,6 +55,12 @@ $node node.session.timeo.replacement_timeout -v 30
 EOF
 }
 
+# The SCSI command timeout blkps-login sets on a LUN's disk.
+command_timeout() {
+  # shellcheck disable=SC2016  # the script's words, verbatim
+  printf '%s\n' "sh -c 'echo \"\$1\" > \"/sys/block/\$(basename \"\$(readlink -f \"\$2\")\")/device/timeout\"' sh 30 $1"
+}
+
 iqn_a=iqn.2026-11.io.blkps:a iqn_b=iqn.2026-11.io.blkps:b
 dev_a=/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-$iqn_a-lun-1
 dev_b=/dev/disk/by-path/ip-127.0.0.1:3262-iscsi-$iqn_b-lun-1
@@ -75,6 +81,8 @@ shard_logins() {  # the login commands for both shards, tcp
   settings "$iqn_b" 127.0.0.1:3262 blkps-tcp
   echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --login"
   echo "udevadm settle"
+  command_timeout "$dev_a"
+  command_timeout "$dev_b"
 }
 # A fake sysfs with one RDMA device, and one with none.
 mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
@@ -102,6 +110,7 @@ test_tcp_login() {
     settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
     echo "udevadm settle"
+    command_timeout /dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2
     echo "/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2"
   )
   expect_output "tcp login" "$want" "$login" login --dry-run \
@@ -117,6 +126,7 @@ test_iser_login() {
     settings iqn.2026-11.io.blkps:model 10.0.0.7:3260 blkps-iser
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 10.0.0.7:3260 -I blkps-iser --login"
     echo "udevadm settle"
+    command_timeout /dev/disk/by-path/ip-10.0.0.7:3260-iscsi-iqn.2026-11.io.blkps:model-lun-1
     echo "/dev/disk/by-path/ip-10.0.0.7:3260-iscsi-iqn.2026-11.io.blkps:model-lun-1"
   )
   BLKPS_SYSFS="$work/rdma" expect_output "iser login" "$want" "$login" login --dry-run \

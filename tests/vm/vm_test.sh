@@ -161,12 +161,13 @@ test_login() {
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
 login=scripts/blkps-login
-dev=\$(\$login login --url $lun2 --queue-depth 16 --replacement-timeout 17)
+dev=\$(\$login login --url $lun2 --queue-depth 16 --replacement-timeout 17 --command-timeout 31)
 echo "device: \$dev"
 [ "\$dev" = /dev/disk/by-path/ip-10.0.2.2:$PORT-iscsi-$IQN-lun-2 ] || { echo "unexpected device \$dev" >&2; exit 1; }
 \$login status --url $lun2
 disk=\$(basename "\$(readlink -f "\$dev")")
 echo "queue_depth \$(cat /sys/block/\$disk/device/queue_depth)"
+echo "command timeout \$(cat /sys/block/\$disk/device/timeout)"
 iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(Recovery Timeout\|FirstBurstLength\|MaxBurstLength\|ImmediateData\|InitialR2T\|MaxRecvDataSegmentLength\): /\1 /p'
 dd if="\$dev" of=$state/guest.f32 bs=$((4 * params)) count=1 iflag=direct status=none
 \$login logout --url $lun2
@@ -176,6 +177,7 @@ exit 0
 EOF
   "$guest" --rw "$state" -- bash "$state/in-guest.sh" | tee "$state/out"
   grep -qx "queue_depth 16" "$state/out" || fail "--queue-depth 16 is not the disk's queue_depth"
+  grep -qx "command timeout 31" "$state/out" || fail "--command-timeout 31 is not the disk's timeout"
   local want
   for want in "Recovery Timeout 17" "FirstBurstLength 262144" "MaxBurstLength 16776192" \
               "ImmediateData Yes" "InitialR2T No" "MaxRecvDataSegmentLength 262144"; do
