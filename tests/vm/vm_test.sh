@@ -105,6 +105,17 @@ wait_for_line() {  # FILE RE PID WHAT
   done
 }
 
+# Waits until the learner at LUN has written to the model (the server's
+# status through CONTROL_URL), or process PID has ended (then fails).
+wait_for_first_write() {  # CONTROL_URL LUN PID WHAT
+  until "$top/scripts/blkps" status --control "$1" --json |
+        "$py" -c 'import json, sys
+sys.exit(json.load(sys.stdin)["learners"][int(sys.argv[1]) - 1]["writes"] == 0)' "$2"; do
+    kill -0 "$3" 2>/dev/null || fail "$4 ended before it wrote to lun $2"
+    sleep 0.5
+  done
+}
+
 # Learners' numerics, the same in the guest and on the host: the guest's CPU
 # is a Nehalem (SSE4.2, see tests/vm/guest), so OpenBLAS uses its Nehalem
 # kernels in one thread everywhere, and numpy on the host leaves out the loops
@@ -193,7 +204,7 @@ test_train_bsp() {
   local params bsopts env a b g
   params=$("$py" "$train" --params)
   # dead_after: the guest's first I/O comes a boot after the server starts.
-  bsopts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=60"
+  bsopts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=60;hold_limit=25"
   env=$(host_numerics)
   # Two libblkps learners on the host: the reference.
   start_target ref "$bsopts" 2
@@ -213,12 +224,14 @@ test_train_bsp() {
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
 dev=\$(scripts/blkps-login login --url $url0)
-touch $state/logged-in
 env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs 10
 scripts/blkps-login logout --url $url0
 EOF
+  # The host learner starts once the guest's has pushed its first gradient
+  # (python starts slowly in a guest): its pulls wait for the guest's
+  # gradients, at most hold_limit.
   "$guest" --rw "$state" -- bash "$state/in-guest.sh" & g=$!
-  wait_for_file "$state/logged-in" $g "the guest"
+  wait_for_first_write "$CONTROL_URL" 1 $g "the guest"
   # shellcheck disable=SC2086
   env $env "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 10
   wait $g || fail "the guest's learner failed"
