@@ -129,6 +129,19 @@ print(",".join(k for k in d if f[k] and k not in nehalem))')
   echo "$blas_env${later:+ NPY_DISABLE_CPU_FEATURES=$later}"
 }
 
+# Writes $state/in-guest.sh: log in to the host's URL and train learner 0 of
+# 2 with plain_digits.py on the disk for EPOCHS, output to OUT; log out.
+write_guest_learner() {  # URL EPOCHS OUT
+  local url
+  url=$(guest_url "$1")
+  cat > "$state/in-guest.sh" <<EOF
+set -euo pipefail
+dev=\$(scripts/blkps-login login --url $url)
+env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs $2 > $3 2>&1
+scripts/blkps-login logout --url $url
+EOF
+}
+
 test_guest_boots() {
   local out rc=0 version
   version=$(sed 's/^linux-image-//' "$top/build/deps/linux-image/.blkps-package")
@@ -218,15 +231,8 @@ test_train_bsp() {
   pull_weights "$URL" "$params" "$state/reference.f32"
   # Learner 0 in a guest through the kernel's disk, learner 1 on the host.
   start_target node "$bsopts" 2
-  local url0 url1
-  read -r url0 url1 <<<"$URLS"
-  url0=$(guest_url "$url0")
-  cat > "$state/in-guest.sh" <<EOF
-set -euo pipefail
-dev=\$(scripts/blkps-login login --url $url0)
-env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs 10
-scripts/blkps-login logout --url $url0
-EOF
+  local url1=${URLS#* }
+  write_guest_learner "${URLS%% *}" 10 /dev/stdout
   # The host learner starts once the guest's has pushed its first gradient
   # (python starts slowly in a guest): its pulls wait for the guest's
   # gradients, at most hold_limit.
@@ -330,14 +336,8 @@ test_node_dies() {
   local params g h
   params=$("$py" "$train" --params)
   start_target dies "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=3" 2
-  local url0 url1
-  read -r url0 url1 <<<"$URLS"
-  url0=$(guest_url "$url0")
-  cat > "$state/in-guest.sh" <<EOF
-set -euo pipefail
-dev=\$(scripts/blkps-login login --url $url0)
-env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs 100 > $state/guest.out 2>&1
-EOF
+  local url1=${URLS#* }
+  write_guest_learner "${URLS%% *}" 100 "$state/guest.out"
   # Until both learners run, each is declared dead while the other trains
   # alone (a guest boots for longer than dead_after) and rejoins with its
   # next I/O. The host learner starts once the guest's has done an epoch,
