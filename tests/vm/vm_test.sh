@@ -44,11 +44,15 @@ plain="$top/learner/examples/plain_digits.py"
 export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-vm-test-XXXXXX)
 targets=() shard_sets=()
+# Keeps the test's exit status. The targets' --owner-pid watchdogs wake within
+# a second of their tgtd's end and run a stop of their own, which may create a
+# file in a folder being removed: the removal is tried again.
 cleanup() {
-  local d
+  local rc=$? d
   for d in "${targets[@]}"; do "$top/scripts/blkps-target" stop --dir "$d"; done
   for d in "${shard_sets[@]}"; do "$top/scripts/blkps-shards" stop --dir "$d"; done
-  rm -rf "$state"
+  for _ in 1 2 3 4 5; do rm -rf "$state" 2>/dev/null && break; sleep 1; done
+  exit "$rc"
 }
 trap cleanup EXIT
 fail() { echo "vm_test: $*" >&2; exit 1; }
