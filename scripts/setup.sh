@@ -3,6 +3,9 @@
 #   - the Debian packages it builds and runs with;
 #   - tgt's headers for the installed tgt version, from Debian's source package
 #     (unpacked under build/deps/, never committed).
+#   - the learner-node guests' kernel (tests/vm/guest): Debian's
+#     linux-image-amd64, unpacked under build/deps/linux-image/ (never
+#     installed, never committed), with its modules.dep;
 #   - with --bench, also what bench/ needs (plots, OpenMPI, PyTorch for gloo
 #     and the PyTorch example).
 # Idempotent: a second run checks and returns in a second or two.
@@ -35,6 +38,7 @@ packages=(
   help2man                  # man pages from the commands' --help
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
   clang libclang-rt-14-dev    # -DBLKPS_FUZZ=ON (libFuzzer), scripts/checked-tests.sh
+  qemu-system-x86 open-iscsi mdadm dmsetup udev kmod busybox-static   # tests/vm: learner-node guests
 )
 bench_packages=(
   python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3
@@ -57,6 +61,30 @@ if [ "${#missing[@]}" -gt 0 ]; then
     || die "apt-get install failed for: ${missing[*]}"
 else
   say "Debian packages present"
+fi
+
+# The guests' kernel: the package linux-image-amd64 depends on, fetched and
+# unpacked (not installed); its modules are indexed for the guest's modprobe.
+kernel_dir="$deps/linux-image"
+if [ -f "$kernel_dir/.blkps-package" ]; then
+  say "guest kernel $(cat "$kernel_dir/.blkps-package") present"
+else
+  kernel_pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')
+  [ -n "$kernel_pkg" ] || die "cannot tell which kernel package linux-image-amd64 depends on (apt-get update?)"
+  echo "setup: fetching the guest kernel $kernel_pkg (about 70 MB; tests/vm/guest boots it)"
+  rm -rf "$kernel_dir" "$deps/kernel-fetch"
+  mkdir -p "$deps/kernel-fetch"
+  (cd "$deps/kernel-fetch" && apt-get download -qq "$kernel_pkg" >/dev/null 2>&1) ||
+    { apt-get update -qq && (cd "$deps/kernel-fetch" && apt-get download -qq "$kernel_pkg" >/dev/null 2>&1); } ||
+    die "could not fetch the kernel package $kernel_pkg"
+  echo "setup: unpacking $kernel_pkg into build/deps/linux-image"
+  dpkg-deb -x "$deps/kernel-fetch/"*.deb "$deps/kernel-fetch/root" || die "could not unpack $kernel_pkg"
+  kernel_version=${kernel_pkg#linux-image-}
+  depmod -b "$deps/kernel-fetch/root" "$kernel_version" || die "depmod failed for $kernel_version"
+  mv "$deps/kernel-fetch/root" "$kernel_dir"
+  rm -rf "$deps/kernel-fetch"
+  echo "$kernel_pkg" > "$kernel_dir/.blkps-package"
+  say "guest kernel in $kernel_dir"
 fi
 
 # tgt's headers: from the source package matching the installed tgt.

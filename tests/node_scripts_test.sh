@@ -37,10 +37,12 @@ expect_error() {
   fi
 }
 
-# The node settings blkps-login writes before each login (IQN, portal, iface).
+# The node record blkps-login makes for the portal given, and the settings it
+# writes before each login (IQN, portal, iface).
 settings() {
   local node="iscsiadm -m node -T $1 -p $2 -I $3 -o update -n"
   cat <<EOF
+iscsiadm -m node -o new -T $1 -p $2 -I $3
 $node node.startup -v manual
 $node node.session.iscsi.InitialR2T -v No
 $node node.session.iscsi.ImmediateData -v Yes
@@ -51,6 +53,12 @@ $node node.session.cmds_max -v 128
 $node node.session.queue_depth -v 64
 $node node.session.timeo.replacement_timeout -v 30
 EOF
+}
+
+# The SCSI command timeout blkps-login sets on a LUN's disk.
+command_timeout() {
+  # shellcheck disable=SC2016  # the script's words, verbatim
+  printf '%s\n' "sh -c 'echo \"\$1\" > \"/sys/block/\$(basename \"\$(readlink -f \"\$2\")\")/device/timeout\"' sh 30 $1"
 }
 
 iqn_a=iqn.2026-11.io.blkps:a iqn_b=iqn.2026-11.io.blkps:b
@@ -66,13 +74,15 @@ EOF
 shard_logins() {  # the login commands for both shards, tcp
   echo "iscsiadm -m iface -I blkps-tcp -o new"
   echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
-  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp -o nonpersistent"
   settings "$iqn_a" 127.0.0.1:3261 blkps-tcp
   echo "iscsiadm -m node -T $iqn_a -p 127.0.0.1:3261 -I blkps-tcp --login"
-  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3262 -I blkps-tcp"
+  echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3262 -I blkps-tcp -o nonpersistent"
   settings "$iqn_b" 127.0.0.1:3262 blkps-tcp
   echo "iscsiadm -m node -T $iqn_b -p 127.0.0.1:3262 -I blkps-tcp --login"
   echo "udevadm settle"
+  command_timeout "$dev_a"
+  command_timeout "$dev_b"
 }
 # A fake sysfs with one RDMA device, and one with none.
 mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
@@ -101,10 +111,11 @@ test_tcp_login() {
   want=$(
     echo "iscsiadm -m iface -I blkps-tcp -o new"
     echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
-    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp"
+    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp -o nonpersistent"
     settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
     echo "udevadm settle"
+    command_timeout /dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2
     echo "/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2"
   )
   expect_output "tcp login" "$want" "$login" login --dry-run \
@@ -116,10 +127,11 @@ test_iser_login() {
   want=$(
     echo "iscsiadm -m iface -I blkps-iser -o new"
     echo "iscsiadm -m iface -I blkps-iser -o update -n iface.transport_name -v iser"
-    echo "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260 -I blkps-iser"
+    echo "iscsiadm -m discovery -t sendtargets -p 10.0.0.7:3260 -I blkps-iser -o nonpersistent"
     settings iqn.2026-11.io.blkps:model 10.0.0.7:3260 blkps-iser
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 10.0.0.7:3260 -I blkps-iser --login"
     echo "udevadm settle"
+    command_timeout /dev/disk/by-path/ip-10.0.0.7:3260-iscsi-iqn.2026-11.io.blkps:model-lun-1
     echo "/dev/disk/by-path/ip-10.0.0.7:3260-iscsi-iqn.2026-11.io.blkps:model-lun-1"
   )
   BLKPS_SYSFS="$work/rdma" expect_output "iser login" "$want" "$login" login --dry-run \

@@ -51,17 +51,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t offset = at % lun.size;
   const uint64_t len = std::min<uint64_t>(size - 4, lun.size - offset);
   char err[512];
-  const blkps_io_result r = blkps_lu_write(lun.control, offset, data + 4, len, err, sizeof(err));
+  const blkps_io_result r = blkps_lu_write(lun.control, offset, data + 4, len, nullptr, err, sizeof(err));
   if (r != BLKPS_IO_OK && r != BLKPS_IO_BAD_DATA && r != BLKPS_IO_WRITE_PROTECT) std::abort();
 
   static std::vector<char> status(4096);
-  if (blkps_lu_read(lun.control, BLKPS_CONTROL_STATUS_OFFSET, status.data(), status.size(), err, sizeof(err)) !=
+  if (blkps_lu_read(lun.control, BLKPS_CONTROL_STATUS_OFFSET, status.data(), status.size(), nullptr, err, sizeof(err)) !=
           BLKPS_IO_OK ||
       status[0] != '{') {
     std::abort();
   }
   static std::vector<char> counters(BLKPS_CONTROL_COUNTERS_BYTES);
-  if (blkps_lu_read(lun.control, BLKPS_CONTROL_COUNTERS_OFFSET, counters.data(), counters.size(), err,
+  if (blkps_lu_read(lun.control, BLKPS_CONTROL_COUNTERS_OFFSET, counters.data(), counters.size(), nullptr, err,
                     sizeof(err)) != BLKPS_IO_OK) {
     std::abort();
   }
