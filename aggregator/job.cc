@@ -450,15 +450,32 @@ Status Job::Control(const std::string& commands) {
       failed_.store(false);
       continue;
     }
+    if (key == "tag") {
+      Status s = SetTag(value);
+      if (!s.ok()) return s;
+      continue;
+    }
     char* end = nullptr;
     const float v = std::strtof(value.c_str(), &end);
     if (eq == std::string::npos || value.empty() || *end != '\0') {
-      return Status::InvalidArgument("control: expected key=<number> or resume=1, got '" + line + "'");
+      return Status::InvalidArgument("control: expected key=<number>, resume=1 or tag=<text>, got '" + line + "'");
     }
     Status s = model_->rule().SetParam(key, v);
     if (!s.ok()) return Status::InvalidArgument("control: " + s.message());
     log_("control: " + key + " set to " + FloatShort(v));
   }
+  return Status::OK();
+}
+
+Status Job::SetTag(const std::string& tag) {
+  static constexpr size_t kMaxTag = 256;
+  const bool plain = tag.find_first_not_of(
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:,=+/-") == std::string::npos;
+  if (tag.size() > kMaxTag || !plain) {
+    return Status::InvalidArgument("control: tag: expected at most 256 of [A-Za-z0-9._:,=+/-], got '" + tag + "'");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  tag_ = tag;
   return Status::OK();
 }
 
@@ -477,6 +494,7 @@ std::string Job::StatusJson() const {
   j << "  \"blocks\": " << m.num_blocks() << ",\n";
   j << "  \"mode\": " << JsonString(FormatConsistency(opts_.consistency)) << ",\n";
   j << "  \"rule\": " << JsonString(m.rule().name()) << ",\n";
+  j << "  \"tag\": " << JsonString(tag_) << ",\n";
   j << "  \"rule_params\": {";
   const char* sep = "";
   for (const auto& [key, value] : m.rule().params()) {
