@@ -343,6 +343,7 @@ class _DistributedOptimizer:
         self.buckets, self._buckets_of = _cut_buckets(self.layout, bucket_floats)
         self._backward_done = False  # set by step(): later bucket pushes did not overlap
         self._error = None
+        self._misuse = None  # set by a hook, raised by step()
         self._work = queue.Queue()
         self._idle = threading.Condition()
         self._in_flight = 0
@@ -352,6 +353,7 @@ class _DistributedOptimizer:
             if not p.requires_grad:
                 continue  # frozen: pushed as zeros by step()
             p.grad = g  # autograd adds into the flat gradient
+            p.register_hook(self._make_guard(k))
             with torch.enable_grad():
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             accumulator.register_hook(self._make_hook(k))
@@ -362,17 +364,29 @@ class _DistributedOptimizer:
             self._gradient_ready(k)
         return hook
 
+    def _make_guard(self, k):
+        def guard(grad):
+            if any(b.queued for b in self._buckets_of[k]):
+                # A second gradient before step(): its bucket may be on the wire,
+                # so it must not reach the flat buffer. step() raises; raising
+                # here would abort backward inside autograd's engine.
+                self._misuse = (f"blkps.torch: a second gradient for {self.layout.named[k][0]} "
+                                "before step(), dropped: its bucket was already pushed; call step() "
+                                "after each backward()")
+                return torch.zeros_like(grad)
+            return grad
+        return guard
+
     def _gradient_ready(self, k):
         """Parameter k's gradient is complete: push the buckets it finishes."""
-        name, p = self.layout.named[k]
+        _, p = self.layout.named[k]
         view = self._grad_views[k]
         if p.grad is None or p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)  # grads were set to None: move them back into the flat buffer
             p.grad = view
         for b in self._buckets_of[k]:
             if b.queued:
-                raise RuntimeError(f"blkps.torch: a second gradient for {name} before step(): its "
-                                   "bucket was already pushed; call step() after each backward()")
+                return  # a second gradient, zeroed by the guard
             b.waiting -= 1
             if b.waiting == 0:
                 self._queue(b)
@@ -425,6 +439,9 @@ class _DistributedOptimizer:
         for b in self.buckets:
             b.waiting, b.queued = b.needed, False
         self._backward_done = False
+        if self._misuse is not None:
+            misuse, self._misuse = self._misuse, None
+            raise RuntimeError(misuse)
 
     # ---- delta mode ----
 

@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""One Fashion-MNIST training job through blkps on this host: starts a private
+server (scripts/blkps-target, one LUN per learner), optionally mounts it
+(blkps-mount), runs N torch_fashion.py learners with RANK/WORLD_SIZE/
+BLKPS_TARGET/BLKPS_CONTROL set as a launcher would, and stops everything,
+also on failure. The learners' lines pass through; the exit status is the
+first failing learner's.
+
+  torch_fashion_job.py [--learners 2] [--mode bsp] [--via lib|mount]
+      [--optimizer gradient|delta] [--rule adam] [--server-lr 0.001]
+      [torch_fashion.py options: --epochs, --train-subset, --min-accuracy, ...]
+
+Gradient mode uses the server's --rule and --server-lr; delta mode runs a
+local SGD in each learner and the server's rule sum.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.abspath(os.path.join(HERE, "..", ".."))
+LEARNER = os.path.join(HERE, "torch_fashion.py")
+
+
+def start_server(args, state, params):
+    rule = "sum" if args.optimizer == "delta" else args.rule
+    bsopts = f"params={params};rule={rule};lr={args.server_lr};mode={args.mode}"
+    subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "start", "--dir", state,
+                    "--luns", str(args.learners), "--owner-pid", str(os.getpid()),
+                    "--plugin", os.path.join(args.build, "target-plugin", "bs_blkps.so"),
+                    "--bsopts", bsopts], check=True, stdout=subprocess.DEVNULL)
+    env = {}
+    with open(os.path.join(state, "target.env")) as f:
+        for line in f:
+            key, _, value = line.strip().partition("=")
+            env[key] = value
+    return env
+
+
+def mount(args, state, mountpoint):
+    """blkps-mount -f --from state at mountpoint; returns the process once
+    the control file is there."""
+    log = open(os.path.join(state, "mount.log"), "w")
+    proc = subprocess.Popen([os.path.join(args.build, "learner", "mount", "blkps-mount"), "-f",
+                             mountpoint, "--from", state], stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        if os.path.exists(os.path.join(mountpoint, "control")):
+            return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise SystemExit(f"torch_fashion_job: blkps-mount did not mount (log: {log.name})")
+
+
+def run_learners(args, target, control, learner_args):
+    procs = []
+    for rank in range(args.learners):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.learners), LOCAL_RANK=str(rank),
+                   BLKPS_TARGET=target, BLKPS_CONTROL=control)
+        if args.build:
+            env["BLKPS_LIB"] = os.path.join(args.build, "learner", "libblkps.so")
+        procs.append(subprocess.Popen([sys.executable, LEARNER] + learner_args, env=env))
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return next((c for c in codes if c != 0), 0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--learners", type=int, default=2)
+    ap.add_argument("--mode", default="bsp", help="async, bsp or ssp:S")
+    ap.add_argument("--via", choices=["lib", "mount"], default="lib",
+                    help="libblkps URLs, or files on a blkps-mount of the server")
+    ap.add_argument("--optimizer", choices=["gradient", "delta"], default="gradient")
+    ap.add_argument("--rule", default="adam", help="gradient mode: the server's update rule")
+    ap.add_argument("--server-lr", type=float, default=0.002,
+                    help="the server rule's lr (delta mode: ignored by rule sum)")
+    ap.add_argument("--build", default=os.path.join(TOP, "build", "cmake"), help="the cmake build folder")
+    args, learner_args = ap.parse_known_args()
+    if args.learners < 1:
+        ap.error("--learners must be at least 1")
+    learner_args += ["--optimizer", args.optimizer]
+    params = int(subprocess.run([sys.executable, LEARNER, "--params"], check=True,
+                                capture_output=True, text=True).stdout)
+    state = tempfile.mkdtemp(prefix="blkps-torch-job-")
+    mount_proc = None
+    try:
+        env = start_server(args, state, params)
+        if args.via == "mount":
+            mountpoint = os.path.join(state, "mnt")
+            os.mkdir(mountpoint)
+            mount_proc = mount(args, state, mountpoint)
+            target, control = os.path.join(mountpoint, "slot{slot}"), os.path.join(mountpoint, "control")
+        else:
+            target, control = env["URL"].rsplit("/", 1)[0] + "/{slot}", env["CONTROL_URL"]
+        print(f"torch_fashion_job: {args.learners} learners, {args.mode}, {args.optimizer} mode, "
+              f"via {args.via}, {params} parameters", flush=True)
+        code = run_learners(args, target, control, learner_args)
+    finally:
+        if mount_proc is not None:
+            mount_proc.send_signal(signal.SIGTERM)
+            mount_proc.wait()
+        subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "stop", "--dir", state],
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["rm", "-rf", state])
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
