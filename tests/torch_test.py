@@ -107,15 +107,17 @@ def learner(config):
         seen = []
 
         def wait_for_push(grad):
+            if pushes_before[0] is None:
+                return
             deadline = time.monotonic() + 20
             while opt.pushes == pushes_before[0] and time.monotonic() < deadline:
                 time.sleep(0.001)
             seen.append(opt.pushes - pushes_before[0])
         model[0].weight.register_hook(wait_for_push)
-        pushes_before = [0]
+        pushes_before = [None]
     for t in range(config["steps"]):
         if probe:
-            pushes_before[0] = opt.pushes
+            pushes_before[0] = opt.pushes if t < 2 else None  # probe the first two steps
         opt.zero_grad()
         x, y = batch(t, bps.rank())
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -130,7 +132,10 @@ def learner(config):
         opt.zero_grad()
         x, y = batch(0, 0)
         torch.nn.functional.cross_entropy(model(x), y).backward()
+        first = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         torch.nn.functional.cross_entropy(model(x), y).backward()
+        second = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        out["second_gradient_kept_out"] = bool(torch.equal(first, second))
         try:
             opt.step()
             out["double_backward"] = "accepted"
@@ -264,6 +269,7 @@ def case_buckets():
         check(all(n >= 1 for n in r["pushed_during_backward"]),
               f"no bucket pushed while backward ran: {r['pushed_during_backward']}")
         check("second gradient" in r["double_backward"], f"a second backward: {r['double_backward']}")
+        check(r["second_gradient_kept_out"], "a second backward's gradient reached the pushed buffer")
         # async: each bucket's weights were pulled during backward; still exact.
         check_close(r["weights"], reference("mlp", 1, STEPS, lr), "async weights")
         print(f"buckets: {r['pushes']} pushes in {STEPS} steps, during backward: "
