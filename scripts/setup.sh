@@ -3,8 +3,7 @@
 #   - the Debian packages it builds and runs with;
 #   - tgt's headers for the installed tgt version, from Debian's source package
 #     (unpacked under build/deps/, never committed).
-#   - with --bench, also what bench/ needs (plots, OpenMPI, PyTorch for gloo
-#     and the PyTorch example).
+#   - with --bench, also what bench/ needs (plots, OpenMPI).
 # Idempotent: a second run checks and returns in a second or two.
 # Usage: scripts/setup.sh [--quiet] [--bench]
 set -euo pipefail
@@ -28,10 +27,11 @@ packages=(
   rdma-core libibverbs-dev librdmacm-dev
   fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
+  python3-torch dataset-fashion-mnist
   dpkg-dev iproute2 procps shellcheck
 )
 bench_packages=(
-  python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3
+  python3-matplotlib openmpi-bin libopenmpi-dev iperf3
 )
 [ "$bench" = 1 ] && packages+=("${bench_packages[@]}")
 
