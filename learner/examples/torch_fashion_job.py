@@ -7,7 +7,8 @@ also on failure. The learners' lines pass through; the exit status is the
 first failing learner's.
 
   torch_fashion_job.py [--learners 2] [--mode bsp] [--via lib|mount]
-      [--optimizer gradient|delta] [--rule adam] [--server-lr 0.001]
+      [--optimizer gradient|delta] [--rule adam] [--server-lr 0.002]
+  torch_fashion_job.py --ddp [--learners 2] [torch_fashion.py options]   the peer, no server
       [torch_fashion.py options: --epochs, --train-subset, --min-accuracy, ...]
 
 Gradient mode uses the server's --rule and --server-lr; delta mode runs a
@@ -16,6 +17,7 @@ local SGD in each learner and the server's rule sum.
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,11 +60,19 @@ def mount(args, state, mountpoint):
     raise SystemExit(f"torch_fashion_job: blkps-mount did not mount (log: {log.name})")
 
 
-def run_learners(args, target, control, learner_args):
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_learners(args, learner_env, learner_args):
+    """Runs the learners with the launcher's variables and learner_env;
+    returns the first non-zero exit status, else 0."""
     procs = []
     for rank in range(args.learners):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.learners), LOCAL_RANK=str(rank),
-                   BLKPS_TARGET=target, BLKPS_CONTROL=control)
+                   **learner_env)
         if args.build:
             env["BLKPS_LIB"] = os.path.join(args.build, "learner", "libblkps.so")
         procs.append(subprocess.Popen([sys.executable, LEARNER] + learner_args, env=env))
@@ -86,10 +96,16 @@ def main():
     ap.add_argument("--rule", default="adam", help="gradient mode: the server's update rule")
     ap.add_argument("--server-lr", type=float, default=0.002,
                     help="the server rule's lr (delta mode: ignored by rule sum)")
+    ap.add_argument("--ddp", action="store_true",
+                    help="no server: the learners use DistributedDataParallel (gloo) instead")
     ap.add_argument("--build", default=os.path.join(TOP, "build", "cmake"), help="the cmake build folder")
     args, learner_args = ap.parse_known_args()
     if args.learners < 1:
         ap.error("--learners must be at least 1")
+    if args.ddp:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        print(f"torch_fashion_job: {args.learners} learners, DistributedDataParallel (gloo)", flush=True)
+        sys.exit(run_learners(args, env, learner_args + ["--ddp"]))
     learner_args += ["--optimizer", args.optimizer]
     params = int(subprocess.run([sys.executable, LEARNER, "--params"], check=True,
                                 capture_output=True, text=True).stdout)
@@ -106,7 +122,7 @@ def main():
             target, control = env["URL"].rsplit("/", 1)[0] + "/{slot}", env["CONTROL_URL"]
         print(f"torch_fashion_job: {args.learners} learners, {args.mode}, {args.optimizer} mode, "
               f"via {args.via}, {params} parameters", flush=True)
-        code = run_learners(args, target, control, learner_args)
+        code = run_learners(args, {"BLKPS_TARGET": target, "BLKPS_CONTROL": control}, learner_args)
     finally:
         if mount_proc is not None:
             mount_proc.send_signal(signal.SIGTERM)
