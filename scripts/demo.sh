@@ -6,7 +6,10 @@
 #
 # Usage: sudo scripts/demo.sh [--learners N] [--epochs E] [--lr X]
 #                             [--mode async|bsp|ssp:S] [--transport iscsi|iser]
-#                             [--via lib|mount|engine]
+#                             [--via lib|mount|engine] [--workload digits|fashion-cnn]
+# --workload fashion-cnn trains a PyTorch CNN on Fashion-MNIST with blkps.torch
+# instead (learner/examples/torch_fashion_job.py; 2 epochs unless --epochs,
+# server rule adam lr 0.002, --via lib or mount).
 # --via says how the learners reach the model: lib (default) Python learners
 # through libblkps over iSCSI; mount: the model mounted as files
 # (blkps-mount) and Python learners with plain os.pread/os.pwrite, no
@@ -15,23 +18,33 @@
 # checkpointed (fsync) into build/demo/ and the job's status is printed.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-learners=2 epochs=20 lr=0.2 mode=async transport=iscsi via=lib
+learners=2 epochs=20 lr=0.2 mode=async transport=iscsi via=lib workload=digits epochs_given=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --learners) learners=${2:?}; shift 2 ;;
-    --epochs) epochs=${2:?}; shift 2 ;;
+    --epochs) epochs=${2:?}; epochs_given=1; shift 2 ;;
     --lr) lr=${2:?}; shift 2 ;;
     --mode) mode=${2:?}; shift 2 ;;
     --transport) transport=${2:?}; shift 2 ;;
     --via) via=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --workload) workload=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$learners" in ''|*[!0-9]*|0) echo "demo: --learners: expected a positive integer, got '$learners'" >&2; exit 2 ;; esac
 case "$via" in lib|mount|engine) ;; *) echo "demo: --via: expected lib, mount or engine, got '$via'" >&2; exit 2 ;; esac
+case "$workload" in digits|fashion-cnn) ;; *) echo "demo: --workload: expected digits or fashion-cnn, got '$workload'" >&2; exit 2 ;; esac
+[ "$workload" = digits ] || [ "$via" != engine ] || { echo "demo: --workload fashion-cnn runs --via lib or mount" >&2; exit 2; }
 
 "$top/scripts/build.sh"
+
+if [ "$workload" = fashion-cnn ]; then
+  [ -n "$epochs_given" ] || epochs=2
+  echo "demo: Fashion-MNIST CNN (PyTorch, blkps.torch), $learners learners, mode $mode, via $via"
+  exec /usr/bin/python3 "$top/learner/examples/torch_fashion_job.py" --learners "$learners" --mode "$mode" \
+    --via "$via" --epochs "$epochs"
+fi
 
 py=/usr/bin/python3
 train="$top/learner/examples/train_digits.py"
