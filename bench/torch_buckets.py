@@ -56,14 +56,11 @@ def main():
         learner(args, args.child)
         return
     params = 784 * args.hidden + args.hidden + args.hidden * args.hidden + args.hidden + args.hidden * 10 + 10
+    sys.path.insert(0, os.path.join(TOP, "learner", "examples"))
+    import torch_fashion_job as job
     state = tempfile.mkdtemp(prefix="blkps-torch-buckets-")
-    target = os.path.join(TOP, "scripts", "blkps-target")
     try:
-        subprocess.run([target, "start", "--dir", state, "--owner-pid", str(os.getpid()),
-                        "--plugin", os.path.join(args.build, "target-plugin", "bs_blkps.so"),
-                        "--bsopts", f"params={params};rule=sgd;lr=0.001;mode=async"],
-                       check=True, stdout=subprocess.DEVNULL)
-        env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "target.env")) if "=" in line)
+        env = job.start_server(state, f"params={params};rule=sgd;lr=0.001;mode=async", 1, args.build)
         runs = {size: [] for size in SIZES}
         for _ in range(args.rounds):
             for size in SIZES:
@@ -81,8 +78,7 @@ def main():
             print(f"| {size >> 10} KiB | {r[0]['buckets']} | {statistics.median(x['steps_per_s'] for x in r):.1f} | "
                   f"{statistics.median(x['overlapped'] / x['pushes'] for x in r):.0%} |")
     finally:
-        subprocess.run([target, "stop", "--dir", state], stdout=subprocess.DEVNULL)
-        subprocess.run(["rm", "-rf", state])
+        job.stop_server(state)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """blkps.torch against a real tgtd: each case starts its own server
-(scripts/blkps-target) and learner processes (RANK/WORLD_SIZE set as a
+(torch_fashion_job.start_server) and learner processes (RANK/WORLD_SIZE set as a
 launcher would) and compares the result with a single-process PyTorch
 reference.
 
@@ -21,7 +21,9 @@ import numpy as np
 top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
 sys.path.insert(0, os.path.join(top, "learner", "python"))
+sys.path.insert(0, os.path.join(top, "learner", "examples"))
 import torch  # noqa: E402
+import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
 
 import blkps  # noqa: E402
 import blkps.torch as bps  # noqa: E402
@@ -152,17 +154,8 @@ class Server:
 
     def __init__(self, bsopts, luns):
         self.state = tempfile.mkdtemp(prefix="blkps-torch-test-")
-        subprocess.run([os.path.join(top, "scripts", "blkps-target"), "start", "--dir", self.state,
-                        "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-                        "--owner-pid", str(os.getpid()), "--luns", str(luns), "--bsopts", bsopts],
-                       check=True, stdout=subprocess.DEVNULL)
-        env = {}
-        with open(os.path.join(self.state, "target.env")) as f:
-            for line in f:
-                key, _, value = line.strip().partition("=")
-                env[key] = value
-        self.target = env["URL"].rsplit("/", 1)[0] + "/{slot}"
-        self.control = env["CONTROL_URL"]
+        env = job.start_server(self.state, bsopts, luns, build)
+        self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
 
     def status(self):
         with blkps.Model(self.control) as c:
@@ -186,8 +179,7 @@ class Server:
         return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
     def stop(self):
-        subprocess.run([os.path.join(top, "scripts", "blkps-target"), "stop", "--dir", self.state])
-        subprocess.run(["rm", "-rf", self.state])
+        job.stop_server(self.state)
 
 
 def with_server(bsopts, luns, body):
@@ -347,8 +339,7 @@ def case_buffers():
 
 
 def case_fashion(via):
-    job = os.path.join(top, "learner", "examples", "torch_fashion_job.py")
-    out = subprocess.run([sys.executable, job, "--learners", "2", "--mode", "bsp", "--via", via,
+    out = subprocess.run([sys.executable, job.__file__, "--learners", "2", "--mode", "bsp", "--via", via,
                           "--build", build, "--epochs", "4", "--train-subset", "6000",
                           "--min-accuracy", "0.80"], stdout=subprocess.PIPE, text=True)
     print(out.stdout, end="")

@@ -28,12 +28,13 @@ TOP = os.path.abspath(os.path.join(HERE, "..", ".."))
 LEARNER = os.path.join(HERE, "torch_fashion.py")
 
 
-def start_server(args, state, params):
-    rule = "sum" if args.optimizer == "delta" else args.rule
-    bsopts = f"params={params};rule={rule};lr={args.server_lr};mode={args.mode}"
+def start_server(state, bsopts, luns, build):
+    """Starts a private server in folder `state` (scripts/blkps-target; it
+    stops when this process exits) with `luns` learner LUNs; returns its
+    target.env as a dict (URL, URLS, CONTROL_URL, ...)."""
     subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "start", "--dir", state,
-                    "--luns", str(args.learners), "--owner-pid", str(os.getpid()),
-                    "--plugin", os.path.join(args.build, "target-plugin", "bs_blkps.so"),
+                    "--luns", str(luns), "--owner-pid", str(os.getpid()),
+                    "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
                     "--bsopts", bsopts], check=True, stdout=subprocess.DEVNULL)
     env = {}
     with open(os.path.join(state, "target.env")) as f:
@@ -41,6 +42,18 @@ def start_server(args, state, params):
             key, _, value = line.strip().partition("=")
             env[key] = value
     return env
+
+
+def slot_target(env):
+    """The learner LUNs' URL with {slot} for the LUN (blkps.torch.init)."""
+    return env["URL"].rsplit("/", 1)[0] + "/{slot}"
+
+
+def stop_server(state):
+    """Stops the server started in `state` and removes the folder."""
+    subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "stop", "--dir", state],
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["rm", "-rf", state])
 
 
 def mount(args, state, mountpoint):
@@ -112,14 +125,16 @@ def main():
     state = tempfile.mkdtemp(prefix="blkps-torch-job-")
     mount_proc = None
     try:
-        env = start_server(args, state, params)
+        rule = "sum" if args.optimizer == "delta" else args.rule
+        env = start_server(state, f"params={params};rule={rule};lr={args.server_lr};mode={args.mode}",
+                           args.learners, args.build)
         if args.via == "mount":
             mountpoint = os.path.join(state, "mnt")
             os.mkdir(mountpoint)
             mount_proc = mount(args, state, mountpoint)
             target, control = os.path.join(mountpoint, "slot{slot}"), os.path.join(mountpoint, "control")
         else:
-            target, control = env["URL"].rsplit("/", 1)[0] + "/{slot}", env["CONTROL_URL"]
+            target, control = slot_target(env), env["CONTROL_URL"]
         print(f"torch_fashion_job: {args.learners} learners, {args.mode}, {args.optimizer} mode, "
               f"via {args.via}, {params} parameters", flush=True)
         code = run_learners(args, {"BLKPS_TARGET": target, "BLKPS_CONTROL": control}, learner_args)
@@ -127,9 +142,7 @@ def main():
         if mount_proc is not None:
             mount_proc.send_signal(signal.SIGTERM)
             mount_proc.wait()
-        subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "stop", "--dir", state],
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["rm", "-rf", state])
+        stop_server(state)
     sys.exit(code)
 
 
