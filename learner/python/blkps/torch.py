@@ -331,6 +331,7 @@ class _DistributedOptimizer:
         self.pushes = 0      # bucket pushes (gradient mode) or whole-model pushes (delta)
         self.overlapped = 0  # gradient mode: buckets pushed while backward still ran
         self._hooks = []
+        self._push_device = None
         if optimizer is None:
             mode = status["mode"] if status else "bsp"
             self.pull_during_backward = (mode != "bsp" if pull_during_backward is None
@@ -449,7 +450,9 @@ class _DistributedOptimizer:
         before = self.weights.copy()
         loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         np.subtract(self.weights, before, out=self.gradient)
-        self.device.push(0, self.gradient)
+        if self._push_device is None:  # pushes on their own connection, as in gradient mode
+            self._push_device = blkps.Model(_the_job().target)
+        self._push_device.push(0, self.gradient)
         self.pushes += 1
         self.device.pull_into(0, self.weights)
         return loss
@@ -522,7 +525,7 @@ class _DistributedOptimizer:
         if comm is not None and comm.is_alive():
             self._work.put(None)
             comm.join()
-        for conn in (self.device, self._ctl):
+        for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()
 
