@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --transport) transport=${2:?}; shift 2 ;;
     --via) via=${2:?}; shift 2 ;;
     --workload) workload=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
