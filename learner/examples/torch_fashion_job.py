@@ -31,11 +31,14 @@ LEARNER = os.path.join(HERE, "torch_fashion.py")
 def start_server(state, bsopts, luns, build):
     """Starts a private server in folder `state` (scripts/blkps-target; it
     stops when this process exits) with `luns` learner LUNs; returns its
-    target.env as a dict (URL, URLS, CONTROL_URL, ...)."""
+    target.env as a dict (URL, URLS, CONTROL_URL, ...). Learners are
+    declared dead after 60 s without I/O, not 10: a learner's slot counts
+    from the server's start, and importing torch on a busy machine has
+    taken over 10 s, after which bsp rounds would go on without it."""
     subprocess.run([os.path.join(TOP, "scripts", "blkps-target"), "start", "--dir", state,
                     "--luns", str(luns), "--owner-pid", str(os.getpid()),
                     "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-                    "--bsopts", bsopts], check=True, stdout=subprocess.DEVNULL)
+                    "--bsopts", bsopts + ";dead_after=60"], check=True, stdout=subprocess.DEVNULL)
     env = {}
     with open(os.path.join(state, "target.env")) as f:
         for line in f:
