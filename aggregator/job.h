@@ -157,8 +157,11 @@ class Job {
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line (NUL padding ignored):
-  // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1, or
-  // fence=<lun> (fails `initiator`'s held writes on that learner LUN).
+  // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1,
+  // fence=<lun> (fails `initiator`'s held writes on that learner LUN), or
+  // tag=<text>: an opaque label that learners keep with the model (status
+  // "tag"; at most 256 of [A-Za-z0-9._:,=+/-]; empty clears it; not saved in
+  // checkpoints). blkps.torch keeps its model fingerprint there.
   // InvalidArgument names the first bad line; the lines before it are done.
   // The status JSON's control_error holds that reason until a write succeeds.
   Status Control(const std::string& commands, const std::string& initiator = "");
@@ -234,6 +237,8 @@ class Job {
   void ReleaseOneLocked(HeldCommand& held, Status status);
   void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
   bool FailedLocked() const { return !failure_.empty(); }
+  // Control's tag=: checks the text and stores it.
+  Status SetTag(const std::string& tag);
   std::string WhoIsBehindLocked(const HeldCommand& held) const;
   // bsp: finishes block b's round if complete. REQUIRES: b's write lock.
   void FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock);
@@ -249,6 +254,7 @@ class Job {
   std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
   std::vector<HeldCommand> held_;        // guarded by mu_
   std::string failure_;                  // guarded by mu_; non-empty: failed
+  std::string tag_;                      // guarded by mu_; control's tag=
   std::string control_error_;            // guarded by mu_; why the last control write was refused
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path

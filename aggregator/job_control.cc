@@ -32,6 +32,11 @@ Status Job::Control(const std::string& commands, const std::string& initiator) {
       failed_.store(false);
       continue;
     }
+    if (key == "tag") {
+      Status s = SetTag(value);
+      if (!s.ok()) return refuse(s.message());
+      continue;
+    }
     if (key == "fence") {
       char* lun_end = nullptr;
       const unsigned long long lun = std::strtoull(value.c_str(), &lun_end, 10);
@@ -45,7 +50,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator) {
     char* end = nullptr;
     const float v = std::strtof(value.c_str(), &end);
     if (eq == std::string::npos || value.empty() || *end != '\0') {
-      return refuse("control: expected key=<number> or resume=1, got '" + line + "'");
+      return refuse("control: expected key=<number>, resume=1, fence=<lun> or tag=<text>, got '" + line + "'");
     }
     Status s = model_->rule().SetParam(key, v);
     if (!s.ok()) return refuse("control: " + s.message());
@@ -53,6 +58,18 @@ Status Job::Control(const std::string& commands, const std::string& initiator) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   control_error_.clear();
+  return Status::OK();
+}
+
+Status Job::SetTag(const std::string& tag) {
+  static constexpr size_t kMaxTag = 256;
+  const bool plain = tag.find_first_not_of(
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:,=+/-") == std::string::npos;
+  if (tag.size() > kMaxTag || !plain) {
+    return Status::InvalidArgument("control: tag: expected at most 256 of [A-Za-z0-9._:,=+/-], got '" + tag + "'");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  tag_ = tag;
   return Status::OK();
 }
 

@@ -56,6 +56,7 @@ std::string Job::StatusJson() const {
   j << "  \"blocks\": " << m.num_blocks() << ",\n";
   j << "  \"mode\": " << JsonString(FormatConsistency(opts_.consistency)) << ",\n";
   j << "  \"rule\": " << JsonString(m.rule().name()) << ",\n";
+  j << "  \"tag\": " << JsonString(tag_) << ",\n";
   j << "  \"rule_params\": {";
   const char* sep = "";
   for (const auto& [key, value] : m.rule().params()) {

@@ -6,8 +6,7 @@
 #   - the learner-node guests' kernel (tests/vm/guest): Debian's
 #     linux-image-amd64, unpacked under build/deps/linux-image/ (never
 #     installed, never committed), with its modules.dep;
-#   - with --bench, also what bench/ needs (plots, OpenMPI, PyTorch for gloo
-#     and the PyTorch example).
+#   - with --bench, also what bench/ needs (plots, OpenMPI).
 # Idempotent: a second run checks and returns in a second or two.
 # Usage: scripts/setup.sh [--quiet] [--bench]
 set -euo pipefail
@@ -33,6 +32,7 @@ packages=(
   rdma-core libibverbs-dev librdmacm-dev
   fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
+  python3-torch dataset-fashion-mnist
   dpkg-dev iproute2 procps shellcheck
   file                      # cpack: finds the ELF files dpkg-shlibdeps reads
   help2man                  # man pages from the commands' --help
@@ -41,7 +41,7 @@ packages=(
   qemu-system-x86 open-iscsi mdadm dmsetup udev kmod busybox-static   # tests/vm: learner-node guests
 )
 bench_packages=(
-  python3-matplotlib openmpi-bin libopenmpi-dev python3-torch iperf3
+  python3-matplotlib openmpi-bin libopenmpi-dev iperf3
 )
 [ "$bench" = 1 ] && packages+=("${bench_packages[@]}")
 

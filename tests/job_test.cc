@@ -275,6 +275,19 @@ TEST(Job, RefusedControlWriteLeavesItsReasonInTheStatus) {
   EXPECT_NE(job->StatusJson().find("\"control_error\": \"\""), std::string::npos) << job->StatusJson();
 }
 
+TEST(Job, ControlTagShowsInStatusAndRefusesOddText) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  EXPECT_NE(job->StatusJson().find("\"tag\": \"\""), std::string::npos) << job->StatusJson();
+  ASSERT_TRUE(job->Control("tag=torch:1a2b:b=0\n").ok());
+  EXPECT_NE(job->StatusJson().find("\"tag\": \"torch:1a2b:b=0\""), std::string::npos) << job->StatusJson();
+  EXPECT_EQ(job->Control("tag=has space").message().rfind("control: tag:", 0), 0u);
+  EXPECT_FALSE(job->Control("tag=" + std::string(257, 'a')).ok());
+  EXPECT_NE(job->StatusJson().find("\"tag\": \"torch:1a2b:b=0\""), std::string::npos);  // kept
+  ASSERT_TRUE(job->Control("tag=").ok());
+  EXPECT_NE(job->StatusJson().find("\"tag\": \"\""), std::string::npos);
+}
+
 class JobCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {

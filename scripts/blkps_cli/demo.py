@@ -9,7 +9,11 @@ through libblkps over iSCSI; mount: the model mounted as files (blkps mount)
 and Python learners with plain os.pread/os.pwrite, no library; engine: C++
 learners on libblkps's double-buffered engine. Each learner has its own LUN
 (learner slot). At the end the model is checkpointed (fsync) into
-build/demo/."""
+build/demo/.
+
+--workload fashion-cnn trains a PyTorch CNN on Fashion-MNIST with blkps.torch
+instead (learner/examples/torch_fashion_job.py; 2 epochs unless --epochs,
+server rule adam lr 0.002, --via lib or mount)."""
 
 import os
 import subprocess
@@ -22,6 +26,7 @@ from .errors import UserError
 PYTHON = "/usr/bin/python3"
 TRAIN = os.path.join(tools.TOP, "learner", "examples", "train_digits.py")
 PLAIN = os.path.join(tools.TOP, "learner", "examples", "plain_digits.py")
+FASHION_JOB = os.path.join(tools.TOP, "learner", "examples", "torch_fashion_job.py")
 # The build targets each --via needs (the plugin and its option checker always).
 BUILD_TARGETS = {"lib": ["blkps"], "mount": ["blkps", "blkps-mount"], "engine": ["blkps", "blkps-train-digits"]}
 
@@ -63,10 +68,18 @@ def run_learners(commands):
 
 
 def command_demo(a):
+    if a.workload == "fashion-cnn" and a.via == "engine":
+        raise UserError("demo", "--workload fashion-cnn runs --via lib or mount", "drop --via engine")
     targets = ["bs_blkps", "blkps-bsopts", *BUILD_TARGETS[a.via]]
     say(f"building {', '.join(targets)} (the first run installs packages and takes a few minutes)")
     if subprocess.run([tools.script("build.sh"), *targets]).returncode != 0:
         raise UserError("demo", "the build failed", "see build/build.log")
+    if a.workload == "fashion-cnn":
+        epochs = a.epochs or 2
+        say(f"Fashion-MNIST CNN (PyTorch, blkps.torch), {a.learners} learners, mode {a.mode}, via {a.via}")
+        return subprocess.run([PYTHON, FASHION_JOB, "--learners", str(a.learners), "--mode", a.mode,
+                               "--via", a.via, "--epochs", str(epochs)]).returncode
+    a.epochs = a.epochs or 20
     state = os.path.join(tools.TOP, "build", "demo")
     mnt = os.path.join(state, "mnt")
     params = subprocess.run([PYTHON, TRAIN, "--params"], capture_output=True, text=True, check=True).stdout.strip()
@@ -101,8 +114,8 @@ def command_demo(a):
         say(f"training with {a.learners} learner processes ({a.via}), {a.epochs} epochs each")
         run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(a.learners),
                        "--epochs", str(a.epochs), "--sync"] for k in range(a.learners)])
-        with control.blkps.Model(values["CONTROL_URL"]) as device:
-            control.print_status(control.read_status(device))
+        with control.blkps.control.Control(values["CONTROL_URL"]) as device:
+            control.print_status(device.status())
         sys.stdout.flush()
         return subprocess.run([PYTHON, TRAIN, "--target", values["URL"], "--evaluate"]).returncode
     finally:
@@ -125,9 +138,11 @@ def add_parser(sub):
     p = sub.add_parser("demo", help="README's main job: train digits with several learners through a server here",
                        description=__doc__.replace("blkps demo: ", "", 1))
     p.add_argument("--learners", type=target.positive_int, default=2, help="learner processes (default 2)")
-    p.add_argument("--epochs", type=target.positive_int, default=20, help="epochs per learner (default 20)")
+    p.add_argument("--epochs", type=target.positive_int, help="epochs per learner (default 20; fashion-cnn 2)")
     p.add_argument("--lr", type=positive_float, default=0.2, help="the server's sgd learning rate (default 0.2)")
     p.add_argument("--mode", default="async", help="async, bsp or ssp:S (default async)")
     p.add_argument("--transport", choices=("iscsi", "iser"), default="iscsi")
     p.add_argument("--via", choices=tuple(BUILD_TARGETS), default="lib", help="how learners reach the model")
+    p.add_argument("--workload", choices=("digits", "fashion-cnn"), default="digits",
+                   help="digits (an MLP, seconds; default) or fashion-cnn (PyTorch CNN on Fashion-MNIST)")
     p.set_defaults(run=command_demo)

@@ -95,7 +95,7 @@ static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" array. Their meanings are in README, "Status and control". */
 #define BLKPS_STATUS_KEYS                                                    \
-  "model params device_bytes block_bytes blocks mode rule rule_params "      \
+  "model params device_bytes block_bytes blocks mode rule tag rule_params "      \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "      \
   "hold_limit_s max_dead live_learners failed failure control_error checkpoint learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds every_s error"

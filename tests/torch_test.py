@@ -1,0 +1,371 @@
+#!/usr/bin/python3
+"""blkps.torch against a real tgtd: each case starts its own server
+(torch_fashion_job.start_server) and learner processes (RANK/WORLD_SIZE set as a
+launcher would) and compares the result with a single-process PyTorch
+reference.
+
+  torch_test.py <repo> <build dir> <case>
+
+Cases: init (no server), gradient-mode, delta-mode, buckets, mismatch,
+broadcast, buffers, fashion-lib, fashion-mount.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
+os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
+sys.path.insert(0, os.path.join(top, "learner", "python"))
+sys.path.insert(0, os.path.join(top, "learner", "examples"))
+import torch  # noqa: E402
+import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
+
+import blkps  # noqa: E402
+import blkps.torch as bps  # noqa: E402
+
+torch.set_num_threads(1)
+STEPS = 8
+BATCH = 16
+SMALL_BUCKET = 4096  # bytes: the MLP's 6,154 parameters make 7 buckets
+TOLERANCE = 1e-6
+
+
+def fail(message):
+    sys.exit(f"torch_test {case}: {message}")
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+# ---- models and data, the same in learners and reference ----
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                               torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+def bn_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 10))
+
+
+MODELS = {"mlp": mlp, "bn": bn_model}
+
+
+def batch(step, rank):
+    rng = np.random.default_rng(1000 * step + rank)
+    x = torch.from_numpy(rng.normal(size=(BATCH, 20)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, BATCH))
+    return x, y
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+def reference(model_name, learners, steps, lr):
+    """Root's initial model trained in one process: each step, SGD on the
+    mean of the learners' gradients (what a bsp round applies)."""
+    model = MODELS[model_name](0)
+    for t in range(steps):
+        grads = []
+        for r in range(learners):
+            model.zero_grad()
+            x, y = batch(t, r)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        with torch.no_grad():
+            for k, p in enumerate(model.parameters()):
+                p -= lr * (sum(g[k] for g in grads) / learners)
+    return flat(model)
+
+
+# ---- the learner process ----
+
+def learner(config):
+    """Trains as rank $RANK; prints one JSON line of what it saw."""
+    bps.init()
+    model = MODELS[config["model"]](config["seed"] + bps.rank())  # root's seed is config's
+    local = (torch.optim.SGD(model.parameters(), lr=config["lr"])
+             if config["optimizer"] == "delta" else None)
+    opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
+                                   bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET))
+    out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
+    probe = config.get("overlap_probe")
+    if probe:
+        # The first layer's gradient comes last in backward: wait there until
+        # the communication thread has pushed a bucket, so a push that only
+        # happened in step() would time out here.
+        seen = []
+
+        def wait_for_push(grad):
+            if pushes_before[0] is None:
+                return
+            deadline = time.monotonic() + 20
+            while opt.pushes == pushes_before[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(opt.pushes - pushes_before[0])
+        model[0].weight.register_hook(wait_for_push)
+        pushes_before = [None]
+    for t in range(config["steps"]):
+        if probe:
+            pushes_before[0] = opt.pushes if t < 2 else None  # probe the first two steps
+        opt.zero_grad()
+        x, y = batch(t, bps.rank())
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    out.update(pushes=opt.pushes, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
+               weights=flat(model).tolist())
+    if probe:
+        out["pushed_during_backward"] = seen
+    if config["model"] == "bn":
+        out["running_mean"] = model[0].running_mean.tolist()
+    if config.get("double_backward"):
+        opt.zero_grad()
+        x, y = batch(0, 0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        first = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        second = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        out["second_gradient_kept_out"] = bool(torch.equal(first, second))
+        try:
+            opt.step()
+            out["double_backward"] = "accepted"
+        except RuntimeError as e:
+            out["double_backward"] = str(e)
+    opt.close()
+    print(json.dumps(out), flush=True)
+
+
+# ---- the test side ----
+
+class Server:
+    """A private tgtd with `luns` learner LUNs and the control LUN."""
+
+    def __init__(self, bsopts, luns):
+        self.state = tempfile.mkdtemp(prefix="blkps-torch-test-")
+        env = job.start_server(self.state, bsopts, luns, build)
+        self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
+
+    def status(self):
+        with blkps.Model(self.control) as c:
+            return json.loads(c.read_bytes(0, 65536).split(b"\0", 1)[0])
+
+    def weights(self, count):
+        with blkps.Model(self.control) as c:
+            return np.frombuffer(c.read_bytes(1 << 20, (count * 4 + 511) // 512 * 512), np.float32)[:count]
+
+    def run_learners(self, config, learners, env=None):
+        """Runs the learners at once; returns their JSON reports by rank."""
+        procs = []
+        for rank in range(learners):
+            e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
+                     BLKPS_TARGET=self.target, BLKPS_CONTROL=self.control, **(env or {}))
+            procs.append(subprocess.Popen([sys.executable, __file__, top, build, "learner",
+                                           json.dumps(config)], env=e, stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate()[0] for p in procs]
+        for rank, (p, o) in enumerate(zip(procs, outs)):
+            check(p.returncode == 0, f"learner {rank} exited with {p.returncode}")
+        return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+    def stop(self):
+        job.stop_server(self.state)
+
+
+def with_server(bsopts, luns, body):
+    server = Server(bsopts, luns)
+    try:
+        body(server)
+    finally:
+        server.stop()
+
+
+def params_of(model_name):
+    return bps.param_count(MODELS[model_name](0))
+
+
+def check_close(got, want, what):
+    diff = float(np.max(np.abs(np.asarray(got, np.float32) - want)))
+    check(diff <= TOLERANCE, f"{what}: max difference {diff:g} from the single-process reference")
+    return diff
+
+
+def case_init():
+    env = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+           "BLKPS_TARGET": "iscsi://h:3260/iqn.x:m/{slot}", "BLKPS_CONTROL": "/mnt/model/control"}
+    bps.init(env=env)
+    check((bps.rank(), bps.size(), bps.local_rank()) == (2, 4, 0), "mpirun's rank and size")
+    check(bps.target() == "iscsi://h:3260/iqn.x:m/3", f"{{slot}} gave {bps.target()}")
+    check(bps.control() == "/mnt/model/control", "the control LUN")
+    bps.init(target="layout:/d/slot-{slot}.layout", env={"RANK": "1", "WORLD_SIZE": "2"})
+    check(bps.target() == "layout:/d/slot-2.layout" and bps.local_rank() == 1, "torchrun's rank")
+    bps.init(target="/m/r{rank}", env={"SLURM_PROCID": "3", "SLURM_NTASKS": "5"})
+    check((bps.target(), bps.size()) == ("/m/r3", 5), "Slurm's rank")
+    bps.init(target="/m/slot{slot}", env={})
+    check((bps.rank(), bps.size(), bps.target()) == (0, 1, "/m/slot1"), "no launcher: rank 0 of 1")
+    for env, words in (({}, "BLKPS_TARGET"), ({"RANK": "x", "BLKPS_TARGET": "t"}, "RANK='x'"),
+                       ({"RANK": "2", "WORLD_SIZE": "2", "BLKPS_TARGET": "t"}, "not below")):
+        try:
+            bps.init(env=env)
+            fail(f"init accepted {env}")
+        except ValueError as e:
+            check(words in str(e), f"unclear error: {e}")
+    model = bn_model(0)
+    check(bps.param_count(model) == 20 + 20 + 20 * 10 + 10, "param_count counts buffers")
+    check(bps.fingerprint(model) != bps.fingerprint(mlp(0)), "fingerprints of two models agree")
+
+
+def exact_case(optimizer, rule):
+    lr = 0.1
+    count = params_of("mlp")
+
+    def body(server):
+        config = {"model": "mlp", "optimizer": optimizer, "lr": lr, "steps": STEPS, "seed": 0,
+                  "report_initial": True}
+        reports = server.run_learners(config, 2)
+        status = server.status()
+        check(all(lun["deaths"] == 0 for lun in status["learners"]),
+              "a learner was declared dead (a round went on without it): the comparison is void")
+        want = reference("mlp", 2, STEPS, lr)
+        for rank, r in enumerate(reports):
+            check_close(r["weights"], want, f"learner {rank}'s final weights")
+        diff = check_close(server.weights(count), want, "the server's weights")
+        check(status["global_step"] == STEPS, f"{status['global_step']} bsp rounds, expected {STEPS}")
+        for lun in status["learners"]:  # every parameter once per step, whole blocks
+            check(lun["bytes_written"] == STEPS * status["device_bytes"],
+                  f"LUN {lun['lun']} wrote {lun['bytes_written']} bytes in {STEPS} steps "
+                  f"of {status['device_bytes']}")
+        print(f"{optimizer} mode: 2 learners, bsp, {STEPS} steps: max difference {diff:g}")
+    with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
+
+
+def case_buckets():
+    lr = 0.1
+    count = params_of("mlp")
+
+    def body(server):
+        config = {"model": "mlp", "optimizer": "gradient", "lr": lr, "steps": STEPS, "seed": 0,
+                  "overlap_probe": True, "double_backward": True}
+        r = server.run_learners(config, 1)[0]
+        check(r["buckets"] == 7, f"{r['buckets']} buckets, expected 7 of 1024 floats")
+        check(r["pushes"] == STEPS * r["buckets"],
+              f"{r['pushes']} bucket pushes in {STEPS} steps of {r['buckets']} buckets")
+        check(all(n >= 1 for n in r["pushed_during_backward"]),
+              f"no bucket pushed while backward ran: {r['pushed_during_backward']}")
+        check("second gradient" in r["double_backward"], f"a second backward: {r['double_backward']}")
+        check(r["second_gradient_kept_out"], "a second backward's gradient reached the pushed buffer")
+        # async: each bucket's weights were pulled during backward; still exact.
+        check_close(r["weights"], reference("mlp", 1, STEPS, lr), "async weights")
+        print(f"buckets: {r['pushes']} pushes in {STEPS} steps, during backward: "
+              f"{r['pushed_during_backward']}")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
+
+
+def case_mismatch():
+    count = params_of("mlp")
+
+    def body(server):
+        bps.init(target=server.target, control=server.control, env={})
+        before = server.weights(count)
+        bigger = torch.nn.Sequential(torch.nn.Linear(20, 65), torch.nn.Linear(65, 10))
+        renamed = torch.nn.Sequential()  # the same shapes under other names
+        for name, layer in (("a", torch.nn.Linear(20, 64)), ("b", torch.nn.ReLU()), ("c", torch.nn.Linear(64, 64)),
+                            ("d", torch.nn.ReLU()), ("e", torch.nn.Linear(64, 10))):
+            renamed.add_module(name, layer)
+        bps.DistributedOptimizer(None, named_parameters=mlp(0).named_parameters()).close()  # stamps
+        for model, words in ((bigger, f"has {bps.param_count(bigger)} parameters but the device holds {count}"),
+                             (renamed, "fingerprint")):
+            try:
+                bps.DistributedOptimizer(None, named_parameters=model.named_parameters())
+                fail(f"a mismatched model was accepted ({words})")
+            except ValueError as e:
+                check(words in str(e) and "\n" not in str(e), f"unclear refusal: {e}")
+                print(f"refused: {e}")
+        check(np.array_equal(server.weights(count), before), "a refusal changed the weights")
+        bps.init(target=server.target, env={})  # no control LUN: the device size decides
+        try:
+            bps.DistributedOptimizer(None, named_parameters=bigger.named_parameters())
+            fail("a bigger model was accepted without a control LUN")
+        except ValueError as e:
+            check("parameters but the device holds" in str(e), f"unclear refusal: {e}")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=async", 1, body)
+
+
+def case_broadcast():
+    count = params_of("mlp")
+
+    def body(server):
+        config = {"model": "mlp", "optimizer": "gradient", "lr": 0.1, "steps": 0, "seed": 5,
+                  "report_initial": True}
+        reports = server.run_learners(config, 3)
+        root = np.asarray(reports[0]["initial"], np.float32)
+        check(not np.array_equal(np.asarray(reports[1]["initial"], np.float32), root),
+              "the learners started equal: nothing to broadcast")
+        for rank, r in enumerate(reports):
+            check(np.array_equal(np.asarray(r["after_broadcast"], np.float32), root),
+                  f"learner {rank} does not hold root's weights after broadcast_parameters")
+        check(np.array_equal(server.weights(count), root), "the server does not hold root's weights")
+        check(server.status()["tag"] == f"torch:{bps.fingerprint(mlp(0))}:broadcast",
+              f"tag {server.status()['tag']}")
+        print("broadcast: 3 learners hold root's weights")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp", 3, body)
+
+
+def case_buffers():
+    count = params_of("bn")
+
+    def body(server):
+        config = {"model": "bn", "optimizer": "gradient", "lr": 0.1, "steps": 3, "seed": 0}
+        reports = server.run_learners(config, 2)
+        for rank, r in enumerate(reports):  # BatchNorm's running mean: this learner's batches only
+            want = torch.zeros(20)
+            for t in range(3):
+                want = 0.9 * want + 0.1 * batch(t, rank)[0].mean(0)
+            check(np.allclose(r["running_mean"], want.numpy(), atol=1e-6),
+                  f"learner {rank}'s running mean is not its own batches'")
+        check(not np.allclose(reports[0]["running_mean"], reports[1]["running_mean"]),
+              "the learners' running means agree")
+        check(np.array_equal(reports[0]["weights"], reports[1]["weights"]), "the parameters differ")
+        print("buffers: each learner keeps its own running statistics; the parameters are shared")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp", 2, body)
+
+
+def case_fashion(via):
+    out = subprocess.run([sys.executable, job.__file__, "--learners", "2", "--mode", "bsp", "--via", via,
+                          "--build", build, "--epochs", "4", "--train-subset", "6000",
+                          "--min-accuracy", "0.80"], stdout=subprocess.PIPE, text=True)
+    print(out.stdout, end="")
+    check(out.returncode == 0, f"the job failed ({out.returncode})")
+    result = json.loads(out.stdout.split("result: ", 1)[1].splitlines()[0])
+    check(result["accuracy"] >= 0.80, f"held-out accuracy {result['accuracy']}")
+
+
+CASES = {
+    "init": case_init,
+    "gradient-mode": lambda: exact_case("gradient", "sgd"),
+    "delta-mode": lambda: exact_case("delta", "sum"),
+    "buckets": case_buckets,
+    "mismatch": case_mismatch,
+    "broadcast": case_broadcast,
+    "buffers": case_buffers,
+    "fashion-lib": lambda: case_fashion("lib"),
+    "fashion-mount": lambda: case_fashion("mount"),
+}
+
+if __name__ == "__main__":
+    if case == "learner":
+        learner(json.loads(sys.argv[4]))
+    elif case in CASES:
+        CASES[case]()
+    else:
+        fail(f"unknown case (known: {', '.join(CASES)})")
