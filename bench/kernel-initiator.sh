@@ -20,8 +20,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 state=$(mktemp -d /tmp/blkps-bench-XXXXXX)
-trap '"$top/scripts/blkps-target" stop --dir "$state"; rm -rf "$state"' EXIT
-"$top/scripts/blkps-target" start --dir "$state" --null-lun --owner-pid $$ \
+trap '"$top/scripts/blkps" target stop --dir "$state"; rm -rf "$state"' EXIT
+"$top/scripts/blkps" target start --dir "$state" --null-lun --owner-pid $$ \
   --bsopts "params=4194304;lr=1e-9" >/dev/null
 for key in URL PORT IQN NULL_URL; do
   printf -v "$key" '%s' "$("$top/scripts/blkps" target show --dir "$state" --get "$key")"

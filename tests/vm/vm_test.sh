@@ -8,7 +8,7 @@
 #   guest-boots     the guest runs the fetched Debian kernel with iscsi_tcp
 #                   loaded, prints the command's output and returns its status.
 #   guest-killed    killing tests/vm/guest (SIGTERM, or SIGKILL) leaves no QEMU.
-#   login           scripts/blkps-login login / status / logout against a
+#   login           scripts/blkps login / status / logout against a
 #                   real iscsiadm and iscsid: the by-path device it prints is
 #                   the learner slot's LUN, O_DIRECT reads give the server's
 #                   weights, the session settings it documents are in force;
@@ -18,8 +18,8 @@
 #                   through libblkps; the final weights equal those of two
 #                   libblkps learners on the host, byte for byte, and the
 #                   held-out accuracy is >= 0.90.
-#   shards          a model striped over 2 shards (scripts/blkps-shards),
-#                   logged in from a guest with blkps-login --layout as a dm
+#   shards          a model striped over 2 shards (blkps shards),
+#                   logged in from a guest with blkps login --layout as a dm
 #                   striped device and as md RAID-0: a learner in the guest
 #                   trains through /dev/mapper/NAME and /dev/md/NAME and gets
 #                   the weights of a libblkps learner on layout:, byte for byte.
@@ -49,8 +49,8 @@ targets=() shard_sets=()
 # file in a folder being removed: the removal is tried again.
 cleanup() {
   local rc=$? d
-  for d in "${targets[@]}"; do "$top/scripts/blkps-target" stop --dir "$d"; done
-  for d in "${shard_sets[@]}"; do "$top/scripts/blkps-shards" stop --dir "$d"; done
+  for d in "${targets[@]}"; do "$top/scripts/blkps" target stop --dir "$d"; done
+  for d in "${shard_sets[@]}"; do "$top/scripts/blkps" shards stop --dir "$d"; done
   for _ in 1 2 3 4 5; do rm -rf "$state" 2>/dev/null && break; sleep 1; done
   exit "$rc"
 }
@@ -73,7 +73,7 @@ load_state() {
 start_target() {
   local name=$1 bsopts=$2 luns=$3
   targets+=("$state/$name")
-  "$top/scripts/blkps-target" start --dir "$state/$name" --owner-pid $$ --luns "$luns" \
+  "$top/scripts/blkps" target start --dir "$state/$name" --owner-pid $$ --luns "$luns" \
     --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" >/dev/null
   load_state target "$state/$name" URL URLS PORT IQN CONTROL_URL PID
 }
@@ -82,7 +82,7 @@ start_target() {
 start_shards() {
   local name=$1 bsopts=$2
   shard_sets+=("$state/$name")
-  "$top/scripts/blkps-shards" start --dir "$state/$name" --shards 2 --stripe-unit 4096 \
+  "$top/scripts/blkps" shards start --dir "$state/$name" --shards 2 --stripe-unit 4096 \
     --owner-pid $$ --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" >/dev/null
   load_state shards "$state/$name" LAYOUT
 }
@@ -148,9 +148,9 @@ write_guest_learner() {  # URL EPOCHS OUT
   url=$(guest_url "$1")
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
-dev=\$(scripts/blkps-login login --url $url)
+dev=\$(scripts/blkps login --url $url)
 env $blas_env python3 $plain --target "\$dev" --learner 0 --learners 2 --epochs $2 > $3 2>&1
-scripts/blkps-login logout --url $url
+scripts/blkps logout --url $url
 EOF
 }
 
@@ -196,19 +196,19 @@ test_login() {
   pull_weights "${URLS#* }" "$params" "$state/host.f32"
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
-login=scripts/blkps-login
-dev=\$(\$login login --url $lun2 --queue-depth 16 --replacement-timeout 17 --command-timeout 31)
+blkps=scripts/blkps
+dev=\$(\$blkps login --url $lun2 --queue-depth 16 --replacement-timeout 17 --command-timeout 31)
 echo "device: \$dev"
 [ "\$dev" = /dev/disk/by-path/ip-10.0.2.2:$PORT-iscsi-$IQN-lun-2 ] || { echo "unexpected device \$dev" >&2; exit 1; }
-\$login status --url $lun2
+\$blkps node-status --url $lun2
 disk=\$(basename "\$(readlink -f "\$dev")")
 echo "queue_depth \$(cat /sys/block/\$disk/device/queue_depth)"
 echo "command timeout \$(cat /sys/block/\$disk/device/timeout)"
 iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(Recovery Timeout\|FirstBurstLength\|MaxBurstLength\|ImmediateData\|InitialR2T\|MaxRecvDataSegmentLength\): /\1 /p'
 dd if="\$dev" of=$state/guest.f32 bs=$((4 * params)) count=1 iflag=direct status=none
-\$login logout --url $lun2
-if \$login status --url $lun2; then echo "status succeeded after logout" >&2; exit 1; fi
-\$login login --transport iser --url $lun2 2> $state/iser.err && exit 1
+\$blkps logout --url $lun2
+if \$blkps node-status --url $lun2; then echo "status succeeded after logout" >&2; exit 1; fi
+\$blkps login --transport iser --url $lun2 2> $state/iser.err && exit 1
 exit 0
 EOF
   "$guest" --rw "$state" -- bash "$state/in-guest.sh" | tee "$state/out"
@@ -281,11 +281,11 @@ test_shards() {
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
 for stripe in dm md; do
-  dev=\$(scripts/blkps-login login --layout $state/node-\$stripe.layout --stripe \$stripe --name model-\$stripe)
+  dev=\$(scripts/blkps login --layout $state/node-\$stripe.layout --stripe \$stripe --name model-\$stripe)
   echo "\$stripe: \$dev"
-  scripts/blkps-login status --layout $state/node-\$stripe.layout --name model-\$stripe
+  scripts/blkps node-status --layout $state/node-\$stripe.layout --name model-\$stripe
   env $blas_env python3 $plain --target "\$dev" --epochs 2
-  scripts/blkps-login logout --layout $state/node-\$stripe.layout --name model-\$stripe
+  scripts/blkps logout --layout $state/node-\$stripe.layout --name model-\$stripe
 done
 EOF
   "$guest" --rw "$state" -- bash "$state/in-guest.sh" | tee "$state/out"
@@ -311,7 +311,7 @@ test_target_restart() {
 set -uo pipefail
 learn() {  # NAME URL [blkps-login options]: trains, output and status in $state
   local name=\$1 url=\$2 dev; shift 2
-  dev=\$(scripts/blkps-login login --url "\$url" "\$@") || exit 1
+  dev=\$(scripts/blkps login --url "\$url" "\$@") || exit 1
   env $blas_env python3 $plain --target "\$dev" --epochs 6 > $state/\$name.out 2>&1
   echo \$? > $state/\$name.status
   dmesg | grep -E 'connection|session recovery' > $state/\$name.dmesg
@@ -323,7 +323,7 @@ EOF
   wait_for_line "$state/a.out" "epoch +1 " $g "the guest"
   kill -9 "$pid_a"
   while kill -0 "$pid_a" 2>/dev/null; do sleep 0.1; done
-  "$top/scripts/blkps-target" start --dir "$state/a" --owner-pid $$ --port "$port_a" \
+  "$top/scripts/blkps" target start --dir "$state/a" --owner-pid $$ --port "$port_a" \
     --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts_a" >/dev/null
   echo "target a killed after epoch 1 and restarted from its checkpoint"
   wait_for_line "$state/b.out" "epoch +1 " $g "the guest"
@@ -380,7 +380,7 @@ test_held_write() {
   url0=$(guest_url "$url0")
   cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
-dev=\$(scripts/blkps-login login --url $url0)
+dev=\$(scripts/blkps login --url $url0)
 python3 - "\$dev" <<'PY'
 import mmap, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_DIRECT)
