@@ -44,10 +44,10 @@ int main(int argc, char** argv) {
     return argc == 2 ? 0 : 2;
   }
   const std::string bsopts = argv[1];
-  blkps::LuOptions options;
-  blkps::LuOptionPairs pairs;
-  blkps::Status s = blkps::ParseLuOptions(bsopts, &options);
-  if (s.ok()) s = blkps::SplitLuOptions(bsopts, &pairs);
+  blkps::server::LuOptions options;
+  blkps::server::LuOptionPairs pairs;
+  blkps::server::Status s = blkps::server::ParseLuOptions(bsopts, &options);
+  if (s.ok()) s = blkps::server::SplitLuOptions(bsopts, &pairs);
   if (!s.ok()) {
     std::fprintf(stderr, "blkps: --bsopts: %s\n", s.message().c_str());
     return 1;
