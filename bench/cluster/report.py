@@ -1,0 +1,103 @@
+"""DIR/cluster.md and DIR/cluster.png from the records of bench/cluster/run.py.
+
+Ratios are taken between systems measured in the same run on the same
+cluster shape: "vs MPI" = blkps time / MPI float32 time (< 1: blkps is
+faster); "wire / ideal" = bytes a host sent per exchange / (2(N-1)/N x the
+float32 model), the bytes of a ring all-reduce and of a co-located parameter
+server per host and direction.
+"""
+import os
+
+
+def ideal_bytes(hosts, params):
+    return 2 * (hosts - 1) / hosts * 4 * params
+
+
+def _label(r):
+    return f"{r['system']} {r['dtype']}" + ("" if r["placement"] == "co-located" or r["system"] in ("mpi", "ddp")
+                                             else f" ({r['placement']})")
+
+
+def _peer_ms(records, r, system):
+    for p in records:
+        if (p["system"], p["dtype"], p["hosts"], p["params"]) == (system, "float32", r["hosts"], r["params"]):
+            return p["ms_per_exchange"]
+    return None
+
+
+def write(out, records, run):
+    lines = ["# blkps on a cluster: time per model exchange", ""]
+    if run["quick"]:
+        lines += ["**A quick run (`--quick`): fewer exchanges and systems; functional figures, not the "
+                  "headline.**", ""]
+    shaping = records[0]["shaping"] if records else "none"
+    feed = run["feed_gbit_s"]
+    lines += [f"Hosts are network namespaces on one bridge; links: {shaping}. One unshaped TCP stream between two "
+              f"hosts moves {feed:.1f} Gbit/s on this machine (iperf3), the most the CPU feeds; load average "
+              f"{run['load']:.1f} at the end of the run (other work on the machine disturbs the figures).",
+              "" if feed else "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
+              "whole model per learner; mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
+              "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
+              "per exchange, mean over learner hosts (sent).", ""]
+    for params in sorted({r["params"] for r in records}):
+        for hosts in sorted({r["hosts"] for r in records}):
+            rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
+            if not rows:
+                continue
+            ideal = ideal_bytes(hosts, params)
+            lines += [f"## {params / 1e6:g}M parameters, {hosts} hosts, {run['link']} links", "",
+                      "| system | placement | wire dtype | ms / exchange | vs MPI f32 | vs DDP f32 | "
+                      "MB sent / host | wire / ideal | tgtd CPU ms / exchange |",
+                      "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+            for r in rows:
+                mpi, ddp = _peer_ms(records, r, "mpi"), _peer_ms(records, r, "ddp")
+                ms = r["ms_per_exchange"]
+                cpu = r.get("tgtd_cpu_ms_per_exchange")
+                lines.append(f"| {r['system']} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
+                             f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | "
+                             f"{r['wire_bytes_per_host'] / 1e6:.1f} | {r['wire_bytes_per_host'] / ideal:.2f} | "
+                             f"{'' if cpu is None else f'{cpu:.0f}'} |")
+            lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
+                      f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
+    if run["failures"]:
+        lines += ["## Failed cases", ""] + [f"- {f}" for f in run["failures"]] + [""]
+    lines += [f"Run time: {run['seconds']:.0f} s. Raw per-process results: raw/.", ""]
+    with open(os.path.join(out, "cluster.md"), "w") as f:
+        f.write("\n".join(lines))
+    _plot(out, records, run)
+
+
+def _bits(link):
+    from net import link_bits_per_s
+    return link_bits_per_s(link)
+
+
+def _plot(out, records, run):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shapes = sorted({(r["params"], r["hosts"]) for r in records})
+    if not shapes:
+        return
+    labels = list(dict.fromkeys(_label(r) for r in records))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shapes) * len(labels) / 3), 4))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        xs, ys = [], []
+        for x, (params, hosts) in enumerate(shapes):
+            for r in records:
+                if (r["params"], r["hosts"]) == (params, hosts) and _label(r) == label:
+                    xs.append(x + i * width)
+                    ys.append(r["ms_per_exchange"])
+        ax.bar(xs, ys, width, label=label)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
+    ax.set_xticklabels([f"{p / 1e6:g}M params, {h} hosts" for p, h in shapes])
+    ax.set_ylabel("ms per model exchange (lower is better)")
+    ax.set_title(f"blkps vs MPI and DDP, {run['link']} links" + (" (quick run)" if run["quick"] else ""))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "cluster.png"), dpi=110)
+    plt.close(fig)

@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""The time of one PyTorch DistributedDataParallel gradient exchange (gloo
+backend) of a model of P float32 parameters: a peer of blkps for
+bench/cluster/.
+
+  ddp_exchange.py --rank R --world N --init tcp://ADDRESS:PORT --params P
+                  --iterations I --warmup W [--compress fp16] --result FILE
+
+The model is one parameter vector of P values in DistributedDataParallel;
+an exchange is one backward pass of loss = sum(w), whose gradient (ones)
+DDP all-reduces (one bucket: the vector is larger than DDP's bucket cap)
+before backward() returns. --compress fp16 registers DDP's
+fp16_compress_hook (the gradient crosses the wire as float16). Each rank
+runs W + I exchanges back to back and writes FILE (JSON): the times of the
+I timed ones and its CPU seconds (user + system) over them.
+"""
+import argparse
+import json
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+
+def cpu_seconds():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+class FlatModel(torch.nn.Module):
+    def __init__(self, params):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(params))
+
+    def forward(self):
+        return self.w.sum()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--init", required=True, help="torch.distributed init_method, e.g. tcp://10.80.0.10:29500")
+    ap.add_argument("--params", type=int, required=True)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compress", choices=("none", "fp16"), default="none")
+    ap.add_argument("--result", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world)
+    model = DistributedDataParallel(FlatModel(args.params))
+    if args.compress == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    times, cpu = [], 0.0
+    for it in range(-args.warmup, args.iterations):
+        if it == 0:
+            cpu = cpu_seconds()
+        model.zero_grad(set_to_none=False)
+        start = time.perf_counter()
+        model().backward()
+        if it >= 0:
+            times.append(time.perf_counter() - start)
+    cpu = cpu_seconds() - cpu
+    dist.destroy_process_group()
+    with open(args.result, "w") as f:
+        json.dump({"peer": "ddp", "rank": args.rank, "procs": args.world, "params": args.params,
+                   "compress": args.compress, "times": times, "cpu": cpu}, f)
+
+
+if __name__ == "__main__":
+    main()
