@@ -25,7 +25,7 @@ def _peer_ms(records, r, system):
     return None
 
 
-def write(out, records, run):
+def write(out, records, trainings, run):
     lines = ["# blkps on a cluster: time per model exchange", ""]
     if run["quick"]:
         lines += ["**A quick run (`--quick`): fewer exchanges and systems; functional figures, not the "
@@ -59,6 +59,25 @@ def write(out, records, run):
                              f"{'' if cpu is None else f'{cpu:.0f}'} |")
             lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
                       f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
+    if trainings:
+        t0 = trainings[0]
+        lines += [f"## Training: time to loss {t0['target_loss']}, {t0['hosts']} hosts, {run['link']} links", "",
+                  f"bench/train_synthetic.py (softmax regression, {t0['params'] / 1e6:g}M parameters, batch 32 per "
+                  f"learner, SGD step 50), {t0['iterations']} iterations per learner, one learner per host. "
+                  "allreduce-gloo: the learners sum their gradients with gloo all_reduce (DDP's per-step exchange) "
+                  "and each applies them to its own copy. Straggler: the last host's learner sleeps as long as each "
+                  "iteration took (half speed). Time to target: when the mean loss of the learners' last "
+                  f"{5 * t0['hosts']} iterations first reaches the target.", "",
+                  "| system | straggler | s to target | vs allreduce | s in all | final loss |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in trainings:
+            peer = next((p["seconds_to_target"] for p in trainings
+                         if p["system"] == "allreduce-gloo" and p["straggler"] == r["straggler"]), None)
+            t = r["seconds_to_target"]
+            lines.append(f"| {r['system']} | {'yes' if r['straggler'] else 'no'} | "
+                         f"{'not reached' if t is None else f'{t:.1f}'} | "
+                         f"{f'{t / peer:.2f}' if t and peer else ''} | {r['seconds']:.1f} | {r['final_loss']:.2f} |")
+        lines.append("")
     if run["failures"]:
         lines += ["## Failed cases", ""] + [f"- {f}" for f in run["failures"]] + [""]
     lines += [f"Run time: {run['seconds']:.0f} s. Raw per-process results: raw/.", ""]

@@ -55,6 +55,10 @@ PEERS = os.path.join(TOP, "bench", "peers")
 STRIPE_UNIT = "1M"
 ISCSI_PORT = "3260"
 DDP_PORT = 29500
+TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
+# The training comparison: blkps's modes against the peers' all-reduce.
+# blkps's 16-bit wire and gradient dropping join as one entry each.
+TRAIN_SYSTEMS = ["blkps-async", "blkps-ssp:2", "allreduce-gloo"]
 
 
 class Case:
@@ -162,7 +166,7 @@ class Runner:
 
     # --- blkps -----------------------------------------------------------------
 
-    def start_shards(self, cluster, server_hosts, luns, params, mode, extra):
+    def start_shards(self, cluster, server_hosts, luns, params, options):
         """One blkps target per server host, on its address, each serving its
         stripes of the model on LUNs 1..luns; returns the layout files
         (slot L: LUN L of every shard) and the tgtd pids."""
@@ -173,7 +177,7 @@ class Runner:
         envs = []
         for k, h in enumerate(server_hosts):
             folder = os.path.join(self.state, f"shard-{k}")
-            bsopts = f"params={sizes[k] // 4};rule=sgd;lr=1e-9;mode={mode}" + (f";{extra}" if extra else "")
+            bsopts = f"params={sizes[k] // 4};{options}"
             self.targets.append(folder)
             subprocess.run(cluster.exec_argv(h, [
                 PYTHON, BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
@@ -192,8 +196,8 @@ class Runner:
 
     def run_blkps(self, cluster, case, learners, servers, params, tag):
         server_hosts = learners if servers == 0 else list(range(len(learners), len(learners) + servers))
-        mode = case.system.split("-")[1]
-        layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, mode, case.option)
+        options = f"rule=sgd;lr=1e-9;mode={case.system.split('-')[1]}" + (f";{case.option}" if case.option else "")
+        layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options)
         start_at = time.time() + 1.0 + 0.3 * len(learners)
         cpu_before = sum(cpu_seconds(p) for p in tgtds)
         procs = []
@@ -210,6 +214,48 @@ class Runner:
                 times += json.load(f)["times"]
         exchanges = (self.args.iterations + self.args.warmup) * len(learners)
         return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges}
+
+    # --- training -------------------------------------------------------------
+
+    def train(self, system, hosts, params, straggler):
+        """bench/train_synthetic.py on every host of a fresh co-located
+        cluster, with the last host's learner at half speed if `straggler`;
+        returns the record: seconds until the learners' recent mean loss
+        reaches --target-loss."""
+        a = self.args
+        tag = f"train-{system.replace(':', '')}-{hosts}h-{'straggler' if straggler else 'even'}"
+        common = ["--params", str(params), "--learners", str(hosts), "--iterations", str(a.train_iterations),
+                  "--batch", "32"]
+        with Cluster(hosts, a.link, a.delay) as cluster:
+            try:
+                if system.startswith("blkps"):
+                    layouts, _ = self.start_shards(cluster, list(range(hosts)), hosts, params,
+                                                   f"rule=sgd;lr={TRAIN_LR};mode={system.split('-')[1]}")
+                    where = [["--target", f"layout:{layouts[h]}"] for h in range(hosts)]
+                else:
+                    init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
+                    where = [["--allreduce", init, "--lr", str(TRAIN_LR)]] * hosts
+                start_at = time.time() + 1.0 + 0.3 * hosts
+                procs = [cluster.popen(h, [PYTHON, os.path.join(TOP, "bench", "train_synthetic.py"), *where[h],
+                                           *common, "--learner", str(h), "--start-at", str(start_at),
+                                           "--result", self.out(tag, f"{h}.json"),
+                                           *(["--straggle"] if straggler and h == hosts - 1 else [])],
+                                       env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0"), stdout=subprocess.DEVNULL,
+                                       stderr=open(self.out(tag, f"{h}.err"), "w")) for h in range(hosts)]
+                self.wait_all(procs, tag, tag)
+            finally:
+                self.stop_targets()
+        results = []
+        for h in range(hosts):
+            with open(self.out(tag, f"{h}.json")) as f:
+                results.append(json.load(f))
+        base = min(r["start"] for r in results)
+        samples = sorted((r["start"] - base + t, loss) for r in results for t, loss in zip(r["times"], r["losses"]))
+        return {"system": system, "placement": "co-located" if system.startswith("blkps") else "peer-to-peer",
+                "hosts": hosts, "link": a.link, "params": params, "dtype": "float32", "straggler": straggler,
+                "target_loss": a.target_loss, "seconds_to_target": time_to_loss(samples, a.target_loss, 5 * hosts),
+                "seconds": max(r["start"] - base + r["seconds"] for r in results),
+                "iterations": a.train_iterations, "final_loss": statistics.mean(l for _, l in samples[-5 * hosts:])}
 
     # --- peers ---------------------------------------------------------------------
 
@@ -248,6 +294,15 @@ class Runner:
             with open(self.out(tag, f"{h}.json")) as f:
                 times += json.load(f)["times"]
         return times
+
+
+def time_to_loss(samples, target, window):
+    """The first time at which the mean of the last `window` (time, loss)
+    samples is at most target, or None."""
+    for i in range(window, len(samples) + 1):
+        if statistics.mean(loss for _, loss in samples[i - window:i]) <= target:
+            return samples[i - 1][0]
+    return None
 
 
 def cpu_seconds(pid):
@@ -303,7 +358,13 @@ def main():
     ap.add_argument("--servers", type=int, default=2, help="server hosts of the dedicated placement (default 2)")
     ap.add_argument("--iterations", type=int, help="timed exchanges per process (default 5; --quick 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed exchanges first (default 1)")
-    ap.add_argument("--case-timeout", type=float, default=300, help="seconds one case may take (default 300)")
+    ap.add_argument("--train-params", type=int, help="the training model's parameters "
+                    "(default 25000000; --quick 4000000)")
+    ap.add_argument("--train-iterations", type=int, help="iterations per learner (default 60; --quick 40)")
+    ap.add_argument("--train-hosts", type=int, default=4, help="hosts of the training comparison (default 4)")
+    ap.add_argument("--target-loss", type=float, default=2.5, help="the training target (default 2.5)")
+    ap.add_argument("--no-training", action="store_true", help="only the exchange measurements")
+    ap.add_argument("--case-timeout", type=float, default=180, help="seconds one case may take (default 180)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("cluster: run as root (it makes network namespaces and starts tgtd): sudo bench/cluster.sh ...")
@@ -311,6 +372,11 @@ def main():
         sys.exit("cluster: --hosts: every count must be at least 2")
     args.params = [p // 128 * 128 for p in (args.params or ([25000000] if args.quick else [25000000, 100000000]))]
     args.iterations = args.iterations or (3 if args.quick else 5)
+    args.train_iterations = args.train_iterations or (40 if args.quick else 60)
+    served = subprocess.run([PYTHON, os.path.join(TOP, "bench", "train_synthetic.py"), "--print-params", "--params",
+                             str(args.train_params or (4000000 if args.quick else 25000000))],
+                            check=True, capture_output=True, text=True)
+    args.train_params = int(served.stdout)
     for name in ("bs_blkps.so", "libblkps.so", "blkps-layout", "blkps-bsopts"):
         tools.built(name)
     for prog in ("mpicc", "mpirun", "tc", "ip"):
@@ -322,7 +388,7 @@ def main():
     raw = os.path.join(out, "raw")
     os.makedirs(raw, exist_ok=True)
     begin = time.monotonic()
-    records, failures = [], []
+    records, trainings, failures = [], [], []
     runner = Runner(args, raw)
     try:
         feed = feed_rate(2)
@@ -340,11 +406,25 @@ def main():
                     print(f"cluster: {case.name} H={hosts} P={params}: {record['ms_per_exchange']:.0f} ms/exchange, "
                           f"{record['wire_bytes_per_host'] / 1e6:.1f} MB sent per host "
                           f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
+        for straggler in ([] if args.no_training else [False, True]):
+            for system in TRAIN_SYSTEMS:
+                try:
+                    record = runner.train(system, args.train_hosts, args.train_params, straggler)
+                except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                    failures.append(f"training {system} straggler={straggler}: {e}")
+                    print(f"cluster: FAILED {failures[-1]}", file=sys.stderr)
+                    continue
+                trainings.append(record)
+                print(f"cluster: training {system} H={args.train_hosts} straggler={straggler}: "
+                      f"{record['seconds_to_target']} s to loss {args.target_loss} "
+                      f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
     finally:
         runner.close()
     with open(os.path.join(out, "cluster.json"), "w") as f:
         json.dump(records, f, indent=1)
-    report.write(out, records, {"link": args.link, "feed_gbit_s": feed, "quick": args.quick,
+    with open(os.path.join(out, "cluster-training.json"), "w") as f:
+        json.dump(trainings, f, indent=1)
+    report.write(out, records, trainings, {"link": args.link, "feed_gbit_s": feed, "quick": args.quick,
                                 "failures": failures, "seconds": time.monotonic() - begin,
                                 "load": os.getloadavg()[0]})
     print(f"cluster: wrote {out}/cluster.md ({time.monotonic() - begin:.0f} s)")
@@ -352,4 +432,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("cluster: interrupted; the cluster, its processes and targets are gone")
