@@ -45,7 +45,7 @@ def write(out, records, trainings, run):
             if not rows:
                 continue
             ideal = ideal_bytes(hosts, params)
-            lines += [f"## {params / 1e6:g}M parameters, {hosts} hosts, {run['link']} links", "",
+            lines += [f"## {params / 1e6:.0f}M parameters, {hosts} hosts, {run['link']} links", "",
                       "| system | placement | wire dtype | ms / exchange | vs MPI f32 | vs DDP f32 | "
                       "MB sent / host | wire / ideal | tgtd CPU ms / exchange |",
                       "|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -97,6 +97,7 @@ def _plot(out, records, run):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("cluster: no matplotlib: no cluster.png (scripts/setup.sh --bench installs it)")
         return
     shapes = sorted({(r["params"], r["hosts"]) for r in records})
     if not shapes:
@@ -113,7 +114,7 @@ def _plot(out, records, run):
                     ys.append(r["ms_per_exchange"])
         ax.bar(xs, ys, width, label=label)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
-    ax.set_xticklabels([f"{p / 1e6:g}M params, {h} hosts" for p, h in shapes])
+    ax.set_xticklabels([f"{p / 1e6:.0f}M params, {h} hosts" for p, h in shapes])
     ax.set_ylabel("ms per model exchange (lower is better)")
     ax.set_title(f"blkps vs MPI and DDP, {run['link']} links" + (" (quick run)" if run["quick"] else ""))
     ax.legend(fontsize="small")

@@ -415,8 +415,9 @@ def main():
                     print(f"cluster: FAILED {failures[-1]}", file=sys.stderr)
                     continue
                 trainings.append(record)
+                reached = record["seconds_to_target"]
                 print(f"cluster: training {system} H={args.train_hosts} straggler={straggler}: "
-                      f"{record['seconds_to_target']} s to loss {args.target_loss} "
+                      f"{'never' if reached is None else f'{reached:.1f} s'} to loss {args.target_loss} "
                       f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
     finally:
         runner.close()
