@@ -115,9 +115,9 @@ class Runner:
                 if case.system.startswith("blkps"):
                     times, cpu = self.run_blkps(cluster, case, learners, servers, params, tag)
                 elif case.system == "mpi":
-                    times, cpu = self.run_mpi(cluster, case, hosts, params, tag), {}
+                    times, cpu = self.run_mpi(cluster, case, hosts, params, tag)
                 else:
-                    times, cpu = self.run_ddp(cluster, case, hosts, params, tag), {}
+                    times, cpu = self.run_ddp(cluster, case, hosts, params, tag)
             finally:
                 self.stop_targets()
             after = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
@@ -134,6 +134,17 @@ class Runner:
                 "wire_bytes_busiest_link": max(max(sent), max(received)),
                 "wire_bytes_sent": sent, "wire_bytes_received": received,
                 "iterations": self.args.iterations, "warmup": self.args.warmup, **cpu}
+
+    def read_results(self, tag, processes):
+        """(every timed exchange's seconds, the processes' mean CPU ms per
+        timed exchange) from the result files tag.K.json."""
+        times, cpu = [], []
+        for k in range(processes):
+            with open(self.out(tag, f"{k}.json")) as f:
+                result = json.load(f)
+            times += result["times"]
+            cpu.append(result["cpu"])
+        return times, {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
 
     def common(self, params):
         return ["--params", str(params), "--iterations", str(self.args.iterations),
@@ -208,12 +219,9 @@ class Runner:
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))
         self.wait_all(procs, case.name, tag)
         tgtd_cpu = sum(cpu_seconds(p) for p in tgtds) - cpu_before
-        times = []
-        for slot in range(len(learners)):
-            with open(self.out(tag, f"{slot}.json")) as f:
-                times += json.load(f)["times"]
+        times, cpu = self.read_results(tag, len(learners))
         exchanges = (self.args.iterations + self.args.warmup) * len(learners)
-        return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges}
+        return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges, **cpu}
 
     # --- training -------------------------------------------------------------
 
@@ -277,7 +285,9 @@ class Runner:
             p = cluster.popen(0, argv, env=env, stdout=out, stderr=open(self.out(tag, "err"), "w"))
             self.wait_all([p], case.name, tag)
         with open(self.out(tag, "json")) as f:
-            return [t for rank in json.load(f)["times"] for t in rank]
+            result = json.load(f)
+        return ([t for rank in result["times"] for t in rank],
+                {"cpu_ms_per_exchange": 1e3 * statistics.mean(result["cpu"]) / self.args.iterations})
 
     def run_ddp(self, cluster, case, hosts, params, tag):
         init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
@@ -289,11 +299,7 @@ class Runner:
                 "--init", init, *self.common(params), "--compress", case.option or "none",
                 "--result", self.out(tag, f"{h}.json")], env=env, stderr=open(self.out(tag, f"{h}.err"), "w")))
         self.wait_all(procs, case.name, tag)
-        times = []
-        for h in range(hosts):
-            with open(self.out(tag, f"{h}.json")) as f:
-                times += json.load(f)["times"]
-        return times
+        return self.read_results(tag, hosts)
 
 
 def time_to_loss(samples, target, window):
