@@ -370,12 +370,15 @@ def main():
     ap.add_argument("--train-hosts", type=int, default=4, help="hosts of the training comparison (default 4)")
     ap.add_argument("--target-loss", type=float, default=2.5, help="the training target (default 2.5)")
     ap.add_argument("--no-training", action="store_true", help="only the exchange measurements")
-    ap.add_argument("--case-timeout", type=float, default=180, help="seconds one case may take (default 180)")
+    ap.add_argument("--case-timeout", type=float, help="seconds one case may take (default 900; --quick 180)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("cluster: run as root (it makes network namespaces and starts tgtd): sudo bench/cluster.sh ...")
-    if min(args.hosts) < 2:
-        sys.exit("cluster: --hosts: every count must be at least 2")
+    if min(args.hosts) < 2 or args.train_hosts < 2:
+        sys.exit("cluster: --hosts, --train-hosts: every count must be at least 2")
+    if args.servers < 1:
+        sys.exit("cluster: --servers: at least 1")
+    args.case_timeout = args.case_timeout or (180 if args.quick else 900)
     args.params = [p // 128 * 128 for p in (args.params or ([25000000] if args.quick else [25000000, 100000000]))]
     args.iterations = args.iterations or (3 if args.quick else 5)
     args.train_iterations = args.train_iterations or (40 if args.quick else 60)
