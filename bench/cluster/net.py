@@ -73,9 +73,6 @@ class Cluster:
     def address(self, host):
         return f"{SUBNET}.{FIRST_HOST + host}"
 
-    def host_of(self, address):
-        return int(address.rsplit(".", 1)[1]) - FIRST_HOST
-
     def exec_argv(self, host, argv):
         """argv run as a process of `host` (inside its namespace)."""
         return ["ip", "netns", "exec", self.netns(host), *argv]

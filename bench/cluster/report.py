@@ -32,10 +32,11 @@ def write(out, records, trainings, run):
                   "headline.**", ""]
     shaping = records[0]["shaping"] if records else "none"
     feed = run["feed_gbit_s"]
-    lines += [f"Hosts are network namespaces on one bridge; links: {shaping}. One unshaped TCP stream between two "
-              f"hosts moves {feed:.1f} Gbit/s on this machine (iperf3), the most the CPU feeds; load average "
+    feed_text = (f"One unshaped TCP stream between two hosts moves {feed:.1f} Gbit/s on this machine (iperf3), "
+                 "the most the CPU feeds" if feed else "No iperf3: what the CPU feeds was not measured")
+    lines += [f"Hosts are network namespaces on one bridge; links: {shaping}. {feed_text}; load average "
               f"{run['load']:.1f} at the end of the run (other work on the machine disturbs the figures).",
-              "" if feed else "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
+              "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
               "whole model per learner; mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
               "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
               "per exchange, mean over learner hosts (sent). CPU: user + system seconds of one learner process "
@@ -61,6 +62,7 @@ def write(out, records, trainings, run):
                              f"{r['cpu_ms_per_exchange']:.0f}{'' if cpu is None else f' · {cpu:.0f}'} |")
             lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
                       f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
+    lines += _goals(records, trainings)
     if trainings:
         t0 = trainings[0]
         lines += [f"## Training: time to loss {t0['target_loss']}, {t0['hosts']} hosts, {run['link']} links", "",
@@ -86,6 +88,52 @@ def write(out, records, trainings, run):
     with open(os.path.join(out, "cluster.md"), "w") as f:
         f.write("\n".join(lines))
     _plot(out, records, run)
+
+
+def _find(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _goals(records, trainings):
+    """Issue 14's goals, checked against the largest model at the most
+    hosts measured; a missed goal names where the time went."""
+    if not records:
+        return []
+    params, hosts = max(r["params"] for r in records), max(r["hosts"] for r in records)
+    rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
+    blkps = _find(rows, system="blkps-async", placement="co-located", dtype="float32")
+    blkps16 = _find(rows, system="blkps-async", placement="co-located", dtype="bfloat16")
+    mpi, ddp = _find(rows, system="mpi", dtype="float32"), _find(rows, system="ddp", dtype="float32")
+    ddp16 = _find(rows, system="ddp", dtype="float16")
+    checks = [("blkps float32 / MPI float32", blkps, mpi, 1.0), ("blkps float32 / DDP float32", blkps, ddp, 1.0),
+              ("blkps bfloat16 / MPI float32", blkps16, mpi, 0.6), ("blkps bfloat16 / DDP fp16", blkps16, ddp16, 1.0)]
+    lines = [f"## Goals ({params / 1e6:.0f}M parameters, {hosts} hosts, co-located)", "",
+             "| goal | measured | |", "|---|---:|---|"]
+    for what, ours, peer, limit in checks:
+        if ours and peer:
+            ratio = ours["ms_per_exchange"] / peer["ms_per_exchange"]
+            lines.append(f"| {what} <= {limit} | {ratio:.2f} | {'met' if ratio <= limit else 'missed'} |")
+        else:
+            lines.append(f"| {what} <= {limit} | | not measured in this run |")
+    if blkps:
+        wire = blkps["wire_bytes_per_host"] / ideal_bytes(hosts, params)
+        lines.append(f"| blkps float32 wire bytes / 2(N-1)/N model, within 5% | {wire:.3f} | "
+                     f"{'met' if abs(wire - 1) <= 0.05 else 'missed'} |")
+    for system in ("blkps-async", "blkps-ssp:2"):
+        ours = _find(trainings, system=system, straggler=True)
+        peer = _find(trainings, system="allreduce-gloo", straggler=True)
+        if ours and peer and ours["seconds_to_target"] and peer["seconds_to_target"]:
+            ratio = ours["seconds_to_target"] / peer["seconds_to_target"]
+            lines.append(f"| {system} time to target with a straggler / all-reduce's <= 0.7 | {ratio:.2f} | "
+                         f"{'met' if ratio <= 0.7 else 'missed'} |")
+    if blkps:
+        link_ms = ideal_bytes(hosts, params) * 8 / _bits(blkps["link"]) * 1e3
+        lines += ["", f"Where blkps's time goes: {blkps['ms_per_exchange']:.0f} ms per exchange against "
+                  f"{link_ms:.0f} ms for its bytes at the link rate; per exchange a learner used "
+                  f"{blkps['cpu_ms_per_exchange']:.0f} ms of CPU and each host's tgtd "
+                  f"{blkps.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms (and a host's learner and tgtd share the "
+                  "machine's 2 cores with every other host)."]
+    return lines + [""]
 
 
 def _bits(link):
