@@ -21,7 +21,7 @@ cluster, one process per host (cases, below):
               and starts its daemons in the other hosts' namespaces through
               bench/cluster/netns_rsh.sh (its remote-shell agent).
   ddp         PyTorch DistributedDataParallel, gloo; float32 and DDP's
-              fp16_compress_hook (bench/peers/ddp_exchange.py).
+              fp16_compress_hook (bench/peers/gloo_allreduce.py --ddp).
 Per case: the median time per exchange over hosts and timed exchanges, and
 the bytes each host's link carried per exchange (the kernel's counters of
 its eth0 over the whole run, warm-up included, divided by the exchanges).
@@ -295,8 +295,8 @@ class Runner:
         procs = []
         for h in range(hosts):
             procs.append(cluster.popen(h, [
-                PYTHON, os.path.join(PEERS, "ddp_exchange.py"), "--rank", str(h), "--world", str(hosts),
-                "--init", init, *self.common(params), "--compress", case.option or "none",
+                PYTHON, os.path.join(PEERS, "gloo_allreduce.py"), "--ddp", "--compress", case.option or "none",
+                "--rank", str(h), "--world", str(hosts), "--init", init, *self.common(params),
                 "--result", self.out(tag, f"{h}.json")], env=env, stderr=open(self.out(tag, f"{h}.err"), "w")))
         self.wait_all(procs, case.name, tag)
         return self.read_results(tag, hosts)
