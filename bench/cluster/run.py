@@ -56,9 +56,10 @@ STRIPE_UNIT = "1M"
 ISCSI_PORT = "3260"
 DDP_PORT = 29500
 TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
-# The training comparison: blkps's modes against the peers' all-reduce.
+# The training comparison: blkps's modes against the peers' all-reduce;
+# "-engine": the learner uses blkps.Engine (pull and push overlap compute).
 # blkps's 16-bit wire and gradient dropping join as one entry each.
-TRAIN_SYSTEMS = ["blkps-async", "blkps-ssp:2", "allreduce-gloo"]
+TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-ssp:2", "allreduce-gloo"]
 
 
 class Case:
@@ -239,7 +240,8 @@ class Runner:
                 if system.startswith("blkps"):
                     layouts, _ = self.start_shards(cluster, list(range(hosts)), hosts, params,
                                                    f"rule=sgd;lr={TRAIN_LR};mode={system.split('-')[1]}")
-                    where = [["--target", f"layout:{layouts[h]}"] for h in range(hosts)]
+                    engine = ["--engine"] if system.endswith("-engine") else []
+                    where = [["--target", f"layout:{layouts[h]}", *engine] for h in range(hosts)]
                 else:
                     init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
                     where = [["--allreduce", init, "--lr", str(TRAIN_LR)]] * hosts
