@@ -114,8 +114,10 @@ class Cluster:
             how = "tbf rate {0} on both directions of every host's link".format(self.link)
             if self.delay and self.has_netem:
                 how += f", netem delay {self.delay} each way"
-            elif self.delay:
-                how += f"; no netem delay ({self.delay} asked): this kernel has no sch_netem"
+            elif not self.has_netem:
+                how += "; no delay added: this kernel has no sch_netem"
+            else:
+                how += "; no delay added (none asked)"
             self.shaping = how
 
     def _try_qdisc(self, ns, dev, qdisc):
