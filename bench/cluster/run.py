@@ -170,7 +170,7 @@ class Runner:
             raise RuntimeError(f"{what} failed or timed out after {self.args.case_timeout} s: {errs}")
 
     def errs(self, tag):
-        return sorted(os.path.join(self.raw, f) for f in os.listdir(self.raw) if f.startswith(tag) and
+        return sorted(os.path.join(self.raw, f) for f in os.listdir(self.raw) if f.startswith(tag + ".") and
                       f.endswith(".err"))
 
     def out(self, tag, suffix):
