@@ -59,7 +59,7 @@ def write(out, records, trainings, run):
                 lines.append(f"| {r['system']} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
                              f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | "
                              f"{r['wire_bytes_per_host'] / 1e6:.1f} | {r['wire_bytes_per_host'] / ideal:.2f} | "
-                             f"{r['cpu_ms_per_exchange']:.0f}{'' if cpu is None else f' · {cpu:.0f}'} |")
+                             f"{_ms(r.get('cpu_ms_per_exchange'))}{'' if cpu is None else f' · {cpu:.0f}'} |")
             lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
                       f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
     lines += _goals(records, trainings)
@@ -88,6 +88,11 @@ def write(out, records, trainings, run):
     with open(os.path.join(out, "cluster.md"), "w") as f:
         f.write("\n".join(lines))
     _plot(out, records, run)
+
+
+def _ms(value):
+    """A CPU figure, or '?' where the run did not record it."""
+    return "?" if value is None else f"{value:.0f}"
 
 
 def _find(rows, **match):
@@ -130,7 +135,7 @@ def _goals(records, trainings):
         link_ms = ideal_bytes(hosts, params) * 8 / _bits(blkps["link"]) * 1e3
         lines += ["", f"Where blkps's time goes: {blkps['ms_per_exchange']:.0f} ms per exchange against "
                   f"{link_ms:.0f} ms for its bytes at the link rate; per exchange a learner used "
-                  f"{blkps['cpu_ms_per_exchange']:.0f} ms of CPU and each host's tgtd "
+                  f"{_ms(blkps.get('cpu_ms_per_exchange'))} ms of CPU and each host's tgtd "
                   f"{blkps.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms (and a host's learner and tgtd share the "
                   "machine's 2 cores with every other host)."]
     return lines + [""]
