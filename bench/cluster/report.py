@@ -124,7 +124,7 @@ def _goals(records, trainings):
         wire = blkps["wire_bytes_per_host"] / ideal_bytes(hosts, params)
         lines.append(f"| blkps float32 wire bytes / 2(N-1)/N model, within 5% | {wire:.3f} | "
                      f"{'met' if abs(wire - 1) <= 0.05 else 'missed'} |")
-    for system in ("blkps-async", "blkps-ssp:2"):
+    for system in ("blkps-async", "blkps-async-engine", "blkps-ssp:2"):
         ours = _find(trainings, system=system, straggler=True)
         peer = _find(trainings, system="allreduce-gloo", straggler=True)
         if ours and peer and ours["seconds_to_target"] and peer["seconds_to_target"]:
