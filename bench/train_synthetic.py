@@ -7,8 +7,10 @@ time per iteration is the whole-model exchange with the parameter server.
   train_synthetic.py --print-params [--params N]    parameters actually served
   train_synthetic.py --target URL --learner K --learners L --iterations I
                      [--params N] [--start-at T]
-                     [--engine [--drop-ratio R] [--control URL]]
-                     [--result FILE]
+                     [--engine [--drop-ratio R] [--control URL]] [--dtype D]
+                     [--straggle] [--result FILE]
+  train_synthetic.py --allreduce tcp://ADDRESS:PORT --lr LR --learner K
+                     --learners L --iterations I [...]
 
 Every iteration pulls all weights, computes the gradient of one minibatch
 and pushes a gradient for every parameter (as bsp and ssp require). The
@@ -25,6 +27,14 @@ blkps.Engine (the double-buffered engine) where the binding has one;
 --drop-ratio R makes it push only the largest gradient runs and keep the
 rest as a residual (README "Gradient dropping"; async or ssp, where it
 needs --control, the model's CONTROL_URL, to drop per model block).
+
+--allreduce INIT trains the same model without a server, as a data-parallel
+peer would (the exchange DDP makes every step): the L learners sum their
+gradients with torch.distributed all_reduce (gloo; INIT is its init_method,
+--learner the rank) and each applies w -= LR * sum to its own copy of the
+model, which is what the server's rule sgd with lr=LR applies in mode bsp.
+--straggle: after each iteration the learner sleeps as long as the
+iteration took, so it runs at half its speed (a straggler).
 """
 import argparse
 import json
@@ -90,7 +100,9 @@ def train(args):
     features, classes = geometry(args.params)
     n = features * classes
     task = SyntheticTask(features, classes, args.active, 1000 + args.learner)
-    if args.engine:
+    if args.allreduce:
+        exchange = AllReduceExchange(args.allreduce, args.learner, args.learners, args.lr, n)
+    elif args.engine:
         exchange = EngineExchange(args.target, n, args.dtype, args.drop_ratio, args.control)
     else:
         exchange = ModelExchange(args.target, n, args.dtype)
@@ -99,11 +111,14 @@ def train(args):
     losses, times = [], []
     start = time.time()
     for it in range(args.iterations):
+        began = time.perf_counter()
         weights, grad = exchange.begin()
         idx, y = task.batch(args.batch)
         loss, rows = task.gradient(weights, grad, idx, y)
         exchange.end(rows)
         losses.append(loss)
+        if args.straggle:
+            time.sleep(time.perf_counter() - began)
         times.append(time.time() - start)
         if args.progress and (it + 1) % args.progress == 0:
             print(f"learner {args.learner}: iteration {it + 1} loss {loss:.4f} "
@@ -158,6 +173,35 @@ class ModelExchange:
 
     def close(self):
         self.model.close()
+
+
+class AllReduceExchange:
+    """The peer-to-peer counterpart of ModelExchange: the gradient summed
+    over the learners (gloo all_reduce), applied to a local model."""
+
+    def __init__(self, init, rank, world, lr, n):
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        self.dist, self.lr = dist, lr
+        self.weights = np.zeros(n, dtype=np.float32)
+        self.grad = np.zeros(n, dtype=np.float32)
+        self.grad_tensor = torch.from_numpy(self.grad)  # shares grad's memory
+        self.comm_seconds = 0.0
+
+    def begin(self):
+        return self.weights, self.grad
+
+    def end(self, rows):
+        t = time.perf_counter()
+        self.dist.all_reduce(self.grad_tensor)
+        self.comm_seconds += time.perf_counter() - t
+        self.weights -= self.lr * self.grad
+        self.grad[:] = 0.0  # the sum touches every learner's rows
+
+    def close(self):
+        self.dist.destroy_process_group()
 
 
 class EngineExchange:
@@ -225,6 +269,11 @@ def main():
                     "with --drop-ratio in ssp, the per-block groups)")
     ap.add_argument("--dtype", help="the LUN's --bsopts dtype: float32 (default), bfloat16 or float16 "
                     "(README \"16-bit wire\")")
+    ap.add_argument("--allreduce", metavar="INIT", help="no server: sum gradients with gloo all_reduce "
+                    "(init_method INIT, e.g. tcp://10.0.0.1:29500) and apply them locally")
+    ap.add_argument("--lr", type=float, default=50.0, help="with --allreduce: the SGD step (default 50)")
+    ap.add_argument("--straggle", action="store_true", help="run at half speed (sleep as long as each "
+                    "iteration took)")
     ap.add_argument("--result", help="write the learner's figures here (JSON)")
     ap.add_argument("--progress", type=int, default=0, help="print a line every this many iterations")
     args = ap.parse_args()
@@ -232,8 +281,8 @@ def main():
         features, classes = geometry(args.params)
         print(features * classes)
         return
-    if not args.target:
-        ap.error("--target is required")
+    if not args.target and not args.allreduce:
+        ap.error("--target or --allreduce is required")
     if not 0 <= args.learner < args.learners:
         ap.error(f"--learner must be in [0, {args.learners})")
     if (args.drop_ratio or args.control) and not args.engine:

@@ -1,0 +1,178 @@
+"""DIR/cluster.md and DIR/cluster.png from the records of bench/cluster/run.py.
+
+Ratios are taken between systems measured in the same run on the same
+cluster shape: "vs MPI" = blkps time / MPI float32 time (< 1: blkps is
+faster); "wire / ideal" = bytes a host sent per exchange / (2(N-1)/N x the
+float32 model), the bytes of a ring all-reduce and of a co-located parameter
+server per host and direction.
+"""
+import os
+
+
+def ideal_bytes(hosts, params):
+    return 2 * (hosts - 1) / hosts * 4 * params
+
+
+def _label(r):
+    return f"{r['system']} {r['dtype']}" + ("" if r["placement"] == "co-located" or r["system"] in ("mpi", "ddp")
+                                             else f" ({r['placement']})")
+
+
+def _peer_ms(records, r, system):
+    for p in records:
+        if (p["system"], p["dtype"], p["hosts"], p["params"]) == (system, "float32", r["hosts"], r["params"]):
+            return p["ms_per_exchange"]
+    return None
+
+
+def write(out, records, trainings, run):
+    lines = ["# blkps on a cluster: time per model exchange", ""]
+    if run["quick"]:
+        lines += ["**A quick run (`--quick`): fewer exchanges and systems; functional figures, not the "
+                  "headline.**", ""]
+    shaping = records[0]["shaping"] if records else "none"
+    feed = run["feed_gbit_s"]
+    feed_text = (f"One unshaped TCP stream between two hosts moves {feed:.1f} Gbit/s on this machine (iperf3), "
+                 "the most the CPU feeds" if feed else "No iperf3: what the CPU feeds was not measured")
+    lines += [f"Hosts are network namespaces on one bridge; links: {shaping}. {feed_text}; load average "
+              f"{run['load']:.1f} at the end of the run (other work on the machine disturbs the figures).",
+              "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
+              "whole model per learner; mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
+              "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
+              "per exchange, mean over learner hosts (sent). CPU: user + system seconds of one learner process "
+              "(rank) per timed exchange, and of one host's tgtd per learner exchange (warm-up included); where "
+              "they approach the time per exchange, the CPU, not the link, is the limit.", ""]
+    for params in sorted({r["params"] for r in records}):
+        for hosts in sorted({r["hosts"] for r in records}):
+            rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
+            if not rows:
+                continue
+            ideal = ideal_bytes(hosts, params)
+            lines += [f"## {params / 1e6:.0f}M parameters, {hosts} hosts, {run['link']} links", "",
+                      "| system | placement | wire dtype | ms / exchange | vs MPI f32 | vs DDP f32 | "
+                      "MB sent / host | wire / ideal | CPU ms / exchange: learner · tgtd |",
+                      "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+            for r in rows:
+                mpi, ddp = _peer_ms(records, r, "mpi"), _peer_ms(records, r, "ddp")
+                ms = r["ms_per_exchange"]
+                cpu = r.get("tgtd_cpu_ms_per_exchange")
+                lines.append(f"| {r['system']} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
+                             f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | "
+                             f"{r['wire_bytes_per_host'] / 1e6:.1f} | {r['wire_bytes_per_host'] / ideal:.2f} | "
+                             f"{_ms(r.get('cpu_ms_per_exchange'))}{'' if cpu is None else f' · {cpu:.0f}'} |")
+            lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
+                      f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
+    lines += _goals(records, trainings)
+    if trainings:
+        t0 = trainings[0]
+        lines += [f"## Training: time to loss {t0['target_loss']}, {t0['hosts']} hosts, {run['link']} links", "",
+                  f"bench/train_synthetic.py (softmax regression, {t0['params'] / 1e6:g}M parameters, batch 32 per "
+                  f"learner, SGD step 50), {t0['iterations']} iterations per learner, one learner per host. "
+                  "allreduce-gloo: the learners sum their gradients with gloo all_reduce (DDP's per-step exchange) "
+                  "and each applies them to its own copy. Straggler: the last host's learner sleeps as long as each "
+                  "iteration took (half speed). Time to target: when the mean loss of the learners' last "
+                  f"{5 * t0['hosts']} iterations first reaches the target.", "",
+                  "| system | straggler | s to target | vs allreduce | s in all | final loss |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in trainings:
+            peer = next((p["seconds_to_target"] for p in trainings
+                         if p["system"] == "allreduce-gloo" and p["straggler"] == r["straggler"]), None)
+            t = r["seconds_to_target"]
+            lines.append(f"| {r['system']} | {'yes' if r['straggler'] else 'no'} | "
+                         f"{'not reached' if t is None else f'{t:.1f}'} | "
+                         f"{f'{t / peer:.2f}' if t and peer else ''} | {r['seconds']:.1f} | {r['final_loss']:.2f} |")
+        lines.append("")
+    if run["failures"]:
+        lines += ["## Failed cases", ""] + [f"- {f}" for f in run["failures"]] + [""]
+    lines += [f"Run time: {run['seconds']:.0f} s. Raw per-process results: raw/.", ""]
+    with open(os.path.join(out, "cluster.md"), "w") as f:
+        f.write("\n".join(lines))
+    _plot(out, records, run)
+
+
+def _ms(value):
+    """A CPU figure, or '?' where the run did not record it."""
+    return "?" if value is None else f"{value:.0f}"
+
+
+def _find(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _goals(records, trainings):
+    """Issue 14's goals, checked against the largest model at the most
+    hosts measured; a missed goal names where the time went."""
+    if not records:
+        return []
+    params, hosts = max(r["params"] for r in records), max(r["hosts"] for r in records)
+    rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
+    blkps = _find(rows, system="blkps-async", placement="co-located", dtype="float32")
+    blkps16 = _find(rows, system="blkps-async", placement="co-located", dtype="bfloat16")
+    mpi, ddp = _find(rows, system="mpi", dtype="float32"), _find(rows, system="ddp", dtype="float32")
+    ddp16 = _find(rows, system="ddp", dtype="float16")
+    checks = [("blkps float32 / MPI float32", blkps, mpi, 1.0), ("blkps float32 / DDP float32", blkps, ddp, 1.0),
+              ("blkps bfloat16 / MPI float32", blkps16, mpi, 0.6), ("blkps bfloat16 / DDP fp16", blkps16, ddp16, 1.0)]
+    lines = [f"## Goals ({params / 1e6:.0f}M parameters, {hosts} hosts, co-located)", "",
+             "| goal | measured | |", "|---|---:|---|"]
+    for what, ours, peer, limit in checks:
+        if ours and peer:
+            ratio = ours["ms_per_exchange"] / peer["ms_per_exchange"]
+            lines.append(f"| {what} <= {limit} | {ratio:.2f} | {'met' if ratio <= limit else 'missed'} |")
+        else:
+            lines.append(f"| {what} <= {limit} | | not measured in this run |")
+    if blkps:
+        wire = blkps["wire_bytes_per_host"] / ideal_bytes(hosts, params)
+        lines.append(f"| blkps float32 wire bytes / 2(N-1)/N model, within 5% | {wire:.3f} | "
+                     f"{'met' if abs(wire - 1) <= 0.05 else 'missed'} |")
+    for system in ("blkps-async", "blkps-async-engine", "blkps-ssp:2"):
+        ours = _find(trainings, system=system, straggler=True)
+        peer = _find(trainings, system="allreduce-gloo", straggler=True)
+        if ours and peer and ours["seconds_to_target"] and peer["seconds_to_target"]:
+            ratio = ours["seconds_to_target"] / peer["seconds_to_target"]
+            lines.append(f"| {system} time to target with a straggler / all-reduce's <= 0.7 | {ratio:.2f} | "
+                         f"{'met' if ratio <= 0.7 else 'missed'} |")
+    if blkps:
+        link_ms = ideal_bytes(hosts, params) * 8 / _bits(blkps["link"]) * 1e3
+        lines += ["", f"Where blkps's time goes: {blkps['ms_per_exchange']:.0f} ms per exchange against "
+                  f"{link_ms:.0f} ms for its bytes at the link rate; per exchange a learner used "
+                  f"{_ms(blkps.get('cpu_ms_per_exchange'))} ms of CPU and each host's tgtd "
+                  f"{blkps.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms (and a host's learner and tgtd share the "
+                  "machine's 2 cores with every other host)."]
+    return lines + [""]
+
+
+def _bits(link):
+    from net import link_bits_per_s
+    return link_bits_per_s(link)
+
+
+def _plot(out, records, run):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("cluster: no matplotlib: no cluster.png (scripts/setup.sh --bench installs it)")
+        return
+    shapes = sorted({(r["params"], r["hosts"]) for r in records})
+    if not shapes:
+        return
+    labels = list(dict.fromkeys(_label(r) for r in records))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(shapes) * len(labels) / 3), 4))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        xs, ys = [], []
+        for x, (params, hosts) in enumerate(shapes):
+            for r in records:
+                if (r["params"], r["hosts"]) == (params, hosts) and _label(r) == label:
+                    xs.append(x + i * width)
+                    ys.append(r["ms_per_exchange"])
+        ax.bar(xs, ys, width, label=label)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
+    ax.set_xticklabels([f"{p / 1e6:.0f}M params, {h} hosts" for p, h in shapes])
+    ax.set_ylabel("ms per model exchange (lower is better)")
+    ax.set_title(f"blkps vs MPI and DDP, {run['link']} links" + (" (quick run)" if run["quick"] else ""))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "cluster.png"), dpi=110)
+    plt.close(fig)

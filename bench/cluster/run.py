@@ -1,0 +1,451 @@
+#!/usr/bin/python3
+"""The cluster benchmark: blkps against MPI_Allreduce and PyTorch DDP on a
+cluster of H hosts made on this machine (network namespaces on a bridge,
+each host's link shaped to --link; bench/cluster/net.py).
+
+  run.py --out DIR [--quick] [--hosts 2,4] [--params 25000000,100000000]
+         [--link 1gbit] [--delay 0.1ms] [--servers K] [--iterations I]
+
+For every host count H and model size P, each system in turn on a fresh
+cluster, one process per host (cases, below):
+  blkps       co-located: every host runs one shard's tgtd and one learner;
+              the model is striped over the H shards (layout: files, 1 MiB
+              stripes); an exchange is one push of a gradient for the whole
+              model and one pull of the whole model (bench/peers/
+              blkps_exchange.py), mode async (and bsp in the full run).
+              dedicated (full run): K server hosts hold the shards, H other
+              hosts run the learners.
+  mpi         OpenMPI MPI_Allreduce over TCP between the namespaces, ring
+              algorithm; float32 and bfloat16 (a 2-byte type with a user sum:
+              OpenMPI 4.1 has no 16-bit float type). mpirun runs in host 0
+              and starts its daemons in the other hosts' namespaces through
+              bench/cluster/netns_rsh.sh (its remote-shell agent).
+  ddp         PyTorch DistributedDataParallel, gloo; float32 and DDP's
+              fp16_compress_hook (bench/peers/gloo_allreduce.py --ddp).
+Per case: the median time per exchange over hosts and timed exchanges, and
+the bytes each host's link carried per exchange (the kernel's counters of
+its eth0 over the whole run, warm-up included, divided by the exchanges).
+Writes DIR/cluster.json (a list of records), DIR/cluster.md, DIR/cluster.png
+and DIR/raw/. Needs root and a build (bs_blkps, libblkps, blkps-layout,
+blkps-bsopts).
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "scripts"))
+sys.path.insert(0, HERE)
+from blkps_cli import shards, state, tools  # noqa: E402
+from net import Cluster, link_bits_per_s  # noqa: E402
+
+import report  # noqa: E402
+
+PYTHON = "/usr/bin/python3"
+BLKPS = os.path.join(TOP, "scripts", "blkps")
+PEERS = os.path.join(TOP, "bench", "peers")
+STRIPE_UNIT = "1M"
+ISCSI_PORT = "3260"
+DDP_PORT = 29500
+TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
+# The training comparison: blkps's modes against the peers' all-reduce;
+# "-engine": the learner uses blkps.Engine (pull and push overlap compute).
+# blkps's 16-bit wire and gradient dropping join as one entry each.
+TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-ssp:2", "allreduce-gloo"]
+
+
+class Case:
+    """One system measured on one cluster. dtype is what crosses the wire."""
+
+    def __init__(self, system, placement, dtype, option=""):
+        self.system, self.placement, self.dtype, self.option = system, placement, dtype, option
+
+    @property
+    def name(self):
+        return f"{self.system}-{self.placement}-{self.dtype}"
+
+
+def cases(quick, servers):
+    """The systems measured, in order. blkps's 16-bit wire (the LUN option
+    dtype=bfloat16) and gradient dropping (the engine's drop_ratio) are not
+    measured yet: each needs a Case, start_shards passing the dtype to the
+    shards' sizes and layouts, and the learner (bench/peers/blkps_exchange.py)
+    opening the model with that dtype or drop ratio."""
+    out = [Case("blkps-async", "co-located", "float32"),
+           Case("mpi", "peer-to-peer", "float32"),
+           Case("mpi", "peer-to-peer", "bfloat16"),
+           Case("ddp", "peer-to-peer", "float32"),
+           Case("ddp", "peer-to-peer", "float16", "fp16")]
+    if not quick:
+        out += [Case("blkps-bsp", "co-located", "float32"),
+                Case("blkps-async", f"dedicated-{servers}", "float32")]
+    return out
+
+
+class Runner:
+    def __init__(self, args, raw):
+        self.args, self.raw = args, raw
+        self.state = tempfile.mkdtemp(prefix="blkps-cluster-")
+        self.targets = []
+        mpi_dir = os.path.join(TOP, "build", "cmake", "bench-cluster")
+        os.makedirs(mpi_dir, exist_ok=True)
+        self.mpi_bin = os.path.join(mpi_dir, "mpi_allreduce")
+        subprocess.run(["mpicc", "-O2", "-o", self.mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")], check=True)
+
+    def close(self):
+        self.stop_targets()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    # --- one case ------------------------------------------------------------
+
+    def measure(self, case, hosts, params):
+        """Runs `case` on a fresh cluster; returns its record."""
+        servers = int(case.placement.split("-")[1]) if case.placement.startswith("dedicated") else 0
+        learners = list(range(hosts))
+        tag = f"{case.name}-{hosts}h-{params}"
+        with Cluster(hosts + servers, self.args.link, self.args.delay) as cluster:
+            before = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
+            try:
+                if case.system.startswith("blkps"):
+                    times, cpu = self.run_blkps(cluster, case, learners, servers, params, tag)
+                elif case.system == "mpi":
+                    times, cpu = self.run_mpi(cluster, case, hosts, params, tag)
+                else:
+                    times, cpu = self.run_ddp(cluster, case, hosts, params, tag)
+            finally:
+                self.stop_targets()
+            after = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
+            shaping = cluster.shaping
+        exchanges = self.args.iterations + self.args.warmup
+        sent = [(a[0] - b[0]) / exchanges for a, b in zip(after, before)]
+        received = [(a[1] - b[1]) / exchanges for a, b in zip(after, before)]
+        return {"system": case.system, "placement": case.placement, "hosts": hosts, "servers": servers,
+                "link": self.args.link, "shaping": shaping, "params": params, "dtype": case.dtype,
+                "ms_per_exchange": 1e3 * statistics.median(times),
+                "ms_per_exchange_max": 1e3 * max(times),
+                "wire_bytes_per_host": statistics.mean(sent[h] for h in learners),
+                "wire_rx_bytes_per_host": statistics.mean(received[h] for h in learners),
+                "wire_bytes_busiest_link": max(max(sent), max(received)),
+                "wire_bytes_sent": sent, "wire_bytes_received": received,
+                "iterations": self.args.iterations, "warmup": self.args.warmup, **cpu}
+
+    def read_results(self, tag, processes):
+        """(every timed exchange's seconds, the processes' mean CPU ms per
+        timed exchange) from the result files tag.K.json."""
+        times, cpu = [], []
+        for k in range(processes):
+            with open(self.out(tag, f"{k}.json")) as f:
+                result = json.load(f)
+            times += result["times"]
+            cpu.append(result["cpu"])
+        return times, {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
+
+    def common(self, params):
+        return ["--params", str(params), "--iterations", str(self.args.iterations),
+                "--warmup", str(self.args.warmup)]
+
+    def wait_all(self, procs, what, tag):
+        """Waits for the processes of one case; when one fails or the case
+        outlives --case-timeout, ends the others (they would wait for it
+        forever) and raises a RuntimeError with the processes' last words."""
+        deadline = time.monotonic() + self.args.case_timeout
+        while any(p.poll() is None for p in procs):
+            failed = any(p.poll() not in (None, 0) for p in procs)
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGTERM)
+                        p.wait()
+                break
+            time.sleep(0.1)
+        if any(p.returncode != 0 for p in procs):
+            errs = " | ".join(open(f).read().strip()[-300:] for f in self.errs(tag))
+            raise RuntimeError(f"{what} failed or timed out after {self.args.case_timeout} s: {errs}")
+
+    def errs(self, tag):
+        return sorted(os.path.join(self.raw, f) for f in os.listdir(self.raw) if f.startswith(tag + ".") and
+                      f.endswith(".err"))
+
+    def out(self, tag, suffix):
+        return os.path.join(self.raw, f"{tag}.{suffix}")
+
+    # --- blkps -----------------------------------------------------------------
+
+    def start_shards(self, cluster, server_hosts, luns, params, options):
+        """One blkps target per server host, on its address, each serving its
+        stripes of the model on LUNs 1..luns; returns the layout files
+        (slot L: LUN L of every shard) and the tgtd pids."""
+        sizes = [int(n) for n in shards.layout_tool("cluster", [
+            "sizes", "--stripe-unit", STRIPE_UNIT, "--shards", str(len(server_hosts)),
+            "--params", str(params), "--block", "512"])]
+        unit = shards.layout_tool("cluster", ["bytes", STRIPE_UNIT])[0]
+        envs = []
+        for k, h in enumerate(server_hosts):
+            folder = os.path.join(self.state, f"shard-{k}")
+            bsopts = f"params={sizes[k] // 4};{options}"
+            self.targets.append(folder)
+            subprocess.run(cluster.exec_argv(h, [
+                PYTHON, BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
+                "--address", cluster.address(h), "--port", ISCSI_PORT, "--allow", "ALL",
+                "--luns", str(luns), "--bsopts", bsopts, "--owner-pid", str(os.getpid())]),
+                check=True, stdout=subprocess.DEVNULL)
+            envs.append(state.target(folder))
+        layouts = shards.write_layouts(self.state, envs, luns, unit, params, "float32")
+        return layouts, [int(env["PID"]) for env in envs]
+
+    def stop_targets(self):
+        for folder in self.targets:
+            subprocess.run([PYTHON, BLKPS, "target", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
+            shutil.rmtree(folder, ignore_errors=True)
+        self.targets = []
+
+    def run_blkps(self, cluster, case, learners, servers, params, tag):
+        server_hosts = learners if servers == 0 else list(range(len(learners), len(learners) + servers))
+        options = f"rule=sgd;lr=1e-9;mode={case.system.split('-')[1]}" + (f";{case.option}" if case.option else "")
+        layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options)
+        start_at = time.time() + 1.0 + 0.3 * len(learners)
+        cpu_before = sum(cpu_seconds(p) for p in tgtds)
+        procs = []
+        for slot, h in enumerate(learners):
+            procs.append(cluster.popen(h, [
+                PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
+                *self.common(params), "--start-at", str(start_at), "--result", self.out(tag, f"{slot}.json")],
+                stderr=open(self.out(tag, f"{slot}.err"), "w")))
+        self.wait_all(procs, case.name, tag)
+        tgtd_cpu = sum(cpu_seconds(p) for p in tgtds) - cpu_before
+        times, cpu = self.read_results(tag, len(learners))
+        exchanges = (self.args.iterations + self.args.warmup) * len(learners)
+        return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges, **cpu}
+
+    # --- training -------------------------------------------------------------
+
+    def train(self, system, hosts, params, straggler):
+        """bench/train_synthetic.py on every host of a fresh co-located
+        cluster, with the last host's learner at half speed if `straggler`;
+        returns the record: seconds until the learners' recent mean loss
+        reaches --target-loss."""
+        a = self.args
+        tag = f"train-{system.replace(':', '')}-{hosts}h-{'straggler' if straggler else 'even'}"
+        common = ["--params", str(params), "--learners", str(hosts), "--iterations", str(a.train_iterations),
+                  "--batch", "32"]
+        with Cluster(hosts, a.link, a.delay) as cluster:
+            try:
+                if system.startswith("blkps"):
+                    layouts, _ = self.start_shards(cluster, list(range(hosts)), hosts, params,
+                                                   f"rule=sgd;lr={TRAIN_LR};mode={system.split('-')[1]}")
+                    engine = ["--engine"] if system.endswith("-engine") else []
+                    where = [["--target", f"layout:{layouts[h]}", *engine] for h in range(hosts)]
+                else:
+                    init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
+                    where = [["--allreduce", init, "--lr", str(TRAIN_LR)]] * hosts
+                start_at = time.time() + 1.0 + 0.3 * hosts
+                procs = [cluster.popen(h, [PYTHON, os.path.join(TOP, "bench", "train_synthetic.py"), *where[h],
+                                           *common, "--learner", str(h), "--start-at", str(start_at),
+                                           "--result", self.out(tag, f"{h}.json"),
+                                           *(["--straggle"] if straggler and h == hosts - 1 else [])],
+                                       env=dict(os.environ, GLOO_SOCKET_IFNAME="eth0"), stdout=subprocess.DEVNULL,
+                                       stderr=open(self.out(tag, f"{h}.err"), "w")) for h in range(hosts)]
+                self.wait_all(procs, tag, tag)
+            finally:
+                self.stop_targets()
+        results = []
+        for h in range(hosts):
+            with open(self.out(tag, f"{h}.json")) as f:
+                results.append(json.load(f))
+        base = min(r["start"] for r in results)
+        samples = sorted((r["start"] - base + t, loss) for r in results for t, loss in zip(r["times"], r["losses"]))
+        return {"system": system, "placement": "co-located" if system.startswith("blkps") else "peer-to-peer",
+                "hosts": hosts, "link": a.link, "params": params, "dtype": "float32", "straggler": straggler,
+                "target_loss": a.target_loss, "seconds_to_target": time_to_loss(samples, a.target_loss, 5 * hosts),
+                "seconds": max(r["start"] - base + r["seconds"] for r in results),
+                "iterations": a.train_iterations, "final_loss": statistics.mean(l for _, l in samples[-5 * hosts:])}
+
+    # --- peers ---------------------------------------------------------------------
+
+    def run_mpi(self, cluster, case, hosts, params, tag):
+        hostmap, hostfile = self.out(tag, "hosts"), self.out(tag, "hostfile")
+        with open(hostmap, "w") as f:
+            f.writelines(f"{cluster.address(h)} {cluster.netns(h)}\n" for h in range(hosts))
+        with open(hostfile, "w") as f:
+            f.writelines(f"{cluster.address(h)} slots=1\n" for h in range(hosts))
+        env = dict(os.environ, BLKPS_CLUSTER_HOSTS=hostmap, PMIX_MCA_gds="hash")
+        mca = {"plm_rsh_agent": os.path.join(HERE, "netns_rsh.sh"), "pml": "ob1", "btl": "self,tcp",
+               "btl_tcp_if_include": "eth0", "oob_tcp_if_include": "eth0",
+               "coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"}  # 4: ring
+        argv = ["mpirun", "--allow-run-as-root", "--hostfile", hostfile, "-np", str(hosts), "--map-by", "node"]
+        for key, value in mca.items():
+            argv += ["--mca", key, value]
+        argv += [self.mpi_bin, str(params), str(self.args.iterations), str(self.args.warmup), case.dtype]
+        with open(self.out(tag, "json"), "w") as out:
+            p = cluster.popen(0, argv, env=env, stdout=out, stderr=open(self.out(tag, "err"), "w"))
+            self.wait_all([p], case.name, tag)
+        with open(self.out(tag, "json")) as f:
+            result = json.load(f)
+        return ([t for rank in result["times"] for t in rank],
+                {"cpu_ms_per_exchange": 1e3 * statistics.mean(result["cpu"]) / self.args.iterations})
+
+    def run_ddp(self, cluster, case, hosts, params, tag):
+        init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")  # not the loopback this host's name resolves to
+        procs = []
+        for h in range(hosts):
+            procs.append(cluster.popen(h, [
+                PYTHON, os.path.join(PEERS, "gloo_allreduce.py"), "--ddp", "--compress", case.option or "none",
+                "--rank", str(h), "--world", str(hosts), "--init", init, *self.common(params),
+                "--result", self.out(tag, f"{h}.json")], env=env, stderr=open(self.out(tag, f"{h}.err"), "w")))
+        self.wait_all(procs, case.name, tag)
+        return self.read_results(tag, hosts)
+
+
+def time_to_loss(samples, target, window):
+    """The first time at which the mean of the last `window` (time, loss)
+    samples is at most target, or None."""
+    for i in range(window, len(samples) + 1):
+        if statistics.mean(loss for _, loss in samples[i - window:i]) <= target:
+            return samples[i - 1][0]
+    return None
+
+
+def cpu_seconds(pid):
+    """utime + stime of process pid, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def feed_rate(seconds):
+    """What this machine's CPU moves through one veth-bridge-veth path,
+    unshaped: iperf3, one TCP stream, host 0 -> host 1 (Gbit/s), or None
+    without iperf3."""
+    if not shutil.which("iperf3"):
+        return None
+    with Cluster(2, "none") as cluster:
+        cluster.popen(1, ["iperf3", "-s", "-1", "-B", cluster.address(1)], stdout=subprocess.DEVNULL)
+        time.sleep(0.5)
+        out = subprocess.run(cluster.exec_argv(0, ["iperf3", "-c", cluster.address(1), "-t", str(seconds), "-J"]),
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+
+
+def number_list(text):
+    try:
+        values = [int(float(v)) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got '{text}'")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got '{text}'")
+    return values
+
+
+def link_rate(text):
+    try:
+        link_bits_per_s(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for cluster.md, cluster.json, cluster.png, raw/")
+    ap.add_argument("--quick", action="store_true", help="25M parameters, fewer exchanges and systems")
+    ap.add_argument("--hosts", type=number_list, default=[2, 4], help="host counts (default 2,4)")
+    ap.add_argument("--params", type=number_list, help="model sizes in float32 parameters "
+                    "(default 25000000,100000000; --quick: 25000000)")
+    ap.add_argument("--link", type=link_rate, default="1gbit", help="each host's link rate (default 1gbit)")
+    ap.add_argument("--delay", help="netem delay each way, where the kernel has netem (e.g. 0.1ms)")
+    ap.add_argument("--servers", type=int, default=2, help="server hosts of the dedicated placement (default 2)")
+    ap.add_argument("--iterations", type=int, help="timed exchanges per process (default 5; --quick 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed exchanges first (default 1)")
+    ap.add_argument("--train-params", type=int, help="the training model's parameters "
+                    "(default 25000000; --quick 4000000)")
+    ap.add_argument("--train-iterations", type=int, help="iterations per learner (default 60; --quick 40)")
+    ap.add_argument("--train-hosts", type=int, default=4, help="hosts of the training comparison (default 4)")
+    ap.add_argument("--target-loss", type=float, default=2.5, help="the training target (default 2.5)")
+    ap.add_argument("--no-training", action="store_true", help="only the exchange measurements")
+    ap.add_argument("--case-timeout", type=float, help="seconds one case may take (default 900; --quick 180)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("cluster: run as root (it makes network namespaces and starts tgtd): sudo bench/cluster.sh ...")
+    if min(args.hosts) < 2 or args.train_hosts < 2:
+        sys.exit("cluster: --hosts, --train-hosts: every count must be at least 2")
+    if args.servers < 1:
+        sys.exit("cluster: --servers: at least 1")
+    args.case_timeout = args.case_timeout or (180 if args.quick else 900)
+    args.params = [p // 128 * 128 for p in (args.params or ([25000000] if args.quick else [25000000, 100000000]))]
+    args.iterations = args.iterations or (3 if args.quick else 5)
+    args.train_iterations = args.train_iterations or (40 if args.quick else 60)
+    served = subprocess.run([PYTHON, os.path.join(TOP, "bench", "train_synthetic.py"), "--print-params", "--params",
+                             str(args.train_params or (4000000 if args.quick else 25000000))],
+                            check=True, capture_output=True, text=True)
+    args.train_params = int(served.stdout)
+    for name in ("bs_blkps.so", "libblkps.so", "blkps-layout", "blkps-bsopts"):
+        tools.built(name)
+    for prog in ("mpicc", "mpirun", "tc", "ip"):
+        if not shutil.which(prog):
+            sys.exit(f"cluster: {prog} not found: run scripts/setup.sh --bench")
+    # Ctrl-C and SIGTERM unwind through every with-block: nothing is left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    out = os.path.abspath(args.out)
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    begin = time.monotonic()
+    records, trainings, failures = [], [], []
+    runner = Runner(args, raw)
+    try:
+        feed = feed_rate(2)
+        print(f"cluster: one unshaped veth-bridge-veth TCP stream moves {feed or 0:.1f} Gbit/s on this machine")
+        for params in args.params:
+            for hosts in args.hosts:
+                for case in cases(args.quick, args.servers):
+                    try:
+                        record = runner.measure(case, hosts, params)
+                    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                        failures.append(f"{case.name} H={hosts} P={params}: {e}")
+                        print(f"cluster: FAILED {failures[-1]}", file=sys.stderr)
+                        continue
+                    records.append(record)
+                    print(f"cluster: {case.name} H={hosts} P={params}: {record['ms_per_exchange']:.0f} ms/exchange, "
+                          f"{record['wire_bytes_per_host'] / 1e6:.1f} MB sent per host "
+                          f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
+        for straggler in ([] if args.no_training else [False, True]):
+            for system in TRAIN_SYSTEMS:
+                try:
+                    record = runner.train(system, args.train_hosts, args.train_params, straggler)
+                except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                    failures.append(f"training {system} straggler={straggler}: {e}")
+                    print(f"cluster: FAILED {failures[-1]}", file=sys.stderr)
+                    continue
+                trainings.append(record)
+                reached = record["seconds_to_target"]
+                print(f"cluster: training {system} H={args.train_hosts} straggler={straggler}: "
+                      f"{'never' if reached is None else f'{reached:.1f} s'} to loss {args.target_loss} "
+                      f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
+    finally:
+        runner.close()
+    with open(os.path.join(out, "cluster.json"), "w") as f:
+        json.dump(records, f, indent=1)
+    with open(os.path.join(out, "cluster-training.json"), "w") as f:
+        json.dump(trainings, f, indent=1)
+    report.write(out, records, trainings, {"link": args.link, "feed_gbit_s": feed, "quick": args.quick,
+                                "failures": failures, "seconds": time.monotonic() - begin,
+                                "load": os.getloadavg()[0]})
+    print(f"cluster: wrote {out}/cluster.md ({time.monotonic() - begin:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("cluster: interrupted; the cluster, its processes and targets are gone")

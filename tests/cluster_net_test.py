@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""The cluster bench's hosts (bench/cluster/net.py) and its arithmetic.
+
+  cluster_net_test.py TOP CASE
+    hosts-linked-shaped-and-removed  (integration, root) two hosts reach each
+        other over the bridge, every link carries tbf at the asked rate on
+        both ends, the counters count, and leaving the with-block ends a
+        host's process and deletes every namespace, also on an exception
+    rates-and-targets                (unit) link rates parse or say what is
+        expected; the time to a target loss is the first window at or under it
+"""
+import os
+import subprocess
+import sys
+import time
+
+top, case = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(top, "bench", "cluster"))
+import net  # noqa: E402
+
+
+PAYLOAD = 200000
+# host 1 receives PAYLOAD bytes on port 5999 and prints how many came; host
+# 0 connects (retrying until the server listens) and sends them.
+SERVER = """import socket, sys
+s = socket.create_server((sys.argv[1], 5999)); c, _ = s.accept(); n = 0
+while (b := c.recv(65536)): n += len(b)
+print(n)"""
+CLIENT = f"""import socket, sys, time
+for _ in range(100):
+    try: c = socket.create_connection((sys.argv[1], 5999)); break
+    except OSError: time.sleep(0.05)
+c.sendall(bytes({PAYLOAD})); c.close()"""
+
+
+def fail(why):
+    sys.exit(f"FAIL {case}: {why}")
+
+
+def qdisc(ns, dev):
+    return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+
+
+def namespaces():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def hosts_linked_shaped_and_removed():
+    try:
+        with net.Cluster(2, "200mbit") as cluster:
+            made = [cluster.switch, cluster.netns(0), cluster.netns(1)]
+            if not all(ns in namespaces() for ns in made):
+                fail(f"namespaces {made} not all made: {namespaces()}")
+            for ns, dev in [(cluster.netns(0), "eth0"), (cluster.netns(1), "eth0"),
+                            (cluster.switch, "p0"), (cluster.switch, "p1")]:
+                if "tbf" not in qdisc(ns, dev) or "200Mbit" not in qdisc(ns, dev):
+                    fail(f"{ns} {dev} is not shaped to 200Mbit: {qdisc(ns, dev)!r}")
+            sent0, _ = cluster.wire_bytes(0)
+            _, received1 = cluster.wire_bytes(1)
+            address = cluster.address(1)
+            server = cluster.popen(1, [sys.executable, "-c", SERVER, address], stdout=subprocess.PIPE, text=True)
+            client = subprocess.run(cluster.exec_argv(0, [sys.executable, "-c", CLIENT, address]),
+                                    capture_output=True, text=True)
+            if client.returncode != 0 or server.communicate(timeout=30)[0].strip() != str(PAYLOAD):
+                fail(f"host 0 could not send {PAYLOAD} bytes to host 1: {client.stderr}")
+            if cluster.wire_bytes(0)[0] - sent0 < PAYLOAD or cluster.wire_bytes(1)[1] - received1 < PAYLOAD:
+                fail(f"the links' counters did not count the {PAYLOAD} bytes sent")
+            sleeper = cluster.popen(1, ["sleep", "600"])
+            for _ in range(100):  # until ip netns exec has become sleep, inside host 1
+                with open(f"/proc/{sleeper.pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"sleep"):
+                        break
+                time.sleep(0.05)
+            raise KeyError("an error inside the with-block")
+    except KeyError:
+        pass
+    if sleeper.poll() is None:
+        fail(f"host 1's process {sleeper.pid} still runs after the cluster went")
+    left = [ns for ns in made if ns in namespaces()]
+    if left:
+        fail(f"namespaces left behind: {left}")
+
+
+def rates_and_targets():
+    if net.link_bits_per_s("1gbit") != 1e9 or net.link_bits_per_s("500mbit") != 5e8:
+        fail("1gbit / 500mbit parsed wrong")
+    for bad in ("1gb", "fast", "0gbit", "-1mbit"):
+        try:
+            net.link_bits_per_s(bad)
+            fail(f"'{bad}' was taken as a rate")
+        except ValueError as e:
+            if "such as 1gbit" not in str(e):
+                fail(f"'{bad}': the error does not say what is expected: {e}")
+    sys.path.insert(0, os.path.join(top, "scripts"))
+    import run  # noqa: E402  (bench/cluster/run.py)
+    samples = [(1.0, 6.0), (2.0, 4.0), (3.0, 2.0), (4.0, 2.0), (5.0, 1.0)]
+    if run.time_to_loss(samples, 3.0, 2) != 3.0:
+        fail(f"time_to_loss: window (2,4),(3,2) has mean 3.0 at t=3, got {run.time_to_loss(samples, 3.0, 2)}")
+    if run.time_to_loss(samples, 0.5, 2) is not None:
+        fail("time_to_loss: a target never reached gave a time")
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    {"hosts-linked-shaped-and-removed": hosts_linked_shaped_and_removed,
+     "rates-and-targets": rates_and_targets}[case]()
+    print(f"PASS {case} ({time.monotonic() - started:.1f} s)")
