@@ -195,7 +195,9 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
 // started again with the same options. Every restart must load the
 // checkpoint (a torn or corrupt one fails the start), both learners must
 // finish, and the weights must hold exactly what was pushed minus what the
-// learners were told was lost.
+// learners were told was lost. Kills whose push count is already reached
+// when the learners end (a loaded machine) come after their last pushes:
+// their Sync() is what makes those pushes durable or counted.
 TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
   constexpr int kIterations = 150, kKills = 20;
@@ -225,6 +227,12 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
         errors[l] = "push " + std::to_string(t) + ": " + m->last_error();
         return;
       }
+    }
+    // A learner hears of a restart at its next I/O: its pushes are durable
+    // or counted lost only once Sync() returns (kills may come after).
+    if (m->Sync() != 0) {
+      errors[l] = "sync: " + m->last_error();
+      return;
     }
     lost_bytes[l] = m->pushed_bytes_lost();
   };
@@ -271,6 +279,41 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   EXPECT_EQ(sum, expected) << "lost bytes: " << lost_bytes[0] << ", " << lost_bytes[1];
   std::printf("kill -9 trials: %d restarts, %d from a checkpoint; pushed bytes lost: %llu, %llu\n", restarts, loads,
               static_cast<unsigned long long>(lost_bytes[0]), static_cast<unsigned long long>(lost_bytes[1]));
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+// tgtd is killed after a learner's last push, before any checkpoint has
+// them: the learner is told only at its next I/O, so its Sync() must
+// reconnect, count exactly the pushes since the last checkpoint as lost, and
+// leave the rest durable.
+TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kDurable = 3, kUnsynced = 5;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // No periodic checkpoint within the test: only Sync() writes one.
+  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
+                       "/model.ckpt;checkpoint_every=3600");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  blkps::OpenOptions o;
+  o.request_bytes = 64 << 10;
+  o.initiator_name = "iqn.2026-11.io.blkps:last-push-test-" + std::to_string(getpid());
+  auto m = blkps::Model::Open(target.url(), o, &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kSmallParams, 1.0f);
+  for (int t = 0; t < kDurable; ++t) ASSERT_EQ(m->Push(0, ones.data(), kSmallParams), 0) << m->last_error();
+  ASSERT_EQ(m->Sync(), 0) << m->last_error();
+  for (int t = 0; t < kUnsynced; ++t) ASSERT_EQ(m->Push(0, ones.data(), kSmallParams), 0) << m->last_error();
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  EXPECT_EQ(m->pushed_bytes_lost(), 0u);  // not told yet: no I/O since
+  ASSERT_EQ(m->Sync(), 0) << m->last_error();
+  EXPECT_EQ(m->pushed_bytes_lost(), kUnsynced * kSmallParams * sizeof(float));
+  std::vector<float> w(kSmallParams);
+  ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
+  EXPECT_EQ(CountWrong(w, kDurable), "");
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
