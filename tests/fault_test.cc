@@ -97,6 +97,12 @@ std::string Field(const std::string& object, const std::string& key) {
   return object.substr(at + k.size(), object.find_first_of(",}", at + k.size()) - at - k.size());
 }
 
+// bsopts of a rule=sum model of `params` checkpointed to `checkpoint`
+// every `every` seconds.
+std::string SumCheckpointed(uint64_t params, const std::string& checkpoint, const std::string& every) {
+  return "params=" + std::to_string(params) + ";rule=sum;checkpoint=" + checkpoint + ";checkpoint_every=" + every;
+}
+
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -203,9 +209,7 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   constexpr int kIterations = 150, kKills = 20;
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
-                           "/model.ckpt;checkpoint_every=0.05",
-                       "--luns 2");
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "0.05"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
   std::atomic<int> pushes{0};
@@ -292,8 +296,7 @@ TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   // No periodic checkpoint within the test: only Sync() writes one.
-  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
-                       "/model.ckpt;checkpoint_every=3600");
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
   ASSERT_TRUE(target.ok()) << target.start_output();
   std::string error;
   blkps::OpenOptions o;
@@ -327,8 +330,7 @@ TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string checkpoint = dir + "/model.ckpt";
-  TargetProcess target("params=" + std::to_string(kLargeParams) + ";rule=sum;checkpoint=" + checkpoint +
-                       ";checkpoint_every=0.05");
+  TargetProcess target(SumCheckpointed(kLargeParams, checkpoint, "0.05"));
   ASSERT_TRUE(target.ok()) << target.start_output();
   std::string error;
   blkps::OpenOptions o;
