@@ -97,6 +97,12 @@ std::string Field(const std::string& object, const std::string& key) {
   return object.substr(at + k.size(), object.find_first_of(",}", at + k.size()) - at - k.size());
 }
 
+// bsopts of a rule=sum model of `params` checkpointed to `checkpoint`
+// every `every` seconds.
+std::string SumCheckpointed(uint64_t params, const std::string& checkpoint, const std::string& every) {
+  return "params=" + std::to_string(params) + ";rule=sum;checkpoint=" + checkpoint + ";checkpoint_every=" + every;
+}
+
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -195,15 +201,15 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
 // started again with the same options. Every restart must load the
 // checkpoint (a torn or corrupt one fails the start), both learners must
 // finish, and the weights must hold exactly what was pushed minus what the
-// learners were told was lost.
+// learners were told was lost. Kills whose push count is already reached
+// when the learners end (a loaded machine) come after their last pushes:
+// their Sync() is what makes those pushes durable or counted.
 TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
   constexpr int kIterations = 150, kKills = 20;
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  TargetProcess target("params=" + std::to_string(kSmallParams) + ";rule=sum;checkpoint=" + dir +
-                           "/model.ckpt;checkpoint_every=0.05",
-                       "--luns 2");
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "0.05"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
   std::atomic<int> pushes{0};
@@ -225,6 +231,12 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
         errors[l] = "push " + std::to_string(t) + ": " + m->last_error();
         return;
       }
+    }
+    // A learner hears of a restart at its next I/O: its pushes are durable
+    // or counted lost only once Sync() returns (kills may come after).
+    if (m->Sync() != 0) {
+      errors[l] = "sync: " + m->last_error();
+      return;
     }
     lost_bytes[l] = m->pushed_bytes_lost();
   };
@@ -274,6 +286,40 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
+// tgtd is killed after a learner's last push, before any checkpoint has
+// them: the learner is told only at its next I/O, so its Sync() must
+// reconnect, count exactly the pushes since the last checkpoint as lost, and
+// leave the rest durable.
+TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kDurable = 3, kUnsynced = 5;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // No periodic checkpoint within the test: only Sync() writes one.
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  blkps::OpenOptions o;
+  o.request_bytes = 64 << 10;
+  o.initiator_name = "iqn.2026-11.io.blkps:last-push-test-" + std::to_string(getpid());
+  auto m = blkps::Model::Open(target.url(), o, &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kSmallParams, 1.0f);
+  for (int t = 0; t < kDurable; ++t) ASSERT_EQ(m->Push(0, ones.data(), kSmallParams), 0) << m->last_error();
+  ASSERT_EQ(m->Sync(), 0) << m->last_error();
+  for (int t = 0; t < kUnsynced; ++t) ASSERT_EQ(m->Push(0, ones.data(), kSmallParams), 0) << m->last_error();
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  EXPECT_EQ(m->pushed_bytes_lost(), 0u);  // not told yet: no I/O since
+  ASSERT_EQ(m->Sync(), 0) << m->last_error();
+  EXPECT_EQ(m->pushed_bytes_lost(), kUnsynced * kSmallParams * sizeof(float));
+  std::vector<float> w(kSmallParams);
+  ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
+  EXPECT_EQ(CountWrong(w, kDurable), "");
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
 // A large model checkpointed over and over; tgtd is killed while a
 // checkpoint is being written (its temporary file exists) and started again:
 // the old or the new checkpoint loads, never a torn one, and the weights
@@ -284,8 +330,7 @@ TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string checkpoint = dir + "/model.ckpt";
-  TargetProcess target("params=" + std::to_string(kLargeParams) + ";rule=sum;checkpoint=" + checkpoint +
-                       ";checkpoint_every=0.05");
+  TargetProcess target(SumCheckpointed(kLargeParams, checkpoint, "0.05"));
   ASSERT_TRUE(target.ok()) << target.start_output();
   std::string error;
   blkps::OpenOptions o;

@@ -114,7 +114,9 @@ class BLKPS_EXPORT Model {
   // Bytes of pushes the server acknowledged and then lost: it restarted
   // from a checkpoint taken before them (iscsi:// and layout: of blkps
   // targets; README "Faults"). Those gradients are not in the model; every
-  // other push is applied exactly once, across reconnects.
+  // other push is applied exactly once, across reconnects. A restart is
+  // noticed at the next I/O: after Sync() returns, every push made before it
+  // is durable in the model or counted here.
   uint64_t pushed_bytes_lost() const;
 
   // On a control LUN (blkps/control_lun.h): reads its counters record into
