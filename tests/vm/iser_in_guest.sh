@@ -20,7 +20,8 @@ for run in "$@"; do
     devs+=("$("$top/scripts/blkps-login" login --transport "$transport" --url "$url" 2>/dev/null)")
   done
   echo "$transport $mode: session transport $(iscsiadm -m session -P 1 | sed -n 's/^[[:space:]]*Iface Transport: //p' | sort -u)"
-  iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(InitialR2T\|ImmediateData\|MaxBurstLength\): /session \1 /p' | sort -u
+  iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(InitialR2T\|ImmediateData\|MaxBurstLength\): /session \1 /p' | sort -u |
+    sed "s/^/$transport /"
   python3 "$top/tests/vm/push_pull.py" --mode "$mode" --params "$params" --rounds 4 "${devs[@]}"
   control=${devs[0]%-lun-1}-lun-3
   "$top/scripts/blkps" status --control "$control" --json |

@@ -31,6 +31,15 @@
 #                   one line (EIO).
 #   node-dies       a guest learner killed mid-training in bsp is declared
 #                   dead by the server and the host learner goes on.
+#   iser            blkps over iSER for real, in one guest with soft-RoCE
+#                   (tests/vm/guest --rdma, tests/vm/iser_in_guest.sh): the
+#                   target serves on the guest's own address through tgt's
+#                   iSER, the kernel's ib_iser logs in (blkps-login
+#                   --transport iser) with InitialR2T=Yes, ImmediateData=No;
+#                   two learners push integer gradients and pull through
+#                   the disks with exact sums in async, bsp and ssp, and the
+#                   control LUN's status is read through iSER. The same over
+#                   TCP in that guest prints the MB/s to compare.
 #   held-write      a bsp gradient write from a guest that the server holds
 #                   past hold_limit fails (ABORTED COMMAND) and the kernel's
 #                   SCSI layer retries it; it is applied once, when the round
@@ -429,6 +438,20 @@ if lun1["iteration"] != 2 or lun1["writes"] < 3:
 PY
 }
 
+test_iser() {
+  # 2560 MiB: tgt's iSER registers a 1 GiB buffer pool per RDMA device.
+  "$guest" --rdma --mem 2560 -- env BLKPS_LIB="$BLKPS_LIB" BLKPS_PY="$BLKPS_PY" \
+    "$top/tests/vm/iser_in_guest.sh" iser:async iser:bsp iser:ssp:2 iscsi:bsp | tee "$state/out"
+  local want
+  for want in "iser async: session transport iser" "iser bsp: session transport iser" \
+              "iser ssp:2: session transport iser" "iscsi bsp: session transport tcp" \
+              "iser session InitialR2T Yes" "iser session ImmediateData No" \
+              "control LUN status: mode ssp:2"; do
+    grep -qx "$want" "$state/out" || fail "the guest did not print '$want'"
+  done
+  [ "$(grep -c "^weights exact: " "$state/out")" = 4 ] || fail "not every run's weights were exact"
+}
+
 case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
@@ -438,5 +461,6 @@ case "$what" in
   target-restart) test_target_restart ;;
   node-dies) test_node_dies ;;
   held-write) test_held_write ;;
+  iser) test_iser ;;
   *) fail "unknown case '$what'" ;;
 esac
