@@ -43,8 +43,8 @@ SESSION_PARAMS = {
     ),
     # tgt's iSER moves all data by RDMA: it creates the target with
     # InitialR2T=Yes and ImmediateData=No, which must stay (unsolicited data
-    # would need two buffers per task); a command carries at most its buffer
-    # size, 512 KiB (buf_sz_kb), so no burst is offered beyond that.
+    # would need two buffers per task); a command carries at most one buffer
+    # of its pool, 512 KiB (RDMA_TRANSFER_SIZE), so no burst goes beyond that.
     "iser": (
         ("MaxBurstLength", "524288"),
         ("MaxOutstandingR2T", "16"),
@@ -197,7 +197,7 @@ class Target:
             raise UserError(what, "tgt's iSER admits only initiators named in its ACL",
                             "name each with --initiator IQN (libblkps: initiator_name; open-iscsi: "
                             "/etc/iscsi/initiatorname.iscsi)")
-        if a.transport == "iser" and a.port not in ("auto", ISER_PORT):
+        if a.transport == "iser" and a.port not in ("auto", str(ISER_PORT)):
             raise UserError(what, f"--port {a.port}: tgt's iSER listens on port {ISER_PORT} only",
                             f"leave --port out, or --port {ISER_PORT}")
         os.makedirs(self.dir, exist_ok=True)
