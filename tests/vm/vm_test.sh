@@ -40,6 +40,9 @@
 #                   the disks with exact sums in async, bsp and ssp, and the
 #                   control LUN's status is read through iSER. The same over
 #                   TCP in that guest prints the MB/s to compare.
+#   iser-train      in such a guest, plain_digits.py trains the digits MLP
+#                   through the ib_iser disk (O_DIRECT) to a held-out
+#                   accuracy of at least 0.85.
 #   held-write      a bsp gradient write from a guest that the server holds
 #                   past hold_limit fails (ABORTED COMMAND) and the kernel's
 #                   SCSI layer retries it; it is applied once, when the round
@@ -438,10 +441,16 @@ if lun1["iteration"] != 2 or lun1["writes"] < 3:
 PY
 }
 
-test_iser() {
+# Runs tests/vm/iser_in_guest.sh RUN... in a guest with soft-RoCE; its
+# output goes to $state/out too.
+iser_guest() {
   # 2560 MiB: tgt's iSER registers a 1 GiB buffer pool per RDMA device.
   "$guest" --rdma --mem 2560 -- env BLKPS_LIB="$BLKPS_LIB" BLKPS_PY="$BLKPS_PY" \
-    "$top/tests/vm/iser_in_guest.sh" iser:async iser:bsp iser:ssp:2 iscsi:bsp | tee "$state/out"
+    "$top/tests/vm/iser_in_guest.sh" "$@" | tee "$state/out"
+}
+
+test_iser() {
+  iser_guest iser:async iser:bsp iser:ssp:2 iscsi:bsp
   local want
   for want in "iser async: session transport iser" "iser bsp: session transport iser" \
               "iser ssp:2: session transport iser" "iscsi bsp: session transport tcp" \
@@ -450,6 +459,12 @@ test_iser() {
     grep -qx "$want" "$state/out" || fail "the guest did not print '$want'"
   done
   [ "$(grep -c "^weights exact: " "$state/out")" = 4 ] || fail "not every run's weights were exact"
+}
+
+test_iser_train() {
+  iser_guest iser:train
+  grep -qx "iser train: session transport iser" "$state/out" || fail "the guest did not train over iSER"
+  grep -q "^held-out test accuracy: " "$state/out" || fail "the guest's learner did not reach its evaluation"
 }
 
 case "$what" in
@@ -462,5 +477,6 @@ case "$what" in
   node-dies) test_node_dies ;;
   held-write) test_held_write ;;
   iser) test_iser ;;
+  iser-train) test_iser_train ;;
   *) fail "unknown case '$what'" ;;
 esac
