@@ -17,33 +17,39 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 iqn=$(sed -n 's/^InitiatorName=//p' /etc/iscsi/initiatorname.iscsi)
 params=262144
 plain="$top/learner/examples/plain_digits.py"
+# Starts a target in DIR serving LUNS learner LUNs with BSOPTS over
+# TRANSPORT on the guest's address, logs the kernel in to each learner LUN,
+# sets devs to their disks and prints the session's transport.
+serve() {  # TRANSPORT DIR LUNS BSOPTS LABEL
+  local url
+  "$top/scripts/blkps-target" start --dir "$2" --transport "$1" --address 10.0.2.15 \
+    --initiator "$iqn" --luns "$3" --bsopts "$4" > /dev/null
+  devs=()
+  for url in $("$top/scripts/blkps" target show --dir "$2" --get URLS); do
+    devs+=("$("$top/scripts/blkps-login" login --transport "$1" --url "$url")")
+  done
+  echo "$5: session transport $(iscsiadm -m session -P 1 | sed -n 's/^[[:space:]]*Iface Transport: //p' | sort -u)"
+}
+# Logs out of DIR's target and stops it.
+unserve() {  # DIR
+  "$top/scripts/blkps-login" logout --url "$("$top/scripts/blkps" target show --dir "$1" --get URL)"
+  "$top/scripts/blkps-target" stop --dir "$1"
+}
 for run in "$@"; do
-  if [ "${run#*:}" = train ]; then
-    transport=${run%%:*} dir=/tmp/target-$transport-train
-    "$top/scripts/blkps-target" start --dir "$dir" --transport "$transport" --address 10.0.2.15 \
-      --initiator "$iqn" --luns 1 --bsopts "params=$(python3 "$plain" --params);lr=0.2;init=normal:0.1;seed=1" > /dev/null
-    url=$("$top/scripts/blkps" target show --dir "$dir" --get URL)
-    dev=$("$top/scripts/blkps-login" login --transport "$transport" --url "$url" 2>/dev/null)
-    echo "$transport train: session transport $(iscsiadm -m session -P 1 | sed -n 's/^[[:space:]]*Iface Transport: //p' | sort -u)"
-    OPENBLAS_NUM_THREADS=1 python3 "$plain" --target "$dev" --epochs 3
-    python3 "$plain" --target "$dev" --evaluate --min-accuracy 0.85
-    "$top/scripts/blkps-login" logout --url "$url"
-    "$top/scripts/blkps-target" stop --dir "$dir"
+  transport=${run%%:*} mode=${run#*:} dir=/tmp/target-${run//:/-}
+  if [ "$mode" = train ]; then
+    serve "$transport" "$dir" 1 "params=$(python3 "$plain" --params);lr=0.2;init=normal:0.1;seed=1" "$transport train"
+    OPENBLAS_NUM_THREADS=1 python3 "$plain" --target "${devs[0]}" --epochs 3
+    python3 "$plain" --target "${devs[0]}" --evaluate --min-accuracy 0.85
+    unserve "$dir"
     continue
   fi
-  transport=${run%%:*} mode=${run#*:} dir=/tmp/target-${run//:/-} devs=()
-  "$top/scripts/blkps-target" start --dir "$dir" --transport "$transport" --address 10.0.2.15 \
-    --initiator "$iqn" --luns 2 --bsopts "params=$params;rule=sum;mode=$mode" > /dev/null
-  for url in $("$top/scripts/blkps" target show --dir "$dir" --get URLS); do
-    devs+=("$("$top/scripts/blkps-login" login --transport "$transport" --url "$url" 2>/dev/null)")
-  done
-  echo "$transport $mode: session transport $(iscsiadm -m session -P 1 | sed -n 's/^[[:space:]]*Iface Transport: //p' | sort -u)"
+  serve "$transport" "$dir" 2 "params=$params;rule=sum;mode=$mode" "$transport $mode"
   iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(InitialR2T\|ImmediateData\|MaxBurstLength\): /session \1 /p' | sort -u |
     sed "s/^/$transport /"
   python3 "$top/tests/vm/push_pull.py" --mode "$mode" --params "$params" --rounds 4 "${devs[@]}"
   control=${devs[0]%-lun-1}-lun-3
   "$top/scripts/blkps" status --control "$control" --json |
     python3 -c 'import json, sys; s = json.load(sys.stdin); print("control LUN status: mode", s["mode"]); sys.exit(s["mode"] != sys.argv[1])' "$mode"
-  "$top/scripts/blkps-login" logout --url "$("$top/scripts/blkps" target show --dir "$dir" --get URL)"
-  "$top/scripts/blkps-target" stop --dir "$dir"
+  unserve "$dir"
 done
