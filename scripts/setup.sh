@@ -29,7 +29,7 @@ die() { echo "setup: error: $*" >&2; exit 1; }
 packages=(
   build-essential cmake pkg-config g++ git
   tgt libiscsi-dev libiscsi-bin libaio-dev libopenblas-dev libopenblas-serial-dev
-  rdma-core libibverbs-dev librdmacm-dev
+  rdma-core libibverbs-dev librdmacm-dev ibverbs-providers  # ibverbs-providers: rxe (soft-RoCE) for the vm iser test
   fio fuse3 libfuse3-dev libgtest-dev zlib1g-dev
   python3 python3-numpy python3-sklearn
   python3-torch dataset-fashion-mnist

@@ -218,12 +218,12 @@ scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
 
 // One synchronous command on `lun` of a context with nothing else in
 // flight: READ(16) into `data` or WRITE(16) from it, in pieces of at most
-// 1 MiB.
+// 512 KiB (what iSER carries as well as TCP).
 Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t offset, void* data, uint64_t len,
                     uint32_t block_size) {
   char* bytes = static_cast<char*>(data);
   for (uint64_t done = 0; done < len;) {
-    const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kDefaultRequestBytes));
+    const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserDefaultRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
     scsi_task* task = PastUnitAttentions([&] {
       return direction == Direction::kRead

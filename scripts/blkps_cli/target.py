@@ -31,15 +31,28 @@ import time
 from . import state, tools
 from .errors import Parser, UserError
 
-# The iSCSI session parameters that matter for throughput (DESIGN.md).
-ISCSI_PARAMS = (
-    ("MaxRecvDataSegmentLength", "262144"),
-    ("FirstBurstLength", "262144"),
-    ("MaxBurstLength", "16776192"),
-    ("InitialR2T", "No"),
-    ("ImmediateData", "Yes"),
-    ("MaxOutstandingR2T", "16"),
-)
+# The session parameters that matter for throughput (DESIGN.md), per transport.
+SESSION_PARAMS = {
+    "iscsi": (
+        ("MaxRecvDataSegmentLength", "262144"),
+        ("FirstBurstLength", "262144"),
+        ("MaxBurstLength", "16776192"),
+        ("InitialR2T", "No"),
+        ("ImmediateData", "Yes"),
+        ("MaxOutstandingR2T", "16"),
+    ),
+    # tgt's iSER moves all data by RDMA: it creates the target with
+    # InitialR2T=Yes and ImmediateData=No, which must stay (unsolicited data
+    # would need two buffers per task); a command carries at most one buffer
+    # of its pool, 512 KiB (RDMA_TRANSFER_SIZE), so no burst goes beyond that.
+    "iser": (
+        ("MaxBurstLength", "524288"),
+        ("MaxOutstandingR2T", "16"),
+    ),
+}
+# tgt 1.0.85's iSER driver listens on every address at port 3260: its
+# `--iser port=N` is refused whatever N (it tests a stale errno).
+ISER_PORT = 3260
 ADMIN_TIMEOUT_S = 5      # tgtadm queries and deletes
 CREATE_TIMEOUT_S = 300   # creating a LUN allocates (and may load) the model
 READY_TIMEOUT_S = 10     # from starting tgtd to its answering tgtadm
@@ -180,6 +193,13 @@ class Target:
         if a.transport == "iser" and not has_rdma():
             raise UserError(what, "iSER needs an RDMA device and this host has none (/sys/class/infiniband is empty)",
                             "use --transport iscsi")
+        if a.transport == "iser" and not a.initiator:
+            raise UserError(what, "tgt's iSER admits only initiators named in its ACL",
+                            "name each with --initiator IQN (libblkps: initiator_name; open-iscsi: "
+                            "/etc/iscsi/initiatorname.iscsi)")
+        if a.transport == "iser" and a.port not in ("auto", str(ISER_PORT)):
+            raise UserError(what, f"--port {a.port}: tgt's iSER listens on port {ISER_PORT} only",
+                            f"leave --port out, or --port {ISER_PORT}")
         os.makedirs(self.dir, exist_ok=True)
         if self.alive():
             raise UserError(what, f"a target is already running in {self.dir} (pid {self.pid()})",
@@ -201,9 +221,16 @@ class Target:
         process took the port first); returns the port."""
         why = ""
         for _ in range(5):
-            port = free_port(a.address) if a.port == "auto" else int(a.port)
+            if a.transport == "iser":
+                # The TCP driver gets a loopback portal of its own, away
+                # from the iSER port (it would take *:3260 by default).
+                port = ISER_PORT
+                lld = ["--iscsi", f"portal=127.0.0.1:{free_port('127.0.0.1')}"]
+            else:
+                port = free_port(a.address) if a.port == "auto" else int(a.port)
+                lld = [f"--{a.transport}", f"portal={a.address}:{port}"]
             with open(self.log, "w") as log:
-                proc = subprocess.Popen(["tgtd", "-f", f"--{a.transport}", f"portal={a.address}:{port}"],
+                proc = subprocess.Popen(["tgtd", "-f", *lld],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)
             with open(self.pid_file, "w") as f:
@@ -219,7 +246,8 @@ class Target:
                 time.sleep(0.1)
             # tgtd keeps running when it cannot bind its portal: its log says so.
             lines = self.log_lines()
-            port_taken = any("unable to bind" in l or "failed to create/bind" in l for l in lines)
+            port_taken = any("unable to bind" in l or "failed to create/bind" in l or "rdma_bind_addr" in l
+                             for l in lines)
             if ready and not port_taken:
                 return port
             why = next((l for l in lines if not l.startswith("can't adjust")), "nothing")
@@ -275,11 +303,14 @@ class Target:
                         ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "rdwr",
                          "--backing-store", os.path.abspath(a.rdwr_lun)])
             rdwr_url = f"{base}/{lun}"
-        for key, value in ISCSI_PARAMS:
+        for key, value in SESSION_PARAMS[a.transport]:
             self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", "--tid", "1", "-n", key, "-v", value])
         allow = a.allow or a.address
         self._admin(a, f"setting the initiator ACL ({allow})", ["--op", "bind", "--mode", "target", "--tid", "1",
                                                                 "-I", allow])
+        for name in a.initiator:
+            self._admin(a, f"setting the initiator name ACL ({name})", ["--op", "bind", "--mode", "target", "--tid",
+                                                                        "1", "-Q", name])
         values = {"URL": urls[0], "URLS": urls, "CONTROL_URL": control_url, "NULL_URL": null_url,
                   "RDWR_URL": rdwr_url, "PORT": port, "IQN": iqn, "TRANSPORT": a.transport, "PID": self.pid(),
                   "TGT_IPC_SOCKET": self.socket, "LOG": self.log}
@@ -394,6 +425,9 @@ def add_start_arguments(s):
     s.add_argument("--port", type=port_or_auto, default="auto", help="portal port, or auto for a free one (default)")
     s.add_argument("--iqn", help="target name (default iqn.2026-11.io.blkps:NAME)")
     s.add_argument("--allow", help="initiator ACL: an address or ALL (default: the portal address)")
+    s.add_argument("--initiator", action="append", default=[], metavar="IQN",
+                   help="initiator name ACL (repeatable); iser needs one: tgt 1.0.85's iSER admits an initiator "
+                        "only when both its address and its name are in the ACL")
     s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
                    "'installed': tgt's plugin folder)")
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")

@@ -31,6 +31,18 @@
 #                   one line (EIO).
 #   node-dies       a guest learner killed mid-training in bsp is declared
 #                   dead by the server and the host learner goes on.
+#   iser            blkps over iSER for real, in one guest with soft-RoCE
+#                   (tests/vm/guest --rdma, tests/vm/iser_in_guest.sh): the
+#                   target serves on the guest's own address through tgt's
+#                   iSER, the kernel's ib_iser logs in (blkps-login
+#                   --transport iser) with InitialR2T=Yes, ImmediateData=No;
+#                   two learners push integer gradients and pull through
+#                   the disks with exact sums in async, bsp and ssp, and the
+#                   control LUN's status is read through iSER. The same over
+#                   TCP in that guest prints the MB/s to compare.
+#   iser-train      in such a guest, plain_digits.py trains the digits MLP
+#                   through the ib_iser disk (O_DIRECT) to a held-out
+#                   accuracy of at least 0.85.
 #   held-write      a bsp gradient write from a guest that the server holds
 #                   past hold_limit fails (ABORTED COMMAND) and the kernel's
 #                   SCSI layer retries it; it is applied once, when the round
@@ -429,6 +441,32 @@ if lun1["iteration"] != 2 or lun1["writes"] < 3:
 PY
 }
 
+# Runs tests/vm/iser_in_guest.sh RUN... in a guest with soft-RoCE; its
+# output goes to $state/out too.
+iser_guest() {
+  # 2560 MiB: tgt's iSER registers a 1 GiB buffer pool per RDMA device.
+  "$guest" --rdma --mem 2560 -- env BLKPS_LIB="$BLKPS_LIB" BLKPS_PY="$BLKPS_PY" \
+    "$top/tests/vm/iser_in_guest.sh" "$@" | tee "$state/out"
+}
+
+test_iser() {
+  iser_guest iser:async iser:bsp iser:ssp:2 iscsi:bsp
+  local want
+  for want in "iser async: session transport iser" "iser bsp: session transport iser" \
+              "iser ssp:2: session transport iser" "iscsi bsp: session transport tcp" \
+              "iser session InitialR2T Yes" "iser session ImmediateData No" \
+              "control LUN status: mode ssp:2"; do
+    grep -qx "$want" "$state/out" || fail "the guest did not print '$want'"
+  done
+  [ "$(grep -c "^weights exact: " "$state/out")" = 4 ] || fail "not every run's weights were exact"
+}
+
+test_iser_train() {
+  iser_guest iser:train
+  grep -qx "iser train: session transport iser" "$state/out" || fail "the guest did not train over iSER"
+  grep -q "^held-out test accuracy: " "$state/out" || fail "the guest's learner did not reach its evaluation"
+}
+
 case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
@@ -438,5 +476,7 @@ case "$what" in
   target-restart) test_target_restart ;;
   node-dies) test_node_dies ;;
   held-write) test_held_write ;;
+  iser) test_iser ;;
+  iser-train) test_iser_train ;;
   *) fail "unknown case '$what'" ;;
 esac

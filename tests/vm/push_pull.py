@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Learners push integer gradients and pull the model through libblkps, and
+the weights must be exact; prints push and pull MB/s.
+
+  push_pull.py --params N --rounds R [--mode M] [--initiator IQN] TARGET...
+
+One learner process per TARGET (a learner LUN of one model with rule=sum:
+an iscsi:// or iser:// URL, or the LUN's block device): learner k pushes
+the gradient k + 1 to every parameter R times, then pulls the whole model R
+times. Every weight must end at its initial value plus R * (1 + ... + L)
+for L learners, or R * (1 + ... + L) / L in bsp (the rule is applied to the
+round's average): exact in float32 for the small R and L used here.
+Exit status 1 with one line when a weight differs. The MB/s figures are the
+model's bytes moved by all learners over the phase's wall time.
+"""
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps  # noqa: E402
+
+
+def learner(url, initiator, k, params, rounds, start, pushed, pulled):
+    """Learner k: R pushes, then (once every learner has pushed) R pulls."""
+    with blkps.Model(url, initiator_name=initiator) as m:
+        grad = np.full(params, k + 1, dtype=np.float32)
+        start.wait()
+        for _ in range(rounds):
+            m.push(0, grad)
+        pushed.wait()
+        out = np.empty(params, dtype=np.float32)
+        for _ in range(rounds):
+            m.pull_into(0, out)
+        pulled.wait()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=int, required=True)
+    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--mode", default="async", help="the model's mode= (async, bsp or ssp:S)")
+    p.add_argument("--initiator", help="the learners' initiator name (default: libblkps's)")
+    p.add_argument("urls", nargs="+")
+    a = p.parse_args()
+    with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
+        initial = m.pull(0, a.params)
+    n = len(a.urls)
+    # Three barriers shared with the learners: pushes start, pushes done,
+    # pulls done; this process is the (n+1)th party of each.
+    start, pushed, pulled = (multiprocessing.Barrier(n + 1, timeout=120) for _ in range(3))
+    procs = [multiprocessing.Process(target=learner, args=(url, a.initiator, k, a.params, a.rounds, start, pushed, pulled))
+             for k, url in enumerate(a.urls)]
+    for proc in procs:
+        proc.start()
+    start.wait()
+    t0 = time.monotonic()
+    pushed.wait()
+    t1 = time.monotonic()
+    pulled.wait()
+    t2 = time.monotonic()
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            sys.exit(f"push_pull: a learner failed (exit {proc.exitcode})")
+    moved = n * a.rounds * a.params * 4 / 1e6
+    print(f"push {moved / (t1 - t0):.1f} MB/s, pull {moved / (t2 - t1):.1f} MB/s "
+          f"({n} learners, {a.rounds} x {a.params * 4 >> 10} KiB each)")
+    with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
+        final = m.pull(0, a.params)
+    gain = a.rounds * n * (n + 1) / 2 / (n if a.mode == "bsp" else 1)
+    want = initial + np.float32(gain)
+    wrong = np.flatnonzero(final != want)
+    if wrong.size:
+        i = wrong[0]
+        sys.exit(f"push_pull: {wrong.size} weights differ: parameter {i} is {final[i]}, expected {want[i]}")
+    print(f"weights exact: initial + {gain}")
+
+
+if __name__ == "__main__":
+    main()
