@@ -68,7 +68,7 @@ std::vector<uint64_t> Job::SaveReceiptsLocked() const {
       ++words[0];
       words.insert(words.end(), {slot, r.writes_applied, initiator.size()});
       std::vector<uint64_t> name((initiator.size() + 7) / 8, 0);
-      std::memcpy(name.data(), initiator.data(), initiator.size());
+      if (!initiator.empty()) std::memcpy(name.data(), initiator.data(), initiator.size());  // "": no data()
       words.insert(words.end(), name.begin(), name.end());
       words.push_back(r.applied.size());
       for (const auto& [unit, count] : r.applied) words.insert(words.end(), {unit, count});
