@@ -113,8 +113,10 @@ inline bool IsNonFinite16(Dtype t, uint16_t h) {
 // The bulk conversions run on every 16-bit READ and WRITE (server) and
 // Push/Pull (learner): vectorised, with AVX2 and AVX-512 clones picked at
 // load time where GCC builds them (each file that includes this header gets
-// its own copies: they have internal linkage).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// its own copies: they have internal linkage). Not under GCC's
+// ThreadSanitizer: the clones' ifunc resolvers run before TSan's runtime is
+// up and crash the program at load (as update_rule.cc's Adam did).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define BLKPS_WIRE_VECTORISED __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
 #else
 #define BLKPS_WIRE_VECTORISED
