@@ -94,8 +94,8 @@ class FileDescriptor {
 
 // Where each section goes in a file with `header_bytes` of header text, and
 // where the trailer goes (*trailer). `offsets` gets one entry per size.
-void Layout(uint64_t header_bytes, const std::vector<uint64_t>& sizes,
-            std::vector<uint64_t>* offsets, uint64_t* trailer) {
+void Layout(uint64_t header_bytes, const std::vector<uint64_t>& sizes, std::vector<uint64_t>* offsets,
+            uint64_t* trailer) {
   offsets->clear();
   uint64_t next = AlignUp(header_bytes);
   for (uint64_t bytes : sizes) {
@@ -130,12 +130,12 @@ Status CheckWritable(const std::string& path, const std::map<std::string, std::s
       return Status::InvalidArgument(prefix + "two sections named " + Quote(s.name));
     }
     if (s.bytes > 0 && s.data == nullptr) {
-      return Status::InvalidArgument(prefix + "section " + Quote(s.name) + " of " +
-                                     std::to_string(s.bytes) + " bytes at nullptr");
+      return Status::InvalidArgument(prefix + "section " + Quote(s.name) + " of " + std::to_string(s.bytes) +
+                                     " bytes at nullptr");
     }
     if (s.bytes > kMaxSectionBytes) {
-      return Status::InvalidArgument(prefix + "section " + Quote(s.name) + " of " +
-                                     std::to_string(s.bytes) + " bytes: more than a file holds");
+      return Status::InvalidArgument(prefix + "section " + Quote(s.name) + " of " + std::to_string(s.bytes) +
+                                     " bytes: more than a file holds");
     }
   }
   return Status::OK();
@@ -143,8 +143,7 @@ Status CheckWritable(const std::string& path, const std::map<std::string, std::s
 
 // The header text, NUL-padded to the data start; *offsets and *trailer as
 // Layout() says for it.
-std::string BuildHeader(const std::map<std::string, std::string>& meta,
-                        const std::vector<CheckpointSection>& sections,
+std::string BuildHeader(const std::map<std::string, std::string>& meta, const std::vector<CheckpointSection>& sections,
                         std::vector<uint64_t>* offsets, uint64_t* trailer) {
   std::vector<uint64_t> sizes;
   for (const CheckpointSection& s : sections) sizes.push_back(s.bytes);
@@ -158,8 +157,8 @@ std::string BuildHeader(const std::map<std::string, std::string>& meta,
     text += "version " + std::to_string(kVersion) + "\n";
     for (const auto& [key, value] : meta) text += "meta " + key + "=" + value + "\n";
     for (size_t i = 0; i < sections.size(); ++i) {
-      text += "section " + std::to_string((*offsets)[i]) + " " + std::to_string(sections[i].bytes) +
-              " " + sections[i].name + "\n";
+      text += "section " + std::to_string((*offsets)[i]) + " " + std::to_string(sections[i].bytes) + " " +
+              sections[i].name + "\n";
     }
     text += "end\n";
     if (AlignUp(text.size()) <= data_start) {
@@ -173,8 +172,7 @@ std::string BuildHeader(const std::map<std::string, std::string>& meta,
 // Writes to a file, keeping the CRC32C of everything it wrote.
 class ChecksummedWriter {
  public:
-  ChecksummedWriter(int fd, const std::string& path, const std::string& tmp)
-      : fd_(fd), path_(path), tmp_(tmp) {}
+  ChecksummedWriter(int fd, const std::string& path, const std::string& tmp) : fd_(fd), path_(path), tmp_(tmp) {}
 
   uint32_t crc() const { return crc_; }
 
@@ -219,10 +217,9 @@ std::string FolderOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
-Status WriteAndSyncTemporary(int fd, const std::string& path, const std::string& tmp,
-                             const std::string& header,
-                             const std::vector<CheckpointSection>& sections,
-                             const std::vector<uint64_t>& offsets, uint64_t trailer) {
+Status WriteAndSyncTemporary(int fd, const std::string& path, const std::string& tmp, const std::string& header,
+                             const std::vector<CheckpointSection>& sections, const std::vector<uint64_t>& offsets,
+                             uint64_t trailer) {
   ChecksummedWriter out(fd, path, tmp);
   Status s = out.Write(header.data(), header.size());
   for (size_t i = 0; i < sections.size() && s.ok(); ++i) {
@@ -257,8 +254,7 @@ Status Corrupt(const std::string& path, const std::string& why) {
 }
 
 // Reads up to n bytes at `offset`; *got < n only at the end of the file.
-Status PreadFull(int fd, const std::string& path, void* buf, size_t n, uint64_t offset,
-                 size_t* got) {
+Status PreadFull(int fd, const std::string& path, void* buf, size_t n, uint64_t offset, size_t* got) {
   auto* p = static_cast<char*>(buf);
   *got = 0;
   while (*got < n) {
@@ -285,8 +281,7 @@ bool ParseNumber(const std::string& s, uint64_t* out) {
 }
 
 Status Malformed(const std::string& path, size_t line_number, const std::string& line) {
-  return Status::InvalidArgument(path + ": malformed header line " + std::to_string(line_number) +
-                                 ": " + Quote(line));
+  return Status::InvalidArgument(path + ": malformed header line " + std::to_string(line_number) + ": " + Quote(line));
 }
 
 // Checks the version line, the first line after the magic line.
@@ -304,8 +299,7 @@ Status CheckVersion(const std::string& path, const std::string& line) {
 }
 
 // Parses the meta and section lines in text[begin, end), line 3 onward.
-Status ParseBody(const std::string& path, const std::string& text, size_t begin, size_t end,
-                 ParsedHeader* out) {
+Status ParseBody(const std::string& path, const std::string& text, size_t begin, size_t end, ParsedHeader* out) {
   std::set<std::string> names;
   size_t line_number = 2;
   for (size_t pos = begin; pos < end;) {
@@ -324,8 +318,7 @@ Status ParseBody(const std::string& path, const std::string& text, size_t begin,
       const size_t sp1 = line.find(' ', 8);
       const size_t sp2 = sp1 == std::string::npos ? sp1 : line.find(' ', sp1 + 1);
       uint64_t offset = 0, bytes = 0;
-      if (sp2 == std::string::npos || sp2 + 1 == line.size() ||
-          !ParseNumber(line.substr(8, sp1 - 8), &offset) ||
+      if (sp2 == std::string::npos || sp2 + 1 == line.size() || !ParseNumber(line.substr(8, sp1 - 8), &offset) ||
           !ParseNumber(line.substr(sp1 + 1, sp2 - sp1 - 1), &bytes)) {
         return Malformed(path, line_number, line);
       }
@@ -405,34 +398,31 @@ Status OpenAndParse(const std::string& path, FileDescriptor* fd_out, ParsedHeade
   for (size_t i = 0; i < out->offsets.size(); ++i) {
     const auto& [name, bytes] = out->header.sections[i];
     if (out->offsets[i] != next) {
-      return Status::InvalidArgument(path + ": malformed header: section " + Quote(name) +
-                                     " at offset " + std::to_string(out->offsets[i]) +
-                                     ", expected " + std::to_string(next));
+      return Status::InvalidArgument(path + ": malformed header: section " + Quote(name) + " at offset " +
+                                     std::to_string(out->offsets[i]) + ", expected " + std::to_string(next));
     }
     if (next > file_bytes || bytes > file_bytes - next) {
-      return Corrupt(path, "truncated: " + std::to_string(file_bytes) + " bytes, section " +
-                               Quote(name) + " ends at " + std::to_string(next + bytes));
+      return Corrupt(path, "truncated: " + std::to_string(file_bytes) + " bytes, section " + Quote(name) + " ends at " +
+                               std::to_string(next + bytes));
     }
     next = AlignUp(next + bytes);
   }
   out->trailer = next;
   const uint64_t expected = out->trailer + kTrailerBytes;
   if (file_bytes < expected) {
-    return Corrupt(path, "truncated: " + std::to_string(file_bytes) + " bytes, the header says " +
-                             std::to_string(expected));
+    return Corrupt(path,
+                   "truncated: " + std::to_string(file_bytes) + " bytes, the header says " + std::to_string(expected));
   }
   if (file_bytes > expected) {
-    return Corrupt(path, std::to_string(file_bytes - expected) + " bytes past the end (" +
-                             std::to_string(file_bytes) + " bytes, the header says " +
-                             std::to_string(expected) + ")");
+    return Corrupt(path, std::to_string(file_bytes - expected) + " bytes past the end (" + std::to_string(file_bytes) +
+                             " bytes, the header says " + std::to_string(expected) + ")");
   }
   fd_out->reset(fd.release());
   return Status::OK();
 }
 
 // Reads file bytes [offset, offset + bytes) into buf, extending *crc.
-Status ReadChecksummed(int fd, const std::string& path, void* buf, uint64_t bytes, uint64_t offset,
-                       uint32_t* crc) {
+Status ReadChecksummed(int fd, const std::string& path, void* buf, uint64_t bytes, uint64_t offset, uint32_t* crc) {
   auto* p = static_cast<char*>(buf);
   while (bytes > 0) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, kIoChunkBytes));
@@ -453,9 +443,8 @@ Status CheckDestinations(const std::string& path, const CheckpointHeader& header
   const auto& sections = header.sections;
   for (size_t i = 0; i < std::max(sections.size(), dests.size()); ++i) {
     if (i >= sections.size()) {
-      return Status::InvalidArgument(path + ": the file has " + std::to_string(sections.size()) +
-                                     " sections and no " + Quote(dests[i].name) +
-                                     ", which the caller expects next");
+      return Status::InvalidArgument(path + ": the file has " + std::to_string(sections.size()) + " sections and no " +
+                                     Quote(dests[i].name) + ", which the caller expects next");
     }
     const std::string& name = sections[i].first;
     const uint64_t bytes = sections[i].second;
@@ -464,13 +453,12 @@ Status CheckDestinations(const std::string& path, const CheckpointHeader& header
                                      std::to_string(i + 1) + ") the caller does not expect");
     }
     if (dests[i].name != name) {
-      return Status::InvalidArgument(path + ": section " + std::to_string(i + 1) + " is " +
-                                     Quote(name) + ", the caller expects " + Quote(dests[i].name));
+      return Status::InvalidArgument(path + ": section " + std::to_string(i + 1) + " is " + Quote(name) +
+                                     ", the caller expects " + Quote(dests[i].name));
     }
     if (dests[i].bytes != bytes) {
-      return Status::InvalidArgument(path + ": section " + Quote(name) + " holds " +
-                                     std::to_string(bytes) + " bytes, the caller expects " +
-                                     std::to_string(dests[i].bytes));
+      return Status::InvalidArgument(path + ": section " + Quote(name) + " holds " + std::to_string(bytes) +
+                                     " bytes, the caller expects " + std::to_string(dests[i].bytes));
     }
     if (bytes > 0 && dests[i].data == nullptr) {
       return Status::InvalidArgument(path + ": no memory given for section " + Quote(name));
@@ -513,8 +501,7 @@ Status WriteCheckpointFile(const std::string& path, const std::map<std::string, 
   const std::string folder = FolderOf(path);
   FileDescriptor dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0 || ::fsync(dir.get()) != 0) {
-    return Status::IOError(path + ": written, but its folder " + folder +
-                           " could not be synced: " + Errno(errno) +
+    return Status::IOError(path + ": written, but its folder " + folder + " could not be synced: " + Errno(errno) +
                            "; the checkpoint may not survive a crash");
   }
   return Status::OK();

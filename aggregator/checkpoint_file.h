@@ -94,8 +94,7 @@ struct CheckpointSection {
 //                    place but may not survive a crash.
 // REQUIRES: the sections' memory does not change during the call (else the
 // file fails its checksum when read).
-Status WriteCheckpointFile(const std::string& path,
-                           const std::map<std::string, std::string>& meta,
+Status WriteCheckpointFile(const std::string& path, const std::map<std::string, std::string>& meta,
                            const std::vector<CheckpointSection>& sections);
 
 // ---- Reading, in two steps ---------------------------------------------------
@@ -135,7 +134,6 @@ struct CheckpointDest {
 // if the file is truncated, has trailing bytes, or a damaged end marker),
 // and the codes of ReadCheckpointHeader() for its failures. On failure the
 // destinations may hold part of the file: the caller discards them.
-Status ReadCheckpointSections(const std::string& path,
-                              const std::vector<CheckpointDest>& dests);
+Status ReadCheckpointSections(const std::string& path, const std::vector<CheckpointDest>& dests);
 
 }  // namespace blkps::server

@@ -75,8 +75,7 @@ inline uint32_t LoadLe32(const uint8_t* p) {
 #if defined(__x86_64__)
 
 inline uint32_t Shift(const uint32_t table[4][256], uint32_t crc) {
-  return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^
-         table[3][crc >> 24];
+  return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^ table[3][crc >> 24];
 }
 
 __attribute__((target("sse4.2"))) inline uint64_t Load64(const uint8_t* p) {
@@ -87,8 +86,8 @@ __attribute__((target("sse4.2"))) inline uint64_t Load64(const uint8_t* p) {
 
 // CRCs whole runs of 3 * kBlock bytes from *p, advancing *p and *len.
 template <size_t kBlock>
-__attribute__((target("sse4.2"))) uint64_t ThreeStreams(uint64_t crc0, const uint32_t shift[4][256],
-                                                         const uint8_t** p, size_t* len) {
+__attribute__((target("sse4.2"))) uint64_t ThreeStreams(uint64_t crc0, const uint32_t shift[4][256], const uint8_t** p,
+                                                        size_t* len) {
   const uint8_t* next = *p;
   while (*len >= 3 * kBlock) {
     uint64_t crc1 = 0, crc2 = 0;
@@ -125,8 +124,8 @@ uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t len) {
   for (; len >= 8; p += 8, len -= 8) {
     const uint32_t lo = crc ^ LoadLe32(p);
     const uint32_t hi = LoadLe32(p + 4);
-    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
+          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
   }
   while (len-- > 0) crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
   return ~crc;
@@ -156,9 +155,7 @@ bool CpuHasCrc32cInstruction() {
 
 #else
 
-uint32_t Crc32cSse42(uint32_t crc, const void* data, size_t len) {
-  return Crc32cPortable(crc, data, len);
-}
+uint32_t Crc32cSse42(uint32_t crc, const void* data, size_t len) { return Crc32cPortable(crc, data, len); }
 
 bool CpuHasCrc32cInstruction() { return false; }
 

@@ -15,8 +15,7 @@ Status ParseScale(const std::string& kind, const std::string& arg, double* out) 
   errno = 0;
   double v = std::strtod(arg.c_str(), &end);
   if (arg.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v <= 0) {
-    return Status::InvalidArgument("init: " + kind +
-                                   ":<x> needs a finite number > 0, got '" + arg + "'");
+    return Status::InvalidArgument("init: " + kind + ":<x> needs a finite number > 0, got '" + arg + "'");
   }
   *out = v;
   return Status::OK();
@@ -43,8 +42,8 @@ Status ParseInitSpec(const std::string& text, InitSpec* spec) {
     parsed.kind = InitSpec::Kind::kFile;
     parsed.path = arg;
   } else {
-    return Status::InvalidArgument(
-        "init: expected zeros, uniform:<a>, normal:<std> or file:<path>, got '" + text + "'");
+    return Status::InvalidArgument("init: expected zeros, uniform:<a>, normal:<std> or file:<path>, got '" + text +
+                                   "'");
   }
   *spec = parsed;
   return Status::OK();
@@ -52,8 +51,7 @@ Status ParseInitSpec(const std::string& text, InitSpec* spec) {
 
 Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n) {
   switch (spec.kind) {
-    case InitSpec::Kind::kZeros:
-      return Status::OK();  // already zero
+    case InitSpec::Kind::kZeros: return Status::OK();  // already zero
 
     case InitSpec::Kind::kUniform: {
       std::mt19937_64 rng(spec.seed);

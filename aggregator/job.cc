@@ -29,11 +29,12 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
       opts_(opts),
       log_(log ? std::move(log) : [](const std::string&) {}),
       model_(std::move(model)),
-      clocks_(opts.consistency, [&] {
-        std::vector<uint64_t> params(model_->num_blocks());
-        for (uint64_t b = 0; b < params.size(); ++b) params[b] = model_->BlockParams(b);
-        return params;
-      }()),
+      clocks_(opts.consistency,
+              [&] {
+                std::vector<uint64_t> params(model_->num_blocks());
+                for (uint64_t b = 0; b < params.size(); ++b) params[b] = model_->BlockParams(b);
+                return params;
+              }()),
       last_checkpoint_(Clock::now()) {}
 
 Job::~Job() {
@@ -76,7 +77,7 @@ void Job::RemoveLearner(size_t slot) {
   s.released.clear();
   s.wake = nullptr;
   clocks_.MarkDead(slot);
-  ReleaseLocked();  // the others may no longer wait for it
+  ReleaseLocked();                 // the others may no longer wait for it
   rounds_may_be_complete_ = true;  // the ticker finishes them
 }
 

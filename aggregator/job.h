@@ -78,14 +78,14 @@
 namespace blkps::server {
 
 struct JobOptions {
-  ModelOptions model;               // model.accumulator is set from the mode
+  ModelOptions model;  // model.accumulator is set from the mode
   ConsistencyOptions consistency;
-  double dead_after_s = 10;         // no I/O this long: a learner is dead
-  double hold_limit_s = 20;         // longest a command is held; under the
-                                    // initiators' ~30 s command timeout
-  uint32_t max_dead = 0;            // dead learners that fail the job; 0: never
-  std::string checkpoint;           // checkpoint file; empty: none
-  double checkpoint_every_s = 0;    // periodic checkpoints; 0: only on fsync
+  double dead_after_s = 10;       // no I/O this long: a learner is dead
+  double hold_limit_s = 20;       // longest a command is held; under the
+                                  // initiators' ~30 s command timeout
+  uint32_t max_dead = 0;          // dead learners that fail the job; 0: never
+  std::string checkpoint;         // checkpoint file; empty: none
+  double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
 };
 
 class Job {
@@ -121,8 +121,7 @@ class Job {
   // for liveness and status; a dead slot rejoins. `initiator` (the iSCSI
   // initiator name) keys the receipt; a write is in progress on it from
   // here until Write() returns or its hold fails.
-  Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd,
-                  const std::string& initiator = "");
+  Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd, const std::string& initiator = "");
   struct Released {
     void* cmd;
     Status status;  // OK: run it now; otherwise fail it with this

@@ -110,8 +110,8 @@ Status Job::LoadCheckpoint() {
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   s = clocks_.Restore(clocks);
   if (s.ok() && clocks_.num_learners() != luns.size()) {
-    s = Status::InvalidArgument("its clocks are for " + std::to_string(clocks_.num_learners()) + " learners but it names " +
-                                std::to_string(luns.size()) + " LUNs");
+    s = Status::InvalidArgument("its clocks are for " + std::to_string(clocks_.num_learners()) +
+                                " learners but it names " + std::to_string(luns.size()) + " LUNs");
   }
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   const Clock::time_point now = Clock::now();

@@ -63,8 +63,8 @@ Status Job::Control(const std::string& commands, const std::string& initiator) {
 
 Status Job::SetTag(const std::string& tag) {
   static constexpr size_t kMaxTag = 256;
-  const bool plain = tag.find_first_not_of(
-                         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:,=+/-") == std::string::npos;
+  const bool plain = tag.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:,=+/-") ==
+                     std::string::npos;
   if (tag.size() > kMaxTag || !plain) {
     return Status::InvalidArgument("control: tag: expected at most 256 of [A-Za-z0-9._:,=+/-], got '" + tag + "'");
   }

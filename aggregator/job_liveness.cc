@@ -35,8 +35,8 @@ void Job::Tick() {
                                      std::to_string(held.first_block) + " by lun " + std::to_string(s.lun) +
                                      " (iteration " + std::to_string(clocks_.clock(held.slot, held.first_block)) +
                                      ", mode " + FormatConsistency(opts_.consistency) + ") waited " +
-                                     Fixed(opts_.hold_limit_s, 1) + " s (hold_limit) for learners behind it: " +
-                                     WhoIsBehindLocked(held);
+                                     Fixed(opts_.hold_limit_s, 1) +
+                                     " s (hold_limit) for learners behind it: " + WhoIsBehindLocked(held);
                                  log_(why);
                                  ReleaseOneLocked(held, Status::DeadlineExceeded(why));
                                  return true;

@@ -34,7 +34,7 @@ void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
     const bool fenced = held.write && slots_[held.slot].lun == lun && held.initiator == initiator;
     if (fenced) {
       ReleaseOneLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
-                                                       " reconnected and will resend what its receipt lacks"));
+                                                      " reconnected and will resend what its receipt lacks"));
     }
     return fenced;
   });

@@ -77,18 +77,21 @@ std::string Job::StatusJson() const {
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
-    << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3) << ", \"every_s\": "
-    << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_) << "},\n";
+    << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
+    << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
+    << "},\n";
   j << "  \"learners\": [";
   for (size_t k = 0; k < slots_.size(); ++k) {
     const Slot& s = slots_[k];
     const double mean = s.lead_count ? static_cast<double>(s.lead_sum) / s.lead_count : 0.0;
     j << (k ? ",\n" : "\n") << "    {\"lun\": " << s.lun << ", \"state\": \""
-      << (!s.attached ? "detached" : clocks_.live(k) ? "live" : "dead") << "\", \"iteration\": "
-      << clocks_.iteration(k) << ", \"idle_s\": " << Fixed(Seconds(now - s.last_io), 3) << ", \"held\": " << s.held
-      << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes << ", \"bytes_read\": " << s.bytes_read
-      << ", \"bytes_written\": " << s.bytes_written << ", \"holds\": " << s.holds
-      << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
+      << (!s.attached       ? "detached"
+          : clocks_.live(k) ? "live"
+                            : "dead")
+      << "\", \"iteration\": " << clocks_.iteration(k) << ", \"idle_s\": " << Fixed(Seconds(now - s.last_io), 3)
+      << ", \"held\": " << s.held << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
+      << ", \"bytes_read\": " << s.bytes_read << ", \"bytes_written\": " << s.bytes_written
+      << ", \"holds\": " << s.holds << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
       << ", \"staleness_max\": " << s.lead_max << ", \"staleness_mean\": " << Fixed(mean, 3) << "}";
   }
   j << (slots_.empty() ? "]\n" : "\n  ]\n") << "}\n";

@@ -22,7 +22,8 @@ Status ParseConsistency(const std::string& text, ConsistencyOptions* out) {
     }
   }
   return Status::InvalidArgument("mode: expected async, bsp or ssp:<s> (s: iterations a reader may run ahead, 0 to "
-                                 "1000000), got '" + text + "'");
+                                 "1000000), got '" +
+                                 text + "'");
 }
 
 std::string FormatConsistency(const ConsistencyOptions& opts) {
@@ -66,8 +67,7 @@ bool LearnerClocks::ReadMayPass(size_t l, uint64_t first, uint64_t last) const {
   for (uint64_t b = first; b <= last; ++b) {
     const uint64_t mine = learners_[l].blocks[b].clock;
     switch (opts_.mode) {
-      case ConsistencyMode::kAsync:
-        return true;
+      case ConsistencyMode::kAsync: return true;
       case ConsistencyMode::kBsp:
         if (blocks_[b].round < mine) return false;
         break;

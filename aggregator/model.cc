@@ -1,8 +1,8 @@
 #include "model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -37,7 +37,8 @@ std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 #if !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-size_t FirstNonFinite(const float* g, size_t n) {
+size_t
+FirstNonFinite(const float* g, size_t n) {
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(g);
   constexpr uint32_t kExponent = 0x7f800000u;
   constexpr size_t kChunk = 1024;
@@ -82,10 +83,9 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   const uint64_t need = MemoryBytes(opts, *rule);
   const uint64_t available = AvailableMemoryBytes();
   if (available != 0 && need > available) {
-    return Status::ResourceExhausted("params: a model of " + std::to_string(opts.num_params) +
-                                     " parameters with rule " + rule->name() + " needs " + Mib(need) +
-                                     " but only " + Mib(available) +
-                                     " of memory is available; use fewer parameters or shard the model");
+    return Status::ResourceExhausted(
+        "params: a model of " + std::to_string(opts.num_params) + " parameters with rule " + rule->name() + " needs " +
+        Mib(need) + " but only " + Mib(available) + " of memory is available; use fewer parameters or shard the model");
   }
   s = MakeUpdateRule(opts.rule, opts.num_params, &rule);
   if (!s.ok()) return s;
@@ -104,8 +104,7 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   return Status::OK();
 }
 
-Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule,
-             PageBuffer accumulator)
+Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator)
     : num_params_(opts.num_params),
       block_bytes_(opts.block_bytes),
       num_blocks_((opts.num_params * sizeof(float) + opts.block_bytes - 1) / opts.block_bytes),
@@ -120,8 +119,7 @@ Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<Updat
 Status Model::CheckRange(uint64_t offset, uint64_t len) const {
   if (offset > size_bytes_ || len > size_bytes_ - offset) {
     return Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
-                              ") pass the end of the model device (" + std::to_string(size_bytes_) +
-                              " bytes)");
+                              ") pass the end of the model device (" + std::to_string(size_bytes_) + " bytes)");
   }
   return Status::OK();
 }

@@ -13,13 +13,13 @@ class Status {
  public:
   enum class Code {
     kOk,
-    kInvalidArgument,  // the caller's input is wrong: an option, a gradient
-    kOutOfRange,       // an offset or length past the end of the model
-    kNotFound,         // a named file or thing does not exist
+    kInvalidArgument,    // the caller's input is wrong: an option, a gradient
+    kOutOfRange,         // an offset or length past the end of the model
+    kNotFound,           // a named file or thing does not exist
     kResourceExhausted,  // not enough memory
-    kIOError,          // a file could not be read or written
-    kUnavailable,      // the job has failed (too many learners dead)
-    kDeadlineExceeded,  // a held command waited past its bound
+    kIOError,            // a file could not be read or written
+    kUnavailable,        // the job has failed (too many learners dead)
+    kDeadlineExceeded,   // a held command waited past its bound
   };
 
   Status() = default;

@@ -148,7 +148,9 @@ class AdamRule final : public UpdateRule {
  public:
   AdamRule(const RuleOptions& o, PageBuffer m, PageBuffer v, PageBuffer t)
       : UpdateRule({{kLr, o.lr}, {kBeta1, o.beta1}, {kBeta2, o.beta2}, {kEps, o.eps}}),
-        m_(std::move(m)), v_(std::move(v)), t_(std::move(t)) {}
+        m_(std::move(m)),
+        v_(std::move(v)),
+        t_(std::move(t)) {}
   const char* name() const override { return "adam"; }
   size_t state_bytes_per_param() const override { return 2 * sizeof(float) + sizeof(uint32_t); }
 
@@ -167,8 +169,8 @@ class AdamRule final : public UpdateRule {
       const double correction1 = 1.0 - std::pow(static_cast<double>(beta1), step);
       const double correction2 = 1.0 - std::pow(static_cast<double>(beta2), step);
       AdamRun(beta1, beta2, eps, step, static_cast<float>(lr / correction1),
-              static_cast<float>(1.0 / std::sqrt(correction2)), w + start, g + start, m + start, v + start,
-              t + start, end - start);
+              static_cast<float>(1.0 / std::sqrt(correction2)), w + start, g + start, m + start, v + start, t + start,
+              end - start);
       start = end;
     }
   }
@@ -224,9 +226,9 @@ Status CheckParam(const std::string& name, float x) {
 }
 
 Status CheckOptions(const RuleOptions& o) {
-  const std::pair<const char*, float> fields[] = {
-      {"lr", o.lr},       {"momentum", o.momentum}, {"beta1", o.beta1},
-      {"beta2", o.beta2}, {"eps", o.eps},           {"adagrad_eps", o.adagrad_eps}};
+  const std::pair<const char*, float> fields[] = {{"lr", o.lr},       {"momentum", o.momentum},
+                                                  {"beta1", o.beta1}, {"beta2", o.beta2},
+                                                  {"eps", o.eps},     {"adagrad_eps", o.adagrad_eps}};
   for (const auto& [field, x] : fields) {
     Status s = CheckParam(field, x);
     if (!s.ok()) return s;

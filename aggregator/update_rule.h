@@ -157,7 +157,6 @@ class UpdateRule {
 //   InvalidArgument    unknown rule name (the message lists the known ones),
 //                      or a field out of range (named as in RuleOptions);
 //   ResourceExhausted  the state cannot be mapped.
-Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params,
-                      std::unique_ptr<UpdateRule>* out);
+Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_ptr<UpdateRule>* out);
 
 }  // namespace blkps::server

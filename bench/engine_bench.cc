@@ -41,22 +41,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kUsage[] =
-    "usage: blkps-engine-bench --urls 'URL1 URL2 ...' [--control URL] "
-    "[--null URL] [options]\n"
-    "  --urls        learner LUNs of one model, one learner thread each (2+ "
-    "for staleness)\n"
-    "  --control     the model's control LUN (CONTROL_URL): staleness\n"
-    "  --null        tgt's null LUN (NULL_URL): the rate ceiling; without it "
-    "the rate part is skipped\n"
-    "  --params N    parameters per learner (default: the whole device)\n"
-    "  --iterations  iterations per setup in the stall table (default 20)\n"
-    "  --warmup      first iterations not counted (default 4)\n"
-    "  --rounds      interleaved rounds of the rate part (default 5)\n"
-    "  --rate-iterations  transfers per round and store (default 6)\n"
-    "  --bs, --qd    request bytes and requests in flight (default 1M, 16)\n"
-    "  --only stall|rate  run one part\n"
-    "  --trace       print every counted iteration's metrics on stderr\n";
+constexpr char kUsage[] = "usage: blkps-engine-bench --urls 'URL1 URL2 ...' [--control URL] "
+                          "[--null URL] [options]\n"
+                          "  --urls        learner LUNs of one model, one learner thread each (2+ "
+                          "for staleness)\n"
+                          "  --control     the model's control LUN (CONTROL_URL): staleness\n"
+                          "  --null        tgt's null LUN (NULL_URL): the rate ceiling; without it "
+                          "the rate part is skipped\n"
+                          "  --params N    parameters per learner (default: the whole device)\n"
+                          "  --iterations  iterations per setup in the stall table (default 20)\n"
+                          "  --warmup      first iterations not counted (default 4)\n"
+                          "  --rounds      interleaved rounds of the rate part (default 5)\n"
+                          "  --rate-iterations  transfers per round and store (default 6)\n"
+                          "  --bs, --qd    request bytes and requests in flight (default 1M, 16)\n"
+                          "  --only stall|rate  run one part\n"
+                          "  --trace       print every counted iteration's metrics on stderr\n";
 
 struct Options {
   std::vector<std::string> urls;
@@ -143,9 +142,7 @@ Options ParseOptions(int argc, char** argv) {
   return o;
 }
 
-double Seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -169,8 +166,7 @@ constexpr Setup kBaseline{"baseline", false, false};
 constexpr Setup kEager{"double-buffered", true, false};
 constexpr Setup kAdaptive{"double-buffered + adaptive", true, true};
 
-blkps::EngineOptions EngineOptionsFor(const Options& o, const Setup& setup,
-                                      uint64_t params, bool control) {
+blkps::EngineOptions EngineOptionsFor(const Options& o, const Setup& setup, uint64_t params, bool control) {
   blkps::EngineOptions e;
   e.open.request_bytes = o.bs;
   e.open.queue_depth = o.qd;
@@ -182,11 +178,8 @@ blkps::EngineOptions EngineOptionsFor(const Options& o, const Setup& setup,
 }
 
 // Every learner's metrics of the counted iterations.
-std::vector<blkps::IterationMetrics> RunLearners(const Options& o,
-                                                 const Setup& setup,
-                                                 uint64_t params,
-                                                 double compute_s,
-                                                 int iterations) {
+std::vector<blkps::IterationMetrics> RunLearners(const Options& o, const Setup& setup, uint64_t params,
+                                                 double compute_s, int iterations) {
   std::mutex mu;
   std::vector<blkps::IterationMetrics> all;
   std::string failure;
@@ -195,8 +188,7 @@ std::vector<blkps::IterationMetrics> RunLearners(const Options& o,
     threads.emplace_back([&, l] {
       const std::string& url = o.urls[l];
       std::string error;
-      auto engine = blkps::Engine::Open(
-          url, EngineOptionsFor(o, setup, params, !o.control.empty()), &error);
+      auto engine = blkps::Engine::Open(url, EngineOptionsFor(o, setup, params, !o.control.empty()), &error);
       // Learners out of phase (learner l starts l/N of a compute later), as
       // learners of a real job are: the others' pushes then land at
       // different points of an iteration, which is what staleness measures.
@@ -215,10 +207,8 @@ std::vector<blkps::IterationMetrics> RunLearners(const Options& o,
           fprintf(stderr,
                   "    %s %s t=%llu compute=%.1f stall=%.1f push=%.1f "
                   "pull=%.1f bubble=%.1f staleness=%lld concurrent=%d (ms)\n",
-                  setup.name, url.c_str(),
-                  static_cast<unsigned long long>(m.iteration),
-                  m.compute_s * 1e3, m.stall_s * 1e3, m.push_s * 1e3,
-                  m.pull_s * 1e3, m.bubble_s * 1e3,
+                  setup.name, url.c_str(), static_cast<unsigned long long>(m.iteration), m.compute_s * 1e3,
+                  m.stall_s * 1e3, m.push_s * 1e3, m.pull_s * 1e3, m.bubble_s * 1e3,
                   static_cast<long long>(m.staleness), m.concurrent ? 1 : 0);
         }
       }
@@ -296,31 +286,25 @@ void StallTable(const Options& o, uint64_t params) {
     Summary s[3];
     const Setup setups[3] = {kBaseline, kEager, kAdaptive};
     for (int k = 0; k < 3; ++k) {
-      s[k] = Summarize(
-          RunLearners(o, setups[k], params, compute, o.iterations));
+      s[k] = Summarize(RunLearners(o, setups[k], params, compute, o.iterations));
       fprintf(stderr,
               "  compute %.1f ms, %s: stall %.1f %%, staleness %s, "
               "concurrent %.0f %% of iterations\n",
-              compute * 1e3, setups[k].name, s[k].stall_fraction * 100,
-              Staleness(s[k]).c_str(), s[k].concurrent * 100);
+              compute * 1e3, setups[k].name, s[k].stall_fraction * 100, Staleness(s[k]).c_str(), s[k].concurrent * 100);
     }
     printf("| %.1fx T (%.0f ms) | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s "
            "|\n",
-           ratio, compute * 1e3, t * 1e3, s[0].comm_s / compute,
-           s[0].stall_fraction * 100,
-           s[1].stall_fraction * 100, s[2].stall_fraction * 100,
-           Staleness(s[1]).c_str(), Staleness(s[2]).c_str());
+           ratio, compute * 1e3, t * 1e3, s[0].comm_s / compute, s[0].stall_fraction * 100, s[1].stall_fraction * 100,
+           s[2].stall_fraction * 100, Staleness(s[1]).c_str(), Staleness(s[2]).c_str());
     fflush(stdout);
   }
 }
 
 // Seconds per push + pull of `params` through an engine with no compute
 // (after one warm-up iteration), median over `iterations`.
-double EngineIteration(const Options& o, const std::string& url,
-                       uint64_t params, int iterations) {
+double EngineIteration(const Options& o, const std::string& url, uint64_t params, int iterations) {
   std::string error;
-  auto engine = blkps::Engine::Open(
-      url, EngineOptionsFor(o, kAdaptive, params, false), &error);
+  auto engine = blkps::Engine::Open(url, EngineOptionsFor(o, kAdaptive, params, false), &error);
   if (!engine) Fail(error);
   std::vector<double> times;
   Clock::time_point last = Clock::now();
@@ -336,8 +320,7 @@ double EngineIteration(const Options& o, const std::string& url,
 
 // The same transfers with plain connections: one pushes `params` while the
 // other pulls them; seconds per round, median.
-double PlainIteration(const Options& o, const std::string& url,
-                      uint64_t params, int iterations) {
+double PlainIteration(const Options& o, const std::string& url, uint64_t params, int iterations) {
   blkps::OpenOptions open;
   open.request_bytes = o.bs;
   open.queue_depth = o.qd;
@@ -380,8 +363,7 @@ void RateComparison(const Options& o, uint64_t params) {
     null_rates.push_back(n);
     engine_null_rates.push_back(en);
   }
-  const double e = Median(engine_rates), n = Median(null_rates),
-               en = Median(engine_null_rates);
+  const double e = Median(engine_rates), n = Median(null_rates), en = Median(engine_null_rates);
   printf("\npush + pull of a %.1f MiB model (bs %u, qd %u, %d rounds, "
          "medians, MB = 1e6 B):\n\n",
          params * 4.0 / (1 << 20), o.bs, o.qd, o.rounds);
@@ -403,14 +385,13 @@ int main(int argc, char** argv) {
     const uint64_t on_device = probe->size_bytes() / 4;
     if (params == 0) params = on_device;
     if (params > on_device) {
-      Fail("--params " + std::to_string(params) + " is more than the " +
-           std::to_string(on_device) + " on " + o.urls[0]);
+      Fail("--params " + std::to_string(params) + " is more than the " + std::to_string(on_device) + " on " +
+           o.urls[0]);
     }
   }
   printf("engine bench: %zu learners, model %llu parameters (%.1f MiB), bs "
          "%u, qd %u\n",
-         o.urls.size(), static_cast<unsigned long long>(params),
-         params * 4.0 / (1 << 20), o.bs, o.qd);
+         o.urls.size(), static_cast<unsigned long long>(params), params * 4.0 / (1 << 20), o.bs, o.qd);
   if (o.stall) StallTable(o, params);
   if (o.rate && !o.null.empty()) RateComparison(o, params);
   return 0;

@@ -22,18 +22,17 @@
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: blkps-iobench --target URL_OR_PATH --op read|write [--bs 1M] "
-    "[--qd 16] [--span 64M] [--seconds 5] [--offset 0]\n"
-    "  --target   a file, block device, iscsi://host[:port]/<iqn>/<lun> or "
-    "iser://...\n"
-    "  --op       read or write (writes send zero gradients)\n"
-    "  --bs       bytes per request (K, M, G: powers of 1024)\n"
-    "  --qd       requests in flight\n"
-    "  --span     bytes transferred per pass (default: 64M, or up to the end "
-    "of the device)\n"
-    "  --seconds  how long to run\n"
-    "  --offset   device byte where each pass starts\n";
+constexpr char kUsage[] = "usage: blkps-iobench --target URL_OR_PATH --op read|write [--bs 1M] "
+                          "[--qd 16] [--span 64M] [--seconds 5] [--offset 0]\n"
+                          "  --target   a file, block device, iscsi://host[:port]/<iqn>/<lun> or "
+                          "iser://...\n"
+                          "  --op       read or write (writes send zero gradients)\n"
+                          "  --bs       bytes per request (K, M, G: powers of 1024)\n"
+                          "  --qd       requests in flight\n"
+                          "  --span     bytes transferred per pass (default: 64M, or up to the end "
+                          "of the device)\n"
+                          "  --seconds  how long to run\n"
+                          "  --offset   device byte where each pass starts\n";
 
 struct Options {
   std::string target;
@@ -93,8 +92,8 @@ Options ParseOptions(int argc, char** argv) {
       }
     } else if (name == "--qd") {
       uint64_t qd = 0;
-      if (value.find_first_not_of("0123456789") != std::string::npos ||
-          !blkps::ParseByteSize(value, &qd) || qd == 0 || qd > UINT32_MAX) {
+      if (value.find_first_not_of("0123456789") != std::string::npos || !blkps::ParseByteSize(value, &qd) || qd == 0 ||
+          qd > UINT32_MAX) {
         Fail("--qd: expected a positive integer, got '" + value + "'");
       }
       options.qd = static_cast<uint32_t>(qd);
@@ -104,8 +103,7 @@ Options ParseOptions(int argc, char** argv) {
     } else if (name == "--seconds") {
       char* end = nullptr;
       options.seconds = strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(options.seconds) ||
-          options.seconds <= 0) {
+      if (value.empty() || *end != '\0' || !std::isfinite(options.seconds) || options.seconds <= 0) {
         Fail("--seconds: expected a positive number, got '" + value + "'");
       }
     } else if (name == "--offset") {
@@ -128,15 +126,13 @@ int main(int argc, char** argv) {
   open_options.request_bytes = static_cast<uint32_t>(options.bs);
   open_options.queue_depth = options.qd;
   std::string error;
-  std::unique_ptr<blkps::Model> model =
-      blkps::Model::Open(options.target, open_options, &error);
+  std::unique_ptr<blkps::Model> model = blkps::Model::Open(options.target, open_options, &error);
   if (model == nullptr) Fail(error);
 
   uint64_t span = options.span;
   if (span == 0) {
     if (options.offset >= model->size_bytes()) {
-      Fail("--offset " + std::to_string(options.offset) +
-           " is past the end of the device (" +
+      Fail("--offset " + std::to_string(options.offset) + " is past the end of the device (" +
            std::to_string(model->size_bytes()) + " bytes)");
     }
     span = std::min<uint64_t>(64 << 20, model->size_bytes() - options.offset);
@@ -153,19 +149,16 @@ int main(int argc, char** argv) {
   double elapsed = 0;
   uint64_t bytes = 0;
   do {
-    const int rc = options.write
-                       ? model->WriteBytes(options.offset, buffer, span)
-                       : model->ReadBytes(options.offset, buffer, span);
+    const int rc = options.write ? model->WriteBytes(options.offset, buffer, span)
+                                 : model->ReadBytes(options.offset, buffer, span);
     if (rc != 0) Fail(model->last_error());
     bytes += span;
     elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   } while (elapsed < options.seconds);
   free(buffer);
 
-  printf("op=%s bs=%llu qd=%u bytes=%llu seconds=%.3f MBps=%.1f\n",
-         options.write ? "write" : "read",
-         static_cast<unsigned long long>(model->request_bytes()),
-         model->queue_depth(), static_cast<unsigned long long>(bytes), elapsed,
-         bytes / elapsed / 1e6);
+  printf("op=%s bs=%llu qd=%u bytes=%llu seconds=%.3f MBps=%.1f\n", options.write ? "write" : "read",
+         static_cast<unsigned long long>(model->request_bytes()), model->queue_depth(),
+         static_cast<unsigned long long>(bytes), elapsed, bytes / elapsed / 1e6);
   return 0;
 }

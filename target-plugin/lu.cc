@@ -83,8 +83,8 @@ class JobRegistry {
     }
     if (open) {
       if (entry.bsopts != lu.options.model_bsopts) {
-        return server::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" +
-                                               entry.bsopts + "'; a LUN joining it must give the same "
+        return server::Status::InvalidArgument("model '" + name + "' is already served with --bsopts '" + entry.bsopts +
+                                               "'; a LUN joining it must give the same "
                                                "(dtype aside)");
       }
       *out = open;
@@ -158,8 +158,7 @@ server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
 // counters or receipts.
 bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
   const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
-  return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) ||
-         touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
+  return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) || touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
          touches(blkps_control_receipts_offset(lu.job->size_bytes()), UINT64_MAX / 2);
 }
 
@@ -167,9 +166,12 @@ bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
 // calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
 template <typename Piece>
 server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_t len, Piece piece) {
-  const uint64_t borders[] = {kStatusOffset,  kCommandsOffset,
-                              kCountersOffset, kWeightsOffset,
-                              blkps_control_receipts_offset(lu.job->size_bytes()), UINT64_MAX};
+  const uint64_t borders[] = {kStatusOffset,
+                              kCommandsOffset,
+                              kCountersOffset,
+                              kWeightsOffset,
+                              blkps_control_receipts_offset(lu.job->size_bytes()),
+                              UINT64_MAX};
   for (size_t r = 0; r + 1 < std::size(borders); ++r) {
     const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
     if (start >= end) continue;
@@ -264,7 +266,8 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
   });
 }
 
-server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len, const std::string& initiator) {
+server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len,
+                            const std::string& initiator) {
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // REQUIRES !TouchesReadOnlyRegion(offset, len).

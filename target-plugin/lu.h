@@ -60,8 +60,8 @@ void blkps_lu_destroy(struct blkps_lu *lu);
  * needs the model to exist). `wake_fd` is an eventfd the core writes to when
  * held commands of this LUN are released. Stores the device size in
  * *size_bytes. Returns 0, or -1 on failure. */
-int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t lun, int wake_fd,
-                  uint64_t *size_bytes, char *err, size_t errlen);
+int blkps_lu_open(struct blkps_lu *lu, const char *path, uint64_t lun, int wake_fd, uint64_t *size_bytes, char *err,
+                  size_t errlen);
 void blkps_lu_close(struct blkps_lu *lu);
 /* 1 for a control LUN (it answers INQUIRY with BLKPS_CONTROL_PRODUCT_ID). */
 int blkps_lu_is_control(const struct blkps_lu *lu);
@@ -69,20 +69,17 @@ int blkps_lu_is_control(const struct blkps_lu *lu);
 /* Main thread, for each READ and WRITE. Returns 0 if the command may run
  * now, or 1 if the core holds it (bsp/ssp): it is handed back later by
  * blkps_lu_take_released, after wake_fd fires. */
-int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd,
-                   const char *nexus);
+int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd, const char *nexus);
 /* Main thread: one released command, or NULL when there is none. *result is
  * BLKPS_IO_OK if it may run now; otherwise the shim fails it with *result
  * and err. */
 void *blkps_lu_take_released(struct blkps_lu *lu, enum blkps_io_result *result, char *err, size_t errlen);
 
 /* READ: device bytes [offset, offset+len) into buf. */
-enum blkps_io_result blkps_lu_read(struct blkps_lu *lu, uint64_t offset,
-                                   void *buf, uint64_t len, void *cmd,
-                                   char *err, size_t errlen);
+enum blkps_io_result blkps_lu_read(struct blkps_lu *lu, uint64_t offset, void *buf, uint64_t len, void *cmd, char *err,
+                                   size_t errlen);
 /* WRITE: buf holds the gradient (or control data) for [offset, offset+len). */
-enum blkps_io_result blkps_lu_write(struct blkps_lu *lu, uint64_t offset,
-                                    const void *buf, uint64_t len, void *cmd,
+enum blkps_io_result blkps_lu_write(struct blkps_lu *lu, uint64_t offset, const void *buf, uint64_t len, void *cmd,
                                     char *err, size_t errlen);
 /* SYNCHRONIZE CACHE: a durable checkpoint of the model, if configured. */
 enum blkps_io_result blkps_lu_sync(struct blkps_lu *lu, char *err, size_t errlen);

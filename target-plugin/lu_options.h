@@ -44,7 +44,7 @@ inline constexpr const char* kLuOptionKeys =
     "hold_limit, max_dead, checkpoint, checkpoint_every, role, dtype";
 
 struct LuOptions {
-  bool control = false;  // role=control
+  bool control = false;                       // role=control
   wire::Dtype dtype = wire::Dtype::kFloat32;  // this LUN's view of the model
   JobOptions job;
   // The options that define the model: bsopts without dtype, pairs in the

@@ -148,20 +148,19 @@ TEST_F(CheckpointFileTest, HeaderIsReadableText) {
   ASSERT_TRUE(Write(path_, MakeSample()).ok());
   const std::string first_page = ReadBytes(path_).substr(0, 4096);
   const std::string text = first_page.substr(0, first_page.find('\0'));
-  EXPECT_EQ(text,
-            "BLKPS-CHECKPOINT\n"
-            "version 1\n"
-            "meta empty=\n"
-            "meta mode=bsp\n"
-            "meta note=a=b c\n"
-            "meta num_params=2500\n"
-            "meta rule=adam\n"
-            "section 4096 10000 weights\n"
-            "section 16384 0 empty\n"
-            "section 16384 4096 adam m\n"
-            "section 20480 1 adam.v\n"
-            "section 24576 24 clock\n"
-            "end\n");
+  EXPECT_EQ(text, "BLKPS-CHECKPOINT\n"
+                  "version 1\n"
+                  "meta empty=\n"
+                  "meta mode=bsp\n"
+                  "meta note=a=b c\n"
+                  "meta num_params=2500\n"
+                  "meta rule=adam\n"
+                  "section 4096 10000 weights\n"
+                  "section 16384 0 empty\n"
+                  "section 16384 4096 adam m\n"
+                  "section 20480 1 adam.v\n"
+                  "section 24576 24 clock\n"
+                  "end\n");
   EXPECT_EQ(first_page.substr(text.size()), std::string(4096 - text.size(), '\0'));
 }
 
@@ -264,8 +263,7 @@ TEST_F(CheckpointFileTest, TruncatedFileIsRefused) {
   const Sample sample = MakeSample();
   ASSERT_TRUE(Write(path_, sample).ok());
   const std::string good = ReadBytes(path_);
-  for (size_t size : {0u, 5u, 17u, 26u, 100u, 200u, 4096u, 5000u, 16384u, 20481u, 28672u, 28676u,
-                      28683u}) {
+  for (size_t size : {0u, 5u, 17u, 26u, 100u, 200u, 4096u, 5000u, 16384u, 20481u, 28672u, 28676u, 28683u}) {
     ASSERT_LT(size, good.size());
     WriteBytes(path_, good.substr(0, size));
     Sample loaded;
@@ -353,16 +351,14 @@ TEST_F(CheckpointFileTest, MismatchedDestinationsAreRefusedBeforeReading) {
     const char* message;  // after "<path>: "
   };
   const Case cases[] = {
-      {"wrong name", [](auto* s) { (*s)[2].first = "adam v"; },
-       "section 3 is 'adam m', the caller expects 'adam v'"},
+      {"wrong name", [](auto* s) { (*s)[2].first = "adam v"; }, "section 3 is 'adam m', the caller expects 'adam v'"},
       {"wrong size", [](auto* s) { (*s)[0].second.resize(10004); },
        "section 'weights' holds 10000 bytes, the caller expects 10004"},
       {"one too few", [](auto* s) { s->pop_back(); },
        "the file has a section 'clock' (section 5) the caller does not expect"},
       {"one too many", [](auto* s) { s->emplace_back("extra", "x"); },
        "the file has 5 sections and no 'extra', which the caller expects next"},
-      {"swapped", [](auto* s) { std::swap((*s)[0], (*s)[1]); },
-       "section 1 is 'weights', the caller expects 'empty'"},
+      {"swapped", [](auto* s) { std::swap((*s)[0], (*s)[1]); }, "section 1 is 'weights', the caller expects 'empty'"},
   };
   for (const Case& c : cases) {
     std::vector<std::pair<std::string, std::string>> sections = sample.sections;

@@ -31,9 +31,12 @@ TEST(Crc32cTest, MatchesPublishedVectors) {
     descending += static_cast<char>(31 - i);
   }
   const std::vector<std::pair<std::string, uint32_t>> vectors = {
-      {"123456789", 0xE3069283},         {"", 0x00000000},
-      {std::string(32, '\0'), 0x8A9136AA}, {std::string(32, '\xff'), 0x62A8AB43},
-      {ascending, 0x46DD794E},           {descending, 0x113FDB5C},
+      {"123456789", 0xE3069283},
+      {"", 0x00000000},
+      {std::string(32, '\0'), 0x8A9136AA},
+      {std::string(32, '\xff'), 0x62A8AB43},
+      {ascending, 0x46DD794E},
+      {descending, 0x113FDB5C},
   };
   for (const auto& [data, crc] : vectors) {
     EXPECT_EQ(Crc32c(0, data.data(), data.size()), crc) << data.size() << " bytes";
@@ -48,9 +51,8 @@ TEST(Crc32cTest, HardwareMatchesPortableAtOddLengthsAndAlignments) {
   if (!detail::CpuHasCrc32cInstruction()) GTEST_SKIP() << "this CPU has no SSE4.2";
   const std::string buf = RandomBytes((1 << 20) + 64, 7);
   // Around the hardware loop's joints: 3 x 256 and 3 x 8192 byte runs.
-  const std::vector<size_t> lengths = {0,     1,     2,     3,     5,     7,     8,      9,
-                                       15,    17,    255,   767,   768,   769,   1543,   8191,
-                                       24575, 24576, 24577, 49153, 50000, 98311, 1 << 20};
+  const std::vector<size_t> lengths = {0,   1,   2,    3,    5,     7,     8,     9,     15,    17,    255,    767,
+                                       768, 769, 1543, 8191, 24575, 24576, 24577, 49153, 50000, 98311, 1 << 20};
   std::mt19937 rng(11);
   for (size_t offset = 0; offset < 16; ++offset) {
     for (size_t len : lengths) {
@@ -86,8 +88,7 @@ TEST(Crc32cTest, ThroughputOn64MiB) {
     return buf.size() / best / 1e6;
   };
   std::printf("Crc32c: %.0f MB/s (%s); portable: %.0f MB/s\n", rate(&Crc32c),
-              detail::CpuHasCrc32cInstruction() ? "SSE4.2" : "no SSE4.2",
-              rate(&detail::Crc32cPortable));
+              detail::CpuHasCrc32cInstruction() ? "SSE4.2" : "no SSE4.2", rate(&detail::Crc32cPortable));
 }
 
 }  // namespace

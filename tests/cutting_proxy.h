@@ -22,11 +22,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <functional>
-#include <atomic>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>

@@ -9,9 +9,9 @@
 
 #include <blkps/blkps.h>
 #include <blkps/control_lun.h>
+#include <unistd.h>
 #include <blkps/engine.hpp>
 #include <blkps/model.hpp>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -140,8 +140,8 @@ TEST(PullScheduler, NoisyTimesStartThePullEarlierByTheMargin) {
     noisy.RecordTransfers(false, 0.020, pull, 0.020 + pull);
   }
   EXPECT_NEAR(quiet.Next().pull_delay_s, 0.080, 1e-12);
-  const double margin = blkps::PullScheduler::kMarginDeviations *
-                        (noisy.compute().deviation() + noisy.pull().deviation());
+  const double margin =
+      blkps::PullScheduler::kMarginDeviations * (noisy.compute().deviation() + noisy.pull().deviation());
   EXPECT_GT(margin, 0.0);
   EXPECT_NEAR(noisy.Next().pull_delay_s, 0.100 - noisy.pull().mean() - margin, 1e-12);
   EXPECT_LT(noisy.Next().pull_delay_s, quiet.Next().pull_delay_s);
@@ -287,8 +287,7 @@ TEST(EngineOnFile, ControlTargetWithoutCountersIsRefused) {
     options.control_target = not_control.path;
     std::string error;
     EXPECT_EQ(blkps::Engine::Open(file.path, options, &error), nullptr);
-    EXPECT_NE(error.find("is this the model's control LUN"), std::string::npos)
-        << error;
+    EXPECT_NE(error.find("is this the model's control LUN"), std::string::npos) << error;
   }
 }
 
@@ -351,8 +350,7 @@ class EngineAgainstTarget : public ::testing::TestWithParam<Setup> {};
 
 std::string InitiatorName(const std::string& who) {
   static std::atomic<int> counter{0};
-  return "iqn.2026-11.io.blkps:engine-test-" + who + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(counter++);
+  return "iqn.2026-11.io.blkps:engine-test-" + who + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
 }
 
 blkps::EngineOptions Options(const Setup& setup, const std::string& who) {
@@ -478,8 +476,7 @@ void RunTwoLearners(const Setup& setup, const std::string& mode, double drop_rat
   // Not whole blocks; with dropping, 3 blocks of 4 whole runs.
   const uint64_t kParams = drop_ratio > 0 ? 3072 : 3000;
   constexpr int kLearners = 2, kIterations = 30;
-  TargetProcess target("params=" + std::to_string(kParams) + ";block=4K;rule=sum;mode=" + mode,
-                       "--luns 2");
+  TargetProcess target("params=" + std::to_string(kParams) + ";block=4K;rule=sum;mode=" + mode, "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
   std::vector<std::string> errors(kLearners);
@@ -541,8 +538,7 @@ std::vector<float> ServerWeights(const TargetProcess& target, uint64_t params) {
   EXPECT_NE(control, nullptr) << error;
   std::vector<float> w((params * 4 + 4095) / 4096 * 1024);
   if (control == nullptr) return w;
-  EXPECT_EQ(control->ReadBytes(BLKPS_CONTROL_WEIGHTS_OFFSET, w.data(), w.size() * 4), 0)
-      << control->last_error();
+  EXPECT_EQ(control->ReadBytes(BLKPS_CONTROL_WEIGHTS_OFFSET, w.data(), w.size() * 4), 0) << control->last_error();
   w.resize(params);
   return w;
 }
@@ -672,23 +668,14 @@ TEST(EngineAgainstTargetDropping, DroppingIsRefusedInBspInOneLine) {
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
 }
 
-TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsAsync) {
-  RunTwoLearners(GetParam(), "async");
-}
-TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsBsp) {
-  RunTwoLearners(GetParam(), "bsp");
-}
-TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsSsp) {
-  RunTwoLearners(GetParam(), "ssp:2");
-}
+TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsAsync) { RunTwoLearners(GetParam(), "async"); }
+TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsBsp) { RunTwoLearners(GetParam(), "bsp"); }
+TEST_P(EngineAgainstTarget, TwoLearnersGiveExactlyTheExpectedWeightsSsp) { RunTwoLearners(GetParam(), "ssp:2"); }
 
 INSTANTIATE_TEST_SUITE_P(Setups, EngineAgainstTarget,
-                         ::testing::Values(Setup{"adaptive", true, true},
-                                           Setup{"eager", true, false},
+                         ::testing::Values(Setup{"adaptive", true, true}, Setup{"eager", true, false},
                                            Setup{"baseline", false, false}),
-                         [](const ::testing::TestParamInfo<Setup>& info) {
-                           return std::string(info.param.name);
-                         });
+                         [](const ::testing::TestParamInfo<Setup>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace blkps_test

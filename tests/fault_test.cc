@@ -117,7 +117,8 @@ TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   auto m = Open(ViaPort(target.url(), proxy.port()), "learner", &error);
   ASSERT_NE(m, nullptr) << error;
   const std::vector<float> ones(kParams, 1.0f);
-  for (int t = 0; t < kPushes; ++t) ASSERT_EQ(m->Push(0, ones.data(), kParams), 0) << "push " << t << ": " << m->last_error();
+  for (int t = 0; t < kPushes; ++t)
+    ASSERT_EQ(m->Push(0, ones.data(), kParams), 0) << "push " << t << ": " << m->last_error();
   m.reset();
   EXPECT_EQ(proxy.cuts(), kCuts);
   EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");

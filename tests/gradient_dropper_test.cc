@@ -39,15 +39,14 @@ void ExpectNothingLost(const GradientDropper& dropper, const std::vector<double>
                        const std::vector<double>& given, int step) {
   for (uint64_t i = 0; i < dropper.count(); ++i) {
     ASSERT_EQ(server[i] + dropper.residual()[i], given[i])
-        << "after step " << step << ", parameter " << i
-        << ": pushed + residual is not the sum of the gradients given";
+        << "after step " << step << ", parameter " << i << ": pushed + residual is not the sum of the gradients given";
   }
 }
 
 // `steps` steps of random integer gradients through the dropper, checking
 // after each that nothing was lost.
-void PushRandomSteps(GradientDropper& dropper, std::mt19937& rng, int steps,
-                     std::vector<double>* server, std::vector<double>* given) {
+void PushRandomSteps(GradientDropper& dropper, std::mt19937& rng, int steps, std::vector<double>* server,
+                     std::vector<double>* given) {
   for (int step = 0; step < steps; ++step) {
     const std::vector<float> g = RandomIntegers(rng, dropper.count());
     for (uint64_t i = 0; i < dropper.count(); ++i) (*given)[i] += g[i];

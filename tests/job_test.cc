@@ -118,10 +118,14 @@ TEST(Job, HeldReadFailsClearlyAtTheHoldLimit) {
   std::shared_ptr<Job> job;
   std::vector<std::string> log;
   std::mutex log_mu;
-  ASSERT_TRUE(Job::Create("m", o, [&](const std::string& line) {
-                std::lock_guard<std::mutex> lock(log_mu);
-                log.push_back(line);
-              }, &job).ok());
+  ASSERT_TRUE(Job::Create(
+                  "m", o,
+                  [&](const std::string& line) {
+                    std::lock_guard<std::mutex> lock(log_mu);
+                    log.push_back(line);
+                  },
+                  &job)
+                  .ok());
   Waker waker;
   const size_t a = job->AddLearner(1, waker.Callback());
   job->AddLearner(2, [] {});

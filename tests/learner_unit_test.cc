@@ -39,8 +39,7 @@ TEST(ByteSize, ParsesNumbersAndBinarySuffixes) {
 }
 
 TEST(ByteSize, RefusesAnythingElseAndLeavesTheOutput) {
-  for (const char* bad : {"", "M", "-1", " 1", "1 ", "1X", "1MB", "1.5M",
-                          "18446744073709551616", "17179869184G"}) {
+  for (const char* bad : {"", "M", "-1", " 1", "1 ", "1X", "1MB", "1.5M", "18446744073709551616", "17179869184G"}) {
     uint64_t bytes = 7;
     EXPECT_FALSE(ParseByteSize(bad, &bytes)) << bad;
     EXPECT_EQ(bytes, 7u) << bad;
@@ -88,8 +87,7 @@ bool PointsInto(const iovec& iov, const void* buffer, size_t size) {
 
 TEST(TransferPlan, AlignedRangeGoesStraightFromCallerMemory) {
   std::vector<uint8_t> buffer(8 * kBlock);
-  TransferPlan plan(Direction::kWrite, 4 * kBlock, buffer.data(), buffer.size(),
-                    kBlock, 1 << 20);
+  TransferPlan plan(Direction::kWrite, 4 * kBlock, buffer.data(), buffer.size(), kBlock, 1 << 20);
   ASSERT_EQ(plan.requests().size(), 1u);
   const IoRequest& request = plan.requests()[0];
   EXPECT_EQ(request.offset, 4u * kBlock);
@@ -100,8 +98,7 @@ TEST(TransferPlan, AlignedRangeGoesStraightFromCallerMemory) {
 
 TEST(TransferPlan, SplitsIntoRequestsOfRequestBytes) {
   std::vector<uint8_t> buffer(10 * kBlock);
-  TransferPlan plan(Direction::kRead, 0, buffer.data(), buffer.size(), kBlock,
-                    4 * kBlock);
+  TransferPlan plan(Direction::kRead, 0, buffer.data(), buffer.size(), kBlock, 4 * kBlock);
   ASSERT_EQ(plan.requests().size(), 3u);
   EXPECT_EQ(plan.requests()[0].offset, 0u);
   EXPECT_EQ(plan.requests()[0].length, 4u * kBlock);
@@ -113,8 +110,7 @@ TEST(TransferPlan, SplitsIntoRequestsOfRequestBytes) {
 
 TEST(TransferPlan, RoundsRequestBytesDownToWholeBlocks) {
   std::vector<uint8_t> buffer(3 * kBlock);
-  TransferPlan plan(Direction::kRead, 0, buffer.data(), buffer.size(), kBlock,
-                    kBlock + 100);
+  TransferPlan plan(Direction::kRead, 0, buffer.data(), buffer.size(), kBlock, kBlock + 100);
   ASSERT_EQ(plan.requests().size(), 3u);
   for (const IoRequest& request : plan.requests()) {
     EXPECT_EQ(request.length, kBlock);
@@ -123,23 +119,19 @@ TEST(TransferPlan, RoundsRequestBytesDownToWholeBlocks) {
 
 TEST(TransferPlan, RangeInsideOneBlockIsOneBlockRequest) {
   std::vector<uint8_t> buffer(40);
-  TransferPlan plan(Direction::kRead, kBlock + 100, buffer.data(),
-                    buffer.size(), kBlock, 1 << 20);
+  TransferPlan plan(Direction::kRead, kBlock + 100, buffer.data(), buffer.size(), kBlock, 1 << 20);
   ASSERT_EQ(plan.requests().size(), 1u);
   EXPECT_EQ(plan.requests()[0].offset, kBlock);
   EXPECT_EQ(plan.requests()[0].length, kBlock);
   EXPECT_EQ(plan.requests()[0].iovcnt, 1);
-  EXPECT_FALSE(
-      PointsInto(plan.requests()[0].iov[0], buffer.data(), buffer.size()));
+  EXPECT_FALSE(PointsInto(plan.requests()[0].iov[0], buffer.data(), buffer.size()));
 }
 
 TEST(TransferPlan, UnalignedWritePadsPartialBlocksWithZeros) {
   MemoryDisk disk(8 * kBlock, 0xAA);
   const std::vector<uint8_t> data = Pattern(3 * kBlock, 1);
   const uint64_t offset = kBlock + 100;
-  TransferPlan plan(Direction::kWrite, offset,
-                    const_cast<uint8_t*>(data.data()), data.size(), kBlock,
-                    1 << 20);
+  TransferPlan plan(Direction::kWrite, offset, const_cast<uint8_t*>(data.data()), data.size(), kBlock, 1 << 20);
   disk.Run(Direction::kWrite, plan.requests());
 
   const uint64_t end = offset + data.size();
@@ -159,8 +151,7 @@ TEST(TransferPlan, UnalignedReadCopiesOnlyTheRequestedBytes) {
   disk.bytes() = Pattern(8 * kBlock, 2);
   const uint64_t offset = 300, length = 2 * kBlock + 5;
   std::vector<uint8_t> buffer(length + 16, 0xEE);  // 16 guard bytes
-  TransferPlan plan(Direction::kRead, offset, buffer.data(), length, kBlock,
-                    1 << 20);
+  TransferPlan plan(Direction::kRead, offset, buffer.data(), length, kBlock, 1 << 20);
   disk.Run(Direction::kRead, plan.requests());
   plan.FinishRead();
 
@@ -170,8 +161,7 @@ TEST(TransferPlan, UnalignedReadCopiesOnlyTheRequestedBytes) {
 
 TEST(TransferPlan, UnalignedRangeMovesItsMiddleWithoutCopy) {
   std::vector<uint8_t> buffer(4 * kBlock);
-  TransferPlan plan(Direction::kRead, 10, buffer.data(), buffer.size(), kBlock,
-                    1 << 20);
+  TransferPlan plan(Direction::kRead, 10, buffer.data(), buffer.size(), kBlock, 1 << 20);
   ASSERT_EQ(plan.requests().size(), 1u);
   const IoRequest& request = plan.requests()[0];
   ASSERT_EQ(request.iovcnt, 3);  // head bounce, caller's middle, tail bounce
@@ -189,22 +179,19 @@ TEST(TransferPlan, RandomRangesRoundTrip) {
     const uint64_t offset = rng() % (disk_size - 1);
     const uint64_t length = 1 + rng() % (disk_size - offset);
     const uint64_t request_bytes = block * (1 + rng() % 9) + rng() % block;
-    SCOPED_TRACE("block " + std::to_string(block) + " offset " +
-                 std::to_string(offset) + " length " + std::to_string(length) +
-                 " request_bytes " + std::to_string(request_bytes));
+    SCOPED_TRACE("block " + std::to_string(block) + " offset " + std::to_string(offset) + " length " +
+                 std::to_string(length) + " request_bytes " + std::to_string(request_bytes));
 
     std::vector<uint8_t> data = Pattern(length, static_cast<uint32_t>(trial));
     MemoryDisk disk(disk_size, 0xAA);
-    TransferPlan write(Direction::kWrite, offset, data.data(), length, block,
-                       request_bytes);
+    TransferPlan write(Direction::kWrite, offset, data.data(), length, block, request_bytes);
     uint64_t expected_offset = offset / block * block;
     for (const IoRequest& request : write.requests()) {
       ASSERT_EQ(request.offset, expected_offset);
       ASSERT_EQ(request.length % block, 0u);
       ASSERT_LE(request.length, request_bytes / block * block);
       uint64_t iov_bytes = 0;
-      for (int i = 0; i < request.iovcnt; ++i)
-        iov_bytes += request.iov[i].iov_len;
+      for (int i = 0; i < request.iovcnt; ++i) iov_bytes += request.iov[i].iov_len;
       ASSERT_EQ(iov_bytes, request.length);
       expected_offset += request.length;
     }
@@ -212,8 +199,7 @@ TEST(TransferPlan, RandomRangesRoundTrip) {
     disk.Run(Direction::kWrite, write.requests());
 
     std::vector<uint8_t> back(length);
-    TransferPlan read(Direction::kRead, offset, back.data(), length, block,
-                      request_bytes);
+    TransferPlan read(Direction::kRead, offset, back.data(), length, block, request_bytes);
     disk.Run(Direction::kRead, read.requests());
     read.FinishRead();
     ASSERT_EQ(back, data);
@@ -225,8 +211,7 @@ class ModelOnFile : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* tmpdir = getenv("TMPDIR");
-    path_ = std::string(tmpdir != nullptr ? tmpdir : "/tmp") +
-            "/blkps_learner_unit_XXXXXX";
+    path_ = std::string(tmpdir != nullptr ? tmpdir : "/tmp") + "/blkps_learner_unit_XXXXXX";
     const int fd = mkstemp(&path_[0]);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(ftruncate(fd, kParams * sizeof(float)), 0);
@@ -258,9 +243,7 @@ TEST_F(ModelOnFile, UnalignedPushLeavesNeighboursAsZeroGradients) {
   ASSERT_EQ(model_->Pull(0, back.data(), kParams), 0);
   for (uint64_t i = 0; i < kParams; ++i) {
     // Block 1 holds parameters [128, 256): padded with zeros around the push.
-    const float want = (i >= 130 && i < 230)   ? -1.0f
-                       : (i >= 128 && i < 256) ? 0.0f
-                                               : 7.0f;
+    const float want = (i >= 130 && i < 230) ? -1.0f : (i >= 128 && i < 256) ? 0.0f : 7.0f;
     ASSERT_EQ(back[i], want) << "parameter " << i;
   }
 }
@@ -290,18 +273,14 @@ TEST_F(ModelOnFile, UnalignedByteTransferIsEInval) {
   std::vector<uint8_t> buffer(1024);
   EXPECT_EQ(model_->ReadBytes(100, buffer.data(), 512), -EINVAL);
   EXPECT_EQ(model_->WriteBytes(0, buffer.data(), 100), -EINVAL);
-  EXPECT_NE(model_->last_error().find("logical block size 512"),
-            std::string::npos);
-  EXPECT_EQ(model_->ReadBytes(model_->size_bytes(), buffer.data(), 512),
-            -ERANGE);
+  EXPECT_NE(model_->last_error().find("logical block size 512"), std::string::npos);
+  EXPECT_EQ(model_->ReadBytes(model_->size_bytes(), buffer.data(), 512), -ERANGE);
 }
 
 TEST(ModelOpen, MissingFileFailsWithOneLineMessage) {
   std::string error;
   int code = 0;
-  EXPECT_EQ(
-      Model::Open("/nonexistent/blkps-model", OpenOptions(), &error, &code),
-      nullptr);
+  EXPECT_EQ(Model::Open("/nonexistent/blkps-model", OpenOptions(), &error, &code), nullptr);
   EXPECT_EQ(code, -ENOENT);
   EXPECT_EQ(error.rfind("blkps: ", 0), 0u) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos);
@@ -310,8 +289,7 @@ TEST(ModelOpen, MissingFileFailsWithOneLineMessage) {
 TEST(ModelOpen, UnknownSchemeIsEInval) {
   std::string error;
   int code = 0;
-  EXPECT_EQ(Model::Open("nbd://host/export", OpenOptions(), &error, &code),
-            nullptr);
+  EXPECT_EQ(Model::Open("nbd://host/export", OpenOptions(), &error, &code), nullptr);
   EXPECT_EQ(code, -EINVAL);
   EXPECT_NE(error.find("iscsi://"), std::string::npos) << error;
 }
@@ -322,8 +300,7 @@ std::string MakeFile(const std::string& dir, const std::vector<uint8_t>& fill) {
   const int fd = mkstemp(&path[0]);
   EXPECT_GE(fd, 0) << dir;
   if (fd < 0) return "";
-  EXPECT_EQ(pwrite(fd, fill.data(), fill.size(), 0),
-            static_cast<ssize_t>(fill.size()));
+  EXPECT_EQ(pwrite(fd, fill.data(), fill.size(), 0), static_cast<ssize_t>(fill.size()));
   close(fd);
   return path;
 }
@@ -350,12 +327,11 @@ struct IoShape {
 // Pushes parameters [first, first + count) from a buffer `skew` bytes past
 // an aligned address, checks every byte of the file, and pulls them back into
 // a buffer with the same skew.
-void ExpectRoundTrip(const std::string& dir, IoShape shape, uint64_t first,
-                     uint64_t count, size_t skew, uint32_t seed) {
-  SCOPED_TRACE(dir + " request_bytes " + std::to_string(shape.request_bytes) +
-               " queue_depth " + std::to_string(shape.queue_depth) +
-               " params [" + std::to_string(first) + ", +" +
-               std::to_string(count) + ") skew " + std::to_string(skew));
+void ExpectRoundTrip(const std::string& dir, IoShape shape, uint64_t first, uint64_t count, size_t skew,
+                     uint32_t seed) {
+  SCOPED_TRACE(dir + " request_bytes " + std::to_string(shape.request_bytes) + " queue_depth " +
+               std::to_string(shape.queue_depth) + " params [" + std::to_string(first) + ", +" + std::to_string(count) +
+               ") skew " + std::to_string(skew));
   constexpr size_t kFileBytes = 4 << 20;
   const std::vector<uint8_t> before = Pattern(kFileBytes, seed);
   const std::string path = MakeFile(dir, before);
@@ -371,10 +347,7 @@ void ExpectRoundTrip(const std::string& dir, IoShape shape, uint64_t first,
   std::vector<uint8_t> out(bytes + 64);  // vector data is 16-byte aligned
   const std::vector<uint8_t> data = Pattern(bytes, seed + 1);
   memcpy(out.data() + skew, data.data(), bytes);
-  ASSERT_EQ(model->Push(first, reinterpret_cast<const float*>(out.data() + skew),
-                        count),
-            0)
-      << model->last_error();
+  ASSERT_EQ(model->Push(first, reinterpret_cast<const float*>(out.data() + skew), count), 0) << model->last_error();
 
   // Partial blocks around the range are padded with zeros; nothing else moves.
   std::vector<uint8_t> want = before;
@@ -390,10 +363,7 @@ void ExpectRoundTrip(const std::string& dir, IoShape shape, uint64_t first,
   }
 
   std::vector<uint8_t> in(bytes + 64, 0xee);
-  ASSERT_EQ(model->Pull(first, reinterpret_cast<float*>(in.data() + skew),
-                        count),
-            0)
-      << model->last_error();
+  ASSERT_EQ(model->Pull(first, reinterpret_cast<float*>(in.data() + skew), count), 0) << model->last_error();
   ASSERT_EQ(memcmp(in.data() + skew, data.data(), bytes), 0);
   for (size_t i = 0; i < skew; ++i) ASSERT_EQ(in[i], 0xee);
   for (size_t i = skew + bytes; i < in.size(); ++i) ASSERT_EQ(in[i], 0xee);
@@ -440,8 +410,7 @@ TEST(FileDevice, OpensWithODirect) {
   const std::string path = MakeFile(TmpDir(), std::vector<uint8_t>(8192));
   open_flags.clear();
   Status status;
-  std::unique_ptr<Device> device =
-      OpenFileDeviceWith(path, OpenRecording, &status);
+  std::unique_ptr<Device> device = OpenFileDeviceWith(path, OpenRecording, &status);
   ASSERT_NE(device, nullptr) << status.message();
   ASSERT_FALSE(open_flags.empty());
   EXPECT_NE(open_flags[0] & O_DIRECT, 0);
@@ -455,8 +424,7 @@ TEST(FileDevice, RefusedODirectFallsBackToBufferedAndSaysSoOnce) {
   open_flags.clear();
   Status status;
   ::testing::internal::CaptureStderr();
-  std::unique_ptr<Device> device =
-      OpenFileDeviceWith(path, OpenRefusingDirect, &status);
+  std::unique_ptr<Device> device = OpenFileDeviceWith(path, OpenRefusingDirect, &status);
   ASSERT_NE(device, nullptr) << status.message();
 
   // Unaligned memory, unaligned range, several requests in flight.
@@ -464,14 +432,12 @@ TEST(FileDevice, RefusedODirectFallsBackToBufferedAndSaysSoOnce) {
   std::vector<uint8_t> out(data.size() + 8);
   memcpy(out.data() + 4, data.data(), data.size());
   {
-    TransferPlan plan(Direction::kWrite, 1000, out.data() + 4, data.size(),
-                      kBlock, 16 << 10);
+    TransferPlan plan(Direction::kWrite, 1000, out.data() + 4, data.size(), kBlock, 16 << 10);
     ASSERT_TRUE(device->Transfer(Direction::kWrite, plan.requests(), 4).ok());
   }
   std::vector<uint8_t> in(data.size() + 8);
   {
-    TransferPlan plan(Direction::kRead, 1000, in.data() + 4, data.size(),
-                      kBlock, 16 << 10);
+    TransferPlan plan(Direction::kRead, 1000, in.data() + 4, data.size(), kBlock, 16 << 10);
     ASSERT_TRUE(device->Transfer(Direction::kRead, plan.requests(), 4).ok());
     plan.FinishRead();
   }
@@ -480,9 +446,7 @@ TEST(FileDevice, RefusedODirectFallsBackToBufferedAndSaysSoOnce) {
   EXPECT_EQ(memcmp(in.data() + 4, data.data(), data.size()), 0);
   const std::vector<uint8_t> on_disk = ReadFile(path, kBytes);
   EXPECT_EQ(memcmp(on_disk.data() + 1000, data.data(), data.size()), 0);
-  EXPECT_EQ(memcmp(on_disk.data() + 1024 * 100, before.data() + 1024 * 100,
-                   kBytes - 1024 * 100),
-            0);
+  EXPECT_EQ(memcmp(on_disk.data() + 1024 * 100, before.data() + 1024 * 100, kBytes - 1024 * 100), 0);
   EXPECT_EQ(said.rfind("blkps: ", 0), 0u) << said;
   EXPECT_NE(said.find("O_DIRECT"), std::string::npos) << said;
   EXPECT_EQ(said.find('\n'), said.size() - 1) << "one line: " << said;
@@ -492,8 +456,7 @@ TEST(FileDevice, RefusedODirectFallsBackToBufferedAndSaysSoOnce) {
 }
 
 TEST(FileDevice, ShrunkFileFailsWithEndOfFile) {
-  const std::string path =
-      MakeFile(TmpDir(), std::vector<uint8_t>(1 << 20, 1));
+  const std::string path = MakeFile(TmpDir(), std::vector<uint8_t>(1 << 20, 1));
   OpenOptions options;
   options.request_bytes = 64 << 10;
   options.queue_depth = 4;
@@ -504,12 +467,10 @@ TEST(FileDevice, ShrunkFileFailsWithEndOfFile) {
 
   std::vector<float> weights((1 << 20) / sizeof(float));
   EXPECT_EQ(model->Pull(0, weights.data(), weights.size()), -EIO);
-  EXPECT_NE(model->last_error().find("end of file"), std::string::npos)
-      << model->last_error();
+  EXPECT_NE(model->last_error().find("end of file"), std::string::npos) << model->last_error();
   EXPECT_EQ(model->last_error().find('\n'), std::string::npos);
   // The part still on the file reads fine.
-  EXPECT_EQ(model->Pull(0, weights.data(), (256 << 10) / sizeof(float)), 0)
-      << model->last_error();
+  EXPECT_EQ(model->Pull(0, weights.data(), (256 << 10) / sizeof(float)), 0) << model->last_error();
   unlink(path.c_str());
 }
 
@@ -576,8 +537,7 @@ TEST(FileDevice, DISABLED_PrintsThroughputOf64MiBPushAndPull) {
            "pull %.0f MiB/s (aligned memory), %.0f and %.0f MiB/s (bounced) "
            "| pwrite/pread 1 MiB: push+fsync %.0f MiB/s, pull %.0f MiB/s "
            "from the page cache, %.0f MiB/s after dropping it\n",
-           round, push, pull, bounced_push, bounced_pull, plain_push,
-           warm_pull, cold_pull);
+           round, push, pull, bounced_push, bounced_pull, plain_push, warm_pull, cold_pull);
   }
   free(aligned);
   unlink(path.c_str());

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -18,8 +18,7 @@
 namespace blkps::server {
 namespace {
 
-std::unique_ptr<Model> MakeModel(uint64_t params, uint64_t block_bytes, float lr = 1.0f,
-                                 InitSpec init = {}) {
+std::unique_ptr<Model> MakeModel(uint64_t params, uint64_t block_bytes, float lr = 1.0f, InitSpec init = {}) {
   ModelOptions o;
   o.num_params = params;
   o.block_bytes = block_bytes;
@@ -71,7 +70,7 @@ TEST(Model, ZeroLengthWriteWithNoBufferChangesNothing) {
 }
 
 TEST(Model, GradientReportsEachBlockItGaveParametersTo) {
-  auto m = MakeModel(1000, 64);  // 16 parameters per block
+  auto m = MakeModel(1000, 64);    // 16 parameters per block
   std::vector<float> g(50, 1.0f);  // parameters [13, 63): blocks 0..3
   std::vector<std::pair<uint64_t, uint64_t>> applied;
   ASSERT_TRUE(m->ApplyGradient(13 * 4, g.data(), g.size() * 4, [&](uint64_t block, uint64_t n) {
@@ -82,9 +81,8 @@ TEST(Model, GradientReportsEachBlockItGaveParametersTo) {
   // A refused gradient reports nothing.
   g[7] = std::nanf("");
   applied.clear();
-  EXPECT_FALSE(m->ApplyGradient(0, g.data(), g.size() * 4, [&](uint64_t b, uint64_t n) {
-                  applied.emplace_back(b, n);
-                }).ok());
+  EXPECT_FALSE(
+      m->ApplyGradient(0, g.data(), g.size() * 4, [&](uint64_t b, uint64_t n) { applied.emplace_back(b, n); }).ok());
   EXPECT_TRUE(applied.empty());
 }
 
@@ -109,7 +107,7 @@ TEST(Model, BspGradientWaitsInTheAccumulatorUntilTheRoundsAverage) {
 }
 
 TEST(Model, RangeStartingAndEndingInsideBlocksTouchesOnlyThatRange) {
-  auto m = MakeModel(1000, 64);  // 16 parameters per block
+  auto m = MakeModel(1000, 64);           // 16 parameters per block
   const uint64_t first = 13, count = 50;  // starts in block 0, ends in block 3
   std::vector<float> g(count, 2.0f);
   ASSERT_TRUE(m->ApplyGradient(first * 4, g.data(), count * 4).ok());

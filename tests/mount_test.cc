@@ -39,11 +39,9 @@ class RecordingDevice {
       ++sends_[block.offset / kBlock];
     }
   }
-  void Apply(SplitWriteAssembler::PieceResult result, uint64_t offset,
-             const uint8_t* data) {
+  void Apply(SplitWriteAssembler::PieceResult result, uint64_t offset, const uint8_t* data) {
     if (result.direct_end > result.direct_begin) {
-      WriteDirect(result.direct_begin, result.direct_end,
-                  data + (result.direct_begin - offset));
+      WriteDirect(result.direct_begin, result.direct_end, data + (result.direct_begin - offset));
     }
     Write(result.drained);
   }
@@ -64,8 +62,7 @@ std::vector<uint8_t> Pattern(size_t length, uint32_t seed) {
 }
 
 // Cuts [0, length) at `cuts` random byte positions.
-std::vector<std::pair<uint64_t, uint64_t>> RandomPieces(uint64_t length, int cuts,
-                                                        std::mt19937* random) {
+std::vector<std::pair<uint64_t, uint64_t>> RandomPieces(uint64_t length, int cuts, std::mt19937* random) {
   std::vector<uint64_t> at = {0, length};
   for (int i = 0; i < cuts; ++i) at.push_back(1 + (*random)() % (length - 1));
   std::sort(at.begin(), at.end());
@@ -120,8 +117,7 @@ TEST(SplitWriteAssembler, PartlyWrittenFloatIsDroppedAtFlushWithAMessage) {
   Drained drained = assembler.TakeAll();
   EXPECT_TRUE(drained.blocks.empty());
   ASSERT_EQ(drained.dropped.size(), 1u);
-  EXPECT_NE(drained.dropped[0].find("float at byte 8"), std::string::npos)
-      << drained.dropped[0];
+  EXPECT_NE(drained.dropped[0].find("float at byte 8"), std::string::npos) << drained.dropped[0];
   EXPECT_EQ(assembler.pending_blocks(), 0u);
 }
 
@@ -138,8 +134,7 @@ TEST(SplitWriteAssembler, SixteenBitFilesCheckTwoByteValues) {
   Drained drained = assembler.TakeAll();
   EXPECT_TRUE(drained.blocks.empty());
   ASSERT_EQ(drained.dropped.size(), 1u);
-  EXPECT_NE(drained.dropped[0].find("16-bit value at byte 10"), std::string::npos)
-      << drained.dropped[0];
+  EXPECT_NE(drained.dropped[0].find("16-bit value at byte 10"), std::string::npos) << drained.dropped[0];
 }
 
 TEST(SplitWriteAssembler, ByteFilesZeroCompleteAnyPartialBlock) {
@@ -155,9 +150,9 @@ TEST(SplitWriteAssembler, ByteFilesZeroCompleteAnyPartialBlock) {
 TEST(SplitWriteAssembler, ReadTakesOverlappingWholeFloatBlocksOnly) {
   SplitWriteAssembler assembler(kBlock, 4);
   std::vector<uint8_t> data = Pattern(kBlock, 5);
-  assembler.AddPiece(0, data.data(), 8, 1);              // whole floats
-  assembler.AddPiece(2 * kBlock, data.data(), 6, 1);     // a partial float
-  assembler.AddPiece(4 * kBlock, data.data(), 8, 1);     // outside the read
+  assembler.AddPiece(0, data.data(), 8, 1);           // whole floats
+  assembler.AddPiece(2 * kBlock, data.data(), 6, 1);  // a partial float
+  assembler.AddPiece(4 * kBlock, data.data(), 8, 1);  // outside the read
   Drained drained = assembler.TakeOverlapping(0, 3 * kBlock);
   ASSERT_EQ(drained.blocks.size(), 1u);
   EXPECT_EQ(drained.blocks[0].offset, 0u);
@@ -185,8 +180,7 @@ TEST(SplitWriteAssembler, RandomSplitsInRandomOrderArriveExactlyOnce) {
   for (int round = 0; round < 200; ++round) {
     const uint64_t device_size = 64 * kBlock;
     const uint64_t offset = random() % (8 * kBlock) / 4 * 4;
-    const uint64_t length =
-        (1 + random() % (device_size - offset - 1)) / 4 * 4 + 4;
+    const uint64_t length = (1 + random() % (device_size - offset - 1)) / 4 * 4 + 4;
     if (offset + length > device_size) continue;
     std::vector<uint8_t> data = Pattern(length, round);
     auto pieces = RandomPieces(length, 1 + random() % 12, &random);
@@ -194,16 +188,14 @@ TEST(SplitWriteAssembler, RandomSplitsInRandomOrderArriveExactlyOnce) {
     SplitWriteAssembler assembler(kBlock, 4);
     RecordingDevice device(device_size);
     for (auto [begin, end] : pieces) {
-      device.Apply(assembler.AddPiece(offset + begin, data.data() + begin,
-                                      end - begin, 1),
-                   offset + begin, data.data() + begin);
+      device.Apply(assembler.AddPiece(offset + begin, data.data() + begin, end - begin, 1), offset + begin,
+                   data.data() + begin);
     }
     Drained rest = assembler.TakeOwnedBy(1);
     ASSERT_TRUE(rest.dropped.empty()) << rest.dropped[0];
     device.Write(rest);
     for (uint64_t b = 0; b < device_size / kBlock; ++b) {
-      const bool touched =
-          b * kBlock < offset + length && (b + 1) * kBlock > offset;
+      const bool touched = b * kBlock < offset + length && (b + 1) * kBlock > offset;
       ASSERT_EQ(device.sends()[b], touched ? 1 : 0) << "round " << round << " block " << b;
     }
     ASSERT_EQ(memcmp(device.bytes().data() + offset, data.data(), length), 0);
@@ -224,8 +216,7 @@ TEST(SplitWriteAssembler, ConcurrentPiecesArriveExactlyOnce) {
     threads.emplace_back([&, t] {
       for (size_t i = t; i < pieces.size(); i += 4) {
         auto [begin, end] = pieces[i];
-        device.Apply(assembler.AddPiece(begin, data.data() + begin, end - begin, 1),
-                     begin, data.data() + begin);
+        device.Apply(assembler.AddPiece(begin, data.data() + begin, end - begin, 1), begin, data.data() + begin);
       }
     });
   }

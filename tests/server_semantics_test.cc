@@ -11,7 +11,6 @@
 // The model of every test: params=3000;block=4K, i.e. model blocks of 1024,
 // 1024 and 952 parameters, on a device of 24 logical blocks of 512 bytes.
 #include <blkps/control_lun.h>
-#include <blkps/model.hpp>
 #include <iscsi/iscsi.h>
 #include <iscsi/scsi-lowlevel.h>
 #include <poll.h>
@@ -19,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <blkps/model.hpp>
 
 #include <gtest/gtest.h>
 
@@ -50,7 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kParams = 3000;
 constexpr uint64_t kLbaBytes = 512;
-constexpr uint64_t kLbaParams = kLbaBytes / 4;                         // 128
+constexpr uint64_t kLbaParams = kLbaBytes / 4;                       // 128
 constexpr uint64_t kLbas = (kParams + kLbaParams - 1) / kLbaParams;  // 24
 // The control LUN's layout (blkps/control_lun.h).
 constexpr uint64_t kStatusBytes = BLKPS_CONTROL_STATUS_BYTES;
@@ -58,10 +58,10 @@ constexpr uint64_t kControlOffset = BLKPS_CONTROL_COMMANDS_OFFSET;
 constexpr uint64_t kWeightsOffset = BLKPS_CONTROL_WEIGHTS_OFFSET;
 
 // Sense data as the raw helpers print it: "sense <key> <asc><ascq>".
-const char kJobFailedSense[] = "sense 0x2 0x0403";    // NOT READY, MANUAL INTERVENTION REQUIRED
-const char kHoldTimeoutSense[] = "sense 0xb 0x2e00";  // ABORTED COMMAND, INSUFFICIENT TIME FOR OPERATION
-const char kWriteProtectSense[] = "sense 0x7 0x2700"; // DATA PROTECT, WRITE PROTECTED
-const char kBadDataSense[] = "sense 0x5 0x2600";      // ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST
+const char kJobFailedSense[] = "sense 0x2 0x0403";     // NOT READY, MANUAL INTERVENTION REQUIRED
+const char kHoldTimeoutSense[] = "sense 0xb 0x2e00";   // ABORTED COMMAND, INSUFFICIENT TIME FOR OPERATION
+const char kWriteProtectSense[] = "sense 0x7 0x2700";  // DATA PROTECT, WRITE PROTECTED
+const char kBadDataSense[] = "sense 0x5 0x2600";       // ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST
 
 std::string Bsopts(const std::string& more) { return "params=3000;block=4K;" + more; }
 
@@ -188,14 +188,12 @@ std::string JsonValue(const std::string& json, const std::string& key) {
 
 // ---- Raw SCSI ----------------------------------------------------------------
 
-
 // `text` NUL-padded to whole logical blocks, as a control write.
 std::vector<uint8_t> ControlText(const std::string& text) {
   std::vector<uint8_t> bytes((text.size() + kLbaBytes) / kLbaBytes * kLbaBytes, 0);
   std::memcpy(bytes.data(), text.data(), text.size());
   return bytes;
 }
-
 
 // ---- A learner in a child process, to be killed ------------------------------
 
@@ -538,7 +536,8 @@ TEST(ServerSemantics, KilledLearnerIsDeclaredDeadAndBspGoesOn) {
     // The first of these pulls is held until B is declared dead; then every
     // round is A's alone.
     ASSERT_EQ(pull(), "") << "iteration " << t;
-    for (uint64_t i = 0; i < kParams; ++i) ASSERT_EQ(w[i], before[i] - ga[i]) << "iteration " << t << " parameter " << i;
+    for (uint64_t i = 0; i < kParams; ++i)
+      ASSERT_EQ(w[i], before[i] - ga[i]) << "iteration " << t << " parameter " << i;
   }
 
   const std::string status = ReadStatus(target.control_url());

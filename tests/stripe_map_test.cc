@@ -29,8 +29,7 @@ namespace {
 // shard k mod S at shard byte (k div S) * unit.
 StripePiece Locate(uint64_t unit, uint32_t shards, uint64_t offset) {
   const uint64_t k = offset / unit;
-  return {static_cast<uint32_t>(k % shards), k / shards * unit + offset % unit,
-          1};
+  return {static_cast<uint32_t>(k % shards), k / shards * unit + offset % unit, 1};
 }
 
 struct RandomLayout {
@@ -54,8 +53,8 @@ TEST(StripeMapTest, PiecesCoverRandomRangesExactlyOnceInOrder) {
   for (int trial = 0; trial < 2000; ++trial) {
     const RandomLayout l = MakeLayout(rng);
     const StripeMap map(l.unit, l.shards, l.size);
-    SCOPED_TRACE("unit " + std::to_string(l.unit) + " shards " +
-                 std::to_string(l.shards) + " size " + std::to_string(l.size));
+    SCOPED_TRACE("unit " + std::to_string(l.unit) + " shards " + std::to_string(l.shards) + " size " +
+                 std::to_string(l.size));
     for (int r = 0; r < 20; ++r) {
       const uint64_t offset = rng() % (l.size + 1);
       const uint64_t length = rng() % (l.size - offset + 1);
@@ -65,15 +64,12 @@ TEST(StripeMapTest, PiecesCoverRandomRangesExactlyOnceInOrder) {
       for (const StripePiece& piece : pieces) {
         ASSERT_GT(piece.length, 0u);
         ASSERT_LT(piece.shard, l.shards);
-        ASSERT_LE(piece.shard_offset + piece.length,
-                  map.ShardBytes(piece.shard));
+        ASSERT_LE(piece.shard_offset + piece.length, map.ShardBytes(piece.shard));
         // Every unit the piece touches is where the definition puts it.
-        for (uint64_t b = at; b < at + piece.length;
-             b = (b / l.unit + 1) * l.unit) {
+        for (uint64_t b = at; b < at + piece.length; b = (b / l.unit + 1) * l.unit) {
           const StripePiece want = Locate(l.unit, l.shards, b);
           ASSERT_EQ(piece.shard, want.shard) << "model byte " << b;
-          ASSERT_EQ(piece.shard_offset + (b - at), want.shard_offset)
-              << "model byte " << b;
+          ASSERT_EQ(piece.shard_offset + (b - at), want.shard_offset) << "model byte " << b;
         }
         at += piece.length;
       }
@@ -87,8 +83,8 @@ TEST(StripeMapTest, RoundTripThroughShardBuffersEqualsAFlatModel) {
   for (int trial = 0; trial < 500; ++trial) {
     const RandomLayout l = MakeLayout(rng);
     const StripeMap map(l.unit, l.shards, l.size);
-    SCOPED_TRACE("unit " + std::to_string(l.unit) + " shards " +
-                 std::to_string(l.shards) + " size " + std::to_string(l.size));
+    SCOPED_TRACE("unit " + std::to_string(l.unit) + " shards " + std::to_string(l.shards) + " size " +
+                 std::to_string(l.size));
     // S shard buffers, each exactly its part of the model.
     std::vector<std::vector<uint8_t>> shard(l.shards);
     std::vector<std::vector<int>> writes(l.shards);
@@ -104,8 +100,7 @@ TEST(StripeMapTest, RoundTripThroughShardBuffersEqualsAFlatModel) {
     // Write the model in random ranges, as a learner would.
     std::vector<StripePiece> pieces;
     for (uint64_t offset = 0; offset < l.size;) {
-      const uint64_t length =
-          std::min<uint64_t>(l.size - offset, 1 + rng() % (3 * l.unit));
+      const uint64_t length = std::min<uint64_t>(l.size - offset, 1 + rng() % (3 * l.unit));
       pieces.clear();
       map.Map(offset, length, &pieces);
       uint64_t at = offset;
@@ -184,29 +179,24 @@ TEST(StripeMapTest, MoreShardsThanUnitsLeavesTheLastShardsEmpty) {
 
 TEST(ShardLayoutTest, ParsesUnitAndShardsInOrderWithComments) {
   ShardLayout layout;
-  Status status = ParseShardLayout(
-      "# blkps shard layout\n"
-      "\n"
-      "stripe_unit = 1048576   # bytes\n"
-      "shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1\n"
-      "  shard=iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1  \n",
-      "model.layout", &layout);
+  Status status = ParseShardLayout("# blkps shard layout\n"
+                                   "\n"
+                                   "stripe_unit = 1048576   # bytes\n"
+                                   "shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1\n"
+                                   "  shard=iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1  \n",
+                                   "model.layout", &layout);
   ASSERT_TRUE(status.ok()) << status.message();
   EXPECT_EQ(layout.stripe_unit, 1048576u);
   ASSERT_EQ(layout.shards.size(), 2u);
-  EXPECT_EQ(layout.shards[0].target,
-            "iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1");
+  EXPECT_EQ(layout.shards[0].target, "iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1");
   EXPECT_EQ(layout.shards[0].line, 4);
-  EXPECT_EQ(layout.shards[1].target,
-            "iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1");
+  EXPECT_EQ(layout.shards[1].target, "iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1");
   EXPECT_EQ(layout.shards[1].line, 5);
 }
 
 TEST(ShardLayoutTest, SixteenBitShardsHalveTheDeviceStripeUnit) {
   ShardLayout layout;
-  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\ndtype = float16\nshard = a\n",
-                               "m.layout", &layout)
-                  .ok());
+  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\ndtype = float16\nshard = a\n", "m.layout", &layout).ok());
   EXPECT_EQ(layout.dtype, wire::Dtype::kFloat16);
   EXPECT_EQ(layout.device_stripe_unit(), 2048u);
   ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\nshard = a\n", "m.layout", &layout).ok());
@@ -243,18 +233,13 @@ TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("stripe_unit = 512\nshard = layout:/x\n"),
             "blkps: m.layout:2: shard 'layout:/x': a shard cannot be another "
             "layout");
-  EXPECT_NE(ParseError("stripe_unit = 0\nshard = a\n").find("m.layout:1:"),
-            std::string::npos);
-  EXPECT_NE(ParseError("stripe_unit = -512\nshard = a\n").find("m.layout:1:"),
-            std::string::npos);
-  EXPECT_NE(ParseError("stripe_unit = 512\nshard =\n").find("m.layout:2:"),
-            std::string::npos);
-  EXPECT_EQ(ParseError("shard = a\n"),
-            "blkps: m.layout: no 'stripe_unit = <bytes>' line; a layout needs "
-            "one");
-  EXPECT_EQ(ParseError("stripe_unit = 512\n"),
-            "blkps: m.layout: no 'shard = <target>' line; a layout needs at "
-            "least one shard");
+  EXPECT_NE(ParseError("stripe_unit = 0\nshard = a\n").find("m.layout:1:"), std::string::npos);
+  EXPECT_NE(ParseError("stripe_unit = -512\nshard = a\n").find("m.layout:1:"), std::string::npos);
+  EXPECT_NE(ParseError("stripe_unit = 512\nshard =\n").find("m.layout:2:"), std::string::npos);
+  EXPECT_EQ(ParseError("shard = a\n"), "blkps: m.layout: no 'stripe_unit = <bytes>' line; a layout needs "
+                                       "one");
+  EXPECT_EQ(ParseError("stripe_unit = 512\n"), "blkps: m.layout: no 'shard = <target>' line; a layout needs at "
+                                               "least one shard");
 }
 
 // --- StripedDevice over regular files, through the public API ---
@@ -299,8 +284,7 @@ TEST_F(StripedFilesTest, BytesLandOnTheShardsTheLayoutSays) {
   WriteFile("s0", std::string(3072, '\0'));
   WriteFile("s1", std::string(2560, '\0'));
   // Relative shard paths are relative to the layout file's folder.
-  const std::string layout =
-      WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\nshard = s1\n");
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\nshard = s1\n");
   std::string error;
   auto model = Open(layout, &error);
   ASSERT_NE(model, nullptr) << error;
@@ -308,24 +292,20 @@ TEST_F(StripedFilesTest, BytesLandOnTheShardsTheLayoutSays) {
   std::string flat(5632, '\0');
   std::mt19937 rng(3);
   for (char& c : flat) c = static_cast<char>(rng());
-  ASSERT_EQ(model->WriteBytes(0, flat.data(), flat.size()), 0)
-      << model->last_error();
+  ASSERT_EQ(model->WriteBytes(0, flat.data(), flat.size()), 0) << model->last_error();
   std::string back(flat.size(), '\0');
   ASSERT_EQ(model->ReadBytes(512, &back[512], 4608), 0) << model->last_error();
   EXPECT_EQ(back.substr(512, 4608), flat.substr(512, 4608));
   model.reset();
-  EXPECT_EQ(ReadFile("s0"), flat.substr(0, 1024) + flat.substr(2048, 1024) +
-                                flat.substr(4096, 1024));
-  EXPECT_EQ(ReadFile("s1"), flat.substr(1024, 1024) +
-                                flat.substr(3072, 1024) + flat.substr(5120));
+  EXPECT_EQ(ReadFile("s0"), flat.substr(0, 1024) + flat.substr(2048, 1024) + flat.substr(4096, 1024));
+  EXPECT_EQ(ReadFile("s1"), flat.substr(1024, 1024) + flat.substr(3072, 1024) + flat.substr(5120));
 }
 
 TEST_F(StripedFilesTest, PushAndPullOfParametersGoThroughTheStripes) {
   WriteFile("a", std::string(8192, '\0'));
   WriteFile("b", std::string(8192, '\0'));
   WriteFile("c", std::string(4096, '\0'));
-  const std::string layout = WriteFile(
-      "m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n");
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n");
   std::string error;
   auto model = Open(layout, &error);
   ASSERT_NE(model, nullptr) << error;
@@ -347,11 +327,11 @@ TEST_F(StripedFilesTest, ShardOfTheWrongSizeIsRefusedWithTheSizeItNeeds) {
   WriteFile("s0", std::string(2048, '\0'));
   WriteFile("s1", std::string(2048, '\0'));
   WriteFile("s2", std::string(1024, '\0'));
-  const std::string layout = WriteFile(
-      "m.layout", "stripe_unit = 1024\nshard = s0\nshard = s2\nshard = s1\n");
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\nshard = s2\nshard = s1\n");
   std::string error;
   EXPECT_EQ(Open(layout, &error), nullptr);
-  EXPECT_NE(error.find("m.layout:3: shard 1 (" + dir_ + "/s2) holds 1024 "
+  EXPECT_NE(error.find("m.layout:3: shard 1 (" + dir_ +
+                       "/s2) holds 1024 "
                        "bytes, but striping a model of 5120 bytes (the "
                        "shards' sum) in units "
                        "of 1024 bytes over 3 shards puts 2048 bytes on it"),
@@ -361,18 +341,12 @@ TEST_F(StripedFilesTest, ShardOfTheWrongSizeIsRefusedWithTheSizeItNeeds) {
 
 TEST_F(StripedFilesTest, MissingShardFailsNamingLayoutLineAndShard) {
   WriteFile("s0", std::string(1024, '\0'));
-  const std::string layout = WriteFile(
-      "m.layout", "stripe_unit = 1024\nshard = s0\n\nshard = gone\n");
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\n\nshard = gone\n");
   std::string error;
   int code = 0;
-  EXPECT_EQ(Model::Open("layout:" + layout, OpenOptions(), &error, &code),
-            nullptr);
+  EXPECT_EQ(Model::Open("layout:" + layout, OpenOptions(), &error, &code), nullptr);
   EXPECT_EQ(code, -ENOENT);
-  EXPECT_EQ(error.rfind("blkps: " + layout + ":4: shard 1 (" + dir_ +
-                            "/gone): ",
-                        0),
-            0u)
-      << error;
+  EXPECT_EQ(error.rfind("blkps: " + layout + ":4: shard 1 (" + dir_ + "/gone): ", 0), 0u) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos);
 }
 
@@ -380,24 +354,18 @@ TEST_F(StripedFilesTest, UnreachableShardFailsNamingIt) {
   WriteFile("s0", std::string(1024, '\0'));
   // Port 1 on loopback: nothing listens there, the connection is refused.
   const std::string url = "iscsi://127.0.0.1:1/iqn.2026-11.io.blkps:gone/1";
-  const std::string layout =
-      WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\nshard = " + url + "\n");
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 1024\nshard = s0\nshard = " + url + "\n");
   std::string error;
   EXPECT_EQ(Model::Open("layout:" + layout, OpenOptions(), &error), nullptr);
-  EXPECT_EQ(error.rfind("blkps: " + layout + ":3: shard 1 (" + url + "): ", 0),
-            0u)
-      << error;
+  EXPECT_EQ(error.rfind("blkps: " + layout + ":3: shard 1 (" + url + "): ", 0), 0u) << error;
 }
 
 TEST_F(StripedFilesTest, MissingLayoutFileSaysSo) {
   std::string error;
   int code = 0;
-  EXPECT_EQ(Model::Open("layout:" + dir_ + "/none.layout", OpenOptions(),
-                        &error, &code),
-            nullptr);
+  EXPECT_EQ(Model::Open("layout:" + dir_ + "/none.layout", OpenOptions(), &error, &code), nullptr);
   EXPECT_EQ(code, -ENOENT);
-  EXPECT_EQ(error, "blkps: cannot open layout file " + dir_ +
-                       "/none.layout: No such file or directory");
+  EXPECT_EQ(error, "blkps: cannot open layout file " + dir_ + "/none.layout: No such file or directory");
 }
 
 }  // namespace

@@ -176,11 +176,9 @@ TEST(Target, LunsNamingOneModelAreWindowsOntoIt) {
                          "--backing-store model --bsopts 'params=2000;lr=1'",
                          &out),
             0);
-  EXPECT_NE(target.Log().find("model 'model' is already served with --bsopts 'params=1000;lr=1'"),
-            std::string::npos)
+  EXPECT_NE(target.Log().find("model 'model' is already served with --bsopts 'params=1000;lr=1'"), std::string::npos)
       << target.Log();
 }
-
 
 TEST(Target, OutOfRangeIoGetsIllegalRequestAndTargetKeepsServing) {
   TargetProcess target("params=1000;lr=1");  // 4096-byte device: LBAs 0..7
@@ -188,7 +186,7 @@ TEST(Target, OutOfRangeIoGetsIllegalRequestAndTargetKeepsServing) {
   RawLun lun(target.url(), "iqn.2026-11.io.blkps:test-raw");
   ASSERT_TRUE(lun.connected()) << lun.error();
   const std::vector<uint8_t> ones = FloatBytes(std::vector<float>(256, 1.0f));  // two 512-byte blocks
-  const char kLbaOutOfRange[] = "sense 0x5 0x2100";  // ILLEGAL REQUEST, LBA OUT OF RANGE
+  const char kLbaOutOfRange[] = "sense 0x5 0x2100";                             // ILLEGAL REQUEST, LBA OUT OF RANGE
   EXPECT_EQ(lun.Read(7, 2), kLbaOutOfRange);
   EXPECT_EQ(lun.Write(7, ones), kLbaOutOfRange);
   EXPECT_EQ(lun.Read(UINT64_MAX - 1, 2), kLbaOutOfRange);
@@ -246,11 +244,16 @@ TEST(Target, NonFiniteGradientIsRejectedAndNothingApplied) {
 TEST(Target, BadBsoptsFailLunCreationWithOneLineNamingTheKey) {
   TargetProcess target("params=1000;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  struct Case { std::string bsopts, key; };
+  struct Case {
+    std::string bsopts, key;
+  };
   const Case cases[] = {
-      {"params=0", "params:"},           {"lr=0.1", "params: required"},
-      {"params=10;lr=fast", "lr:"},      {"params=10;rule=adamx", "rule: unknown update rule 'adamx'"},
-      {"params=10;block=3", "block:"},   {"params=10;init=file:/nonexistent/w.bin", "init: cannot open"},
+      {"params=0", "params:"},
+      {"lr=0.1", "params: required"},
+      {"params=10;lr=fast", "lr:"},
+      {"params=10;rule=adamx", "rule: unknown update rule 'adamx'"},
+      {"params=10;block=3", "block:"},
+      {"params=10;init=file:/nonexistent/w.bin", "init: cannot open"},
       {"params=10;speed=9", "speed: unknown option"},
   };
   int lun = 10;
@@ -347,7 +350,7 @@ TEST(Target, ServerMemoryForA256MiBModelAndFourLearnersFollowsTheFormula) {
   ASSERT_EQ(failed, 0);
 
   const uint64_t after = ResidentBytes(target.pid());
-  const uint64_t arrays = 3 * kModel;                         // weights, momentum's v, the bsp sum
+  const uint64_t arrays = 3 * kModel;  // weights, momentum's v, the bsp sum
   // tgt's command buffers, kept by malloc for reuse: 2 × queue depth 16 ×
   // 1 MiB requests per learner (its writes, and its held reads meanwhile
   // others still write).

@@ -47,8 +47,7 @@ class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.
   // `extra` is passed to `blkps target start` as is (e.g. "--null-lun").
-  explicit TargetProcess(const std::string& bsopts, const std::string& extra = "")
-      : bsopts_(bsopts), extra_(extra) {
+  explicit TargetProcess(const std::string& bsopts, const std::string& extra = "") : bsopts_(bsopts), extra_(extra) {
     char tmpl[] = "/tmp/blkps-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
     Start(extra_);
@@ -91,8 +90,9 @@ class TargetProcess {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     // tgtd is not our child: it is gone once its parent (init) has reaped it.
     auto gone = [&] { return kill(p, 0) != 0 && errno == ESRCH; };
-    auto cleaned = [&] { return access((dir_ + "/tgtd.pid").c_str(), F_OK) != 0 &&
-                                access((dir_ + "/target.env").c_str(), F_OK) != 0; };
+    auto cleaned = [&] {
+      return access((dir_ + "/tgtd.pid").c_str(), F_OK) != 0 && access((dir_ + "/target.env").c_str(), F_OK) != 0;
+    };
     while (!(gone() && cleaned())) {
       if (std::chrono::steady_clock::now() > deadline) {
         if (why) {
@@ -139,11 +139,10 @@ class TargetProcess {
 
  private:
   void Start(const std::string& extra) {
-    start_status_ = RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ +
-                                   " --plugin " + BLKPS_PLUGIN + " --owner-pid " +
-                                   std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts_) +
-                                   " " + extra,
-                               &start_output_);
+    start_status_ =
+        RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ + " --plugin " + BLKPS_PLUGIN +
+                       " --owner-pid " + std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts_) + " " + extra,
+                   &start_output_);
     if (start_status_ == 0) LoadEnv();
   }
   // The target.env values the tests use, one line each in the order asked.

@@ -419,8 +419,8 @@ TEST(UpdateRule, EachApplyUsesOneSetOfValuesWhileAnotherThreadSetsThem) {
   std::atomic<int> changes{0};
   std::thread tuner([&] {
     for (int i = 0; !done.load(); ++i) {
-      const bool ok = rule->SetParam("lr", i % 2 ? 0.01f : 0.02f).ok() &&
-                      rule->SetParam("momentum", i % 3 ? 0.5f : 0.9f).ok();
+      const bool ok =
+          rule->SetParam("lr", i % 2 ? 0.01f : 0.02f).ok() && rule->SetParam("momentum", i % 3 ? 0.5f : 0.9f).ok();
       if (ok) changes.fetch_add(1);
     }
   });

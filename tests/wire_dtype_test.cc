@@ -54,8 +54,8 @@ double ReferenceRound(Dtype t, float f) {
 void ExpectRoundsAsReference(Dtype t, float f) {
   const float got = Widen1(t, Narrow1(t, f));
   const double want = ReferenceRound(t, f);
-  ASSERT_EQ(static_cast<double>(got), want) << blkps::wire::DtypeName(t) << " of " << f << " (bits 0x" << std::hex
-                                            << FloatBits(f) << ")";
+  ASSERT_EQ(static_cast<double>(got), want)
+      << blkps::wire::DtypeName(t) << " of " << f << " (bits 0x" << std::hex << FloatBits(f) << ")";
   ASSERT_EQ(std::signbit(got), std::signbit(f)) << f;
 }
 
@@ -151,16 +151,16 @@ TEST(WireDtypeFloat16, KnownValues) {
   EXPECT_EQ(blkps::wire::FloatToFloat16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(blkps::wire::FloatToFloat16(std::ldexp(1.0f, -25)), 0x0000);  // the tie: to even, zero
   EXPECT_EQ(blkps::wire::FloatToFloat16(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(blkps::wire::FloatToFloat16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie below: even
+  EXPECT_EQ(blkps::wire::FloatToFloat16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie below: even
   EXPECT_EQ(blkps::wire::FloatToFloat16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie above: even
 }
 
 TEST(WireDtypeBfloat16, KnownValues) {
   EXPECT_EQ(blkps::wire::FloatToBfloat16(1.0f), 0x3f80);
-  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x3f808000u)), 0x3f80);  // tie, even below
-  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x3f818000u)), 0x3f82);  // tie, even above
+  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x3f808000u)), 0x3f80);             // tie, even below
+  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x3f818000u)), 0x3f82);             // tie, even above
   EXPECT_EQ(blkps::wire::FloatToBfloat16(std::numeric_limits<float>::max()), 0x7f80);  // rounds to Inf
-  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x7f800001u)), 0x7fc0);  // signalling NaN made quiet
+  EXPECT_EQ(blkps::wire::FloatToBfloat16(BitsFloat(0x7f800001u)), 0x7fc0);             // signalling NaN made quiet
 }
 
 TEST(WireDtypeNames, ParseWhatNameGives) {

@@ -71,7 +71,10 @@ TEST(WireDtype, SixteenBitLunsAddExactlyIntoTheFloat32Model) {
   ASSERT_EQ(AddLun(target, 5, "params=1000;rule=sum;block=1K;dtype=bfloat16"), 0) << target.Log();
   ASSERT_EQ(AddLun(target, 6, "params=1000;dtype=float16;rule=sum;block=1K"), 0) << target.Log();
 
-  const struct { int lun; const char* dtype; } luns[] = {{1, nullptr}, {5, "bfloat16"}, {6, "float16"}};
+  const struct {
+    int lun;
+    const char* dtype;
+  } luns[] = {{1, nullptr}, {5, "bfloat16"}, {6, "float16"}};
   std::vector<float> expected(kParams, 0.0f);
   for (int round = 0; round < 3; ++round) {
     for (const auto& l : luns) {
@@ -107,11 +110,11 @@ TEST(WireDtype, ReadsRoundTheWeightsToNearestEven) {
   ASSERT_EQ(AddLun(target, 5, "params=1000;rule=sum;dtype=bfloat16"), 0) << target.Log();
   ASSERT_EQ(AddLun(target, 6, "params=1000;rule=sum;dtype=float16"), 0) << target.Log();
   const std::vector<float> w = {
-      1.0f + std::ldexp(1.0f, -8),       // bfloat16 tie: down to even 1.0
-      1.0f + 3 * std::ldexp(1.0f, -8),   // bfloat16 tie: up to even
-      1.0f + std::ldexp(1.0f, -11),      // float16 tie: down to even 1.0
-      70000.0f,                          // past float16's 65504: Inf
-      std::ldexp(1.0f, -24),             // float16's smallest subnormal
+      1.0f + std::ldexp(1.0f, -8),      // bfloat16 tie: down to even 1.0
+      1.0f + 3 * std::ldexp(1.0f, -8),  // bfloat16 tie: up to even
+      1.0f + std::ldexp(1.0f, -11),     // float16 tie: down to even 1.0
+      70000.0f,                         // past float16's 65504: Inf
+      std::ldexp(1.0f, -24),            // float16's smallest subnormal
       -3.140625f,
   };
   std::vector<float> g(kParams, 0.0f);
@@ -151,7 +154,12 @@ TEST(WireDtype, NonFiniteSixteenBitGradientIsRejectedWhole) {
   ASSERT_EQ(AddLun(target, 5, "params=1000;lr=1;dtype=bfloat16"), 0) << target.Log();
   ASSERT_EQ(AddLun(target, 6, "params=1000;lr=1;dtype=float16"), 0) << target.Log();
   const char kInvalidField[] = "sense 0x5 0x2600";  // ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST
-  struct Case { int lun; uint16_t one, bad; uint64_t at; const char* what; };
+  struct Case {
+    int lun;
+    uint16_t one, bad;
+    uint64_t at;
+    const char* what;
+  };
   const Case cases[] = {
       {5, 0x3f80, 0x7fc0, 900, "gradient for parameter 900 is NaN"},
       {5, 0x3f80, 0xff80, 17, "gradient for parameter 17 is infinite"},
@@ -176,8 +184,9 @@ TEST(WireDtype, NonFiniteSixteenBitGradientIsRejectedWhole) {
   std::vector<float> g(kParams, 1.0f);
   g[123] = 1e10f;  // finite in float32, Inf in float16
   EXPECT_EQ(blkps_push(h.m, 0, g.data(), kParams), -EINVAL);
-  EXPECT_NE(std::string(blkps_last_error(h.m)).find("gradient for parameter 123 is 1e+10, which is infinite in "
-                                                    "float16; nothing was sent"),
+  EXPECT_NE(std::string(blkps_last_error(h.m))
+                .find("gradient for parameter 123 is 1e+10, which is infinite in "
+                      "float16; nothing was sent"),
             std::string::npos)
       << blkps_last_error(h.m);
   ASSERT_EQ(f32.Read(0, 8, &w), "GOOD");

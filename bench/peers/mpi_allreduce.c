@@ -22,8 +22,7 @@
 static double cpu_seconds(void) {
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
-         u.ru_stime.tv_usec * 1e-6;
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
 }
 
 static float bf16_to_float(unsigned short b) {
@@ -33,7 +32,7 @@ static float bf16_to_float(unsigned short b) {
   return f;
 }
 
-static unsigned short float_to_bf16(float f) {  /* round to nearest even */
+static unsigned short float_to_bf16(float f) { /* round to nearest even */
   unsigned int u;
   memcpy(&u, &f, sizeof u);
   return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
@@ -93,8 +92,7 @@ int main(int argc, char** argv) {
   MPI_Gather(times, iterations, MPI_DOUBLE, all, iterations, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   MPI_Gather(&cpu, 1, MPI_DOUBLE, cpus, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (rank == 0) {
-    printf("{\"peer\": \"mpi\", \"procs\": %d, \"params\": %ld, \"dtype\": \"%s\", \"times\": [", procs,
-           params, dtype);
+    printf("{\"peer\": \"mpi\", \"procs\": %d, \"params\": %ld, \"dtype\": \"%s\", \"times\": [", procs, params, dtype);
     for (int r = 0; r < procs; r++) {
       printf("%s[", r ? ", " : "");
       for (int it = 0; it < iterations; it++) printf("%s%.6f", it ? ", " : "", all[r * iterations + it]);
@@ -104,7 +102,10 @@ int main(int argc, char** argv) {
     for (int r = 0; r < procs; r++) printf("%s%.4f", r ? ", " : "", cpus[r]);
     printf("]}\n");
   }
-  free(model); free(times); free(all); free(cpus);
+  free(model);
+  free(times);
+  free(all);
+  free(cpus);
   if (bf16) {
     MPI_Op_free(&op);
     MPI_Type_free(&type);

@@ -40,8 +40,7 @@ namespace {
 
 constexpr int kInputs = 64;
 constexpr int kClasses = 10;
-constexpr const char* kDigitsFile =
-    "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+constexpr const char* kDigitsFile = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
 
 [[noreturn]] void Die(const std::string& message) {
   std::fprintf(stderr, "train_digits: %s\n", message.c_str());
@@ -60,8 +59,7 @@ struct Examples {
 void LoadDigits(Examples* train, Examples* test) {
   gzFile file = gzopen(kDigitsFile, "rb");
   if (file == nullptr) {
-    Die(std::string("cannot open ") + kDigitsFile +
-        " (install python3-sklearn: scripts/setup.sh)");
+    Die(std::string("cannot open ") + kDigitsFile + " (install python3-sklearn: scripts/setup.sh)");
   }
   char line[1024];
   for (size_t i = 0; gzgets(file, line, sizeof(line)) != nullptr; ++i) {
@@ -101,12 +99,12 @@ class Mlp {
     hidden_act_.resize(size_t(n) * hidden_);
     probs_.resize(size_t(n) * kClasses);
     for (int i = 0; i < n; ++i) std::copy(b1, b1 + hidden_, &hidden_act_[size_t(i) * hidden_]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hidden_, kInputs, 1.0f, x,
-                kInputs, w1, hidden_, 1.0f, hidden_act_.data(), hidden_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hidden_, kInputs, 1.0f, x, kInputs, w1, hidden_, 1.0f,
+                hidden_act_.data(), hidden_);
     for (float& h : hidden_act_) h = std::max(h, 0.0f);
     for (int i = 0; i < n; ++i) std::copy(b2, b2 + kClasses, &probs_[size_t(i) * kClasses]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, kClasses, hidden_, 1.0f,
-                hidden_act_.data(), hidden_, w2, kClasses, 1.0f, probs_.data(), kClasses);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, kClasses, hidden_, 1.0f, hidden_act_.data(), hidden_, w2,
+                kClasses, 1.0f, probs_.data(), kClasses);
     for (int i = 0; i < n; ++i) {
       float* p = &probs_[size_t(i) * kClasses];
       const float top = *std::max_element(p, p + kClasses);
@@ -118,8 +116,7 @@ class Mlp {
 
   // Mean cross-entropy gradient of the batch into `grad` (num_params floats);
   // returns the batch loss and adds the correctly classified count to *correct.
-  float LossAndGradient(const float* w, const float* x, const int* y, int n, float* grad,
-                        int* correct) {
+  float LossAndGradient(const float* w, const float* x, const int* y, int n, float* grad, int* correct) {
     Forward(w, x, n);
     const float* w2 = w + kInputs * hidden_ + hidden_;
     float* dw1 = grad;
@@ -136,18 +133,18 @@ class Mlp {
       for (int c = 0; c < kClasses; ++c) d[c] /= float(n);
     }
     // dW2 = H^T dlogits; db2 = column sums of dlogits.
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hidden_, kClasses, n, 1.0f,
-                hidden_act_.data(), hidden_, dlogits_.data(), kClasses, 0.0f, dw2, kClasses);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hidden_, kClasses, n, 1.0f, hidden_act_.data(), hidden_,
+                dlogits_.data(), kClasses, 0.0f, dw2, kClasses);
     ColumnSums(dlogits_.data(), n, kClasses, db2);
     // dH = dlogits W2^T, masked by the ReLU; dW1 = X^T dH; db1 = column sums.
     dhidden_.resize(size_t(n) * hidden_);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hidden_, kClasses, 1.0f,
-                dlogits_.data(), kClasses, w2, kClasses, 0.0f, dhidden_.data(), hidden_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, hidden_, kClasses, 1.0f, dlogits_.data(), kClasses, w2,
+                kClasses, 0.0f, dhidden_.data(), hidden_);
     for (size_t k = 0; k < dhidden_.size(); ++k) {
       if (hidden_act_[k] <= 0) dhidden_[k] = 0;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kInputs, hidden_, n, 1.0f, x, kInputs,
-                dhidden_.data(), hidden_, 0.0f, dw1, hidden_);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kInputs, hidden_, n, 1.0f, x, kInputs, dhidden_.data(),
+                hidden_, 0.0f, dw1, hidden_);
     ColumnSums(dhidden_.data(), n, hidden_, db1);
     return loss / float(n);
   }
@@ -183,18 +180,17 @@ struct Args {
 };
 
 void Usage(FILE* out) {
-  std::fprintf(out,
-      "usage: blkps-train-digits --target URL [options]   train (one learner)\n"
-      "       blkps-train-digits --target URL --evaluate [--min-accuracy A]\n"
-      "       blkps-train-digits --params                  print the parameter count\n"
-      "  --target URL            model device: iscsi://, iser://, layout:, file or block device\n"
-      "  --learner K --learners N  this learner's index and the number of learners (0, 1)\n"
-      "  --epochs E --batch B    passes over this learner's data (20), minibatch size (32)\n"
-      "  --hidden H              hidden units (128); must match the server's params\n"
-      "  --no-double-buffering   push then pull while compute waits (the baseline)\n"
-      "  --no-adaptive-pull      start each pull at once instead of after the bubble\n"
-      "  --control URL           the model's control LUN: metrics include staleness\n"
-      "  --sync                  fsync the device when done: the server checkpoints\n");
+  std::fprintf(out, "usage: blkps-train-digits --target URL [options]   train (one learner)\n"
+                    "       blkps-train-digits --target URL --evaluate [--min-accuracy A]\n"
+                    "       blkps-train-digits --params                  print the parameter count\n"
+                    "  --target URL            model device: iscsi://, iser://, layout:, file or block device\n"
+                    "  --learner K --learners N  this learner's index and the number of learners (0, 1)\n"
+                    "  --epochs E --batch B    passes over this learner's data (20), minibatch size (32)\n"
+                    "  --hidden H              hidden units (128); must match the server's params\n"
+                    "  --no-double-buffering   push then pull while compute waits (the baseline)\n"
+                    "  --no-adaptive-pull      start each pull at once instead of after the bubble\n"
+                    "  --control URL           the model's control LUN: metrics include staleness\n"
+                    "  --sync                  fsync the device when done: the server checkpoints\n");
 }
 
 int ParseInt(const char* flag, const char* value, int lo, int hi) {
@@ -202,8 +198,8 @@ int ParseInt(const char* flag, const char* value, int lo, int hi) {
   errno = 0;
   long v = std::strtol(value, &end, 10);
   if (errno != 0 || end == value || *end != '\0' || v < lo || v > hi) {
-    Die(std::string(flag) + " wants an integer in [" + std::to_string(lo) + ", " +
-        std::to_string(hi) + "], not '" + value + "'");
+    Die(std::string(flag) + " wants an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" +
+        value + "'");
   }
   return int(v);
 }
@@ -229,8 +225,13 @@ Args ParseArgs(int argc, char** argv) {
     else if (flag == "--sync") a.sync = true;
     else if (flag == "--no-double-buffering") a.double_buffering = false;
     else if (flag == "--no-adaptive-pull") a.adaptive_pull = false;
-    else if (flag == "-h" || flag == "--help") { Usage(stdout); std::exit(0); }
-    else { Usage(stderr); Die("unknown option '" + flag + "'"); }
+    else if (flag == "-h" || flag == "--help") {
+      Usage(stdout);
+      std::exit(0);
+    } else {
+      Usage(stderr);
+      Die("unknown option '" + flag + "'");
+    }
   }
   if (!a.params && a.target.empty()) Die("--target is required (see --help)");
   if (a.learner >= a.learners) Die("--learner must be below --learners");
@@ -260,8 +261,7 @@ int Train(const Args& args, Mlp& mlp, const Examples& train) {
   for (size_t i = args.learner; i < train.count(); i += args.learners) mine.push_back(i);
   // Equal iterations for every learner: in bsp one that stopped early would
   // hold the others back until the server declared it dead.
-  const int steps_per_epoch =
-      std::max<int>(1, int(train.count() / args.learners / args.batch));
+  const int steps_per_epoch = std::max<int>(1, int(train.count() / args.learners / args.batch));
 
   blkps::EngineOptions options;
   options.param_count = mlp.num_params();
@@ -288,8 +288,8 @@ int Train(const Args& args, Mlp& mlp, const Examples& train) {
         std::memcpy(&batch_x[size_t(n) * kInputs], train.image(mine[at]), kInputs * sizeof(float));
         batch_y[n] = train.labels[mine[at]];
       }
-      loss_sum += n * mlp.LossAndGradient(engine->weights(), batch_x.data(), batch_y.data(), n,
-                                          engine->gradient(), &correct);
+      loss_sum +=
+          n * mlp.LossAndGradient(engine->weights(), batch_x.data(), batch_y.data(), n, engine->gradient(), &correct);
       seen += n;
       ++step;
       // The last gradient goes out with Finish(), which pushes the current
@@ -306,8 +306,7 @@ int Train(const Args& args, Mlp& mlp, const Examples& train) {
     }
     std::printf("learner %d: epoch %3d iteration %5d loss %.4f train-accuracy %.3f "
                 "compute %.2f ms stall %.1f%% of iteration time\n",
-                args.learner, epoch, step, loss_sum / seen, double(correct) / seen,
-                1e3 * compute_s / steps_per_epoch,
+                args.learner, epoch, step, loss_sum / seen, double(correct) / seen, 1e3 * compute_s / steps_per_epoch,
                 iteration_s > 0 ? 100.0 * stall_s / iteration_s : 0.0);
     std::fflush(stdout);
   }

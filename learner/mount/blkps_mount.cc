@@ -63,56 +63,55 @@
 namespace blkps {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [NAME=TARGET...]\n"
-    "       blkps mount MOUNTPOINT --dir DIR [options]   (a blkps target's LUNs)\n"
-    "\n"
-    "Presents each model device as a regular file MOUNTPOINT/NAME of the\n"
-    "device's size. TARGET is anything libblkps opens: "
-    "iscsi://host[:port]/<iqn>/<lun>,\n"
-    "iser://..., layout:PATH (a sharded model), or a file or block device.\n"
-    "`blkps mount --dir DIR` presents a `blkps target start --dir DIR`'s\n"
-    "learner slots as files slot1..slotN and its control LUN as 'control'.\n"
-    "\n"
-    "options:\n"
-    "  --control NAME=TARGET the model's control LUN as file NAME (its writes\n"
-    "                        are commands, not gradients)\n"
-    "  --request-bytes N     bytes per device command (K, M suffixes; default:\n"
-    "                        the device's, 1M for iSCSI); larger FUSE requests\n"
-    "                        are cut into commands of this size\n"
-    "  --queue-depth N       commands in flight per FUSE request (default 16)\n"
-    "  --dtype T             float32 (default), bfloat16 or float16: the\n"
-    "                        model files' LUNs' --bsopts dtype; a 16-bit file\n"
-    "                        holds parameter i at byte 2*i (README \"16-bit\n"
-    "                        wire\"), and a partly written value is 2 bytes\n"
-    "  --sessions N          devices (iSCSI sessions) per file, opened on\n"
-    "                        demand, one per concurrent request (default 16)\n"
-    "  --threads N           most FUSE worker threads (default 32)\n"
-    "  --max-background N    FUSE requests the kernel keeps in flight for\n"
-    "                        async I/O (default 64)\n"
-    "  -f, --foreground      stay in the foreground (default: daemonize)\n"
-    "  --debug               log every read, write, flush and fsync on stderr\n"
-    "                        (implies -f)\n"
-    "  -h, --help            this text\n"
-    "\n"
-    "Writes: the whole 512-byte blocks of a write go to the device at once;\n"
-    "the partial first/last block of each piece the kernel cuts a write into\n"
-    "is held until all of it is written, then sent once. A block still\n"
-    "partial at close, fsync, or a read of it is sent completed with zeros\n"
-    "(a zero gradient changes nothing); if a float in it is only partly\n"
-    "written it is dropped, logged, and close/fsync fail with EIO.\n"
-    "fsync: sends pending blocks, then SYNCHRONIZE CACHE (server checkpoint).\n"
-    "\n"
-    "Unmount: SIGINT or SIGTERM to blkps-mount, or `fusermount3 -u "
-    "MOUNTPOINT`.\n"
-    "After a crash (\"Transport endpoint is not connected\"): "
-    "fusermount3 -u MOUNTPOINT\n";
+constexpr char kUsage[] = "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [NAME=TARGET...]\n"
+                          "       blkps mount MOUNTPOINT --dir DIR [options]   (a blkps target's LUNs)\n"
+                          "\n"
+                          "Presents each model device as a regular file MOUNTPOINT/NAME of the\n"
+                          "device's size. TARGET is anything libblkps opens: "
+                          "iscsi://host[:port]/<iqn>/<lun>,\n"
+                          "iser://..., layout:PATH (a sharded model), or a file or block device.\n"
+                          "`blkps mount --dir DIR` presents a `blkps target start --dir DIR`'s\n"
+                          "learner slots as files slot1..slotN and its control LUN as 'control'.\n"
+                          "\n"
+                          "options:\n"
+                          "  --control NAME=TARGET the model's control LUN as file NAME (its writes\n"
+                          "                        are commands, not gradients)\n"
+                          "  --request-bytes N     bytes per device command (K, M suffixes; default:\n"
+                          "                        the device's, 1M for iSCSI); larger FUSE requests\n"
+                          "                        are cut into commands of this size\n"
+                          "  --queue-depth N       commands in flight per FUSE request (default 16)\n"
+                          "  --dtype T             float32 (default), bfloat16 or float16: the\n"
+                          "                        model files' LUNs' --bsopts dtype; a 16-bit file\n"
+                          "                        holds parameter i at byte 2*i (README \"16-bit\n"
+                          "                        wire\"), and a partly written value is 2 bytes\n"
+                          "  --sessions N          devices (iSCSI sessions) per file, opened on\n"
+                          "                        demand, one per concurrent request (default 16)\n"
+                          "  --threads N           most FUSE worker threads (default 32)\n"
+                          "  --max-background N    FUSE requests the kernel keeps in flight for\n"
+                          "                        async I/O (default 64)\n"
+                          "  -f, --foreground      stay in the foreground (default: daemonize)\n"
+                          "  --debug               log every read, write, flush and fsync on stderr\n"
+                          "                        (implies -f)\n"
+                          "  -h, --help            this text\n"
+                          "\n"
+                          "Writes: the whole 512-byte blocks of a write go to the device at once;\n"
+                          "the partial first/last block of each piece the kernel cuts a write into\n"
+                          "is held until all of it is written, then sent once. A block still\n"
+                          "partial at close, fsync, or a read of it is sent completed with zeros\n"
+                          "(a zero gradient changes nothing); if a float in it is only partly\n"
+                          "written it is dropped, logged, and close/fsync fail with EIO.\n"
+                          "fsync: sends pending blocks, then SYNCHRONIZE CACHE (server checkpoint).\n"
+                          "\n"
+                          "Unmount: SIGINT or SIGTERM to blkps-mount, or `fusermount3 -u "
+                          "MOUNTPOINT`.\n"
+                          "After a crash (\"Transport endpoint is not connected\"): "
+                          "fusermount3 -u MOUNTPOINT\n";
 
 struct Options {
   std::string mountpoint;
   std::vector<std::pair<std::string, std::string>> files;  // name, target
-  std::string control_name;  // the file holding the control LUN, if any
-  uint64_t request_bytes = 0;  // 0: the device's default
+  std::string control_name;                                // the file holding the control LUN, if any
+  uint64_t request_bytes = 0;                              // 0: the device's default
   uint32_t queue_depth = 16;
   wire::Dtype dtype = wire::Dtype::kFloat32;  // of the model files
   uint32_t sessions = 16;
@@ -137,12 +136,10 @@ void Log(const char* format, ...) {
   fprintf(stderr, "blkps-mount: %s\n", line);
 }
 
-uint32_t ParseCount(const std::string& option, const std::string& text,
-                    uint32_t most) {
+uint32_t ParseCount(const std::string& option, const std::string& text, uint32_t most) {
   uint64_t value = 0;
   if (!ParseByteSize(text, &value) || value < 1 || value > most) {
-    Fail(option + ": expected a whole number in [1, " + std::to_string(most) +
-         "], got '" + text + "'");
+    Fail(option + ": expected a whole number in [1, " + std::to_string(most) + "], got '" + text + "'");
   }
   return static_cast<uint32_t>(value);
 }
@@ -173,18 +170,15 @@ Options ParseOptions(int argc, char** argv) {
       options.files.emplace_back(options.control_name, spec.substr(eq + 1));
     } else if (arg == "--request-bytes") {
       const std::string text = value();
-      if (!ParseByteSize(text, &options.request_bytes) ||
-          options.request_bytes == 0) {
-        Fail("--request-bytes: expected a size such as 256K or 1M, got '" +
-             text + "'");
+      if (!ParseByteSize(text, &options.request_bytes) || options.request_bytes == 0) {
+        Fail("--request-bytes: expected a size such as 256K or 1M, got '" + text + "'");
       }
     } else if (arg == "--queue-depth") {
       options.queue_depth = ParseCount(arg, value(), 1024);
     } else if (arg == "--dtype") {
       const std::string name = value();
       if (!wire::ParseDtype(name, &options.dtype)) {
-        Fail("--dtype: expected one of " + std::string(wire::kDtypeNames) +
-             ", got '" + name + "'");
+        Fail("--dtype: expected one of " + std::string(wire::kDtypeNames) + ", got '" + name + "'");
       }
     } else if (arg == "--sessions") {
       options.sessions = ParseCount(arg, value(), 1024);
@@ -241,9 +235,7 @@ struct Mount {
   time_t started = time(nullptr);  // the files' times
 };
 
-Mount* TheMount() {
-  return static_cast<Mount*>(fuse_get_context()->private_data);
-}
+Mount* TheMount() { return static_cast<Mount*>(fuse_get_context()->private_data); }
 
 MountedFile* FindFile(const char* path) {
   if (path == nullptr || path[0] != '/') return nullptr;
@@ -253,19 +245,15 @@ MountedFile* FindFile(const char* path) {
   return nullptr;
 }
 
-std::string Describe(const MountedFile& file, const char* what, uint64_t offset,
-                     uint64_t length) {
-  return file.name + ": " + what + " of " + std::to_string(length) +
-         " bytes at " + std::to_string(offset);
+std::string Describe(const MountedFile& file, const char* what, uint64_t offset, uint64_t length) {
+  return file.name + ": " + what + " of " + std::to_string(length) + " bytes at " + std::to_string(offset);
 }
 
 // Runs `requests` on a borrowed device; logs and returns -EIO on failure,
 // and closes that device (a later request opens a fresh session).
-int RunOn(MountedFile* file, DevicePool::Lease* device, Direction direction,
-          const std::vector<IoRequest>& requests) {
+int RunOn(MountedFile* file, DevicePool::Lease* device, Direction direction, const std::vector<IoRequest>& requests) {
   if (requests.empty()) return 0;
-  Status status = (*device)->Transfer(direction, requests,
-                                      TheMount()->options.queue_depth);
+  Status status = (*device)->Transfer(direction, requests, TheMount()->options.queue_depth);
   if (!status.ok()) {
     Log("%s: %s", file->name.c_str(), status.message().c_str());
     device->Discard();
@@ -276,8 +264,7 @@ int RunOn(MountedFile* file, DevicePool::Lease* device, Direction direction,
 
 // Device requests for whole blocks; `iov` receives their iovecs and must not
 // reallocate while the requests live.
-void AddBlockRequests(std::vector<ReadyBlock>* blocks, std::vector<iovec>* iov,
-                      std::vector<IoRequest>* requests) {
+void AddBlockRequests(std::vector<ReadyBlock>* blocks, std::vector<iovec>* iov, std::vector<IoRequest>* requests) {
   iov->reserve(iov->size() + blocks->size());
   for (ReadyBlock& block : *blocks) {
     iov->push_back({block.bytes.data(), block.bytes.size()});
@@ -295,8 +282,7 @@ int SendDrained(MountedFile* file, Drained* drained, const char* why) {
   }
   if (drained->blocks.empty()) return result;
   if (TheMount()->options.debug) {
-    Log("%s: %s sends %zu pending block(s) completed with zeros",
-        file->name.c_str(), why, drained->blocks.size());
+    Log("%s: %s sends %zu pending block(s) completed with zeros", file->name.c_str(), why, drained->blocks.size());
   }
   Status status;
   DevicePool::Lease device = file->pool->Acquire(&status);
@@ -341,8 +327,7 @@ void Destroy(void* data) {
     std::vector<iovec> iov;
     std::vector<IoRequest> requests;
     AddBlockRequests(&drained.blocks, &iov, &requests);
-    Status sent = device->Transfer(Direction::kWrite, requests,
-                                   mount->options.queue_depth);
+    Status sent = device->Transfer(Direction::kWrite, requests, mount->options.queue_depth);
     if (!sent.ok()) Log("%s: %s", file->name.c_str(), sent.message().c_str());
   }
 }
@@ -367,14 +352,12 @@ int GetAttr(const char* path, struct stat* st, fuse_file_info*) {
   return 0;
 }
 
-int ReadDir(const char* path, void* buffer, fuse_fill_dir_t fill, off_t,
-            fuse_file_info*, fuse_readdir_flags) {
+int ReadDir(const char* path, void* buffer, fuse_fill_dir_t fill, off_t, fuse_file_info*, fuse_readdir_flags) {
   if (strcmp(path, "/") != 0) return -ENOTDIR;
   fill(buffer, ".", nullptr, 0, static_cast<fuse_fill_dir_flags>(0));
   fill(buffer, "..", nullptr, 0, static_cast<fuse_fill_dir_flags>(0));
   for (auto& file : TheMount()->files) {
-    fill(buffer, file->name.c_str(), nullptr, 0,
-         static_cast<fuse_fill_dir_flags>(0));
+    fill(buffer, file->name.c_str(), nullptr, 0, static_cast<fuse_fill_dir_flags>(0));
   }
   return 0;
 }
@@ -389,12 +372,9 @@ int Open(const char* path, fuse_file_info* info) {
 
 // The size is the model's: truncation changes nothing (as O_TRUNC on a block
 // device), so `> file` and dd without conv=notrunc still work.
-int Truncate(const char* path, off_t, fuse_file_info*) {
-  return FindFile(path) == nullptr ? -ENOENT : 0;
-}
+int Truncate(const char* path, off_t, fuse_file_info*) { return FindFile(path) == nullptr ? -ENOENT : 0; }
 
-int Read(const char* path, char* buffer, size_t size, off_t offset,
-         fuse_file_info*) {
+int Read(const char* path, char* buffer, size_t size, off_t offset, fuse_file_info*) {
   MountedFile* file = FindFile(path);
   if (file == nullptr) return -ENOENT;
   const uint64_t device_size = file->pool->size_bytes();
@@ -417,16 +397,14 @@ int Read(const char* path, char* buffer, size_t size, off_t offset,
     Log("%s: %s", file->name.c_str(), status.message().c_str());
     return -EIO;
   }
-  TransferPlan plan(Direction::kRead, at, buffer, length,
-                    file->pool->logical_block_size(), file->request_bytes);
+  TransferPlan plan(Direction::kRead, at, buffer, length, file->pool->logical_block_size(), file->request_bytes);
   const int result = RunOn(file, &device, Direction::kRead, plan.requests());
   if (result != 0) return result;
   plan.FinishRead();
   return static_cast<int>(length);
 }
 
-int Write(const char* path, const char* data, size_t size, off_t offset,
-          fuse_file_info* info) {
+int Write(const char* path, const char* data, size_t size, off_t offset, fuse_file_info* info) {
   MountedFile* file = FindFile(path);
   if (file == nullptr) return -ENOENT;
   const uint64_t device_size = file->pool->size_bytes();
@@ -436,11 +414,9 @@ int Write(const char* path, const char* data, size_t size, off_t offset,
   if (at >= device_size) return -ENOSPC;  // as a block device at its end
   const uint64_t length = std::min<uint64_t>(size, device_size - at);
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(data);
-  SplitWriteAssembler::PieceResult piece =
-      file->assembler->AddPiece(at, bytes, length, info->fh);
+  SplitWriteAssembler::PieceResult piece = file->assembler->AddPiece(at, bytes, length, info->fh);
   if (TheMount()->options.debug) {
-    Log("%s: %zu block(s) completed, %zu pending",
-        Describe(*file, "write", at, length).c_str(),
+    Log("%s: %zu block(s) completed, %zu pending", Describe(*file, "write", at, length).c_str(),
         piece.drained.blocks.size(), file->assembler->pending_blocks());
   }
   for (const std::string& line : piece.drained.dropped) {
@@ -452,10 +428,8 @@ int Write(const char* path, const char* data, size_t size, off_t offset,
   if (piece.direct_end > piece.direct_begin) {
     // The device only reads this memory.
     plan = std::make_unique<TransferPlan>(
-        Direction::kWrite, piece.direct_begin,
-        const_cast<uint8_t*>(bytes + (piece.direct_begin - at)),
-        piece.direct_end - piece.direct_begin, file->pool->logical_block_size(),
-        file->request_bytes);
+        Direction::kWrite, piece.direct_begin, const_cast<uint8_t*>(bytes + (piece.direct_begin - at)),
+        piece.direct_end - piece.direct_begin, file->pool->logical_block_size(), file->request_bytes);
     requests = plan->requests();
   }
   std::vector<iovec> block_iov;
@@ -529,13 +503,11 @@ int StatFs(const char*, struct statvfs* st) {
 std::string InitiatorPrefix(const std::string& name) {
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  const std::string raw = std::string("mount-") + host + "-" +
-                          std::to_string(getpid()) + "-" + name;
+  const std::string raw = std::string("mount-") + host + "-" + std::to_string(getpid()) + "-" + name;
   std::string folded = "iqn.2026-11.io.blkps:";
   for (char c : raw) {
     const unsigned char ch = static_cast<unsigned char>(c);
-    folded += (isalnum(ch) || c == '.' || c == '-') ? static_cast<char>(tolower(ch))
-                                                    : '-';
+    folded += (isalnum(ch) || c == '.' || c == '-') ? static_cast<char>(tolower(ch)) : '-';
   }
   return folded;
 }
@@ -549,24 +521,19 @@ void OpenFiles(Mount* mount) {
     file->target = spec.second;
     const std::string prefix = InitiatorPrefix(file->name);
     Status status;
-    std::unique_ptr<Device> first =
-        OpenDevice(file->target, prefix + "-1", &status);
+    std::unique_ptr<Device> first = OpenDevice(file->target, prefix + "-1", &status);
     if (first == nullptr) Fail(file->name + ": " + status.message());
     const uint32_t block = first->logical_block_size();
-    uint64_t request = mount->options.request_bytes != 0
-                           ? mount->options.request_bytes
-                           : first->default_request_bytes();
+    uint64_t request =
+        mount->options.request_bytes != 0 ? mount->options.request_bytes : first->default_request_bytes();
     request = std::min(request, first->max_request_bytes());
     request = std::max<uint64_t>(request / block * block, block);
     file->request_bytes = request;
-    file->pool = std::make_unique<DevicePool>(file->target, prefix,
-                                              std::move(first),
-                                              mount->options.sessions);
+    file->pool = std::make_unique<DevicePool>(file->target, prefix, std::move(first), mount->options.sessions);
     file->assembler = std::make_unique<SplitWriteAssembler>(
         block, file->name == mount->options.control_name
                    ? 0
-                   : static_cast<uint32_t>(
-                         wire::BytesPerParam(mount->options.dtype)));
+                   : static_cast<uint32_t>(wire::BytesPerParam(mount->options.dtype)));
     mount->files.push_back(std::move(file));
   }
 }
@@ -578,7 +545,8 @@ void CheckMountpoint(const std::string& path) {
     if (errno == ENOTCONN) {
       Fail(path +
            ": Transport endpoint is not connected (a blkps-mount there "
-           "crashed); clean up with: fusermount3 -u " + path);
+           "crashed); clean up with: fusermount3 -u " +
+           path);
     }
     Fail(path + ": " + strerror(errno) + "; the mount point must be a folder: mkdir -p " + path);
   }
@@ -622,18 +590,15 @@ int Main(int argc, char** argv) {
   operations.statfs = StatFs;
 
   // libfuse's own options: the file system's name in /proc/mounts.
-  std::vector<std::string> fuse_argv_text = {argv[0], "-o",
-                                             "fsname=blkps,subtype=blkps"};
+  std::vector<std::string> fuse_argv_text = {argv[0], "-o", "fsname=blkps,subtype=blkps"};
   std::vector<char*> fuse_argv;
   for (std::string& text : fuse_argv_text) fuse_argv.push_back(&text[0]);
-  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()),
-                                  fuse_argv.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
   fuse* fs = fuse_new(&args, &operations, sizeof(operations), &mount);
   if (fs == nullptr) Fail("cannot set up the FUSE file system");
   if (fuse_mount(fs, mount.options.mountpoint.c_str()) != 0) {
     fuse_destroy(fs);
-    Fail("cannot mount on " + mount.options.mountpoint +
-         " (is /dev/fuse there, and fusermount3 installed?)");
+    Fail("cannot mount on " + mount.options.mountpoint + " (is /dev/fuse there, and fusermount3 installed?)");
   }
   fuse_session* session = fuse_get_session(fs);
   // SIGINT, SIGTERM and SIGHUP end the loop; we then unmount cleanly.

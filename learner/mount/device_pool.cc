@@ -12,8 +12,8 @@ void DevicePool::Lease::Discard() {
   pool_->Forget();
 }
 
-DevicePool::DevicePool(std::string target, std::string initiator_prefix,
-                       std::unique_ptr<Device> first, uint32_t max_devices)
+DevicePool::DevicePool(std::string target, std::string initiator_prefix, std::unique_ptr<Device> first,
+                       uint32_t max_devices)
     : target_(std::move(target)),
       initiator_prefix_(std::move(initiator_prefix)),
       max_devices_(max_devices),
@@ -38,8 +38,7 @@ DevicePool::Lease DevicePool::Acquire(Status* status) {
     number = ++opened_;
   }
   // Opening logs in a new session (milliseconds): not under the lock.
-  std::unique_ptr<Device> device = OpenDevice(
-      target_, initiator_prefix_ + "-" + std::to_string(number), status);
+  std::unique_ptr<Device> device = OpenDevice(target_, initiator_prefix_ + "-" + std::to_string(number), status);
   if (device == nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     --opened_;

@@ -27,8 +27,7 @@ class DevicePool {
   // Borrowed Device; given back to the pool when the Lease is destroyed.
   class Lease {
    public:
-    Lease(DevicePool* pool, std::unique_ptr<Device> device)
-        : pool_(pool), device_(std::move(device)) {}
+    Lease(DevicePool* pool, std::unique_ptr<Device> device) : pool_(pool), device_(std::move(device)) {}
     ~Lease();
     Lease(Lease&&) = default;
     Lease(const Lease&) = delete;
@@ -49,8 +48,7 @@ class DevicePool {
   // owns it. Devices it opens later use the initiator name
   // `initiator_prefix` + "-" + their number.
   // REQUIRES: first != nullptr; max_devices >= 1.
-  DevicePool(std::string target, std::string initiator_prefix,
-             std::unique_ptr<Device> first, uint32_t max_devices);
+  DevicePool(std::string target, std::string initiator_prefix, std::unique_ptr<Device> first, uint32_t max_devices);
 
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;

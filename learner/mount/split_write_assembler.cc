@@ -4,18 +4,16 @@
 
 namespace blkps {
 
-SplitWriteAssembler::SplitWriteAssembler(uint32_t block_size,
-                                         uint32_t value_bytes)
+SplitWriteAssembler::SplitWriteAssembler(uint32_t block_size, uint32_t value_bytes)
     : block_size_(block_size), value_bytes_(value_bytes) {}
 
-SplitWriteAssembler::PieceResult SplitWriteAssembler::AddPiece(
-    uint64_t offset, const uint8_t* data, uint64_t length, uint64_t owner) {
+SplitWriteAssembler::PieceResult SplitWriteAssembler::AddPiece(uint64_t offset, const uint8_t* data, uint64_t length,
+                                                               uint64_t owner) {
   PieceResult result;
   const uint64_t end = offset + length;
   // The whole blocks: from the first block boundary at or after `offset` to
   // the last one at or before `end`.
-  const uint64_t first_boundary =
-      (offset + block_size_ - 1) / block_size_ * block_size_;
+  const uint64_t first_boundary = (offset + block_size_ - 1) / block_size_ * block_size_;
   const uint64_t last_boundary = end / block_size_ * block_size_;
   std::lock_guard<std::mutex> lock(mutex_);
   if (first_boundary >= last_boundary) {
@@ -35,16 +33,14 @@ SplitWriteAssembler::PieceResult SplitWriteAssembler::AddPiece(
     MergeLocked(offset, data, first_boundary - offset, owner, &result.drained);
   }
   if (last_boundary < end) {
-    MergeLocked(last_boundary, data + (last_boundary - offset),
-                end - last_boundary, owner, &result.drained);
+    MergeLocked(last_boundary, data + (last_boundary - offset), end - last_boundary, owner, &result.drained);
   }
   result.direct_begin = first_boundary;
   result.direct_end = last_boundary;
   return result;
 }
 
-void SplitWriteAssembler::MergeLocked(uint64_t offset, const uint8_t* data,
-                                      uint64_t length, uint64_t owner,
+void SplitWriteAssembler::MergeLocked(uint64_t offset, const uint8_t* data, uint64_t length, uint64_t owner,
                                       Drained* out) {
   const uint64_t block_offset = offset / block_size_ * block_size_;
   const uint32_t from = static_cast<uint32_t>(offset - block_offset);
@@ -88,8 +84,7 @@ int64_t SplitWriteAssembler::PartialValue(const PendingBlock& block) const {
   return -1;
 }
 
-void SplitWriteAssembler::EvictLocked(
-    std::map<uint64_t, PendingBlock>::iterator it, Drained* out) {
+void SplitWriteAssembler::EvictLocked(std::map<uint64_t, PendingBlock>::iterator it, Drained* out) {
   const int64_t partial = PartialValue(it->second);
   if (partial < 0) {
     out->blocks.push_back({it->first, std::move(it->second.bytes)});
@@ -101,13 +96,10 @@ void SplitWriteAssembler::EvictLocked(
         written += (written.empty() ? "" : ",") + std::to_string(at + i);
       }
     }
-    out->dropped.push_back(
-        "block at byte " + std::to_string(it->first) + ": the " +
-        (value_bytes_ == 4 ? "float" : "16-bit value") + " at byte " +
-        std::to_string(at) + " is only partly written (bytes " + written +
-        " of " + std::to_string(at) + ".." +
-        std::to_string(at + value_bytes_ - 1) +
-        "); the block's pending bytes are dropped");
+    out->dropped.push_back("block at byte " + std::to_string(it->first) + ": the " +
+                           (value_bytes_ == 4 ? "float" : "16-bit value") + " at byte " + std::to_string(at) +
+                           " is only partly written (bytes " + written + " of " + std::to_string(at) + ".." +
+                           std::to_string(at + value_bytes_ - 1) + "); the block's pending bytes are dropped");
   }
   pending_.erase(it);
 }
@@ -135,8 +127,7 @@ Drained SplitWriteAssembler::TakeOverlapping(uint64_t begin, uint64_t end) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_.empty() || begin >= end) return out;
   const uint64_t first_block = begin / block_size_ * block_size_;
-  for (auto it = pending_.lower_bound(first_block);
-       it != pending_.end() && it->first < end;) {
+  for (auto it = pending_.lower_bound(first_block); it != pending_.end() && it->first < end;) {
     auto next = std::next(it);
     if (PartialValue(it->second) < 0) EvictLocked(it, &out);
     it = next;

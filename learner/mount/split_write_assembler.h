@@ -84,8 +84,7 @@ class SplitWriteAssembler {
   // the open file `owner` (any id that the caller's Flush uses). Copies what
   // it keeps; `data` is not referenced after the call.
   // REQUIRES: length > 0.
-  PieceResult AddPiece(uint64_t offset, const uint8_t* data, uint64_t length,
-                       uint64_t owner);
+  PieceResult AddPiece(uint64_t offset, const uint8_t* data, uint64_t length, uint64_t owner);
 
   // Pending blocks first written through `owner`, zero-completed (flush and
   // release of that open file).
@@ -108,13 +107,11 @@ class SplitWriteAssembler {
 
   // Merges [offset, offset + length) of one block (REQUIRES: within one
   // block) into the table; completed or pushed-out blocks go to *out.
-  void MergeLocked(uint64_t offset, const uint8_t* data, uint64_t length,
-                   uint64_t owner, Drained* out);
+  void MergeLocked(uint64_t offset, const uint8_t* data, uint64_t length, uint64_t owner, Drained* out);
   // Moves the pending block `it` out of the table, zero-completed, into
   // *out (or drops it, with a message, when it must hold whole values and
   // does not).
-  void EvictLocked(std::map<uint64_t, PendingBlock>::iterator it,
-                   Drained* out);
+  void EvictLocked(std::map<uint64_t, PendingBlock>::iterator it, Drained* out);
   // The first value of `block` that is only partly written, or -1 (always
   // -1 for byte files).
   int64_t PartialValue(const PendingBlock& block) const;

@@ -31,15 +31,13 @@ blkps::OpenOptions ToOpenOptions(const blkps_open_options& opts) {
 
 extern "C" {
 
-int blkps_open(const char* target, const blkps_open_options* opts,
-               blkps_model** out, char* errbuf, size_t errlen) {
+int blkps_open(const char* target, const blkps_open_options* opts, blkps_model** out, char* errbuf, size_t errlen) {
   std::string error;
   int error_code = -ENOMEM;
   try {
     blkps::OpenOptions options;
     if (opts != nullptr) options = ToOpenOptions(*opts);
-    std::unique_ptr<blkps::Model> model =
-        blkps::Model::Open(target, options, &error, &error_code);
+    std::unique_ptr<blkps::Model> model = blkps::Model::Open(target, options, &error, &error_code);
     if (model != nullptr) {
       *out = new blkps_model{std::move(model)};
       return 0;
@@ -55,30 +53,21 @@ int blkps_open(const char* target, const blkps_open_options* opts,
 
 void blkps_close(blkps_model* m) { delete m; }
 
-uint64_t blkps_size_bytes(const blkps_model* m) {
-  return m->model->size_bytes();
-}
+uint64_t blkps_size_bytes(const blkps_model* m) { return m->model->size_bytes(); }
 
-uint64_t blkps_param_capacity(const blkps_model* m) {
-  return m->model->param_capacity();
-}
+uint64_t blkps_param_capacity(const blkps_model* m) { return m->model->param_capacity(); }
 
-uint32_t blkps_logical_block_size(const blkps_model* m) {
-  return m->model->logical_block_size();
-}
+uint32_t blkps_logical_block_size(const blkps_model* m) { return m->model->logical_block_size(); }
 
-int blkps_push(blkps_model* m, uint64_t first_param, const float* grad,
-               uint64_t count) {
+int blkps_push(blkps_model* m, uint64_t first_param, const float* grad, uint64_t count) {
   return m->model->Push(first_param, grad, count);
 }
 
-int blkps_pull(blkps_model* m, uint64_t first_param, float* weights,
-               uint64_t count) {
+int blkps_pull(blkps_model* m, uint64_t first_param, float* weights, uint64_t count) {
   return m->model->Pull(first_param, weights, count);
 }
 
-int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf,
-                      uint64_t len) {
+int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf, uint64_t len) {
   return m->model->WriteBytes(offset, buf, len);
 }
 
@@ -109,9 +98,7 @@ int blkps_control_read_counters(blkps_model* m, blkps_control_counters* out) {
   return m->model->ReadControlCounters(out);
 }
 
-const char* blkps_last_error(const blkps_model* m) {
-  return m->model->last_error().c_str();
-}
+const char* blkps_last_error(const blkps_model* m) { return m->model->last_error().c_str(); }
 
 // ---- Learner engine ----------------------------------------------------------
 
@@ -126,8 +113,8 @@ void blkps_engine_options_init(blkps_engine_options* opts) {
   opts->smoothing = 0.25;
 }
 
-int blkps_engine_open(const char* target, const blkps_engine_options* opts,
-                      blkps_engine** out, char* errbuf, size_t errlen) {
+int blkps_engine_open(const char* target, const blkps_engine_options* opts, blkps_engine** out, char* errbuf,
+                      size_t errlen) {
   std::string error;
   int error_code = -ENOMEM;
   try {
@@ -147,8 +134,7 @@ int blkps_engine_open(const char* target, const blkps_engine_options* opts,
     options.drop_ratio = opts->drop_ratio;
     options.drop_run_params = opts->drop_run_params;
     options.drop_group_params = opts->drop_group_params;
-    std::unique_ptr<blkps::Engine> engine =
-        blkps::Engine::Open(target, options, &error, &error_code);
+    std::unique_ptr<blkps::Engine> engine = blkps::Engine::Open(target, options, &error, &error_code);
     if (engine != nullptr) {
       *out = new blkps_engine{std::move(engine)};
       return 0;
@@ -162,13 +148,9 @@ int blkps_engine_open(const char* target, const blkps_engine_options* opts,
   return error_code;
 }
 
-uint64_t blkps_engine_param_count(const blkps_engine* e) {
-  return e->engine->count();
-}
+uint64_t blkps_engine_param_count(const blkps_engine* e) { return e->engine->count(); }
 
-const float* blkps_engine_weights(const blkps_engine* e) {
-  return e->engine->weights();
-}
+const float* blkps_engine_weights(const blkps_engine* e) { return e->engine->weights(); }
 
 float* blkps_engine_gradient(blkps_engine* e) { return e->engine->gradient(); }
 
@@ -176,8 +158,7 @@ int blkps_engine_step(blkps_engine* e) { return e->engine->Step(); }
 
 int blkps_engine_finish(blkps_engine* e) { return e->engine->Finish(); }
 
-void blkps_engine_last_metrics(const blkps_engine* e,
-                               blkps_engine_metrics* out) {
+void blkps_engine_last_metrics(const blkps_engine* e, blkps_engine_metrics* out) {
   const blkps::IterationMetrics& m = e->engine->last_metrics();
   out->iteration = m.iteration;
   out->compute_s = m.compute_s;
@@ -189,25 +170,15 @@ void blkps_engine_last_metrics(const blkps_engine* e,
   out->concurrent = m.concurrent ? 1 : 0;
 }
 
-uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) {
-  return e->engine->pushed_bytes_lost();
-}
+uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) { return e->engine->pushed_bytes_lost(); }
 
-uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) {
-  return e->engine->gradients_pushed();
-}
+uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) { return e->engine->gradients_pushed(); }
 
-uint64_t blkps_engine_params_pushed(const blkps_engine* e) {
-  return e->engine->params_pushed();
-}
+uint64_t blkps_engine_params_pushed(const blkps_engine* e) { return e->engine->params_pushed(); }
 
-const float* blkps_engine_residual(const blkps_engine* e) {
-  return e->engine->residual();
-}
+const float* blkps_engine_residual(const blkps_engine* e) { return e->engine->residual(); }
 
-const char* blkps_engine_last_error(const blkps_engine* e) {
-  return e->engine->last_error().c_str();
-}
+const char* blkps_engine_last_error(const blkps_engine* e) { return e->engine->last_error().c_str(); }
 
 void blkps_engine_close(blkps_engine* e) { delete e; }
 

@@ -65,9 +65,7 @@ class Device {
   // After the first failure no further request is started; those in flight
   // are waited for, and the first failure is returned. Which of the other
   // requests reached the device is then unspecified.
-  virtual Status Transfer(Direction direction,
-                          const std::vector<IoRequest>& requests,
-                          uint32_t queue_depth) = 0;
+  virtual Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) = 0;
 
   // Makes every completed write durable (fsync / SYNCHRONIZE CACHE); on the
   // blkps server this checkpoints the model.
@@ -90,25 +88,18 @@ class Device {
 // is the iSCSI initiator IQN; empty selects
 // "iqn.2026-11.io.blkps:learner-<host>-<pid>". Ignored for paths.
 // On failure returns nullptr and stores the reason in *status.
-std::unique_ptr<Device> OpenDevice(const std::string& target,
-                                   const std::string& initiator_name,
-                                   Status* status);
+std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status);
 
 std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status);
 // OpenFileDevice with `open_file` in place of open(2) (same arguments, -1 and
 // errno on failure), so that tests can refuse O_DIRECT as some file systems
 // do.
 using OpenFileFn = int (*)(const char* path, int flags);
-std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
-                                           OpenFileFn open_file,
-                                           Status* status);
-std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
-                                        const std::string& initiator_name,
-                                        Status* status);
+std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path, OpenFileFn open_file, Status* status);
+std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status);
 
 // `layout:` targets: see striped_device.h and shard_layout.h.
-std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
-                                          const std::string& initiator_name,
+std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const std::string& initiator_name,
                                           Status* status);
 
 }  // namespace blkps

@@ -42,17 +42,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ull = unsigned long long;
 
-constexpr size_t kBufferAlignment = 4096;    // O_DIRECT-friendly
+constexpr size_t kBufferAlignment = 4096;  // O_DIRECT-friendly
 
-double Seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // libblkps messages start with "blkps: "; drop it when nesting one.
 std::string Inner(const std::string& message) {
   const std::string prefix = "blkps: ";
-  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size())
-                                       : message;
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
 }
 
 // An initiator name per connection: sessions of one initiator name (and
@@ -65,12 +62,9 @@ std::string ConnectionName(const std::string& given, const char* role) {
   std::string name = "iqn.2026-11.io.blkps:engine-";
   for (const char* c = host; *c != '\0'; ++c) {
     const unsigned char ch = static_cast<unsigned char>(*c);
-    name += (isalnum(ch) || ch == '.' || ch == '-')
-                ? static_cast<char>(tolower(ch))
-                : '-';
+    name += (isalnum(ch) || ch == '.' || ch == '-') ? static_cast<char>(tolower(ch)) : '-';
   }
-  return name + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(engines++) + "-" + role;
+  return name + "-" + std::to_string(getpid()) + "-" + std::to_string(engines++) + "-" + role;
 }
 
 struct FreeDeleter {
@@ -80,9 +74,7 @@ using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
 
 // count floats, zeroed, page-aligned, padded to whole pages.
 FloatBuffer AllocateFloats(uint64_t count) {
-  const uint64_t bytes =
-      (count * sizeof(float) + kBufferAlignment - 1) / kBufferAlignment *
-      kBufferAlignment;
+  const uint64_t bytes = (count * sizeof(float) + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
   void* p = nullptr;
   if (posix_memalign(&p, kBufferAlignment, bytes) != 0) return nullptr;
   memset(p, 0, bytes);
@@ -100,8 +92,7 @@ std::string StatusValue(const char* json, const std::string& key) {
   const bool quoted = *at == '"';
   if (quoted) ++at;
   const char* end = at;
-  while (*end != '\0' && *end != '\n' &&
-         (quoted ? *end != '"' : *end != ',')) {
+  while (*end != '\0' && *end != '\n' && (quoted ? *end != '"' : *end != ',')) {
     ++end;
   }
   return std::string(at, end);
@@ -168,10 +159,9 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   // after adding the residual to it in place; `flush`: all of it plus the
   // whole residual) / pulls into `dest` on `model`; errors name the
   // iteration.
-  Status PushOn(Model& model, float* grad, bool flush, uint64_t iteration,
-                double* seconds, Clock::time_point* ended = nullptr);
-  Status PullOn(Model& model, float* dest, uint64_t iteration,
-                double* seconds, Clock::time_point* ended = nullptr);
+  Status PushOn(Model& model, float* grad, bool flush, uint64_t iteration, double* seconds,
+                Clock::time_point* ended = nullptr);
+  Status PullOn(Model& model, float* dest, uint64_t iteration, double* seconds, Clock::time_point* ended = nullptr);
   // The server's update count in model updates (the control LUN's counters
   // record: updates / blocks), or -1 when there is no control LUN or the read
   // fails.
@@ -224,8 +214,7 @@ Status Engine::Impl::Fail(Status status) {
   return status;
 }
 
-Status Engine::Impl::PushOn(Model& model, float* grad, bool flush,
-                            uint64_t iteration, double* seconds,
+Status Engine::Impl::PushOn(Model& model, float* grad, bool flush, uint64_t iteration, double* seconds,
                             Clock::time_point* ended) {
   const Clock::time_point start = Clock::now();
   int rc = 0;
@@ -233,8 +222,7 @@ Status Engine::Impl::PushOn(Model& model, float* grad, bool flush,
     rc = model.Push(first_, grad, count_);
     if (rc == 0) params_pushed_ += count_;
   } else {
-    const auto& runs =
-        flush ? dropper_->SelectAll(grad) : dropper_->Select(grad);
+    const auto& runs = flush ? dropper_->SelectAll(grad) : dropper_->Select(grad);
     for (const GradientDropper::Range& run : runs) {
       rc = model.Push(first_ + run.first, grad + run.first, run.count);
       if (rc != 0) break;
@@ -248,23 +236,20 @@ Status Engine::Impl::PushOn(Model& model, float* grad, bool flush,
     return Status::Error(-rc,
                          "push of iteration %llu's gradient failed (it may be "
                          "partly applied; the engine stops): %s",
-                         static_cast<ull>(iteration),
-                         Inner(model.last_error()).c_str());
+                         static_cast<ull>(iteration), Inner(model.last_error()).c_str());
   }
   ++pushed_;
   return Status();
 }
 
-Status Engine::Impl::PullOn(Model& model, float* dest, uint64_t iteration,
-                            double* seconds, Clock::time_point* ended) {
+Status Engine::Impl::PullOn(Model& model, float* dest, uint64_t iteration, double* seconds, Clock::time_point* ended) {
   const Clock::time_point start = Clock::now();
   const int rc = model.Pull(first_, dest, count_);
   const Clock::time_point end = Clock::now();
   *seconds = Seconds(end - start);
   if (ended != nullptr) *ended = end;
   if (rc != 0) {
-    return Status::Error(-rc, "pull of iteration %llu's weights failed: %s",
-                         static_cast<ull>(iteration),
+    return Status::Error(-rc, "pull of iteration %llu's weights failed: %s", static_cast<ull>(iteration),
                          Inner(model.last_error()).c_str());
   }
   return Status();
@@ -275,8 +260,7 @@ double Engine::Impl::ServerUpdates() {
   std::lock_guard<std::mutex> lock(control_mu_);
   blkps_control_counters counters;
   if (control_->ReadControlCounters(&counters) == 0 && counters.blocks > 0) {
-    return static_cast<double>(counters.updates) /
-           static_cast<double>(counters.blocks);
+    return static_cast<double>(counters.updates) / static_cast<double>(counters.blocks);
   }
   if (!counters_error_said_) {
     counters_error_said_ = true;
@@ -284,8 +268,7 @@ double Engine::Impl::ServerUpdates() {
             "blkps: engine: cannot read the server's counters from %s (%s); "
             "staleness is unknown (-1) from now on where it fails\n",
             options_.control_target.c_str(),
-            control_->last_error().empty() ? "a model of 0 blocks"
-                                            : control_->last_error().c_str());
+            control_->last_error().empty() ? "a model of 0 blocks" : control_->last_error().c_str());
   }
   return -1;
 }
@@ -295,64 +278,49 @@ int64_t Engine::Impl::Staleness(double at_use, double at_pull) {
   return std::max<int64_t>(0, std::llround(at_use - at_pull));
 }
 
-Status Engine::Impl::Start(const std::string& target,
-                           const EngineOptions& options) {
+Status Engine::Impl::Start(const std::string& target, const EngineOptions& options) {
   options_ = options;
   if (!(options.smoothing > 0 && options.smoothing <= 1)) {
-    return Status::Error(EINVAL,
-                         "engine: smoothing must be in (0, 1], got %g",
-                         options.smoothing);
+    return Status::Error(EINVAL, "engine: smoothing must be in (0, 1], got %g", options.smoothing);
   }
   scheduler_ = PullScheduler(options.smoothing);
   if (!(options.drop_ratio >= 0 && options.drop_ratio < 1)) {
-    return Status::Error(EINVAL,
-                         "engine: drop_ratio must be in [0, 1), got %g",
-                         options.drop_ratio);
+    return Status::Error(EINVAL, "engine: drop_ratio must be in [0, 1), got %g", options.drop_ratio);
   }
 
-  auto open = [&](const std::string& url, const char* role,
-                  std::unique_ptr<Model>* out) {
+  auto open = [&](const std::string& url, const char* role, std::unique_ptr<Model>* out) {
     OpenOptions o = options.open;
     o.initiator_name = ConnectionName(options.open.initiator_name, role);
     std::string error;
     int code = -EIO;
     *out = Model::Open(url, o, &error, &code);
-    return *out != nullptr ? Status() : Status::Error(-code, "%s",
-                                                      Inner(error).c_str());
+    return *out != nullptr ? Status() : Status::Error(-code, "%s", Inner(error).c_str());
   };
   Status status = open(target, "push", &push_model_);
   if (!status.ok()) return status;
 
   const uint64_t params_on_device = push_model_->param_capacity();
-  if (options.first_param >= params_on_device ||
-      options.param_count > params_on_device - options.first_param) {
+  if (options.first_param >= params_on_device || options.param_count > params_on_device - options.first_param) {
     if (options.param_count == 0) {
       return Status::Error(ERANGE,
                            "engine: first_param %llu is past the end of %s, "
                            "which holds %llu parameters",
-                           static_cast<ull>(options.first_param),
-                           target.c_str(),
-                           static_cast<ull>(params_on_device));
+                           static_cast<ull>(options.first_param), target.c_str(), static_cast<ull>(params_on_device));
     }
-    return Status::Error(
-        ERANGE,
-        "engine: parameters [%llu, %llu) are not on %s, which holds %llu",
-        static_cast<ull>(options.first_param),
-        static_cast<ull>(options.first_param + options.param_count),
-        target.c_str(), static_cast<ull>(params_on_device));
+    return Status::Error(ERANGE, "engine: parameters [%llu, %llu) are not on %s, which holds %llu",
+                         static_cast<ull>(options.first_param),
+                         static_cast<ull>(options.first_param + options.param_count), target.c_str(),
+                         static_cast<ull>(params_on_device));
   }
   first_ = options.first_param;
-  count_ = options.param_count != 0 ? options.param_count
-                                    : params_on_device - first_;
+  count_ = options.param_count != 0 ? options.param_count : params_on_device - first_;
 
   const int buffers = options.double_buffering ? 2 : 1;
   for (int i = 0; i < buffers; ++i) {
     weights_[i] = AllocateFloats(count_);
     grads_[i] = AllocateFloats(count_);
     if (!weights_[i] || !grads_[i]) {
-      return Status::Error(ENOMEM,
-                           "engine: cannot allocate %d buffers of %llu bytes",
-                           2 * buffers,
+      return Status::Error(ENOMEM, "engine: cannot allocate %d buffers of %llu bytes", 2 * buffers,
                            static_cast<ull>(count_ * sizeof(float)));
     }
   }
@@ -362,9 +330,7 @@ Status Engine::Impl::Start(const std::string& target,
     if (!status.ok()) return status;
     blkps_control_counters unused;
     if (control_->ReadControlCounters(&unused) != 0) {
-      return Status::Error(EINVAL,
-                           "engine: control_target %s: %s",
-                           options.control_target.c_str(),
+      return Status::Error(EINVAL, "engine: control_target %s: %s", options.control_target.c_str(),
                            Inner(control_->last_error()).c_str());
     }
   }
@@ -397,17 +363,12 @@ Status Engine::Impl::StartDropping(const std::string& target) {
   uint64_t block_params = 0;
   if (control_ != nullptr) {
     std::vector<char> status_json(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
-    if (control_->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, status_json.data(),
-                            BLKPS_CONTROL_STATUS_BYTES) != 0) {
-      return Status::Error(EIO, "engine: control_target %s: %s",
-                           options_.control_target.c_str(),
+    if (control_->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, status_json.data(), BLKPS_CONTROL_STATUS_BYTES) != 0) {
+      return Status::Error(EIO, "engine: control_target %s: %s", options_.control_target.c_str(),
                            Inner(control_->last_error()).c_str());
     }
     mode = StatusValue(status_json.data(), "mode");
-    block_params =
-        strtoull(StatusValue(status_json.data(), "block_bytes").c_str(),
-                 nullptr, 10) /
-        sizeof(float);
+    block_params = strtoull(StatusValue(status_json.data(), "block_bytes").c_str(), nullptr, 10) / sizeof(float);
   }
   if (mode == "bsp") {
     return Status::Error(EINVAL,
@@ -426,8 +387,7 @@ Status Engine::Impl::StartDropping(const std::string& target) {
       return Status::Error(EINVAL,
                            "engine: drop_ratio in ssp needs first_param (%llu) "
                            "on a model block boundary (%llu parameters)",
-                           static_cast<ull>(first_),
-                           static_cast<ull>(group));
+                           static_cast<ull>(first_), static_cast<ull>(group));
     }
   }
   uint64_t run = options_.drop_run_params;
@@ -444,28 +404,23 @@ Status Engine::Impl::StartDropping(const std::string& target) {
     return Status::Error(EINVAL,
                          "engine: drop_run_params %llu is not a multiple of "
                          "%s's logical block (%llu parameters)",
-                         static_cast<ull>(run), target.c_str(),
-                         static_cast<ull>(unit));
+                         static_cast<ull>(run), target.c_str(), static_cast<ull>(unit));
   }
   if (group % run != 0) {
     return Status::Error(EINVAL,
                          "engine: drop_group_params %llu is not a multiple of "
                          "the run of %llu parameters%s",
                          static_cast<ull>(group), static_cast<ull>(run),
-                         options_.drop_group_params == 0
-                             ? " (the group is the server's block, in ssp)"
-                             : "");
+                         options_.drop_group_params == 0 ? " (the group is the server's block, in ssp)" : "");
   }
-  dropper_ = std::make_unique<GradientDropper>(count_, run, group,
-                                               options_.drop_ratio);
+  dropper_ = std::make_unique<GradientDropper>(count_, run, group, options_.drop_ratio);
   const uint64_t group_runs = (group != 0 ? group : count_ + run - 1) / run;
   if (dropper_->RunsKept(group_runs) == group_runs) {
     return Status::Error(EINVAL,
                          "engine: drop_ratio %g keeps every run of %llu "
                          "parameters in groups of %llu runs: nothing would "
                          "be dropped; give a smaller drop_run_params",
-                         options_.drop_ratio, static_cast<ull>(run),
-                         static_cast<ull>(group_runs));
+                         options_.drop_ratio, static_cast<ull>(run), static_cast<ull>(group_runs));
   }
   return Status();
 }
@@ -522,8 +477,7 @@ void Engine::Impl::PushLoop() {
     const Clock::time_point started = Clock::now();
     Clock::time_point ended = started;
     if (job.grad != nullptr) {
-      status = PushOn(*push_model_, job.grad, job.flush, iteration - 1,
-                      &seconds, &ended);
+      status = PushOn(*push_model_, job.grad, job.flush, iteration - 1, &seconds, &ended);
     }
     lock.lock();
     push_.started = started;
@@ -545,9 +499,7 @@ void Engine::Impl::PullLoop() {
     const PullJob job = pull_;
     const uint64_t iteration = iteration_ + 1;  // whose weights are pulled
     const auto start_at =
-        job.iteration_start +
-        std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(job.delay_s));
+        job.iteration_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(job.delay_s));
     cv_.wait_until(lock, start_at, [this] { return no_more_pulls_; });
     if (!job.concurrent) {
       cv_.wait(lock, [this] { return push_.done || no_more_pulls_; });
@@ -563,8 +515,7 @@ void Engine::Impl::PullLoop() {
     double seconds = 0;
     const Clock::time_point started = Clock::now();
     Clock::time_point ended = started;
-    Status status =
-        PullOn(*pull_model_, job.dest, iteration, &seconds, &ended);
+    Status status = PullOn(*pull_model_, job.dest, iteration, &seconds, &ended);
     lock.lock();
     pull_.started = started;
     pull_.ended = ended;
@@ -614,10 +565,8 @@ int Engine::Impl::Step() {
 
   scheduler_.RecordCompute(compute_s);
   if (push.grad != nullptr) {
-    const double span_s = Seconds(std::max(push.ended, pull.ended) -
-                                  std::min(push.started, pull.started));
-    scheduler_.RecordTransfers(plan_.concurrent, push.seconds, pull.seconds,
-                               span_s);
+    const double span_s = Seconds(std::max(push.ended, pull.ended) - std::min(push.started, pull.started));
+    scheduler_.RecordTransfers(plan_.concurrent, push.seconds, pull.seconds, span_s);
   }
   weights_pull_updates_ = pull.updates;
 
@@ -633,15 +582,13 @@ int Engine::Impl::Step() {
   return 0;
 }
 
-int Engine::Impl::StepBaseline(double compute_s,
-                               Clock::time_point step_start) {
+int Engine::Impl::StepBaseline(double compute_s, Clock::time_point step_start) {
   IterationMetrics m;
   m.iteration = iteration_;
   m.compute_s = compute_s;
   m.concurrent = false;
   m.staleness = baseline_staleness_;
-  Status status =
-      PushOn(*push_model_, grads_[0].get(), false, iteration_, &m.push_s);
+  Status status = PushOn(*push_model_, grads_[0].get(), false, iteration_, &m.push_s);
   if (!status.ok()) return Failed(status);
   const double at_pull = ServerUpdates();
   status = PullOn(*push_model_, weights_[0].get(), iteration_ + 1, &m.pull_s);
@@ -665,8 +612,7 @@ int Engine::Impl::Finish() {
   finished_ = true;
   if (!options_.double_buffering) {
     double seconds = 0;
-    Status status =
-        PushOn(*push_model_, grads_[0].get(), true, iteration_, &seconds);
+    Status status = PushOn(*push_model_, grads_[0].get(), true, iteration_, &seconds);
     return status.ok() ? 0 : Failed(status);
   }
   PushJob push;
@@ -695,9 +641,8 @@ int Engine::Impl::Finish() {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-std::unique_ptr<Engine> Engine::Open(const std::string& target,
-                                     const EngineOptions& options,
-                                     std::string* error, int* error_code) {
+std::unique_ptr<Engine> Engine::Open(const std::string& target, const EngineOptions& options, std::string* error,
+                                     int* error_code) {
   Status status;
   try {
     auto impl = std::make_unique<Impl>();
@@ -706,11 +651,9 @@ std::unique_ptr<Engine> Engine::Open(const std::string& target,
       return std::unique_ptr<Engine>(new Engine(std::move(impl)));
     }
   } catch (const std::bad_alloc&) {
-    status = Status::Error(ENOMEM, "engine: out of memory opening %s",
-                           target.c_str());
+    status = Status::Error(ENOMEM, "engine: out of memory opening %s", target.c_str());
   } catch (const std::system_error& e) {
-    status = Status::Error(EAGAIN, "engine: cannot start its threads: %s",
-                           e.what());
+    status = Status::Error(EAGAIN, "engine: cannot start its threads: %s", e.what());
   }
   if (error != nullptr) *error = status.message();
   if (error_code != nullptr) *error_code = -status.code();
@@ -719,20 +662,14 @@ std::unique_ptr<Engine> Engine::Open(const std::string& target,
 
 uint64_t Engine::count() const { return impl_->count_; }
 uint64_t Engine::first_param() const { return impl_->first_; }
-const float* Engine::weights() const {
-  return impl_->weights_[impl_->current_].get();
-}
+const float* Engine::weights() const { return impl_->weights_[impl_->current_].get(); }
 float* Engine::gradient() { return impl_->grads_[impl_->current_].get(); }
 int Engine::Step() { return impl_->Step(); }
 int Engine::Finish() { return impl_->Finish(); }
-const IterationMetrics& Engine::last_metrics() const {
-  return impl_->metrics_;
-}
+const IterationMetrics& Engine::last_metrics() const { return impl_->metrics_; }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
 uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
-const float* Engine::residual() const {
-  return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr;
-}
+const float* Engine::residual() const { return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr; }
 
 uint64_t Engine::pushed_bytes_lost() const { return impl_->pushed_bytes_lost(); }
 const std::string& Engine::last_error() const { return impl_->last_error_; }

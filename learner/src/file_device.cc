@@ -67,9 +67,8 @@ class FileDevice : public Device {
  public:
   // Takes ownership of the descriptors. `buffered_fd` is -1 when every
   // request can use `fd`.
-  FileDevice(std::string path, int fd, int buffered_fd, bool direct,
-             uint32_t mem_align, uint32_t offset_align, uint64_t size_bytes,
-             uint32_t block_size)
+  FileDevice(std::string path, int fd, int buffered_fd, bool direct, uint32_t mem_align, uint32_t offset_align,
+             uint64_t size_bytes, uint32_t block_size)
       : path_(std::move(path)),
         fd_(fd),
         buffered_fd_(buffered_fd),
@@ -88,20 +87,14 @@ class FileDevice : public Device {
 
   uint64_t size_bytes() const override { return size_bytes_; }
   uint32_t logical_block_size() const override { return block_size_; }
-  uint64_t default_request_bytes() const override {
-    return kDefaultRequestBytes;
-  }
-  uint64_t max_request_bytes() const override {
-    return kMaxRequestBytes / block_size_ * block_size_;
-  }
+  uint64_t default_request_bytes() const override { return kDefaultRequestBytes; }
+  uint64_t max_request_bytes() const override { return kMaxRequestBytes / block_size_ * block_size_; }
 
-  Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
-                  uint32_t queue_depth) override;
+  Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
 
   Status Sync() override {
     if (fsync(fd_) != 0) {
-      return Status::Error(errno, "sync of %s failed: %s", path_.c_str(),
-                           strerror(errno));
+      return Status::Error(errno, "sync of %s failed: %s", path_.c_str(), strerror(errno));
     }
     return Status();
   }
@@ -109,8 +102,7 @@ class FileDevice : public Device {
  private:
   Status PrepareSlots(uint32_t depth);
   Status Prepare(Direction direction, const IoRequest& request, Slot* slot);
-  Status Complete(Direction direction, const IoRequest& request, Slot* slot,
-                  long result);
+  Status Complete(Direction direction, const IoRequest& request, Slot* slot, long result);
   bool Aligned(const IoRequest& request) const;
 
   const std::string path_;
@@ -161,20 +153,15 @@ bool FileDevice::Aligned(const IoRequest& request) const {
   return true;
 }
 
-Status FileDevice::Prepare(Direction direction, const IoRequest& request,
-                           Slot* slot) {
-  const bool direct_offset = request.offset % offset_align_ == 0 &&
-                             request.length % offset_align_ == 0;
-  const int fd = !direct_ || direct_offset || buffered_fd_ < 0 ? fd_
-                                                               : buffered_fd_;
+Status FileDevice::Prepare(Direction direction, const IoRequest& request, Slot* slot) {
+  const bool direct_offset = request.offset % offset_align_ == 0 && request.length % offset_align_ == 0;
+  const int fd = !direct_ || direct_offset || buffered_fd_ < 0 ? fd_ : buffered_fd_;
   slot->bounced = fd == fd_ && !Aligned(request);
   if (!slot->bounced) {
     if (direction == Direction::kRead) {
-      io_prep_preadv(&slot->cb, fd, request.iov, request.iovcnt,
-                     static_cast<long long>(request.offset));
+      io_prep_preadv(&slot->cb, fd, request.iov, request.iovcnt, static_cast<long long>(request.offset));
     } else {
-      io_prep_pwritev(&slot->cb, fd, request.iov, request.iovcnt,
-                      static_cast<long long>(request.offset));
+      io_prep_pwritev(&slot->cb, fd, request.iov, request.iovcnt, static_cast<long long>(request.offset));
     }
     return Status();
   }
@@ -184,42 +171,34 @@ Status FileDevice::Prepare(Direction direction, const IoRequest& request,
     slot->bounce_size = 0;
     if (posix_memalign(&slot->bounce, kBounceAlignment, request.length) != 0) {
       slot->bounce = nullptr;
-      return Status::Error(ENOMEM, "out of memory for a %llu-byte %s buffer",
-                           static_cast<ull>(request.length),
+      return Status::Error(ENOMEM, "out of memory for a %llu-byte %s buffer", static_cast<ull>(request.length),
                            DirectionName(direction));
     }
     slot->bounce_size = request.length;
   }
   uint8_t* bounce = static_cast<uint8_t*>(slot->bounce);
   if (direction == Direction::kRead) {
-    io_prep_pread(&slot->cb, fd, bounce, request.length,
-                  static_cast<long long>(request.offset));
+    io_prep_pread(&slot->cb, fd, bounce, request.length, static_cast<long long>(request.offset));
   } else {
     for (int i = 0; i < request.iovcnt; ++i) {
       memcpy(bounce, request.iov[i].iov_base, request.iov[i].iov_len);
       bounce += request.iov[i].iov_len;
     }
-    io_prep_pwrite(&slot->cb, fd, slot->bounce, request.length,
-                   static_cast<long long>(request.offset));
+    io_prep_pwrite(&slot->cb, fd, slot->bounce, request.length, static_cast<long long>(request.offset));
   }
   return Status();
 }
 
-Status FileDevice::Complete(Direction direction, const IoRequest& request,
-                            Slot* slot, long result) {
+Status FileDevice::Complete(Direction direction, const IoRequest& request, Slot* slot, long result) {
   if (result < 0) {
-    return Status::Error(static_cast<int>(-result),
-                         "%s of %s at offset %llu failed: %s",
-                         DirectionName(direction), path_.c_str(),
-                         static_cast<ull>(request.offset),
-                         strerror(static_cast<int>(-result)));
+    return Status::Error(static_cast<int>(-result), "%s of %s at offset %llu failed: %s", DirectionName(direction),
+                         path_.c_str(), static_cast<ull>(request.offset), strerror(static_cast<int>(-result)));
   }
   if (static_cast<uint64_t>(result) != request.length) {
     return Status::Error(EIO,
                          "%s of %s at offset %llu moved %ld of %llu bytes: "
                          "end of file (did the file shrink?)",
-                         DirectionName(direction), path_.c_str(),
-                         static_cast<ull>(request.offset), result,
+                         DirectionName(direction), path_.c_str(), static_cast<ull>(request.offset), result,
                          static_cast<ull>(request.length));
   }
   if (direction == Direction::kRead && slot->bounced) {
@@ -232,14 +211,11 @@ Status FileDevice::Complete(Direction direction, const IoRequest& request,
   return Status();
 }
 
-Status FileDevice::Transfer(Direction direction,
-                            const std::vector<IoRequest>& requests,
-                            uint32_t queue_depth) {
+Status FileDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
   if (!lost_.ok()) return lost_;
   if (requests.empty()) return Status();
-  const uint32_t depth = static_cast<uint32_t>(std::min<uint64_t>(
-      std::min(std::max<uint32_t>(queue_depth, 1), kMaxQueueDepth),
-      requests.size()));
+  const uint32_t depth = static_cast<uint32_t>(
+      std::min<uint64_t>(std::min(std::max<uint32_t>(queue_depth, 1), kMaxQueueDepth), requests.size()));
   Status result = PrepareSlots(depth);
   if (!result.ok()) return result;
 
@@ -250,8 +226,7 @@ Status FileDevice::Transfer(Direction direction,
   while (true) {
     // Start requests in the free slots, unless a request failed.
     to_submit.clear();
-    for (uint32_t i = 0; i < depth && result.ok() && next < requests.size();
-         ++i) {
+    for (uint32_t i = 0; i < depth && result.ok() && next < requests.size(); ++i) {
       Slot& slot = slots_[i];
       if (slot.busy) continue;
       result = Prepare(direction, requests[next], &slot);
@@ -268,16 +243,13 @@ Status FileDevice::Transfer(Direction direction,
     }
     size_t submitted = 0;
     while (submitted < to_submit.size()) {
-      const int rc = io_submit(aio_, static_cast<long>(to_submit.size() -
-                                                       submitted),
-                               to_submit.data() + submitted);
+      const int rc = io_submit(aio_, static_cast<long>(to_submit.size() - submitted), to_submit.data() + submitted);
       if (rc == -EINTR) continue;
       if (rc == -EAGAIN && in_flight + submitted > 0) break;  // reap first
       if (rc <= 0) {
         const int code = rc < 0 ? -rc : EIO;
         if (result.ok()) {
-          result = Status::Error(code, "%s of %s: cannot submit I/O: %s",
-                                 DirectionName(direction), path_.c_str(),
+          result = Status::Error(code, "%s of %s: cannot submit I/O: %s", DirectionName(direction), path_.c_str(),
                                  strerror(code));
         }
         break;
@@ -294,8 +266,7 @@ Status FileDevice::Transfer(Direction direction,
     }
     if (in_flight == 0) break;
 
-    const int n = io_getevents(aio_, 1, static_cast<long>(in_flight),
-                               events.data(), nullptr);
+    const int n = io_getevents(aio_, 1, static_cast<long>(in_flight), events.data(), nullptr);
     if (n == -EINTR) continue;
     if (n < 0) {
       // The kernel still owns the requests in flight; the context must not
@@ -308,8 +279,7 @@ Status FileDevice::Transfer(Direction direction,
     }
     for (int i = 0; i < n; ++i) {
       Slot* slot = static_cast<Slot*>(events[i].data);
-      Status status = Complete(direction, requests[slot->index], slot,
-                               static_cast<long>(events[i].res));
+      Status status = Complete(direction, requests[slot->index], slot, static_cast<long>(events[i].res));
       if (result.ok() && !status.ok()) result = status;
       slot->busy = false;
       --in_flight;
@@ -321,14 +291,12 @@ Status FileDevice::Transfer(Direction direction,
 }
 
 // Direct-I/O alignment of `fd`: from statx where the kernel reports it.
-void DirectAlignment(int fd, bool block_device, uint32_t block_size,
-                     uint32_t* mem_align, uint32_t* offset_align) {
+void DirectAlignment(int fd, bool block_device, uint32_t block_size, uint32_t* mem_align, uint32_t* offset_align) {
   *mem_align = block_device ? block_size : kFileDirectAlignment;
   *offset_align = *mem_align;
   struct statx sx;
-  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
-      (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_mem_align != 0 &&
-      sx.stx_dio_offset_align != 0) {
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) != 0 &&
+      sx.stx_dio_mem_align != 0 && sx.stx_dio_offset_align != 0) {
     *mem_align = sx.stx_dio_mem_align;
     *offset_align = std::max(sx.stx_dio_offset_align, block_size);
   }
@@ -336,9 +304,7 @@ void DirectAlignment(int fd, bool block_device, uint32_t block_size,
 
 }  // namespace
 
-std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
-                                           OpenFileFn open_file,
-                                           Status* status) {
+std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path, OpenFileFn open_file, Status* status) {
   bool direct = true;
   int fd = open_file(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
   if (fd < 0 && errno == EINVAL) {
@@ -346,8 +312,7 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
     fd = open_file(path.c_str(), O_RDWR | O_CLOEXEC);
   }
   if (fd < 0) {
-    *status = Status::Error(errno, "cannot open %s: %s", path.c_str(),
-                            strerror(errno));
+    *status = Status::Error(errno, "cannot open %s: %s", path.c_str(), strerror(errno));
     return nullptr;
   }
   auto fail = [&](Status error) {
@@ -357,8 +322,7 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
   };
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    return fail(Status::Error(errno, "cannot stat %s: %s", path.c_str(),
-                              strerror(errno)));
+    return fail(Status::Error(errno, "cannot stat %s: %s", path.c_str(), strerror(errno)));
   }
 
   uint64_t size_bytes = 0;
@@ -368,44 +332,35 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path,
     size_bytes = static_cast<uint64_t>(st.st_size) / block_size * block_size;
   } else if (S_ISBLK(st.st_mode)) {
     int sector_size = 0;
-    if (ioctl(fd, BLKGETSIZE64, &size_bytes) != 0 ||
-        ioctl(fd, BLKSSZGET, &sector_size) != 0) {
-      return fail(Status::Error(errno, "cannot read the geometry of %s: %s",
-                                path.c_str(), strerror(errno)));
+    if (ioctl(fd, BLKGETSIZE64, &size_bytes) != 0 || ioctl(fd, BLKSSZGET, &sector_size) != 0) {
+      return fail(Status::Error(errno, "cannot read the geometry of %s: %s", path.c_str(), strerror(errno)));
     }
     block_size = static_cast<uint32_t>(sector_size);
   } else {
-    return fail(Status::Error(
-        ENODEV, "%s is not a regular file or block device", path.c_str()));
+    return fail(Status::Error(ENODEV, "%s is not a regular file or block device", path.c_str()));
   }
 
   uint32_t mem_align = 1;
   uint32_t offset_align = block_size;
   int buffered_fd = -1;
   if (direct) {
-    DirectAlignment(fd, S_ISBLK(st.st_mode), block_size, &mem_align,
-                    &offset_align);
+    DirectAlignment(fd, S_ISBLK(st.st_mode), block_size, &mem_align, &offset_align);
     // A block device's requests are whole sectors, its direct-I/O unit. A
     // file's 512-byte blocks may be finer than its file system's: those
     // requests go through the page cache, coherent with direct I/O.
     if (S_ISREG(st.st_mode) && offset_align > block_size) {
       buffered_fd = open_file(path.c_str(), O_RDWR | O_CLOEXEC);
       if (buffered_fd < 0) {
-        return fail(Status::Error(errno, "cannot open %s: %s", path.c_str(),
-                                  strerror(errno)));
+        return fail(Status::Error(errno, "cannot open %s: %s", path.c_str(), strerror(errno)));
       }
     }
   } else {
-    fprintf(stderr,
-            "blkps: %s refuses O_DIRECT (EINVAL); using buffered I/O\n",
-            path.c_str());
+    fprintf(stderr, "blkps: %s refuses O_DIRECT (EINVAL); using buffered I/O\n", path.c_str());
   }
-  return std::make_unique<FileDevice>(path, fd, buffered_fd, direct, mem_align,
-                                      offset_align, size_bytes, block_size);
+  return std::make_unique<FileDevice>(path, fd, buffered_fd, direct, mem_align, offset_align, size_bytes, block_size);
 }
 
-std::unique_ptr<Device> OpenFileDevice(const std::string& path,
-                                       Status* status) {
+std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status) {
   return OpenFileDeviceWith(path, OpenWithSyscall, status);
 }
 

@@ -9,13 +9,10 @@
 
 namespace blkps {
 
-GradientDropper::GradientDropper(uint64_t count, uint64_t run_params,
-                                 uint64_t group_params, double drop_ratio)
+GradientDropper::GradientDropper(uint64_t count, uint64_t run_params, uint64_t group_params, double drop_ratio)
     : count_(count),
       run_params_(run_params),
-      group_runs_(group_params == 0
-                      ? (count + run_params - 1) / run_params
-                      : group_params / run_params),
+      group_runs_(group_params == 0 ? (count + run_params - 1) / run_params : group_params / run_params),
       drop_ratio_(drop_ratio),
       residual_(count, 0.0f),
       norms_((count + run_params - 1) / run_params),
@@ -24,14 +21,11 @@ GradientDropper::GradientDropper(uint64_t count, uint64_t run_params,
 }
 
 uint64_t GradientDropper::RunsKept(uint64_t runs) const {
-  const long long kept = std::llround((1.0 - drop_ratio_) *
-                                      static_cast<double>(runs));
-  return std::clamp<uint64_t>(static_cast<uint64_t>(std::max(kept, 1LL)), 1,
-                              runs);
+  const long long kept = std::llround((1.0 - drop_ratio_) * static_cast<double>(runs));
+  return std::clamp<uint64_t>(static_cast<uint64_t>(std::max(kept, 1LL)), 1, runs);
 }
 
-const std::vector<GradientDropper::Range>& GradientDropper::Select(
-    float* grad) {
+const std::vector<GradientDropper::Range>& GradientDropper::Select(float* grad) {
   const uint64_t runs = norms_.size();
   // One pass: the accumulated gradient (gradient + residual) goes into both
   // `grad` and the residual, and each run's squared L2 norm is taken. A
@@ -73,8 +67,7 @@ const std::vector<GradientDropper::Range>& GradientDropper::Select(
       norm += static_cast<double>(a) * a;
     }
     for (float p : partial) norm += p;
-    norms_[r] = std::isfinite(norm) ? norm
-                                    : std::numeric_limits<double>::infinity();
+    norms_[r] = std::isfinite(norm) ? norm : std::numeric_limits<double>::infinity();
   }
 
   // Per group: the RunsKept() runs of largest norm (ties: the lower index).
@@ -86,12 +79,9 @@ const std::vector<GradientDropper::Range>& GradientDropper::Select(
       selected_[r] = false;
     }
     const uint64_t kept = RunsKept(last - first);
-    auto larger = [this](uint64_t a, uint64_t b) {
-      return norms_[a] != norms_[b] ? norms_[a] > norms_[b] : a < b;
-    };
+    auto larger = [this](uint64_t a, uint64_t b) { return norms_[a] != norms_[b] ? norms_[a] > norms_[b] : a < b; };
     if (kept < order_.size()) {
-      std::nth_element(order_.begin(), order_.begin() + kept, order_.end(),
-                       larger);
+      std::nth_element(order_.begin(), order_.begin() + kept, order_.end(), larger);
     }
     for (uint64_t k = 0; k < kept; ++k) selected_[order_[k]] = true;
   }
@@ -103,8 +93,7 @@ const std::vector<GradientDropper::Range>& GradientDropper::Select(
     const uint64_t begin = r * run_params_;
     const uint64_t n = std::min(begin + run_params_, count_) - begin;
     memset(residual_.data() + begin, 0, n * sizeof(float));
-    if (!ranges_.empty() &&
-        ranges_.back().first + ranges_.back().count == begin) {
+    if (!ranges_.empty() && ranges_.back().first + ranges_.back().count == begin) {
       ranges_.back().count += n;
     } else {
       ranges_.push_back(Range{begin, n});
@@ -113,8 +102,7 @@ const std::vector<GradientDropper::Range>& GradientDropper::Select(
   return ranges_;
 }
 
-const std::vector<GradientDropper::Range>& GradientDropper::SelectAll(
-    float* grad) {
+const std::vector<GradientDropper::Range>& GradientDropper::SelectAll(float* grad) {
   for (uint64_t i = 0; i < count_; ++i) grad[i] += residual_[i];
   std::fill(residual_.begin(), residual_.end(), 0.0f);
   ranges_.assign(1, Range{0, count_});

@@ -41,8 +41,7 @@ class GradientDropper {
 
   // REQUIRES: count > 0; run_params > 0; 0 <= drop_ratio < 1.
   // group_params: 0 or a multiple of run_params. Throws std::bad_alloc.
-  GradientDropper(uint64_t count, uint64_t run_params, uint64_t group_params,
-                  double drop_ratio);
+  GradientDropper(uint64_t count, uint64_t run_params, uint64_t group_params, double drop_ratio);
 
   GradientDropper(const GradientDropper&) = delete;
   GradientDropper& operator=(const GradientDropper&) = delete;
@@ -72,9 +71,9 @@ class GradientDropper {
   const uint64_t group_runs_;  // runs per group
   const double drop_ratio_;
   std::vector<float> residual_;
-  std::vector<double> norms_;      // per run, of the accumulated gradient
-  std::vector<uint64_t> order_;    // run indices of one group, for selection
-  std::vector<bool> selected_;     // per run
+  std::vector<double> norms_;    // per run, of the accumulated gradient
+  std::vector<uint64_t> order_;  // run indices of one group, for selection
+  std::vector<bool> selected_;   // per run
   std::vector<Range> ranges_;
 };
 

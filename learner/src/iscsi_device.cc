@@ -43,8 +43,7 @@
 namespace blkps {
 namespace {
 
-static_assert(sizeof(scsi_iovec) == sizeof(iovec) &&
-                  offsetof(scsi_iovec, iov_base) == offsetof(iovec, iov_base) &&
+static_assert(sizeof(scsi_iovec) == sizeof(iovec) && offsetof(scsi_iovec, iov_base) == offsetof(iovec, iov_base) &&
                   offsetof(scsi_iovec, iov_len) == offsetof(iovec, iov_len),
               "libiscsi promises scsi_iovec has the layout of iovec");
 
@@ -103,8 +102,7 @@ struct Command {
   std::string transport_error;  // libiscsi's message when status says so
 };
 
-void OnCommandDone(iscsi_context* iscsi, int status, void* command_data,
-                   void* private_data) {
+void OnCommandDone(iscsi_context* iscsi, int status, void* command_data, void* private_data) {
   Command* command = static_cast<Command*>(private_data);
   command->done = true;
   command->status = status;
@@ -126,18 +124,14 @@ Status CommandError(const std::string& what, const Command& command) {
       if (sense.key == SCSI_SENSE_ILLEGAL_REQUEST) {
         code = sense.ascq == SCSI_SENSE_ASCQ_LBA_OUT_OF_RANGE ? ERANGE : EINVAL;
       }
-      return Status::Error(code, "%s: target returned %s (%s, asc/ascq 0x%04x)",
-                           what.c_str(), scsi_sense_key_str(sense.key),
-                           scsi_sense_ascq_str(sense.ascq), sense.ascq);
+      return Status::Error(code, "%s: target returned %s (%s, asc/ascq 0x%04x)", what.c_str(),
+                           scsi_sense_key_str(sense.key), scsi_sense_ascq_str(sense.ascq), sense.ascq);
     }
     case SCSI_STATUS_ERROR:
     case SCSI_STATUS_CANCELLED:
     case SCSI_STATUS_TIMEOUT:
-      return Status::Error(EIO, "%s: command failed: %s", what.c_str(),
-                           command.transport_error.c_str());
-    default:
-      return Status::Error(EIO, "%s: target returned SCSI status 0x%x",
-                           what.c_str(), command.status);
+      return Status::Error(EIO, "%s: command failed: %s", what.c_str(), command.transport_error.c_str());
+    default: return Status::Error(EIO, "%s: target returned SCSI status 0x%x", what.c_str(), command.status);
   }
 }
 
@@ -209,8 +203,8 @@ scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (task != nullptr) scsi_free_scsi_task(task);
     task = command();
-    const bool unit_attention = task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION &&
-                                task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
+    const bool unit_attention =
+        task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
     if (!unit_attention) break;
   }
   return task;
@@ -312,14 +306,11 @@ class IscsiDevice : public Device {
 
   uint64_t size_bytes() const override { return size_bytes_; }
   uint32_t logical_block_size() const override { return block_size_; }
-  uint64_t default_request_bytes() const override {
-    return std::min(default_request_bytes_, max_request_bytes_);
-  }
+  uint64_t default_request_bytes() const override { return std::min(default_request_bytes_, max_request_bytes_); }
   uint64_t max_request_bytes() const override { return max_request_bytes_; }
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 
-  Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
-                  uint32_t queue_depth) override;
+  Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status Sync() override;
 
   // Reads this session's receipt into *counts (one per unit of the device).
@@ -377,25 +368,20 @@ class IscsiDevice : public Device {
   bool said_no_receipts_ = false;
 };
 
-Status IscsiDevice::Transfer(Direction direction,
-                             const std::vector<IoRequest>& requests,
-                             uint32_t queue_depth) {
+Status IscsiDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
   auto start = [&](size_t index, Command* command) {
     const IoRequest& request = requests[index];
     const uint64_t lba = request.offset / block_size_;
     const uint32_t length = static_cast<uint32_t>(request.length);
     scsi_iovec* iov = reinterpret_cast<scsi_iovec*>(request.iov);
-    return direction == Direction::kRead
-               ? iscsi_read16_iov_task(iscsi_, lun_, lba, length, block_size_,
-                                       0, 0, 0, 0, 0, OnCommandDone, command,
-                                       iov, request.iovcnt)
-               : iscsi_write16_iov_task(
-                     iscsi_, lun_, lba, nullptr, length, block_size_, 0, 0, 0,
-                     0, 0, OnCommandDone, command, iov, request.iovcnt);
+    return direction == Direction::kRead ? iscsi_read16_iov_task(iscsi_, lun_, lba, length, block_size_, 0, 0, 0, 0, 0,
+                                                                 OnCommandDone, command, iov, request.iovcnt)
+                                         : iscsi_write16_iov_task(iscsi_, lun_, lba, nullptr, length, block_size_, 0, 0,
+                                                                  0, 0, 0, OnCommandDone, command, iov, request.iovcnt);
   };
   auto describe = [&](size_t index) {
-    return std::string(DirectionName(direction)) + " at offset " +
-           std::to_string(requests[index].offset) + " on " + name_;
+    return std::string(DirectionName(direction)) + " at offset " + std::to_string(requests[index].offset) + " on " +
+           name_;
   };
   return RunCommands(requests.size(), queue_depth, start, describe,
                      direction == Direction::kWrite ? &requests : nullptr);
@@ -403,21 +389,17 @@ Status IscsiDevice::Transfer(Direction direction,
 
 Status IscsiDevice::Sync() {
   auto start = [&](size_t, Command* command) {
-    return iscsi_synchronizecache10_task(iscsi_, lun_, 0, 0, 0, 0,
-                                         OnCommandDone, command);
+    return iscsi_synchronizecache10_task(iscsi_, lun_, 0, 0, 0, 0, OnCommandDone, command);
   };
   auto describe = [&](size_t) { return "sync on " + name_; };
   return RunCommands(1, 1, start, describe, nullptr);
 }
 
-Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth,
-                                const StartFn& start,
-                                const DescribeFn& describe,
+Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
                                 const std::vector<IoRequest>* writes) {
   if (!lost_.ok()) return lost_;
   // No command is in flight between batches, so the slots may move.
-  commands_.assign(std::min<size_t>(std::max<uint32_t>(queue_depth, 1), count),
-                   Command());
+  commands_.assign(std::min<size_t>(std::max<uint32_t>(queue_depth, 1), count), Command());
   Status result;
   std::deque<size_t> pending;  // commands to start, in order
   for (size_t i = 0; i < count; ++i) pending.push_back(i);
@@ -430,9 +412,8 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth,
       command.index = pending.front();
       command.task = start(command.index, &command);
       if (command.task == nullptr) {
-        result =
-            Status::Error(EIO, "%s: cannot queue the command: %s",
-                          describe(command.index).c_str(), LastError(iscsi_).c_str());
+        result = Status::Error(EIO, "%s: cannot queue the command: %s", describe(command.index).c_str(),
+                               LastError(iscsi_).c_str());
         return;
       }
       pending.pop_front();
@@ -606,9 +587,7 @@ void IscsiDevice::FreeTasks() {
 // not hold up closing (libiscsi would retry reconnecting for ~30 s): give up
 // after kLogoutTimeout and let iscsi_destroy_context close the socket.
 void IscsiDevice::LogOut() {
-  auto on_done = [](iscsi_context*, int, void*, void* private_data) {
-    *static_cast<bool*>(private_data) = true;
-  };
+  auto on_done = [](iscsi_context*, int, void*, void* private_data) { *static_cast<bool*>(private_data) = true; };
   if (iscsi_logout_async(iscsi_, on_done, &logout_done_) != 0) return;
   const auto deadline = std::chrono::steady_clock::now() + kLogoutTimeout;
   while (!logout_done_ && std::chrono::steady_clock::now() < deadline) {
@@ -621,14 +600,12 @@ Status IscsiDevice::Service() {
   if (iscsi_get_fd(iscsi_) < 0) {
     return Status::Error(EIO, "connection to %s lost", name_.c_str());
   }
-  pollfd pfd = {iscsi_get_fd(iscsi_),
-                static_cast<short>(iscsi_which_events(iscsi_)), 0};
+  pollfd pfd = {iscsi_get_fd(iscsi_), static_cast<short>(iscsi_which_events(iscsi_)), 0};
   if (pfd.events == 0) {
     poll(nullptr, 0, kReconnectWaitMs);
   } else if (poll(&pfd, 1, kPollTimeoutMs) < 0) {
     if (errno == EINTR) return Status();
-    return Status::Error(errno, "poll on the connection to %s failed: %s",
-                         name_.c_str(), strerror(errno));
+    return Status::Error(errno, "poll on the connection to %s failed: %s", name_.c_str(), strerror(errno));
   }
   if (ServiceWithoutSigpipe(iscsi_, pfd.revents) < 0) {
     return Status::Error(EIO, "connection to %s lost (%s)", name_.c_str(), LastError(iscsi_).c_str());
@@ -641,14 +618,11 @@ Status IscsiDevice::Service() {
 // count that libiscsi takes.
 uint64_t MaxRequestBytes(iscsi_context* iscsi, int lun, uint32_t block_size) {
   uint64_t max_bytes = UINT32_MAX / block_size * block_size;
-  scsi_task* task = iscsi_inquiry_sync(iscsi, lun, 1,
-                                       SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255);
+  scsi_task* task = iscsi_inquiry_sync(iscsi, lun, 1, SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255);
   if (task != nullptr && task->status == SCSI_STATUS_GOOD) {
-    auto* limits =
-        static_cast<scsi_inquiry_block_limits*>(scsi_datain_unmarshall(task));
+    auto* limits = static_cast<scsi_inquiry_block_limits*>(scsi_datain_unmarshall(task));
     if (limits != nullptr && limits->max_xfer_len != 0) {
-      max_bytes = std::min<uint64_t>(
-          max_bytes, static_cast<uint64_t>(limits->max_xfer_len) * block_size);
+      max_bytes = std::min<uint64_t>(max_bytes, static_cast<uint64_t>(limits->max_xfer_len) * block_size);
     }
   }
   if (task != nullptr) scsi_free_scsi_task(task);
@@ -658,9 +632,7 @@ uint64_t MaxRequestBytes(iscsi_context* iscsi, int lun, uint32_t block_size) {
 // iscsi_full_connect_sync() failed with `login_error`. libiscsi says the
 // same thing whether nothing listens at the portal or the login was refused,
 // so tell them apart with a bare TCP connection on a scratch context.
-Status DiagnoseConnectFailure(const std::string& name,
-                              const std::string& portal,
-                              const std::string& target, int lun,
+Status DiagnoseConnectFailure(const std::string& name, const std::string& portal, const std::string& target, int lun,
                               const std::string& login_error) {
   iscsi_context* probe = iscsi_create_context("iqn.2026-11.io.blkps:probe");
   if (probe == nullptr) {
@@ -668,17 +640,15 @@ Status DiagnoseConnectFailure(const std::string& name,
   }
   Status status;
   if (iscsi_connect_sync(probe, portal.c_str()) != 0) {
-    status =
-        Status::Error(ECONNREFUSED,
-                      "%s: cannot connect to portal %s (is the target "
-                      "running and listening there?): %s",
-                      name.c_str(), portal.c_str(), LastError(probe).c_str());
+    status = Status::Error(ECONNREFUSED,
+                           "%s: cannot connect to portal %s (is the target "
+                           "running and listening there?): %s",
+                           name.c_str(), portal.c_str(), LastError(probe).c_str());
   } else {
-    status =
-        Status::Error(ECONNREFUSED,
-                      "%s: login to target %s LUN %d failed (check the "
-                      "target IQN and LUN): %s",
-                      name.c_str(), target.c_str(), lun, login_error.c_str());
+    status = Status::Error(ECONNREFUSED,
+                           "%s: login to target %s LUN %d failed (check the "
+                           "target IQN and LUN): %s",
+                           name.c_str(), target.c_str(), lun, login_error.c_str());
   }
   iscsi_destroy_context(probe);
   return status;
@@ -686,9 +656,7 @@ Status DiagnoseConnectFailure(const std::string& name,
 
 }  // namespace
 
-std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
-                                        const std::string& initiator_name,
-                                        Status* status) {
+std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status) {
   SessionSpec spec;
   spec.iser = url.rfind("iser://", 0) == 0;
   spec.initiator = initiator_name.empty() ? DefaultInitiatorName() : initiator_name;
@@ -714,9 +682,9 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
   std::string login_error;
   iscsi_context* iscsi = LogIn(spec, &login_error);
   if (iscsi == nullptr && spec.iser) {
-    *status = Status::Error(ENODEV,
-                            "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
-                            spec.name.c_str(), login_error.c_str());
+    *status =
+        Status::Error(ENODEV, "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
+                      spec.name.c_str(), login_error.c_str());
     return nullptr;
   }
   if (iscsi == nullptr) {
@@ -731,25 +699,21 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url,
 
   scsi_task* task = iscsi_readcapacity16_sync(iscsi, spec.lun);
   if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
-    Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s",
-                                 spec.name.c_str(), LastError(iscsi).c_str());
+    Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s", spec.name.c_str(), LastError(iscsi).c_str());
     if (task != nullptr) scsi_free_scsi_task(task);
     return fail(std::move(error));
   }
-  auto* capacity =
-      static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task));
+  auto* capacity = static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task));
   if (capacity == nullptr || capacity->block_length == 0) {
     scsi_free_scsi_task(task);
-    return fail(Status::Error(EIO, "%s: cannot decode READ CAPACITY(16) data",
-                              spec.name.c_str()));
+    return fail(Status::Error(EIO, "%s: cannot decode READ CAPACITY(16) data", spec.name.c_str()));
   }
   const uint32_t block_size = capacity->block_length;
   const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
   scsi_free_scsi_task(task);
 
   const uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
-  const uint64_t default_request_bytes =
-      spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
+  const uint64_t default_request_bytes = spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
   const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
   auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);

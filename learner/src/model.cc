@@ -22,59 +22,51 @@ using ull = unsigned long long;
 
 // Runs one transfer of `length` bytes at device byte `offset`.
 // REQUIRES: the range lies on the device (the callers check it).
-Status Transfer(Device& device, Direction direction, uint64_t offset,
-                void* buffer, uint64_t length, uint64_t request_bytes,
-                uint32_t queue_depth) {
+Status Transfer(Device& device, Direction direction, uint64_t offset, void* buffer, uint64_t length,
+                uint64_t request_bytes, uint32_t queue_depth) {
   if (length == 0) return Status();
   try {
-    TransferPlan plan(direction, offset, buffer, length,
-                      device.logical_block_size(), request_bytes);
+    TransferPlan plan(direction, offset, buffer, length, device.logical_block_size(), request_bytes);
     Status status = device.Transfer(direction, plan.requests(), queue_depth);
     if (status.ok()) plan.FinishRead();
     return status;
   } catch (const std::bad_alloc&) {
-    return Status::Error(ENOMEM, "out of memory planning a %s of %llu bytes",
-                         DirectionName(direction), static_cast<ull>(length));
+    return Status::Error(ENOMEM, "out of memory planning a %s of %llu bytes", DirectionName(direction),
+                         static_cast<ull>(length));
   }
 }
 
 // Parameters [first_param, first_param + count) as a byte range of a device
 // of `dtype`, or -ERANGE when it does not fit on the device.
-Status ParamsToBytes(const char* operation, uint64_t first_param,
-                     uint64_t count, uint64_t size_bytes, wire::Dtype dtype,
-                     uint64_t* offset, uint64_t* length) {
+Status ParamsToBytes(const char* operation, uint64_t first_param, uint64_t count, uint64_t size_bytes,
+                     wire::Dtype dtype, uint64_t* offset, uint64_t* length) {
   const uint64_t per_param = wire::BytesPerParam(dtype);
   const uint64_t params_on_device = size_bytes / per_param;
-  if (first_param > params_on_device ||
-      count > params_on_device - first_param) {
-    return Status::Error(
-        ERANGE,
-        "%s of %llu parameters from parameter %llu is past the end of the "
-        "model (%llu parameters, %llu bytes)",
-        operation, static_cast<ull>(count), static_cast<ull>(first_param),
-        static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
+  if (first_param > params_on_device || count > params_on_device - first_param) {
+    return Status::Error(ERANGE,
+                         "%s of %llu parameters from parameter %llu is past the end of the "
+                         "model (%llu parameters, %llu bytes)",
+                         operation, static_cast<ull>(count), static_cast<ull>(first_param),
+                         static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
   }
   *offset = first_param * per_param;
   *length = count * per_param;
   return Status();
 }
 
-Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length,
-                      const Device& device) {
+Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length, const Device& device) {
   const uint32_t block = device.logical_block_size();
   if (offset % block != 0 || length % block != 0) {
     return Status::Error(EINVAL,
                          "%s: offset %llu and length %llu must be multiples "
                          "of the logical block size %u",
-                         operation, static_cast<ull>(offset),
-                         static_cast<ull>(length), block);
+                         operation, static_cast<ull>(offset), static_cast<ull>(length), block);
   }
   if (offset > device.size_bytes() || length > device.size_bytes() - offset) {
     return Status::Error(ERANGE,
                          "%s of %llu bytes at offset %llu is past the end of "
                          "the device (%llu bytes)",
-                         operation, static_cast<ull>(length),
-                         static_cast<ull>(offset),
+                         operation, static_cast<ull>(length), static_cast<ull>(offset),
                          static_cast<ull>(device.size_bytes()));
   }
   return Status();
@@ -82,35 +74,29 @@ Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length,
 
 }  // namespace
 
-std::unique_ptr<Model> Model::Open(const std::string& target,
-                                   const OpenOptions& options,
-                                   std::string* error, int* error_code) {
+std::unique_ptr<Model> Model::Open(const std::string& target, const OpenOptions& options, std::string* error,
+                                   int* error_code) {
   try {
     Status status;
     wire::Dtype dtype = wire::Dtype::kFloat32;
     if (!options.dtype.empty() && !wire::ParseDtype(options.dtype, &dtype)) {
-      *error = "blkps: dtype '" + options.dtype + "' is not one of " +
-               wire::kDtypeNames + " (the LUN's --bsopts dtype)";
+      *error =
+          "blkps: dtype '" + options.dtype + "' is not one of " + wire::kDtypeNames + " (the LUN's --bsopts dtype)";
       if (error_code != nullptr) *error_code = -EINVAL;
       return nullptr;
     }
-    std::unique_ptr<Device> device =
-        OpenDevice(target, options.initiator_name, &status);
+    std::unique_ptr<Device> device = OpenDevice(target, options.initiator_name, &status);
     if (device == nullptr) {
       *error = status.message();
       if (error_code != nullptr) *error_code = -status.code();
       return nullptr;
     }
     const uint64_t block = device->logical_block_size();
-    uint64_t request_bytes = options.request_bytes != 0
-                                 ? options.request_bytes
-                                 : device->default_request_bytes();
+    uint64_t request_bytes = options.request_bytes != 0 ? options.request_bytes : device->default_request_bytes();
     request_bytes = std::min(request_bytes, device->max_request_bytes());
     request_bytes = std::max(request_bytes / block * block, block);
-    const uint32_t queue_depth =
-        options.queue_depth != 0 ? options.queue_depth : kDefaultQueueDepth;
-    return std::unique_ptr<Model>(
-        new Model(std::move(device), request_bytes, queue_depth, dtype));
+    const uint32_t queue_depth = options.queue_depth != 0 ? options.queue_depth : kDefaultQueueDepth;
+    return std::unique_ptr<Model>(new Model(std::move(device), request_bytes, queue_depth, dtype));
   } catch (const std::bad_alloc&) {
     *error = "blkps: out of memory opening " + target;
     if (error_code != nullptr) *error_code = -ENOMEM;
@@ -118,12 +104,8 @@ std::unique_ptr<Model> Model::Open(const std::string& target,
   }
 }
 
-Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes,
-             uint32_t queue_depth, wire::Dtype dtype)
-    : device_(std::move(device)),
-      request_bytes_(request_bytes),
-      queue_depth_(queue_depth),
-      dtype_(dtype) {}
+Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint32_t queue_depth, wire::Dtype dtype)
+    : device_(std::move(device)), request_bytes_(request_bytes), queue_depth_(queue_depth), dtype_(dtype) {}
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
@@ -131,13 +113,9 @@ Model& Model::operator=(Model&&) noexcept = default;
 
 uint64_t Model::size_bytes() const { return device_->size_bytes(); }
 
-uint32_t Model::logical_block_size() const {
-  return device_->logical_block_size();
-}
+uint32_t Model::logical_block_size() const { return device_->logical_block_size(); }
 
-uint64_t Model::param_capacity() const {
-  return device_->size_bytes() / wire::BytesPerParam(dtype_);
-}
+uint64_t Model::param_capacity() const { return device_->size_bytes() / wire::BytesPerParam(dtype_); }
 
 const char* Model::dtype() const { return wire::DtypeName(dtype_); }
 
@@ -149,56 +127,44 @@ int Model::Record(const Status& status) {
 
 int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
   uint64_t offset = 0, length = 0;
-  Status status = ParamsToBytes("push", first_param, count,
-                                device_->size_bytes(), dtype_, &offset,
-                                &length);
+  Status status = ParamsToBytes("push", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
   if (dtype_ == wire::Dtype::kFloat32) {
     // A write only reads the buffer; TransferPlan's iovecs are not const.
-    return Record(Transfer(*device_, Direction::kWrite, offset,
-                           const_cast<float*>(grad), length, request_bytes_,
-                           queue_depth_));
+    return Record(
+        Transfer(*device_, Direction::kWrite, offset, const_cast<float*>(grad), length, request_bytes_, queue_depth_));
   }
   try {
     wire_buffer_.resize(count);
   } catch (const std::bad_alloc&) {
-    return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values",
-                                static_cast<ull>(count), dtype()));
+    return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
   }
   wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
-  const uint64_t bad =
-      wire::FirstNonFinite16(dtype_, wire_buffer_.data(), count);
+  const uint64_t bad = wire::FirstNonFinite16(dtype_, wire_buffer_.data(), count);
   if (bad != count) {
-    return Record(Status::Error(
-        EINVAL,
-        "push: gradient for parameter %llu is %g, which is %s in %s; "
-        "nothing was sent",
-        static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
-        grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
+    return Record(Status::Error(EINVAL,
+                                "push: gradient for parameter %llu is %g, which is %s in %s; "
+                                "nothing was sent",
+                                static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
+                                grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
   }
-  return Record(Transfer(*device_, Direction::kWrite, offset,
-                         wire_buffer_.data(), length, request_bytes_,
-                         queue_depth_));
+  return Record(
+      Transfer(*device_, Direction::kWrite, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_));
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
   uint64_t offset = 0, length = 0;
-  Status status = ParamsToBytes("pull", first_param, count,
-                                device_->size_bytes(), dtype_, &offset,
-                                &length);
+  Status status = ParamsToBytes("pull", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
   if (dtype_ == wire::Dtype::kFloat32) {
-    return Record(Transfer(*device_, Direction::kRead, offset, weights, length,
-                           request_bytes_, queue_depth_));
+    return Record(Transfer(*device_, Direction::kRead, offset, weights, length, request_bytes_, queue_depth_));
   }
   try {
     wire_buffer_.resize(count);
   } catch (const std::bad_alloc&) {
-    return Record(Status::Error(ENOMEM, "pull: out of memory for %llu %s values",
-                                static_cast<ull>(count), dtype()));
+    return Record(Status::Error(ENOMEM, "pull: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
   }
-  status = Transfer(*device_, Direction::kRead, offset, wire_buffer_.data(),
-                    length, request_bytes_, queue_depth_);
+  status = Transfer(*device_, Direction::kRead, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_);
   if (status.ok()) wire::Widen(dtype_, wire_buffer_.data(), weights, count);
   return Record(status);
 }
@@ -207,8 +173,7 @@ int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
   Status status = CheckByteRange("write_bytes", offset, length, *device_);
   if (status.ok()) {
     status =
-        Transfer(*device_, Direction::kWrite, offset, const_cast<void*>(buffer),
-                 length, request_bytes_, queue_depth_);
+        Transfer(*device_, Direction::kWrite, offset, const_cast<void*>(buffer), length, request_bytes_, queue_depth_);
   }
   return Record(status);
 }
@@ -216,8 +181,7 @@ int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
 int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
   Status status = CheckByteRange("read_bytes", offset, length, *device_);
   if (status.ok()) {
-    status = Transfer(*device_, Direction::kRead, offset, buffer, length,
-                      request_bytes_, queue_depth_);
+    status = Transfer(*device_, Direction::kRead, offset, buffer, length, request_bytes_, queue_depth_);
   }
   return Record(status);
 }
@@ -227,27 +191,21 @@ int Model::Sync() { return Record(device_->Sync()); }
 uint64_t Model::pushed_bytes_lost() const { return device_->pushed_bytes_lost(); }
 
 int Model::ReadControlCounters(blkps_control_counters* out) {
-  const Status no_record = Status::Error(
-      EPROTO,
-      "no blkps control counters (format %u) at byte %llu: is this the "
-      "model's control LUN (CONTROL_URL), served by a blkps of this version?",
-      BLKPS_CONTROL_FORMAT_VERSION,
-      static_cast<ull>(BLKPS_CONTROL_COUNTERS_OFFSET));
-  const uint64_t end =
-      BLKPS_CONTROL_COUNTERS_OFFSET + BLKPS_CONTROL_COUNTERS_BYTES;
+  const Status no_record = Status::Error(EPROTO,
+                                         "no blkps control counters (format %u) at byte %llu: is this the "
+                                         "model's control LUN (CONTROL_URL), served by a blkps of this version?",
+                                         BLKPS_CONTROL_FORMAT_VERSION, static_cast<ull>(BLKPS_CONTROL_COUNTERS_OFFSET));
+  const uint64_t end = BLKPS_CONTROL_COUNTERS_OFFSET + BLKPS_CONTROL_COUNTERS_BYTES;
   if (device_->size_bytes() < end) return Record(no_record);
   std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
-  const int rc = ReadBytes(BLKPS_CONTROL_COUNTERS_OFFSET, region.data(),
-                           region.size());
+  const int rc = ReadBytes(BLKPS_CONTROL_COUNTERS_OFFSET, region.data(), region.size());
   if (rc != 0) return rc;
   blkps_control_counters record;
   std::memcpy(&record, region.data(), sizeof record);
   // A later format may append counters (record_bytes grows); this one's
   // fields stay where they are.
-  if (std::memcmp(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC,
-                  sizeof record.magic) != 0 ||
-      record.format_version != BLKPS_CONTROL_FORMAT_VERSION ||
-      record.record_bytes < sizeof record) {
+  if (std::memcmp(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic) != 0 ||
+      record.format_version != BLKPS_CONTROL_FORMAT_VERSION || record.record_bytes < sizeof record) {
     return Record(no_record);
   }
   *out = record;

@@ -19,8 +19,7 @@ void MovingAverage::Add(double sample) {
   deviation_ += smoothing_ * (std::fabs(error) - deviation_);
 }
 
-void PullScheduler::RecordTransfers(bool concurrent, double push_s,
-                                    double pull_s, double span_s) {
+void PullScheduler::RecordTransfers(bool concurrent, double push_s, double pull_s, double span_s) {
   if (concurrent) {
     concurrent_pull_.Add(pull_s);
     concurrent_span_.Add(span_s);
@@ -43,15 +42,12 @@ PullScheduler::Plan PullScheduler::Next() const {
   if (compute_.empty() || (!sequential_known && concurrent_span_.empty())) {
     return plan;
   }
-  const double transfers = sequential_known ? push_.mean() + pull_.mean()
-                                            : concurrent_span_.mean();
+  const double transfers = sequential_known ? push_.mean() + pull_.mean() : concurrent_span_.mean();
   const MovingAverage& pull = sequential_known ? pull_ : concurrent_pull_;
-  const double margin =
-      kMarginDeviations * (compute_.deviation() + pull.deviation());
+  const double margin = kMarginDeviations * (compute_.deviation() + pull.deviation());
   plan.concurrent = transfers + margin > compute_.mean();
   if (!plan.concurrent) {
-    plan.pull_delay_s =
-        std::max(0.0, compute_.mean() - pull.mean() - margin);
+    plan.pull_delay_s = std::max(0.0, compute_.mean() - pull.mean() - margin);
   }
   return plan;
 }

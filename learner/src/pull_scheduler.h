@@ -28,7 +28,10 @@ class MovingAverage {
   // smoothing * (sample - average).
   void Add(double sample);
   // Forgets every sample (the next one sets the average).
-  void Reset() { samples_ = 0; mean_ = deviation_ = 0; }
+  void Reset() {
+    samples_ = 0;
+    mean_ = deviation_ = 0;
+  }
 
   bool empty() const { return samples_ == 0; }
   uint64_t samples() const { return samples_; }
@@ -85,8 +88,7 @@ class PullScheduler {
   // span; on a full-duplex link each takes about its own time. So
   // sequential iterations feed the push and pull averages, and concurrent
   // ones feed a separate pull average and the span average.
-  void RecordTransfers(bool concurrent, double push_s, double pull_s,
-                       double span_s);
+  void RecordTransfers(bool concurrent, double push_s, double pull_s, double span_s);
 
   // The plan for the next iteration. With C the compute average, S the
   // predicted push-then-pull time (P + L, the push and pull averages of

@@ -19,22 +19,18 @@ std::string Trim(const std::string& s) {
 
 // A decimal number of bytes, > 0 and a multiple of 512.
 bool ParseStripeUnit(const std::string& value, uint64_t* unit) {
-  if (value.empty() || value.size() > 19 ||
-      value.find_first_not_of("0123456789") != std::string::npos) {
+  if (value.empty() || value.size() > 19 || value.find_first_not_of("0123456789") != std::string::npos) {
     return false;
   }
   *unit = std::stoull(value);
   return *unit > 0 && *unit % kSectorBytes == 0;
 }
 
-bool IsUrl(const std::string& target) {
-  return target.find("://") != std::string::npos;
-}
+bool IsUrl(const std::string& target) { return target.find("://") != std::string::npos; }
 
 }  // namespace
 
-Status ParseShardLayout(const std::string& text, const std::string& name,
-                        ShardLayout* layout) {
+Status ParseShardLayout(const std::string& text, const std::string& name, ShardLayout* layout) {
   *layout = ShardLayout();
   std::istringstream lines(text);
   std::string raw;
@@ -46,9 +42,7 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
     if (content.empty()) continue;
     const size_t eq = content.find('=');
     if (eq == std::string::npos) {
-      return Status::Error(EINVAL,
-                           "%s:%d: expected 'key = value', got '%s'",
-                           name.c_str(), line, content.c_str());
+      return Status::Error(EINVAL, "%s:%d: expected 'key = value', got '%s'", name.c_str(), line, content.c_str());
     }
     const std::string key = Trim(content.substr(0, eq));
     const std::string value = Trim(content.substr(eq + 1));
@@ -68,13 +62,11 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
       unit_line = line;
     } else if (key == "dtype") {
       if (dtype_line != 0) {
-        return Status::Error(EINVAL, "%s:%d: dtype given twice (first on line %d)",
-                             name.c_str(), line, dtype_line);
+        return Status::Error(EINVAL, "%s:%d: dtype given twice (first on line %d)", name.c_str(), line, dtype_line);
       }
       if (!wire::ParseDtype(value, &layout->dtype)) {
-        return Status::Error(EINVAL, "%s:%d: dtype: expected one of %s, got '%s'",
-                             name.c_str(), line, wire::kDtypeNames,
-                             value.c_str());
+        return Status::Error(EINVAL, "%s:%d: dtype: expected one of %s, got '%s'", name.c_str(), line,
+                             wire::kDtypeNames, value.c_str());
       }
       dtype_line = line;
     } else if (key == "shard") {
@@ -109,11 +101,8 @@ Status ParseShardLayout(const std::string& text, const std::string& name,
                          "%s:%d: stripe_unit %llu over %s shards is %llu "
                          "device bytes, not a multiple of 512; use a multiple "
                          "of 1024",
-                         name.c_str(), unit_line,
-                         static_cast<unsigned long long>(layout->stripe_unit),
-                         wire::DtypeName(layout->dtype),
-                         static_cast<unsigned long long>(
-                             layout->device_stripe_unit()));
+                         name.c_str(), unit_line, static_cast<unsigned long long>(layout->stripe_unit),
+                         wire::DtypeName(layout->dtype), static_cast<unsigned long long>(layout->device_stripe_unit()));
   }
   if (layout->shards.empty()) {
     return Status::Error(EINVAL,
@@ -128,8 +117,7 @@ Status ReadShardLayout(const std::string& path, ShardLayout* layout) {
   std::ifstream file(path);
   if (!file) {
     const int code = errno != 0 ? errno : ENOENT;
-    return Status::Error(code, "cannot open layout file %s: %s", path.c_str(),
-                         strerror(code));
+    return Status::Error(code, "cannot open layout file %s: %s", path.c_str(), strerror(code));
   }
   std::ostringstream text;
   text << file.rdbuf();
@@ -139,8 +127,7 @@ Status ReadShardLayout(const std::string& path, ShardLayout* layout) {
   Status status = ParseShardLayout(text.str(), path, layout);
   if (!status.ok()) return status;
   const size_t slash = path.rfind('/');
-  const std::string folder =
-      slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string folder = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   for (ShardLayout::Shard& shard : layout->shards) {
     if (!IsUrl(shard.target) && shard.target[0] != '/') {
       shard.target = folder + shard.target;

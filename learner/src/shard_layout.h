@@ -35,7 +35,7 @@ struct ShardLayout {
     std::string target;  // as OpenDevice takes it
     int line;            // where the layout file names it (1-based)
   };
-  uint64_t stripe_unit = 0;  // float32 model bytes; > 0 and a multiple of 512
+  uint64_t stripe_unit = 0;                   // float32 model bytes; > 0 and a multiple of 512
   wire::Dtype dtype = wire::Dtype::kFloat32;  // of the shards' LUNs
   std::vector<Shard> shards;
   // A stripe unit in the shards' device bytes.
@@ -46,8 +46,7 @@ struct ShardLayout {
 // message, with the line: "blkps: <name>:<line>: ...". Relative shard paths
 // are left as written. On failure returns the error; *layout is then
 // unspecified.
-Status ParseShardLayout(const std::string& text, const std::string& name,
-                        ShardLayout* layout);
+Status ParseShardLayout(const std::string& text, const std::string& name, ShardLayout* layout);
 
 // Reads and parses the layout file at `path`, and resolves relative shard
 // paths against the file's folder.

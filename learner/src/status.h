@@ -17,8 +17,7 @@ class Status {
 
   // An error with errno value `code` (> 0) and the message
   // "blkps: " followed by the printf-formatted text.
-  static Status Error(int code, const char* format, ...)
-      __attribute__((format(printf, 2, 3)));
+  static Status Error(int code, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
   bool ok() const { return code_ == 0; }
   int code() const { return code_; }  // errno value; 0 when ok

@@ -4,11 +4,8 @@
 
 namespace blkps {
 
-StripeMap::StripeMap(uint64_t stripe_unit, uint32_t shard_count,
-                     uint64_t size_bytes)
-    : stripe_unit_(stripe_unit),
-      shard_count_(shard_count),
-      size_bytes_(size_bytes) {}
+StripeMap::StripeMap(uint64_t stripe_unit, uint32_t shard_count, uint64_t size_bytes)
+    : stripe_unit_(stripe_unit), shard_count_(shard_count), size_bytes_(size_bytes) {}
 
 uint64_t StripeMap::ShardBytes(uint32_t shard) const {
   const uint64_t units = (size_bytes_ + stripe_unit_ - 1) / stripe_unit_;
@@ -22,8 +19,7 @@ uint64_t StripeMap::ShardBytes(uint32_t shard) const {
   return bytes;
 }
 
-void StripeMap::Map(uint64_t offset, uint64_t length,
-                    std::vector<StripePiece>* pieces) const {
+void StripeMap::Map(uint64_t offset, uint64_t length, std::vector<StripePiece>* pieces) const {
   const size_t first = pieces->size();  // merge only this call's pieces
   while (length > 0) {
     const uint64_t unit = offset / stripe_unit_;
@@ -34,8 +30,7 @@ void StripeMap::Map(uint64_t offset, uint64_t length,
     piece.length = std::min(stripe_unit_ - within, length);
     if (pieces->size() > first) {
       StripePiece& last = pieces->back();
-      if (last.shard == piece.shard &&
-          last.shard_offset + last.length == piece.shard_offset) {
+      if (last.shard == piece.shard && last.shard_offset + last.length == piece.shard_offset) {
         last.length += piece.length;
         offset += piece.length;
         length -= piece.length;

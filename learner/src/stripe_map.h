@@ -41,8 +41,7 @@ class StripeMap {
   // consecutive units that are also consecutive on one shard (S = 1) come
   // as one piece.
   // REQUIRES: offset + length <= size_bytes() (no overflow).
-  void Map(uint64_t offset, uint64_t length,
-           std::vector<StripePiece>* pieces) const;
+  void Map(uint64_t offset, uint64_t length, std::vector<StripePiece>* pieces) const;
 
  private:
   uint64_t stripe_unit_;

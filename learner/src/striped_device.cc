@@ -86,19 +86,16 @@ class StripedDevice::Worker {
   std::thread thread_;           // last: starts once the members above exist
 };
 
-std::unique_ptr<StripedDevice> StripedDevice::Create(
-    uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
-    std::vector<std::string> names, Status* status) {
+std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
+                                                     std::vector<std::string> names, Status* status) {
   const uint32_t block = shards[0]->logical_block_size();
   uint64_t total = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
     if (shards[s]->logical_block_size() != block) {
-      *status = Status::Error(
-          EINVAL,
-          "%s has %u-byte logical blocks but %s has %u-byte ones; all shards "
-          "of a layout must have the same logical block size",
-          names[s].c_str(), shards[s]->logical_block_size(), names[0].c_str(),
-          block);
+      *status = Status::Error(EINVAL,
+                              "%s has %u-byte logical blocks but %s has %u-byte ones; all shards "
+                              "of a layout must have the same logical block size",
+                              names[s].c_str(), shards[s]->logical_block_size(), names[0].c_str(), block);
       return nullptr;
     }
     total += shards[s]->size_bytes();
@@ -110,42 +107,33 @@ std::unique_ptr<StripedDevice> StripedDevice::Create(
                             static_cast<ull>(stripe_unit), block);
     return nullptr;
   }
-  const StripeMap map(stripe_unit, static_cast<uint32_t>(shards.size()),
-                      total);
+  const StripeMap map(stripe_unit, static_cast<uint32_t>(shards.size()), total);
   for (size_t s = 0; s < shards.size(); ++s) {
     const uint64_t expected = map.ShardBytes(static_cast<uint32_t>(s));
     if (shards[s]->size_bytes() != expected) {
-      *status = Status::Error(
-          EINVAL,
-          "%s holds %llu bytes, but striping a model of %llu bytes (the "
-          "shards' sum) in units of %llu bytes over %zu shards puts %llu "
-          "bytes on it; start each shard's server with params = its part's "
-          "bytes / 4 (blkps shards start does)",
-          names[s].c_str(), static_cast<ull>(shards[s]->size_bytes()),
-          static_cast<ull>(total), static_cast<ull>(stripe_unit),
-          shards.size(), static_cast<ull>(expected));
+      *status = Status::Error(EINVAL,
+                              "%s holds %llu bytes, but striping a model of %llu bytes (the "
+                              "shards' sum) in units of %llu bytes over %zu shards puts %llu "
+                              "bytes on it; start each shard's server with params = its part's "
+                              "bytes / 4 (blkps shards start does)",
+                              names[s].c_str(), static_cast<ull>(shards[s]->size_bytes()), static_cast<ull>(total),
+                              static_cast<ull>(stripe_unit), shards.size(), static_cast<ull>(expected));
       return nullptr;
     }
   }
   try {
-    return std::unique_ptr<StripedDevice>(
-        new StripedDevice(map, block, std::move(shards), std::move(names)));
+    return std::unique_ptr<StripedDevice>(new StripedDevice(map, block, std::move(shards), std::move(names)));
   } catch (const std::system_error& e) {
-    *status = Status::Error(EAGAIN, "cannot start a thread per shard: %s",
-                            e.what());
+    *status = Status::Error(EAGAIN, "cannot start a thread per shard: %s", e.what());
   } catch (const std::bad_alloc&) {
     *status = Status::Error(ENOMEM, "out of memory opening a striped model");
   }
   return nullptr;
 }
 
-StripedDevice::StripedDevice(const StripeMap& map, uint32_t block_size,
-                             std::vector<std::unique_ptr<Device>> shards,
+StripedDevice::StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
                              std::vector<std::string> names)
-    : map_(map),
-      block_size_(block_size),
-      shards_(std::move(shards)),
-      names_(std::move(names)) {
+    : map_(map), block_size_(block_size), shards_(std::move(shards)), names_(std::move(names)) {
   // One shard needs no worker: the caller's thread runs it.
   if (shards_.size() > 1) {
     for (size_t s = 0; s < shards_.size(); ++s) {
@@ -172,8 +160,7 @@ uint64_t StripedDevice::max_request_bytes() const {
   return bytes;
 }
 
-Status StripedDevice::RunOnShards(const std::vector<bool>& busy,
-                                  const std::function<Status(uint32_t)>& job) {
+Status StripedDevice::RunOnShards(const std::vector<bool>& busy, const std::function<Status(uint32_t)>& job) {
   const uint32_t count = static_cast<uint32_t>(shards_.size());
   // The first busy shard runs on the caller's thread, the others on their
   // workers.
@@ -194,16 +181,13 @@ Status StripedDevice::RunOnShards(const std::vector<bool>& busy,
   }
   for (uint32_t s = 0; s < count; ++s) {
     if (!results[s].ok()) {
-      return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(),
-                           Reason(results[s]));
+      return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(), Reason(results[s]));
     }
   }
   return Status();
 }
 
-Status StripedDevice::Transfer(Direction direction,
-                               const std::vector<IoRequest>& requests,
-                               uint32_t queue_depth) {
+Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
   const uint32_t count = static_cast<uint32_t>(shards_.size());
   // A shard request under construction: its iovecs are the last `iovcnt`
   // entries of its shard's iovec list until it is closed.
@@ -230,26 +214,21 @@ Status StripedDevice::Transfer(Direction direction,
         bool extend = false;
         if (!shard_parts.empty()) {
           const ShardRequest& last = shard_parts.back();
-          extend = last.request == r &&
-                   last.offset + last.length == piece.shard_offset &&
+          extend = last.request == r && last.offset + last.length == piece.shard_offset &&
                    last.length + piece.length <= max_bytes &&
-                   shard_iovecs.size() - last.first_iov +
-                           static_cast<size_t>(request.iovcnt) <=
+                   shard_iovecs.size() - last.first_iov + static_cast<size_t>(request.iovcnt) <=
                        static_cast<size_t>(kMaxIovecs);
         }
         if (!extend) {
-          shard_parts.push_back(
-              {piece.shard_offset, 0, shard_iovecs.size(), r});
+          shard_parts.push_back({piece.shard_offset, 0, shard_iovecs.size(), r});
         }
         // Take piece.length bytes of the caller's iovecs, in order.
         uint64_t left = piece.length;
         while (left > 0) {
           const iovec& source = request.iov[iov_index];
-          const uint64_t take = std::min<uint64_t>(left,
-                                                   source.iov_len - iov_used);
+          const uint64_t take = std::min<uint64_t>(left, source.iov_len - iov_used);
           if (take > 0) {
-            shard_iovecs.push_back(
-                {static_cast<uint8_t*>(source.iov_base) + iov_used, take});
+            shard_iovecs.push_back({static_cast<uint8_t*>(source.iov_base) + iov_used, take});
           }
           iov_used += take;
           left -= take;
@@ -267,31 +246,24 @@ Status StripedDevice::Transfer(Direction direction,
     for (uint32_t s = 0; s < count; ++s) {
       for (size_t i = 0; i < parts[s].size(); ++i) {
         const ShardRequest& part = parts[s][i];
-        const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov
-                                                   : iovecs[s].size();
-        shard_requests[s].push_back({part.offset, part.length,
-                                     iovecs[s].data() + part.first_iov,
-                                     static_cast<int>(end - part.first_iov)});
+        const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov : iovecs[s].size();
+        shard_requests[s].push_back(
+            {part.offset, part.length, iovecs[s].data() + part.first_iov, static_cast<int>(end - part.first_iov)});
       }
       busy[s] = !shard_requests[s].empty();
     }
-    return RunOnShards(busy, [&](uint32_t s) {
-      return shards_[s]->Transfer(direction, shard_requests[s], queue_depth);
-    });
+    return RunOnShards(busy,
+                       [&](uint32_t s) { return shards_[s]->Transfer(direction, shard_requests[s], queue_depth); });
   } catch (const std::bad_alloc&) {
-    return Status::Error(ENOMEM,
-                         "out of memory splitting a %s over %u shards",
-                         DirectionName(direction), count);
+    return Status::Error(ENOMEM, "out of memory splitting a %s over %u shards", DirectionName(direction), count);
   }
 }
 
 Status StripedDevice::Sync() {
-  return RunOnShards(std::vector<bool>(shards_.size(), true),
-                     [this](uint32_t s) { return shards_[s]->Sync(); });
+  return RunOnShards(std::vector<bool>(shards_.size(), true), [this](uint32_t s) { return shards_[s]->Sync(); });
 }
 
-std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
-                                          const std::string& initiator_name,
+std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const std::string& initiator_name,
                                           Status* status) {
   try {
     ShardLayout layout;
@@ -301,24 +273,19 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path,
     std::vector<std::string> names;
     for (size_t s = 0; s < layout.shards.size(); ++s) {
       const ShardLayout::Shard& shard = layout.shards[s];
-      names.push_back(layout_path + ":" + std::to_string(shard.line) +
-                      ": shard " + std::to_string(s) + " (" + shard.target +
-                      ")");
+      names.push_back(layout_path + ":" + std::to_string(shard.line) + ": shard " + std::to_string(s) + " (" +
+                      shard.target + ")");
       Status opened;
-      std::unique_ptr<Device> device =
-          OpenDevice(shard.target, initiator_name, &opened);
+      std::unique_ptr<Device> device = OpenDevice(shard.target, initiator_name, &opened);
       if (device == nullptr) {
-        *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(),
-                                Reason(opened));
+        *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(), Reason(opened));
         return nullptr;
       }
       shards.push_back(std::move(device));
     }
-    return StripedDevice::Create(layout.device_stripe_unit(), std::move(shards),
-                                 std::move(names), status);
+    return StripedDevice::Create(layout.device_stripe_unit(), std::move(shards), std::move(names), status);
   } catch (const std::bad_alloc&) {
-    *status = Status::Error(ENOMEM, "out of memory opening layout %s",
-                            layout_path.c_str());
+    *status = Status::Error(ENOMEM, "out of memory opening layout %s", layout_path.c_str());
     return nullptr;
   }
 }

@@ -37,9 +37,8 @@ class StripedDevice : public Device {
   // part of the model that the striping puts on it. On failure returns
   // nullptr and the reason in *status.
   // REQUIRES: shards is not empty; names.size() == shards.size().
-  static std::unique_ptr<StripedDevice> Create(
-      uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
-      std::vector<std::string> names, Status* status);
+  static std::unique_ptr<StripedDevice> Create(uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
+                                               std::vector<std::string> names, Status* status);
 
   ~StripedDevice() override;
 
@@ -55,8 +54,7 @@ class StripedDevice : public Device {
   // each shard's part on it, all shards at once. On failure returns the
   // failure of the lowest-numbered failing shard, prefixed by its name; the
   // other shards finish their part first.
-  Status Transfer(Direction direction, const std::vector<IoRequest>& requests,
-                  uint32_t queue_depth) override;
+  Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
 
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
@@ -65,14 +63,12 @@ class StripedDevice : public Device {
  private:
   class Worker;
 
-  StripedDevice(const StripeMap& map, uint32_t block_size,
-                std::vector<std::unique_ptr<Device>> shards,
+  StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
                 std::vector<std::string> names);
 
   // Runs job(s) for every shard s with busy[s], all at once; returns the
   // first failure in shard order.
-  Status RunOnShards(const std::vector<bool>& busy,
-                     const std::function<Status(uint32_t)>& job);
+  Status RunOnShards(const std::vector<bool>& busy, const std::function<Status(uint32_t)>& job);
 
   const StripeMap map_;
   const uint32_t block_size_;

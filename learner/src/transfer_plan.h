@@ -34,8 +34,8 @@ class TransferPlan {
   // outlive them. Throws std::bad_alloc when out of memory.
   // REQUIRES: length > 0; offset + length does not overflow;
   //           block_size > 0; request_bytes >= block_size.
-  TransferPlan(Direction direction, uint64_t offset, void* buffer,
-               uint64_t length, uint32_t block_size, uint64_t request_bytes);
+  TransferPlan(Direction direction, uint64_t offset, void* buffer, uint64_t length, uint32_t block_size,
+               uint64_t request_bytes);
 
   TransferPlan(const TransferPlan&) = delete;
   TransferPlan& operator=(const TransferPlan&) = delete;
@@ -58,8 +58,7 @@ class TransferPlan {
   };
 
   std::vector<Segment> PlanSegments();
-  void CutRequests(const std::vector<Segment>& segments,
-                   uint64_t request_bytes);
+  void CutRequests(const std::vector<Segment>& segments, uint64_t request_bytes);
   uint64_t head_block_offset() const;
 
   const Direction direction_;

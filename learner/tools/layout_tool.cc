@@ -136,8 +136,8 @@ int Sizes(const Args& a) {
   const blkps::StripeMap map = CheckedMap(a);
   for (uint32_t s = 0; s < map.shard_count(); ++s) {
     const uint64_t bytes = map.ShardBytes(s);
-    std::printf("%llu\n", static_cast<unsigned long long>(a.device ? (bytes + kSector - 1) / kSector * kSector
-                                                                    : bytes));
+    std::printf("%llu\n",
+                static_cast<unsigned long long>(a.device ? (bytes + kSector - 1) / kSector * kSector : bytes));
   }
   return 0;
 }
@@ -247,7 +247,8 @@ int DmTable(const Args& a) {
     const uint64_t rest = sizes[j] - rows * unit;
     if (rest == 0) continue;
     if (short_unit) {
-      Fail("shard sizes (" + listed + " bytes) leave a hole in the model: only the last stripe unit may be "
+      Fail("shard sizes (" + listed +
+           " bytes) leave a hole in the model: only the last stripe unit may be "
            "partial; check the layout's shard order");
     }
     const uint64_t len = std::min(rest, unit) / kSector;
@@ -261,14 +262,13 @@ int DmTable(const Args& a) {
 }
 
 void PrintHelp() {
-  std::printf(
-      "usage: blkps-layout sizes --stripe-unit BYTES --shards S --params N [--block BYTES] [--device]\n"
-      "       blkps-layout read FILE\n"
-      "       blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...\n"
-      "       blkps-layout dm-table --stripe-unit BYTES DEVICE=BYTES...\n"
-      "       blkps-layout bytes SIZE\n"
-      "The stripe arithmetic of a sharded blkps model: stripe unit k lives on shard\n"
-      "k mod S at shard byte (k div S) * BYTES; see README, \"Sharding\".\n");
+  std::printf("usage: blkps-layout sizes --stripe-unit BYTES --shards S --params N [--block BYTES] [--device]\n"
+              "       blkps-layout read FILE\n"
+              "       blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...\n"
+              "       blkps-layout dm-table --stripe-unit BYTES DEVICE=BYTES...\n"
+              "       blkps-layout bytes SIZE\n"
+              "The stripe arithmetic of a sharded blkps model: stripe unit k lives on shard\n"
+              "k mod S at shard byte (k div S) * BYTES; see README, \"Sharding\".\n");
 }
 
 }  // namespace

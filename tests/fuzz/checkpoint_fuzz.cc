@@ -50,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   }
   std::shared_ptr<blkps::server::Job> job;
-  const blkps::server::Status s =
-      blkps::server::Job::Create("fuzz", options.job, [](const std::string&) {}, &job);
+  const blkps::server::Status s = blkps::server::Job::Create(
+      "fuzz", options.job, [](const std::string&) {}, &job);
   if (!s.ok() && s.message().find('\n') != std::string::npos) std::abort();
   return 0;
 }

@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -63,8 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   static std::vector<char> status(4096);
-  if (blkps_lu_read(lun.control, BLKPS_CONTROL_STATUS_OFFSET, status.data(), status.size(), nullptr, err, sizeof(err)) !=
-          BLKPS_IO_OK ||
+  if (blkps_lu_read(lun.control, BLKPS_CONTROL_STATUS_OFFSET, status.data(), status.size(), nullptr, err,
+                    sizeof(err)) != BLKPS_IO_OK ||
       status[0] != '{') {
     std::abort();
   }

@@ -48,28 +48,63 @@ namespace {
 constexpr uint64_t kParams = 262144;  // a 1 MiB model
 constexpr uint64_t kModelBlocks = kParams * 4 / 512;
 constexpr uint32_t kMaxData = 64 << 10;
-constexpr int kStuckS = 60;           // no progress this long: tgtd hangs
+constexpr int kStuckS = 60;  // no progress this long: tgtd hangs
 
 // Opcodes the plugin's opcode map sends to tgt's handlers or to the plugin
 // (target-plugin/bs_blkps.c), and a few neighbours tgt refuses.
 constexpr uint8_t kServed[] = {
-    0x00 /* TEST UNIT READY */, 0x03 /* REQUEST SENSE */, 0x08 /* READ(6) */, 0x0a /* WRITE(6) */,
-    0x12 /* INQUIRY */, 0x15 /* MODE SELECT(6) */, 0x16 /* RESERVE */, 0x17 /* RELEASE */,
-    0x1a /* MODE SENSE(6) */, 0x1b /* START STOP UNIT */, 0x1d /* SEND DIAGNOSTIC */,
-    0x1e /* PREVENT ALLOW MEDIUM REMOVAL */, 0x25 /* READ CAPACITY(10) */, 0x28 /* READ(10) */,
-    0x2a /* WRITE(10) */, 0x2f /* VERIFY(10) */, 0x35 /* SYNCHRONIZE CACHE(10) */,
-    0x41 /* WRITE SAME(10) */, 0x42 /* UNMAP */, 0x55 /* MODE SELECT(10) */, 0x5a /* MODE SENSE(10) */,
-    0x5e /* PERSISTENT RESERVE IN */, 0x5f /* PERSISTENT RESERVE OUT */, 0x88 /* READ(16) */,
-    0x89 /* COMPARE AND WRITE */, 0x8a /* WRITE(16) */, 0x91 /* SYNCHRONIZE CACHE(16) */,
-    0x93 /* WRITE SAME(16) */, 0x9e /* SERVICE ACTION IN(16) */, 0xa0 /* REPORT LUNS */,
-    0xa3 /* MAINTENANCE IN */, 0xa8 /* READ(12) */, 0xaa /* WRITE(12) */,
+    0x00 /* TEST UNIT READY */,
+    0x03 /* REQUEST SENSE */,
+    0x08 /* READ(6) */,
+    0x0a /* WRITE(6) */,
+    0x12 /* INQUIRY */,
+    0x15 /* MODE SELECT(6) */,
+    0x16 /* RESERVE */,
+    0x17 /* RELEASE */,
+    0x1a /* MODE SENSE(6) */,
+    0x1b /* START STOP UNIT */,
+    0x1d /* SEND DIAGNOSTIC */,
+    0x1e /* PREVENT ALLOW MEDIUM REMOVAL */,
+    0x25 /* READ CAPACITY(10) */,
+    0x28 /* READ(10) */,
+    0x2a /* WRITE(10) */,
+    0x2f /* VERIFY(10) */,
+    0x35 /* SYNCHRONIZE CACHE(10) */,
+    0x41 /* WRITE SAME(10) */,
+    0x42 /* UNMAP */,
+    0x55 /* MODE SELECT(10) */,
+    0x5a /* MODE SENSE(10) */,
+    0x5e /* PERSISTENT RESERVE IN */,
+    0x5f /* PERSISTENT RESERVE OUT */,
+    0x88 /* READ(16) */,
+    0x89 /* COMPARE AND WRITE */,
+    0x8a /* WRITE(16) */,
+    0x91 /* SYNCHRONIZE CACHE(16) */,
+    0x93 /* WRITE SAME(16) */,
+    0x9e /* SERVICE ACTION IN(16) */,
+    0xa0 /* REPORT LUNS */,
+    0xa3 /* MAINTENANCE IN */,
+    0xa8 /* READ(12) */,
+    0xaa /* WRITE(12) */,
 };
 
 bool IsDataOut(uint8_t op) {
   switch (op) {
-    case 0x0a: case 0x15: case 0x1d: case 0x2a: case 0x2e: case 0x41: case 0x42: case 0x55:
-    case 0x5f: case 0x89: case 0x8a: case 0x8e: case 0x93: case 0xaa: case 0xae:
-      return true;
+    case 0x0a:
+    case 0x15:
+    case 0x1d:
+    case 0x2a:
+    case 0x2e:
+    case 0x41:
+    case 0x42:
+    case 0x55:
+    case 0x5f:
+    case 0x89:
+    case 0x8a:
+    case 0x8e:
+    case 0x93:
+    case 0xaa:
+    case 0xae: return true;
   }
   return false;
 }
@@ -78,7 +113,8 @@ bool IsDataOut(uint8_t op) {
 int CdbLength(uint8_t op, std::mt19937_64& rng) {
   switch (op >> 5) {
     case 0: return 6;
-    case 1: case 2: return 10;
+    case 1:
+    case 2: return 10;
     case 4: return 16;
     case 5: return 12;
     default: {
@@ -93,7 +129,8 @@ int CdbLength(uint8_t op, std::mt19937_64& rng) {
 uint64_t PickLba(std::mt19937_64& rng) {
   switch (rng() % 6) {
     case 0: return 0;
-    case 1: case 2: return rng() % kModelBlocks;
+    case 1:
+    case 2: return rng() % kModelBlocks;
     case 3: return kModelBlocks - 1 - rng() % 4;
     case 4: return kModelBlocks + rng() % 4;
     default: return rng();
@@ -104,7 +141,8 @@ uint32_t PickBlocks(std::mt19937_64& rng) {
   switch (rng() % 5) {
     case 0: return 0;
     case 1: return 1;
-    case 2: case 3: return 1 + rng() % (kMaxData / 512);
+    case 2:
+    case 3: return 1 + rng() % (kMaxData / 512);
     default: return static_cast<uint32_t>(rng());
   }
 }
@@ -124,10 +162,22 @@ std::vector<uint8_t> RandomCdb(uint8_t op, std::mt19937_64& rng) {
   const uint64_t lba = PickLba(rng);
   const uint32_t blocks = PickBlocks(rng);
   switch (cdb.size()) {
-    case 6: PutBig(&cdb[1], lba & 0x1fffff, 3); cdb[4] = static_cast<uint8_t>(blocks); break;
-    case 10: PutBig(&cdb[2], lba, 4); PutBig(&cdb[7], blocks, 2); break;
-    case 12: PutBig(&cdb[2], lba, 4); PutBig(&cdb[6], blocks, 4); break;
-    case 16: PutBig(&cdb[2], lba, 8); PutBig(&cdb[10], blocks, 4); break;
+    case 6:
+      PutBig(&cdb[1], lba & 0x1fffff, 3);
+      cdb[4] = static_cast<uint8_t>(blocks);
+      break;
+    case 10:
+      PutBig(&cdb[2], lba, 4);
+      PutBig(&cdb[7], blocks, 2);
+      break;
+    case 12:
+      PutBig(&cdb[2], lba, 4);
+      PutBig(&cdb[6], blocks, 4);
+      break;
+    case 16:
+      PutBig(&cdb[2], lba, 8);
+      PutBig(&cdb[10], blocks, 4);
+      break;
   }
   cdb.back() = 0;  // CONTROL: no NACA, no linking
   return cdb;
@@ -177,7 +227,10 @@ std::string Describe(uint64_t i, int lun, const std::vector<uint8_t>& cdb, int d
     std::snprintf(hex, sizeof(hex), " %02x", b);
     s += hex;
   }
-  return s + (dir == SCSI_XFER_WRITE ? " data-out " : dir == SCSI_XFER_READ ? " data-in " : " no data ") +
+  return s +
+         (dir == SCSI_XFER_WRITE  ? " data-out "
+          : dir == SCSI_XFER_READ ? " data-in "
+                                  : " no data ") +
          std::to_string(len) + " bytes";
 }
 
@@ -280,13 +333,14 @@ int main(int argc, char** argv) {
       blkps_test::RawLun probe(target.url(1), initiator + "-probe");
       std::vector<uint8_t> tur(6, 0);
       if (!probe.connected() || probe.Command(1, tur, SCSI_XFER_NONE, 0, nullptr) < 0) {
-        return stop_watching(Fail(target, "tgtd does not answer a new session after command " +
-                                              std::to_string(i) + ": " + probe.error()));
+        return stop_watching(Fail(
+            target, "tgtd does not answer a new session after command " + std::to_string(i) + ": " + probe.error()));
       }
     }
     if (i % 1000 == 999) {
       const long rss = RssKib(target.pid());
-      if (rss < 0) return stop_watching(Fail(target, "tgtd is gone (no /proc entry) after command " + std::to_string(i)));
+      if (rss < 0)
+        return stop_watching(Fail(target, "tgtd is gone (no /proc entry) after command " + std::to_string(i)));
       if (i + 1 >= commands / 10 && rss_warm < 0) rss_warm = rss;
       if (rss > rss_peak) rss_peak = rss;
       if ((i + 1) % std::max<uint64_t>(commands / 10 / 1000 * 1000, 1000) == 0) {
@@ -303,8 +357,8 @@ int main(int argc, char** argv) {
               "RSS %ld KiB after warm-up, %ld KiB peak, %ld KiB at the end\n",
               static_cast<unsigned long long>(commands), static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(good), static_cast<unsigned long long>(check),
-              static_cast<unsigned long long>(other), static_cast<unsigned long long>(dropped), rss_warm,
-              rss_peak, rss_end);
+              static_cast<unsigned long long>(other), static_cast<unsigned long long>(dropped), rss_warm, rss_peak,
+              rss_end);
   if (rss_warm >= 0 && rss_end - rss_warm > rss_growth_kib) {
     return Fail(target, "tgtd grew by " + std::to_string(rss_end - rss_warm) + " KiB (bound " +
                             std::to_string(rss_growth_kib) + " KiB)");

@@ -38,16 +38,17 @@ class Input {
 class Check {
  public:
   Check(uint32_t block_size, bool whole_floats)
-      : block_size_(block_size), whole_floats_(whole_floats),
-        written_(kBlocks * block_size), sent_(kBlocks * block_size) {}
+      : block_size_(block_size),
+        whole_floats_(whole_floats),
+        written_(kBlocks * block_size),
+        sent_(kBlocks * block_size) {}
 
   uint64_t device_bytes() const { return written_.size(); }
 
   void Written(uint64_t offset, const std::vector<uint8_t>& bytes) {
     for (size_t i = 0; i < bytes.size(); ++i) written_[offset + i] += bytes[i];
   }
-  void Sent(const blkps::SplitWriteAssembler::PieceResult& r, uint64_t offset,
-            const std::vector<uint8_t>& bytes) {
+  void Sent(const blkps::SplitWriteAssembler::PieceResult& r, uint64_t offset, const std::vector<uint8_t>& bytes) {
     if (r.direct_begin > r.direct_end) std::abort();
     if (r.direct_begin < r.direct_end &&  // whole blocks of the piece
         (r.direct_begin % block_size_ || r.direct_end % block_size_ || r.direct_begin < offset ||

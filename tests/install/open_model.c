@@ -38,8 +38,7 @@ int main(int argc, char **argv) {
   }
   for (uint64_t i = 0; i < n; ++i) {
     if (weights[i] != -grad[i]) {
-      fprintf(stderr, "open_model: weight %llu is %g, expected %g\n",
-              (unsigned long long)i, weights[i], -grad[i]);
+      fprintf(stderr, "open_model: weight %llu is %g, expected %g\n", (unsigned long long)i, weights[i], -grad[i]);
       goto out;
     }
   }

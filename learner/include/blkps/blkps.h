@@ -66,8 +66,8 @@ typedef struct blkps_open_options {
  * one-line message to errbuf (if non-NULL; truncated to errlen bytes with a
  * terminating NUL). A regular file's size is rounded down to whole 512-byte
  * blocks. */
-BLKPS_EXPORT int blkps_open(const char *target, const blkps_open_options *opts,
-                            blkps_model **out, char *errbuf, size_t errlen);
+BLKPS_EXPORT int blkps_open(const char *target, const blkps_open_options *opts, blkps_model **out, char *errbuf,
+                            size_t errlen);
 
 /* Closes the handle (logs out of the iSCSI session). NULL is ignored. */
 BLKPS_EXPORT void blkps_close(blkps_model *m);
@@ -87,21 +87,17 @@ BLKPS_EXPORT uint32_t blkps_logical_block_size(const blkps_model *m);
  * gradient that is NaN or infinite in a 16-bit device's type.
  * Returns 0 or a negative errno (message in blkps_last_error). After an I/O
  * error, which parts of the range reached the server is unspecified. */
-BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param,
-                            const float *grad, uint64_t count);
+BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param, const float *grad, uint64_t count);
 
 /* Current weights for parameters [first_param, first_param+count) into
  * `weights`. Same range rules as blkps_push. */
-BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param,
-                            float *weights, uint64_t count);
+BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param, float *weights, uint64_t count);
 
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else
  * -ERANGE). */
-BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset,
-                                   const void *buf, uint64_t len);
-BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf,
-                                  uint64_t len);
+BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset, const void *buf, uint64_t len);
+BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
 
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */
@@ -166,12 +162,12 @@ BLKPS_EXPORT int blkps_control_read_counters(blkps_model *m, blkps_control_count
 typedef struct blkps_engine blkps_engine;
 
 typedef struct blkps_engine_options {
-  blkps_open_options open;  /* for every connection the engine opens */
-  uint64_t first_param;     /* range served: [first_param, +param_count) */
-  uint64_t param_count;     /* 0 = up to the end of the device */
-  int double_buffering;     /* 0: baseline, step pushes then pulls itself */
-  int adaptive_pull;        /* 0: each pull starts as soon as it may */
-  double smoothing;         /* weight of the newest sample, in (0, 1] */
+  blkps_open_options open;    /* for every connection the engine opens */
+  uint64_t first_param;       /* range served: [first_param, +param_count) */
+  uint64_t param_count;       /* 0 = up to the end of the device */
+  int double_buffering;       /* 0: baseline, step pushes then pulls itself */
+  int adaptive_pull;          /* 0: each pull starts as soon as it may */
+  double smoothing;           /* weight of the newest sample, in (0, 1] */
   const char *control_target; /* NULL, or the control LUN (staleness) */
   /* Gradient dropping (engine.hpp, EngineOptions::drop_ratio): 0 = off; in
    * (0, 1): push only the largest runs, keep the rest as a residual. */
@@ -187,22 +183,20 @@ BLKPS_EXPORT void blkps_engine_options_init(blkps_engine_options *opts);
 
 typedef struct blkps_engine_metrics {
   uint64_t iteration;
-  double compute_s; /* previous step's return to this step */
-  double stall_s;   /* this step's wait for communication */
-  double push_s;    /* the previous gradient's push */
-  double pull_s;    /* the next weights' pull */
-  double bubble_s;  /* iteration start to pull start */
+  double compute_s;  /* previous step's return to this step */
+  double stall_s;    /* this step's wait for communication */
+  double push_s;     /* the previous gradient's push */
+  double pull_s;     /* the next weights' pull */
+  double bubble_s;   /* iteration start to pull start */
   int64_t staleness; /* model updates between pull and use; -1 unknown */
-  int concurrent;   /* push and pull ran at the same time */
+  int concurrent;    /* push and pull ran at the same time */
 } blkps_engine_metrics;
 
 /* Opens an engine on `target` (as blkps_open) and pulls the first weights.
  * opts NULL = defaults. Returns 0 and stores the engine in *out, or a
  * negative errno with a one-line message in errbuf (if non-NULL). */
-BLKPS_EXPORT int blkps_engine_open(const char *target,
-                                   const blkps_engine_options *opts,
-                                   blkps_engine **out, char *errbuf,
-                                   size_t errlen);
+BLKPS_EXPORT int blkps_engine_open(const char *target, const blkps_engine_options *opts, blkps_engine **out,
+                                   char *errbuf, size_t errlen);
 
 /* Parameters served: the length of the weights and gradient buffers. */
 BLKPS_EXPORT uint64_t blkps_engine_param_count(const blkps_engine *e);
@@ -221,8 +215,7 @@ BLKPS_EXPORT int blkps_engine_step(blkps_engine *e);
 BLKPS_EXPORT int blkps_engine_finish(blkps_engine *e);
 
 /* The metrics of the iteration the last successful step ended. */
-BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e,
-                                            blkps_engine_metrics *out);
+BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e, blkps_engine_metrics *out);
 
 /* Gradients that reached the server whole so far. */
 BLKPS_EXPORT uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
@@ -249,7 +242,7 @@ BLKPS_EXPORT const char *blkps_engine_last_error(const blkps_engine *e);
 BLKPS_EXPORT void blkps_engine_close(blkps_engine *e);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* BLKPS_BLKPS_H_ */

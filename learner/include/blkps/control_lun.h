@@ -64,8 +64,7 @@ extern "C" {
 #define BLKPS_CONTROL_STATUS_OFFSET UINT64_C(0)
 #define BLKPS_CONTROL_STATUS_BYTES (UINT64_C(64) << 10)
 #define BLKPS_CONTROL_COMMANDS_OFFSET (UINT64_C(64) << 10)
-#define BLKPS_CONTROL_COMMANDS_BYTES \
-  (BLKPS_CONTROL_COUNTERS_OFFSET - BLKPS_CONTROL_COMMANDS_OFFSET)
+#define BLKPS_CONTROL_COMMANDS_BYTES (BLKPS_CONTROL_COUNTERS_OFFSET - BLKPS_CONTROL_COMMANDS_OFFSET)
 #define BLKPS_CONTROL_COUNTERS_OFFSET ((UINT64_C(1) << 20) - (UINT64_C(4) << 10))
 #define BLKPS_CONTROL_COUNTERS_BYTES (UINT64_C(4) << 10)
 #define BLKPS_CONTROL_WEIGHTS_OFFSET (UINT64_C(1) << 20)
@@ -94,13 +93,13 @@ static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" array. Their meanings are in README, "Status and control". */
-#define BLKPS_STATUS_KEYS                                                    \
-  "model params device_bytes block_bytes blocks mode rule tag rule_params "      \
-  "global_step updates rejected_writes held_now uptime_s dead_after_s "      \
+#define BLKPS_STATUS_KEYS                                                   \
+  "model params device_bytes block_bytes blocks mode rule tag rule_params " \
+  "global_step updates rejected_writes held_now uptime_s dead_after_s "     \
   "hold_limit_s max_dead live_learners failed failure control_error checkpoint learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds every_s error"
-#define BLKPS_STATUS_LEARNER_KEYS                                            \
-  "lun state iteration idle_s held reads writes bytes_read bytes_written "   \
+#define BLKPS_STATUS_LEARNER_KEYS                                          \
+  "lun state iteration idle_s held reads writes bytes_read bytes_written " \
   "holds hold_timeouts deaths staleness_max staleness_mean"
 
 /* The first 8 bytes of the counters record. */
@@ -116,9 +115,9 @@ typedef struct blkps_control_counters {
   uint64_t params;
   uint64_t blocks;
   uint64_t global_step;
-  uint64_t updates;         /* model-block updates applied, all learners */
+  uint64_t updates; /* model-block updates applied, all learners */
   uint64_t rejected_writes;
-  uint64_t failed;          /* 1 while the job has failed, else 0 */
+  uint64_t failed; /* 1 while the job has failed, else 0 */
 } blkps_control_counters;
 
 /* A receipt's header, little-endian, then zeros to 4 KiB. */

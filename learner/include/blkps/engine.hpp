@@ -140,9 +140,7 @@ class BLKPS_EXPORT Engine {
   // the push and pull threads. On failure returns nullptr, stores a one-line
   // message in *error and, when error_code is not null, the negative errno
   // in *error_code.
-  static std::unique_ptr<Engine> Open(const std::string& target,
-                                      const EngineOptions& options,
-                                      std::string* error,
+  static std::unique_ptr<Engine> Open(const std::string& target, const EngineOptions& options, std::string* error,
                                       int* error_code = nullptr);
 
   // Stops the threads. Gradients already handed to Step() are pushed before

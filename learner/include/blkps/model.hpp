@@ -71,9 +71,7 @@ class BLKPS_EXPORT Model {
   // PATH (README "Sharding"): one connection and thread per shard.
   // On failure returns nullptr, stores a one-line message in *error and,
   // when `error_code` is not null, the negative errno in *error_code.
-  static std::unique_ptr<Model> Open(const std::string& target,
-                                     const OpenOptions& options,
-                                     std::string* error,
+  static std::unique_ptr<Model> Open(const std::string& target, const OpenOptions& options, std::string* error,
                                      int* error_code = nullptr);
 
   ~Model();  // closes the device (logs out of the iSCSI session)
@@ -141,8 +139,7 @@ class BLKPS_EXPORT Model {
   const std::string& last_error() const { return last_error_; }
 
  private:
-  Model(std::unique_ptr<Device> device, uint64_t request_bytes,
-        uint32_t queue_depth, wire::Dtype dtype);
+  Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint32_t queue_depth, wire::Dtype dtype);
 
   // Records a failure in last_error_; returns 0 or the negative errno.
   int Record(const Status& status);

@@ -64,7 +64,7 @@ inline float BitsFloat(uint32_t u) {
 inline uint16_t FloatToBfloat16(float f) {
   const uint32_t x = FloatBits(f);
   const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // ties to even; a carry into
-                                                                     // the exponent is right (up to Inf)
+                                                                    // the exponent is right (up to Inf)
   const uint32_t quiet_nan = (x >> 16) | 0x0040u;
   return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
@@ -89,7 +89,7 @@ inline uint16_t FloatToFloat16(float f) {
   const uint32_t q = mantissa >> shift;
   const uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
   const uint32_t subnormal = q + ((rest > half) | ((rest == half) & q & 1u));
-  const uint32_t r = a > 0x7f800000u   ? quiet_nan
+  const uint32_t r = a > 0x7f800000u    ? quiet_nan
                      : a >= 0x477ff000u ? 0x7c00u  // >= 65520 (the tie above 65504): Inf
                      : a >= 0x38800000u ? normal
                                         : subnormal;
