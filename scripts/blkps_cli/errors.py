@@ -7,11 +7,11 @@ import sys
 
 class UserError(Exception):
     """An error a user can act on. `what` names the command or the thing
-    (e.g. "target start", "--bsopts"), `why` what went wrong, `todo` what to
+    (e.g. "target start", "--bsopts"), `why` what went wrong, `remedy` what to
     do about it (optional)."""
 
-    def __init__(self, what, why, todo=None, status=1):
-        super().__init__((f"{what}: " if what else "") + why + (f"; {todo}" if todo else ""))
+    def __init__(self, what, why, remedy=None, status=1):
+        super().__init__((f"{what}: " if what else "") + why + (f"; {remedy}" if remedy else ""))
         self.status = status
 
     def line(self):
