@@ -47,8 +47,8 @@ def write(out, records, trainings, run):
               f"{run['load']:.1f} at the end of the run (other work on the machine disturbs the figures).",
               "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
               "whole model per learner (blkps-async-engine: the push and the pull of the next weights at once, "
-              "blkps.Engine's double buffering, whose wire bytes include the pull it starts ahead for a next "
-              "exchange; drop: the engine pushes only the largest runs of the gradient, "
+              "blkps.Engine's double buffering; it pulls ahead of its steps, so its wire bytes per exchange may be "
+              "off by one pull in the warm-up and timed exchanges; drop: the engine pushes only the largest runs of the gradient, "
               "keeping the rest as its residual); mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
               "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
               "per exchange, mean over learner hosts (sent). CPU: user + system seconds of one learner process "
