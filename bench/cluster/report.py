@@ -61,8 +61,10 @@ def write(out, records, trainings, run):
                 continue
             ideal = ideal_bytes(hosts, params)
             lines += [f"## {params / 1e6:.0f}M parameters, {hosts} hosts, {run['link']} links", "",
-                      *_shape_table(records, rows, ideal),
-                      "", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
+                      *_shape_table(records, rows, ideal), "",
+                      *[f"{_label(r)}: a learner opened {r['late_start_s']:.1f} s after the common start, so its "
+                        "opening's traffic is in the wire bytes." for r in rows if r.get("late_start_s")],
+                      f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
                       f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
     lines += _goals(records, trainings)
     if trainings:
