@@ -8,10 +8,16 @@
         host's process and deletes every namespace, also on an exception
     rates-and-targets                (unit) link rates parse or say what is
         expected; the time to a target loss is the first window at or under it
+    report-goals                     (unit) cluster.md's goals take blkps
+        bfloat16 against MPI float32 and DDP fp16, and float32 from the case
+        that does not drop gradients; the dropping case gets its own line;
+        the engine's row has its own goal line and approximate wire bytes; a
+        late learner is named
 """
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 top, case = sys.argv[1], sys.argv[2]
@@ -100,8 +106,41 @@ def rates_and_targets():
         fail("time_to_loss: a target never reached gave a time")
 
 
+def record(system, dtype, ms, sent, drop_ratio=0.0, placement="co-located"):
+    return {"system": system, "placement": placement, "hosts": 4, "link": "1gbit", "shaping": "tbf", "params": 10**8,
+            "dtype": dtype, "drop_ratio": drop_ratio, "ms_per_exchange": ms, "wire_bytes_per_host": sent,
+            "wire_rx_bytes_per_host": sent + 1e6, "ms_per_push": ms / 4, "ms_per_pull": ms * 3 / 4}
+
+
+def report_goals():
+    import report  # noqa: E402  (bench/cluster/report.py)
+    records = [record("blkps-async", "float32", 3000, 3.1e8, drop_ratio=0.99),  # must not count as float32
+               record("blkps-async", "float32", 6000, 6.0e8),
+               record("blkps-async", "bfloat16", 3500, 3.0e8),
+               dict(record("blkps-async-engine", "float32", 4000, 6.7e8), late_start_s=1.5),
+               record("mpi", "float32", 7000, 6.0e8, placement="peer-to-peer"),
+               record("ddp", "float32", 5000, 6.5e8, placement="peer-to-peer"),
+               record("ddp", "float16", 4000, 3.5e8, placement="peer-to-peer")]
+    with tempfile.TemporaryDirectory() as out:
+        report.write(out, records, [], {"link": "1gbit", "feed_gbit_s": 5.0, "quick": False, "failures": [],
+                                        "seconds": 1.0, "load": 0.0})
+        with open(os.path.join(out, "cluster.md")) as f:
+            text = f.read()
+    for line in ("| blkps float32 / DDP float32 <= 1.0 | 1.20 | missed |",
+                 "| blkps bfloat16 / MPI float32 <= 0.6 | 0.50 | met |",
+                 "| blkps bfloat16 / DDP fp16 <= 1.0 | 0.88 | met |",
+                 "| blkps-async, drop 0.99 | co-located | float32 | 3000 |",
+                 "| blkps-async-engine | co-located | float32 | 4000 | 0.57 | 0.80 | ~670 |  |",
+                 "(push and next pull at once) / DDP float32 <= 1.0 | 0.80 | met |",
+                 "blkps-async-engine float32: a learner opened 1.5 s after the common start",
+                 "Gradient dropping (ratio 0.99, async", "3000 ms per exchange",
+                 "a host's link sent 310.0 MB and received 311.0 MB per exchange"):
+        if line not in text:
+            fail(f"cluster.md lacks '{line}':\n{text}")
+
+
 if __name__ == "__main__":
     started = time.monotonic()
     {"hosts-linked-shaped-and-removed": hosts_linked_shaped_and_removed,
-     "rates-and-targets": rates_and_targets}[case]()
+     "rates-and-targets": rates_and_targets, "report-goals": report_goals}[case]()
     print(f"PASS {case} ({time.monotonic() - started:.1f} s)")

@@ -6,16 +6,23 @@ faster); "wire / ideal" = bytes a host sent per exchange / (2(N-1)/N x the
 float32 model), the bytes of a ring all-reduce and of a co-located parameter
 server per host and direction.
 """
+import json
 import os
+import sys
 
 
 def ideal_bytes(hosts, params):
     return 2 * (hosts - 1) / hosts * 4 * params
 
 
+def _system(r):
+    """The system's name, with its drop ratio where it drops gradients."""
+    return r["system"] + (f", drop {r['drop_ratio']:g}" if r.get("drop_ratio") else "")
+
+
 def _label(r):
-    return f"{r['system']} {r['dtype']}" + ("" if r["placement"] == "co-located" or r["system"] in ("mpi", "ddp")
-                                             else f" ({r['placement']})")
+    return f"{_system(r)} {r['dtype']}" + ("" if r["placement"] == "co-located" or r["system"] in ("mpi", "ddp")
+                                           else f" ({r['placement']})")
 
 
 def _peer_ms(records, r, system):
@@ -26,6 +33,8 @@ def _peer_ms(records, r, system):
 
 
 def write(out, records, trainings, run):
+    for r in records + trainings:
+        r.setdefault("drop_ratio", 0.0)  # runs before gradient dropping was measured
     lines = ["# blkps on a cluster: time per model exchange", ""]
     if run["quick"]:
         lines += ["**A quick run (`--quick`): fewer exchanges and systems; functional figures, not the "
@@ -37,7 +46,10 @@ def write(out, records, trainings, run):
     lines += [f"Hosts are network namespaces on one bridge; links: {shaping}. {feed_text}; load average "
               f"{run['load']:.1f} at the end of the run (other work on the machine disturbs the figures).",
               "", "An exchange: blkps = one push of a gradient for the whole model + one pull of the "
-              "whole model per learner; mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
+              "whole model per learner (blkps-async-engine: the push and the pull of the next weights at once, "
+              "blkps.Engine's double buffering; it pulls ahead of its steps, so its wire bytes per exchange may be "
+              "off by one pull in the warm-up and timed exchanges; drop: the engine pushes only the largest runs of the gradient, "
+              "keeping the rest as its residual); mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
               "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
               "per exchange, mean over learner hosts (sent). CPU: user + system seconds of one learner process "
               "(rank) per timed exchange, and of one host's tgtd per learner exchange (warm-up included); where "
@@ -49,18 +61,10 @@ def write(out, records, trainings, run):
                 continue
             ideal = ideal_bytes(hosts, params)
             lines += [f"## {params / 1e6:.0f}M parameters, {hosts} hosts, {run['link']} links", "",
-                      "| system | placement | wire dtype | ms / exchange | vs MPI f32 | vs DDP f32 | "
-                      "MB sent / host | wire / ideal | CPU ms / exchange: learner · tgtd |",
-                      "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-            for r in rows:
-                mpi, ddp = _peer_ms(records, r, "mpi"), _peer_ms(records, r, "ddp")
-                ms = r["ms_per_exchange"]
-                cpu = r.get("tgtd_cpu_ms_per_exchange")
-                lines.append(f"| {r['system']} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
-                             f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | "
-                             f"{r['wire_bytes_per_host'] / 1e6:.1f} | {r['wire_bytes_per_host'] / ideal:.2f} | "
-                             f"{_ms(r.get('cpu_ms_per_exchange'))}{'' if cpu is None else f' · {cpu:.0f}'} |")
-            lines += ["", f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
+                      *_shape_table(records, rows, ideal), "",
+                      *[f"{_label(r)}: a learner opened {r['late_start_s']:.1f} s after the common start, so its "
+                        "opening's traffic is in the wire bytes." for r in rows if r.get("late_start_s")],
+                      f"Ideal (2(N-1)/N x the float32 model): {ideal / 1e6:.1f} MB per host and direction; "
                       f"at {run['link']} that is {ideal * 8 / _bits(run['link']) * 1e3:.0f} ms.", ""]
     lines += _goals(records, trainings)
     if trainings:
@@ -69,7 +73,9 @@ def write(out, records, trainings, run):
                   f"bench/train_synthetic.py (softmax regression, {t0['params'] / 1e6:g}M parameters, batch 32 per "
                   f"learner, SGD step 50), {t0['iterations']} iterations per learner, one learner per host. "
                   "allreduce-gloo: the learners sum their gradients with gloo all_reduce (DDP's per-step exchange) "
-                  "and each applies them to its own copy. Straggler: the last host's learner sleeps as long as each "
+                  "and each applies them to its own copy. -engine: the learner uses blkps.Engine (pull and push overlap "
+                  "compute); -bf16: the shards' LUNs are bfloat16 (16-bit wire); -drop: blkps.Engine with gradient "
+                  f"dropping{_drop_ratio(trainings)}. Straggler: the last host's learner sleeps as long as each "
                   "iteration took (half speed). Time to target: when the mean loss of the learners' last "
                   f"{5 * t0['hosts']} iterations first reaches the target.", "",
                   "| system | straggler | s to target | vs allreduce | s in all | final loss |",
@@ -90,6 +96,41 @@ def write(out, records, trainings, run):
     _plot(out, records, run)
 
 
+def _shape_table(records, rows, ideal):
+    """The markdown table of `rows` (one cluster shape), each against the
+    peers' float32 times among `records`."""
+    lines = ["| system | placement | wire dtype | ms / exchange | vs MPI f32 | vs DDP f32 | "
+             "MB sent / host | wire / ideal | CPU ms / exchange: learner · tgtd |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        mpi, ddp = _peer_ms(records, r, "mpi"), _peer_ms(records, r, "ddp")
+        ms = r["ms_per_exchange"]
+        cpu = r.get("tgtd_cpu_ms_per_exchange")
+        sent = r["wire_bytes_per_host"]
+        # The engine pulls ahead of its steps: its bytes per exchange are off by up to a pull.
+        wire = f"~{sent / 1e6:.0f} | " if r["system"].endswith("-engine") else f"{sent / 1e6:.1f} | {sent / ideal:.2f}"
+        lines.append(f"| {_system(r)} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
+                     f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | {wire} | "
+                     f"{_ms(r.get('cpu_ms_per_exchange'))}{'' if cpu is None else f' · {cpu:.0f}'} |")
+    return lines
+
+
+def headline(out):
+    """README's Performance headline from a run's DIR/cluster.json and
+    DIR/cluster-training.json: the table of the largest model at the most
+    hosts, and the goals."""
+    with open(os.path.join(out, "cluster.json")) as f:
+        records = json.load(f)
+    with open(os.path.join(out, "cluster-training.json")) as f:
+        trainings = json.load(f)
+    for r in records + trainings:
+        r.setdefault("drop_ratio", 0.0)
+    params, hosts = max(r["params"] for r in records), max(r["hosts"] for r in records)
+    rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
+    goals = _goals(records, trainings)
+    return "\n".join(_shape_table(records, rows, ideal_bytes(hosts, params)) + [""] + goals[2:])
+
+
 def _ms(value):
     """A CPU figure, or '?' where the run did not record it."""
     return "?" if value is None else f"{value:.0f}"
@@ -106,12 +147,16 @@ def _goals(records, trainings):
         return []
     params, hosts = max(r["params"] for r in records), max(r["hosts"] for r in records)
     rows = [r for r in records if r["params"] == params and r["hosts"] == hosts]
-    blkps = _find(rows, system="blkps-async", placement="co-located", dtype="float32")
-    blkps16 = _find(rows, system="blkps-async", placement="co-located", dtype="bfloat16")
+    blkps = _find(rows, system="blkps-async", placement="co-located", dtype="float32", drop_ratio=0.0)
+    blkps16 = _find(rows, system="blkps-async", placement="co-located", dtype="bfloat16", drop_ratio=0.0)
+    dropping = next((r for r in rows if r["system"] == "blkps-async" and r["drop_ratio"]), None)
+    engine = _find(rows, system="blkps-async-engine", placement="co-located", dtype="float32", drop_ratio=0.0)
     mpi, ddp = _find(rows, system="mpi", dtype="float32"), _find(rows, system="ddp", dtype="float32")
     ddp16 = _find(rows, system="ddp", dtype="float16")
     checks = [("blkps float32 / MPI float32", blkps, mpi, 1.0), ("blkps float32 / DDP float32", blkps, ddp, 1.0),
               ("blkps bfloat16 / MPI float32", blkps16, mpi, 0.6), ("blkps bfloat16 / DDP fp16", blkps16, ddp16, 1.0)]
+    if engine:  # not one of the issue's goals: the same goal, exchanging as the engine trains
+        checks.append(("blkps float32 with the engine (push and next pull at once) / DDP float32", engine, ddp, 1.0))
     lines = [f"## Goals ({params / 1e6:.0f}M parameters, {hosts} hosts, co-located)", "",
              "| goal | measured | |", "|---|---:|---|"]
     for what, ours, peer, limit in checks:
@@ -124,12 +169,12 @@ def _goals(records, trainings):
         wire = blkps["wire_bytes_per_host"] / ideal_bytes(hosts, params)
         lines.append(f"| blkps float32 wire bytes / 2(N-1)/N model, within 5% | {wire:.3f} | "
                      f"{'met' if abs(wire - 1) <= 0.05 else 'missed'} |")
-    for system in ("blkps-async", "blkps-async-engine", "blkps-ssp:2"):
-        ours = _find(trainings, system=system, straggler=True)
-        peer = _find(trainings, system="allreduce-gloo", straggler=True)
-        if ours and peer and ours["seconds_to_target"] and peer["seconds_to_target"]:
+    peer = _find(trainings, system="allreduce-gloo", straggler=True)
+    for ours in trainings:
+        if (ours["system"].startswith("blkps") and ours["straggler"] and peer and ours["seconds_to_target"]
+                and peer["seconds_to_target"]):
             ratio = ours["seconds_to_target"] / peer["seconds_to_target"]
-            lines.append(f"| {system} time to target with a straggler / all-reduce's <= 0.7 | {ratio:.2f} | "
+            lines.append(f"| {ours['system']} time to target with a straggler / all-reduce's <= 0.7 | {ratio:.2f} | "
                          f"{'met' if ratio <= 0.7 else 'missed'} |")
     if blkps:
         link_ms = ideal_bytes(hosts, params) * 8 / _bits(blkps["link"]) * 1e3
@@ -137,8 +182,28 @@ def _goals(records, trainings):
                   f"{link_ms:.0f} ms for its bytes at the link rate; per exchange a learner used "
                   f"{_ms(blkps.get('cpu_ms_per_exchange'))} ms of CPU and each host's tgtd "
                   f"{blkps.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms (and a host's learner and tgtd share the "
-                  "machine's 2 cores with every other host)."]
+                  f"machine's 2 cores with every other host){_phases(blkps)}."]
+    if dropping:
+        lines += ["", f"Gradient dropping (ratio {dropping['drop_ratio']:g}, async; the engine pushes the largest "
+                  f"runs and pulls the whole model): {dropping['ms_per_exchange']:.0f} ms per exchange"
+                  f"{_phases(dropping)}; a host's link sent {dropping['wire_bytes_per_host'] / 1e6:.1f} MB and "
+                  f"received {dropping['wire_rx_bytes_per_host'] / 1e6:.1f} MB per exchange"
+                  + (f" (float32 without dropping: {blkps['wire_bytes_per_host'] / 1e6:.1f} and "
+                     f"{blkps['wire_rx_bytes_per_host'] / 1e6:.1f} MB)" if blkps else "") + "."]
     return lines + [""]
+
+
+def _drop_ratio(rows):
+    """' (ratio R)' of the first row that drops gradients, or ''."""
+    ratio = next((r["drop_ratio"] for r in rows if r.get("drop_ratio")), None)
+    return f" (ratio {ratio:g})" if ratio else ""
+
+
+def _phases(r):
+    """The push's and the pull's median ms of an exchange, as a clause, where the run has them."""
+    if "ms_per_push" not in r:
+        return ""
+    return f"; of an exchange, the push took {r['ms_per_push']:.0f} ms and the pull {r['ms_per_pull']:.0f} ms (medians)"
 
 
 def _bits(link):
@@ -176,3 +241,9 @@ def _plot(out, records, run):
     fig.tight_layout()
     fig.savefig(os.path.join(out, "cluster.png"), dpi=110)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--headline":
+        sys.exit("usage: report.py --headline DIR  (prints README's cluster headline from DIR/cluster.json)")
+    print(headline(sys.argv[2]))

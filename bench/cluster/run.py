@@ -5,6 +5,7 @@ each host's link shaped to --link; bench/cluster/net.py).
 
   run.py --out DIR [--quick] [--hosts 2,4] [--params 25000000,100000000]
          [--link 1gbit] [--delay 0.1ms] [--servers K] [--iterations I]
+         [--systems NAME,...] [--drop-ratio 0.99]
 
 For every host count H and model size P, each system in turn on a fresh
 cluster, one process per host (cases, below):
@@ -12,7 +13,12 @@ cluster, one process per host (cases, below):
               the model is striped over the H shards (layout: files, 1 MiB
               stripes); an exchange is one push of a gradient for the whole
               model and one pull of the whole model (bench/peers/
-              blkps_exchange.py), mode async (and bsp in the full run).
+              blkps_exchange.py), mode async (and bsp in the full run);
+              also with bfloat16 LUNs (dtype=bfloat16: 2 bytes a value
+              each way) and with gradient dropping (--drop-ratio, the
+              engine pushes the largest runs, the whole model is pulled).
+              blkps-async-engine: blkps.Engine's double buffering, the
+              push and the pull of the next weights at once.
               dedicated (full run): K server hosts hold the shards, H other
               hosts run the learners.
   mpi         OpenMPI MPI_Allreduce over TCP between the namespaces, ring
@@ -24,7 +30,9 @@ cluster, one process per host (cases, below):
               fp16_compress_hook (bench/peers/gloo_allreduce.py --ddp).
 Per case: the median time per exchange over hosts and timed exchanges, and
 the bytes each host's link carried per exchange (the kernel's counters of
-its eth0 over the whole run, warm-up included, divided by the exchanges).
+its eth0 over the whole run, warm-up included, divided by the exchanges;
+for blkps from the learners' common start, after their logins and the
+engine's first pull).
 Writes DIR/cluster.json (a list of records), DIR/cluster.md, DIR/cluster.png
 and DIR/raw/. Needs root and a build (bs_blkps, libblkps, blkps-layout,
 blkps-bsopts).
@@ -58,28 +66,31 @@ DDP_PORT = 29500
 TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
 # The training comparison: blkps's modes against the peers' all-reduce;
 # "-engine": the learner uses blkps.Engine (pull and push overlap compute).
-# blkps's 16-bit wire and gradient dropping join as one entry each.
-TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-ssp:2", "allreduce-gloo"]
+# "-bf16": the shards' LUNs are bfloat16 (dtype=bfloat16); "-drop": the
+# engine with gradient dropping (--drop-ratio).
+TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-async-bf16", "blkps-async-drop", "blkps-ssp:2",
+                 "allreduce-gloo"]
 
 
 class Case:
-    """One system measured on one cluster. dtype is what crosses the wire."""
+    """One system measured on one cluster. dtype is what crosses the wire;
+    drop_ratio > 0: blkps learners drop that share of each gradient."""
 
-    def __init__(self, system, placement, dtype, option=""):
+    def __init__(self, system, placement, dtype, option="", drop_ratio=0.0):
         self.system, self.placement, self.dtype, self.option = system, placement, dtype, option
+        self.drop_ratio = drop_ratio
 
     @property
     def name(self):
-        return f"{self.system}-{self.placement}-{self.dtype}"
+        return f"{self.system}-{self.placement}-{self.dtype}" + (f"-drop{self.drop_ratio:g}" if self.drop_ratio else "")
 
 
-def cases(quick, servers):
-    """The systems measured, in order. blkps's 16-bit wire (the LUN option
-    dtype=bfloat16) and gradient dropping (the engine's drop_ratio) are not
-    measured yet: each needs a Case, start_shards passing the dtype to the
-    shards' sizes and layouts, and the learner (bench/peers/blkps_exchange.py)
-    opening the model with that dtype or drop ratio."""
+def cases(quick, servers, drop_ratio):
+    """The systems measured, in order."""
     out = [Case("blkps-async", "co-located", "float32"),
+           Case("blkps-async", "co-located", "bfloat16"),
+           Case("blkps-async", "co-located", "float32", drop_ratio=drop_ratio),
+           Case("blkps-async-engine", "co-located", "float32"),
            Case("mpi", "peer-to-peer", "float32"),
            Case("mpi", "peer-to-peer", "bfloat16"),
            Case("ddp", "peer-to-peer", "float32"),
@@ -115,7 +126,7 @@ class Runner:
             before = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
             try:
                 if case.system.startswith("blkps"):
-                    times, cpu = self.run_blkps(cluster, case, learners, servers, params, tag)
+                    times, cpu, before = self.run_blkps(cluster, case, learners, servers, params, tag)
                 elif case.system == "mpi":
                     times, cpu = self.run_mpi(cluster, case, hosts, params, tag)
                 else:
@@ -129,6 +140,7 @@ class Runner:
         received = [(a[1] - b[1]) / exchanges for a, b in zip(after, before)]
         return {"system": case.system, "placement": case.placement, "hosts": hosts, "servers": servers,
                 "link": self.args.link, "shaping": shaping, "params": params, "dtype": case.dtype,
+                "drop_ratio": case.drop_ratio,
                 "ms_per_exchange": 1e3 * statistics.median(times),
                 "ms_per_exchange_max": 1e3 * max(times),
                 "wire_bytes_per_host": statistics.mean(sent[h] for h in learners),
@@ -140,13 +152,22 @@ class Runner:
     def read_results(self, tag, processes):
         """(every timed exchange's seconds, the processes' mean CPU ms per
         timed exchange) from the result files tag.K.json."""
-        times, cpu = [], []
+        times, cpu, phases, late = [], [], {"push": [], "pull": []}, []
         for k in range(processes):
             with open(self.out(tag, f"{k}.json")) as f:
                 result = json.load(f)
             times += result["times"]
             cpu.append(result["cpu"])
-        return times, {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
+            late.append(result.get("late_s", 0.0))
+            for phase, seconds in phases.items():
+                seconds += result.get(f"{phase}_times", [])
+        out = {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
+        if max(late) > 0:  # a blkps learner opened after the common start: its opening is in the counters
+            out["late_start_s"] = max(late)
+        for phase, seconds in phases.items():  # blkps's exchanges: a push, then a pull
+            if seconds:
+                out[f"ms_per_{phase}"] = 1e3 * statistics.median(seconds)
+        return times, out
 
     def common(self, params):
         return ["--params", str(params), "--iterations", str(self.args.iterations),
@@ -179,9 +200,10 @@ class Runner:
 
     # --- blkps -----------------------------------------------------------------
 
-    def start_shards(self, cluster, server_hosts, luns, params, options):
+    def start_shards(self, cluster, server_hosts, luns, params, options, dtype="float32"):
         """One blkps target per server host, on its address, each serving its
-        stripes of the model on LUNs 1..luns; returns the layout files
+        stripes of the model on LUNs 1..luns of `dtype` (the stripes count
+        float32 bytes, as blkps shards start's); returns the layout files
         (slot L: LUN L of every shard) and the tgtd pids."""
         sizes = [int(n) for n in shards.layout_tool("cluster", [
             "sizes", "--stripe-unit", STRIPE_UNIT, "--shards", str(len(server_hosts)),
@@ -190,7 +212,7 @@ class Runner:
         envs = []
         for k, h in enumerate(server_hosts):
             folder = os.path.join(self.state, f"shard-{k}")
-            bsopts = f"params={sizes[k] // 4};{options}"
+            bsopts = f"params={sizes[k] // 4};dtype={dtype};{options}"
             self.targets.append(folder)
             subprocess.run(cluster.exec_argv(h, [
                 PYTHON, BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
@@ -198,7 +220,7 @@ class Runner:
                 "--luns", str(luns), "--bsopts", bsopts, "--owner-pid", str(os.getpid())]),
                 check=True, stdout=subprocess.DEVNULL)
             envs.append(state.target(folder))
-        layouts = shards.write_layouts(self.state, envs, luns, unit, params, "float32")
+        layouts = shards.write_layouts(self.state, envs, luns, unit, params, dtype)
         return layouts, [int(env["PID"]) for env in envs]
 
     def stop_targets(self):
@@ -210,20 +232,29 @@ class Runner:
     def run_blkps(self, cluster, case, learners, servers, params, tag):
         server_hosts = learners if servers == 0 else list(range(len(learners), len(learners) + servers))
         options = f"rule=sgd;lr=1e-9;mode={case.system.split('-')[1]}" + (f";{case.option}" if case.option else "")
-        layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options)
-        start_at = time.time() + 1.0 + 0.3 * len(learners)
-        cpu_before = sum(cpu_seconds(p) for p in tgtds)
+        layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options, case.dtype)
+        # The learners log in (and with dropping, the engine pulls the first
+        # weights) before start_at; the counters start there.
+        model_s = 4 * params * 8 / link_bits_per_s(self.args.link)
+        engine = case.drop_ratio > 0 or case.system.endswith("-engine")
+        start_at = time.time() + 1.0 + 0.3 * len(learners) + (3 * model_s if engine else 0.0)
         procs = []
         for slot, h in enumerate(learners):
             procs.append(cluster.popen(h, [
                 PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
-                *self.common(params), "--start-at", str(start_at), "--result", self.out(tag, f"{slot}.json")],
+                *self.common(params), "--dtype", case.dtype, "--drop-ratio", str(case.drop_ratio),
+                *(["--overlap"] if case.system.endswith("-engine") else []),
+                "--start-at", str(start_at),
+                "--result", self.out(tag, f"{slot}.json")],
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))
+        time.sleep(max(0.0, start_at - 0.1 - time.time()))  # a little early: none of the first push missed
+        cpu_before = sum(cpu_seconds(p) for p in tgtds)
+        wire_before = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
         self.wait_all(procs, case.name, tag)
         tgtd_cpu = sum(cpu_seconds(p) for p in tgtds) - cpu_before
         times, cpu = self.read_results(tag, len(learners))
         exchanges = (self.args.iterations + self.args.warmup) * len(learners)
-        return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges, **cpu}
+        return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges, **cpu}, wire_before
 
     # --- training -------------------------------------------------------------
 
@@ -234,15 +265,18 @@ class Runner:
         reaches --target-loss."""
         a = self.args
         tag = f"train-{system.replace(':', '')}-{hosts}h-{'straggler' if straggler else 'even'}"
+        dtype = "bfloat16" if system.endswith("-bf16") else "float32"
         common = ["--params", str(params), "--learners", str(hosts), "--iterations", str(a.train_iterations),
                   "--batch", "32"]
         with Cluster(hosts, a.link, a.delay) as cluster:
             try:
                 if system.startswith("blkps"):
                     layouts, _ = self.start_shards(cluster, list(range(hosts)), hosts, params,
-                                                   f"rule=sgd;lr={TRAIN_LR};mode={system.split('-')[1]}")
-                    engine = ["--engine"] if system.endswith("-engine") else []
-                    where = [["--target", f"layout:{layouts[h]}", *engine] for h in range(hosts)]
+                                                   f"rule=sgd;lr={TRAIN_LR};mode={system.split('-')[1]}", dtype)
+                    engine = {"-engine": ["--engine"], "-drop": ["--engine", "--drop-ratio", str(a.drop_ratio)],
+                              "-bf16": ["--dtype", dtype]}
+                    learner = next((v for k, v in engine.items() if system.endswith(k)), [])
+                    where = [["--target", f"layout:{layouts[h]}", *learner] for h in range(hosts)]
                 else:
                     init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
                     where = [["--allreduce", init, "--lr", str(TRAIN_LR)]] * hosts
@@ -263,7 +297,8 @@ class Runner:
         base = min(r["start"] for r in results)
         samples = sorted((r["start"] - base + t, loss) for r in results for t, loss in zip(r["times"], r["losses"]))
         return {"system": system, "placement": "co-located" if system.startswith("blkps") else "peer-to-peer",
-                "hosts": hosts, "link": a.link, "params": params, "dtype": "float32", "straggler": straggler,
+                "hosts": hosts, "link": a.link, "params": params, "dtype": dtype,
+                "drop_ratio": a.drop_ratio if system.endswith("-drop") else 0.0, "straggler": straggler,
                 "target_loss": a.target_loss, "seconds_to_target": time_to_loss(samples, a.target_loss, 5 * hosts),
                 "seconds": max(r["start"] - base + r["seconds"] for r in results),
                 "iterations": a.train_iterations, "final_loss": statistics.mean(l for _, l in samples[-5 * hosts:])}
@@ -358,7 +393,8 @@ def link_rate(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for cluster.md, cluster.json, cluster.png, raw/")
-    ap.add_argument("--quick", action="store_true", help="25M parameters, fewer exchanges and systems")
+    ap.add_argument("--quick", action="store_true", help="25M parameters, fewer exchanges and systems; "
+                    "without a straggler only blkps-async and the all-reduce train")
     ap.add_argument("--hosts", type=number_list, default=[2, 4], help="host counts (default 2,4)")
     ap.add_argument("--params", type=number_list, help="model sizes in float32 parameters "
                     "(default 25000000,100000000; --quick: 25000000)")
@@ -373,6 +409,11 @@ def main():
     ap.add_argument("--train-hosts", type=int, default=4, help="hosts of the training comparison (default 4)")
     ap.add_argument("--target-loss", type=float, default=2.5, help="the training target (default 2.5)")
     ap.add_argument("--no-training", action="store_true", help="only the exchange measurements")
+    ap.add_argument("--systems", type=lambda t: t.split(","), help="only these exchange cases, by name as the "
+                    "progress lines print them (system-placement-dtype[-dropR], e.g. "
+                    "blkps-async-co-located-float32,ddp-peer-to-peer-float32), comma-separated (default: all)")
+    ap.add_argument("--drop-ratio", type=float, default=0.99, help="blkps's gradient dropping cases: the share "
+                    "of gradient runs dropped per push (default 0.99)")
     ap.add_argument("--case-timeout", type=float, help="seconds one case may take (default 900; --quick 180)")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -381,6 +422,8 @@ def main():
         sys.exit("cluster: --hosts, --train-hosts: every count must be at least 2")
     if args.servers < 1:
         sys.exit("cluster: --servers: at least 1")
+    if not 0 < args.drop_ratio < 1:
+        sys.exit("cluster: --drop-ratio: expected a ratio in (0, 1)")
     args.case_timeout = args.case_timeout or (180 if args.quick else 900)
     args.params = [p // 128 * 128 for p in (args.params or ([25000000] if args.quick else [25000000, 100000000]))]
     args.iterations = args.iterations or (3 if args.quick else 5)
@@ -407,7 +450,9 @@ def main():
         print(f"cluster: one unshaped veth-bridge-veth TCP stream moves {feed or 0:.1f} Gbit/s on this machine")
         for params in args.params:
             for hosts in args.hosts:
-                for case in cases(args.quick, args.servers):
+                for case in cases(args.quick, args.servers, args.drop_ratio):
+                    if args.systems and case.name not in args.systems:
+                        continue
                     try:
                         record = runner.measure(case, hosts, params)
                     except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
@@ -415,11 +460,15 @@ def main():
                         print(f"cluster: FAILED {failures[-1]}", file=sys.stderr)
                         continue
                     records.append(record)
+                    late = (f", a learner opened {record['late_start_s']:.1f} s after the common start: its "
+                            "opening is in the wire bytes" if "late_start_s" in record else "")
                     print(f"cluster: {case.name} H={hosts} P={params}: {record['ms_per_exchange']:.0f} ms/exchange, "
-                          f"{record['wire_bytes_per_host'] / 1e6:.1f} MB sent per host "
+                          f"{record['wire_bytes_per_host'] / 1e6:.1f} MB sent per host{late} "
                           f"({time.monotonic() - begin:.0f} s elapsed)", flush=True)
         for straggler in ([] if args.no_training else [False, True]):
             for system in TRAIN_SYSTEMS:
+                if args.quick and not straggler and system not in ("blkps-async", "allreduce-gloo"):
+                    continue  # the goal is the straggler's; --quick keeps the run under 10 minutes
                 try:
                     record = runner.train(system, args.train_hosts, args.train_params, straggler)
                 except (RuntimeError, subprocess.CalledProcessError, OSError) as e:

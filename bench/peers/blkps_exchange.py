@@ -5,12 +5,20 @@ blkps target (iscsi:// URL, one LUN per learner), the parameter-server
 counterpart of one all_reduce of the same vector.
 
   blkps_exchange.py --target URL --params P --iterations I --warmup W
-                    --start-at T --result FILE
+                    --start-at T --result FILE [--dtype D] [--drop-ratio R]
+                    [--overlap]
 
 It opens the device, waits until wall-clock second T (so that the learners
 start together), runs W + I exchanges back to back and writes FILE (JSON):
-the times of the I timed exchanges, of their pushes and pulls, and its CPU
-seconds (user + system) over them.
+the times of the I timed exchanges, of their pushes and pulls, its CPU
+seconds (user + system) over them, and how late it was ready for T. --dtype is the LUN's --bsopts dtype (a
+16-bit wire), as the learner must say it. --drop-ratio R > 0 and
+--overlap exchange through blkps.Engine (which pulls the first weights when
+it opens): with --drop-ratio R a step pushes the largest 1 - R of the
+gradient's runs (the rest kept as the residual), then pulls the whole model;
+with --overlap (double buffering) the push of a gradient and the pull of the
+next weights run at once on their own connections, so the weights are one
+push behind, as when the engine trains.
 """
 import argparse
 import json
@@ -38,32 +46,73 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--start-at", type=float, default=0.0)
     ap.add_argument("--result", required=True)
+    ap.add_argument("--dtype", help="the LUN's dtype: float32 (default), bfloat16 or float16")
+    ap.add_argument("--drop-ratio", type=float, default=0.0, help="gradient runs dropped per push, in [0, 1)")
+    ap.add_argument("--overlap", action="store_true", help="push and pull at once (blkps.Engine, double buffering)")
     args = ap.parse_args()
-    grad = np.full(args.params, 1e-6, dtype=np.float32)
-    weights = np.empty(args.params, dtype=np.float32)
     try:
-        model = blkps.Model(args.target)
+        exchange = EngineExchange(args) if args.drop_ratio > 0 or args.overlap else ModelExchange(args)
     except OSError as e:
         sys.exit(f"blkps_exchange: {e.strerror or e}")
     times, pushes, pulls, cpu = [], [], [], 0.0
-    with model:
+    with exchange.handle:
+        late = max(0.0, time.time() - args.start_at)  # > 0: opening outlasted the wait for start_at
         time.sleep(max(0.0, args.start_at - time.time()))
         for it in range(-args.warmup, args.iterations):
             if it == 0:
                 cpu = cpu_seconds()
             t0 = time.perf_counter()
-            model.push(0, grad)
-            t1 = time.perf_counter()
-            model.pull_into(0, weights)
-            t2 = time.perf_counter()
+            push_s, pull_s = exchange.step()
             if it >= 0:
-                times.append(t2 - t0)
-                pushes.append(t1 - t0)
-                pulls.append(t2 - t1)
+                times.append(time.perf_counter() - t0)
+                pushes.append(push_s)
+                pulls.append(pull_s)
         cpu = cpu_seconds() - cpu
+        pushed = exchange.params_pushed()
     with open(args.result, "w") as f:
-        json.dump({"peer": "blkps", "target": args.target, "params": args.params, "times": times,
+        json.dump({"peer": "blkps", "target": args.target, "params": args.params, "dtype": args.dtype or "float32",
+                   "drop_ratio": args.drop_ratio, "params_pushed": pushed, "late_s": late, "times": times,
                    "push_times": pushes, "pull_times": pulls, "cpu": cpu}, f)
+
+
+class ModelExchange:
+    """blkps.Model: push the whole gradient, then pull the whole model."""
+
+    def __init__(self, args):
+        self.handle = blkps.Model(args.target, dtype=args.dtype)
+        self.grad = np.full(args.params, 1e-6, dtype=np.float32)
+        self.weights = np.empty(args.params, dtype=np.float32)
+        self.pushed = 0
+
+    def step(self):
+        """One exchange; returns (push seconds, pull seconds)."""
+        t0 = time.perf_counter()
+        self.handle.push(0, self.grad)
+        t1 = time.perf_counter()
+        self.handle.pull_into(0, self.weights)
+        self.pushed += self.grad.size
+        return t1 - t0, time.perf_counter() - t1
+
+    def params_pushed(self):
+        return self.pushed
+
+
+class EngineExchange:
+    """blkps.Engine: step() pushes the gradient (with dropping: its kept runs)
+    and pulls the whole model, one after the other or, with overlap, at once."""
+
+    def __init__(self, args):
+        self.handle = blkps.Engine(args.target, param_count=args.params, double_buffering=args.overlap,
+                                   adaptive_pull=False, drop_ratio=args.drop_ratio, dtype=args.dtype)
+
+    def step(self):
+        self.handle.gradient[:] = 1e-6  # the engine's contract: every value, every step
+        self.handle.step()
+        metrics = self.handle.metrics
+        return metrics["push_s"], metrics["pull_s"]
+
+    def params_pushed(self):
+        return self.handle.params_pushed
 
 
 if __name__ == "__main__":
