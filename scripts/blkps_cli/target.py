@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from . import state, tools
+from . import chap, state, tools
 from .errors import Parser, UserError
 
 # The session parameters that matter for throughput (DESIGN.md), per transport.
@@ -122,7 +122,8 @@ class Target:
             out = subprocess.run(["tgtadm", *args], env=env, capture_output=True, text=True, timeout=timeout)
             return out.returncode, (out.stdout + out.stderr).strip()
         except subprocess.TimeoutExpired:
-            return 124, f"tgtadm {' '.join(args)} did not answer within {timeout} s"
+            shown = ["***" if i and args[i - 1] == "--password" else arg for i, arg in enumerate(args)]
+            return 124, f"tgtadm {' '.join(shown)} did not answer within {timeout} s"
 
     def log_lines(self, since=0):
         """tgtd's log lines after byte `since`."""
@@ -186,6 +187,8 @@ class Target:
         leaves no tgtd."""
         what = "target start"
         check_bsopts(a.bsopts)
+        check_bsopts(control_bsopts(a), "--operator")
+        credentials = chap.Credentials(a)
         if a.rdwr_lun and not os.path.isfile(a.rdwr_lun):
             raise UserError(what, f"--rdwr-lun: no such file: {a.rdwr_lun}")
         if not shutil.which("tgtd"):
@@ -211,7 +214,7 @@ class Target:
                 raise UserError(what, f"plugin {plugin} not found", "build first (scripts/build.sh), or --plugin installed")
             env["LD_PRELOAD"] = plugin
         try:  # from here on, any failure (Ctrl-C too) leaves no tgtd
-            return self._configure(a, self._start_tgtd(a, env))
+            return self._configure(a, credentials, self._start_tgtd(a, env))
         except BaseException:
             self.stop()
             raise
@@ -276,7 +279,7 @@ class Target:
                 raise UserError("target start", re.sub(r" \((--bsopts|model) '.*'\)$", "", reason[len("blkps: "):]))
         raise UserError("target start", f"{what} failed: {out}")
 
-    def _configure(self, a, port):
+    def _configure(self, a, credentials, port):
         iqn = a.iqn or f"iqn.2026-11.io.blkps:{a.name}"
         base = f"{a.transport}://{a.address}:{port}/{iqn}"
         self._admin(a, f"creating target {iqn}", ["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn])
@@ -289,7 +292,7 @@ class Target:
         lun = a.luns + 1
         self._admin(a, f"creating the control LUN {lun}",
                     ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "blkps",
-                     "--backing-store", a.name, "--bsopts", "role=control"])
+                     "--backing-store", a.name, "--bsopts", control_bsopts(a)])
         control_url = f"{base}/{lun}"
         null_url = rdwr_url = ""
         if a.null_lun:
@@ -311,11 +314,29 @@ class Target:
         for name in a.initiator:
             self._admin(a, f"setting the initiator name ACL ({name})", ["--op", "bind", "--mode", "target", "--tid",
                                                                         "1", "-Q", name])
+        self._set_chap(a, credentials)
         values = {"URL": urls[0], "URLS": urls, "CONTROL_URL": control_url, "NULL_URL": null_url,
                   "RDWR_URL": rdwr_url, "PORT": port, "IQN": iqn, "TRANSPORT": a.transport, "PID": self.pid(),
                   "TGT_IPC_SOCKET": self.socket, "LOG": self.log}
         state.write(self.env_file, values)
         return state.target(self.dir)
+
+    def _set_chap(self, a, credentials):
+        """Creates and binds the CHAP accounts. tgtadm takes a password only
+        on its command line: it is visible in /proc/PID/cmdline (ps) for the
+        few milliseconds tgtadm runs, once per account at start; never
+        logged, never in target.env."""
+        accounts = [(credentials.user, credentials.secret, [])]
+        if credentials.mutual_user:
+            accounts.append((credentials.mutual_user, credentials.mutual_secret, ["--outgoing"]))
+        for user, secret, direction in accounts:
+            if not user:
+                continue
+            kind = "mutual" if direction else "incoming"
+            self._admin(a, f"creating the {kind} CHAP account {user}",
+                        ["--mode", "account", "--op", "new", "--user", user, "--password", secret])
+            self._admin(a, f"binding the {kind} CHAP account {user}",
+                        ["--mode", "account", "--op", "bind", "--tid", "1", "--user", user, *direction])
 
     # --- the --owner-pid watchdog -------------------------------------------
 
@@ -332,6 +353,12 @@ class Target:
         while running(owner) and self.alive():
             time.sleep(1)
         self.stop()
+
+
+def control_bsopts(a):
+    """The control LUN's --bsopts: its role, and the operators that may write
+    it (--operator) if any."""
+    return "role=control" + (f";operators={'+'.join(a.operator)}" if a.operator else "")
 
 
 def labelled_urls(env):
@@ -428,6 +455,10 @@ def add_start_arguments(s):
     s.add_argument("--initiator", action="append", default=[], metavar="IQN",
                    help="initiator name ACL (repeatable); iser needs one: tgt 1.0.85's iSER admits an initiator "
                         "only when both its address and its name are in the ACL")
+    s.add_argument("--operator", action="append", default=[], metavar="IQN",
+                   help="only this initiator may write the control LUN's commands and weights (repeatable); others "
+                        "may read it and send only what learners need (fence=, tag=); default: anyone may write")
+    chap.add_arguments(s)
     s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
                    "'installed': tgt's plugin folder)")
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")
