@@ -103,8 +103,10 @@ std::string SumCheckpointed(uint64_t params, const std::string& checkpoint, cons
   return "params=" + std::to_string(params) + ";rule=sum;checkpoint=" + checkpoint + ";checkpoint_every=" + every;
 }
 
-TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+// One learner pushes +1 200 times through 16 cuts; `extra` goes to `blkps
+// target start`.
+void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum", extra);
   ASSERT_TRUE(target.ok()) << target.start_output();
   CuttingProxy proxy(target.port());
   ASSERT_TRUE(proxy.ok()) << proxy.error();
@@ -123,6 +125,14 @@ TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   EXPECT_EQ(proxy.cuts(), kCuts);
   EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");
   EXPECT_EQ(Field(LearnerStatus(target.control_url(), 1), "iteration"), std::to_string(kPushes));
+}
+
+TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
+
+// With the control LUN restricted to an operator (--operator), a learner's
+// own fence= after each reconnect is still taken: sums stay exact.
+TEST(CutConnections, AsyncSumIsExactWhenOnlyAnOperatorMayWriteTheControlLun) {
+  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator");
 }
 
 // The learner engine (double-buffered push and pull on two connections)
