@@ -27,25 +27,13 @@ const char kSecret[] = "in-Secret-0123";  // 14 characters
 const char kTargetUser[] = "server";
 const char kTargetSecret[] = "out-Secret-456";
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
+// Writes `text` to file `name` in `dir` with `mode`; returns its path.
+std::string WriteSecret(const TempDir& dir, const std::string& name, const std::string& text, mode_t mode = 0600) {
+  const std::string file = dir.path + "/" + name;
+  std::ofstream(file, std::ios::trunc) << text;
+  chmod(file.c_str(), mode);
+  return file;
 }
-
-// A scratch folder holding secret files (mode 0600), removed at the end.
-struct SecretDir {
-  std::string path;
-  SecretDir() {
-    char tmpl[] = "/tmp/blkps-access-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~SecretDir() { RunCommand("rm -rf " + ShellQuote(path), nullptr); }
-  std::string Write(const std::string& name, const std::string& text, mode_t mode = 0600) const {
-    const std::string file = path + "/" + name;
-    std::ofstream(file, std::ios::trunc) << text;
-    chmod(file.c_str(), mode);
-    return file;
-  }
-};
 
 std::string InitiatorName() {
   static std::atomic<int> counter{0};
@@ -83,16 +71,16 @@ std::string UseModelWithChapFile(const std::string& url, const std::string& file
   return result;
 }
 
-std::string ChapOptions(const SecretDir& dir, bool mutual) {
-  std::string options = std::string("--chap-user ") + kUser + " --chap-secret-file " + dir.Write("in", kSecret);
+std::string ChapOptions(const TempDir& dir, bool mutual) {
+  std::string options = std::string("--chap-user ") + kUser + " --chap-secret-file " + WriteSecret(dir, "in", kSecret);
   if (mutual)
     options += std::string(" --mutual-user ") + kTargetUser + " --mutual-secret-file " +
-               dir.Write("out", std::string(kTargetSecret) + "\n");
+               WriteSecret(dir, "out", std::string(kTargetSecret) + "\n");
   return options;
 }
 
 TEST(Access, OneWayChapRefusesMissingAndWrongSecretsAndAdmitsTheRightOne) {
-  SecretDir dir;
+  TempDir dir;
   TargetProcess target("params=1024;rule=sum", ChapOptions(dir, false));
   ASSERT_TRUE(target.ok()) << target.start_output();
   const std::string url = target.url();
@@ -107,11 +95,12 @@ TEST(Access, OneWayChapRefusesMissingAndWrongSecretsAndAdmitsTheRightOne) {
 
   EXPECT_EQ(UseModel(WithCredentials(url, kUser, kSecret)), "");
   const std::string file =
-      dir.Write("chap", std::string("# learner credentials\nuser=") + kUser + "\nsecret=" + kSecret + "\n");
+      WriteSecret(dir, "chap", std::string("# learner credentials\nuser=") + kUser + "\nsecret=" + kSecret + "\n");
   EXPECT_EQ(UseModelWithChapFile(url, file), "");
-  const std::string bad_file = dir.Write("bad", std::string("user=") + kUser + "\nsecret=wrong-Secret-0\n");
+  const std::string bad_file = WriteSecret(dir, "bad", std::string("user=") + kUser + "\nsecret=wrong-Secret-0\n");
   EXPECT_NE(UseModelWithChapFile(url, bad_file), "");
-  const std::string open_file = dir.Write("open", std::string("user=") + kUser + "\nsecret=" + kSecret + "\n", 0644);
+  const std::string open_file =
+      WriteSecret(dir, "open", std::string("user=") + kUser + "\nsecret=" + kSecret + "\n", 0644);
   const std::string refused = UseModelWithChapFile(url, open_file);
   EXPECT_TRUE(Contains(refused, "readable by group or others")) << refused;
 
@@ -127,7 +116,7 @@ TEST(Access, OneWayChapRefusesMissingAndWrongSecretsAndAdmitsTheRightOne) {
 }
 
 TEST(Access, MutualChapRefusesATargetThatProvesAWrongSecret) {
-  SecretDir dir;
+  TempDir dir;
   TargetProcess target("params=1024;rule=sum", ChapOptions(dir, true));
   ASSERT_TRUE(target.ok()) << target.start_output();
   const std::string url = target.url();
@@ -137,26 +126,27 @@ TEST(Access, MutualChapRefusesATargetThatProvesAWrongSecret) {
   const std::string wrong = UseModel(WithCredentials(url, kUser, kSecret, mutual + "not-the-Target"));
   EXPECT_NE(wrong, "") << "the initiator accepted a target that proved a wrong secret";
   EXPECT_FALSE(Contains(wrong, "not-the-Target")) << wrong;
-  const std::string file = dir.Write("chap", std::string("user=") + kUser + "\nsecret=" + kSecret +
-                                                 "\ntarget_user=" + kTargetUser + "\ntarget_secret=" + kTargetSecret);
+  const std::string file = WriteSecret(dir, "chap",
+                                       std::string("user=") + kUser + "\nsecret=" + kSecret +
+                                           "\ntarget_user=" + kTargetUser + "\ntarget_secret=" + kTargetSecret);
   EXPECT_EQ(UseModelWithChapFile(url, file), "");
-  const std::string wrong_file =
-      dir.Write("wrong", std::string("user=") + kUser + "\nsecret=" + kSecret + "\ntarget_user=" + kTargetUser +
-                             "\ntarget_secret=x-wrong-x-x-x");
+  const std::string wrong_file = WriteSecret(dir, "wrong",
+                                             std::string("user=") + kUser + "\nsecret=" + kSecret +
+                                                 "\ntarget_user=" + kTargetUser + "\ntarget_secret=x-wrong-x-x-x");
   EXPECT_NE(UseModelWithChapFile(url, wrong_file), "");
 }
 
 TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
-  SecretDir dir;
+  TempDir dir;
   const std::string cases[][2] = {
-      {"--chap-user a --chap-secret-file " + dir.Write("open", kSecret, 0640), "readable by group or others"},
-      {"--chap-user a --chap-secret-file " + dir.Write("short", "short-secret"), ""},  // 12: allowed
-      {"--chap-user a --chap-secret-file " + dir.Write("tooshort", "too-short"), "12 to 16"},
-      {"--chap-user a --chap-secret-file " + dir.Write("toolong", "much-too-long-secret"), "12 to 16"},
-      {"--chap-user a --chap-secret-file " + dir.Write("comma", "secret,with,14"), "12 to 16"},
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "open", kSecret, 0640), "readable by group or others"},
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "short", "short-secret"), ""},  // 12: allowed
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "tooshort", "too-short"), "12 to 16"},
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "toolong", "much-too-long-secret"), "12 to 16"},
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "comma", "secret,with,14"), "12 to 16"},
       {"--chap-user a", "--chap-user: needs --chap-secret-file"},
-      {"--chap-user a --chap-secret-file " + dir.Write("same", kSecret) + " --mutual-user b --mutual-secret-file " +
-           dir.Write("same2", kSecret),
+      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "same", kSecret) +
+           " --mutual-user b --mutual-secret-file " + WriteSecret(dir, "same2", kSecret),
        "must differ"},
   };
   for (const auto& [options, expected] : cases) {

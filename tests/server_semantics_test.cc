@@ -131,20 +131,6 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// A scratch folder (for checkpoint files), removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/blkps-sst-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { RunCommand("rm -rf " + ShellQuote(path), nullptr); }
-};
-
 // ---- The control LUN's status JSON -----------------------------------------
 
 // Reads bytes [0, 64 KiB) of the control LUN through libblkps, as any
