@@ -4,10 +4,13 @@
 // lost — with bsp clocks exact and no learner stuck.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,6 +27,7 @@ namespace {
 using blkps_test::CuttingProxy;
 using blkps_test::RunCommand;
 using blkps_test::TargetProcess;
+using blkps_test::TempDir;
 
 constexpr uint64_t kParams = 1 << 20;  // 4 MiB of float32
 constexpr uint64_t kModelBytes = kParams * sizeof(float);
@@ -129,10 +133,22 @@ void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
 
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
 
-// With the control LUN restricted to an operator (--operator), a learner's
-// own fence= after each reconnect is still taken: sums stay exact.
-TEST(CutConnections, AsyncSumIsExactWhenOnlyAnOperatorMayWriteTheControlLun) {
-  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator");
+// With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
+// credentials) and the control LUN restricted to an operator (--operator),
+// a learner's own fence= after each reconnect is still taken: sums stay
+// exact.
+TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLun) {
+  TempDir dir;
+  const std::string secret = dir.path + "/secret", chap = dir.path + "/chap";
+  std::ofstream(secret) << "fault-Secret-01\n";
+  std::ofstream(chap) << "user=learner\nsecret=fault-Secret-01\n";
+  chmod(secret.c_str(), 0600);
+  chmod(chap.c_str(), 0600);
+  setenv("BLKPS_CHAP_FILE", chap.c_str(), 1);
+  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator --chap-user learner "
+                               "--chap-secret-file " +
+                               secret);
+  unsetenv("BLKPS_CHAP_FILE");
 }
 
 // The learner engine (double-buffered push and pull on two connections)
