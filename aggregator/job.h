@@ -163,7 +163,14 @@ class Job {
   // checkpoints). blkps.torch keeps its model fingerprint there.
   // InvalidArgument names the first bad line; the lines before it are done.
   // The status JSON's control_error holds that reason until a write succeeds.
-  Status Control(const std::string& commands, const std::string& initiator = "");
+  // With ControlRights::kLearner (an initiator that is not one of the control
+  // LUN's operators=) only the commands a learner itself sends are taken:
+  // fence= (libblkps, exactly-once after a reconnect) and tag= (blkps.torch's
+  // fingerprint); any other line refuses the whole write, nothing done,
+  // with PermissionDenied.
+  enum class ControlRights { kOperator, kLearner };
+  Status Control(const std::string& commands, const std::string& initiator = "",
+                 ControlRights rights = ControlRights::kOperator);
 
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).

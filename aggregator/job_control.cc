@@ -10,7 +10,14 @@
 
 namespace blkps::server {
 
-Status Job::Control(const std::string& commands, const std::string& initiator) {
+namespace {
+
+// The commands a learner sends itself (Job::ControlRights::kLearner).
+bool IsLearnerCommand(const std::string& key) { return key == "fence" || key == "tag"; }
+
+}  // namespace
+
+Status Job::Control(const std::string& commands, const std::string& initiator, ControlRights rights) {
   // A refused command stays in the status JSON (control_error) until the next
   // control write succeeds: the writer sees only a SCSI error.
   auto refuse = [this](const std::string& why) {
@@ -18,8 +25,20 @@ Status Job::Control(const std::string& commands, const std::string& initiator) {
     control_error_ = why;
     return Status::InvalidArgument(why);
   };
-  std::istringstream in(commands.substr(0, commands.find('\0')));
+  const std::string text = commands.substr(0, commands.find('\0'));
   std::string line;
+  if (rights == ControlRights::kLearner) {
+    std::istringstream in(text);
+    while (std::getline(in, line)) {
+      const std::string key = line.substr(0, line.find('='));
+      if (line.empty() || line == "\r" || IsLearnerCommand(key)) continue;
+      const std::string why = "control: " + key + ": initiator '" + initiator +
+                              "' is not an operator of this model (only fence= and tag= are open to learners)";
+      refuse(why);
+      return Status::PermissionDenied(why);
+    }
+  }
+  std::istringstream in(text);
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;

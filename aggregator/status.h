@@ -20,6 +20,7 @@ class Status {
     kIOError,            // a file could not be read or written
     kUnavailable,        // the job has failed (too many learners dead)
     kDeadlineExceeded,   // a held command waited past its bound
+    kPermissionDenied,   // the caller may not do this (control LUN operators=)
   };
 
   Status() = default;
@@ -31,6 +32,7 @@ class Status {
   static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
   static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
   static Status DeadlineExceeded(std::string msg) { return Status(Code::kDeadlineExceeded, std::move(msg)); }
+  static Status PermissionDenied(std::string msg) { return Status(Code::kPermissionDenied, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

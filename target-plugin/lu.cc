@@ -118,6 +118,7 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
     case server::Status::Code::kDeadlineExceeded: return BLKPS_IO_HOLD_TIMEOUT;
     case server::Status::Code::kUnavailable: return BLKPS_IO_JOB_FAILED;
     case server::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
+    case server::Status::Code::kPermissionDenied: return BLKPS_IO_WRITE_PROTECT;
     default: return BLKPS_IO_BAD_DATA;
   }
 }
@@ -266,13 +267,25 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
   });
 }
 
+// What `initiator` may write to the control LUN (--bsopts operators=).
+server::Job::ControlRights RightsOf(const blkps_lu& lu, const std::string& initiator) {
+  const std::vector<std::string>& operators = lu.options.operators;
+  const bool any = operators.empty() || std::find(operators.begin(), operators.end(), initiator) != operators.end();
+  return any ? server::Job::ControlRights::kOperator : server::Job::ControlRights::kLearner;
+}
+
 server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len,
                             const std::string& initiator) {
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
+  const server::Job::ControlRights rights = RightsOf(*lu, initiator);
+  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset) {
+    return server::Status::PermissionDenied("initiator '" + initiator +
+                                            "' is not an operator of this model: it may not write the weights");
+  }
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator);
+    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator, rights);
     return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
   });
 }

@@ -43,7 +43,9 @@ enum blkps_io_result {
   BLKPS_IO_HOLD_TIMEOUT,      /* ABORTED COMMAND, INSUFFICIENT TIME FOR OPERATION */
   BLKPS_IO_JOB_FAILED,        /* NOT READY, MANUAL INTERVENTION REQUIRED */
   BLKPS_IO_WRITE_PROTECT,     /* DATA PROTECT, WRITE PROTECTED: the control
-                                 LUN's status and counters regions */
+                                 LUN's status and counters regions, and
+                                 commands and weights from an initiator
+                                 not in its operators= */
   BLKPS_IO_CHECKPOINT_FAILED, /* MEDIUM ERROR, WRITE ERROR */
 };
 

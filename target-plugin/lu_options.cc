@@ -1,5 +1,6 @@
 #include "lu_options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +51,29 @@ bool ParseSeconds(const std::string& text, double min, bool open_min, double max
   const double v = std::strtod(text.c_str(), &end);
   if (*end != '\0' || errno != 0 || !std::isfinite(v) || v < min || (open_min && v == min) || v > max) return false;
   *out = v;
+  return true;
+}
+
+// An iSCSI name as RFC 3720 allows it: iqn., eui. or naa. followed by
+// letters, digits, '-', '.' and ':' (what open-iscsi and libiscsi send).
+bool IsIscsiName(const std::string& name) {
+  const bool prefixed = name.rfind("iqn.", 0) == 0 || name.rfind("eui.", 0) == 0 || name.rfind("naa.", 0) == 0;
+  return prefixed && name.size() > 4 && name.size() <= 223 &&
+         name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.:") ==
+             std::string::npos;
+}
+
+// operators=: iSCSI names separated by '+' (no iSCSI name holds one).
+bool ParseOperators(const std::string& text, std::vector<std::string>* out) {
+  out->clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('+', start), text.size());
+    const std::string name = text.substr(start, end - start);
+    if (!IsIscsiName(name)) return false;
+    out->push_back(name);
+    start = end + 1;
+  }
   return true;
 }
 
@@ -171,6 +195,10 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       }
     } else if (key == "dtype") {
       if (!wire::ParseDtype(value, &opts.dtype)) return Bad(key, std::string("one of ") + wire::kDtypeNames, value);
+    } else if (key == "operators") {
+      if (!ParseOperators(value, &opts.operators)) {
+        return Bad(key, "initiator names (iqn.*, eui.* or naa.*) separated by '+'", value);
+      }
     } else if (key == "role") {
       if (value != "control") return Bad(key, "control", value);
       opts.control = true;
@@ -181,10 +209,13 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   if (has_eps) {
     (opts.job.model.rule.name == "adagrad" ? opts.job.model.rule.adagrad_eps : opts.job.model.rule.eps) = eps;
   }
+  if (!opts.operators.empty() && !opts.control) {
+    return Status::InvalidArgument("operators: only for the control LUN (role=control;operators=...)");
+  }
   if (opts.control) {
-    if (seen.size() != 1) {
-      return Status::InvalidArgument("role: a control LUN takes no other option; it shows the model its "
-                                     "--backing-store names");
+    if (seen.size() != 1 + (opts.operators.empty() ? 0 : 1)) {
+      return Status::InvalidArgument("role: a control LUN takes no other option but operators; it shows the model "
+                                     "its --backing-store names");
     }
     *out = opts;
     return Status::OK();

@@ -240,6 +240,21 @@ def test_set_shows_reason():
             fail(f"a good set after a refused one: {rc} {out} {err}")
 
 
+def test_set_needs_operator():
+    # With --operator, set from another initiator is refused with the
+    # server's reason; the operator's initiator name may set.
+    operator = "iqn.2026-11.io.blkps:cli-operator"
+    with Target("params=1000;lr=0.1", "--operator", operator) as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        line = expect_one_line_error(["set", "--dir", t.dir, "lr=0.5"], "blkps: set: the server refused 'lr=0.5': ")
+        if "is not an operator of this model" not in line:
+            fail(f"the server's reason is missing: {line}")
+        rc, out, err = blkps("set", "--dir", t.dir, "--initiator", operator, "lr=0.5")
+        if rc != 0 or "lr=0.5" not in out:
+            fail(f"the operator's set: {rc} {out} {err}")
+
+
 def test_model_too_large():
     # README quotes the line a user sees for a model larger than memory.
     with Target("params=100000000000;rule=adam") as t:

@@ -4,10 +4,13 @@
 // lost — with bsp clocks exact and no learner stuck.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,6 +27,7 @@ namespace {
 using blkps_test::CuttingProxy;
 using blkps_test::RunCommand;
 using blkps_test::TargetProcess;
+using blkps_test::TempDir;
 
 constexpr uint64_t kParams = 1 << 20;  // 4 MiB of float32
 constexpr uint64_t kModelBytes = kParams * sizeof(float);
@@ -103,8 +107,10 @@ std::string SumCheckpointed(uint64_t params, const std::string& checkpoint, cons
   return "params=" + std::to_string(params) + ";rule=sum;checkpoint=" + checkpoint + ";checkpoint_every=" + every;
 }
 
-TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+// One learner pushes +1 200 times through 16 cuts; `extra` goes to `blkps
+// target start`.
+void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum", extra);
   ASSERT_TRUE(target.ok()) << target.start_output();
   CuttingProxy proxy(target.port());
   ASSERT_TRUE(proxy.ok()) << proxy.error();
@@ -123,6 +129,26 @@ TEST(CutConnections, AsyncSumIsExactAfterManyCuts) {
   EXPECT_EQ(proxy.cuts(), kCuts);
   EXPECT_EQ(CountWrong(Weights(target.url()), kPushes), "");
   EXPECT_EQ(Field(LearnerStatus(target.control_url(), 1), "iteration"), std::to_string(kPushes));
+}
+
+TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
+
+// With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
+// credentials) and the control LUN restricted to an operator (--operator),
+// a learner's own fence= after each reconnect is still taken: sums stay
+// exact.
+TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLun) {
+  TempDir dir;
+  const std::string secret = dir.path + "/secret", chap = dir.path + "/chap";
+  std::ofstream(secret) << "fault-Secret-01\n";
+  std::ofstream(chap) << "user=learner\nsecret=fault-Secret-01\n";
+  chmod(secret.c_str(), 0600);
+  chmod(chap.c_str(), 0600);
+  setenv("BLKPS_CHAP_FILE", chap.c_str(), 1);
+  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator --chap-user learner "
+                               "--chap-secret-file " +
+                               secret);
+  unsetenv("BLKPS_CHAP_FILE");
 }
 
 // The learner engine (double-buffered push and pull on two connections)

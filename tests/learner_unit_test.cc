@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -540,6 +541,50 @@ TEST(FileDevice, DISABLED_PrintsThroughputOf64MiBPushAndPull) {
            round, push, pull, bounced_push, bounced_pull, plain_push, warm_pull, cold_pull);
   }
   free(aligned);
+  unlink(path.c_str());
+}
+
+// CHAP secrets in a URL never reach a message.
+TEST(MaskTarget, HidesCredentialsAndQueryOnly) {
+  EXPECT_EQ(MaskTarget("iscsi://user%sec-ret-123456@127.0.0.1:3260/iqn.2026-11.io.blkps:model/1"),
+            "iscsi://***@127.0.0.1:3260/iqn.2026-11.io.blkps:model/1");
+  EXPECT_EQ(MaskTarget("iscsi://u%s@h/iqn.x/1?target_user=t&target_password=p"), "iscsi://***@h/iqn.x/1?***");
+  EXPECT_EQ(MaskTarget("iscsi://h:1/iqn.x:a@b/1"), "iscsi://h:1/iqn.x:a@b/1");  // '@' after the host
+  EXPECT_EQ(MaskTarget("/dev/sdb"), "/dev/sdb");
+}
+
+TEST(MaskTarget, ABadUrlWithASecretIsRefusedWithoutShowingIt) {
+  Status status;
+  EXPECT_EQ(OpenDevice("iscsi://user%Leaky-Secret-1@", "", &status), nullptr);
+  EXPECT_FALSE(status.ok());
+  EXPECT_EQ(status.message().find("Leaky-Secret-1"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("bad target URL"), std::string::npos) << status.message();
+}
+
+TEST(ChapFile, ReadsCredentialsAndRefusesAnOpenFileOrUnknownKeys) {
+  char tmpl[] = "/tmp/blkps-chap-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const std::string path = tmpl;
+  const std::string text = "# comment\nuser=u\nsecret=s-123456789012\ntarget_user=t\ntarget_secret=t-123456789012\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  ChapCredentials chap;
+  ASSERT_TRUE(ReadChapFile(path, &chap).ok());
+  EXPECT_EQ(chap.user, "u");
+  EXPECT_EQ(chap.secret, "s-123456789012");
+  EXPECT_EQ(chap.target_user, "t");
+  EXPECT_EQ(chap.target_secret, "t-123456789012");
+  chmod(path.c_str(), 0640);
+  Status s = ReadChapFile(path, &chap);
+  EXPECT_NE(s.message().find("readable by group or others"), std::string::npos) << s.message();
+  chmod(path.c_str(), 0600);
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("user=u\npassword=s-123456789012\n", f);
+  fclose(f);
+  s = ReadChapFile(path, &chap);
+  EXPECT_NE(s.message().find(":2: expected user="), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("s-123456789012"), std::string::npos) << s.message();
   unlink(path.c_str());
 }
 

@@ -111,10 +111,19 @@ TEST(LuOptions, DtypeIsPerLunAndNotPartOfTheModel) {
   EXPECT_EQ(ErrorOf("role=control;dtype=bfloat16").rfind("role:", 0), 0u);
 }
 
-TEST(LuOptions, ControlLunTakesOnlyItsRole) {
+TEST(LuOptions, ControlLunTakesOnlyItsRoleAndOperators) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("role=control", &o).ok());
   EXPECT_TRUE(o.control);
+  EXPECT_TRUE(o.operators.empty());
+  ASSERT_TRUE(ParseLuOptions("role=control;operators=iqn.2026-11.io.blkps:op+iqn.1993-08.org.debian:01:ab12", &o).ok());
+  EXPECT_EQ(o.operators, (std::vector<std::string>{"iqn.2026-11.io.blkps:op", "iqn.1993-08.org.debian:01:ab12"}));
+  EXPECT_EQ(ErrorOf("params=10;operators=iqn.2026-11.io.blkps:op"),
+            "operators: only for the control LUN (role=control;operators=...)");
+  for (const char* bad : {"", "iqn.a+", "+iqn.a", "iqn.a b", "host.example", "iqn."}) {
+    EXPECT_EQ(ErrorOf(std::string("role=control;operators=") + bad).rfind("operators: expected initiator names", 0), 0u)
+        << bad;
+  }
 }
 
 // tgtadm cuts --bsopts at the first ',': "params=1000,lr=0.1" would reach the

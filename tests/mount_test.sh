@@ -129,6 +129,20 @@ PY
 }
 
 case "$part" in
+chap)
+  # A target with one-way CHAP: the mount (and every session it opens) logs
+  # in with BLKPS_CHAP_FILE's credentials, and is refused without them.
+  printf 'mount-Secret-01\n' >"$work/secret"
+  printf 'user=learner\nsecret=mount-Secret-01\n' >"$work/chap"
+  chmod 600 "$work/secret" "$work/chap"
+  start_target ps "params=100000;init=normal:0.1;seed=3" --chap-user learner --chap-secret-file "$work/secret"
+  if "$blkps" mount "$mnt" -f --dir "$work/ps" 2>"$work/mount.log"; then fail "mounted without credentials"; fi
+  grep -q "Authentication failure" "$work/mount.log" || fail "no login refusal: $(cat "$work/mount.log")"
+  export BLKPS_CHAP_FILE="$work/chap"
+  mount_fg --dir "$work/ps"
+  "$py" "$top/tests/mount_test.py" same "$mnt/slot1" "$(show ps URL)"
+  unmount_by_signal
+  ;;
 lifecycle)
   start_target ps "params=1000000;init=normal:0.1;seed=3" --luns 2
   URL=$(show ps URL) URLS=$(show ps URLS)

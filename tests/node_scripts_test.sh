@@ -53,6 +53,7 @@ $node node.session.cmds_max -v 128
 $node node.session.queue_depth -v 64
 $node node.session.timeo.replacement_timeout -v 30
 EOF
+  [ "${4:-}" = chap ] || echo "$node node.session.auth.authmethod -v None"
 }
 
 # The SCSI command timeout blkps-login sets on a LUN's disk.
@@ -120,6 +121,38 @@ test_tcp_login() {
   )
   expect_output "tcp login" "$want" "$login" login --dry-run \
         --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+}
+
+test_chap_login() {
+  # Mutual CHAP: the settings with the secrets' files named, never their text.
+  printf 'in-secret-0123\n' >"$work/in.secret"
+  printf 'out-secret-0123\n' >"$work/out.secret"
+  chmod 600 "$work/in.secret" "$work/out.secret"
+  local node="iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp -o update -n"
+  want=$(
+    echo "iscsiadm -m iface -I blkps-tcp -o new"
+    echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
+    echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:3261 -I blkps-tcp -o nonpersistent"
+    settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp chap
+    echo "$node node.session.auth.authmethod -v CHAP"
+    echo "$node node.session.auth.username -v learner"
+    echo "$node node.session.auth.password -v '<secret of $work/in.secret>'"
+    echo "$node node.session.auth.username_in -v target"
+    echo "$node node.session.auth.password_in -v '<secret of $work/out.secret>'"
+    echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
+    echo "udevadm settle"
+    command_timeout /dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2
+    echo "/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2"
+  )
+  expect_output "chap login" "$want" "$login" login --dry-run --chap-user learner \
+    --chap-secret-file "$work/in.secret" --mutual-user target --mutual-secret-file "$work/out.secret" \
+    --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+  chmod 640 "$work/in.secret"
+  expect_error "group-readable secret" "--chap-secret-file: $work/in.secret is readable by group or others" \
+    "$login" login --dry-run --chap-user learner --chap-secret-file "$work/in.secret" \
+    --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+  expect_error "user without secret" "--chap-user and --chap-secret-file go together" \
+    "$login" login --dry-run --chap-user learner --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
 }
 
 test_iser_login() {
@@ -275,7 +308,7 @@ test_bad_layout_names_file_and_line() {
     "$login" login --dry-run --layout "$work/bad.layout" --params 10
 }
 
-cases=(shellcheck tcp_login iser_login iser_without_rdma_fails sharded_login_dm
+cases=(shellcheck tcp_login chap_login iser_login iser_without_rdma_fails sharded_login_dm
        dm_table_maps_layout sharded_login_md md_refuses_unequal_shards logout missing_iscsiadm_fails
        bad_layout_names_file_and_line)
 if [ $# -ge 2 ]; then cases=("$2"); fi

@@ -131,20 +131,6 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-bool Contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// A scratch folder (for checkpoint files), removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/blkps-sst-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { RunCommand("rm -rf " + ShellQuote(path), nullptr); }
-};
-
 // ---- The control LUN's status JSON -----------------------------------------
 
 // Reads bytes [0, 64 KiB) of the control LUN through libblkps, as any
@@ -797,6 +783,49 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
   const std::string log = target.Log();
   EXPECT_TRUE(Contains(log, "read-only")) << log;
   EXPECT_TRUE(Contains(log, "bogus")) << log;
+}
+
+// --operator (--bsopts operators=): only the operator's initiator may set the
+// rule or the weights; a learner's initiator may still read everything and
+// send what learners send (fence=, tag=).
+TEST(ServerSemantics, ControlLunWritesFromNonOperatorsAreRefusedButLearnerCommandsPass) {
+  const std::string op = InitiatorName("operator");
+  TargetProcess target(Bsopts("lr=1"), "--operator " + op);
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  RawLun learner(target.control_url(), InitiatorName("learner"));
+  ASSERT_TRUE(learner.connected()) << learner.error();
+  RawLun operator_lun(target.control_url(), op);
+  ASSERT_TRUE(operator_lun.connected()) << operator_lun.error();
+  std::string error;
+  auto a = OpenModel(target.url(), "a", &error);
+  ASSERT_TRUE(a) << error;
+
+  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("lr=0.5\n")), kWriteProtectSense);
+  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("resume=1\n")), kWriteProtectSense);
+  // One forbidden line refuses the whole write: the fence before it is not done either.
+  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\nlr=0.5\n")), kWriteProtectSense);
+  EXPECT_EQ(learner.Write(kWeightsOffset / kLbaBytes, std::vector<uint8_t>(kLbaBytes, 0)), kWriteProtectSense);
+  std::string status = ReadStatus(target.control_url());
+  EXPECT_EQ(JsonValue(status, "lr"), "1") << status;
+  EXPECT_TRUE(Contains(target.Log(), "is not an operator")) << target.Log();
+  std::vector<float> w(kParams);
+  ASSERT_EQ(a->Pull(0, w.data(), kParams), 0) << a->last_error();
+  EXPECT_EQ(FirstBitDifference(w, std::vector<float>(kParams, 0.0f)), -1) << "a non-operator changed the weights";
+
+  // What learners send themselves, and reads, stay open.
+  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\n")), "GOOD");
+  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("tag=learners-may\n")), "GOOD");
+  EXPECT_EQ(learner.Read(0, 1), "GOOD");
+  EXPECT_EQ(learner.Read(kWeightsOffset / kLbaBytes, 1), "GOOD");
+
+  // The operator may do it all.
+  EXPECT_EQ(operator_lun.Write(kControlOffset / kLbaBytes, ControlText("lr=0.5\n")), "GOOD");
+  EXPECT_EQ(operator_lun.Write(kWeightsOffset / kLbaBytes, FloatBytes(std::vector<float>(kLbaParams, 3.0f))), "GOOD");
+  status = ReadStatus(target.control_url());
+  EXPECT_EQ(JsonValue(status, "lr"), "0.5") << status;
+  EXPECT_EQ(JsonValue(status, "tag"), "\"learners-may\"") << status;
+  ASSERT_EQ(a->Pull(0, w.data(), kLbaParams), 0) << a->last_error();
+  EXPECT_EQ(w[0], 3.0f);
 }
 
 TEST(ServerSemantics, ControlLunCountersMatchTheStatusAndAreReadOnly) {

@@ -43,6 +43,23 @@ inline std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
+inline bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A scratch folder (checkpoint files, secret files), removed at the end of
+// the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/blkps-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { RunCommand("rm -rf " + ShellQuote(path), nullptr); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.

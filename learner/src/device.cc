@@ -1,6 +1,10 @@
 #include "device.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
+#include <cstring>
+#include <fstream>
 
 namespace blkps {
 
@@ -17,10 +21,59 @@ std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string&
     *status = Status::Error(EINVAL,
                             "unsupported target '%s'; expected a file or block device path, "
                             "iscsi://host[:port]/<target-iqn>/<lun>, iser://... or layout:PATH",
-                            target.c_str());
+                            MaskTarget(target).c_str());
     return nullptr;
   }
   return OpenFileDevice(target, status);
+}
+
+std::string MaskTarget(const std::string& target) {
+  const size_t scheme = target.find("://");
+  if (scheme == std::string::npos) return target;
+  std::string masked = target;
+  const size_t host = scheme + 3, at = masked.find('@', host), slash = masked.find('/', host);
+  if (at != std::string::npos && (slash == std::string::npos || at < slash)) masked.replace(host, at - host, "***");
+  const size_t query = masked.find('?');
+  if (query != std::string::npos) masked.replace(query + 1, std::string::npos, "***");
+  return masked;
+}
+
+Status ReadChapFile(const std::string& path, ChapCredentials* out) {
+  *out = ChapCredentials{};
+  std::ifstream in(path);
+  struct stat st {};
+  if (!in || stat(path.c_str(), &st) != 0) {
+    return Status::Error(ENOENT, "CHAP file %s: cannot read it: %s", path.c_str(), std::strerror(errno));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    return Status::Error(EPERM, "CHAP file %s is readable by group or others (mode %04o); chmod 600 %s", path.c_str(),
+                         static_cast<unsigned>(st.st_mode & 07777), path.c_str());
+  }
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const size_t eq = line.find('=');
+    const std::string key = line.substr(0, eq), value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    std::string* field = key == "user"            ? &out->user
+                         : key == "secret"        ? &out->secret
+                         : key == "target_user"   ? &out->target_user
+                         : key == "target_secret" ? &out->target_secret
+                                                  : nullptr;
+    if (field == nullptr || eq == std::string::npos) {
+      return Status::Error(
+          EINVAL, "CHAP file %s:%d: expected user=, secret=, target_user= or target_secret=", path.c_str(), number);
+    }
+    *field = value;
+  }
+  if (out->user.empty() != out->secret.empty() || out->target_user.empty() != out->target_secret.empty() ||
+      (!out->target_user.empty() && out->user.empty())) {
+    return Status::Error(EINVAL,
+                         "CHAP file %s: needs user= with secret=, and for mutual CHAP target_user= with "
+                         "target_secret= as well",
+                         path.c_str());
+  }
+  return Status();
 }
 
 }  // namespace blkps

@@ -96,7 +96,27 @@ std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status);
 // do.
 using OpenFileFn = int (*)(const char* path, int flags);
 std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path, OpenFileFn open_file, Status* status);
+// An iscsi:// or iser:// URL logs in with CHAP when it carries credentials,
+// libiscsi's syntax iscsi://USER%SECRET@host/... (plus, for mutual CHAP,
+// ?target_user=NAME&target_password=SECRET), or else when the environment
+// names a credentials file in BLKPS_CHAP_FILE (README, "Authentication and
+// access"). Errors never show a secret (MaskTarget).
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status);
+
+// `target` as messages show it: an URL's credentials (between "://" and '@',
+// and its query) replaced by "***".
+std::string MaskTarget(const std::string& target);
+
+// CHAP credentials for iSCSI logins; empty strings where not used.
+struct ChapCredentials {
+  std::string user, secret;                // the initiator's (one-way CHAP)
+  std::string target_user, target_secret;  // the target's (mutual CHAP)
+};
+// Reads the credentials file `path` (format in README, "Authentication and
+// access": user=, secret=, target_user=, target_secret= lines; '#' comments).
+// Refuses a file readable by group or others, an unknown key, and a
+// target_user without a user. Messages never quote a secret.
+Status ReadChapFile(const std::string& path, ChapCredentials* out);
 
 // `layout:` targets: see striped_device.h and shard_layout.h.
 std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const std::string& initiator_name,

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "device.h"
 #include "gradient_dropper.h"
 #include "pull_scheduler.h"
 #include "status.h"
@@ -267,7 +268,7 @@ double Engine::Impl::ServerUpdates() {
     fprintf(stderr,
             "blkps: engine: cannot read the server's counters from %s (%s); "
             "staleness is unknown (-1) from now on where it fails\n",
-            options_.control_target.c_str(),
+            MaskTarget(options_.control_target).c_str(),
             control_->last_error().empty() ? "a model of 0 blocks" : control_->last_error().c_str());
   }
   return -1;
@@ -305,11 +306,12 @@ Status Engine::Impl::Start(const std::string& target, const EngineOptions& optio
       return Status::Error(ERANGE,
                            "engine: first_param %llu is past the end of %s, "
                            "which holds %llu parameters",
-                           static_cast<ull>(options.first_param), target.c_str(), static_cast<ull>(params_on_device));
+                           static_cast<ull>(options.first_param), MaskTarget(target).c_str(),
+                           static_cast<ull>(params_on_device));
     }
     return Status::Error(ERANGE, "engine: parameters [%llu, %llu) are not on %s, which holds %llu",
                          static_cast<ull>(options.first_param),
-                         static_cast<ull>(options.first_param + options.param_count), target.c_str(),
+                         static_cast<ull>(options.first_param + options.param_count), MaskTarget(target).c_str(),
                          static_cast<ull>(params_on_device));
   }
   first_ = options.first_param;
@@ -330,7 +332,7 @@ Status Engine::Impl::Start(const std::string& target, const EngineOptions& optio
     if (!status.ok()) return status;
     blkps_control_counters unused;
     if (control_->ReadControlCounters(&unused) != 0) {
-      return Status::Error(EINVAL, "engine: control_target %s: %s", options.control_target.c_str(),
+      return Status::Error(EINVAL, "engine: control_target %s: %s", MaskTarget(options.control_target).c_str(),
                            Inner(control_->last_error()).c_str());
     }
   }
@@ -364,7 +366,7 @@ Status Engine::Impl::StartDropping(const std::string& target) {
   if (control_ != nullptr) {
     std::vector<char> status_json(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
     if (control_->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, status_json.data(), BLKPS_CONTROL_STATUS_BYTES) != 0) {
-      return Status::Error(EIO, "engine: control_target %s: %s", options_.control_target.c_str(),
+      return Status::Error(EIO, "engine: control_target %s: %s", MaskTarget(options_.control_target).c_str(),
                            Inner(control_->last_error()).c_str());
     }
     mode = StatusValue(status_json.data(), "mode");
@@ -375,7 +377,7 @@ Status Engine::Impl::StartDropping(const std::string& target) {
                          "engine: drop_ratio %g: gradient dropping needs mode "
                          "async or ssp (a bsp round waits for every learner's "
                          "whole gradient); the model at %s is in bsp",
-                         options_.drop_ratio, target.c_str());
+                         options_.drop_ratio, MaskTarget(target).c_str());
   }
   const uint64_t unit = push_model_->logical_block_size() / sizeof(float);
   uint64_t group = options_.drop_group_params;
@@ -404,7 +406,7 @@ Status Engine::Impl::StartDropping(const std::string& target) {
     return Status::Error(EINVAL,
                          "engine: drop_run_params %llu is not a multiple of "
                          "%s's logical block (%llu parameters)",
-                         static_cast<ull>(run), target.c_str(), static_cast<ull>(unit));
+                         static_cast<ull>(run), MaskTarget(target).c_str(), static_cast<ull>(unit));
   }
   if (group % run != 0) {
     return Status::Error(EINVAL,
@@ -651,7 +653,7 @@ std::unique_ptr<Engine> Engine::Open(const std::string& target, const EngineOpti
       return std::unique_ptr<Engine>(new Engine(std::move(impl)));
     }
   } catch (const std::bad_alloc&) {
-    status = Status::Error(ENOMEM, "engine: out of memory opening %s", target.c_str());
+    status = Status::Error(ENOMEM, "engine: out of memory opening %s", MaskTarget(target).c_str());
   } catch (const std::system_error& e) {
     status = Status::Error(EAGAIN, "engine: cannot start its threads: %s", e.what());
   }

@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -160,6 +161,7 @@ int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents) {
 struct SessionSpec {
   std::string name;  // the URL without credentials, for messages
   std::string initiator, portal, target;
+  ChapCredentials chap;
   int lun = 0;
   bool iser = false;
 };
@@ -187,6 +189,12 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
   // device reconnects itself (see the top of this file).
   iscsi_set_noautoreconnect(iscsi, 1);
   iscsi_set_timeout(iscsi, kCommandTimeoutSeconds);
+  if (!spec.chap.user.empty()) {
+    iscsi_set_initiator_username_pwd(iscsi, spec.chap.user.c_str(), spec.chap.secret.c_str());
+  }
+  if (!spec.chap.target_user.empty()) {
+    iscsi_set_target_username_pwd(iscsi, spec.chap.target_user.c_str(), spec.chap.target_secret.c_str());
+  }
   if (iscsi_full_connect_sync(iscsi, spec.portal.c_str(), spec.lun) != 0) {
     *error = LastError(iscsi);
     iscsi_destroy_context(iscsi);
@@ -647,7 +655,7 @@ Status DiagnoseConnectFailure(const std::string& name, const std::string& portal
   } else {
     status = Status::Error(ECONNREFUSED,
                            "%s: login to target %s LUN %d failed (check the "
-                           "target IQN and LUN): %s",
+                           "target IQN, the LUN and the CHAP credentials): %s",
                            name.c_str(), target.c_str(), lun, login_error.c_str());
   }
   iscsi_destroy_context(probe);
@@ -667,9 +675,25 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
   }
   iscsi_url* parsed = iscsi_parse_full_url(scratch, url.c_str());
   if (parsed == nullptr) {
-    *status = Status::Error(EINVAL, "bad target URL: %s", LastError(scratch).c_str());
+    std::string why = LastError(scratch);  // libiscsi quotes the URL: mask it
+    for (size_t at = why.find(url); at != std::string::npos; at = why.find(url, at + 1)) {
+      why.replace(at, url.size(), MaskTarget(url));
+    }
+    *status = Status::Error(EINVAL, "bad target URL: %s", why.c_str());
     iscsi_destroy_context(scratch);
     return nullptr;
+  }
+  // CHAP: the URL's credentials, else BLKPS_CHAP_FILE's.
+  spec.chap = {parsed->user, parsed->passwd, parsed->target_user, parsed->target_passwd};
+  const char* chap_file = std::getenv("BLKPS_CHAP_FILE");
+  if (spec.chap.user.empty() && chap_file != nullptr && *chap_file != '\0') {
+    Status s = ReadChapFile(chap_file, &spec.chap);
+    if (!s.ok()) {
+      *status = std::move(s);
+      iscsi_destroy_url(parsed);
+      iscsi_destroy_context(scratch);
+      return nullptr;
+    }
   }
   spec.name = std::string(spec.iser ? "iser://" : "iscsi://") + parsed->portal + "/" + parsed->target + "/" +
               std::to_string(parsed->lun);

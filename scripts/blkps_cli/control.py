@@ -73,7 +73,8 @@ def print_status(s):
 
 
 def command_status(a):
-    devices = [(label, blkps.control.Control(url)) for label, url in control_targets(a, "status")]
+    devices = [(label, blkps.control.Control(url, initiator_name=a.initiator))
+               for label, url in control_targets(a, "status")]
     try:
         while True:
             statuses = [(label, device.status()) for label, device in devices]
@@ -101,7 +102,7 @@ def command_set(a):
             raise UserError("set", f"expected KEY=VALUE, got '{kv}'", "e.g. blkps set --dir DIR lr=0.001")
     for label, url in control_targets(a, "set"):
         where = label + ": " if label else ""
-        with blkps.control.Control(url) as control:
+        with blkps.control.Control(url, initiator_name=a.initiator) as control:
             try:
                 control.command(*a.settings)
             except OSError as e:
@@ -126,6 +127,8 @@ def add_parsers(sub):
         where = p.add_mutually_exclusive_group()
         where.add_argument("--dir", help="a blkps target or shards folder")
         where.add_argument("--control", metavar="TARGET", help="the control LUN")
+        p.add_argument("--initiator", metavar="IQN", help="log in with this initiator name: an operator's "
+                       "(blkps target start --operator) where only operators may set (default: one per process)")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print the raw status JSON")
             p.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS")

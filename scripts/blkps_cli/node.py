@@ -6,7 +6,7 @@ arithmetic). Their own options pass through unchanged; --help shows them."""
 import argparse
 import os
 
-from . import state, tools
+from . import chap, state, tools
 from .errors import UserError
 
 
@@ -16,6 +16,11 @@ def run(argv):
 
 
 def command_login(a):
+    """blkps login|logout|node-status: the secret files checked by CHAP's
+    rules (chap.py) first, then blkps-login."""
+    for option in ("--chap-secret-file", "--mutual-secret-file"):
+        if option in a.args[:-1]:
+            chap.read_secret(a.args[a.args.index(option) + 1], option)
     run([tools.script("blkps-login"), {"node-status": "status"}.get(a.command, a.command), *a.args])
 
 

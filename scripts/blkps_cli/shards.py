@@ -12,7 +12,7 @@ import glob
 import os
 import subprocess
 
-from . import state, target, tools
+from . import chap, state, target, tools
 from .errors import UserError
 
 
@@ -84,6 +84,11 @@ def start(a):
             argv = ["--dir", d, "--name", f"shard-{k}", "--luns", str(a.luns), "--address", a.address,
                     "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d)]
             argv += ["--plugin", a.plugin] if a.plugin else []
+            argv += [arg for name in a.operator for arg in ("--operator", name)]
+            argv += [arg for option, value in (("--chap-user", a.chap_user), ("--chap-secret-file", a.chap_secret_file),
+                                               ("--mutual-user", a.mutual_user),
+                                               ("--mutual-secret-file", a.mutual_secret_file)) if value
+                     for arg in (option, value)]
             shard = target.Target(d)
             try:
                 envs.append(shard.start(target.start_options(argv)))
@@ -166,6 +171,9 @@ def add_parser(sub):
     s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
     s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
     s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")
+    s.add_argument("--operator", action="append", default=[], metavar="IQN", help="as for blkps target start: "
+                   "only this initiator may write every shard's control LUN (repeatable)")
+    chap.add_arguments(s)
     s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop every shard (quiet when none runs)")

@@ -2,6 +2,9 @@
 // commands parsed by Job::Control in aggregator/job_control.cc). One model
 // and its control LUN live for the whole run, as in tgtd; each input is one
 // WRITE to the control LUN, followed by a READ of its status and counters.
+// The same write goes first to a second control LUN restricted to an
+// operator (--bsopts operators=): the harness's commands come from no
+// operator, so they take Job::Control's learner path.
 //
 // Input: 4 bytes, little-endian, taken modulo the control LUN's size as the
 // write's byte offset (most offsets fall in the commands region); the rest is
@@ -26,6 +29,7 @@ namespace {
 struct ControlLun {
   blkps_lu* model = nullptr;
   blkps_lu* control = nullptr;
+  blkps_lu* restricted = nullptr;  // operators=: the harness is no operator
   uint64_t size = 0;
 };
 
@@ -39,6 +43,11 @@ ControlLun Open() {
   if (!c.model || blkps_lu_open(c.model, "fuzz-model", 1, wake, &model_size, err, sizeof(err)) != 0) std::abort();
   c.control = blkps_lu_create("role=control", err, sizeof(err));
   if (!c.control || blkps_lu_open(c.control, "fuzz-model", 2, wake, &c.size, err, sizeof(err)) != 0) std::abort();
+  uint64_t restricted_size = 0;
+  c.restricted = blkps_lu_create("role=control;operators=iqn.2026-11.io.blkps:fuzz-operator", err, sizeof(err));
+  if (!c.restricted || blkps_lu_open(c.restricted, "fuzz-model", 3, wake, &restricted_size, err, sizeof(err)) != 0) {
+    std::abort();
+  }
   return c;
 }
 
@@ -52,14 +61,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t offset = at % lun.size;
   const uint64_t len = std::min<uint64_t>(size - 4, lun.size - offset);
   char err[512];
-  const blkps_io_result r = blkps_lu_write(lun.control, offset, data + 4, len, nullptr, err, sizeof(err));
-  // A write gets done or one of the plugin's clear errors: a bad command,
-  // a read-only region, or bytes past what a region holds (the gap between
-  // the weights and the receipts).
-  if (r != BLKPS_IO_OK && r != BLKPS_IO_BAD_DATA && r != BLKPS_IO_WRITE_PROTECT && r != BLKPS_IO_OUT_OF_RANGE) {
-    std::fprintf(stderr, "control_fuzz: result %d for a write at %llu (%llu bytes): %s\n", r,
-                 static_cast<unsigned long long>(offset), static_cast<unsigned long long>(len), err);
-    std::abort();
+  for (blkps_lu* control : {lun.restricted, lun.control}) {
+    const blkps_io_result r = blkps_lu_write(control, offset, data + 4, len, nullptr, err, sizeof(err));
+    // A write gets done or one of the plugin's clear errors: a bad command,
+    // a read-only region (or one this initiator may not write), or bytes past
+    // what a region holds (the gap between the weights and the receipts).
+    if (r != BLKPS_IO_OK && r != BLKPS_IO_BAD_DATA && r != BLKPS_IO_WRITE_PROTECT && r != BLKPS_IO_OUT_OF_RANGE) {
+      std::fprintf(stderr, "control_fuzz: result %d for a write at %llu (%llu bytes): %s\n", r,
+                   static_cast<unsigned long long>(offset), static_cast<unsigned long long>(len), err);
+      std::abort();
+    }
   }
 
   static std::vector<char> status(4096);

@@ -13,6 +13,9 @@
 #                   the learner slot's LUN, O_DIRECT reads give the server's
 #                   weights, the session settings it documents are in force;
 #                   --transport iser fails with its one line.
+#   chap-login      blkps login with mutual CHAP (secrets from files): a wrong
+#                   secret, or another expected target secret, is refused;
+#                   the right ones log in and read the server's weights.
 #   train-bsp       two learners in bsp train the digits MLP: one in a guest,
 #                   plain_digits.py on /dev/sdX (O_DIRECT), one on the host
 #                   through libblkps; the final weights equal those of two
@@ -82,11 +85,13 @@ load_state() {
 }
 # Starts a target in $state/NAME with the given --bsopts and --luns, and sets
 # URL, URLS, PORT, IQN, CONTROL_URL and PID from its state.
+# More arguments go to blkps target start as they are.
 start_target() {
   local name=$1 bsopts=$2 luns=$3
+  shift 3
   targets+=("$state/$name")
   "$top/scripts/blkps" target start --dir "$state/$name" --owner-pid $$ --luns "$luns" \
-    --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" >/dev/null
+    --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" "$@" >/dev/null
   load_state target "$state/$name" URL URLS PORT IQN CONTROL_URL PID
 }
 # Starts a model striped over 2 shards in $state/NAME (one learner slot, 4 KiB
@@ -235,6 +240,42 @@ EOF
   cmp "$state/guest.f32" "$state/host.f32" || fail "the guest read other bytes than libblkps on the host"
   { [ "$(wc -l < "$state/iser.err")" = 1 ] && grep -q "iSER needs an RDMA device" "$state/iser.err"; } ||
     fail "--transport iser: expected one line about the RDMA device, got: $(cat "$state/iser.err")"
+}
+
+# Mutual CHAP through the kernel initiator: blkps login with a wrong secret,
+# or expecting another target secret, is refused; with the right ones the
+# guest reads the weights libblkps reads on the host.
+test_chap_login() {
+  local params=4096 lun1 s
+  for s in "in:learner-Secret1" "out:server-Secret22" "wrong:wrong-Secret-1"; do
+    printf '%s\n' "${s#*:}" > "$state/${s%%:*}.secret"
+    chmod 600 "$state/${s%%:*}.secret"
+  done
+  printf 'user=learner\nsecret=learner-Secret1\n' > "$state/chap.file"
+  chmod 600 "$state/chap.file"
+  start_target chap "params=$params;init=uniform:1;seed=5" 1 --chap-user learner \
+    --chap-secret-file "$state/in.secret" --mutual-user server --mutual-secret-file "$state/out.secret"
+  lun1=$(guest_url "$URL")
+  BLKPS_CHAP_FILE="$state/chap.file" pull_weights "$URL" "$params" "$state/host.f32"
+  local login="scripts/blkps login --url $lun1 --chap-user learner"
+  cat > "$state/in-guest.sh" <<EOF
+set -uo pipefail
+if $login --chap-secret-file $state/wrong.secret 2> $state/wrong.err; then echo "a wrong secret logged in" >&2; exit 1; fi
+if $login --chap-secret-file $state/in.secret --mutual-user server --mutual-secret-file $state/wrong.secret \
+   2> $state/wrong-target.err; then echo "a target with another secret was accepted" >&2; exit 1; fi
+set -e
+dev=\$($login --chap-secret-file $state/in.secret --mutual-user server --mutual-secret-file $state/out.secret)
+echo "device: \$dev"
+dd if="\$dev" of=$state/guest.f32 bs=$((4 * params)) count=1 iflag=direct status=none
+scripts/blkps logout --url $lun1
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" | tee "$state/out"
+  grep -q "^device: /dev/disk/by-path/" "$state/out" || fail "no device after a login with the right secrets"
+  cmp "$state/guest.f32" "$state/host.f32" || fail "the guest read other bytes than libblkps on the host"
+  for s in wrong wrong-target; do
+    grep -q "failed" "$state/$s.err" || fail "$s: no failure line: $(cat "$state/$s.err")"
+    ! grep -q "Secret" "$state/$s.err" || fail "$s: a secret in the error: $(cat "$state/$s.err")"
+  done
 }
 
 test_train_bsp() {
@@ -471,6 +512,7 @@ case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
   login) test_login ;;
+  chap-login) test_chap_login ;;
   train-bsp) test_train_bsp ;;
   shards) test_shards ;;
   target-restart) test_target_restart ;;
