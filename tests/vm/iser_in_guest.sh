@@ -26,6 +26,10 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 # The guest's own initiator name: tgt's iSER admits only named initiators.
 iqn=$(sed -n 's/^InitiatorName=//p' /etc/iscsi/initiatorname.iscsi)
 params=262144
+# push_pull.py's model. dead_after: under emulation a spawned learner
+# process may take over the default 10 s to start, and a learner declared
+# dead splits a bsp round.
+model="params=$params;rule=sum;dead_after=120"
 plain="$top/learner/examples/plain_digits.py"
 # Starts a target in DIR serving LUNS learner LUNs with BSOPTS over
 # TRANSPORT on the guest's address; its ACL names the guest's initiator,
@@ -77,9 +81,7 @@ for run in "$@"; do
   transport=${run%%:*} mode=${run#*:} dir=/tmp/target-${run//:/-}
   if [ "${mode%%:*}" = url ]; then
     mode=${mode#url:}
-    # dead_after: under emulation a learner process may take over the
-    # default 10 s to start, and a learner declared dead splits a bsp round.
-    start_target "$transport" "$dir" 2 "params=$params;rule=sum;mode=$mode;dead_after=120"
+    start_target "$transport" "$dir" 2 "$model;mode=$mode"
     read -r -a urls <<< "$("$top/scripts/blkps" target show --dir "$dir" --get URLS)"
     echo "$transport url $mode: ${urls[0]%%:*}"
     python3 "$top/tests/vm/push_pull.py" --mode "$mode" --params "$params" --rounds 4 --initiator "$iqn" "${urls[@]}"
@@ -88,7 +90,7 @@ for run in "$@"; do
     continue
   fi
   if [ "$mode" = mount ]; then
-    start_target "$transport" "$dir" 1 "params=$params;rule=sum"
+    start_target "$transport" "$dir" 1 "$model"
     mount_file "$transport" "$dir"
     "$top/scripts/blkps-target" stop --dir "$dir"
     continue
@@ -100,7 +102,7 @@ for run in "$@"; do
     unserve "$dir"
     continue
   fi
-  serve "$transport" "$dir" 2 "params=$params;rule=sum;mode=$mode" "$transport $mode"
+  serve "$transport" "$dir" 2 "$model;mode=$mode" "$transport $mode"
   iscsiadm -m session -P 2 | sed -n 's/^[[:space:]]*\(InitialR2T\|ImmediateData\|MaxBurstLength\): /session \1 /p' | sort -u |
     sed "s/^/$transport /"
   python3 "$top/tests/vm/push_pull.py" --mode "$mode" --params "$params" --rounds 4 "${devs[@]}"

@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from push_pull import require_exact
+
 
 def transfer(fd, nbytes, write=None):
     """Reads nbytes from offset 0 of fd, or writes `write` there, through an
@@ -47,10 +49,7 @@ def main():
         after = transfer(fd, params * 4)
     finally:
         os.close(fd)
-    wrong = np.flatnonzero(after != before + grad)
-    if wrong.size:
-        i = wrong[0]
-        sys.exit(f"mount_check: {wrong.size} weights differ: parameter {i} is {after[i]}, expected {before[i] + grad[i]}")
+    require_exact("mount_check", after, before + grad)
     print(f"{label}: weights exact through the file")
 
 
