@@ -87,12 +87,17 @@ constexpr char kUsage[] = "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [
                           "                        model files' LUNs' --bsopts dtype; a 16-bit file\n"
                           "                        holds parameter i at byte 2*i (README \"16-bit\n"
                           "                        wire\"), and a partly written value is 2 bytes\n"
+                          "  --initiator IQN       initiator name stem: file NAME's sessions are\n"
+                          "                        IQN-NAME-1..IQN-NAME-N (default\n"
+                          "                        iqn.2026-11.io.blkps:mount-<host>-<pid>); name\n"
+                          "                        them in the target's ACL (tgt's iSER needs it)\n"
                           "  --sessions N          devices (iSCSI sessions) per file, opened on\n"
                           "                        demand, one per concurrent request (default 16)\n"
                           "  --threads N           most FUSE worker threads (default 32)\n"
                           "  --max-background N    FUSE requests the kernel keeps in flight for\n"
                           "                        async I/O (default 64)\n"
-                          "  -f, --foreground      stay in the foreground (default: daemonize)\n"
+                          "  -f, --foreground      stay in the foreground (default: daemonize;\n"
+                          "                        iser:// files need -f)\n"
                           "  --debug               log every read, write, flush and fsync on stderr\n"
                           "                        (implies -f)\n"
                           "  -h, --help            this text\n"
@@ -117,6 +122,7 @@ struct Options {
   uint64_t request_bytes = 0;                              // 0: the device's default
   uint32_t queue_depth = 16;
   wire::Dtype dtype = wire::Dtype::kFloat32;  // of the model files
+  std::string initiator;                      // the sessions' initiator name stem; empty: per host and pid
   uint32_t sessions = 16;
   uint32_t threads = 32;
   uint32_t max_background = 64;
@@ -183,6 +189,8 @@ Options ParseOptions(int argc, char** argv) {
       if (!wire::ParseDtype(name, &options.dtype)) {
         Fail("--dtype: expected one of " + std::string(wire::kDtypeNames) + ", got '" + name + "'");
       }
+    } else if (arg == "--initiator") {
+      options.initiator = value();
     } else if (arg == "--sessions") {
       options.sessions = ParseCount(arg, value(), 1024);
     } else if (arg == "--threads") {
@@ -215,6 +223,12 @@ Options ParseOptions(int argc, char** argv) {
       Fail("bad file name '" + name + "': a name has no '/' and is not . or ..");
     }
     if (seen[name]++ > 0) Fail("file name '" + name + "' given twice");
+    // Going to the background forks after the files are opened, and an
+    // RDMA session does not survive a fork (libiscsi's iSER connection
+    // thread stays behind; the child's RDMA state is the parent's).
+    if (!options.foreground && file.second.rfind("iser://", 0) == 0) {
+      Fail(name + ": an iser:// file needs -f (an RDMA session does not survive going to the background)");
+    }
   }
   return options;
 }
@@ -501,13 +515,15 @@ int StatFs(const char*, struct statvfs* st) {
   return 0;
 }
 
-// The iSCSI initiator name stem for a file's sessions:
-// iqn.2026-11.io.blkps:mount-<host>-<pid>-<name>, folded to IQN characters.
-std::string InitiatorPrefix(const std::string& name) {
+// The iSCSI initiator name stem for a file's sessions: <stem>-<name>, the
+// stem being --initiator's or iqn.2026-11.io.blkps:mount-<host>-<pid>; the
+// part after the default's colon is folded to IQN characters.
+std::string InitiatorPrefix(const std::string& stem, const std::string& name) {
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
-  const std::string raw = std::string("mount-") + host + "-" + std::to_string(getpid()) + "-" + name;
-  std::string folded = "iqn.2026-11.io.blkps:";
+  const std::string raw =
+      (stem.empty() ? std::string("mount-") + host + "-" + std::to_string(getpid()) : "") + "-" + name;
+  std::string folded = stem.empty() ? "iqn.2026-11.io.blkps:" : stem;
   for (char c : raw) {
     const unsigned char ch = static_cast<unsigned char>(c);
     folded += (isalnum(ch) || c == '.' || c == '-') ? static_cast<char>(tolower(ch)) : '-';
@@ -522,7 +538,7 @@ void OpenFiles(Mount* mount) {
     auto file = std::make_unique<MountedFile>();
     file->name = spec.first;
     file->target = spec.second;
-    const std::string prefix = InitiatorPrefix(file->name);
+    const std::string prefix = InitiatorPrefix(mount->options.initiator, file->name);
     Status status;
     std::unique_ptr<Device> first = OpenDevice(file->target, prefix + "-1", &status);
     if (first == nullptr) Fail(file->name + ": " + status.message());

@@ -49,8 +49,16 @@ static_assert(sizeof(scsi_iovec) == sizeof(iovec) && offsetof(scsi_iovec, iov_ba
               "libiscsi promises scsi_iovec has the layout of iovec");
 
 constexpr uint64_t kDefaultRequestBytes = 1 << 20;
-// tgt's iSER driver carries at most buf_sz_kb (512 KiB by default) per command.
-constexpr uint64_t kIserDefaultRequestBytes = 512 << 10;
+// The most one iser:// command carries: tgt's iSER driver takes at most
+// buf_sz_kb (512 KiB by default) per command, and libiscsi 1.19's iSER
+// initiator stages every command's data in one registered buffer of 256 KiB
+// (DATA_BUFFER_SIZE in its lib/iser.c; a larger write overruns it). Also the
+// default request size on iSER.
+constexpr uint64_t kIserMaxRequestBytes = 256 << 10;
+// The most iser:// commands in flight: libiscsi 1.19 has 256 send
+// descriptors (NUM_MRS) and takes one per command without checking, and does
+// not hold commands back for the target's CmdSN window (tgt's is 128).
+constexpr uint32_t kIserMaxInFlight = 128;
 // libiscsi sends commands from the poll loop; wake it at least this often so
 // that its timeouts and reconnect attempts run.
 constexpr int kPollTimeoutMs = 1000;
@@ -166,6 +174,41 @@ struct SessionSpec {
   bool iser = false;
 };
 
+// Switches a new context to iSER. Works around libiscsi 1.19.0's iSER
+// initiator (Debian 12), which reads its connection state as if zeroed but
+// allocates it with a plain malloc (iscsi_init_iser_transport(); upstream
+// fixed it in 2020, "iser: fix segfault at iser_reg_mr", released in 1.20):
+// the send descriptor list's head is then heap garbage, and the connection
+// thread walks it when the RDMA connection is established (SIGSEGV, or heap
+// corruption that glibc reports as a double free later). The state is the
+// context's `opaque` (the second field of struct iscsi_context, after `drv`;
+// 1.19's layout), 0x10b8 bytes (sizeof(struct iser_conn) in Debian's
+// libiscsi7 1.19.0-3, read from its iscsi_init_transport). We zero it as
+// 1.20 does, before anything reads it. CMake defines
+// BLKPS_LIBISCSI_ISER_UNZEROED only when building against libiscsi 1.19.
+// Returns false with the reason in *error.
+bool InitIserTransport(iscsi_context* iscsi, std::string* error) {
+  if (iscsi_init_transport(iscsi, ISER_TRANSPORT) != 0) {
+    *error = LastError(iscsi);
+    return false;
+  }
+#ifdef BLKPS_LIBISCSI_ISER_UNZEROED
+  struct ContextHead {  // struct iscsi_context's first fields in libiscsi 1.19
+    void* drv;
+    void* opaque;
+    int transport;  // enum iscsi_transport_type
+  };
+  constexpr size_t kIserConnBytes = 0x10b8;
+  auto* head = reinterpret_cast<ContextHead*>(iscsi);
+  if (head->transport != ISER_TRANSPORT || head->opaque == nullptr) {
+    *error = "libiscsi's context is not laid out as in 1.19: rebuild blkps against the installed libiscsi";
+    return false;
+  }
+  std::memset(head->opaque, 0, kIserConnBytes);
+#endif
+  return true;
+}
+
 // A logged-in context for `spec`, or nullptr with libiscsi's reason in
 // *error.
 iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
@@ -174,8 +217,7 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
     *error = "cannot create an iSCSI context for " + spec.initiator;
     return nullptr;
   }
-  if (spec.iser && iscsi_init_transport(iscsi, ISER_TRANSPORT) != 0) {
-    *error = LastError(iscsi);
+  if (spec.iser && !InitIserTransport(iscsi, error)) {
     iscsi_destroy_context(iscsi);
     return nullptr;
   }
@@ -220,12 +262,12 @@ scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
 
 // One synchronous command on `lun` of a context with nothing else in
 // flight: READ(16) into `data` or WRITE(16) from it, in pieces of at most
-// 512 KiB (what iSER carries as well as TCP).
+// kIserMaxRequestBytes (what iSER carries as well as TCP).
 Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t offset, void* data, uint64_t len,
                     uint32_t block_size) {
   char* bytes = static_cast<char*>(data);
   for (uint64_t done = 0; done < len;) {
-    const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserDefaultRequestBytes));
+    const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserMaxRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
     scsi_task* task = PastUnitAttentions([&] {
       return direction == Direction::kRead
@@ -407,6 +449,7 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
                                 const std::vector<IoRequest>* writes) {
   if (!lost_.ok()) return lost_;
   // No command is in flight between batches, so the slots may move.
+  if (spec_.iser) queue_depth = std::min(queue_depth, kIserMaxInFlight);
   commands_.assign(std::min<size_t>(std::max<uint32_t>(queue_depth, 1), count), Command());
   Status result;
   std::deque<size_t> pending;  // commands to start, in order
@@ -736,8 +779,9 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
   const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
   scsi_free_scsi_task(task);
 
-  const uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
-  const uint64_t default_request_bytes = spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
+  uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
+  if (spec.iser) max_request_bytes = std::min(max_request_bytes, kIserMaxRequestBytes);
+  const uint64_t default_request_bytes = spec.iser ? kIserMaxRequestBytes : kDefaultRequestBytes;
   const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
   auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);

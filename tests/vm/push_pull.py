@@ -4,6 +4,9 @@ the weights must be exact; prints push and pull MB/s.
 
   push_pull.py --params N --rounds R [--mode M] [--initiator IQN] TARGET...
 
+With --initiator, this process opens TARGET as IQN and learner k as IQN-k
+(each session its own name, as tgt's iSER ACL and the receipts want).
+
 One learner process per TARGET (a learner LUN of one model with rule=sum:
 an iscsi:// or iser:// URL, or the LUN's block device): learner k pushes
 the gradient k + 1 to every parameter R times, then pulls the whole model R
@@ -25,6 +28,15 @@ sys.path.insert(0, os.environ["BLKPS_PY"])
 import blkps  # noqa: E402
 
 
+def require_exact(who, weights, want):
+    """Exits with one line naming the first of `weights` that differs from
+    `want`, if any."""
+    wrong = np.flatnonzero(weights != want)
+    if wrong.size:
+        i = wrong[0]
+        sys.exit(f"{who}: {wrong.size} weights differ: parameter {i} is {weights[i]}, expected {want[i]}")
+
+
 def learner(url, initiator, k, params, rounds, start, pushed, pulled):
     """Learner k: R pushes, then (once every learner has pushed) R pulls."""
     with blkps.Model(url, initiator_name=initiator) as m:
@@ -44,7 +56,7 @@ def main():
     p.add_argument("--params", type=int, required=True)
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--mode", default="async", help="the model's mode= (async, bsp or ssp:S)")
-    p.add_argument("--initiator", help="the learners' initiator name (default: libblkps's)")
+    p.add_argument("--initiator", help="initiator name of this process; learner k's is IQN-k (default: libblkps's)")
     p.add_argument("urls", nargs="+")
     a = p.parse_args()
     with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
@@ -52,8 +64,15 @@ def main():
     n = len(a.urls)
     # Three barriers shared with the learners: pushes start, pushes done,
     # pulls done; this process is the (n+1)th party of each.
-    start, pushed, pulled = (multiprocessing.Barrier(n + 1, timeout=120) for _ in range(3))
-    procs = [multiprocessing.Process(target=learner, args=(url, a.initiator, k, a.params, a.rounds, start, pushed, pulled))
+    # On iser:// learners start as new processes (spawn), not forks of this
+    # one: a fork of a process that has opened an iser:// model inherits
+    # librdmacm's process-wide RDMA state, and libiscsi's iSER then corrupts
+    # the child's heap ("double free or corruption", seen on soft-RoCE).
+    # Elsewhere fork, which starts faster.
+    ctx = multiprocessing.get_context("spawn" if any(u.startswith("iser://") for u in a.urls) else "fork")
+    start, pushed, pulled = (ctx.Barrier(n + 1, timeout=120) for _ in range(3))
+    procs = [ctx.Process(target=learner, args=(url, a.initiator and f"{a.initiator}-{k + 1}", k, a.params,
+                                                           a.rounds, start, pushed, pulled))
              for k, url in enumerate(a.urls)]
     for proc in procs:
         proc.start()
@@ -73,11 +92,7 @@ def main():
     with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
         final = m.pull(0, a.params)
     gain = a.rounds * n * (n + 1) / 2 / (n if a.mode == "bsp" else 1)
-    want = initial + np.float32(gain)
-    wrong = np.flatnonzero(final != want)
-    if wrong.size:
-        i = wrong[0]
-        sys.exit(f"push_pull: {wrong.size} weights differ: parameter {i} is {final[i]}, expected {want[i]}")
+    require_exact("push_pull", final, initial + np.float32(gain))
     print(f"weights exact: initial + {gain}")
 
 

@@ -46,6 +46,13 @@
 #   iser-train      in such a guest, plain_digits.py trains the digits MLP
 #                   through the ib_iser disk (O_DIRECT) to a held-out
 #                   accuracy of at least 0.85.
+#   iser-url        in such a guest, libblkps itself over iSER (no kernel
+#                   initiator): two learners push and pull on iser:// URLs
+#                   with exact sums in async, bsp and ssp, the control LUN's
+#                   status is read on its iser:// URL, then the same on
+#                   iscsi:// (the MB/s to compare); and blkps-mount serves an
+#                   iser:// LUN as a file that an O_DIRECT gradient write and
+#                   read-back go through exactly.
 #   held-write      a bsp gradient write from a guest that the server holds
 #                   past hold_limit fails (ABORTED COMMAND) and the kernel's
 #                   SCSI layer retries it; it is applied once, when the round
@@ -508,6 +515,16 @@ test_iser_train() {
   grep -q "^held-out test accuracy: " "$state/out" || fail "the guest's learner did not reach its evaluation"
 }
 
+test_iser_url() {
+  iser_guest iser:url:async iser:url:bsp iser:url:ssp:2 iscsi:url:bsp iser:mount
+  local want
+  for want in "iser url async: iser" "iser url bsp: iser" "iser url ssp:2: iser" "iscsi url bsp: iscsi" \
+              "control LUN status: mode ssp:2" "iser mount: weights exact through the file"; do
+    grep -qx "$want" "$state/out" || fail "the guest did not print '$want'"
+  done
+  [ "$(grep -c "^weights exact: " "$state/out")" = 4 ] || fail "not every run's weights were exact"
+}
+
 case "$what" in
   guest-boots) test_guest_boots ;;
   guest-killed) test_guest_killed ;;
@@ -520,5 +537,6 @@ case "$what" in
   held-write) test_held_write ;;
   iser) test_iser ;;
   iser-train) test_iser_train ;;
+  iser-url) test_iser_url ;;
   *) fail "unknown case '$what'" ;;
 esac

@@ -38,13 +38,15 @@ typedef struct blkps_model blkps_model;
 
 typedef struct blkps_open_options {
   /* Bytes per I/O request, rounded down to whole logical blocks (at least
-   * one); 0 = default: 1 MiB, or 512 KiB for iser:// (tgt's iSER carries at
-   * most buf_sz_kb = 512 KiB per command unless configured otherwise).
-   * Capped at the largest transfer the device accepts. */
+   * one); 0 = default: 1 MiB, or 256 KiB for iser:// (libiscsi 1.19's iSER
+   * stages a command's data in a 256 KiB buffer; tgt's takes 512 KiB).
+   * Capped at the largest transfer the device accepts (256 KiB on
+   * iser://). */
   uint32_t request_bytes;
   /* Requests kept in flight; 0 = default 16. Files and block devices use
    * libaio with O_DIRECT (buffered, said once on stderr, where O_DIRECT is
-   * refused); iscsi:// and iser:// use libiscsi's asynchronous tasks. */
+   * refused); iscsi:// and iser:// use libiscsi's asynchronous tasks
+   * (at most 128 in flight on iser://). */
   uint32_t queue_depth;
   /* iSCSI initiator IQN; NULL = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
    * Copied during blkps_open. */

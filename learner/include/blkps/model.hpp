@@ -47,8 +47,8 @@ class Status;
 
 struct OpenOptions {
   // Bytes per I/O request, rounded down to whole logical blocks (at least
-  // one); 0 = 1 MiB, or 512 KiB for iser:// (tgt's iSER default limit).
-  // Capped at the largest transfer the device accepts.
+  // one); 0 = 1 MiB, or 256 KiB for iser:// (libiscsi 1.19's iSER limit).
+  // Capped at the largest transfer the device accepts (256 KiB on iser://).
   uint32_t request_bytes = 0;
   // Requests in flight; 0 = 16. Files and block devices use libaio with
   // O_DIRECT (buffered, said once on stderr, where O_DIRECT is refused).

@@ -225,8 +225,8 @@ class Model(_Handle):
     def __init__(self, target, request_bytes=0, queue_depth=0,
                  initiator_name=None, dtype=None):
         """Opens `target`. request_bytes (per I/O request) and queue_depth
-        (requests in flight) of 0 take libblkps's defaults (1 MiB, or 512 KiB
-        for iser://; 16); initiator_name is the iSCSI initiator IQN (None:
+        (requests in flight) of 0 take libblkps's defaults (1 MiB, or 256 KiB
+        for iser://, its most; 16); initiator_name is the iSCSI initiator IQN (None:
         libblkps's default). dtype is the LUN's --bsopts dtype: None or
         "float32", "bfloat16", "float16" (README "16-bit wire"); push and
         pull still take and give float32 arrays."""
