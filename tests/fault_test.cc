@@ -321,6 +321,41 @@ TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
+// Engine::Finish() ends with a Sync(): once it returns, every push is in a
+// checkpoint (or counted lost), so a kill -9 right after loses nothing.
+TEST(KillTgtd, AfterEngineFinishEveryPushIsDurable) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kSteps = 5;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // No periodic checkpoint within the test: only a sync writes one.
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options;
+  options.open.initiator_name = "iqn.2026-11.io.blkps:finish-test-" + std::to_string(getpid());
+  std::string error;
+  auto engine = blkps::Engine::Open(target.url(), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < kSteps; ++t) {
+    std::fill_n(engine->gradient(), engine->count(), 1.0f);
+    ASSERT_EQ(engine->Step(), 0) << "step " << t << ": " << engine->last_error();
+  }
+  std::fill_n(engine->gradient(), engine->count(), 1.0f);
+  ASSERT_EQ(engine->Finish(), 0) << engine->last_error();
+  EXPECT_EQ(engine->pushed_bytes_lost(), 0u);
+  engine.reset();
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << target.Log();
+  std::vector<float> w(kSmallParams);
+  auto m = Open(target.url(), "after-finish", &error);
+  ASSERT_NE(m, nullptr) << error;
+  ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
+  EXPECT_EQ(CountWrong(w, kSteps + 1), "");
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
 // A large model checkpointed over and over; tgtd is killed while a
 // checkpoint is being written (its temporary file exists) and started again:
 // the old or the new checkpoint loads, never a torn one, and the weights

@@ -210,8 +210,10 @@ BLKPS_EXPORT float *blkps_engine_gradient(blkps_engine *e);
  * Returns 0 or a negative errno. */
 BLKPS_EXPORT int blkps_engine_step(blkps_engine *e);
 
-/* Pushes the current gradient, waits for every push, stops the threads.
- * Returns 0 or a negative errno. */
+/* Pushes the current gradient, waits for every push, stops the threads and
+ * syncs (the server checkpoints, if it keeps one), so that every push is
+ * durable or counted in blkps_engine_pushed_bytes_lost(). Returns 0 or a
+ * negative errno. */
 BLKPS_EXPORT int blkps_engine_finish(blkps_engine *e);
 
 /* The metrics of the iteration the last successful step ended. */
