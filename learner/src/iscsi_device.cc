@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -55,10 +56,13 @@ constexpr uint64_t kIserDefaultRequestBytes = 512 << 10;
 constexpr int kPollTimeoutMs = 1000;
 // iscsi_which_events() == 0 means "reconnect pending, wait >= 100 ms".
 constexpr int kReconnectWaitMs = 100;
-// A lost session is re-established with backoff between attempts for this
-// long: enough for a server restart, short enough that a learner whose
-// server is gone fails.
-constexpr std::chrono::seconds kReconnectTime(30);
+// A lost session is re-established with backoff between attempts for
+// BLKPS_RECONNECT_SECONDS, by default kReconnectBaseSeconds plus one second
+// per kReconnectBytesPerSecond of model: enough for a loaded server to
+// restart and load its checkpoint, short enough that a learner whose server
+// is gone fails.
+constexpr double kReconnectBaseSeconds = 60;
+constexpr double kReconnectBytesPerSecond = 64 << 20;
 constexpr std::chrono::milliseconds kReconnectBackoffMax(1000);
 // A command the target does not answer fails after this, as with the Linux
 // SCSI layer: a hung server must not hang the learner. blkps servers bound
@@ -162,7 +166,25 @@ struct SessionSpec {
   std::string initiator, portal, target;
   int lun = 0;
   bool iser = false;
+  double reconnect_seconds = 0;  // how long a lost session is retried
 };
+
+// The reconnect deadline: BLKPS_RECONNECT_SECONDS (seconds > 0) if set, else
+// the default for a device of `device_bytes`.
+Status ReconnectSeconds(uint64_t device_bytes, double* seconds) {
+  const char* text = getenv("BLKPS_RECONNECT_SECONDS");
+  if (text == nullptr || *text == '\0') {
+    *seconds = kReconnectBaseSeconds + static_cast<double>(device_bytes) / kReconnectBytesPerSecond;
+    return Status();
+  }
+  char* end = nullptr;
+  errno = 0;
+  *seconds = strtod(text, &end);
+  if (errno != 0 || *end != '\0' || !(*seconds > 0) || *seconds > 1e6) {
+    return Status::Error(EINVAL, "BLKPS_RECONNECT_SECONDS=%s: expected seconds, a number > 0 and <= 1000000", text);
+  }
+  return Status();
+}
 
 // A logged-in context for `spec`, or nullptr with libiscsi's reason in
 // *error.
@@ -468,13 +490,17 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   // The receipt is read after every reconnect, whatever the batch: a target
   // restarted while the device was reading or idle lost writes too.
   const bool receipts = !expected_.empty();
-  const auto deadline = std::chrono::steady_clock::now() + kReconnectTime;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(spec_.reconnect_seconds));
   std::chrono::milliseconds backoff(50);
+  int attempts = 0;
   std::string error;
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
   for (;;) {
     iscsi_ = LogIn(spec_, &error);
+    ++attempts;
     if (iscsi_ != nullptr && receipts) {
       Status s = FenceAndReadReceipt(&counts);
       if (s.ok()) break;
@@ -484,8 +510,11 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     }
     if (iscsi_ != nullptr) break;
     if (std::chrono::steady_clock::now() + backoff > deadline) {
-      return Status::Error(EIO, "connection to %s lost and not re-established within %d s (%s); reopen the model",
-                           name_.c_str(), static_cast<int>(kReconnectTime.count()), error.c_str());
+      const double tried = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return Status::Error(EIO,
+                           "%s: the connection was lost; gave up reconnecting after %d attempts in %.1f s (deadline "
+                           "%.0f s, BLKPS_RECONNECT_SECONDS); last error: %s; reopen the model",
+                           name_.c_str(), attempts, tried, spec_.reconnect_seconds, error.c_str());
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
@@ -711,6 +740,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
   const uint32_t block_size = capacity->block_length;
   const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
   scsi_free_scsi_task(task);
+  if (Status s = ReconnectSeconds(size_bytes, &spec.reconnect_seconds); !s.ok()) return fail(std::move(s));
 
   const uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
   const uint64_t default_request_bytes = spec.iser ? kIserDefaultRequestBytes : kDefaultRequestBytes;
