@@ -215,6 +215,27 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
   }
 }
 
+// Opening a model ends by reading the initiator's receipt; an open whose
+// connection is cut there fails instead of going on without exactly-once.
+TEST(CutConnections, AnOpenThatCannotReadItsReceiptFails) {
+  TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  std::string error;
+  auto clean = Open(ViaPort(target.url(), proxy.port()), "open-a", &error);
+  ASSERT_NE(clean, nullptr) << error;
+  const uint64_t open_bytes = proxy.bytes_to_target();
+  clean.reset();
+  // The same open (a name as long) again, cut inside its last command's
+  // request: the receipt read.
+  proxy.CutAt({proxy.bytes_to_target() + open_bytes - 8});
+  auto cut = Open(ViaPort(target.url(), proxy.port()), "open-b", &error);
+  EXPECT_EQ(cut, nullptr);
+  EXPECT_NE(error.find("receipt: blkps: read of LUN 2"), std::string::npos) << error;
+  EXPECT_NE(error.find("exactly-once pushes need it, so the open fails"), std::string::npos) << error;
+}
+
 // Two learners push g_l = l + 1 to a rule=sum model with periodic
 // checkpoints while tgtd is killed with SIGKILL at 20 random points and
 // started again with the same options. Every restart must load the

@@ -217,14 +217,51 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
   return iscsi;
 }
 
-// Runs a synchronous command until it reports no UNIT ATTENTION: the first
+// What a command's callback leaves for RunToEnd.
+struct CommandEnd {
+  bool done = false;
+  scsi_task* task = nullptr;
+};
+
+void OnCommandEnd(iscsi_context*, int status, void* command_data, void* private_data) {
+  CommandEnd* end = static_cast<CommandEnd*>(private_data);
+  end->done = true;
+  end->task = static_cast<scsi_task*>(command_data);
+  // The status is the callback's; libiscsi's *_sync calls copy it too.
+  if (end->task != nullptr) end->task->status = status;
+}
+
+// Starts a command with `start(callback, private_data)` (an iscsi_*_task
+// call) and services `iscsi` until it ends; returns its task, or nullptr if
+// it could not start or the connection failed. Instead of libiscsi's *_sync
+// calls: those return on a failed connection leaving the command queued
+// with a pointer into their stack frame, which destroying the context later
+// writes to (seen as heap corruption after a target restart). Here that
+// pointer is to a CommandEnd left allocated for the context's destruction.
+using StartCommand = std::function<scsi_task*(iscsi_command_cb, void*)>;
+scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start) {
+  CommandEnd* end = new CommandEnd;
+  if (start(OnCommandEnd, end) == nullptr) {
+    delete end;
+    return nullptr;
+  }
+  while (!end->done) {
+    pollfd pfd{iscsi_get_fd(iscsi), static_cast<short>(iscsi_which_events(iscsi)), 0};
+    if (poll(&pfd, 1, kPollTimeoutMs) < 0 || iscsi_service(iscsi, pfd.revents) < 0) return nullptr;  // `end` leaks
+  }
+  scsi_task* task = end->task;
+  delete end;
+  return task;
+}
+
+// Runs a command (RunToEnd) until it reports no UNIT ATTENTION: the first
 // commands to a LUN of a new session report its unit attentions (power on,
 // reset, LUNs changed), one each, and do nothing. Returns its task.
-scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
+scsi_task* PastUnitAttentions(iscsi_context* iscsi, const StartCommand& start) {
   scsi_task* task = nullptr;
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (task != nullptr) scsi_free_scsi_task(task);
-    task = command();
+    task = RunToEnd(iscsi, start);
     const bool unit_attention =
         task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
     if (!unit_attention) break;
@@ -241,19 +278,21 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
   for (uint64_t done = 0; done < len;) {
     const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserDefaultRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
-    scsi_task* task = PastUnitAttentions([&] {
+    scsi_task* task = PastUnitAttentions(iscsi, [&](iscsi_command_cb cb, void* end) {
       return direction == Direction::kRead
-                 ? iscsi_read16_sync(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0)
-                 : iscsi_write16_sync(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
-                                      block_size, 0, 0, 0, 0, 0);
+                 ? iscsi_read16_task(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0, cb, end)
+                 : iscsi_write16_task(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
+                                      block_size, 0, 0, 0, 0, 0, cb, end);
     });
     const bool good = task != nullptr && task->status == SCSI_STATUS_GOOD &&
                       (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
     if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
+    const bool cancelled = task != nullptr && task->status == SCSI_STATUS_CANCELLED;
     if (task != nullptr) scsi_free_scsi_task(task);
     if (!good) {
       return Status::Error(EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction), lun,
-                           static_cast<unsigned long long>(offset + done), LastError(iscsi).c_str());
+                           static_cast<unsigned long long>(offset + done),
+                           cancelled ? "the connection was lost" : LastError(iscsi).c_str());
     }
     done += piece;
   }
@@ -263,7 +302,8 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
 // The capacity in bytes of `lun`, or 0 if READ CAPACITY(16) fails.
 uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
   uint64_t bytes = 0;
-  scsi_task* task = PastUnitAttentions([&] { return iscsi_readcapacity16_sync(iscsi, lun); });
+  scsi_task* task = PastUnitAttentions(
+      iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, lun, cb, end); });
   auto* capacity = task != nullptr && task->status == SCSI_STATUS_GOOD
                        ? static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task))
                        : nullptr;
@@ -277,14 +317,17 @@ uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
 // as large as such a model's control LUN. -1 if there is none.
 int FindControlLun(iscsi_context* iscsi, int lun, uint64_t device_bytes) {
   int found = -1;
-  scsi_task* task = iscsi_reportluns_sync(iscsi, 0, 16384);
+  scsi_task* task =
+      RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_reportluns_task(iscsi, 0, 16384, cb, end); });
   auto* list = task != nullptr && task->status == SCSI_STATUS_GOOD
                    ? static_cast<scsi_reportluns_list*>(scsi_datain_unmarshall(task))
                    : nullptr;
   for (uint32_t i = 0; list != nullptr && i < list->num && found < 0; ++i) {
     const int candidate = list->luns[i];
     if (candidate == lun) continue;
-    scsi_task* inquiry = iscsi_inquiry_sync(iscsi, candidate, 0, 0, 255);
+    scsi_task* inquiry = RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) {
+      return iscsi_inquiry_task(iscsi, candidate, 0, 0, 255, cb, end);
+    });
     auto* standard = inquiry != nullptr && inquiry->status == SCSI_STATUS_GOOD
                          ? static_cast<scsi_inquiry_standard*>(scsi_datain_unmarshall(inquiry))
                          : nullptr;
@@ -647,7 +690,9 @@ Status IscsiDevice::Service() {
 // count that libiscsi takes.
 uint64_t MaxRequestBytes(iscsi_context* iscsi, int lun, uint32_t block_size) {
   uint64_t max_bytes = UINT32_MAX / block_size * block_size;
-  scsi_task* task = iscsi_inquiry_sync(iscsi, lun, 1, SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255);
+  scsi_task* task = RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) {
+    return iscsi_inquiry_task(iscsi, lun, 1, SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255, cb, end);
+  });
   if (task != nullptr && task->status == SCSI_STATUS_GOOD) {
     auto* limits = static_cast<scsi_inquiry_block_limits*>(scsi_datain_unmarshall(task));
     if (limits != nullptr && limits->max_xfer_len != 0) {
@@ -726,7 +771,8 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     return nullptr;
   };
 
-  scsi_task* task = iscsi_readcapacity16_sync(iscsi, spec.lun);
+  scsi_task* task = RunToEnd(
+      iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, spec.lun, cb, end); });
   if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
     Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s", spec.name.c_str(), LastError(iscsi).c_str());
     if (task != nullptr) scsi_free_scsi_task(task);
@@ -752,8 +798,17 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     // initiator's writes so far (nothing, for a new initiator name).
     std::vector<uint32_t> counts;
     blkps_control_receipt header{};
+    // A server without receipts (EPROTO) gets every write in flight resent
+    // after a reconnect; a failed read must not silently do the same.
     Status s = device->ReadReceipt(&counts, &header);
-    if (s.ok()) device->ExpectReceipt(std::move(counts));
+    if (s.ok()) {
+      device->ExpectReceipt(std::move(counts));
+    } else if (s.code() != EPROTO) {
+      const std::string why = s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
+      *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
+                              why.c_str());
+      return nullptr;
+    }
   }
   return device;
 }
