@@ -288,10 +288,12 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
                       (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
     if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
     const bool cancelled = task != nullptr && task->status == SCSI_STATUS_CANCELLED;
+    const bool refused =
+        task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_ILLEGAL_REQUEST;
     if (task != nullptr) scsi_free_scsi_task(task);
     if (!good) {
-      return Status::Error(EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction), lun,
-                           static_cast<unsigned long long>(offset + done),
+      return Status::Error(refused ? EINVAL : EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction),
+                           lun, static_cast<unsigned long long>(offset + done),
                            cancelled ? "the connection was lost" : LastError(iscsi).c_str());
     }
     done += piece;
@@ -630,7 +632,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
                           static_cast<uint64_t>(lun_) * blkps_control_receipt_bytes(size_bytes_);
   std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
   Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_);
-  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   std::memcpy(header, page.data(), sizeof *header);
   if (std::memcmp(header->magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header->magic) != 0 ||
       header->format_version != BLKPS_CONTROL_FORMAT_VERSION || header->lun != static_cast<uint64_t>(lun_)) {
@@ -642,7 +644,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
   std::vector<uint32_t> words(bytes / 4);
   s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, words.data(),
                    bytes, block_size_);
-  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   words.resize(units);
   *counts = std::move(words);
   return Status();
@@ -798,12 +800,13 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     // initiator's writes so far (nothing, for a new initiator name).
     std::vector<uint32_t> counts;
     blkps_control_receipt header{};
-    // A server without receipts (EPROTO) gets every write in flight resent
-    // after a reconnect; a failed read must not silently do the same.
+    // A server without receipts (EPROTO), or none for this LUN (the read
+    // refused, EINVAL), gets every write in flight resent after a
+    // reconnect; a read that failed on the way must not silently do the same.
     Status s = device->ReadReceipt(&counts, &header);
     if (s.ok()) {
       device->ExpectReceipt(std::move(counts));
-    } else if (s.code() != EPROTO) {
+    } else if (s.code() == EIO) {
       const std::string why = s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
       *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
                               why.c_str());
