@@ -36,7 +36,11 @@
 // ones already running have finished. A gradient and its receipt count are
 // one step for checkpoints: a checkpoint waits for the running writes and
 // holds new ones back, so a restarted server's receipts are exactly its
-// checkpoint's.
+// checkpoint's. Each slot keeps the receipts of its kReceiptsPerSlot most
+// recently active initiators (a read, a write admitted or ended);
+// an older one, with no write in progress, is dropped, in memory and from
+// the next checkpoint. A learner's receipt therefore survives its reconnects
+// unless that many other initiator names have used its LUN meanwhile.
 //
 // Checkpoints. Checkpoint() writes the weights, the rule's state and
 // parameters, the bsp accumulator, every clock and the receipts to the
@@ -175,6 +179,8 @@ class Job {
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
   static constexpr uint64_t kReceiptUnit = 512;
+  // Receipts kept per learner slot (see "Receipts" above).
+  static constexpr size_t kReceiptsPerSlot = 8;
   struct ReceiptNumbers {
     uint64_t writes_applied = 0;
     uint64_t writes_in_progress = 0;
@@ -204,6 +210,7 @@ class Job {
     std::map<uint64_t, uint32_t> applied;  // unit -> writes applied that start there (mod 2^32)
     uint64_t writes_applied = 0;
     uint64_t in_progress = 0;  // admitted, not yet finished or failed
+    uint64_t last_use = 0;     // receipt_uses_ at its initiator's last I/O
   };
   struct Slot {
     uint64_t lun = 0;
@@ -228,6 +235,11 @@ class Job {
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
+  // `initiator` does I/O on slot `s`: its receipt (made for a write, found
+  // for a read; nullptr if none) becomes the most recently used, and the
+  // slot's least recently used one beyond kReceiptsPerSlot is dropped.
+  // REQUIRES mu_.
+  Receipt* UseReceiptLocked(Slot& s, const std::string& initiator, bool write);
   void FenceLocked(uint64_t lun, const std::string& initiator);
   // Writes hold the checkpoint gate while they apply and count a gradient;
   // Checkpoint closes it (new writes wait) and waits for the running ones.
@@ -262,6 +274,7 @@ class Job {
   std::string failure_;                  // guarded by mu_; non-empty: failed
   std::string tag_;                      // guarded by mu_; control's tag=
   std::string control_error_;            // guarded by mu_; why the last control write was refused
+  uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
   std::atomic<uint64_t> rejected_writes_{0};

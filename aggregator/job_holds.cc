@@ -18,7 +18,8 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   s.last_io = Clock::now();
   (write ? s.writes : s.reads) += 1;
   (write ? s.bytes_written : s.bytes_read) += len;
-  if (write) ++s.receipts[initiator].in_progress;
+  Receipt* receipt = UseReceiptLocked(s, initiator, write);
+  if (write) ++receipt->in_progress;
   if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
   if (!clocks_.live(slot)) {
     clocks_.Rejoin(slot);

@@ -1,7 +1,8 @@
 // Job's receipts (job.h, "Receipts"): what each initiator's writes to each
 // learner slot have done, counted as they are applied (inside the write gate
 // that checkpoints close), read for target-plugin/lu.cc (which serves them as
-// the control LUN's receipts region), fenced, and checkpointed.
+// the control LUN's receipts region), fenced, bounded per slot, and
+// checkpointed.
 #include <algorithm>
 #include <cstring>
 
@@ -24,9 +25,28 @@ void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset
   std::lock_guard<std::mutex> lock(mu_);
   Receipt& r = slots_[slot].receipts[initiator];
   if (r.in_progress > 0) --r.in_progress;
+  r.last_use = ++receipt_uses_;
   if (!applied) return;
   ++r.applied[offset / kReceiptUnit];
   ++r.writes_applied;
+}
+
+Job::Receipt* Job::UseReceiptLocked(Slot& s, const std::string& initiator, bool write) {
+  auto it = write ? s.receipts.try_emplace(initiator).first : s.receipts.find(initiator);
+  if (it == s.receipts.end()) return nullptr;
+  it->second.last_use = ++receipt_uses_;
+  if (s.receipts.size() > kReceiptsPerSlot) {
+    // The least recently used receipt with no write in progress (a write in
+    // progress will count on it, or fail and uncount).
+    auto oldest = s.receipts.end();
+    for (auto r = s.receipts.begin(); r != s.receipts.end(); ++r) {
+      if (r->second.in_progress == 0 && (oldest == s.receipts.end() || r->second.last_use < oldest->second.last_use)) {
+        oldest = r;
+      }
+    }
+    if (oldest != s.receipts.end() && oldest != it) s.receipts.erase(oldest);
+  }
+  return &it->second;
 }
 
 void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
@@ -60,11 +80,18 @@ Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, 
 
 // Layout: receipts; per receipt: slot, writes_applied, initiator length,
 // its bytes in words (zero-padded), number of counters, then (unit, count)
-// pairs.
+// pairs. A slot's receipts are saved least recently used first, and restored
+// in that order of use.
 std::vector<uint64_t> Job::SaveReceiptsLocked() const {
   std::vector<uint64_t> words{0};
   for (size_t slot = 0; slot < slots_.size(); ++slot) {
-    for (const auto& [initiator, r] : slots_[slot].receipts) {
+    std::vector<std::pair<const std::string*, const Receipt*>> by_use;
+    for (const auto& [initiator, r] : slots_[slot].receipts) by_use.emplace_back(&initiator, &r);
+    std::sort(by_use.begin(), by_use.end(),
+              [](const auto& x, const auto& y) { return x.second->last_use < y.second->last_use; });
+    for (const auto& [initiator_name, receipt] : by_use) {
+      const std::string& initiator = *initiator_name;
+      const Receipt& r = *receipt;
       ++words[0];
       words.insert(words.end(), {slot, r.writes_applied, initiator.size()});
       std::vector<uint64_t> name((initiator.size() + 7) / 8, 0);
@@ -95,7 +122,7 @@ Status Job::RestoreReceiptsLocked(const std::vector<uint64_t>& words) {
     std::string initiator(reinterpret_cast<const char*>(words.data() + i), name_len);
     i += name_words;
     if (!next(&counters) || counters > (words.size() - i) / 2) return bad;
-    Receipt& r = slots_[slot].receipts[initiator];
+    Receipt& r = *UseReceiptLocked(slots_[slot], initiator, true);  // files before the bound may hold more
     r.writes_applied = applied;
     for (uint64_t c = 0; c < counters; ++c, i += 2) r.applied[words[i]] = static_cast<uint32_t>(words[i + 1]);
   }

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -105,6 +107,22 @@ std::string Field(const std::string& object, const std::string& key) {
 // every `every` seconds.
 std::string SumCheckpointed(uint64_t params, const std::string& checkpoint, const std::string& every) {
   return "params=" + std::to_string(params) + ";rule=sum;checkpoint=" + checkpoint + ";checkpoint_every=" + every;
+}
+
+// Kills tgtd with SIGKILL (kill number `k`) and starts it again with the
+// same options; a torn or corrupt checkpoint fails the start (its CRC is
+// checked). Counts the restart in *restarts, and in *loads if `checkpoint`
+// existed at the kill: then tgtd must have logged loading it.
+void KillAndRestart(TargetProcess& target, const std::string& checkpoint, int k, int* restarts, int* loads) {
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
+  const bool checkpointed = access(checkpoint.c_str(), F_OK) == 0;
+  ASSERT_TRUE(target.Restart()) << "restart " << k << ": " << target.start_output();
+  ++*restarts;
+  if (checkpointed) {
+    EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << "restart " << k << ": " << target.Log();
+    ++*loads;
+  }
 }
 
 // One learner pushes +1 200 times through 16 cuts; `extra` goes to `blkps
@@ -223,6 +241,27 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
   }
 }
 
+// Opening a model ends by reading the initiator's receipt; an open whose
+// connection is cut there fails instead of going on without exactly-once.
+TEST(CutConnections, AnOpenThatCannotReadItsReceiptFails) {
+  TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  std::string error;
+  auto clean = Open(ViaPort(target.url(), proxy.port()), "open-a", &error);
+  ASSERT_NE(clean, nullptr) << error;
+  const uint64_t open_bytes = proxy.bytes_to_target();
+  clean.reset();
+  // The same open (a name as long) again, cut inside its last command's
+  // request: the receipt read.
+  proxy.CutAt({proxy.bytes_to_target() + open_bytes - 8});
+  auto cut = Open(ViaPort(target.url(), proxy.port()), "open-b", &error);
+  EXPECT_EQ(cut, nullptr);
+  EXPECT_NE(error.find("receipt: blkps: read of LUN 2"), std::string::npos) << error;
+  EXPECT_NE(error.find("exactly-once pushes need it, so the open fails"), std::string::npos) << error;
+}
+
 // Two learners push g_l = l + 1 to a rule=sum model with periodic
 // checkpoints while tgtd is killed with SIGKILL at 20 random points and
 // started again with the same options. Every restart must load the
@@ -239,7 +278,7 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "0.05"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
-  std::atomic<int> pushes{0};
+  std::atomic<int> pushes{0}, opens{0};
   std::string errors[2];
   uint64_t lost_bytes[2] = {0, 0};
   auto learner = [&](int l) {
@@ -248,6 +287,7 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
     o.request_bytes = 64 << 10;
     o.initiator_name = "iqn.2026-11.io.blkps:kill-test-" + std::to_string(l) + "-" + std::to_string(getpid());
     auto m = blkps::Model::Open(target.url(l + 1), o, &error);
+    ++opens;
     if (!m) {
       errors[l] = error;
       return;
@@ -274,18 +314,10 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   for (int k = 0; k < kKills; ++k) at.push_back(std::uniform_int_distribution<int>(1, 2 * kIterations - 20)(rng));
   std::sort(at.begin(), at.end());
   int restarts = 0, loads = 0;
+  while (opens.load() < 2) std::this_thread::yield();  // an open during a kill fails
   for (int k = 0; k < kKills; ++k) {
     while (pushes.load() < at[k]) std::this_thread::yield();
-    std::string why;
-    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
-    const bool checkpointed = access((dir + "/model.ckpt").c_str(), F_OK) == 0;
-    // A torn or corrupt checkpoint fails the start (its CRC is checked).
-    ASSERT_TRUE(target.Restart()) << "restart " << k << ": " << target.start_output();
-    ++restarts;
-    if (checkpointed) {
-      EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << "restart " << k << ": " << target.Log();
-      ++loads;
-    }
+    ASSERT_NO_FATAL_FAILURE(KillAndRestart(target, dir + "/model.ckpt", k, &restarts, &loads));
   }
   a.join();
   b.join();
@@ -311,6 +343,139 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   std::printf("kill -9 trials: %d restarts, %d from a checkpoint; pushed bytes lost: %llu, %llu\n", restarts, loads,
               static_cast<unsigned long long>(lost_bytes[0]), static_cast<unsigned long long>(lost_bytes[1]));
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+// Two learners train a one-block rule=sum model in `mode` (one write per
+// push, so a lost write is a lost gradient): each pushes g_l = 2l + 1 and
+// pulls. tgtd is killed with SIGKILL `kills` times, each a random number of
+// pushes after the last restart, and started again with the same options.
+// Then both learners are given a goal: push until the server holds exactly
+// `goal` of their gradients, i.e. pushes made minus the gradients libblkps
+// said were lost. Both must get there (none stuck: a hold fails after
+// hold_limit); each learner's clock must be exactly the goal and every
+// parameter exactly `weight_per_iteration` times it: a loss said too small
+// leaves a clock short, one said too large makes a bsp learner wait for a
+// round that never comes, or overshoots in ssp. Status is read through the
+// control LUN. The learners never go idle long enough to be declared dead
+// (dead_after): a bsp round that went on without one of them would not be
+// their average.
+void KillDuringTwoLearnerTraining(const std::string& mode, int kills, uint32_t seed, float weight_per_iteration,
+                                  int steps_per_iteration) {
+  constexpr uint64_t kTinyParams = 1 << 14;  // 64 KiB: one block (1 MiB), one write
+  constexpr uint64_t kTinyBytes = kTinyParams * sizeof(float);
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  TargetProcess target(SumCheckpointed(kTinyParams, dir + "/model.ckpt", "0.05") + ";mode=" + mode + ";dead_after=3600",
+                       "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+
+  std::atomic<int> goal{std::numeric_limits<int>::max()};
+  std::atomic<int> made[2] = {0, 0};
+  std::atomic<int> finished{0};
+  std::string errors[2];
+  uint64_t lost_bytes[2] = {0, 0};
+  auto learner = [&](int l) {
+    std::string error;
+    blkps::OpenOptions o;
+    o.request_bytes = kTinyBytes;
+    o.initiator_name = "iqn.2026-11.io.blkps:kill-" + mode + "-" + std::to_string(l) + "-" + std::to_string(getpid());
+    auto m = blkps::Model::Open(target.url(l + 1), o, &error);
+    const std::vector<float> g(kTinyParams, static_cast<float>(2 * l + 1));
+    std::vector<float> w(kTinyParams);
+    // The gradients of this learner the server holds, as far as it knows.
+    auto held = [&] { return made[l].load() - static_cast<int>(m->pushed_bytes_lost() / kTinyBytes); };
+    while (m) {
+      if (held() < goal.load()) {
+        if (m->Push(0, g.data(), kTinyParams) != 0 || m->Pull(0, w.data(), kTinyParams) != 0) {
+          errors[l] = "push " + std::to_string(made[l]) + ": " + m->last_error();
+          break;
+        }
+        ++made[l];
+        continue;
+      }
+      // A restart after the last push is heard of at the next I/O.
+      if (m->Sync() != 0) {
+        errors[l] = "sync: " + m->last_error();
+        break;
+      }
+      if (held() < goal.load()) continue;
+      lost_bytes[l] = m->pushed_bytes_lost();
+      if (lost_bytes[l] % kTinyBytes != 0)
+        errors[l] = "lost bytes not whole gradients: " + std::to_string(lost_bytes[l]);
+      break;
+    }
+    if (!m) errors[l] = error;
+    ++finished;
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  auto pushes = [&] { return made[0].load() + made[1].load(); };
+  std::mt19937 rng(seed);
+  int loads = 0, restarts = 0;
+  // Kills come once both learners are open (an open during a kill fails).
+  while ((made[0].load() == 0 || made[1].load() == 0) && finished.load() == 0) std::this_thread::yield();
+  for (int k = 0; k < kills && finished.load() == 0; ++k) {
+    const int at = pushes() + std::uniform_int_distribution<int>(1, 40)(rng);
+    while (pushes() < at && finished.load() == 0) std::this_thread::yield();
+    ASSERT_NO_FATAL_FAILURE(KillAndRestart(target, dir + "/model.ckpt", k, &restarts, &loads));
+  }
+  goal = std::max(made[0].load(), made[1].load()) + 10;
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(restarts, kills);
+  const int iterations = goal.load();
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(made[l] - static_cast<int>(lost_bytes[l] / kTinyBytes), iterations) << "learner " << l;
+    EXPECT_EQ(Field(LearnerStatus(target.control_url(), l + 1), "iteration"), std::to_string(iterations))
+        << "learner " << l << " made " << made[l] << " pushes, " << lost_bytes[l] / kTinyBytes << " said lost";
+  }
+  std::string error;
+  auto control = Open(target.control_url(), "status", &error);
+  ASSERT_NE(control, nullptr) << error;
+  std::vector<char> status(BLKPS_CONTROL_STATUS_BYTES + 1, '\0');
+  ASSERT_EQ(control->ReadBytes(0, status.data(), BLKPS_CONTROL_STATUS_BYTES), 0) << control->last_error();
+  EXPECT_EQ(Field(status.data(), "global_step"), std::to_string(steps_per_iteration * iterations));
+  EXPECT_EQ(Field(status.data(), "held_now"), "0");
+  control.reset();
+  auto reader = blkps::Model::Open(target.url(1), blkps::OpenOptions(), &error);
+  ASSERT_NE(reader, nullptr) << error;
+  std::vector<float> w(kTinyParams);
+  ASSERT_EQ(reader->Pull(0, w.data(), kTinyParams), 0) << reader->last_error();
+  EXPECT_EQ(CountWrong(w, weight_per_iteration * iterations), "");
+  std::printf("%s: %d restarts, %d from a checkpoint; %d iterations; pushes made %d, %d; said lost %llu, %llu\n",
+              mode.c_str(), restarts, loads, iterations, made[0].load(), made[1].load(),
+              static_cast<unsigned long long>(lost_bytes[0] / kTinyBytes),
+              static_cast<unsigned long long>(lost_bytes[1] / kTinyBytes));
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+// bsp: every round is the average of one gradient per learner, (1 + 3) / 2.
+TEST(KillTgtd, BspLearnersResumeWithExactClocks) { KillDuringTwoLearnerTraining("bsp", 8, 88, 2.0f, 1); }
+
+// ssp: every gradient is applied on arrival, 1 + 3 per iteration.
+TEST(KillTgtd, SspLearnersResumeWithExactClocks) { KillDuringTwoLearnerTraining("ssp:1", 6, 66, 4.0f, 2); }
+
+// A learner whose target stays away gives up at BLKPS_RECONNECT_SECONDS and
+// says how long it tried; a bad value fails the open.
+TEST(KillTgtd, ALearnerGivesUpAtTheReconnectDeadline) {
+  TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  setenv("BLKPS_RECONNECT_SECONDS", "soon", 1);
+  EXPECT_EQ(Open(target.url(), "bad-deadline", &error), nullptr);
+  EXPECT_NE(error.find("BLKPS_RECONNECT_SECONDS=soon: expected seconds"), std::string::npos) << error;
+  setenv("BLKPS_RECONNECT_SECONDS", "2", 1);
+  auto m = Open(target.url(), "deadline", &error);
+  unsetenv("BLKPS_RECONNECT_SECONDS");
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(1 << 14, 1.0f);
+  ASSERT_EQ(m->Push(0, ones.data(), ones.size()), 0) << m->last_error();
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  EXPECT_NE(m->Push(0, ones.data(), ones.size()), 0);
+  EXPECT_NE(m->last_error().find("gave up reconnecting after"), std::string::npos) << m->last_error();
+  EXPECT_NE(m->last_error().find("(deadline 2 s, BLKPS_RECONNECT_SECONDS)"), std::string::npos) << m->last_error();
 }
 
 // tgtd is killed after a learner's last push, before any checkpoint has
@@ -344,6 +509,41 @@ TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
   std::vector<float> w(kSmallParams);
   ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
   EXPECT_EQ(CountWrong(w, kDurable), "");
+  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
+}
+
+// Engine::Finish() ends with a Sync(): once it returns, every push is in a
+// checkpoint (or counted lost), so a kill -9 right after loses nothing.
+TEST(KillTgtd, AfterEngineFinishEveryPushIsDurable) {
+  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr int kSteps = 5;
+  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  // No periodic checkpoint within the test: only a sync writes one.
+  TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  blkps::EngineOptions options;
+  options.open.initiator_name = "iqn.2026-11.io.blkps:finish-test-" + std::to_string(getpid());
+  std::string error;
+  auto engine = blkps::Engine::Open(target.url(), options, &error);
+  ASSERT_NE(engine, nullptr) << error;
+  for (int t = 0; t < kSteps; ++t) {
+    std::fill_n(engine->gradient(), engine->count(), 1.0f);
+    ASSERT_EQ(engine->Step(), 0) << "step " << t << ": " << engine->last_error();
+  }
+  std::fill_n(engine->gradient(), engine->count(), 1.0f);
+  ASSERT_EQ(engine->Finish(), 0) << engine->last_error();
+  EXPECT_EQ(engine->pushed_bytes_lost(), 0u);
+  engine.reset();
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << target.Log();
+  std::vector<float> w(kSmallParams);
+  auto m = Open(target.url(), "after-finish", &error);
+  ASSERT_NE(m, nullptr) << error;
+  ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
+  EXPECT_EQ(CountWrong(w, kSteps + 1), "");
   RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 

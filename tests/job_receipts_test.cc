@@ -114,5 +114,61 @@ TEST(JobReceipts, ACheckpointHoldsTheReceiptsOfItsGradients) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// Each slot keeps the receipts of its kReceiptsPerSlot most recently active
+// initiators (a read counts as activity); a receipt with a write in progress
+// is never dropped; a checkpoint carries the kept ones in their order of use.
+TEST(JobReceipts, EachSlotKeepsItsMostRecentlyUsedReceipts) {
+  char tmpl[] = "/tmp/blkps-receipts-test-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  JobOptions o = SumOptions("async");
+  o.checkpoint = dir + "/model.ckpt";
+  auto writes_applied = [](const Job& job, uint64_t lun, const std::string& initiator) {
+    Job::ReceiptNumbers n;
+    Receipt(job, lun, initiator, &n);
+    return n.writes_applied;
+  };
+  constexpr size_t kKeep = Job::kReceiptsPerSlot;
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+    const size_t slot = job->AddLearner(1, [] {});
+    const size_t other = job->AddLearner(2, [] {});
+    ASSERT_TRUE(WriteOnes(*job, slot, 0, 512, "iqn.reader").ok());
+    int busy_cmd = 0;  // admitted, still running
+    ASSERT_EQ(job->Admit(slot, true, 512, 512, &busy_cmd, "iqn.busy"), Job::Admission::kRun);
+    ASSERT_TRUE(WriteOnes(*job, other, 0, 512, "iqn.other").ok());
+    for (size_t k = 0; k < kKeep; ++k) {
+      ASSERT_TRUE(WriteOnes(*job, slot, 0, 512, "iqn." + std::to_string(k)).ok());
+      int cmd = 0;  // iqn.reader keeps pulling
+      ASSERT_EQ(job->Admit(slot, false, 0, 512, &cmd, "iqn.reader"), Job::Admission::kRun);
+    }
+    // kKeep + 2 initiators used slot 1: the two least recently used without a
+    // write in progress, iqn.0 and iqn.1, are dropped.
+    EXPECT_EQ(writes_applied(*job, 1, "iqn.reader"), 1u);
+    for (size_t k = 0; k < kKeep; ++k) EXPECT_EQ(writes_applied(*job, 1, "iqn." + std::to_string(k)), k < 2 ? 0u : 1u);
+    Job::ReceiptNumbers busy;
+    Receipt(*job, 1, "iqn.busy", &busy);
+    EXPECT_EQ(busy.writes_in_progress, 1u);
+    EXPECT_EQ(writes_applied(*job, 2, "iqn.other"), 1u);  // another slot's receipts are not counted
+    ASSERT_TRUE(job->Write(slot, 512, std::vector<float>(128, 1.0f).data(), 512, "iqn.busy").ok());
+    ASSERT_TRUE(job->Checkpoint().ok());
+  }
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t slot = job->AddLearner(1, [] {});
+  job->AddLearner(2, [] {});
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.busy"), 1u);
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.reader"), 1u);
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.0"), 0u);
+  EXPECT_EQ(writes_applied(*job, 2, "iqn.other"), 1u);
+  // The order of use came back too: a new initiator drops the least recently
+  // used, iqn.2 (iqn.busy's write ended last).
+  ASSERT_TRUE(WriteOnes(*job, slot, 0, 512, "iqn.new").ok());
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.2"), 0u);
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.3"), 1u);
+  EXPECT_EQ(writes_applied(*job, 1, "iqn.busy"), 1u);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace blkps::server

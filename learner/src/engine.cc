@@ -163,6 +163,9 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   Status PushOn(Model& model, float* grad, bool flush, uint64_t iteration, double* seconds,
                 Clock::time_point* ended = nullptr);
   Status PullOn(Model& model, float* dest, uint64_t iteration, double* seconds, Clock::time_point* ended = nullptr);
+  // Finish's last step: Sync() on the push connection, so that every push is
+  // durable (the server checkpoints) or counted in pushed_bytes_lost().
+  Status SyncPushes();
   // The server's update count in model updates (the control LUN's counters
   // record: updates / blocks), or -1 when there is no control LUN or the read
   // fails.
@@ -615,6 +618,7 @@ int Engine::Impl::Finish() {
   if (!options_.double_buffering) {
     double seconds = 0;
     Status status = PushOn(*push_model_, grads_[0].get(), true, iteration_, &seconds);
+    if (status.ok()) status = SyncPushes();
     return status.ok() ? 0 : Failed(status);
   }
   PushJob push;
@@ -637,7 +641,15 @@ int Engine::Impl::Finish() {
     }
   }
   StopThreads();
+  if (push.status.ok()) push.status = SyncPushes();
   return push.status.ok() ? 0 : Failed(push.status);
+}
+
+Status Engine::Impl::SyncPushes() {
+  const int rc = push_model_->Sync();
+  if (rc == 0) return Status();
+  return Status::Error(-rc, "sync after the last push failed (the pushes may not be durable): %s",
+                       Inner(push_model_->last_error()).c_str());
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

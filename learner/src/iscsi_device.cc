@@ -64,10 +64,13 @@ constexpr uint32_t kIserMaxInFlight = 128;
 constexpr int kPollTimeoutMs = 1000;
 // iscsi_which_events() == 0 means "reconnect pending, wait >= 100 ms".
 constexpr int kReconnectWaitMs = 100;
-// A lost session is re-established with backoff between attempts for this
-// long: enough for a server restart, short enough that a learner whose
-// server is gone fails.
-constexpr std::chrono::seconds kReconnectTime(30);
+// A lost session is re-established with backoff between attempts for
+// BLKPS_RECONNECT_SECONDS, by default kReconnectBaseSeconds plus one second
+// per kReconnectBytesPerSecond of model: enough for a loaded server to
+// restart and load its checkpoint, short enough that a learner whose server
+// is gone fails.
+constexpr double kReconnectBaseSeconds = 60;
+constexpr double kReconnectBytesPerSecond = 64 << 20;
 constexpr std::chrono::milliseconds kReconnectBackoffMax(1000);
 // A command the target does not answer fails after this, as with the Linux
 // SCSI layer: a hung server must not hang the learner. blkps servers bound
@@ -172,6 +175,7 @@ struct SessionSpec {
   ChapCredentials chap;
   int lun = 0;
   bool iser = false;
+  double reconnect_seconds = 0;  // how long a lost session is retried
 };
 
 // Switches a new context to iSER. Works around libiscsi 1.19.0's iSER
@@ -207,6 +211,23 @@ bool InitIserTransport(iscsi_context* iscsi, std::string* error) {
   std::memset(head->opaque, 0, kIserConnBytes);
 #endif
   return true;
+}
+
+// The reconnect deadline: BLKPS_RECONNECT_SECONDS (seconds > 0) if set, else
+// the default for a device of `device_bytes`.
+Status ReconnectSeconds(uint64_t device_bytes, double* seconds) {
+  const char* text = getenv("BLKPS_RECONNECT_SECONDS");
+  if (text == nullptr || *text == '\0') {
+    *seconds = kReconnectBaseSeconds + static_cast<double>(device_bytes) / kReconnectBytesPerSecond;
+    return Status();
+  }
+  char* end = nullptr;
+  errno = 0;
+  *seconds = strtod(text, &end);
+  if (errno != 0 || *end != '\0' || !(*seconds > 0) || *seconds > 1e6) {
+    return Status::Error(EINVAL, "BLKPS_RECONNECT_SECONDS=%s: expected seconds, a number > 0 and <= 1000000", text);
+  }
+  return Status();
 }
 
 // A logged-in context for `spec`, or nullptr with libiscsi's reason in
@@ -245,14 +266,51 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
   return iscsi;
 }
 
-// Runs a synchronous command until it reports no UNIT ATTENTION: the first
+// What a command's callback leaves for RunToEnd.
+struct CommandEnd {
+  bool done = false;
+  scsi_task* task = nullptr;
+};
+
+void OnCommandEnd(iscsi_context*, int status, void* command_data, void* private_data) {
+  CommandEnd* end = static_cast<CommandEnd*>(private_data);
+  end->done = true;
+  end->task = static_cast<scsi_task*>(command_data);
+  // The status is the callback's; libiscsi's *_sync calls copy it too.
+  if (end->task != nullptr) end->task->status = status;
+}
+
+// Starts a command with `start(callback, private_data)` (an iscsi_*_task
+// call) and services `iscsi` until it ends; returns its task, or nullptr if
+// it could not start or the connection failed. Instead of libiscsi's *_sync
+// calls: those return on a failed connection leaving the command queued
+// with a pointer into their stack frame, which destroying the context later
+// writes to (seen as heap corruption after a target restart). Here that
+// pointer is to a CommandEnd left allocated for the context's destruction.
+using StartCommand = std::function<scsi_task*(iscsi_command_cb, void*)>;
+scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start) {
+  CommandEnd* end = new CommandEnd;
+  if (start(OnCommandEnd, end) == nullptr) {
+    delete end;
+    return nullptr;
+  }
+  while (!end->done) {
+    pollfd pfd{iscsi_get_fd(iscsi), static_cast<short>(iscsi_which_events(iscsi)), 0};
+    if (poll(&pfd, 1, kPollTimeoutMs) < 0 || iscsi_service(iscsi, pfd.revents) < 0) return nullptr;  // `end` leaks
+  }
+  scsi_task* task = end->task;
+  delete end;
+  return task;
+}
+
+// Runs a command (RunToEnd) until it reports no UNIT ATTENTION: the first
 // commands to a LUN of a new session report its unit attentions (power on,
 // reset, LUNs changed), one each, and do nothing. Returns its task.
-scsi_task* PastUnitAttentions(const std::function<scsi_task*()>& command) {
+scsi_task* PastUnitAttentions(iscsi_context* iscsi, const StartCommand& start) {
   scsi_task* task = nullptr;
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (task != nullptr) scsi_free_scsi_task(task);
-    task = command();
+    task = RunToEnd(iscsi, start);
     const bool unit_attention =
         task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
     if (!unit_attention) break;
@@ -269,19 +327,23 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
   for (uint64_t done = 0; done < len;) {
     const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserMaxRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
-    scsi_task* task = PastUnitAttentions([&] {
+    scsi_task* task = PastUnitAttentions(iscsi, [&](iscsi_command_cb cb, void* end) {
       return direction == Direction::kRead
-                 ? iscsi_read16_sync(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0)
-                 : iscsi_write16_sync(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
-                                      block_size, 0, 0, 0, 0, 0);
+                 ? iscsi_read16_task(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0, cb, end)
+                 : iscsi_write16_task(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
+                                      block_size, 0, 0, 0, 0, 0, cb, end);
     });
     const bool good = task != nullptr && task->status == SCSI_STATUS_GOOD &&
                       (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
     if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
+    const bool cancelled = task != nullptr && task->status == SCSI_STATUS_CANCELLED;
+    const bool refused =
+        task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_ILLEGAL_REQUEST;
     if (task != nullptr) scsi_free_scsi_task(task);
     if (!good) {
-      return Status::Error(EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction), lun,
-                           static_cast<unsigned long long>(offset + done), LastError(iscsi).c_str());
+      return Status::Error(refused ? EINVAL : EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction),
+                           lun, static_cast<unsigned long long>(offset + done),
+                           cancelled ? "the connection was lost" : LastError(iscsi).c_str());
     }
     done += piece;
   }
@@ -291,7 +353,8 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
 // The capacity in bytes of `lun`, or 0 if READ CAPACITY(16) fails.
 uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
   uint64_t bytes = 0;
-  scsi_task* task = PastUnitAttentions([&] { return iscsi_readcapacity16_sync(iscsi, lun); });
+  scsi_task* task = PastUnitAttentions(
+      iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, lun, cb, end); });
   auto* capacity = task != nullptr && task->status == SCSI_STATUS_GOOD
                        ? static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task))
                        : nullptr;
@@ -305,14 +368,17 @@ uint64_t CapacityBytes(iscsi_context* iscsi, int lun) {
 // as large as such a model's control LUN. -1 if there is none.
 int FindControlLun(iscsi_context* iscsi, int lun, uint64_t device_bytes) {
   int found = -1;
-  scsi_task* task = iscsi_reportluns_sync(iscsi, 0, 16384);
+  scsi_task* task =
+      RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_reportluns_task(iscsi, 0, 16384, cb, end); });
   auto* list = task != nullptr && task->status == SCSI_STATUS_GOOD
                    ? static_cast<scsi_reportluns_list*>(scsi_datain_unmarshall(task))
                    : nullptr;
   for (uint32_t i = 0; list != nullptr && i < list->num && found < 0; ++i) {
     const int candidate = list->luns[i];
     if (candidate == lun) continue;
-    scsi_task* inquiry = iscsi_inquiry_sync(iscsi, candidate, 0, 0, 255);
+    scsi_task* inquiry = RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) {
+      return iscsi_inquiry_task(iscsi, candidate, 0, 0, 255, cb, end);
+    });
     auto* standard = inquiry != nullptr && inquiry->status == SCSI_STATUS_GOOD
                          ? static_cast<scsi_inquiry_standard*>(scsi_datain_unmarshall(inquiry))
                          : nullptr;
@@ -519,13 +585,17 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   // The receipt is read after every reconnect, whatever the batch: a target
   // restarted while the device was reading or idle lost writes too.
   const bool receipts = !expected_.empty();
-  const auto deadline = std::chrono::steady_clock::now() + kReconnectTime;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(spec_.reconnect_seconds));
   std::chrono::milliseconds backoff(50);
+  int attempts = 0;
   std::string error;
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
   for (;;) {
     iscsi_ = LogIn(spec_, &error);
+    ++attempts;
     if (iscsi_ != nullptr && receipts) {
       Status s = FenceAndReadReceipt(&counts);
       if (s.ok()) break;
@@ -535,8 +605,11 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     }
     if (iscsi_ != nullptr) break;
     if (std::chrono::steady_clock::now() + backoff > deadline) {
-      return Status::Error(EIO, "connection to %s lost and not re-established within %d s (%s); reopen the model",
-                           name_.c_str(), static_cast<int>(kReconnectTime.count()), error.c_str());
+      const double tried = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return Status::Error(EIO,
+                           "%s: the connection was lost; gave up reconnecting after %d attempts in %.1f s (deadline "
+                           "%.0f s, BLKPS_RECONNECT_SECONDS); last error: %s; reopen the model",
+                           name_.c_str(), attempts, tried, spec_.reconnect_seconds, error.c_str());
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
@@ -609,7 +682,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
                           static_cast<uint64_t>(lun_) * blkps_control_receipt_bytes(size_bytes_);
   std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
   Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_);
-  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   std::memcpy(header, page.data(), sizeof *header);
   if (std::memcmp(header->magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header->magic) != 0 ||
       header->format_version != BLKPS_CONTROL_FORMAT_VERSION || header->lun != static_cast<uint64_t>(lun_)) {
@@ -621,7 +694,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
   std::vector<uint32_t> words(bytes / 4);
   s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, words.data(),
                    bytes, block_size_);
-  if (!s.ok()) return Status::Error(EIO, "%s: receipt: %s", name_.c_str(), s.message().c_str());
+  if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   words.resize(units);
   *counts = std::move(words);
   return Status();
@@ -669,7 +742,9 @@ Status IscsiDevice::Service() {
 // count that libiscsi takes.
 uint64_t MaxRequestBytes(iscsi_context* iscsi, int lun, uint32_t block_size) {
   uint64_t max_bytes = UINT32_MAX / block_size * block_size;
-  scsi_task* task = iscsi_inquiry_sync(iscsi, lun, 1, SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255);
+  scsi_task* task = RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) {
+    return iscsi_inquiry_task(iscsi, lun, 1, SCSI_INQUIRY_PAGECODE_BLOCK_LIMITS, 255, cb, end);
+  });
   if (task != nullptr && task->status == SCSI_STATUS_GOOD) {
     auto* limits = static_cast<scsi_inquiry_block_limits*>(scsi_datain_unmarshall(task));
     if (limits != nullptr && limits->max_xfer_len != 0) {
@@ -764,7 +839,8 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     return nullptr;
   };
 
-  scsi_task* task = iscsi_readcapacity16_sync(iscsi, spec.lun);
+  scsi_task* task = RunToEnd(
+      iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, spec.lun, cb, end); });
   if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
     Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s", spec.name.c_str(), LastError(iscsi).c_str());
     if (task != nullptr) scsi_free_scsi_task(task);
@@ -778,6 +854,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
   const uint32_t block_size = capacity->block_length;
   const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
   scsi_free_scsi_task(task);
+  if (Status s = ReconnectSeconds(size_bytes, &spec.reconnect_seconds); !s.ok()) return fail(std::move(s));
 
   uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
   if (spec.iser) max_request_bytes = std::min(max_request_bytes, kIserMaxRequestBytes);
@@ -790,8 +867,18 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     // initiator's writes so far (nothing, for a new initiator name).
     std::vector<uint32_t> counts;
     blkps_control_receipt header{};
+    // A server without receipts (EPROTO), or none for this LUN (the read
+    // refused, EINVAL), gets every write in flight resent after a
+    // reconnect; a read that failed on the way must not silently do the same.
     Status s = device->ReadReceipt(&counts, &header);
-    if (s.ok()) device->ExpectReceipt(std::move(counts));
+    if (s.ok()) {
+      device->ExpectReceipt(std::move(counts));
+    } else if (s.code() == EIO) {
+      const std::string why = s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
+      *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
+                              why.c_str());
+      return nullptr;
+    }
   }
   return device;
 }

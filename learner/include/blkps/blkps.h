@@ -11,9 +11,11 @@
  * ("blkps: ...") of the last failed call on a handle is blkps_last_error().
  *
  * iSCSI sessions: a dropped connection is re-established transparently and
- * the commands in flight are resent (a target restart is invisible). When
- * that fails for about 30 s, the call fails with -EIO and so does every later
- * call on the handle: close it and open again. A command the target does not
+ * the commands in flight are resent, writes only where the server's receipt
+ * shows them not applied (README "Faults"). When that fails for the
+ * reconnect deadline (BLKPS_RECONNECT_SECONDS; by default 60 s plus 1 s per
+ * 64 MiB of model), the call fails with -EIO and so does every later call on
+ * the handle: close it and open again. A command the target does not
  * answer within 30 s fails with -EIO.
  *
  * Thread-safety: a handle is used by one thread at a time (libiscsi allows
@@ -212,8 +214,10 @@ BLKPS_EXPORT float *blkps_engine_gradient(blkps_engine *e);
  * Returns 0 or a negative errno. */
 BLKPS_EXPORT int blkps_engine_step(blkps_engine *e);
 
-/* Pushes the current gradient, waits for every push, stops the threads.
- * Returns 0 or a negative errno. */
+/* Pushes the current gradient, waits for every push, stops the threads and
+ * syncs (the server checkpoints, if it keeps one), so that every push is
+ * durable or counted in blkps_engine_pushed_bytes_lost(). Returns 0 or a
+ * negative errno. */
 BLKPS_EXPORT int blkps_engine_finish(blkps_engine *e);
 
 /* The metrics of the iteration the last successful step ended. */

@@ -170,7 +170,9 @@ class BLKPS_EXPORT Engine {
 
   // Pushes the current gradient (as if it were handed to Step(); with
   // dropping, whole and with the residual), waits for
-  // every push to end and stops the threads; no further pull is made. After
+  // every push to end, stops the threads and syncs (Model::Sync(): the
+  // server checkpoints, if it keeps one), so that every push is durable or
+  // counted in pushed_bytes_lost(); no further pull is made. After
   // it, weights() and gradient() stay readable; Step() and Finish() return
   // -EINVAL. Returns 0 or a negative errno.
   int Finish();
@@ -189,7 +191,8 @@ class BLKPS_EXPORT Engine {
   // push thread updates it otherwise). nullptr without dropping.
   const float* residual() const;
   // Bytes of gradients the server acknowledged and then lost with a restart
-  // from its checkpoint (Model::pushed_bytes_lost()); 0 if none.
+  // from its checkpoint (Model::pushed_bytes_lost()); 0 if none. Complete
+  // after a successful Finish().
   uint64_t pushed_bytes_lost() const;
   // The message of the last failure; empty if none.
   const std::string& last_error() const;

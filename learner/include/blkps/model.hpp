@@ -20,9 +20,10 @@
 // reads are resent, and a push is resent only where the server's receipt
 // shows it was not applied, so every push is applied exactly once (README
 // "Faults"; pushed_bytes_lost() counts pushes a target restarted from an
-// older checkpoint lost). When reconnecting fails for about 30 s, the call
-// fails with -EIO and so does every later call: close the Model and open it
-// again. A command the target does not answer within 30 s fails with -EIO.
+// older checkpoint lost). When reconnecting fails for the reconnect
+// deadline (BLKPS_RECONNECT_SECONDS; by default 60 s plus 1 s per 64 MiB of
+// model), the call fails with -EIO and so does every later call: close the
+// Model and open it again. A command the target does not answer within 30 s fails with -EIO.
 //
 // Thread-safety: a Model is used by one thread at a time (libiscsi allows one
 // thread per connection). Distinct Models are independent: open one per

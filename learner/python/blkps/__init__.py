@@ -373,7 +373,9 @@ class Engine(_Handle):
         self._check(self._lib.blkps_engine_step(self._open_handle()))
 
     def finish(self):
-        """Pushes the current gradient and waits for every push."""
+        """Pushes the current gradient, waits for every push and syncs (the
+        server checkpoints, if it keeps one): then pushed_bytes_lost is
+        complete."""
         self._check(self._lib.blkps_engine_finish(self._open_handle()))
 
     @property
@@ -409,5 +411,5 @@ class Engine(_Handle):
     @property
     def pushed_bytes_lost(self):
         """Bytes of gradients the server acknowledged and then lost with a
-        restart from its checkpoint; 0 if none."""
+        restart from its checkpoint; 0 if none. Complete after finish()."""
         return self._lib.blkps_engine_pushed_bytes_lost(self._open_handle())
