@@ -26,7 +26,7 @@
 # and every receipt must equal its learner's log.
 # Exit status: 0 if that holds, no error was seen and tgtd's RSS stayed
 # within the bound (the last third's maximum at most 16 MiB over the first
-# third's); 1 otherwise; 2 on bad usage. The target and every learner are
+# third's, judged in runs of 3 minutes or more); 1 otherwise; 2 on bad usage. The target and every learner are
 # stopped on exit, also on Ctrl-C or failure.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
