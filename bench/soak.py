@@ -48,11 +48,15 @@ REQUEST_BYTES = MIB  # the learners' request size: a push of n bytes is ceil(n /
 START_ALIGN = 16384  # parameters: push starts on 64 KiB, so a receipt has at most size/64 KiB units
 MAX_PUSH = 4 * REQUEST_BYTES // 4  # parameters per push at most (4 requests)
 VALUES = [-3, -2, -1, 1, 2, 3, 4]
-# tgtd log lines that are events of a soak, not errors (aggregator/job*.cc):
-# checkpoints, and a slot declared dead (no I/O for dead_after, e.g. a slow
-# restart) and back. tgtd's start-up lines come before the soak and are not
-# read; every other line is an error.
-EXPECTED_LOG = re.compile(r"blkps: model '[^']*': (checkpoint of step \d+ written|learner at lun \d+ (?P<slot>is dead|is back))")
+# tgtd log lines that are events of a soak, not errors: checkpoints, a slot
+# declared dead (no I/O for dead_after, e.g. a slow restart) and back
+# (aggregator/job*.cc), and tgt's own line when a connection closes while a
+# command's PDU is half received (usr/iscsi/conn.c: the command is dropped
+# before it reaches the backing store), which a learner killed mid-push
+# causes: at most one per kill. tgtd's start-up lines come before the soak and
+# are not read; every other line is an error.
+EXPECTED_LOG = re.compile(r"blkps: model '[^']*': (checkpoint of step \d+ written|learner at lun \d+ "
+                          r"(?P<slot>is dead|is back))|conn_close\(\d+\) (?P<kill>Forcing release of rx task)")
 # RSS bound: the largest RSS in the last third of the run may exceed the
 # largest of the first third (tgt's command buffers and malloc's kept heap
 # have grown by then) by at most this much. A leak of one 1 MiB request
@@ -111,7 +115,10 @@ def learner(args):
 
 def read_log(path):
     """(acknowledged pushes, the unacknowledged one or None) of one learner
-    incarnation's log. A torn last line (killed while writing) is dropped."""
+    incarnation's log. A torn last line (killed while writing) is dropped;
+    no log (killed before it opened one) is no push."""
+    if not os.path.exists(path):
+        return [], None
     with open(path) as f:
         lines = [line.split() for line in f.read().split("\n")[:-1]]
     acked, pending = [], None
@@ -136,8 +143,9 @@ def request_units(start, count):
 
 
 def read_receipt(control_url, initiator, lun, device_bytes):
-    """(writes_in_progress, counts per unit) of `initiator`'s receipt for
-    learner LUN `lun`, read as that initiator (a reader sees its own)."""
+    """(writes_applied, counts per unit) of `initiator`'s receipt for learner
+    LUN `lun`, read as that initiator (a reader sees its own) once none of
+    its writes is in progress."""
     receipts_offset = MIB + -(-device_bytes // MIB) * MIB
     units = -(-device_bytes // UNIT)
     record_bytes = RECEIPT_HEADER_BYTES + -(-units * 4 // 4096) * 4096
@@ -301,7 +309,8 @@ class Soak:
         for line in text.splitlines():
             event = EXPECTED_LOG.search(line)
             if event:
-                self.events["tgtd_log: " + (event.group("slot") or "checkpoint written")] += 1
+                what = event.group("slot") or event.group("kill") or "checkpoint written"
+                self.events["tgtd_log: " + what] += 1
             elif line.strip():
                 self.errors.append(f"tgtd.log: {line.strip()}")
 
@@ -324,6 +333,8 @@ class Soak:
         sample["push_mb_s"] = (sample["bytes_written"] - last[1]["bytes_written"]) / span / 1e6
         sample["pull_mb_s"] = (sample["bytes_read"] - last[1]["bytes_read"]) / span / 1e6
         self.read_tgtd_log()
+        if self.events["tgtd_log: Forcing release of rx task"] > self.events["kills"]:
+            self.errors.append("tgtd.log: more half-received commands dropped than learners killed")
         # The server's own error counters and reasons, each once.
         for key in ("rejected_writes", "hold_timeouts", "failed", "checkpoint_error", "control_error"):
             line = f"status: {key}: {sample[key]}"
