@@ -41,8 +41,7 @@ sys.path.insert(0, os.path.join(TOP, "learner", "python"))
 import blkps  # noqa: E402
 from blkps.control import Control  # noqa: E402
 
-UNIT = 512  # BLKPS_CONTROL_RECEIPT_UNIT (learner/include/blkps/control_lun.h)
-RECEIPT_HEADER_BYTES = 4096  # BLKPS_CONTROL_RECEIPT_HEADER_BYTES
+UNIT = 512  # a receipt counts writes per 512-byte unit (BLKPS_CONTROL_RECEIPT_UNIT, README "Faults")
 MIB = 1 << 20
 REQUEST_BYTES = MIB  # the learners' request size: a push of n bytes is ceil(n / 1 MiB) writes
 START_ALIGN = 16384  # parameters: push starts on 64 KiB, so a receipt has at most size/64 KiB units
@@ -146,17 +145,11 @@ def read_receipt(control_url, initiator, lun, device_bytes):
     """(writes_applied, counts per unit) of `initiator`'s receipt for learner
     LUN `lun`, read as that initiator (a reader sees its own) once none of
     its writes is in progress."""
-    receipts_offset = MIB + -(-device_bytes // MIB) * MIB
-    units = -(-device_bytes // UNIT)
-    record_bytes = RECEIPT_HEADER_BYTES + -(-units * 4 // 4096) * 4096
     with Control(control_url, initiator_name=initiator) as control:
         for _ in range(600):
-            raw = control.device.read_bytes(receipts_offset + lun * record_bytes, record_bytes)
-            magic, lun_read, applied, in_progress = raw[:8], *np.frombuffer(raw[16:40], dtype="<u8")
-            if magic != b"blkpsrcp" or lun_read != lun:
-                raise ValueError(f"no receipt for LUN {lun} (magic {magic!r}, lun {lun_read})")
-            if in_progress == 0:
-                return int(applied), np.frombuffer(raw, dtype="<u4", offset=RECEIPT_HEADER_BYTES, count=units)
+            header, counts = control.receipt(lun, device_bytes)
+            if header["writes_in_progress"] == 0:
+                return header["writes_applied"], counts
             time.sleep(0.1)
     raise TimeoutError(f"{initiator}: writes still in progress on LUN {lun} after 60 s")
 
@@ -171,7 +164,7 @@ def check(incarnations, control_url, params):
         acked, pending = read_log(inc["log"])
         if pending is not None and not inc["killed"]:
             problems.append(f"{inc['initiator']}: exited with push {pending[0]} unacknowledged")
-        applied, receipt = read_receipt(control_url, inc["initiator"], inc["lun"], device_bytes)
+        applied, receipt = inc.get("receipt") or read_receipt(control_url, inc["initiator"], inc["lun"], device_bytes)
         expected = np.zeros(len(receipt), dtype=np.int64)
         for _, start, count, value in acked:
             diff[start] += value
@@ -298,6 +291,10 @@ class Soak:
         inc["killed"] = True
         self.events["kills"] += 1
         self.start_learner(lun)
+        # Read now, not at the end: a LUN keeps only the receipts of its 8
+        # most recently active initiators (README "Faults"), and each
+        # restart comes under a new name.
+        inc["receipt"] = read_receipt(self.control_url, inc["initiator"], lun, self.params * 4)
         self.events["restarts"] += 1
         print(f"soak: killed learner {inc['initiator']} (pid {inc['pid']}) and started it again", flush=True)
 
@@ -350,7 +347,7 @@ class Soak:
     def run(self):
         args = self.args
         with Control(self.control_url, initiator_name="iqn.2026-11.io.blkps:soak-monitor") as control:
-            params = control.status()["params"]
+            params = self.params = control.status()["params"]
             begin = time.monotonic()
             last = (begin, {"bytes_written": 0, "bytes_read": 0})
             last = self.sample(control, begin, last)

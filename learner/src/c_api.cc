@@ -1,5 +1,6 @@
 // The C API (blkps.h) over blkps::Model.
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <memory>
@@ -97,6 +98,17 @@ void blkps_control_layout_get(blkps_control_layout* out) {
 int blkps_control_read_counters(blkps_model* m, blkps_control_counters* out) {
   return m->model->ReadControlCounters(out);
 }
+
+int blkps_control_read_receipt(blkps_model* m, uint32_t lun, uint64_t device_bytes, blkps_control_receipt* header,
+                               uint32_t* counts) {
+  if (counts == nullptr) return m->model->ReadControlReceipt(lun, device_bytes, header, nullptr);
+  std::vector<uint32_t> read;
+  const int rc = m->model->ReadControlReceipt(lun, device_bytes, header, &read);
+  if (rc == 0) std::copy(read.begin(), read.end(), counts);
+  return rc;
+}
+
+uint64_t blkps_control_receipt_units(uint64_t device_bytes) { return blkps_control_receipt_unit_count(device_bytes); }
 
 const char* blkps_last_error(const blkps_model* m) { return m->model->last_error().c_str(); }
 

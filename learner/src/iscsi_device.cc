@@ -689,7 +689,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
     return Status::Error(EPROTO, "%s: the control LUN holds no receipt of format %u for LUN %d", name_.c_str(),
                          BLKPS_CONTROL_FORMAT_VERSION, lun_);
   }
-  const uint64_t units = (size_bytes_ + BLKPS_CONTROL_RECEIPT_UNIT - 1) / BLKPS_CONTROL_RECEIPT_UNIT;
+  const uint64_t units = blkps_control_receipt_unit_count(size_bytes_);
   const uint64_t bytes = (units * 4 + block_size_ - 1) / block_size_ * block_size_;
   std::vector<uint32_t> words(bytes / 4);
   s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, words.data(),

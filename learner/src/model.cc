@@ -212,4 +212,32 @@ int Model::ReadControlCounters(blkps_control_counters* out) {
   return 0;
 }
 
+int Model::ReadControlReceipt(uint32_t lun, uint64_t device_bytes, blkps_control_receipt* header,
+                              std::vector<uint32_t>* counts) {
+  const uint64_t record = blkps_control_receipts_offset(device_bytes) + lun * blkps_control_receipt_bytes(device_bytes);
+  const Status no_receipt =
+      Status::Error(EPROTO,
+                    "no blkps receipt (format %u) for LUN %u at byte %llu: is this the "
+                    "control LUN of a blkps model of %llu bytes per learner LUN?",
+                    BLKPS_CONTROL_FORMAT_VERSION, lun, static_cast<ull>(record), static_cast<ull>(device_bytes));
+  const uint64_t units = blkps_control_receipt_unit_count(device_bytes);
+  const uint64_t wanted = counts != nullptr ? BLKPS_CONTROL_RECEIPT_HEADER_BYTES + units * 4 : sizeof *header;
+  if (device_->size_bytes() < record + wanted) return Record(no_receipt);
+  std::vector<char> region(wanted);
+  const int rc = ReadBytes(record, region.data(), region.size());
+  if (rc != 0) return rc;
+  blkps_control_receipt read;
+  std::memcpy(&read, region.data(), sizeof read);
+  if (std::memcmp(read.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof read.magic) != 0 ||
+      read.format_version != BLKPS_CONTROL_FORMAT_VERSION || read.record_bytes < sizeof read || read.lun != lun) {
+    return Record(no_receipt);
+  }
+  *header = read;
+  if (counts != nullptr) {
+    counts->resize(units);
+    std::memcpy(counts->data(), region.data() + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, units * 4);
+  }
+  return 0;
+}
+
 }  // namespace blkps

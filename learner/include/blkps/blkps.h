@@ -139,6 +139,18 @@ BLKPS_EXPORT void blkps_control_layout_get(blkps_control_layout *out);
  * blkps_last_error. */
 BLKPS_EXPORT int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
 
+/* Reads, from m, a control LUN, the receipt the server keeps for m's
+ * initiator name on learner LUN `lun` of `device_bytes` (README "Faults"):
+ * the header into *header and, if counts is not NULL, the per-unit counters
+ * into counts[0 .. blkps_control_receipt_units(device_bytes)). Returns
+ * 0, a failed read's negative errno, or -EPROTO when m holds no receipt of
+ * this format for lun; message in blkps_last_error. */
+BLKPS_EXPORT int blkps_control_read_receipt(blkps_model *m, uint32_t lun, uint64_t device_bytes,
+                                            blkps_control_receipt *header, uint32_t *counts);
+/* The number of receipt counters of a learner LUN of device_bytes: one per
+ * BLKPS_CONTROL_RECEIPT_UNIT bytes, rounded up. */
+BLKPS_EXPORT uint64_t blkps_control_receipt_units(uint64_t device_bytes);
+
 /* ---- Learner engine: double buffering and adaptive pulling ----------------
  *
  * An engine trains on one buffer while its own threads push the previous

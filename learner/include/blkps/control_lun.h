@@ -83,9 +83,14 @@ static inline uint64_t blkps_control_receipts_offset(uint64_t device_bytes) {
   return BLKPS_CONTROL_WEIGHTS_OFFSET + (device_bytes + mib - 1) / mib * mib;
 }
 
+/* Counters in one LUN's receipt: one per unit of the learner LUN. */
+static inline uint64_t blkps_control_receipt_unit_count(uint64_t device_bytes) {
+  return (device_bytes + BLKPS_CONTROL_RECEIPT_UNIT - 1) / BLKPS_CONTROL_RECEIPT_UNIT;
+}
+
 /* Bytes of one LUN's receipt: the header, then the counters, to 4 KiB. */
 static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
-  const uint64_t units = (device_bytes + BLKPS_CONTROL_RECEIPT_UNIT - 1) / BLKPS_CONTROL_RECEIPT_UNIT;
+  const uint64_t units = blkps_control_receipt_unit_count(device_bytes);
   const uint64_t page = UINT64_C(4) << 10;
   return BLKPS_CONTROL_RECEIPT_HEADER_BYTES + (units * 4 + page - 1) / page * page;
 }

@@ -123,6 +123,15 @@ class BLKPS_EXPORT Model {
   // the device holds no record of this format.
   int ReadControlCounters(blkps_control_counters* out);
 
+  // On a control LUN: reads the receipt (blkps/control_lun.h) that the
+  // server keeps for this session's initiator name on learner LUN `lun`,
+  // a device of `device_bytes`: its header into *header and, if `counts` is
+  // not null, its per-512-byte-unit counters (ceil(device_bytes / 512) of
+  // them) into *counts. Returns 0, a read's negative errno, or -EPROTO if
+  // the device holds no receipt of this format for `lun`.
+  int ReadControlReceipt(uint32_t lun, uint64_t device_bytes, blkps_control_receipt* header,
+                         std::vector<uint32_t>* counts);
+
   uint64_t size_bytes() const;  // a multiple of logical_block_size()
   uint32_t logical_block_size() const;
   // The parameters the device holds: size_bytes() / bytes per parameter

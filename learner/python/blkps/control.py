@@ -55,6 +55,17 @@ class _Counters(ctypes.Structure):  # blkps_control_counters, control_lun.h
     ]
 
 
+class _Receipt(ctypes.Structure):  # blkps_control_receipt, control_lun.h
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("format_version", ctypes.c_uint32),
+        ("record_bytes", ctypes.c_uint32),
+        ("lun", ctypes.c_uint64),
+        ("writes_applied", ctypes.c_uint64),
+        ("writes_in_progress", ctypes.c_uint64),
+    ]
+
+
 class Layout:
     """The control LUN's layout: byte offsets and sizes of its regions, the
     format version, and the status keys (lists of str)."""
@@ -77,6 +88,11 @@ def layout():
         lib.blkps_control_layout_get.restype = None
         lib.blkps_control_read_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
         lib.blkps_control_read_counters.restype = ctypes.c_int
+        lib.blkps_control_read_receipt.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64,
+                                                   ctypes.POINTER(_Receipt), ctypes.c_void_p]
+        lib.blkps_control_read_receipt.restype = ctypes.c_int
+        lib.blkps_control_receipt_units.argtypes = [ctypes.c_uint64]
+        lib.blkps_control_receipt_units.restype = ctypes.c_uint64
         raw = _Layout()
         lib.blkps_control_layout_get(ctypes.byref(raw))
         _layout = Layout(raw)
@@ -124,6 +140,20 @@ class Control:
                                                           ctypes.byref(record))
         self.device._check(rc)
         return {name: getattr(record, name) for name, _ in _Counters._fields_[3:]}
+
+    def receipt(self, lun, device_bytes):
+        """The receipt the server keeps for this Control's initiator name
+        (open it with initiator_name=) on learner LUN `lun`, a device of
+        `device_bytes` (README "Faults"): (header, counts), header a dict
+        (lun, writes_applied, writes_in_progress: 0 when the counts are
+        final for now), counts a uint32 array, one per 512-byte unit of the
+        learner LUN: its writes applied that start there."""
+        header = _Receipt()
+        counts = np.zeros(self.device._lib.blkps_control_receipt_units(device_bytes), dtype=np.uint32)
+        rc = self.device._lib.blkps_control_read_receipt(self.device._open_handle(), lun, device_bytes,
+                                                         ctypes.byref(header), counts.ctypes.data)
+        self.device._check(rc)
+        return {name: getattr(header, name) for name, _ in _Receipt._fields_[3:]}, counts
 
     def read_weights(self, first_param, count):
         """The weights of parameters [first_param, first_param + count) as a
