@@ -46,11 +46,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$minutes" ] || { echo "soak: --minutes M is required" >&2; exit 2; }
-plugin="$build/target-plugin/bs_blkps.so"
-export BLKPS_LIB="$build/learner/libblkps.so"
-for f in "$plugin" "$BLKPS_LIB"; do
-  [ -f "$f" ] || { echo "soak: $f not built: run scripts/build.sh (or pass --build)" >&2; exit 1; }
-done
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+need_blkps_build soak "$build"
 
 mkdir -p "$out/raw"
 out=$(cd "$out" && pwd)
