@@ -45,9 +45,11 @@ IFS=, read -r -a proc_list <<<"$procs"
 for n in "${proc_list[@]}"; do
   case "$n" in ''|*[!0-9]*|0|1) echo "peers: --procs: expected counts >= 2 such as 2,4, got '$procs'" >&2; exit 2 ;; esac
 done
+plugin="$build/target-plugin/bs_blkps.so"
+export BLKPS_LIB="$build/learner/libblkps.so"
 # shellcheck disable=SC1091  # bench/lib.sh
 . "$top/bench/lib.sh"
-need_blkps_build peers "$build"
+need_built peers "$plugin" "$BLKPS_LIB"
 
 mkdir -p "$out/raw"
 out=$(cd "$out" && pwd)

@@ -46,9 +46,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$minutes" ] || { echo "soak: --minutes M is required" >&2; exit 2; }
+plugin="$build/target-plugin/bs_blkps.so"
+export BLKPS_LIB="$build/learner/libblkps.so"
 # shellcheck disable=SC1091  # bench/lib.sh
 . "$top/bench/lib.sh"
-need_blkps_build soak "$build"
+need_built soak "$plugin" "$BLKPS_LIB"
 
 mkdir -p "$out/raw"
 out=$(cd "$out" && pwd)

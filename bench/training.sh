@@ -30,9 +30,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || { echo "training: --out DIR is required" >&2; exit 2; }
+plugin="$build/target-plugin/bs_blkps.so"
+export BLKPS_LIB="$build/learner/libblkps.so"
 # shellcheck disable=SC1091  # bench/lib.sh
 . "$top/bench/lib.sh"
-need_blkps_build training "$build"
+need_built training "$plugin" "$BLKPS_LIB"
 
 learner_counts=${TRAINING_LEARNERS:-"1 2 4"} modes=${TRAINING_MODES:-"async bsp ssp:2"} epochs=20 params=25000000 iterations=10
 if [ "$quick" = 1 ]; then
