@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -568,17 +569,40 @@ TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
   std::vector<float> w(kLargeParams);
   int pushes = 0;
   for (int k = 0; k < kKills; ++k) {
-    // Push until a checkpoint is being written, then kill tgtd at once.
+    // Push on while a watcher kills tgtd the moment a checkpoint is being
+    // written over an earlier one (the temporary file exists beside the
+    // checkpoint; polled every millisecond, not
+    // between pushes, which a checkpoint's write gate may fall between), and
+    // starts it again; the push in flight rides through the restart.
     const std::string tmp = checkpoint + ".tmp";
-    do {
-      ASSERT_EQ(m->Push(0, ones.data(), kLargeParams), 0) << m->last_error();
-      ++pushes;
-    } while (access(tmp.c_str(), F_OK) != 0);
+    std::atomic<bool> restarted{false}, give_up{false};
     std::string why;
-    ASSERT_TRUE(target.KillTgtd(&why)) << "kill " << k << ": " << why;
-    ASSERT_TRUE(target.Restart()) << "restart " << k << " (a torn checkpoint fails it): " << target.start_output();
+    bool killed = false, started = false;
+    std::thread watcher([&] {
+      // A checkpoint is there to fall back to, and the next is being written.
+      while (access(checkpoint.c_str(), F_OK) != 0 || access(tmp.c_str(), F_OK) != 0) {
+        if (give_up) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      killed = target.KillTgtd(&why);
+      started = killed && target.Restart();
+      restarted = true;
+    });
+    while (!restarted) {
+      if (m->Push(0, ones.data(), kLargeParams) != 0) {
+        ADD_FAILURE() << "push " << pushes << ": " << m->last_error();
+        give_up = true;
+        break;
+      }
+      ++pushes;
+    }
+    watcher.join();
+    ASSERT_TRUE(killed) << "kill " << k << ": " << why;
+    ASSERT_TRUE(started) << "restart " << k << " (a torn checkpoint fails it): " << target.start_output();
     EXPECT_NE(target.Log().find("loaded checkpoint"), std::string::npos) << target.Log();
   }
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(m->Sync(), 0) << m->last_error();
   ASSERT_EQ(m->Pull(0, w.data(), kLargeParams), 0) << m->last_error();
   double sum = 0;
   for (float v : w) sum += v;
