@@ -356,7 +356,9 @@ TEST(Target, ServerMemoryForA256MiBModelAndFourLearnersFollowsTheFormula) {
   // others still write), and one 1 MiB command per learner on the control
   // LUN (libblkps reads its receipt there when it opens).
   const uint64_t command_buffers = 2 * kLearners * 16 * (1 << 20) + kLearners * (1 << 20);
-  const uint64_t slack = 16 << 20;
+  // malloc's arenas keep a varying share of freed buffers: 913 and 919 MiB
+  // were seen in full-suite runs, 7 MiB over a 16 MiB slack.
+  const uint64_t slack = 32 << 20;
   const uint64_t grew = after - before;
   EXPECT_GE(grew, arrays - arrays / 50) << "the model's arrays are not all resident: the test measures nothing";
   EXPECT_LE(grew, arrays + command_buffers + slack)
