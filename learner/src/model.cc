@@ -221,7 +221,10 @@ int Model::ReadControlReceipt(uint32_t lun, uint64_t device_bytes, blkps_control
                     "control LUN of a blkps model of %llu bytes per learner LUN?",
                     BLKPS_CONTROL_FORMAT_VERSION, lun, static_cast<ull>(record), static_cast<ull>(device_bytes));
   const uint64_t units = blkps_control_receipt_unit_count(device_bytes);
-  const uint64_t wanted = counts != nullptr ? BLKPS_CONTROL_RECEIPT_HEADER_BYTES + units * 4 : sizeof *header;
+  // Whole logical blocks (ReadBytes' contract); a record is whole 4 KiB pages.
+  const uint64_t needed = counts != nullptr ? BLKPS_CONTROL_RECEIPT_HEADER_BYTES + units * 4 : sizeof *header;
+  const uint64_t block = logical_block_size();
+  const uint64_t wanted = (needed + block - 1) / block * block;
   if (device_->size_bytes() < record + wanted) return Record(no_receipt);
   std::vector<char> region(wanted);
   const int rc = ReadBytes(record, region.data(), region.size());
