@@ -159,6 +159,18 @@ def test_control(url, control_url):
         control.set(lr=1)
     with blkps.Model(url) as model:
         model.push(0, np.full(PARAMS, -1.0, dtype=np.float32))  # back to zeros
+    # The receipt of one push, read under the pusher's initiator name; its
+    # counters (one per 512 bytes of a device that is no whole number of
+    # blocks) do not end on a block boundary.
+    name = "iqn.2026-11.io.blkps:receipt-reader"
+    with blkps.Model(url, initiator_name=name) as model:
+        model.push(0, np.zeros(PARAMS, dtype=np.float32))
+        model.sync()
+    with blkps.control.Control(control_url, initiator_name=name) as control:
+        header, counts = control.receipt(1, PARAMS * 4)
+    check(len(counts) == -(-PARAMS * 4 // 512), f"{len(counts)} receipt counters for {PARAMS * 4} bytes")
+    check(header["lun"] == 1 and header["writes_in_progress"] == 0 and header["writes_applied"] >= 1
+          and counts.sum() == header["writes_applied"] and counts[0] == 1, f"receipt {header}, {counts.sum()} counted")
 
 
 def test_sixteen_bit(url, dtype):
