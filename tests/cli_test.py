@@ -5,7 +5,8 @@ happened first, labelled output, and the trips a new user reported (issue
 
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
-demo-options, progress-lines, device-larger-warning, layout, mount-point-missing. Cases that start their
+demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
+no-numpy. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
 model-too-large, owner-pid-watchdog.
 """
@@ -295,6 +296,37 @@ def test_owner_pid_watchdog():
     finally:
         blkps("target", "stop", "--dir", folder)
         subprocess.run(["rm", "-rf", folder])
+
+
+
+def test_no_numpy():
+    """Before scripts/setup.sh ran (issue 20): a python3 without numpy runs
+    the command's help and one-line errors, and a command that needs the
+    learner's package says to set up, never a traceback."""
+    bare = [PYTHON, "-I", "-S"]  # no site-packages: no numpy, no blkps
+    if subprocess.run([*bare, "-c", "import numpy"], capture_output=True).returncode == 0:
+        fail("python3 -I -S imports numpy: the case would test nothing")
+    entry = os.path.join(top, "scripts", "blkps_cli", "__main__.py")
+    missing = os.path.join(tempfile.gettempdir(), "blkps-cli-test-no-such-folder")
+
+    def run(*args):
+        out = subprocess.run([*bare, entry, *args], capture_output=True, text=True, env={})
+        if "Traceback" in out.stderr:
+            fail(f"blkps {' '.join(args)} without numpy: a traceback:\n{out.stderr}")
+        return out
+
+    for args in (["--help"], ["demo", "--help"], ["target", "start", "--help"]):
+        out = run(*args)
+        if out.returncode != 0 or not out.stdout.startswith("usage: blkps"):
+            fail(f"blkps {' '.join(args)} without numpy: exit {out.returncode}, {out.stdout[:80]!r} {out.stderr!r}")
+    for args, starts in ((["target", "show", "--dir", missing], "blkps: target show: no target running"),
+                         (["demo", "--epochs", "0"], "blkps: demo: argument --epochs: invalid positive integer"),
+                         (["status", "--control", "iscsi://127.0.0.1:9/iqn.x:y/0"],
+                          "blkps: cannot load the blkps Python package")):
+        out = run(*args)
+        if out.returncode == 0 or len(out.stderr.splitlines()) != 1 or not out.stderr.startswith(starts):
+            fail(f"blkps {' '.join(args)} without numpy: exit {out.returncode}, expected one line "
+                 f"starting {starts!r}, got {out.stderr!r}")
 
 
 test = globals().get("test_" + case.replace("-", "_"))

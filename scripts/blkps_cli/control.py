@@ -10,8 +10,19 @@ import time
 from . import state, tools
 from .errors import UserError
 
-sys.path.insert(0, tools.PYTHON_PACKAGE)
-import blkps.control  # noqa: E402  the learner's package: libblkps through ctypes
+
+def open_control(url, initiator_name=None):
+    """A blkps.control.Control on `url`. The learner's package (libblkps
+    through ctypes, numpy) is imported here, when a command first needs it:
+    --help and bad arguments work before scripts/setup.sh has run."""
+    if tools.PYTHON_PACKAGE not in sys.path:
+        sys.path.insert(0, tools.PYTHON_PACKAGE)
+    try:
+        import blkps.control
+    except ImportError as e:
+        raise UserError(None, f"cannot load the blkps Python package ({e})",
+                        "set the machine up first: scripts/setup.sh as root") from None
+    return blkps.control.Control(url, initiator_name=initiator_name)
 
 
 def control_targets(a, what):
@@ -73,7 +84,7 @@ def print_status(s):
 
 
 def command_status(a):
-    devices = [(label, blkps.control.Control(url, initiator_name=a.initiator))
+    devices = [(label, open_control(url, a.initiator))
                for label, url in control_targets(a, "status")]
     try:
         while True:
@@ -102,7 +113,7 @@ def command_set(a):
             raise UserError("set", f"expected KEY=VALUE, got '{kv}'", "e.g. blkps set --dir DIR lr=0.001")
     for label, url in control_targets(a, "set"):
         where = label + ": " if label else ""
-        with blkps.control.Control(url, initiator_name=a.initiator) as control:
+        with open_control(url, a.initiator) as control:
             try:
                 control.command(*a.settings)
             except OSError as e:

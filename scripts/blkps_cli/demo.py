@@ -114,7 +114,7 @@ def command_demo(a):
         say(f"training with {a.learners} learner processes ({a.via}), {a.epochs} epochs each")
         run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(a.learners),
                        "--epochs", str(a.epochs), "--sync"] for k in range(a.learners)])
-        with control.blkps.control.Control(values["CONTROL_URL"]) as device:
+        with control.open_control(values["CONTROL_URL"]) as device:
             control.print_status(device.status())
         sys.stdout.flush()
         return subprocess.run([PYTHON, TRAIN, "--target", values["URL"], "--evaluate"]).returncode
@@ -131,7 +131,7 @@ def positive_float(text):
     return value
 
 
-positive_float.__name__ = "a number > 0"
+positive_float.__name__ = "positive number"
 
 
 def add_parser(sub):

@@ -92,7 +92,7 @@ def check_bsopts(bsopts, what="--bsopts"):
     out = subprocess.run([tools.built("blkps-bsopts"), bsopts], capture_output=True, text=True)
     if out.returncode != 0:
         reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
-        raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see README, \"Options\"")
+        raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see README, \"--bsopts reference\"")
     return json.loads(out.stdout)
 
 
@@ -470,7 +470,7 @@ def add_start_arguments(s):
     """The options of `blkps target start` (also used by `blkps shards`,
     which starts its shards' targets with them)."""
     s.add_argument("--dir", required=True, help="state folder: control socket, tgtd.log, target.env")
-    s.add_argument("--bsopts", required=True, help="the model's options, key=value;... (README, \"Options\"), "
+    s.add_argument("--bsopts", required=True, help="the model's options, key=value;... (README, \"--bsopts reference\"), "
                    "e.g. \"params=1000000;lr=0.01\"; checked by the plugin's parser before tgtd starts")
     s.add_argument("--name", default="model", help="the model's name, tgt's --backing-store (default: model)")
     s.add_argument("--luns", type=positive_int, default=1, help="learner slots: the model on LUNs 1..N; "
@@ -507,7 +507,7 @@ def positive_int(text):
     return int(text)
 
 
-positive_int.__name__ = "a positive integer"
+positive_int.__name__ = "positive integer"  # argparse: "invalid positive integer value: '-1'"
 
 
 def port_or_auto(text):
@@ -516,4 +516,4 @@ def port_or_auto(text):
     return text
 
 
-port_or_auto.__name__ = "a port or auto"
+port_or_auto.__name__ = "port (or auto)"
