@@ -7,6 +7,10 @@
 #
 #   guest-boots     the guest runs the fetched Debian kernel with iscsi_tcp
 #                   loaded, prints the command's output and returns its status.
+#   guest-in-tmp    the harness of a copy of the tree under /tmp, in a folder
+#                   whose name has a space (its build/deps linked or copied
+#                   in): the guest sees that checkout, and loads iscsi_tcp
+#                   from its build/deps.
 #   guest-killed    killing tests/vm/guest (SIGTERM, or SIGKILL) leaves no QEMU.
 #   login           scripts/blkps login / status / logout against a
 #                   real iscsiadm and iscsid: the by-path device it prints is
@@ -188,6 +192,20 @@ test_guest_boots() {
   case "$out" in "Linux version $version "*) ;; *) fail "the guest does not run kernel $version" ;; esac
   echo "$out" | grep -q '^iscsi_tcp ' || fail "iscsi_tcp is not loaded in the guest"
   grep -qx to-stderr "$state/stderr" || fail "the command's stderr did not arrive on stderr"
+}
+
+test_guest_in_tmp() {
+  local clone="$state/a checkout" out
+  mkdir -p "$clone/build/deps"
+  (cd "$top" && scripts/tree-files.sh | tar -cf - --files-from=-) | tar -C "$clone" -xf -
+  cp -al "$top/build/deps/linux-image" "$clone/build/deps/" 2>/dev/null ||
+    cp -a "$top/build/deps/linux-image" "$clone/build/deps/"
+  out=$(cd "$clone" && tests/vm/guest -- sh -c 'pwd; ls tests/vm/guest-init; lsmod | grep iscsi_tcp') ||
+    fail "the guest of a checkout in '$clone' failed: $out"
+  echo "$out"
+  [ "$(head -n 1 <<<"$out")" = "$clone" ] || fail "the command did not run in '$clone' in the guest"
+  grep -qx tests/vm/guest-init <<<"$out" || fail "the guest does not see the checkout in '$clone'"
+  grep -q '^iscsi_tcp ' <<<"$out" || fail "iscsi_tcp is not loaded from '$clone/build/deps'"
 }
 
 test_guest_killed() {
@@ -527,6 +545,7 @@ test_iser_url() {
 
 case "$what" in
   guest-boots) test_guest_boots ;;
+  guest-in-tmp) test_guest_in_tmp ;;
   guest-killed) test_guest_killed ;;
   login) test_login ;;
   chap-login) test_chap_login ;;
