@@ -121,6 +121,21 @@ def add_learner_arguments(ap):
     ap.add_argument("--sync", action="store_true", help="fsync the device when done: the server checkpoints")
     ap.add_argument("--batch", type=count, default=32, help="minibatch size (default 32)")
     ap.add_argument("--hidden", type=count, default=128, help="hidden units (default 128)")
+    ap.add_argument("--start-gate", action="store_true",
+                    help="once the data is loaded and the model open, print 'learner K: ready' and wait for "
+                         "a line on stdin before training (blkps demo starts its learners together so)")
+
+
+def wait_at_start_gate(args):
+    """The start gate (--start-gate): says this learner is ready and waits
+    for the line that starts every learner at once, so that none trains
+    alone while another is still importing or loading its data."""
+    if not args.start_gate:
+        return
+    sys.stdout.write(f"learner {args.learner}: ready\n")
+    sys.stdout.flush()
+    if not sys.stdin.readline():
+        sys.exit(f"learner {args.learner}: the start gate closed (stdin ended) before the start")
 
 
 def warn_if_device_larger(prog, device_bytes, num_params):

@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
-                        load_data, report_accuracy, warn_if_device_larger)
+                        load_data, report_accuracy, wait_at_start_gate, warn_if_device_larger)
 
 BLKSSZGET = 0x1268  # ioctl: a block device's logical block size
 
@@ -101,6 +101,7 @@ def train(args, mlp):
         weights_memory, weights = model.buffer()
         gradient_memory, gradient = model.buffer()  # padding stays zero
         meter = EpochMeter(args.learner)
+        wait_at_start_gate(args)
         for epoch in range(args.epochs):
             order = rng.permutation(len(x))
             for b in range(steps_per_epoch):

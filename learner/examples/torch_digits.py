@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
-                        load_data, report_accuracy)
+                        load_data, report_accuracy, wait_at_start_gate)
 from plain_digits import ModelFile
 
 
@@ -62,6 +62,7 @@ def train(args, num_params):
         gradient_memory, gradient = model.buffer()  # padding stays zero
         net = FlatNetwork(args.hidden, weights[:num_params], gradient[:num_params])
         meter = EpochMeter(args.learner)
+        wait_at_start_gate(args)
         for epoch in range(args.epochs):
             order = torch.from_numpy(rng.permutation(len(x)))
             for b in range(steps_per_epoch):

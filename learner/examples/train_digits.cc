@@ -174,7 +174,7 @@ class Mlp {
 struct Args {
   std::string target, control;
   int learner = 0, learners = 1, epochs = 20, batch = 32, hidden = 128;
-  bool params = false, evaluate = false, sync = false;
+  bool params = false, evaluate = false, sync = false, start_gate = false;
   bool double_buffering = true, adaptive_pull = true;
   double min_accuracy = -1;
 };
@@ -190,7 +190,9 @@ void Usage(FILE* out) {
                     "  --no-double-buffering   push then pull while compute waits (the baseline)\n"
                     "  --no-adaptive-pull      start each pull at once instead of after the bubble\n"
                     "  --control URL           the model's control LUN: metrics include staleness\n"
-                    "  --sync                  fsync the device when done: the server checkpoints\n");
+                    "  --sync                  fsync the device when done: the server checkpoints\n"
+                    "  --start-gate            once the model is open, print 'learner K: ready' and wait for a\n"
+                    "                          line on stdin before training (blkps demo starts learners so)\n");
 }
 
 int ParseInt(const char* flag, const char* value, int lo, int hi) {
@@ -223,6 +225,7 @@ Args ParseArgs(int argc, char** argv) {
     else if (flag == "--params") a.params = true;
     else if (flag == "--evaluate") a.evaluate = true;
     else if (flag == "--sync") a.sync = true;
+    else if (flag == "--start-gate") a.start_gate = true;
     else if (flag == "--no-double-buffering") a.double_buffering = false;
     else if (flag == "--no-adaptive-pull") a.adaptive_pull = false;
     else if (flag == "-h" || flag == "--help") {
@@ -271,6 +274,14 @@ int Train(const Args& args, Mlp& mlp, const Examples& train) {
   std::string error;
   auto engine = blkps::Engine::Open(args.target, options, &error);
   if (!engine) Die(error);
+  // The start gate, as digits_mlp.py's wait_at_start_gate: no learner
+  // trains alone while another is still starting.
+  if (args.start_gate) {
+    std::printf("learner %d: ready\n", args.learner);
+    std::fflush(stdout);
+    char line[64];
+    if (!std::fgets(line, sizeof line, stdin)) Die("the start gate closed (stdin ended) before the start");
+  }
 
   std::mt19937 rng(1000 + args.learner);
   std::vector<float> batch_x(size_t(args.batch) * kInputs);

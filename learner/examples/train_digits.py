@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import blkps  # noqa: E402
 from blkps.control import Control  # noqa: E402
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
-                        load_data, report_accuracy, warn_if_device_larger)
+                        load_data, report_accuracy, wait_at_start_gate, warn_if_device_larger)
 
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
@@ -39,6 +39,7 @@ def train(args, mlp):
         warn_if_device_larger("train_digits", model.size_bytes, mlp.num_params)
         weights = np.empty(mlp.num_params, dtype=np.float32)
         meter = EpochMeter(args.learner)
+        wait_at_start_gate(args)
         for epoch in range(args.epochs):
             order = rng.permutation(len(x))
             for b in range(steps_per_epoch):

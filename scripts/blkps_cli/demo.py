@@ -35,26 +35,45 @@ def say(text):
     print(f"demo: {text}", flush=True)
 
 
-def relay(stream, lock):
+def relay(stream, lock, ready):
     """Copies a learner's output to ours line by line: two learners' lines
-    never run together."""
+    never run together. Sets `ready` at the learner's "learner K: ready"."""
     for line in iter(stream.readline, ""):
+        if line.rstrip().endswith(": ready"):
+            ready.set()
         with lock:
             sys.stdout.write(line if line.endswith("\n") else line + "\n")
             sys.stdout.flush()
     stream.close()
+    ready.set()  # ended before the gate: its exit status tells
 
 
 def run_learners(commands):
+    """Runs the learners (each command takes --start-gate) and starts them
+    together: they import, load their data and open the model each at its
+    own pace, then all train at once, so that every learner's first epoch
+    meets an untrained model and their progress lines interleave."""
     lock = threading.Lock()
-    procs, relays = [], []
+    procs, relays, ready = [], [], []
     for cmd in commands:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        relay_thread = threading.Thread(target=relay, args=(proc.stdout, lock))
+        proc = subprocess.Popen([*cmd, "--start-gate"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        ready.append(threading.Event())
+        relay_thread = threading.Thread(target=relay, args=(proc.stdout, lock, ready[-1]))
         relay_thread.start()
         procs.append(proc)
         relays.append(relay_thread)
     try:
+        for event in ready:
+            event.wait()
+        with lock:
+            say(f"{len(procs)} learners ready: starting them together")
+        for p in procs:  # the start line; a learner that already exited has no reader
+            try:
+                p.stdin.write("start\n")
+                p.stdin.close()
+            except BrokenPipeError:
+                pass
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:
