@@ -35,6 +35,7 @@ packages=(
   python3-torch dataset-fashion-mnist
   dpkg-dev iproute2 procps shellcheck
   file                      # cpack: finds the ELF files dpkg-shlibdeps reads
+  systemd                   # systemd-analyze: Install.service verifies blkps@.service
   help2man                  # man pages from the commands' --help
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
   clang libclang-rt-14-dev    # -DBLKPS_FUZZ=ON (libFuzzer), scripts/checked-tests.sh

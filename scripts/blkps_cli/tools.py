@@ -10,7 +10,11 @@ from .errors import UserError
 SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOP = os.path.dirname(SCRIPTS)
 BUILD = os.path.join(TOP, "build", "cmake")
-PYTHON_PACKAGE = os.path.join(TOP, "learner", "python")  # the learner's `blkps` package
+try:  # installed (any prefix): _installed.py, written at install, says where the package went
+    from . import _installed
+    PYTHON_PACKAGE = os.path.normpath(os.path.join(os.path.dirname(__file__), _installed.PYTHON_PACKAGE))
+except ImportError:  # a checkout
+    PYTHON_PACKAGE = os.path.join(TOP, "learner", "python")  # the learner's `blkps` package
 
 # The built programs: name -> path in the build tree.
 _BUILT = {

@@ -7,6 +7,16 @@
 #     and with find_package(blkps), and both copies push and pull a model on
 #     a target that runs the staged plugin; `import blkps` from the staged
 #     prefix opens that model too, and the staged `blkps status` reads it.
+#     Then the same from a /usr/local-style prefix: `blkps status` and
+#     `import blkps` (through the blkps.pth that Debian's python3 reads in
+#     /usr/local/lib/python3.X/dist-packages) with neither PYTHONPATH nor
+#     LD_LIBRARY_PATH: both find the package and libblkps from where they are.
+#   install_test.sh <repo> <build dir> service
+#     the blkps-server unit template blkps@.service, installed with the rest
+#     into a root folder beside a copy of this host's units, passes
+#     `systemd-analyze verify`; its ExecStart and ExecStop, run as systemd
+#     would (instance, /etc/blkps/NAME.conf's variables), start a server,
+#     stop it and start it again with the weights of its checkpoint.
 #   install_test.sh <repo> <build dir> debs
 #     cpack builds the learner-node and server .debs, with their files and
 #     Debian dependencies.
@@ -21,6 +31,8 @@ fail() { echo "install_test: $*" >&2; exit 1; }
 tmp=$(mktemp -d /tmp/blkps-install-test.XXXXXX)
 cleanup() {
   [ ! -f "$tmp/state/target.env" ] || "$top/scripts/blkps" target stop --dir "$tmp/state" >/dev/null 2>&1 || true
+  [ ! -f "$tmp/root/var/lib/blkps/svc/target.env" ] ||
+    "$top/scripts/blkps" target stop --dir "$tmp/root/var/lib/blkps/svc" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -69,7 +81,7 @@ staged() {
   LD_LIBRARY_PATH=$libdir "$tmp/open_model-pc" "$url" "$params"
   local pythonpath
   pythonpath=$(find "$prefix" -type d -name dist-packages | head -n 1)
-  (cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
+  (cd "$tmp" && env -u BLKPS_LIB -u LD_LIBRARY_PATH PYTHONPATH="$pythonpath" \
     /usr/bin/python3 - "$url" "$params" "$prefix" <<'EOF'
 import os
 import sys
@@ -98,9 +110,104 @@ EOF
   # Python package and library.
   local control status
   control=$("$top/scripts/blkps" target show --dir "$tmp/state" --get CONTROL_URL)
-  status=$(cd "$tmp" && env -u BLKPS_LIB PYTHONPATH="$pythonpath" LD_LIBRARY_PATH="$libdir" \
+  status=$(cd "$tmp" && env -u BLKPS_LIB -u PYTHONPATH -u LD_LIBRARY_PATH \
     "$prefix/bin/blkps" status --control "$control" --json)
   expect_line "staged blkps status" "$status" '"params": '"$params"
+
+  # A /usr/local-style prefix: nothing set by hand.
+  local local_prefix="$tmp/stage/usr/local" site
+  cmake --install "$build" --prefix "$local_prefix" >/dev/null
+  status=$(cd "$tmp" && env -u BLKPS_LIB -u PYTHONPATH -u LD_LIBRARY_PATH \
+    "$local_prefix/bin/blkps" status --control "$control" --json)
+  expect_line "blkps status installed in usr/local" "$status" '"params": '"$params"
+  site=$(/usr/bin/python3 -c 'import sys; print("lib/python%d.%d/dist-packages" % sys.version_info[:2])')
+  [ -f "$local_prefix/$site/blkps.pth" ] || fail "no blkps.pth in $local_prefix/$site"
+  # site.addsitedir does for this folder what python3's start does for
+  # /usr/local/lib/python3.X/dist-packages: it reads the .pth files there.
+  (cd "$tmp" && env -u BLKPS_LIB -u PYTHONPATH -u LD_LIBRARY_PATH \
+    /usr/bin/python3 - "$url" "$params" "$local_prefix" "$local_prefix/$site" <<'EOF'
+import os
+import site
+import sys
+url, n, prefix = sys.argv[1], int(sys.argv[2]), os.path.realpath(sys.argv[3])
+site.addsitedir(sys.argv[4])
+import blkps  # noqa: E402
+if not os.path.realpath(blkps.__file__).startswith(prefix):
+    sys.exit(f"install_test: imported {blkps.__file__}, not the package in {prefix}")
+with blkps.Model(url) as model:
+    with open("/proc/self/maps") as maps:
+        loaded = {line.split()[-1] for line in maps if "libblkps" in line}
+    if not loaded or not all(path.startswith(prefix) for path in loaded):
+        sys.exit(f"install_test: Python loaded {loaded}, not libblkps of {prefix}")
+    model.pull(0, n)
+EOF
+  )
+}
+
+service() {
+  local root="$tmp/root" name=svc unit
+  mkdir -p "$root/usr/lib/systemd" "$root/etc/blkps"
+  cp -a /lib/systemd/system "$root/usr/lib/systemd/"  # what the unit's dependencies name
+  cmake --install "$build" --prefix "$root/usr" >/dev/null
+  unit="$root/usr/lib/systemd/system/blkps@.service"
+  [ -f "$unit" ] || fail "no blkps@.service installed"
+  systemd-analyze verify --man=no --root="$root" "blkps@$name.service" ||
+    fail "systemd-analyze verify blkps@$name.service failed"
+
+  # The unit's commands as systemd runs them: %i is the instance, ${VAR} one
+  # word of the EnvironmentFile, $VAR its words; paths moved into $root, and
+  # the staged plugin in OPTIONS (the last --plugin wins).
+  local state="$root/var/lib/blkps/$name" ckpt="$tmp/$name.ckpt"
+  cat >"$root/etc/blkps/$name.conf" <<EOF
+BSOPTS=params=3000;rule=sgd;lr=1;mode=async;checkpoint=$ckpt
+OPTIONS=--luns 1 --plugin $root/usr/lib/tgt/backing-store/bs_blkps.so
+EOF
+  run_unit_line() {  # ExecStart|ExecStop
+    /usr/bin/python3 - "$unit" "$1" "$name" "$root" <<'EOF'
+import re, subprocess, sys
+unit, key, instance, root = sys.argv[1:]
+line = next(l.split("=", 1)[1] for l in open(unit).read().splitlines() if l.startswith(key + "="))
+env = dict(l.split("=", 1) for l in open(f"{root}/etc/blkps/{instance}.conf").read().splitlines() if "=" in l)
+words = []
+for word in line.replace("%i", instance).split():
+    if m := re.fullmatch(r"\$\{(\w+)\}", word):
+        words.append(env[m[1]])
+    elif m := re.fullmatch(r"\$(\w+)", word):
+        words += env[m[1]].split()
+    else:
+        words.append(word.replace("/var/lib/", f"{root}/var/lib/"))
+words[0] = f"{root}/usr/bin/{words[0]}"
+sys.exit(subprocess.run(words).returncode)
+EOF
+  }
+  export PATH="$root/usr/bin:$PATH"  # blkps-bsopts, as systemd finds it in /usr/bin
+  mkdir -p "$state"                 # StateDirectory=
+  run_unit_line ExecStart >/dev/null || fail "the unit's ExecStart failed"
+  local url pid
+  url=$("$top/scripts/blkps" target show --dir "$state" --get URL)
+  pid=$(cat "$state/tgtd.pid") || fail "no PIDFile after ExecStart"
+  kill -0 "$pid" || fail "tgtd of PIDFile $pid does not run"
+  PYTHONPATH="$top/learner/python" BLKPS_LIB="$build/learner/libblkps.so" /usr/bin/python3 - "$url" <<'EOF'
+import sys
+import numpy as np
+import blkps
+with blkps.Model(sys.argv[1]) as model:
+    model.push(0, -np.arange(3000, dtype=np.float32))  # lr=1 from zeros: w = arange
+    model.sync()                                       # the checkpoint
+EOF
+  run_unit_line ExecStop || fail "the unit's ExecStop failed"
+  ! kill -0 "$pid" 2>/dev/null || fail "tgtd $pid still runs after ExecStop"
+  run_unit_line ExecStart >/dev/null || fail "the unit's ExecStart failed after a stop"
+  url=$("$top/scripts/blkps" target show --dir "$state" --get URL)
+  PYTHONPATH="$top/learner/python" BLKPS_LIB="$build/learner/libblkps.so" /usr/bin/python3 - "$url" <<'EOF'
+import sys
+import numpy as np
+import blkps
+with blkps.Model(sys.argv[1]) as model:
+    if not np.array_equal(model.pull(0, 3000), np.arange(3000, dtype=np.float32)):
+        sys.exit("install_test: the restarted server does not hold its checkpoint's weights")
+EOF
+  run_unit_line ExecStop || fail "the unit's ExecStop failed"
 }
 
 debs() {
@@ -137,6 +244,7 @@ debs() {
   files=$(dpkg-deb -c "$server")
   expect_line "blkps-server .deb" "$files" '/usr/lib/tgt/backing-store/bs_blkps\.so$'
   expect_line "blkps-server .deb" "$files" '/usr/bin/blkps-bsopts$'
+  expect_line "blkps-server .deb" "$files" '/usr/lib/systemd/system/blkps@\.service$'
   if grep -qE '/usr/bin/blkps(-mount|-layout)?$|libblkps' <<<"$files"; then
     fail "blkps-server .deb holds files of the blkps .deb:"$'\n'"$files"
   fi
@@ -144,6 +252,7 @@ debs() {
 
 case "$part" in
   staged) staged ;;
+  service) service ;;
   debs) debs ;;
   *) fail "unknown part '$part' (staged, debs)" ;;
 esac

@@ -19,8 +19,10 @@ raise ``OSError(errno, message)`` with libblkps's one-line message.
 A Model is used by one thread at a time; open one per thread. The library
 releases the GIL during transfers.
 
-libblkps.so is found from $BLKPS_LIB, else <repo>/build/cmake/learner/ next to
-this file's checkout, else the system library path.
+libblkps.so is found from $BLKPS_LIB, else where `cmake --install` put it
+beside this package (any prefix: _installed.py, written at install, has the
+relative path), else <repo>/build/cmake/learner/ next to this file's
+checkout, else the system library path.
 """
 
 import ctypes
@@ -76,6 +78,11 @@ def _library_path():
     path = os.environ.get("BLKPS_LIB")
     if path:
         return path
+    try:
+        from . import _installed  # only in an installed copy (packaging/CMakeLists.txt)
+        return os.path.normpath(os.path.join(os.path.dirname(__file__), _installed.LIBRARY))
+    except ImportError:
+        pass
     # <repo>/learner/python/blkps/__init__.py -> <repo>
     repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     built = os.path.join(repo, "build", "cmake", "learner", "libblkps.so")
