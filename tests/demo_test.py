@@ -51,15 +51,17 @@ try:
     learner = ([PYTHON, demo.TRAIN] if kind == "python"
                else [os.path.join(build, "learner", "examples", "blkps-train-digits")])
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        demo.run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(LEARNERS),
-                            "--epochs", str(EPOCHS)] for k in range(LEARNERS)])
+    try:
+        with contextlib.redirect_stdout(out):
+            demo.run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(LEARNERS),
+                                "--epochs", str(EPOCHS)] for k in range(LEARNERS)])
+    finally:
+        print(out.getvalue())
 finally:
     blkps("target", "stop", "--dir", state)
     subprocess.run(["rm", "-rf", state])
 
 lines = out.getvalue().splitlines()
-print("\n".join(lines))
 gate = [i for i, line in enumerate(lines) if "learners ready: starting them together" in line]
 ready = {k: i for i, line in enumerate(lines) for k in range(LEARNERS) if line == f"learner {k}: ready"}
 epochs = [(i, int(m[1]), float(m[2])) for i, line in enumerate(lines)

@@ -144,6 +144,9 @@ EOF
   )
 }
 
+# Whether process PID runs (a zombie, which nobody here may reap, does not).
+running() { [ -e "/proc/$1" ] && ! grep -qE '^[^)]*\) [ZX]' "/proc/$1/stat"; }
+
 service() {
   local root="$tmp/root" name=svc unit
   mkdir -p "$root/usr/lib/systemd" "$root/etc/blkps"
@@ -151,8 +154,12 @@ service() {
   cmake --install "$build" --prefix "$root/usr" >/dev/null
   unit="$root/usr/lib/systemd/system/blkps@.service"
   [ -f "$unit" ] || fail "no blkps@.service installed"
-  systemd-analyze verify --man=no --root="$root" "blkps@$name.service" ||
-    fail "systemd-analyze verify blkps@$name.service failed"
+  # It exits 0 on a line it ignores (a bad value): any message fails.
+  local verify
+  if ! verify=$(systemd-analyze verify --man=no --root="$root" "blkps@$name.service" 2>&1) ||
+     [ -n "$verify" ]; then
+    fail "systemd-analyze verify blkps@$name.service: $verify"
+  fi
 
   # The unit's commands as systemd runs them: %i is the instance, ${VAR} one
   # word of the EnvironmentFile, $VAR its words; paths moved into $root, and
@@ -186,7 +193,7 @@ EOF
   local url pid
   url=$("$top/scripts/blkps" target show --dir "$state" --get URL)
   pid=$(cat "$state/tgtd.pid") || fail "no PIDFile after ExecStart"
-  kill -0 "$pid" || fail "tgtd of PIDFile $pid does not run"
+  running "$pid" || fail "tgtd of PIDFile $pid does not run"
   PYTHONPATH="$top/learner/python" BLKPS_LIB="$build/learner/libblkps.so" /usr/bin/python3 - "$url" <<'EOF'
 import sys
 import numpy as np
@@ -196,7 +203,7 @@ with blkps.Model(sys.argv[1]) as model:
     model.sync()                                       # the checkpoint
 EOF
   run_unit_line ExecStop || fail "the unit's ExecStop failed"
-  ! kill -0 "$pid" 2>/dev/null || fail "tgtd $pid still runs after ExecStop"
+  ! running "$pid" || fail "tgtd $pid still runs after ExecStop"
   run_unit_line ExecStart >/dev/null || fail "the unit's ExecStart failed after a stop"
   url=$("$top/scripts/blkps" target show --dir "$state" --get URL)
   PYTHONPATH="$top/learner/python" BLKPS_LIB="$build/learner/libblkps.so" /usr/bin/python3 - "$url" <<'EOF'
