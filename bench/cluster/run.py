@@ -215,7 +215,7 @@ class Runner:
             bsopts = f"params={sizes[k] // 4};dtype={dtype};{options}"
             self.targets.append(folder)
             subprocess.run(cluster.exec_argv(h, [
-                PYTHON, BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
+                BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
                 "--address", cluster.address(h), "--port", ISCSI_PORT, "--allow", "ALL",
                 "--luns", str(luns), "--bsopts", bsopts, "--owner-pid", str(os.getpid())]),
                 check=True, stdout=subprocess.DEVNULL)
@@ -225,7 +225,7 @@ class Runner:
 
     def stop_targets(self):
         for folder in self.targets:
-            subprocess.run([PYTHON, BLKPS, "target", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
+            subprocess.run([BLKPS, "target", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
             shutil.rmtree(folder, ignore_errors=True)
         self.targets = []
 

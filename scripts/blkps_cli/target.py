@@ -371,7 +371,7 @@ class Target:
     def start_watchdog(self, owner):
         """A detached process that stops the target when process `owner`
         exits (even by SIGKILL) or tgtd dies."""
-        subprocess.Popen([sys.executable, tools.script("blkps"), "target", "watch", "--dir", self.dir,
+        subprocess.Popen([tools.script("blkps"), "target", "watch", "--dir", self.dir,
                           "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
 
