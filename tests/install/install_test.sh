@@ -243,6 +243,10 @@ debs() {
   expect_line "blkps .deb" "$files" '/usr/bin/blkps-mount$'
   expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps\.1$'
   expect_line "blkps .deb" "$files" '/usr/share/man/man1/blkps-mount\.1$'
+  expect_line "blkps .deb" "$files" '/usr/lib/python3/dist-packages/blkps/_installed\.py$'
+  if grep -q 'blkps\.pth' <<<"$files"; then  # /usr's python3 reads the package's folder itself
+    fail "blkps .deb holds a blkps.pth:"$'\n'"$files"
+  fi
 
   info=$(dpkg-deb -I "$server")
   expect_line "blkps-server .deb" "$info" '^ Depends: .*tgt \(>= '
