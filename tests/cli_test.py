@@ -8,7 +8,7 @@ Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
 no-numpy. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
-model-too-large, owner-pid-watchdog.
+model-too-large, owner-pid-watchdog, folder-with-space.
 """
 import io
 import os
@@ -327,6 +327,27 @@ def test_no_numpy():
         if out.returncode == 0 or len(out.stderr.splitlines()) != 1 or not out.stderr.startswith(starts):
             fail(f"blkps {' '.join(args)} without numpy: exit {out.returncode}, expected one line "
                  f"starting {starts!r}, got {out.stderr!r}")
+
+
+
+def test_folder_with_space():
+    # A checkout anywhere (issue 20): the plugin and the state in folders
+    # whose names hold a space (ld.so splits LD_PRELOAD at spaces).
+    folder = os.path.join(target_dir(), "a folder")
+    try:
+        os.makedirs(folder)
+        plugin = os.path.join(folder, "bs_blkps.so")
+        subprocess.run(["cp", PLUGIN, plugin], check=True)
+        rc, _, err = blkps("target", "start", "--dir", os.path.join(folder, "state"), "--plugin", plugin,
+                           "--owner-pid", str(os.getpid()), "--bsopts", "params=1000;lr=0.1")
+        if rc != 0:
+            fail(f"start with the plugin in '{folder}': {err}")
+        rc, out, err = blkps("status", "--dir", os.path.join(folder, "state"), "--json")
+        if rc != 0 or '"params": 1000' not in out:
+            fail(f"status of a target in '{folder}': {rc} {err}")
+    finally:
+        blkps("target", "stop", "--dir", os.path.join(folder, "state"))
+        subprocess.run(["rm", "-rf", os.path.dirname(folder)])
 
 
 test = globals().get("test_" + case.replace("-", "_"))

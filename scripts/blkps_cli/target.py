@@ -213,18 +213,22 @@ class Target:
             raise UserError(what, f"a target is already running in {self.dir} (pid {self.pid()})",
                             f"stop it first: blkps target stop --dir {self.dir}")
         env = dict(os.environ, TGT_IPC_SOCKET=self.socket)
+        tgtd_cwd = None
         if a.plugin != "installed":
             plugin = os.path.abspath(a.plugin or tools.built("bs_blkps.so"))
             if not os.path.isfile(plugin):
                 raise UserError(what, f"plugin {plugin} not found", "build first (scripts/build.sh), or --plugin installed")
-            env["LD_PRELOAD"] = plugin
+            # ld.so splits LD_PRELOAD at spaces and colons: the plugin is
+            # named from its own folder, tgtd's (a checkout may be anywhere).
+            env["LD_PRELOAD"] = "./" + os.path.basename(plugin)
+            tgtd_cwd = os.path.dirname(plugin)
         try:  # from here on, any failure (Ctrl-C too) leaves no tgtd
-            return self._configure(a, credentials, self._start_tgtd(a, env))
+            return self._configure(a, credentials, self._start_tgtd(a, env, tgtd_cwd))
         except BaseException:
             self.stop()
             raise
 
-    def _start_tgtd(self, a, env):
+    def _start_tgtd(self, a, env, cwd):
         """Starts tgtd on a's portal (with --port auto, retries when another
         process took the port first); returns the port."""
         why = ""
@@ -240,7 +244,7 @@ class Target:
             with open(self.log, "w") as log:
                 proc = subprocess.Popen(["tgtd", "-f", *lld],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                                        env=env, cwd=cwd, start_new_session=True)
             with open(self.pid_file, "w") as f:
                 f.write(f"{proc.pid}\n")
             with open(self.lld_file, "w") as f:
