@@ -89,6 +89,8 @@ def run_learners(commands):
 def command_demo(a):
     if a.workload == "fashion-cnn" and a.via == "engine":
         raise UserError("demo", "--workload fashion-cnn runs --via lib or mount", "drop --via engine")
+    if os.geteuid() != 0:
+        raise UserError("demo", "needs root: it installs Debian packages and starts tgtd", "sudo scripts/blkps demo")
     targets = ["bs_blkps", "blkps-bsopts", *BUILD_TARGETS[a.via]]
     say(f"building {', '.join(targets)} (the first run installs packages and takes a few minutes)")
     if subprocess.run([tools.script("build.sh"), *targets]).returncode != 0:
