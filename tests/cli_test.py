@@ -6,7 +6,7 @@ happened first, labelled output, and the trips a new user reported (issue
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
-no-numpy. Cases that start their
+no-numpy, no-python3. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
 model-too-large, owner-pid-watchdog, folder-with-space.
 """
@@ -327,6 +327,47 @@ def test_no_numpy():
         if out.returncode == 0 or len(out.stderr.splitlines()) != 1 or not out.stderr.startswith(starts):
             fail(f"blkps {' '.join(args)} without numpy: exit {out.returncode}, expected one line "
                  f"starting {starts!r}, got {out.stderr!r}")
+
+
+
+def test_no_python3():
+    """A minimal Debian 12 has no python3: scripts/blkps installs it with
+    apt-get, saying so, then runs. Here a copy of scripts/blkps whose
+    python3 is missing, and an apt-get on PATH that records its arguments
+    and "installs" python3 as a link to the real one."""
+    work = tempfile.mkdtemp(prefix="blkps-cli-test-")
+    try:
+        fake_python = os.path.join(work, "usr-bin", "python3")
+        with open(BLKPS) as f:
+            launcher = f.read()
+        if "python=/usr/bin/python3\n" not in launcher:
+            fail("scripts/blkps does not set python=/usr/bin/python3")
+        os.makedirs(os.path.join(work, "scripts"))
+        os.makedirs(os.path.join(work, "bin"))
+        with open(os.path.join(work, "scripts", "blkps"), "w") as f:
+            f.write(launcher.replace("python=/usr/bin/python3\n", f"python={fake_python}\n"))
+        os.chmod(os.path.join(work, "scripts", "blkps"), 0o755)
+        os.symlink(os.path.join(top, "scripts", "blkps_cli"), os.path.join(work, "scripts", "blkps_cli"))
+        log = os.path.join(work, "apt-get.log")
+        with open(os.path.join(work, "bin", "apt-get"), "w") as f:
+            f.write(f"#!/bin/sh\necho \"$*\" >> '{log}'\n"
+                    f"case \"$*\" in *install*) mkdir -p '{os.path.dirname(fake_python)}' && "
+                    f"ln -s {PYTHON} '{fake_python}' ;; esac\n")
+        os.chmod(os.path.join(work, "bin", "apt-get"), 0o755)
+        env = dict(os.environ, PATH=os.path.join(work, "bin") + ":" + os.environ["PATH"])
+        out = subprocess.run([os.path.join(work, "scripts", "blkps"), "--help"], capture_output=True, text=True,
+                             env=env)
+        if out.returncode != 0 or not out.stdout.startswith("usage: blkps"):
+            fail(f"blkps --help without python3: exit {out.returncode}, {out.stdout[:80]!r} {out.stderr!r}")
+        if not out.stderr.startswith("blkps: installing python3"):
+            fail(f"blkps did not say it installs python3: {out.stderr!r}")
+        with open(log) as f:
+            calls = f.read().splitlines()
+        if len(calls) != 2 or not calls[0].startswith("update") or "install" not in calls[1] \
+                or not calls[1].rstrip().endswith("python3"):
+            fail(f"apt-get was run as {calls}, expected update, then install ... python3")
+    finally:
+        subprocess.run(["rm", "-rf", work])
 
 
 
