@@ -4,9 +4,11 @@ standard library until a subcommand needs more."""
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a file: the package is this folder
-    scripts = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    sys.path[:] = [scripts] + [p for p in sys.path if os.path.realpath(p or ".") != os.path.join(scripts, "blkps_cli")]
+if __package__ in (None, ""):  # run as a file: import the package from its parent folder
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == here:
+        del sys.path[0]  # this folder's modules are the package's, not top-level ones
+    sys.path.insert(0, os.path.dirname(here))
     from blkps_cli.main import main
 else:
     from .main import main
