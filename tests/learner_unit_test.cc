@@ -588,5 +588,32 @@ TEST(ChapFile, ReadsCredentialsAndRefusesAnOpenFileOrUnknownKeys) {
   unlink(path.c_str());
 }
 
+// D8: README's sample, inline comment included, reads as it says.
+TEST(ChapFile, InlineCommentsAreNotPartOfTheValue) {
+  char tmpl[] = "/tmp/blkps-chap-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const std::string path = tmpl;
+  const std::string text =
+      "# blkps CHAP credentials: key=value lines, '#' comments\nuser=learner\nsecret=learner#Secret1  # a '#' in a "
+      "secret stays\ntarget_user=server            # mutual CHAP: the target must prove these\n"
+      "target_secret=server-Secret22\t\n   \n  # indented comment\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  ChapCredentials chap;
+  ASSERT_TRUE(ReadChapFile(path, &chap).ok());
+  EXPECT_EQ(chap.user, "learner");
+  EXPECT_EQ(chap.secret, "learner#Secret1");
+  EXPECT_EQ(chap.target_user, "server");
+  EXPECT_EQ(chap.target_secret, "server-Secret22");
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("user=u\nsecret=two words-12345\n", f);
+  fclose(f);
+  Status s = ReadChapFile(path, &chap);
+  EXPECT_NE(s.message().find(":2: a value holds a space"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("words-12345"), std::string::npos) << s.message();
+  unlink(path.c_str());
+}
+
 }  // namespace
 }  // namespace blkps
