@@ -20,6 +20,7 @@
 #include "blkps/model.hpp"
 #include "byte_size.h"
 #include "device.h"
+#include "scsi_sense.h"
 #include "transfer_plan.h"
 
 namespace blkps {
@@ -613,6 +614,25 @@ TEST(ChapFile, InlineCommentsAreNotPartOfTheValue) {
   EXPECT_NE(s.message().find(":2: a value holds a space"), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find("words-12345"), std::string::npos) << s.message();
   unlink(path.c_str());
+}
+
+// D6: every sense the blkps server sends reads as key, ASC/ASCQ and meaning;
+// no "(null)".
+TEST(ScsiSense, EverySenseTheServerSendsHasAMeaning) {
+  EXPECT_EQ(ScsiSenseMessage(3, 0x0c00),
+            "MEDIUM ERROR / WRITE ERROR (asc/ascq 0x0c00): the server could not write its checkpoint (its log and "
+            "status say why)");
+  // bs_blkps.c's complete_io: key, ASC/ASCQ of each blkps_io_result.
+  const std::pair<int, int> sent[] = {{5, 0x2100}, {5, 0x2600}, {2, 0x3a00}, {11, 0x2e00},
+                                      {2, 0x0403}, {7, 0x2700}, {3, 0x0c00}, {5, 0x2000}};
+  for (const auto& [key, asc] : sent) {
+    const std::string m = ScsiSenseMessage(key, asc);
+    EXPECT_EQ(m.find("(null)"), std::string::npos) << m;
+    EXPECT_NE(m.find(" / "), std::string::npos) << m;
+    EXPECT_EQ(m.find("not a sense the blkps server sends"), std::string::npos) << m;
+  }
+  EXPECT_EQ(ScsiSenseMessage(9, 0x8001).rfind("VENDOR SPECIFIC (asc/ascq 0x8001): not a sense", 0), 0u);
+  EXPECT_EQ(ScsiSenseMessage(99, 0).rfind("UNKNOWN SENSE KEY", 0), 0u);
 }
 
 }  // namespace
