@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 #include <blkps/model.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -160,6 +162,49 @@ TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
     EXPECT_TRUE(Contains(out, expected)) << options << ": " << out;
     EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line: " << out;
     EXPECT_FALSE(Contains(out, "much-too-long")) << out;
+  }
+}
+
+// D8: README's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
+// all), logs in to a target started with its credentials.
+TEST(Access, ReadmeChapFileSampleLogsIn) {
+  const std::string command = BLKPS_COMMAND;
+  std::ifstream in(command.substr(0, command.rfind("/scripts/")) + "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t start = readme.find("# blkps CHAP credentials");
+  ASSERT_NE(start, std::string::npos) << "README has no BLKPS_CHAP_FILE sample";
+  std::string sample = readme.substr(start, readme.find("```", start) - start);
+  // Drop the block's indentation, as a reader copying it does.
+  std::string copied;
+  for (size_t at = 0; at < sample.size();) {
+    const size_t end = std::min(sample.find('\n', at), sample.size());
+    const std::string line = sample.substr(at, end - at);
+    copied += line.substr(std::min(line.find_first_not_of(' '), line.size())) + "\n";
+    at = end + 1;
+  }
+  TempDir dir;
+  const std::string options = "--chap-user learner --chap-secret-file " + WriteSecret(dir, "in", "learner-Secret1") +
+                              " --mutual-user server --mutual-secret-file " +
+                              WriteSecret(dir, "out", "server-Secret22");
+  TargetProcess target("params=1024;rule=sum", options);
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  EXPECT_EQ(UseModelWithChapFile(target.url(), WriteSecret(dir, "chap", copied)), "") << copied;
+}
+
+// D9: --allow takes subnets; a learner its ACL does not admit is told so.
+TEST(Access, AllowAdmitsSubnetsAndARefusedLearnerIsToldItsAddressIsNotAdmitted) {
+  {
+    TargetProcess target("params=1024;rule=sum", "--allow 127.0.0.0/8");
+    ASSERT_TRUE(target.ok()) << target.start_output();
+    EXPECT_TRUE(Contains(target.start_output(), "admits: 127.0.0.0/8")) << target.start_output();
+    EXPECT_EQ(UseModel(target.url()), "");
+  }
+  {
+    TargetProcess target("params=1024;rule=sum", "--allow 10.1.2.3/16 --allow 192.0.2.7");
+    ASSERT_TRUE(target.ok()) << target.start_output();
+    EXPECT_TRUE(Contains(target.start_output(), "admits: 10.1.0.0/16 192.0.2.7")) << target.start_output();
+    const std::string refused = UseModel(target.url());
+    EXPECT_TRUE(Contains(refused, "does not admit this host's address")) << refused;
   }
 }
 

@@ -154,9 +154,9 @@ void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
 
 // With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
-// credentials) and the control LUN restricted to an operator (--operator),
-// a learner's own fence= after each reconnect is still taken: sums stay
-// exact.
+// credentials) and the learners' control LUN restricted to what learners
+// send (--operator), a learner's own fence= after each reconnect is still
+// taken: sums stay exact.
 TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLun) {
   TempDir dir;
   const std::string secret = dir.path + "/secret", chap = dir.path + "/chap";
@@ -165,9 +165,7 @@ TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLu
   chmod(secret.c_str(), 0600);
   chmod(chap.c_str(), 0600);
   setenv("BLKPS_CHAP_FILE", chap.c_str(), 1);
-  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator --chap-user learner "
-                               "--chap-secret-file " +
-                               secret);
+  ExpectExactAsyncSumAfterCuts("--operator --chap-user learner --chap-secret-file " + secret);
   unsetenv("BLKPS_CHAP_FILE");
 }
 
