@@ -625,6 +625,28 @@ TEST(ServerSemantics, HeldReadFailsAtTheHoldLimitWithAClearSense) {
 
 // ---- 7, 8. checkpoints -----------------------------------------------------------
 
+// D6: a sense reaches the learner as key, ASC/ASCQ and meaning, never as
+// "(null)": here a checkpoint the server cannot write (its folder is gone).
+TEST(ServerSemantics, AFailedCheckpointReachesTheLearnerNamedAndExplained) {
+  TempDir scratch;
+  const std::string folder = scratch.path + "/gone";
+  ASSERT_EQ(mkdir(folder.c_str(), 0700), 0);
+  TargetProcess target(Bsopts("lr=1;checkpoint=" + folder + "/model.ckpt"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_EQ(rmdir(folder.c_str()), 0);
+  std::string error;
+  auto a = OpenModel(target.url(), "a", &error);
+  ASSERT_TRUE(a) << error;
+  const std::vector<float> g(kParams, 1.0f);
+  ASSERT_EQ(a->Push(0, g.data(), kParams), 0) << a->last_error();
+  EXPECT_NE(a->Sync(), 0);
+  EXPECT_TRUE(Contains(a->last_error(),
+                       "target returned MEDIUM ERROR / WRITE ERROR (asc/ascq 0x0c00): the server could not write its "
+                       "checkpoint (its log and status say why)"))
+      << a->last_error();
+  EXPECT_FALSE(Contains(a->last_error(), "(null)")) << a->last_error();
+}
+
 TEST(ServerSemantics, FsyncCheckpointSurvivesKill9OfTgtd) {
   TempDir scratch;
   const std::string path = scratch.path + "/model.ckpt";
