@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <blkps/control_lun.h>
 #include <gtest/gtest.h>
 #include <blkps/model.hpp>
 
@@ -163,6 +164,59 @@ TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
     EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line: " << out;
     EXPECT_FALSE(Contains(out, "much-too-long")) << out;
   }
+}
+
+// D3 with CHAP: each role of README's "Authentication and access" table,
+// tried. A learner holding the learners' secret reads the learners' control
+// LUN but may not set the rule there, and cannot log in to the operator
+// target; the operator's file (which also holds the mutual credentials)
+// opens it.
+TEST(Access, EachRoleCanDoWhatReadmeSaysAndNoMore) {
+  TempDir dir;
+  TargetProcess target("params=1024", ChapOptions(dir, true) + " --operator");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_NE(target.operator_url(), "");
+  const std::string learner =
+      WriteSecret(dir, "learner.chap",
+                  std::string("user=") + kUser + "\nsecret=" + kSecret + "\ntarget_user=" + kTargetUser +
+                      "\ntarget_secret=" + kTargetSecret + "\n");
+  std::string command = "lr=0.5\n";
+  command.resize(512, '\0');
+  auto open = [&](const std::string& url, const std::string& chap_file, std::string* error) {
+    if (chap_file.empty()) {
+      unsetenv("BLKPS_CHAP_FILE");
+    } else {
+      setenv("BLKPS_CHAP_FILE", chap_file.c_str(), 1);
+    }
+    blkps::OpenOptions o;
+    o.initiator_name = InitiatorName();
+    auto m = blkps::Model::Open(url, o, error);
+    unsetenv("BLKPS_CHAP_FILE");
+    return m;
+  };
+  std::string error;
+  // Anyone admitted, without a secret: no learner LUN, no operator target.
+  EXPECT_EQ(open(target.url(), "", &error), nullptr);
+  EXPECT_EQ(open(target.operator_url(), "", &error), nullptr);
+  EXPECT_TRUE(Contains(error, "Authentication failure")) << error;
+  // A learner: its LUN and the learners' control LUN's reads, not the rule.
+  EXPECT_EQ(UseModelWithChapFile(target.url(), learner), "");
+  auto control = open(target.control_url(), learner, &error);
+  ASSERT_NE(control, nullptr) << error;
+  std::vector<char> status(512);
+  EXPECT_EQ(control->ReadBytes(0, status.data(), status.size()), 0) << control->last_error();
+  EXPECT_NE(control->WriteBytes(BLKPS_CONTROL_COMMANDS_OFFSET, command.data(), command.size()), 0);
+  EXPECT_TRUE(Contains(control->last_error(), "DATA PROTECT / WRITE PROTECTED")) << control->last_error();
+  EXPECT_EQ(open(target.operator_url(), learner, &error), nullptr);
+  EXPECT_TRUE(Contains(error, "Authentication failure")) << error;
+  // The operator.
+  auto op = open(target.operator_url(), target.operator_chap_file(), &error);
+  ASSERT_NE(op, nullptr) << error;
+  EXPECT_EQ(op->WriteBytes(BLKPS_CONTROL_COMMANDS_OFFSET, command.data(), command.size()), 0) << op->last_error();
+  // Its secret is in no file but operator.chap, mode 0600.
+  struct stat st {};
+  ASSERT_EQ(stat(target.operator_chap_file().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 // D8: README's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
