@@ -148,6 +148,23 @@ TEST(TransferPlan, UnalignedWritePadsPartialBlocksWithZeros) {
   }
 }
 
+// The padding each request carries, for pushed_bytes_lost (issue 25, D7).
+TEST(TransferPlan, RequestsSayHowMuchPaddingTheyCarry) {
+  const std::vector<uint8_t> data = Pattern(3 * kBlock, 1);
+  const uint64_t offset = kBlock + 100;  // 100 bytes of head padding, kBlock - 100 of tail
+  TransferPlan plan(Direction::kWrite, offset, const_cast<uint8_t*>(data.data()), data.size(), kBlock, 2 * kBlock);
+  ASSERT_EQ(plan.requests().size(), 2u);
+  EXPECT_EQ(plan.requests()[0].padding_head, 100u);
+  EXPECT_EQ(plan.requests()[0].padding_tail, 0u);
+  EXPECT_EQ(plan.requests()[1].padding_head, 0u);
+  EXPECT_EQ(plan.requests()[1].padding_tail, kBlock - 100);
+  uint64_t data_bytes = 0;
+  for (const IoRequest& r : plan.requests()) data_bytes += r.length - r.padding_head - r.padding_tail;
+  EXPECT_EQ(data_bytes, data.size());
+  TransferPlan aligned(Direction::kWrite, kBlock, const_cast<uint8_t*>(data.data()), data.size(), kBlock, 1 << 20);
+  EXPECT_EQ(aligned.requests()[0].padding_head + aligned.requests()[0].padding_tail, 0u);
+}
+
 TEST(TransferPlan, UnalignedReadCopiesOnlyTheRequestedBytes) {
   MemoryDisk disk(8 * kBlock);
   disk.bytes() = Pattern(8 * kBlock, 2);
