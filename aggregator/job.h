@@ -159,19 +159,23 @@ class Job {
     bool failed = false;
   };
   Counters GetCounters() const;
-  // Control commands, one `key=value` per line (NUL padding ignored):
+  // Control commands, one `key=value` per line, then NUL padding:
   // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1,
-  // fence=<lun> (fails `initiator`'s held writes on that learner LUN), or
-  // tag=<text>: an opaque label that learners keep with the model (status
-  // "tag"; at most 256 of [A-Za-z0-9._:,=+/-]; empty clears it; not saved in
-  // checkpoints). blkps.torch keeps its model fingerprint there.
-  // InvalidArgument names the first bad line; the lines before it are done.
-  // The status JSON's control_error holds that reason until a write succeeds.
-  // With ControlRights::kLearner (an initiator that is not one of the control
-  // LUN's operators=) only the commands a learner itself sends are taken:
-  // fence= (libblkps, exactly-once after a reconnect) and tag= (blkps.torch's
-  // fingerprint); any other line refuses the whole write, nothing done,
-  // with PermissionDenied.
+  // fence=<lun> (fails `initiator`'s held writes on learner LUN <lun>, which
+  // must be one of this model's), or tag=<text>: an opaque label that
+  // learners keep with the model (status "tag"; at most 256 of
+  // [A-Za-z0-9._:,=+/-]; empty clears it; not saved in checkpoints).
+  // blkps.torch keeps its model fingerprint there.
+  // The grammar is strict: lines end with '\n' (the last one may not); keys
+  // and values are printable ASCII without spaces; each key at most once;
+  // after the first NUL only NULs. The block is parsed and checked whole,
+  // then applied whole: a refused block (InvalidArgument naming the first
+  // bad line) changes nothing. The status JSON's control_error holds that
+  // reason until a write succeeds.
+  // With ControlRights::kLearner (the learners' control LUN) only the
+  // commands a learner itself sends are taken: fence= (libblkps,
+  // exactly-once after a reconnect) and tag= (blkps.torch's fingerprint);
+  // a block with any other line is refused whole with PermissionDenied.
   enum class ControlRights { kOperator, kLearner };
   Status Control(const std::string& commands, const std::string& initiator = "",
                  ControlRights rights = ControlRights::kOperator);
@@ -255,8 +259,8 @@ class Job {
   void ReleaseOneLocked(HeldCommand& held, Status status);
   void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
   bool FailedLocked() const { return !failure_.empty(); }
-  // Control's tag=: checks the text and stores it.
-  Status SetTag(const std::string& tag);
+  // Control's tag=: OK if `tag` may be one.
+  static Status CheckTag(const std::string& tag);
   std::string WhoIsBehindLocked(const HeldCommand& held) const;
   // bsp: finishes block b's round if complete. REQUIRES: b's write lock.
   void FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock);

@@ -1,10 +1,13 @@
 // Control commands for a running Job (written to the control LUN): a rule
-// parameter (lr, momentum, beta1, beta2, eps), resume=1, or fence=<lun>
-// (job.h, "Receipts").
+// parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun> or
+// tag=<text> (job.h, "Receipts"). One grammar, one parser: a block is parsed
+// and checked whole, then applied whole or not at all.
 #include "job.h"
 
+#include <algorithm>
 #include <cstdlib>
-#include <sstream>
+#include <map>
+#include <set>
 
 #include "number_text.h"
 
@@ -15,80 +18,148 @@ namespace {
 // The commands a learner sends itself (Job::ControlRights::kLearner).
 bool IsLearnerCommand(const std::string& key) { return key == "fence" || key == "tag"; }
 
+// A key: lower-case letters, digits and '_'. Any key but resume, fence and
+// tag names a rule parameter, which the rule checks.
+bool IsKey(const std::string& key) {
+  return !key.empty() && key.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+}
+
+// Printable ASCII other than space: what a key or a value may hold.
+bool IsWordByte(char c) { return c > 0x20 && c < 0x7f; }
+
+// `text` for a message: printable ASCII as is, other bytes (and '\\') as
+// \xNN, at most 80 bytes shown.
+std::string ShowBytes(const std::string& text) {
+  static constexpr size_t kMaxShown = 80;
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return text.size() > kMaxShown ? out + "..." : out;
+}
+
 }  // namespace
 
 Status Job::Control(const std::string& commands, const std::string& initiator, ControlRights rights) {
   // A refused command stays in the status JSON (control_error) until the next
   // control write succeeds: the writer sees only a SCSI error.
-  auto refuse = [this](const std::string& why) {
+  auto refuse = [this](Status why) {
     std::lock_guard<std::mutex> lock(mu_);
-    control_error_ = why;
-    return Status::InvalidArgument(why);
+    control_error_ = why.message();
+    return why;
   };
-  const std::string text = commands.substr(0, commands.find('\0'));
-  std::string line;
+  auto bad = [&](const std::string& why) { return refuse(Status::InvalidArgument("control: " + why)); };
+
+  // Parse: the text, then NUL padding only.
+  const size_t nul = std::min(commands.find('\0'), commands.size());
+  if (commands.find_first_not_of('\0', nul) != std::string::npos) {
+    return bad("bytes after the NUL padding at byte " + std::to_string(nul) +
+               ": a block is key=value lines, then NULs to its end");
+  }
+  std::string text = commands.substr(0, nul);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  struct Line {
+    std::string key, value;
+  };
+  std::vector<Line> lines;
+  std::set<std::string> seen;
+  for (size_t start = 0; !text.empty() && start <= text.size();) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = line.find('=');
+    const std::string key = line.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    if (eq == std::string::npos || !IsKey(key)) {
+      return bad("expected lr|momentum|beta1|beta2|eps=<number>, resume=1, fence=<learner LUN> or tag=<text>, one "
+                 "a line, got '" +
+                 ShowBytes(line) + "'");
+    }
+    if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
+      return bad(key + ": the value holds a space or a byte outside printable ASCII: '" + ShowBytes(line) + "'");
+    }
+    if (!seen.insert(key).second) return bad(key + ": given twice in one write");
+    lines.push_back({key, value});
+  }
+
+  // Check, nothing applied yet.
   if (rights == ControlRights::kLearner) {
-    std::istringstream in(text);
-    while (std::getline(in, line)) {
-      const std::string key = line.substr(0, line.find('='));
-      if (line.empty() || line == "\r" || IsLearnerCommand(key)) continue;
-      const std::string why = "control: " + key + ": initiator '" + initiator +
-                              "' is not an operator of this model (only fence= and tag= are open to learners)";
-      refuse(why);
-      return Status::PermissionDenied(why);
+    for (const Line& l : lines) {
+      if (IsLearnerCommand(l.key)) continue;
+      return refuse(Status::PermissionDenied("control: " + l.key +
+                                             ": the learners' control LUN takes only fence= and tag=; operators write "
+                                             "through the model's operator target (blkps target start --operator)"));
     }
   }
-  std::istringstream in(text);
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    const size_t eq = line.find('=');
-    const std::string key = line.substr(0, eq), value = eq == std::string::npos ? "" : line.substr(eq + 1);
-    if (key == "resume") {
+  std::map<std::string, float> params;
+  bool resume = false;
+  uint64_t fence_lun = 0;
+  bool fence = false;
+  for (const Line& l : lines) {
+    if (l.key == "resume") {
+      if (l.value != "1") return bad("resume: expected resume=1, got '" + ShowBytes(l.value) + "'");
+      resume = true;
+    } else if (l.key == "tag") {
+      Status s = CheckTag(l.value);
+      if (!s.ok()) return refuse(s);
+    } else if (l.key == "fence") {
+      const bool digits =
+          !l.value.empty() && l.value.size() <= 19 && l.value.find_first_not_of("0123456789") == std::string::npos;
+      fence_lun = digits ? std::strtoull(l.value.c_str(), nullptr, 10) : 0;
       std::lock_guard<std::mutex> lock(mu_);
-      if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
-      failure_.clear();
-      failed_.store(false);
-      continue;
-    }
-    if (key == "tag") {
-      Status s = SetTag(value);
-      if (!s.ok()) return refuse(s.message());
-      continue;
-    }
-    if (key == "fence") {
-      char* lun_end = nullptr;
-      const unsigned long long lun = std::strtoull(value.c_str(), &lun_end, 10);
-      if (value.empty() || *lun_end != '\0') {
-        return refuse("control: expected fence=<learner LUN>, got '" + line + "'");
+      const bool exists = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == fence_lun; });
+      if (!digits || !exists) {
+        control_error_ =
+            "control: fence: expected fence=<the LUN of a learner of this model>, got '" + ShowBytes(l.value) + "'";
+        return Status::InvalidArgument(control_error_);
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      FenceLocked(lun, initiator);
-      continue;
+      fence = true;
+    } else {
+      char* end = nullptr;
+      const float v = std::strtof(l.value.c_str(), &end);
+      if (l.value.empty() || *end != '\0') {
+        return bad(l.key + ": expected a number, got '" + ShowBytes(l.value) + "'");
+      }
+      Status s = model_->rule().CheckParam(l.key, v);
+      if (!s.ok()) return bad(s.message());
+      params[l.key] = v;
     }
-    char* end = nullptr;
-    const float v = std::strtof(value.c_str(), &end);
-    if (eq == std::string::npos || value.empty() || *end != '\0') {
-      return refuse("control: expected key=<number>, resume=1, fence=<lun> or tag=<text>, got '" + line + "'");
-    }
-    Status s = model_->rule().SetParam(key, v);
-    if (!s.ok()) return refuse("control: " + s.message());
+  }
+
+  // Apply: nothing here can fail.
+  for (const auto& [key, v] : params) {
+    model_->rule().SetParam(key, v);
     log_("control: " + key + " set to " + FloatShort(v));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  for (const Line& l : lines) {
+    if (l.key == "tag") tag_ = l.value;
+  }
+  if (fence) FenceLocked(fence_lun, initiator);
+  if (resume) {
+    if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
+    failure_.clear();
+    failed_.store(false);
+  }
   control_error_.clear();
   return Status::OK();
 }
 
-Status Job::SetTag(const std::string& tag) {
+Status Job::CheckTag(const std::string& tag) {
   static constexpr size_t kMaxTag = 256;
   const bool plain = tag.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:,=+/-") ==
                      std::string::npos;
   if (tag.size() > kMaxTag || !plain) {
-    return Status::InvalidArgument("control: tag: expected at most 256 of [A-Za-z0-9._:,=+/-], got '" + tag + "'");
+    return Status::InvalidArgument("control: tag: expected at most 256 of [A-Za-z0-9._:,=+/-], got '" + ShowBytes(tag) +
+                                   "'");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  tag_ = tag;
   return Status::OK();
 }
 

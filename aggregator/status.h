@@ -20,7 +20,7 @@ class Status {
     kIOError,            // a file could not be read or written
     kUnavailable,        // the job has failed (too many learners dead)
     kDeadlineExceeded,   // a held command waited past its bound
-    kPermissionDenied,   // the caller may not do this (control LUN operators=)
+    kPermissionDenied,   // the caller may not do this (the learners' control LUN)
   };
 
   Status() = default;

@@ -254,11 +254,17 @@ std::vector<std::pair<std::string, float>> UpdateRule::params() const {
 }
 
 Status UpdateRule::SetParam(const std::string& key, float value) {
+  Status s = CheckParam(key, value);
+  if (!s.ok()) return s;
   for (int p = 0; p < kNumParams; ++p) {
-    if (!tuned_[p] || key != kParamKeys[p]) continue;
-    Status s = CheckParam(key, value);
-    if (s.ok()) values_[p].store(value);
-    return s;
+    if (tuned_[p] && key == kParamKeys[p]) values_[p].store(value);
+  }
+  return s;
+}
+
+Status UpdateRule::CheckParam(const std::string& key, float value) const {
+  for (int p = 0; p < kNumParams; ++p) {
+    if (tuned_[p] && key == kParamKeys[p]) return blkps::server::CheckParam(key, value);
   }
   std::string known;
   for (const auto& [k, v] : params()) known += (known.empty() ? "" : ", ") + k;

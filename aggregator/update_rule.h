@@ -115,6 +115,8 @@ class UpdateRule {
   //   a value out of range, checked and worded as MakeUpdateRule() checks
   //   RuleOptions (lr, eps: finite and > 0; momentum, beta1, beta2: [0, 1)).
   Status SetParam(const std::string& key, float value);
+  // What SetParam(key, value) would return, changing nothing.
+  Status CheckParam(const std::string& key, float value) const;
 
   // The learning rate, "lr" in params(); 0 for a rule without one (sum).
   float lr() const { return param(kLr); }

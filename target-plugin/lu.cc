@@ -267,21 +267,18 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
   });
 }
 
-// What `initiator` may write to the control LUN (--bsopts operators=).
-server::Job::ControlRights RightsOf(const blkps_lu& lu, const std::string& initiator) {
-  const std::vector<std::string>& operators = lu.options.operators;
-  const bool any = operators.empty() || std::find(operators.begin(), operators.end(), initiator) != operators.end();
-  return any ? server::Job::ControlRights::kOperator : server::Job::ControlRights::kLearner;
-}
-
 server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len,
                             const std::string& initiator) {
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
-  const server::Job::ControlRights rights = RightsOf(*lu, initiator);
+  // Who may write what is the LUN's, never the initiator's name: any client
+  // picks its own (--bsopts access=).
+  const server::Job::ControlRights rights =
+      lu->options.learners_access ? server::Job::ControlRights::kLearner : server::Job::ControlRights::kOperator;
   if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset) {
-    return server::Status::PermissionDenied("initiator '" + initiator +
-                                            "' is not an operator of this model: it may not write the weights");
+    return server::Status::PermissionDenied(
+        "the learners' control LUN does not take weights; operators write them through the model's operator "
+        "target");
   }
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {

@@ -44,8 +44,8 @@ enum blkps_io_result {
   BLKPS_IO_JOB_FAILED,        /* NOT READY, MANUAL INTERVENTION REQUIRED */
   BLKPS_IO_WRITE_PROTECT,     /* DATA PROTECT, WRITE PROTECTED: the control
                                  LUN's status and counters regions, and
-                                 commands and weights from an initiator
-                                 not in its operators= */
+                                 operator commands and weights on the
+                                 learners' one (access=learners) */
   BLKPS_IO_CHECKPOINT_FAILED, /* MEDIUM ERROR, WRITE ERROR */
 };
 

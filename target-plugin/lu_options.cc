@@ -54,29 +54,6 @@ bool ParseSeconds(const std::string& text, double min, bool open_min, double max
   return true;
 }
 
-// An iSCSI name as RFC 3720 allows it: iqn., eui. or naa. followed by
-// letters, digits, '-', '.' and ':' (what open-iscsi and libiscsi send).
-bool IsIscsiName(const std::string& name) {
-  const bool prefixed = name.rfind("iqn.", 0) == 0 || name.rfind("eui.", 0) == 0 || name.rfind("naa.", 0) == 0;
-  return prefixed && name.size() > 4 && name.size() <= 223 &&
-         name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.:") ==
-             std::string::npos;
-}
-
-// operators=: iSCSI names separated by '+' (no iSCSI name holds one).
-bool ParseOperators(const std::string& text, std::vector<std::string>* out) {
-  out->clear();
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find('+', start), text.size());
-    const std::string name = text.substr(start, end - start);
-    if (!IsIscsiName(name)) return false;
-    out->push_back(name);
-    start = end + 1;
-  }
-  return true;
-}
-
 bool ParseFloat(const std::string& text, float* out) {
   if (text.empty()) return false;
   char* end = nullptr;
@@ -195,10 +172,14 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       }
     } else if (key == "dtype") {
       if (!wire::ParseDtype(value, &opts.dtype)) return Bad(key, std::string("one of ") + wire::kDtypeNames, value);
+    } else if (key == "access") {
+      if (value != "learners") return Bad(key, "learners", value);
+      opts.learners_access = true;
     } else if (key == "operators") {
-      if (!ParseOperators(value, &opts.operators)) {
-        return Bad(key, "initiator names (iqn.*, eui.* or naa.*) separated by '+'", value);
-      }
+      return Status::InvalidArgument(
+          "operators: no longer taken: an initiator name proves nothing (a client picks its own); give the "
+          "learners' control LUN access=learners and serve role=control on a target with its own CHAP account "
+          "(blkps target start --operator)");
     } else if (key == "role") {
       if (value != "control") return Bad(key, "control", value);
       opts.control = true;
@@ -209,12 +190,12 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   if (has_eps) {
     (opts.job.model.rule.name == "adagrad" ? opts.job.model.rule.adagrad_eps : opts.job.model.rule.eps) = eps;
   }
-  if (!opts.operators.empty() && !opts.control) {
-    return Status::InvalidArgument("operators: only for the control LUN (role=control;operators=...)");
+  if (opts.learners_access && !opts.control) {
+    return Status::InvalidArgument("access: only for the control LUN (role=control;access=learners)");
   }
   if (opts.control) {
-    if (seen.size() != 1 + (opts.operators.empty() ? 0 : 1)) {
-      return Status::InvalidArgument("role: a control LUN takes no other option but operators; it shows the model "
+    if (seen.size() != 1 + (opts.learners_access ? 1 : 0)) {
+      return Status::InvalidArgument("role: a control LUN takes no other option but access; it shows the model "
                                      "its --backing-store names");
     }
     *out = opts;

@@ -20,11 +20,14 @@
 //   checkpoint=<path> checkpoint file: loaded at start, written on fsync
 //   checkpoint_every=<s>  also write it every s seconds (default 0: off)
 //   role=control      this LUN is the status and control LUN of the model
-//                     its --backing-store names (no other key but operators)
-//   operators=<iqn>[+<iqn>...]  control LUN only: the initiator names that may
-//                     write commands and weights; any other initiator may
-//                     read everything and write only fence= and tag=
-//                     (default: unset, every initiator may write)
+//                     its --backing-store names (no other key but access).
+//                     Whoever reaches it may write commands and weights:
+//                     serve it only on a target that admits operators alone
+//                     (blkps target start --operator: its own CHAP account)
+//   access=learners   control LUN only: the learners' control LUN. Anyone
+//                     may read all of it; writes take only fence= and tag=
+//                     (what libblkps and blkps.torch send), everything else
+//                     is refused (DATA PROTECT)
 //   dtype=<t>         how this learner LUN presents the model: float32 |
 //                     bfloat16 | float16 (default float32); a 16-bit LUN
 //                     holds parameter i at byte 2*i (blkps/wire_dtype.hpp).
@@ -45,11 +48,11 @@ namespace blkps::server {
 
 inline constexpr const char* kLuOptionKeys =
     "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
-    "hold_limit, max_dead, checkpoint, checkpoint_every, role, operators, dtype";
+    "hold_limit, max_dead, checkpoint, checkpoint_every, role, access, dtype";
 
 struct LuOptions {
   bool control = false;                       // role=control
-  std::vector<std::string> operators;         // operators=; empty: no restriction
+  bool learners_access = false;               // access=learners
   wire::Dtype dtype = wire::Dtype::kFloat32;  // this LUN's view of the model
   JobOptions job;
   // The options that define the model: bsopts without dtype, pairs in the

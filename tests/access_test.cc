@@ -7,11 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <blkps/control_lun.h>
 #include <gtest/gtest.h>
 #include <blkps/model.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -160,6 +163,102 @@ TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
     EXPECT_TRUE(Contains(out, expected)) << options << ": " << out;
     EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line: " << out;
     EXPECT_FALSE(Contains(out, "much-too-long")) << out;
+  }
+}
+
+// D3 with CHAP: each role of README's "Authentication and access" table,
+// tried. A learner holding the learners' secret reads the learners' control
+// LUN but may not set the rule there, and cannot log in to the operator
+// target; the operator's file (which also holds the mutual credentials)
+// opens it.
+TEST(Access, EachRoleCanDoWhatReadmeSaysAndNoMore) {
+  TempDir dir;
+  TargetProcess target("params=1024", ChapOptions(dir, true) + " --operator");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_NE(target.operator_url(), "");
+  const std::string learner =
+      WriteSecret(dir, "learner.chap",
+                  std::string("user=") + kUser + "\nsecret=" + kSecret + "\ntarget_user=" + kTargetUser +
+                      "\ntarget_secret=" + kTargetSecret + "\n");
+  std::string command = "lr=0.5\n";
+  command.resize(512, '\0');
+  auto open = [&](const std::string& url, const std::string& chap_file, std::string* error) {
+    if (chap_file.empty()) {
+      unsetenv("BLKPS_CHAP_FILE");
+    } else {
+      setenv("BLKPS_CHAP_FILE", chap_file.c_str(), 1);
+    }
+    blkps::OpenOptions o;
+    o.initiator_name = InitiatorName();
+    auto m = blkps::Model::Open(url, o, error);
+    unsetenv("BLKPS_CHAP_FILE");
+    return m;
+  };
+  std::string error;
+  // Anyone admitted, without a secret: no learner LUN, no operator target.
+  EXPECT_EQ(open(target.url(), "", &error), nullptr);
+  EXPECT_EQ(open(target.operator_url(), "", &error), nullptr);
+  EXPECT_TRUE(Contains(error, "Authentication failure")) << error;
+  // A learner: its LUN and the learners' control LUN's reads, not the rule.
+  EXPECT_EQ(UseModelWithChapFile(target.url(), learner), "");
+  auto control = open(target.control_url(), learner, &error);
+  ASSERT_NE(control, nullptr) << error;
+  std::vector<char> status(512);
+  EXPECT_EQ(control->ReadBytes(0, status.data(), status.size()), 0) << control->last_error();
+  EXPECT_NE(control->WriteBytes(BLKPS_CONTROL_COMMANDS_OFFSET, command.data(), command.size()), 0);
+  EXPECT_TRUE(Contains(control->last_error(), "DATA PROTECT / WRITE PROTECTED")) << control->last_error();
+  EXPECT_EQ(open(target.operator_url(), learner, &error), nullptr);
+  EXPECT_TRUE(Contains(error, "Authentication failure")) << error;
+  // The operator.
+  auto op = open(target.operator_url(), target.operator_chap_file(), &error);
+  ASSERT_NE(op, nullptr) << error;
+  EXPECT_EQ(op->WriteBytes(BLKPS_CONTROL_COMMANDS_OFFSET, command.data(), command.size()), 0) << op->last_error();
+  // Its secret is in no file but operator.chap, mode 0600.
+  struct stat st {};
+  ASSERT_EQ(stat(target.operator_chap_file().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// D8: README's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
+// all), logs in to a target started with its credentials.
+TEST(Access, ReadmeChapFileSampleLogsIn) {
+  const std::string command = BLKPS_COMMAND;
+  std::ifstream in(command.substr(0, command.rfind("/scripts/")) + "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t start = readme.find("# blkps CHAP credentials");
+  ASSERT_NE(start, std::string::npos) << "README has no BLKPS_CHAP_FILE sample";
+  std::string sample = readme.substr(start, readme.find("```", start) - start);
+  // Drop the block's indentation, as a reader copying it does.
+  std::string copied;
+  for (size_t at = 0; at < sample.size();) {
+    const size_t end = std::min(sample.find('\n', at), sample.size());
+    const std::string line = sample.substr(at, end - at);
+    copied += line.substr(std::min(line.find_first_not_of(' '), line.size())) + "\n";
+    at = end + 1;
+  }
+  TempDir dir;
+  const std::string options = "--chap-user learner --chap-secret-file " + WriteSecret(dir, "in", "learner-Secret1") +
+                              " --mutual-user server --mutual-secret-file " +
+                              WriteSecret(dir, "out", "server-Secret22");
+  TargetProcess target("params=1024;rule=sum", options);
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  EXPECT_EQ(UseModelWithChapFile(target.url(), WriteSecret(dir, "chap", copied)), "") << copied;
+}
+
+// D9: --allow takes subnets; a learner its ACL does not admit is told so.
+TEST(Access, AllowAdmitsSubnetsAndARefusedLearnerIsToldItsAddressIsNotAdmitted) {
+  {
+    TargetProcess target("params=1024;rule=sum", "--allow 127.0.0.0/8");
+    ASSERT_TRUE(target.ok()) << target.start_output();
+    EXPECT_TRUE(Contains(target.start_output(), "admits: 127.0.0.0/8")) << target.start_output();
+    EXPECT_EQ(UseModel(target.url()), "");
+  }
+  {
+    TargetProcess target("params=1024;rule=sum", "--allow 10.1.2.3/16 --allow 192.0.2.7");
+    ASSERT_TRUE(target.ok()) << target.start_output();
+    EXPECT_TRUE(Contains(target.start_output(), "admits: 10.1.0.0/16 192.0.2.7")) << target.start_output();
+    const std::string refused = UseModel(target.url());
+    EXPECT_TRUE(Contains(refused, "does not admit this host's address")) << refused;
   }
 }
 

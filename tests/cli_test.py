@@ -13,6 +13,7 @@ model-too-large, owner-pid-watchdog, folder-with-space.
 import io
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -214,8 +215,9 @@ def test_start_labels_urls():
             fail(f"start failed: {t.err}")
         lines = t.out.splitlines()
         labels = [line.split(": ", 1)[0] for line in lines]
-        if labels != ["learner 1", "learner 2", "control"]:
+        if labels != ["learner 1", "learner 2", "control", "admits"] or lines[3] != "admits: 127.0.0.1 (--allow)":
             fail(f"start printed {lines}")
+        lines = lines[:3]
         if not all(re.match(r"iscsi://127\.0\.0\.1:\d+/iqn\.2026-11\.io\.blkps:model/\d$", line.split(": ", 1)[1])
                    for line in lines):
             fail(f"not URLs: {lines}")
@@ -241,19 +243,43 @@ def test_set_shows_reason():
             fail(f"a good set after a refused one: {rc} {out} {err}")
 
 
+def test_wildcard_address_needs_allow():
+    # D9: a wildcard portal names no initiator; --allow must say who may log
+    # in, and a value it cannot take is refused in one line (before tgtd).
+    for args, starts in ((["--address", "0.0.0.0"], "blkps: --address: 0.0.0.0 listens on every interface"),
+                         (["--address", "::"], "blkps: --address: :: listens on every interface"),
+                         (["--allow", "10.0.0.0/33"], "blkps: --allow: expected an address, a subnet"),
+                         (["--allow", "host.example"], "blkps: --allow: expected an address, a subnet")):
+        expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", *args],
+                              starts)
+
+
 def test_set_needs_operator():
-    # With --operator, set from another initiator is refused with the
-    # server's reason; the operator's initiator name may set.
-    operator = "iqn.2026-11.io.blkps:cli-operator"
-    with Target("params=1000;lr=0.1", "--operator", operator) as t:
+    # D3: with --operator, set and status --dir log in to the operator target
+    # with DIR/operator.chap; the learners' control LUN refuses set whatever
+    # initiator name is given; --operator IQN is refused in one line.
+    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--operator",
+                           "iqn.2026-11.io.blkps:cli-operator"], "blkps: --operator: takes no initiator name")
+    with Target("params=1000;lr=0.1", "--operator") as t:
         if t.rc != 0:
             fail(f"start failed: {t.err}")
-        line = expect_one_line_error(["set", "--dir", t.dir, "lr=0.5"], "blkps: set: the server refused 'lr=0.5': ")
-        if "is not an operator of this model" not in line:
-            fail(f"the server's reason is missing: {line}")
-        rc, out, err = blkps("set", "--dir", t.dir, "--initiator", operator, "lr=0.5")
+        chap_file = os.path.join(t.dir, "operator.chap")
+        if stat.S_IMODE(os.stat(chap_file).st_mode) != 0o600:
+            fail(f"{chap_file} is not mode 0600")
+        _, control, _ = blkps("target", "show", "--dir", t.dir, "--get", "CONTROL_URL")
+        for name in ("iqn.2026-11.io.blkps:cli-operator", "iqn.2026-11.io.blkps:cli-other"):
+            line = expect_one_line_error(["set", "--control", control.strip(), "--initiator", name, "lr=0.5"],
+                                         "blkps: set: the server refused 'lr=0.5': ")
+            if "the learners' control LUN" not in line:
+                fail(f"the server's reason is missing: {line}")
+        rc, out, err = blkps("set", "--dir", t.dir, "lr=0.5")
         if rc != 0 or "lr=0.5" not in out:
             fail(f"the operator's set: {rc} {out} {err}")
+        rc, out, err = blkps("status", "--dir", t.dir)
+        if rc != 0 or "lr=0.5" not in out:
+            fail(f"status through the operator target: {rc} {out} {err}")
+    if os.path.exists(chap_file):
+        fail(f"{chap_file} outlived its target")
 
 
 def test_model_too_large():

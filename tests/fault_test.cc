@@ -4,6 +4,7 @@
 // lost — with bsp clocks exact and no learner stuck.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -153,9 +154,9 @@ void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
 
 // With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
-// credentials) and the control LUN restricted to an operator (--operator),
-// a learner's own fence= after each reconnect is still taken: sums stay
-// exact.
+// credentials) and the learners' control LUN restricted to what learners
+// send (--operator), a learner's own fence= after each reconnect is still
+// taken: sums stay exact.
 TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLun) {
   TempDir dir;
   const std::string secret = dir.path + "/secret", chap = dir.path + "/chap";
@@ -164,9 +165,7 @@ TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLu
   chmod(secret.c_str(), 0600);
   chmod(chap.c_str(), 0600);
   setenv("BLKPS_CHAP_FILE", chap.c_str(), 1);
-  ExpectExactAsyncSumAfterCuts("--operator iqn.2026-11.io.blkps:fault-test-operator --chap-user learner "
-                               "--chap-secret-file " +
-                               secret);
+  ExpectExactAsyncSumAfterCuts("--operator --chap-user learner --chap-secret-file " + secret);
   unsetenv("BLKPS_CHAP_FILE");
 }
 
@@ -479,12 +478,49 @@ TEST(KillTgtd, ALearnerGivesUpAtTheReconnectDeadline) {
   EXPECT_NE(m->last_error().find("(deadline 2 s, BLKPS_RECONNECT_SECONDS)"), std::string::npos) << m->last_error();
 }
 
+// D5: a target that accepts connections and never answers (tgtd stopped
+// with SIGSTOP, the connections cut) must not hold a reconnect past
+// BLKPS_RECONNECT_SECONDS: the login and every command of the reconnect are
+// bounded by what is left of it. The one timing bound in this file, on
+// purpose: the issue asks for the deadline plus a second (the broken code
+// took 15 to 30 s), and nothing here waits but the deadline itself.
+TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
+  TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  std::string error;
+  setenv("BLKPS_RECONNECT_SECONDS", "2", 1);
+  auto m = Open(ViaPort(target.url(), proxy.port()), "stopped", &error);
+  unsetenv("BLKPS_RECONNECT_SECONDS");
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(1 << 14, 1.0f);
+  ASSERT_EQ(m->Push(0, ones.data(), ones.size()), 0) << m->last_error();
+  const pid_t tgtd = static_cast<pid_t>(std::atol(target.pid().c_str()));
+  ASSERT_GT(tgtd, 0);
+  struct Continue {  // tgtd runs again however the test ends, so that it can be stopped
+    pid_t pid;
+    ~Continue() { kill(pid, SIGCONT); }
+  } resume{tgtd};
+  ASSERT_EQ(kill(tgtd, SIGSTOP), 0);
+  proxy.CutAll();
+  const auto start = std::chrono::steady_clock::now();
+  const int pushed = m->Push(0, ones.data(), ones.size());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(pushed, 0) << "a push to a stopped target succeeded";
+  EXPECT_NE(m->last_error().find("gave up reconnecting after"), std::string::npos) << m->last_error();
+  EXPECT_LT(took, 2.0 + 1.0) << m->last_error();
+  std::printf("a push to a stopped tgtd failed after %.2f s (BLKPS_RECONNECT_SECONDS=2): %s\n", took,
+              m->last_error().c_str());
+}
+
 // tgtd is killed after a learner's last push, before any checkpoint has
 // them: the learner is told only at its next I/O, so its Sync() must
 // reconnect, count exactly the pushes since the last checkpoint as lost, and
-// leave the rest durable.
+// leave the rest durable. The model is not a whole number of blocks: the
+// count is of gradient bytes, the padding to the last block aside.
 TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
-  constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
+  constexpr uint64_t kSmallParams = (1 << 18) - 3;  // 1 MiB less 12 bytes
   constexpr int kDurable = 3, kUnsynced = 5;
   char tmpl[] = "/tmp/blkps-fault-XXXXXX";
   const std::string dir = mkdtemp(tmpl);

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "blkps/control_lun.h"
+#include "json_check.h"
 
 namespace blkps::server {
 namespace {
@@ -290,6 +291,84 @@ TEST(Job, ControlTagShowsInStatusAndRefusesOddText) {
   EXPECT_NE(job->StatusJson().find("\"tag\": \"torch:1a2b:b=0\""), std::string::npos);  // kept
   ASSERT_TRUE(job->Control("tag=").ok());
   EXPECT_NE(job->StatusJson().find("\"tag\": \"\""), std::string::npos);
+}
+
+// D1: whatever a client writes, the status stays one JSON object in valid
+// UTF-8 for every reader.
+TEST(Job, StatusStaysValidUtf8JsonWhateverAClientWrites) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m\xff\xc3\xa9", Options(16, "async"), nullptr, &job).ok());
+  for (const std::string& block :
+       std::vector<std::string>{"tag=\xff", "lr=\xc3", "\x80\xfe=1\n", "tag=a\"b\\c\x01", "tag=\xed\xa0\x80"}) {
+    EXPECT_FALSE(job->Control(block).ok());
+    const std::string status = job->StatusJson();
+    EXPECT_EQ(blkps_test::JsonCheck::Problem(status), "") << status;
+  }
+  EXPECT_NE(job->StatusJson().find("\"model\": \"m\\ufffd\xc3\xa9\""), std::string::npos) << job->StatusJson();
+}
+
+// The rule parameters and tag as the status shows them.
+std::string ParamsAndTag(const Job& job) {
+  const std::string status = job.StatusJson();
+  const size_t tag = status.find("\"tag\"");
+  const size_t end = status.find("\"global_step\"");
+  return status.substr(tag, end - tag);
+}
+
+// D2: a refused block changes nothing, whatever came before the bad line.
+TEST(Job, RefusedControlBlockChangesNothing) {
+  std::shared_ptr<Job> job;
+  JobOptions o = Options(16, "async");
+  o.model.rule.name = "momentum";
+  o.model.rule.momentum = 0.5f;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("tag=before\n").ok());
+  const std::string before = ParamsAndTag(*job);
+  for (const std::string& block : std::vector<std::string>{
+           "lr=0.3\nfoo=1\n", "lr=0.4\nlr=nan\n", "lr=0.4\nmomentum=2\n", "tag=after\nlr=x\n",
+           "momentum=0.1\nresume=0\n", "lr=0.2\nfence=7\n", "lr=0.2\nlr=0.3\n", "tag=after\ntag=again\n"}) {
+    EXPECT_FALSE(job->Control(block).ok()) << block;
+    EXPECT_EQ(ParamsAndTag(*job), before) << block;
+  }
+  ASSERT_TRUE(job->Control("lr=0.3\nmomentum=0.25\ntag=after\n").ok());
+  EXPECT_NE(job->StatusJson().find("\"lr\": 0.3, \"momentum\": 0.25"), std::string::npos) << job->StatusJson();
+}
+
+// D4: one strict grammar.
+TEST(Job, ControlGrammarIsStrict) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  for (const std::string& block : std::vector<std::string>{"resume=0",
+                                                           "resume=2",
+                                                           "resume=-1",
+                                                           "resume=",
+                                                           "resume=1 ",
+                                                           "fence=0",
+                                                           "fence=99",
+                                                           "fence=-1",
+                                                           "fence=+1",
+                                                           "fence= 1",
+                                                           "lr= 0.1",
+                                                           "lr=0.1 ",
+                                                           " lr=0.1",
+                                                           "lr =0.1",
+                                                           "lr=0.1\r\n",
+                                                           "lr=0.1\n\nlr=0.2",
+                                                           std::string("tag=ok\0lr=0.5", 13),
+                                                           std::string("tag=ok\n\0\0x\0", 11),
+                                                           "lr=0x1p-3z",
+                                                           "=1",
+                                                           "lr"}) {
+    EXPECT_FALSE(job->Control(block).ok()) << blkps_test::JsonCheck::Problem("\"" + block + "\"");
+  }
+  EXPECT_NE(job->StatusJson().find("\"lr\": 1"), std::string::npos) << job->StatusJson();
+  EXPECT_NE(job->StatusJson().find("\"tag\": \"\""), std::string::npos) << job->StatusJson();
+  for (const std::string& block : std::vector<std::string>{
+           "resume=1", "fence=1\n", std::string("lr=0.5\n") + std::string(500, '\0'), "tag=x\nlr=0.25"}) {
+    EXPECT_TRUE(job->Control(block).ok()) << block;
+  }
 }
 
 class JobCheckpoint : public ::testing::Test {

@@ -20,6 +20,7 @@
 #include "blkps/model.hpp"
 #include "byte_size.h"
 #include "device.h"
+#include "scsi_sense.h"
 #include "transfer_plan.h"
 
 namespace blkps {
@@ -145,6 +146,23 @@ TEST(TransferPlan, UnalignedWritePadsPartialBlocksWithZeros) {
       ASSERT_EQ(disk.bytes()[i], 0xAA) << "untouched byte " << i;
     }
   }
+}
+
+// The padding each request carries, for pushed_bytes_lost (issue 25, D7).
+TEST(TransferPlan, RequestsSayHowMuchPaddingTheyCarry) {
+  const std::vector<uint8_t> data = Pattern(3 * kBlock, 1);
+  const uint64_t offset = kBlock + 100;  // 100 bytes of head padding, kBlock - 100 of tail
+  TransferPlan plan(Direction::kWrite, offset, const_cast<uint8_t*>(data.data()), data.size(), kBlock, 2 * kBlock);
+  ASSERT_EQ(plan.requests().size(), 2u);
+  EXPECT_EQ(plan.requests()[0].padding_head, 100u);
+  EXPECT_EQ(plan.requests()[0].padding_tail, 0u);
+  EXPECT_EQ(plan.requests()[1].padding_head, 0u);
+  EXPECT_EQ(plan.requests()[1].padding_tail, kBlock - 100);
+  uint64_t data_bytes = 0;
+  for (const IoRequest& r : plan.requests()) data_bytes += r.length - r.padding_head - r.padding_tail;
+  EXPECT_EQ(data_bytes, data.size());
+  TransferPlan aligned(Direction::kWrite, kBlock, const_cast<uint8_t*>(data.data()), data.size(), kBlock, 1 << 20);
+  EXPECT_EQ(aligned.requests()[0].padding_head + aligned.requests()[0].padding_tail, 0u);
 }
 
 TEST(TransferPlan, UnalignedReadCopiesOnlyTheRequestedBytes) {
@@ -586,6 +604,52 @@ TEST(ChapFile, ReadsCredentialsAndRefusesAnOpenFileOrUnknownKeys) {
   EXPECT_NE(s.message().find(":2: expected user="), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find("s-123456789012"), std::string::npos) << s.message();
   unlink(path.c_str());
+}
+
+// D8: README's sample, inline comment included, reads as it says.
+TEST(ChapFile, InlineCommentsAreNotPartOfTheValue) {
+  char tmpl[] = "/tmp/blkps-chap-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const std::string path = tmpl;
+  const std::string text =
+      "# blkps CHAP credentials: key=value lines, '#' comments\nuser=learner\nsecret=learner#Secret1  # a '#' in a "
+      "secret stays\ntarget_user=server            # mutual CHAP: the target must prove these\n"
+      "target_secret=server-Secret22\t\n   \n  # indented comment\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  ChapCredentials chap;
+  ASSERT_TRUE(ReadChapFile(path, &chap).ok());
+  EXPECT_EQ(chap.user, "learner");
+  EXPECT_EQ(chap.secret, "learner#Secret1");
+  EXPECT_EQ(chap.target_user, "server");
+  EXPECT_EQ(chap.target_secret, "server-Secret22");
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("user=u\nsecret=two words-12345\n", f);
+  fclose(f);
+  Status s = ReadChapFile(path, &chap);
+  EXPECT_NE(s.message().find(":2: a value holds a space"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("words-12345"), std::string::npos) << s.message();
+  unlink(path.c_str());
+}
+
+// D6: every sense the blkps server sends reads as key, ASC/ASCQ and meaning;
+// no "(null)".
+TEST(ScsiSense, EverySenseTheServerSendsHasAMeaning) {
+  EXPECT_EQ(ScsiSenseMessage(3, 0x0c00),
+            "MEDIUM ERROR / WRITE ERROR (asc/ascq 0x0c00): the server could not write its checkpoint (its log and "
+            "status say why)");
+  // bs_blkps.c's complete_io: key, ASC/ASCQ of each blkps_io_result.
+  const std::pair<int, int> sent[] = {{5, 0x2100}, {5, 0x2600}, {2, 0x3a00}, {11, 0x2e00},
+                                      {2, 0x0403}, {7, 0x2700}, {3, 0x0c00}, {5, 0x2000}};
+  for (const auto& [key, asc] : sent) {
+    const std::string m = ScsiSenseMessage(key, asc);
+    EXPECT_EQ(m.find("(null)"), std::string::npos) << m;
+    EXPECT_NE(m.find(" / "), std::string::npos) << m;
+    EXPECT_EQ(m.find("not a sense the blkps server sends"), std::string::npos) << m;
+  }
+  EXPECT_EQ(ScsiSenseMessage(9, 0x8001).rfind("VENDOR SPECIFIC (asc/ascq 0x8001): not a sense", 0), 0u);
+  EXPECT_EQ(ScsiSenseMessage(99, 0).rfind("UNKNOWN SENSE KEY", 0), 0u);
 }
 
 }  // namespace

@@ -111,19 +111,17 @@ TEST(LuOptions, DtypeIsPerLunAndNotPartOfTheModel) {
   EXPECT_EQ(ErrorOf("role=control;dtype=bfloat16").rfind("role:", 0), 0u);
 }
 
-TEST(LuOptions, ControlLunTakesOnlyItsRoleAndOperators) {
+TEST(LuOptions, ControlLunTakesOnlyItsRoleAndAccess) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("role=control", &o).ok());
   EXPECT_TRUE(o.control);
-  EXPECT_TRUE(o.operators.empty());
-  ASSERT_TRUE(ParseLuOptions("role=control;operators=iqn.2026-11.io.blkps:op+iqn.1993-08.org.debian:01:ab12", &o).ok());
-  EXPECT_EQ(o.operators, (std::vector<std::string>{"iqn.2026-11.io.blkps:op", "iqn.1993-08.org.debian:01:ab12"}));
-  EXPECT_EQ(ErrorOf("params=10;operators=iqn.2026-11.io.blkps:op"),
-            "operators: only for the control LUN (role=control;operators=...)");
-  for (const char* bad : {"", "iqn.a+", "+iqn.a", "iqn.a b", "host.example", "iqn."}) {
-    EXPECT_EQ(ErrorOf(std::string("role=control;operators=") + bad).rfind("operators: expected initiator names", 0), 0u)
-        << bad;
-  }
+  EXPECT_FALSE(o.learners_access);
+  ASSERT_TRUE(ParseLuOptions("role=control;access=learners", &o).ok());
+  EXPECT_TRUE(o.learners_access);
+  EXPECT_EQ(ErrorOf("params=10;access=learners"), "access: only for the control LUN (role=control;access=learners)");
+  EXPECT_EQ(ErrorOf("role=control;access=operators"), "access: expected learners, got 'operators'");
+  // D3: a name proves nothing; the option that trusted one is refused.
+  EXPECT_EQ(ErrorOf("role=control;operators=iqn.2026-11.io.blkps:op").rfind("operators: no longer taken", 0), 0u);
 }
 
 // tgtadm cuts --bsopts at the first ',': "params=1000,lr=0.1" would reach the

@@ -625,6 +625,28 @@ TEST(ServerSemantics, HeldReadFailsAtTheHoldLimitWithAClearSense) {
 
 // ---- 7, 8. checkpoints -----------------------------------------------------------
 
+// D6: a sense reaches the learner as key, ASC/ASCQ and meaning, never as
+// "(null)": here a checkpoint the server cannot write (its folder is gone).
+TEST(ServerSemantics, AFailedCheckpointReachesTheLearnerNamedAndExplained) {
+  TempDir scratch;
+  const std::string folder = scratch.path + "/gone";
+  ASSERT_EQ(mkdir(folder.c_str(), 0700), 0);
+  TargetProcess target(Bsopts("lr=1;checkpoint=" + folder + "/model.ckpt"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_EQ(rmdir(folder.c_str()), 0);
+  std::string error;
+  auto a = OpenModel(target.url(), "a", &error);
+  ASSERT_TRUE(a) << error;
+  const std::vector<float> g(kParams, 1.0f);
+  ASSERT_EQ(a->Push(0, g.data(), kParams), 0) << a->last_error();
+  EXPECT_NE(a->Sync(), 0);
+  EXPECT_TRUE(Contains(a->last_error(),
+                       "target returned MEDIUM ERROR / WRITE ERROR (asc/ascq 0x0c00): the server could not write its "
+                       "checkpoint (its log and status say why)"))
+      << a->last_error();
+  EXPECT_FALSE(Contains(a->last_error(), "(null)")) << a->last_error();
+}
+
 TEST(ServerSemantics, FsyncCheckpointSurvivesKill9OfTgtd) {
   TempDir scratch;
   const std::string path = scratch.path + "/model.ckpt";
@@ -785,42 +807,54 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
   EXPECT_TRUE(Contains(log, "bogus")) << log;
 }
 
-// --operator (--bsopts operators=): only the operator's initiator may set the
-// rule or the weights; a learner's initiator may still read everything and
-// send what learners send (fence=, tag=).
-TEST(ServerSemantics, ControlLunWritesFromNonOperatorsAreRefusedButLearnerCommandsPass) {
-  const std::string op = InitiatorName("operator");
-  TargetProcess target(Bsopts("lr=1"), "--operator " + op);
+// D3: operators are proven by a credential, not by a name. With --operator
+// the learners' control LUN takes reads, fence= and tag= from anyone the
+// target admits, whatever initiator name it gives (the operator's too); rule
+// parameters, resume= and weights go through the operator target, which
+// admits only the CHAP account whose secret is in DIR/operator.chap.
+TEST(ServerSemantics, OperatorsAreProvenByTheirCredentialNotByTheirName) {
+  TargetProcess target(Bsopts("lr=1"), "--operator");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  RawLun learner(target.control_url(), InitiatorName("learner"));
-  ASSERT_TRUE(learner.connected()) << learner.error();
-  RawLun operator_lun(target.control_url(), op);
-  ASSERT_TRUE(operator_lun.connected()) << operator_lun.error();
+  ASSERT_NE(target.operator_url(), "") << target.start_output();
   std::string error;
   auto a = OpenModel(target.url(), "a", &error);
   ASSERT_TRUE(a) << error;
-
-  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("lr=0.5\n")), kWriteProtectSense);
-  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("resume=1\n")), kWriteProtectSense);
-  // One forbidden line refuses the whole write: the fence before it is not done either.
-  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\nlr=0.5\n")), kWriteProtectSense);
-  EXPECT_EQ(learner.Write(kWeightsOffset / kLbaBytes, std::vector<uint8_t>(kLbaBytes, 0)), kWriteProtectSense);
+  const std::string operator_name = InitiatorName("operator");
+  for (const std::string& name : {InitiatorName("learner"), operator_name}) {
+    RawLun learner(target.control_url(), name);
+    ASSERT_TRUE(learner.connected()) << learner.error();
+    EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("lr=0.5\n")), kWriteProtectSense);
+    EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("resume=1\n")), kWriteProtectSense);
+    // One forbidden line refuses the whole write: the fence before it is not done either.
+    EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\nlr=0.5\n")), kWriteProtectSense);
+    EXPECT_EQ(learner.Write(kWeightsOffset / kLbaBytes, std::vector<uint8_t>(kLbaBytes, 0)), kWriteProtectSense);
+    // What learners send themselves, and reads, stay open.
+    EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\n")), "GOOD");
+    EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("tag=learners-may\n")), "GOOD");
+    EXPECT_EQ(learner.Read(0, 1), "GOOD");
+    EXPECT_EQ(learner.Read(kWeightsOffset / kLbaBytes, 1), "GOOD");
+  }
   std::string status = ReadStatus(target.control_url());
   EXPECT_EQ(JsonValue(status, "lr"), "1") << status;
-  EXPECT_TRUE(Contains(target.Log(), "is not an operator")) << target.Log();
   std::vector<float> w(kParams);
   ASSERT_EQ(a->Pull(0, w.data(), kParams), 0) << a->last_error();
-  EXPECT_EQ(FirstBitDifference(w, std::vector<float>(kParams, 0.0f)), -1) << "a non-operator changed the weights";
+  EXPECT_EQ(FirstBitDifference(w, std::vector<float>(kParams, 0.0f)), -1) << "a learner changed the weights";
 
-  // What learners send themselves, and reads, stay open.
-  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("fence=1\n")), "GOOD");
-  EXPECT_EQ(learner.Write(kControlOffset / kLbaBytes, ControlText("tag=learners-may\n")), "GOOD");
-  EXPECT_EQ(learner.Read(0, 1), "GOOD");
-  EXPECT_EQ(learner.Read(kWeightsOffset / kLbaBytes, 1), "GOOD");
+  // Without the secret the operator target admits no one, whatever the name.
+  RawLun nameless(target.operator_url(), operator_name);
+  EXPECT_FALSE(nameless.connected());
+  EXPECT_EQ(OpenModel(target.operator_url(), "operator", &error), nullptr);
+  EXPECT_NE(error.find("Authentication failure"), std::string::npos) << error;
 
-  // The operator may do it all.
-  EXPECT_EQ(operator_lun.Write(kControlOffset / kLbaBytes, ControlText("lr=0.5\n")), "GOOD");
-  EXPECT_EQ(operator_lun.Write(kWeightsOffset / kLbaBytes, FloatBytes(std::vector<float>(kLbaParams, 3.0f))), "GOOD");
+  // With it, the operator may do it all.
+  setenv("BLKPS_CHAP_FILE", target.operator_chap_file().c_str(), 1);
+  auto op = OpenModel(target.operator_url(), "operator", &error);
+  unsetenv("BLKPS_CHAP_FILE");
+  ASSERT_TRUE(op) << error;
+  const std::vector<uint8_t> set = ControlText("lr=0.5\n");
+  EXPECT_EQ(op->WriteBytes(kControlOffset, set.data(), set.size()), 0) << op->last_error();
+  const std::vector<uint8_t> threes = FloatBytes(std::vector<float>(kLbaParams, 3.0f));
+  EXPECT_EQ(op->WriteBytes(kWeightsOffset, threes.data(), threes.size()), 0) << op->last_error();
   status = ReadStatus(target.control_url());
   EXPECT_EQ(JsonValue(status, "lr"), "0.5") << status;
   EXPECT_EQ(JsonValue(status, "tag"), "\"learners-may\"") << status;

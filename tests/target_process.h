@@ -89,6 +89,10 @@ class TargetProcess {
   std::string null_url() const { return Env("NULL_URL"); }
   // The model's status and control LUN (LUN N+1 with --luns N).
   std::string control_url() const { return Env("CONTROL_URL"); }
+  // --operator: the operator's control LUN, and its credentials file (a
+  // BLKPS_CHAP_FILE); empty without --operator.
+  std::string operator_url() const { return Env("OPERATOR_URL"); }
+  std::string operator_chap_file() const { return Env("OPERATOR_CHAP_FILE"); }
   int port() const { return std::atoi(Env("PORT").c_str()); }
   // The state folder given to --dir (control socket, tgtd.log, target.env).
   const std::string& dir() const { return dir_; }
@@ -164,7 +168,8 @@ class TargetProcess {
   }
   // The target.env values the tests use, one line each in the order asked.
   void LoadEnv() {
-    static const char* const kKeys[] = {"URL", "NULL_URL", "CONTROL_URL", "PORT", "PID"};
+    static const char* const kKeys[] = {"URL",  "NULL_URL", "CONTROL_URL", "OPERATOR_URL", "OPERATOR_CHAP_FILE",
+                                        "PORT", "PID"};
     std::string cmd = std::string(BLKPS_COMMAND) + " target show --dir " + dir_;
     for (const char* key : kKeys) cmd += std::string(" --get ") + key;
     std::string out;

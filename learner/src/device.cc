@@ -52,9 +52,20 @@ Status ReadChapFile(const std::string& path, ChapCredentials* out) {
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#') continue;
+    // A '#' starts a comment at the start of a line or after a space or tab
+    // (a secret may hold '#', never a space).
+    const size_t blank = line.find_first_of(" \t");
+    const size_t comment = line[0] == '#' ? 0 : line.find('#', blank == std::string::npos ? line.size() : blank);
+    const std::string rest = comment == std::string::npos ? line : line.substr(0, comment);
+    const size_t end = rest.find_last_not_of(" \t");
+    if (end == std::string::npos) continue;
+    line = rest.substr(0, end + 1);
     const size_t eq = line.find('=');
     const std::string key = line.substr(0, eq), value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    if (value.find_first_of(" \t") != std::string::npos) {
+      return Status::Error(EINVAL, "CHAP file %s:%d: a value holds a space (a comment starts with '#')", path.c_str(),
+                           number);
+    }
     std::string* field = key == "user"            ? &out->user
                          : key == "secret"        ? &out->secret
                          : key == "target_user"   ? &out->target_user

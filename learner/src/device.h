@@ -44,6 +44,10 @@ struct IoRequest {
   // them (libiscsi does this), so the iovecs live in writable memory.
   iovec* iov;
   int iovcnt;
+  // Bytes at the request's start and end that hold none of the caller's
+  // data: a write's zeros that pad a partial first or last block
+  // (TransferPlan). pushed_bytes_lost() counts writes without them.
+  uint64_t padding_head = 0, padding_tail = 0;
 };
 
 class Device {

@@ -40,6 +40,7 @@
 
 #include "blkps/control_lun.h"
 #include "device.h"
+#include "scsi_sense.h"
 
 namespace blkps {
 namespace {
@@ -77,6 +78,19 @@ constexpr std::chrono::milliseconds kReconnectBackoffMax(1000);
 // their held commands well below it.
 constexpr int kCommandTimeoutSeconds = 30;
 constexpr std::chrono::seconds kLogoutTimeout(2);
+
+// When a blocking step gives up. A reconnect bounds every step by what is
+// left of BLKPS_RECONNECT_SECONDS; other steps have none (libiscsi's own
+// command timeout, kCommandTimeoutSeconds, bounds them).
+using Deadline = std::chrono::steady_clock::time_point;
+constexpr Deadline kNoDeadline = Deadline::max();
+
+// How long poll() may wait: kPollTimeoutMs, less if the deadline is sooner.
+int PollMs(Deadline deadline) {
+  if (deadline == kNoDeadline) return kPollTimeoutMs;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kPollTimeoutMs));
+}
 
 // "iqn.2026-11.io.blkps:learner-<host>-<pid>", the host name folded to the
 // characters an IQN allows.
@@ -136,8 +150,8 @@ Status CommandError(const std::string& what, const Command& command) {
       if (sense.key == SCSI_SENSE_ILLEGAL_REQUEST) {
         code = sense.ascq == SCSI_SENSE_ASCQ_LBA_OUT_OF_RANGE ? ERANGE : EINVAL;
       }
-      return Status::Error(code, "%s: target returned %s (%s, asc/ascq 0x%04x)", what.c_str(),
-                           scsi_sense_key_str(sense.key), scsi_sense_ascq_str(sense.ascq), sense.ascq);
+      return Status::Error(code, "%s: target returned %s", what.c_str(),
+                           ScsiSenseMessage(sense.key, sense.ascq).c_str());
     }
     case SCSI_STATUS_ERROR:
     case SCSI_STATUS_CANCELLED:
@@ -166,6 +180,19 @@ int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents) {
   }
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   return result;
+}
+
+// Services `iscsi` once: waits up to PollMs(deadline) for its socket (or
+// kReconnectWaitMs when libiscsi asks for no events) and runs it. False if
+// the connection failed.
+bool ServiceUntil(iscsi_context* iscsi, Deadline deadline) {
+  pollfd pfd{iscsi_get_fd(iscsi), static_cast<short>(iscsi_which_events(iscsi)), 0};
+  if (pfd.events == 0) {
+    poll(nullptr, 0, std::min(kReconnectWaitMs, PollMs(deadline)));
+    return ServiceWithoutSigpipe(iscsi, 0) >= 0;
+  }
+  if (poll(&pfd, 1, PollMs(deadline)) < 0 && errno != EINTR) return false;
+  return ServiceWithoutSigpipe(iscsi, pfd.revents) >= 0;
 }
 
 // What it takes to log in again.
@@ -230,9 +257,18 @@ Status ReconnectSeconds(uint64_t device_bytes, double* seconds) {
   return Status();
 }
 
+// What iscsi_full_connect_async's callback leaves. Allocated on the heap:
+// a context destroyed mid-login may still run the callback.
+struct LoginEnd {
+  bool done = false;
+  int status = 0;
+};
+
 // A logged-in context for `spec`, or nullptr with libiscsi's reason in
-// *error.
-iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
+// *error. Connecting and logging in give up at `deadline` (a target that
+// accepts the connection and never answers the login must not hold a
+// reconnect past it).
+iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadline = kNoDeadline) {
   iscsi_context* iscsi = iscsi_create_context(spec.initiator.c_str());
   if (iscsi == nullptr) {
     *error = "cannot create an iSCSI context for " + spec.initiator;
@@ -258,7 +294,29 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error) {
   if (!spec.chap.target_user.empty()) {
     iscsi_set_target_username_pwd(iscsi, spec.chap.target_user.c_str(), spec.chap.target_secret.c_str());
   }
-  if (iscsi_full_connect_sync(iscsi, spec.portal.c_str(), spec.lun) != 0) {
+  auto on_login = [](iscsi_context*, int status, void*, void* private_data) {
+    LoginEnd* end = static_cast<LoginEnd*>(private_data);
+    end->done = true;
+    end->status = status;
+  };
+  LoginEnd* end = new LoginEnd;
+  if (iscsi_full_connect_async(iscsi, spec.portal.c_str(), spec.lun, on_login, end) != 0) {
+    delete end;
+    *error = LastError(iscsi);
+    iscsi_destroy_context(iscsi);
+    return nullptr;
+  }
+  while (!end->done) {
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    if (late || !ServiceUntil(iscsi, deadline)) {
+      *error = late ? "the target did not answer the login before the reconnect deadline" : LastError(iscsi);
+      iscsi_destroy_context(iscsi);  // may run on_login: `end` stays allocated
+      return nullptr;
+    }
+  }
+  const int status = end->status;
+  delete end;
+  if (status != SCSI_STATUS_GOOD) {
     *error = LastError(iscsi);
     iscsi_destroy_context(iscsi);
     return nullptr;
@@ -288,15 +346,15 @@ void OnCommandEnd(iscsi_context*, int status, void* command_data, void* private_
 // writes to (seen as heap corruption after a target restart). Here that
 // pointer is to a CommandEnd left allocated for the context's destruction.
 using StartCommand = std::function<scsi_task*(iscsi_command_cb, void*)>;
-scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start) {
+// Gives up (nullptr) at `deadline`; the caller then destroys the context.
+scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start, Deadline deadline = kNoDeadline) {
   CommandEnd* end = new CommandEnd;
   if (start(OnCommandEnd, end) == nullptr) {
     delete end;
     return nullptr;
   }
   while (!end->done) {
-    pollfd pfd{iscsi_get_fd(iscsi), static_cast<short>(iscsi_which_events(iscsi)), 0};
-    if (poll(&pfd, 1, kPollTimeoutMs) < 0 || iscsi_service(iscsi, pfd.revents) < 0) return nullptr;  // `end` leaks
+    if (std::chrono::steady_clock::now() >= deadline || !ServiceUntil(iscsi, deadline)) return nullptr;  // `end` leaks
   }
   scsi_task* task = end->task;
   delete end;
@@ -306,11 +364,11 @@ scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start) {
 // Runs a command (RunToEnd) until it reports no UNIT ATTENTION: the first
 // commands to a LUN of a new session report its unit attentions (power on,
 // reset, LUNs changed), one each, and do nothing. Returns its task.
-scsi_task* PastUnitAttentions(iscsi_context* iscsi, const StartCommand& start) {
+scsi_task* PastUnitAttentions(iscsi_context* iscsi, const StartCommand& start, Deadline deadline = kNoDeadline) {
   scsi_task* task = nullptr;
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (task != nullptr) scsi_free_scsi_task(task);
-    task = RunToEnd(iscsi, start);
+    task = RunToEnd(iscsi, start, deadline);
     const bool unit_attention =
         task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_UNIT_ATTENTION;
     if (!unit_attention) break;
@@ -322,28 +380,35 @@ scsi_task* PastUnitAttentions(iscsi_context* iscsi, const StartCommand& start) {
 // flight: READ(16) into `data` or WRITE(16) from it, in pieces of at most
 // kIserMaxRequestBytes (what iSER carries as well as TCP).
 Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t offset, void* data, uint64_t len,
-                    uint32_t block_size) {
+                    uint32_t block_size, Deadline deadline = kNoDeadline) {
   char* bytes = static_cast<char*>(data);
   for (uint64_t done = 0; done < len;) {
     const uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(len - done, kIserMaxRequestBytes));
     const uint64_t lba = (offset + done) / block_size;
-    scsi_task* task = PastUnitAttentions(iscsi, [&](iscsi_command_cb cb, void* end) {
-      return direction == Direction::kRead
-                 ? iscsi_read16_task(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0, cb, end)
-                 : iscsi_write16_task(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
-                                      block_size, 0, 0, 0, 0, 0, cb, end);
-    });
+    scsi_task* task = PastUnitAttentions(
+        iscsi,
+        [&](iscsi_command_cb cb, void* end) {
+          return direction == Direction::kRead
+                     ? iscsi_read16_task(iscsi, lun, lba, piece, block_size, 0, 0, 0, 0, 0, cb, end)
+                     : iscsi_write16_task(iscsi, lun, lba, reinterpret_cast<unsigned char*>(bytes + done), piece,
+                                          block_size, 0, 0, 0, 0, 0, cb, end);
+        },
+        deadline);
     const bool good = task != nullptr && task->status == SCSI_STATUS_GOOD &&
                       (direction == Direction::kWrite || task->datain.size >= static_cast<int>(piece));
     if (good && direction == Direction::kRead) std::memcpy(bytes + done, task->datain.data, piece);
     const bool cancelled = task != nullptr && task->status == SCSI_STATUS_CANCELLED;
-    const bool refused =
-        task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION && task->sense.key == SCSI_SENSE_ILLEGAL_REQUEST;
+    const bool sensed = task != nullptr && task->status == SCSI_STATUS_CHECK_CONDITION;
+    const bool refused = sensed && task->sense.key == SCSI_SENSE_ILLEGAL_REQUEST;
+    const bool late = task == nullptr && std::chrono::steady_clock::now() >= deadline;
+    const std::string why = cancelled ? "the connection was lost"
+                            : sensed  ? "target returned " + ScsiSenseMessage(task->sense.key, task->sense.ascq)
+                            : late    ? "no answer before the reconnect deadline"
+                                      : LastError(iscsi);
     if (task != nullptr) scsi_free_scsi_task(task);
     if (!good) {
       return Status::Error(refused ? EINVAL : EIO, "%s of LUN %d at byte %llu failed: %s", DirectionName(direction),
-                           lun, static_cast<unsigned long long>(offset + done),
-                           cancelled ? "the connection was lost" : LastError(iscsi).c_str());
+                           lun, static_cast<unsigned long long>(offset + done), why.c_str());
     }
     done += piece;
   }
@@ -431,7 +496,7 @@ class IscsiDevice : public Device {
 
   // Reads this session's receipt into *counts (one per unit of the device).
   // REQUIRES: control_lun_ >= 0 and no command in flight.
-  Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header);
+  Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline = kNoDeadline);
   // The receipt is what the device expects from now on.
   void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
 
@@ -453,8 +518,8 @@ class IscsiDevice : public Device {
   Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
                    std::vector<size_t>* resend);
   // Fences this initiator's writes on the server and waits until none is in
-  // progress; then reads the receipt.
-  Status FenceAndReadReceipt(std::vector<uint32_t>* counts);
+  // progress; then reads the receipt. Gives up at `deadline`.
+  Status FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline);
   void FreeTasks();
   void LogOut();
 
@@ -477,8 +542,8 @@ class IscsiDevice : public Device {
   // Per 512-byte unit: how many of this session's writes starting there the
   // server has applied, as far as the device knows (receipts only).
   std::vector<uint32_t> expected_;
-  // The length of the last write acknowledged at each unit, to put lost
-  // writes in bytes.
+  // The caller's bytes (padding aside) in the last write acknowledged at
+  // each unit, to put lost writes in bytes.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
   bool said_no_receipts_ = false;
@@ -560,7 +625,8 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
       } else if (writes != nullptr && !expected_.empty()) {
         const IoRequest& write = (*writes)[command.index];
         ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
-        write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] = write.length;
+        write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] =
+            write.length - write.padding_head - write.padding_tail;
       }
       scsi_free_scsi_task(command.task);
       command = Command();
@@ -594,10 +660,10 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
   for (;;) {
-    iscsi_ = LogIn(spec_, &error);
+    iscsi_ = LogIn(spec_, &error, deadline);
     ++attempts;
     if (iscsi_ != nullptr && receipts) {
-      Status s = FenceAndReadReceipt(&counts);
+      Status s = FenceAndReadReceipt(&counts, deadline);
       if (s.ok()) break;
       error = s.message();
       iscsi_destroy_context(iscsi_);
@@ -654,34 +720,35 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   return Status();
 }
 
-Status IscsiDevice::FenceAndReadReceipt(std::vector<uint32_t>* counts) {
+Status IscsiDevice::FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline) {
   std::string fence = "fence=" + std::to_string(lun_) + "\n";
   fence.resize(block_size_, '\0');
   Status s = SyncTransfer(iscsi_, control_lun_, Direction::kWrite, BLKPS_CONTROL_COMMANDS_OFFSET, fence.data(),
-                          fence.size(), block_size_);
+                          fence.size(), block_size_, deadline);
   if (!s.ok()) return Status::Error(EIO, "%s: after reconnecting: fence: %s", name_.c_str(), s.message().c_str());
   // Writes already running on the server finish in well under a command
   // timeout; poll for that.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds);
+  const Deadline drained =
+      std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds));
   blkps_control_receipt header{};
   for (;;) {
-    s = ReadReceipt(counts, &header);
+    s = ReadReceipt(counts, &header, drained);
     if (!s.ok() || header.writes_in_progress == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Status::Error(EIO, "%s: after reconnecting: the server still runs %llu old writes after %d s",
-                           name_.c_str(), static_cast<unsigned long long>(header.writes_in_progress),
-                           kCommandTimeoutSeconds);
+    if (std::chrono::steady_clock::now() > drained) {
+      return Status::Error(EIO, "%s: after reconnecting: the server still runs %llu old writes", name_.c_str(),
+                           static_cast<unsigned long long>(header.writes_in_progress));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return s;
 }
 
-Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header) {
+Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline) {
   const uint64_t record = blkps_control_receipts_offset(size_bytes_) +
                           static_cast<uint64_t>(lun_) * blkps_control_receipt_bytes(size_bytes_);
   std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
-  Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_);
+  Status s =
+      SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_, deadline);
   if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   std::memcpy(header, page.data(), sizeof *header);
   if (std::memcmp(header->magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header->magic) != 0 ||
@@ -693,7 +760,7 @@ Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_rec
   const uint64_t bytes = (units * 4 + block_size_ - 1) / block_size_ * block_size_;
   std::vector<uint32_t> words(bytes / 4);
   s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, record + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, words.data(),
-                   bytes, block_size_);
+                   bytes, block_size_, deadline);
   if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
   words.resize(units);
   *counts = std::move(words);
@@ -755,6 +822,24 @@ uint64_t MaxRequestBytes(iscsi_context* iscsi, int lun, uint32_t block_size) {
   return max_bytes;
 }
 
+// What a refused login's status (RFC 3720 10.13.5, as libiscsi words it:
+// "... Status: Target not found(515)") says about its cause. tgt answers
+// "Target not found" both for an IQN it does not serve and for an initiator
+// its ACL does not admit.
+const char* LoginRefusalCause(const std::string& login_error) {
+  if (login_error.find("(515)") != std::string::npos) {
+    return "the target does not serve this IQN, or its ACL does not admit this host's address (or initiator "
+           "name): check the IQN, and the target's --allow (and --initiator)";
+  }
+  if (login_error.find("(513)") != std::string::npos) {
+    return "the CHAP credentials are missing or wrong: check BLKPS_CHAP_FILE or the URL's";
+  }
+  if (login_error.find("(514)") != std::string::npos) {
+    return "the target does not authorize this initiator";
+  }
+  return "check the target IQN, the LUN and the CHAP credentials";
+}
+
 // iscsi_full_connect_sync() failed with `login_error`. libiscsi says the
 // same thing whether nothing listens at the portal or the login was refused,
 // so tell them apart with a bare TCP connection on a scratch context.
@@ -771,10 +856,8 @@ Status DiagnoseConnectFailure(const std::string& name, const std::string& portal
                            "running and listening there?): %s",
                            name.c_str(), portal.c_str(), LastError(probe).c_str());
   } else {
-    status = Status::Error(ECONNREFUSED,
-                           "%s: login to target %s LUN %d failed (check the "
-                           "target IQN, the LUN and the CHAP credentials): %s",
-                           name.c_str(), target.c_str(), lun, login_error.c_str());
+    status = Status::Error(ECONNREFUSED, "%s: login to target %s LUN %d failed (%s): %s", name.c_str(), target.c_str(),
+                           lun, LoginRefusalCause(login_error), login_error.c_str());
   }
   iscsi_destroy_context(probe);
   return status;

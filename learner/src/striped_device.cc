@@ -195,7 +195,8 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
     uint64_t offset;
     uint64_t length;
     size_t first_iov;
-    size_t request;  // index of the caller's request it came from
+    size_t request;                       // index of the caller's request it came from
+    uint64_t padding_head, padding_tail;  // IoRequest's
   };
   try {
     std::vector<std::vector<ShardRequest>> parts(count);
@@ -208,6 +209,7 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
       map_.Map(request.offset, request.length, &pieces);
       int iov_index = 0;
       uint64_t iov_used = 0;  // bytes of request.iov[iov_index] consumed
+      uint64_t at = 0;        // where the piece starts in the request
       for (const StripePiece& piece : pieces) {
         std::vector<ShardRequest>& shard_parts = parts[piece.shard];
         std::vector<iovec>& shard_iovecs = iovecs[piece.shard];
@@ -220,7 +222,7 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
                        static_cast<size_t>(kMaxIovecs);
         }
         if (!extend) {
-          shard_parts.push_back({piece.shard_offset, 0, shard_iovecs.size(), r});
+          shard_parts.push_back({piece.shard_offset, 0, shard_iovecs.size(), r, 0, 0});
         }
         // Take piece.length bytes of the caller's iovecs, in order.
         uint64_t left = piece.length;
@@ -238,6 +240,14 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
           }
         }
         shard_parts.back().length += piece.length;
+        // The request's padding: [0, head) and [length - tail, length). It
+        // is less than a block, so it starts (head) or ends (tail) a part.
+        const uint64_t tail_from = request.length - request.padding_tail;
+        shard_parts.back().padding_head +=
+            request.padding_head > at ? std::min(piece.length, request.padding_head - at) : 0;
+        shard_parts.back().padding_tail +=
+            at + piece.length > tail_from ? at + piece.length - std::max(at, tail_from) : 0;
+        at += piece.length;
       }
     }
     // The iovec lists are complete: point the shard requests into them.
@@ -247,8 +257,8 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
       for (size_t i = 0; i < parts[s].size(); ++i) {
         const ShardRequest& part = parts[s][i];
         const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov : iovecs[s].size();
-        shard_requests[s].push_back(
-            {part.offset, part.length, iovecs[s].data() + part.first_iov, static_cast<int>(end - part.first_iov)});
+        shard_requests[s].push_back({part.offset, part.length, iovecs[s].data() + part.first_iov,
+                                     static_cast<int>(end - part.first_iov), part.padding_head, part.padding_tail});
       }
       busy[s] = !shard_requests[s].empty();
     }

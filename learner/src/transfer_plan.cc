@@ -78,6 +78,8 @@ void TransferPlan::CutRequests(const std::vector<Segment>& segments, uint64_t re
       position += take;
     }
   }
+  requests_.front().padding_head = offset_ - begin;
+  requests_.back().padding_tail = end - (offset_ + length_);
 }
 
 void TransferPlan::FinishRead() {

@@ -14,7 +14,9 @@ request on ',', and libiscsi's URLs use '%' and '@' around it). A mutual
 
 import os
 import re
+import secrets
 import stat
+import string
 
 from .errors import UserError
 
@@ -55,6 +57,26 @@ def read_secret(path, option):
         raise UserError(option, f"the secret in {path} must be {SECRET_MIN} to {SECRET_MAX} printable ASCII "
                         f"characters without space , % @ / \\ \" ' (it has {len(secret)} bytes)")
     return text
+
+
+def generate_secret():
+    """A new random secret that keeps the rules above (16 letters and digits)."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(SECRET_MAX))
+
+
+def write_credentials_file(path, user, secret, target_user=None, target_secret=None):
+    """Writes a BLKPS_CHAP_FILE (README, "Authentication and access") at
+    `path`, mode 0600 from its creation on."""
+    text = f"user={user}\nsecret={secret}\n"
+    if target_user:
+        text += f"target_user={target_user}\ntarget_secret={target_secret}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 class Credentials:

@@ -4,6 +4,7 @@ is learner/include/blkps/control_lun.h, which blkps.control reads through
 libblkps). Anything that can pread/pwrite can do what these commands do."""
 
 import json
+import os
 import sys
 import time
 
@@ -11,10 +12,33 @@ from . import state, tools
 from .errors import UserError
 
 
-def open_control(url, initiator_name=None):
-    """A blkps.control.Control on `url`. The learner's package (libblkps
-    through ctypes, numpy) is imported here, when a command first needs it:
-    --help and bad arguments work before scripts/setup.sh has run."""
+def control_targets(a, what):
+    """[(label, control LUN, CHAP file or None)]: one for a target, one per
+    shard for a `blkps shards` folder (label "shard K", K from 0 as in
+    DIR/shard-K). A target started with --operator gives its operator's
+    control LUN and credentials; else the control LUN, as --control does."""
+    if a.control:
+        return [("", a.control, None)]
+    if not a.dir:
+        raise UserError(what, "which job?", "give --dir DIR (a blkps target or shards folder) or --control TARGET")
+    shards = state.shards(a.dir)
+    dirs = [("", a.dir)] if shards is None else [(f"shard {k}", d) for k, d in enumerate(shards["SHARD_DIRS"].split())]
+    targets = []
+    for label, folder in dirs:
+        env = state.target(folder, what)
+        if env.get("OPERATOR_URL"):
+            targets.append((label, env["OPERATOR_URL"], env["OPERATOR_CHAP_FILE"]))
+        else:
+            targets.append((label, env["CONTROL_URL"], None))
+    return targets
+
+
+def open_control(url, chap_file, initiator):
+    """blkps.control.Control on `url`, logging in with the credentials in
+    `chap_file` (libblkps reads BLKPS_CHAP_FILE when it opens) if given. The
+    learner's package (libblkps through ctypes, numpy) is imported here, when
+    a command first needs it: --help and bad arguments work before
+    scripts/setup.sh has run."""
     if tools.PYTHON_PACKAGE not in sys.path:
         sys.path.insert(0, tools.PYTHON_PACKAGE)
     try:
@@ -22,20 +46,17 @@ def open_control(url, initiator_name=None):
     except ImportError as e:
         raise UserError(None, f"cannot load the blkps Python package ({e})",
                         "set the machine up first: scripts/setup.sh as root") from None
-    return blkps.control.Control(url, initiator_name=initiator_name)
-
-
-def control_targets(a, what):
-    """[(label, control LUN)]: one for a target, one per shard for a
-    `blkps shards` folder (label "shard K", K from 0 as in DIR/shard-K)."""
-    if a.control:
-        return [("", a.control)]
-    if not a.dir:
-        raise UserError(what, "which job?", "give --dir DIR (a blkps target or shards folder) or --control TARGET")
-    shards = state.shards(a.dir)
-    if shards is not None:
-        return [(f"shard {k}", url) for k, url in enumerate(shards["CONTROL_URLS"].split())]
-    return [("", state.target(a.dir, what)["CONTROL_URL"])]
+    if chap_file is None:
+        return blkps.control.Control(url, initiator_name=initiator)
+    saved = os.environ.get("BLKPS_CHAP_FILE")
+    os.environ["BLKPS_CHAP_FILE"] = chap_file
+    try:
+        return blkps.control.Control(url, initiator_name=initiator)
+    finally:
+        if saved is None:
+            del os.environ["BLKPS_CHAP_FILE"]
+        else:
+            os.environ["BLKPS_CHAP_FILE"] = saved
 
 
 def human_bytes(n):
@@ -84,8 +105,8 @@ def print_status(s):
 
 
 def command_status(a):
-    devices = [(label, open_control(url, a.initiator))
-               for label, url in control_targets(a, "status")]
+    devices = [(label, open_control(url, chap_file, a.initiator))
+               for label, url, chap_file in control_targets(a, "status")]
     try:
         while True:
             statuses = [(label, device.status()) for label, device in devices]
@@ -111,9 +132,9 @@ def command_set(a):
     for kv in a.settings:
         if "=" not in kv:
             raise UserError("set", f"expected KEY=VALUE, got '{kv}'", "e.g. blkps set --dir DIR lr=0.001")
-    for label, url in control_targets(a, "set"):
+    for label, url, chap_file in control_targets(a, "set"):
         where = label + ": " if label else ""
-        with open_control(url, a.initiator) as control:
+        with open_control(url, chap_file, a.initiator) as control:
             try:
                 control.command(*a.settings)
             except OSError as e:
@@ -138,8 +159,9 @@ def add_parsers(sub):
         where = p.add_mutually_exclusive_group()
         where.add_argument("--dir", help="a blkps target or shards folder")
         where.add_argument("--control", metavar="TARGET", help="the control LUN")
-        p.add_argument("--initiator", metavar="IQN", help="log in with this initiator name: an operator's "
-                       "(blkps target start --operator) where only operators may set (default: one per process)")
+        p.add_argument("--initiator", metavar="IQN", help="log in with this initiator name (default: one per "
+                       "process); it grants nothing: with blkps target start --operator, --dir logs in to the "
+                       "operator target with DIR/operator.chap")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print the raw status JSON")
             p.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS")

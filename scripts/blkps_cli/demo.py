@@ -135,7 +135,7 @@ def command_demo(a):
         say(f"training with {a.learners} learner processes ({a.via}), {a.epochs} epochs each")
         run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(a.learners),
                        "--epochs", str(a.epochs), "--sync"] for k in range(a.learners)])
-        with control.open_control(values["CONTROL_URL"]) as device:
+        with control.open_control(values["CONTROL_URL"], None, None) as device:
             control.print_status(device.status())
         sys.stdout.flush()
         return subprocess.run([PYTHON, TRAIN, "--target", values["URL"], "--evaluate"]).returncode

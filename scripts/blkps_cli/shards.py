@@ -84,7 +84,8 @@ def start(a):
             argv = ["--dir", d, "--name", f"shard-{k}", "--luns", str(a.luns), "--address", a.address,
                     "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d)]
             argv += ["--plugin", a.plugin] if a.plugin else []
-            argv += [arg for name in a.operator for arg in ("--operator", name)]
+            argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
+            argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
             argv += [arg for option, value in (("--chap-user", a.chap_user), ("--chap-secret-file", a.chap_secret_file),
                                                ("--mutual-user", a.mutual_user),
                                                ("--mutual-secret-file", a.mutual_secret_file)) if value
@@ -171,8 +172,10 @@ def add_parser(sub):
     s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
     s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
     s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")
-    s.add_argument("--operator", action="append", default=[], metavar="IQN", help="as for blkps target start: "
-                   "only this initiator may write every shard's control LUN (repeatable)")
+    s.add_argument("--allow", action="append", metavar="ADDRESS|SUBNET/BITS|ALL", help="initiator ACL of every "
+                   "shard, as for blkps target start (repeatable)")
+    s.add_argument("--operator", nargs="?", const="", metavar="", help="as for blkps target start: every shard "
+                   "gets an operator target, its secret in DIR/shard-K/operator.chap")
     chap.add_arguments(s)
     s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
     s.set_defaults(run=command_start)

@@ -10,6 +10,8 @@ per word) is in double quotes. Values never hold quotes or newlines.
 target.env:
   URL           learner slot 1's LUN            URLS     every learner slot's LUN
   CONTROL_URL   the status and control LUN      NULL_URL, RDWR_URL  benchmark LUNs, or empty
+  OPERATOR_URL, OPERATOR_CHAP_FILE  --operator: the operator's control LUN and
+                its CHAP credentials file (a BLKPS_CHAP_FILE); else empty
   PORT, IQN, TRANSPORT (iscsi|iser), PID (tgtd's), TGT_IPC_SOCKET, LOG (tgtd's log)
 shards.env:
   SHARDS, STRIPE_UNIT (bytes), PARAMS (the whole model's), SHARD_PARAMS,

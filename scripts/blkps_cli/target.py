@@ -18,6 +18,7 @@ Process handling (each point was a bug once; keep them):
 
 import fcntl
 import glob
+import ipaddress
 import json
 import os
 import re
@@ -54,6 +55,9 @@ SESSION_PARAMS = {
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
 # `--iser port=N` is refused whatever N (it tests a stale errno).
 ISER_PORT = 3260
+# The CHAP account of the operator target (--operator); its secret is new at
+# every start and only DIR/operator.chap holds it.
+OPERATOR_USER = "blkps-operator"
 ADMIN_TIMEOUT_S = 5      # tgtadm queries and deletes
 CREATE_TIMEOUT_S = 300   # creating a LUN allocates (and may load) the model
 READY_TIMEOUT_S = 10     # from starting tgtd to its answering tgtadm
@@ -157,7 +161,8 @@ class Target:
             p = self.pid()
             if p is not None and running(p):
                 self._stop_tgtd(p)
-            for path in [self.pid_file, self.env_file, self.lld_file, *glob.glob(self.socket + ".*")]:
+            for path in [self.pid_file, self.env_file, self.lld_file, os.path.join(self.dir, "operator.chap"),
+                         *glob.glob(self.socket + ".*")]:
                 try:
                     os.remove(path)
                 except FileNotFoundError:
@@ -192,8 +197,15 @@ class Target:
         leaves no tgtd."""
         what = "target start"
         check_bsopts(a.bsopts)
+        if a.operator not in (None, ""):
+            raise UserError("--operator", f"takes no initiator name ({a.operator}): a name proves nothing, any client "
+                            "sends the one it likes", "give --operator alone: operators then prove themselves with the "
+                            "CHAP secret blkps writes to DIR/operator.chap")
         check_bsopts(control_bsopts(a), "--operator")
+        admitted(a)  # refuses a bad --allow, or a wildcard --address without one, before tgtd starts
         credentials = chap.Credentials(a)
+        if a.operator is not None and OPERATOR_USER in (credentials.user, credentials.mutual_user):
+            raise UserError("--chap-user", f"{OPERATOR_USER} is the operator account's name", "choose another")
         if a.rdwr_lun and not os.path.isfile(a.rdwr_lun):
             raise UserError(what, f"--rdwr-lun: no such file: {a.rdwr_lun}")
         if not shutil.which("tgtd"):
@@ -289,6 +301,7 @@ class Target:
         raise UserError("target start", f"{what} failed: {out}")
 
     def _configure(self, a, credentials, port):
+        allow = admitted(a)
         iqn = a.iqn or f"iqn.2026-11.io.blkps:{a.name}"
         base = f"{a.transport}://{a.address}:{port}/{iqn}"
         self._admin(a, f"creating target {iqn}", ["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn])
@@ -317,18 +330,52 @@ class Target:
             rdwr_url = f"{base}/{lun}"
         for key, value in SESSION_PARAMS[a.transport]:
             self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", "--tid", "1", "-n", key, "-v", value])
-        allow = a.allow or a.address
-        self._admin(a, f"setting the initiator ACL ({allow})", ["--op", "bind", "--mode", "target", "--tid", "1",
-                                                                "-I", allow])
+        for entry in allow:
+            self._admin(a, f"setting the initiator ACL ({entry})", ["--op", "bind", "--mode", "target", "--tid", "1",
+                                                                    "-I", entry])
         for name in a.initiator:
             self._admin(a, f"setting the initiator name ACL ({name})", ["--op", "bind", "--mode", "target", "--tid",
                                                                         "1", "-Q", name])
         self._set_chap(a, credentials)
+        operator_url = operator_chap_file = ""
+        if a.operator is not None:
+            operator_url, operator_chap_file = self._serve_operator(a, credentials, iqn, a.luns + 1, allow, port)
         values = {"URL": urls[0], "URLS": urls, "CONTROL_URL": control_url, "NULL_URL": null_url,
-                  "RDWR_URL": rdwr_url, "PORT": port, "IQN": iqn, "TRANSPORT": a.transport, "PID": self.pid(),
+                  "RDWR_URL": rdwr_url, "OPERATOR_URL": operator_url, "OPERATOR_CHAP_FILE": operator_chap_file,
+                  "ALLOW": allow, "PORT": port, "IQN": iqn, "TRANSPORT": a.transport, "PID": self.pid(),
                   "TGT_IPC_SOCKET": self.socket, "LOG": self.log}
         state.write(self.env_file, values)
         return state.target(self.dir)
+
+    def _serve_operator(self, a, credentials, iqn, lun, allow, port):
+        """--operator: target 2, IQN.operator, whose only LUN (number `lun`,
+        as the learners' control LUN) is the writable control LUN, bound to
+        CHAP account OPERATOR_USER with a new random secret that only
+        DIR/operator.chap (mode 0600) holds. Returns its URL and that file."""
+        op_iqn = iqn + ".operator"
+        tid = ["--tid", "2"]
+        self._admin(a, f"creating the operator target {op_iqn}", ["--op", "new", "--mode", "target", *tid, "-T", op_iqn])
+        self._admin(a, f"creating the operator's control LUN {lun}",
+                    ["--op", "new", "--mode", "logicalunit", *tid, "--lun", str(lun), "--bstype", "blkps",
+                     "--backing-store", a.name, "--bsopts", "role=control"])
+        for key, value in SESSION_PARAMS[a.transport]:
+            self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", *tid, "-n", key, "-v", value])
+        for entry in allow:
+            self._admin(a, f"setting the operator target's ACL ({entry})", ["--op", "bind", "--mode", "target", *tid,
+                                                                            "-I", entry])
+        for name in a.initiator:
+            self._admin(a, f"setting the operator target's name ACL ({name})",
+                        ["--op", "bind", "--mode", "target", *tid, "-Q", name])
+        secret = chap.generate_secret()
+        path = os.path.join(self.dir, "operator.chap")
+        chap.write_credentials_file(path, OPERATOR_USER, secret, credentials.mutual_user, credentials.mutual_secret)
+        self.add_account(a.transport, OPERATOR_USER, secret)
+        self._admin(a, f"binding the CHAP account {OPERATOR_USER}",
+                    ["--mode", "account", "--op", "bind", *tid, "--user", OPERATOR_USER])
+        if credentials.mutual_user:
+            self._admin(a, f"binding the mutual CHAP account {credentials.mutual_user} to the operator target",
+                        ["--mode", "account", "--op", "bind", *tid, "--user", credentials.mutual_user, "--outgoing"])
+        return f"{a.transport}://{a.address}:{port}/{op_iqn}/{lun}", path
 
     def _set_chap(self, a, credentials):
         """Creates and binds the CHAP accounts. The secret goes to tgtd over
@@ -387,16 +434,56 @@ class Target:
         self.stop()
 
 
+def acl_entry(text):
+    """One --allow value as tgt 1.0.85's initiator ACL takes it: ALL, an
+    address, or a subnet ADDRESS/BITS. tgt matches a subnet only when its
+    address has no host bits and BITS is below the address's width (/32
+    matches nothing), so a subnet is written as its network address and a
+    full-width one as the bare address; /0 is ALL."""
+    if text == "ALL":
+        return text
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise UserError("--allow", f"expected an address, a subnet ADDRESS/BITS or ALL, got {text!r}") from None
+    if net.prefixlen == 0:
+        return "ALL"
+    address = str(net.network_address)
+    if net.version == 6 and net.prefixlen != net.max_prefixlen:
+        address = f"[{address}]"
+    return address if net.prefixlen == net.max_prefixlen else f"{address}/{net.prefixlen}"
+
+
+def admitted(a):
+    """The initiator ACL of `blkps target start` options `a`: the --allow
+    values, or the portal address. A wildcard portal address (every
+    interface) names no initiator, so it needs --allow."""
+    if a.allow:
+        return [acl_entry(x) for x in a.allow]
+    try:
+        wildcard = ipaddress.ip_address(a.address).is_unspecified
+    except ValueError:
+        raise UserError("--address", f"{a.address} is not a numeric address, and tgt's ACL matches numbers only",
+                        "give --allow ADDRESS, --allow SUBNET/BITS or --allow ALL") from None
+    if wildcard:
+        raise UserError("--address", f"{a.address} listens on every interface and names no initiator to admit",
+                        "say who may log in with --allow ADDRESS, --allow SUBNET/BITS or --allow ALL (repeatable)")
+    return [acl_entry(a.address)]
+
+
 def control_bsopts(a):
-    """The control LUN's --bsopts: its role, and the operators that may write
-    it (--operator) if any."""
-    return "role=control" + (f";operators={'+'.join(a.operator)}" if a.operator else "")
+    """The learners' control LUN's --bsopts: with --operator, only what
+    learners send (fence=, tag=) and reads; without it, open to anyone the
+    target admits."""
+    return "role=control" + (";access=learners" if a.operator is not None else "")
 
 
 def labelled_urls(env):
     """The URLs of a target.env, one `label: URL` line each."""
     lines = [f"learner {k}: {url}" for k, url in enumerate(env["URLS"].split(), 1)]
     lines.append(f"control: {env['CONTROL_URL']}")
+    if env.get("OPERATOR_URL"):
+        lines.append(f"operator: {env['OPERATOR_URL']} (CHAP: {env['OPERATOR_CHAP_FILE']})")
     lines += [f"{label}: {env[key]}" for label, key in (("null", "NULL_URL"), ("rdwr", "RDWR_URL")) if env.get(key)]
     return lines
 
@@ -407,6 +494,7 @@ def command_start(a):
     if a.owner_pid:
         target.start_watchdog(a.owner_pid)
     print("\n".join(labelled_urls(env)))
+    print(f"admits: {env['ALLOW']} (--allow)")
     return 0
 
 
@@ -459,7 +547,8 @@ def add_parser(sub):
     w.add_argument("--dir", required=True)
     how = w.add_mutually_exclusive_group()
     how.add_argument("--get", action="append", metavar="KEY", help="print this target.env value (URL, URLS, "
-                     "CONTROL_URL, NULL_URL, RDWR_URL, PORT, IQN, TRANSPORT, PID, TGT_IPC_SOCKET, LOG); repeatable")
+                     "CONTROL_URL, NULL_URL, RDWR_URL, OPERATOR_URL, OPERATOR_CHAP_FILE, PORT, IQN, TRANSPORT, PID, "
+                     "TGT_IPC_SOCKET, LOG); repeatable")
     how.add_argument("--json", action="store_true", help="print target.env as JSON")
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
     w.set_defaults(run=command_show)
@@ -483,13 +572,17 @@ def add_start_arguments(s):
     s.add_argument("--address", default="127.0.0.1", help="portal address (default 127.0.0.1)")
     s.add_argument("--port", type=port_or_auto, default="auto", help="portal port, or auto for a free one (default)")
     s.add_argument("--iqn", help="target name (default iqn.2026-11.io.blkps:NAME)")
-    s.add_argument("--allow", help="initiator ACL: an address or ALL (default: the portal address)")
+    s.add_argument("--allow", action="append", metavar="ADDRESS|SUBNET/BITS|ALL",
+                   help="initiator ACL: who may log in, by address (repeatable; default: the portal address; "
+                        "required with a wildcard --address such as 0.0.0.0)")
     s.add_argument("--initiator", action="append", default=[], metavar="IQN",
                    help="initiator name ACL (repeatable); iser needs one: tgt 1.0.85's iSER admits an initiator "
                         "only when both its address and its name are in the ACL")
-    s.add_argument("--operator", action="append", default=[], metavar="IQN",
-                   help="only this initiator may write the control LUN's commands and weights (repeatable); others "
-                        "may read it and send only what learners need (fence=, tag=); default: anyone may write")
+    s.add_argument("--operator", nargs="?", const="", metavar="",
+                   help="prove operators by a credential: the learners' control LUN takes only reads, fence= and "
+                        "tag=; commands and weights go to a second target (IQN.operator) whose CHAP secret only "
+                        "DIR/operator.chap holds (blkps set/status --dir use it); default: anyone the target admits "
+                        "may write the control LUN")
     chap.add_arguments(s)
     s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
                    "'installed': tgt's plugin folder)")

@@ -11,8 +11,13 @@
  *                             return that snapshot. Writes are refused
  *                             (DATA PROTECT).
  *   [64 KiB, 1 MiB - 4 KiB)   commands: WRITE `key=value` lines (lr=0.01,
- *                             resume=1), NUL-padded; a bad line fails the
- *                             write (ILLEGAL REQUEST). READ returns zeros.
+ *                             resume=1), NUL-padded; one write is checked
+ *                             whole and applied whole: a bad line fails it
+ *                             (ILLEGAL REQUEST) and nothing of it is done.
+ *                             On the learners' control LUN (--bsopts
+ *                             access=learners) only fence= and tag= are
+ *                             taken, and weights are refused (DATA
+ *                             PROTECT). READ returns zeros.
  *   [1 MiB - 4 KiB, 1 MiB)    counters: a fixed binary record
  *                             (struct blkps_control_counters, little-endian,
  *                             then zeros), taken fresh on every read. For
