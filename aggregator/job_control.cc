@@ -1,6 +1,6 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, or fence=<lun>
-// (job.h, "Receipts").
+// (job.h, "Receipts"), or stop=1|0.
 #include "job.h"
 
 #include <cstdlib>
@@ -49,6 +49,13 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
       if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
       failure_.clear();
       failed_.store(false);
+      continue;
+    }
+    if (key == "stop") {
+      if (value != "1" && value != "0") return refuse("control: expected stop=1 or stop=0, got '" + line + "'");
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = value == "1";
+      log_(stop_ ? "control: stop asked: learners stop training" : "control: stop withdrawn");
       continue;
     }
     if (key == "tag") {

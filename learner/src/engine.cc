@@ -119,6 +119,7 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   IterationMetrics metrics_;
   std::string last_error_;
   std::atomic<uint64_t> pushed_{0};
+  std::atomic<bool> stop_requested_{false};  // the last counters record's stop
   std::atomic<uint64_t> params_pushed_{0};
   // Null unless options.drop_ratio > 0; used by whichever thread pushes.
   std::unique_ptr<GradientDropper> dropper_;
@@ -264,6 +265,7 @@ double Engine::Impl::ServerUpdates() {
   std::lock_guard<std::mutex> lock(control_mu_);
   blkps_control_counters counters;
   if (control_->ReadControlCounters(&counters) == 0 && counters.blocks > 0) {
+    stop_requested_.store(counters.stop != 0);
     return static_cast<double>(counters.updates) / static_cast<double>(counters.blocks);
   }
   if (!counters_error_said_) {
@@ -682,6 +684,8 @@ int Engine::Step() { return impl_->Step(); }
 int Engine::Finish() { return impl_->Finish(); }
 const IterationMetrics& Engine::last_metrics() const { return impl_->metrics_; }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
+
+bool Engine::stop_requested() const { return impl_->stop_requested_.load(); }
 uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
 const float* Engine::residual() const { return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr; }
 
