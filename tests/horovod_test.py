@@ -178,13 +178,20 @@ def learner_train(config):
 
 
 def learner_early_stop(config):
-    """Trains until stop_requested(); then EarlyStopping over a fixed series."""
+    """EarlyStopping over a fixed series; then trains until stop_requested()."""
     hvd.init()
     r = hvd.rank()
     m = model(0)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR), named_parameters=m.named_parameters())
     hvd.broadcast_parameters(m.state_dict(), root_rank=0)
     out = {}
+    # First the helper over a fixed series (the job's stop is not asked yet).
+    stopper = hvd.EarlyStopping(patience=config["patience"], min_delta=config["min_delta"])
+    for k, loss in enumerate(config["losses"][r]):
+        if stopper.step(loss):
+            out["early_stop_at"] = k
+            break
+    out["best"] = stopper.best
     for step in range(1, 10000):
         opt.zero_grad()
         x, y = batch(step, r)
@@ -193,12 +200,7 @@ def learner_early_stop(config):
         if hvd.stop_requested():
             out["stopped_after_step"] = step
             break
-    stopper = hvd.EarlyStopping(patience=config["patience"], min_delta=config["min_delta"])
-    for k, loss in enumerate(config["losses"][r]):
-        if stopper.step(loss):
-            out["early_stop_at"] = k
-            break
-    out["best"] = stopper.best
+    out["stopper_after_stop"] = hvd.EarlyStopping(patience=100).step(1.0)  # the job's stop counts
     print(json.dumps(out), flush=True)
 
 
@@ -367,12 +369,13 @@ def single_process(steps, learners, optimizer, op_scale=1.0, passes=1):
     """Root's model trained in one process as Horovod would: each step the
     learners' gradients (summed over `passes` backward passes) averaged
     (times op_scale: op=Sum gives the sum), then SGD (momentum 0.5 from
-    root's buffers of 0.25 in delta mode), or plain sgd for gradient mode."""
+    root's buffers of 0.25 in delta mode: with op=Sum the learners' buffers
+    add up, so op_scale times that), or plain sgd for gradient mode."""
     m = model(10)
     sgd = torch.optim.SGD(m.parameters(), lr=LR, momentum=0.5 if optimizer == "delta" else 0.0)
     if optimizer == "delta":
         for p in m.parameters():
-            sgd.state[p]["momentum_buffer"] = torch.full_like(p, 0.25)
+            sgd.state[p]["momentum_buffer"] = torch.full_like(p, 0.25 * op_scale)
     for step in range(steps):
         total = [torch.zeros_like(p) for p in m.parameters()]
         for r in range(learners):
@@ -510,6 +513,7 @@ def case_early_stop():
         for r, rep in enumerate(reports):
             check(rep.get("early_stop_at") == 4, f"rank {r}: EarlyStopping stopped at {rep.get('early_stop_at')}")
             check(abs(rep["best"] - 0.8) < 1e-12, f"rank {r}: best {rep['best']}")
+            check(rep["stopper_after_stop"], f"rank {r}: EarlyStopping ignored the job's stop")
         print(f"early stop: stop=1 at global step {at_command}, both learners stopped after step {steps[0]}; "
               "EarlyStopping(patience=3, min_delta=0.05) stopped both at evaluation 4")
     with_server(f"params={params()};rule=sum;mode=bsp", n, body)

@@ -187,7 +187,7 @@ uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) { return e->engin
 
 uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) { return e->engine->gradients_pushed(); }
 
-int blkps_engine_stop_requested(const blkps_engine* e) { return e->engine->stop_requested() ? 1 : 0; }
+int blkps_engine_stop_requested(blkps_engine* e) { return e->engine->stop_requested() ? 1 : 0; }
 
 uint64_t blkps_engine_params_pushed(const blkps_engine* e) { return e->engine->params_pushed(); }
 

@@ -110,6 +110,8 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   Status Start(const std::string& target, const EngineOptions& options);
   int Step();
   int Finish();
+  // A fresh read of the counters' stop; false without a control LUN.
+  bool StopRequested();
 
   uint64_t first_ = 0;
   uint64_t count_ = 0;
@@ -119,7 +121,6 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   IterationMetrics metrics_;
   std::string last_error_;
   std::atomic<uint64_t> pushed_{0};
-  std::atomic<bool> stop_requested_{false};  // the last counters record's stop
   std::atomic<uint64_t> params_pushed_{0};
   // Null unless options.drop_ratio > 0; used by whichever thread pushes.
   std::unique_ptr<GradientDropper> dropper_;
@@ -265,7 +266,6 @@ double Engine::Impl::ServerUpdates() {
   std::lock_guard<std::mutex> lock(control_mu_);
   blkps_control_counters counters;
   if (control_->ReadControlCounters(&counters) == 0 && counters.blocks > 0) {
-    stop_requested_.store(counters.stop != 0);
     return static_cast<double>(counters.updates) / static_cast<double>(counters.blocks);
   }
   if (!counters_error_said_) {
@@ -685,7 +685,14 @@ int Engine::Finish() { return impl_->Finish(); }
 const IterationMetrics& Engine::last_metrics() const { return impl_->metrics_; }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
 
-bool Engine::stop_requested() const { return impl_->stop_requested_.load(); }
+bool Engine::Impl::StopRequested() {
+  if (control_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(control_mu_);
+  blkps_control_counters counters;
+  return control_->ReadControlCounters(&counters) == 0 && counters.stop != 0;
+}
+
+bool Engine::stop_requested() { return impl_->StopRequested(); }
 uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
 const float* Engine::residual() const { return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr; }
 

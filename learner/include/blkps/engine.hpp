@@ -182,10 +182,10 @@ class BLKPS_EXPORT Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
-  // Whether the server's counters asked the job to stop (control stop=1,
-  // README "Early stopping"), as of the last counters read: every Step()
-  // reads them when control_target is set. False without control_target.
-  bool stop_requested() const;
+  // Whether the job is asked to stop (control stop=1, README "Early
+  // stopping across learners"): a fresh read of the control LUN's counters.
+  // False without control_target or when the read fails.
+  bool stop_requested();
   // Parameters sent to the server so far (the pushes' length: with
   // dropping, only the runs pushed; padding to whole blocks not counted).
   uint64_t params_pushed() const;

@@ -407,9 +407,9 @@ class Engine(_Handle):
 
     @property
     def stop_requested(self):
-        """True once the server asked the job to stop (control stop=1,
-        README "Early stopping"), as of the last step's counters read; needs
-        control_target."""
+        """True when the job is asked to stop (control stop=1, README
+        "Early stopping across learners"): a fresh read of the control
+        LUN's counters; False without control_target."""
         return bool(self._lib.blkps_engine_stop_requested(self._open_handle()))
 
     @property

@@ -490,8 +490,9 @@ class _DistributedOptimizer:
         self.device = blkps.Model(job.target, dtype=self._wire)  # this thread's; the comm thread opens its own
         self._ctl = _Control(job.control) if job.control else None
         try:
+            _check_wire(options.compression, self._ctl.status() if self._ctl else None, self.device,
+                        layout.count)
             status = _check_device(layout, self.device, self._ctl, 4 if self._wire is None else 2)
-            _check_wire(options.compression, status, self.device, layout.count)
         except Exception:
             self.close()
             raise
