@@ -79,6 +79,13 @@ class Exchange:
         self.timeout_s = timeout_s
         region = control.layout.exchange_bytes
         self._base = self._device.size_bytes - region
+        # The weights window ends before this; a server without the region
+        # (an older blkps) must not have its weights written.
+        mib = 1 << 20
+        weights_end = control.layout.weights_offset + -(-control.status()["device_bytes"] // mib) * mib
+        if self._base < weights_end:
+            raise ValueError("blkps: this control LUN has no exchange region (a server older than the "
+                             "collectives?); update the server")
         headers = 2 * size * CELL
         self.chunk = (region - headers) // (2 * size) // CELL * CELL if region > headers else 0
         if self.chunk < CELL:
