@@ -130,14 +130,11 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
 
 // Where the control LUN's exchange region starts: after a receipt for every
 // LUN before the control LUN's own.
-uint64_t ExchangeOffset(const blkps_lu& lu) {
-  const uint64_t device = lu.job->size_bytes();
-  return blkps_control_receipts_offset(device) + lu.lun * blkps_control_receipt_bytes(device);
-}
+uint64_t ExchangeOffset(const blkps_lu& lu) { return blkps_control_exchange_offset(lu.job->size_bytes(), lu.lun); }
 
 // The control LUN's size: its regions, the weights as long as the model's
 // device, the receipts, then the exchange region.
-uint64_t ControlSizeBytes(const blkps_lu& lu) { return ExchangeOffset(lu) + BLKPS_CONTROL_EXCHANGE_BYTES; }
+uint64_t ControlSizeBytes(const blkps_lu& lu) { return blkps_control_lun_bytes(lu.job->size_bytes(), lu.lun); }
 
 // Bytes [at, at + n) of the exchange region, read into `out`.
 void ReadExchange(blkps_lu* lu, uint64_t at, uint64_t n, char* out) {

@@ -106,6 +106,15 @@ static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
   return BLKPS_CONTROL_RECEIPT_HEADER_BYTES + (units * 4 + page - 1) / page * page;
 }
 
+/* Where the exchange region starts on control LUN number `control_lun`
+ * (a receipt for every LUN before it), and that LUN's size in bytes. */
+static inline uint64_t blkps_control_exchange_offset(uint64_t device_bytes, uint64_t control_lun) {
+  return blkps_control_receipts_offset(device_bytes) + control_lun * blkps_control_receipt_bytes(device_bytes);
+}
+static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t control_lun) {
+  return blkps_control_exchange_offset(device_bytes, control_lun) + BLKPS_CONTROL_EXCHANGE_BYTES;
+}
+
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" array. Their meanings are in README, "Status and control". */
