@@ -536,6 +536,8 @@ def case_early_stop():
                 except OSError:
                     refused_write = control.status()["control_error"]
                 check(refused_write and "stop=1 or stop=0" in refused_write, f"stop=yes: {refused_write}")
+        shown = subprocess.run([job.BLKPS, "status", "--dir", server.state], capture_output=True, text=True).stdout
+        check("stop asked (stop=1)" in shown, f"blkps status does not show the stop:\n{shown}")
         mountpoint = tempfile.mkdtemp(prefix="blkps-horovod-mnt-")
         args = type("Args", (), {"build": build})
         mount = job.mount(args, server.env, server.state, mountpoint)
