@@ -46,7 +46,7 @@ Job::~Job() {
   if (ticker_.joinable()) ticker_.join();
 }
 
-size_t Job::AddLearner(uint64_t lun, std::function<void()> wake) {
+size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::string& dtype) {
   std::lock_guard<std::mutex> lock(mu_);
   size_t slot = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -59,6 +59,7 @@ size_t Job::AddLearner(uint64_t lun, std::function<void()> wake) {
   Slot& s = slots_[slot];
   s.lun = lun;
   s.attached = true;
+  s.dtype = dtype;
   s.wake = std::move(wake);
   s.last_io = Clock::now();
   return slot;

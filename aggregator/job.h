@@ -114,7 +114,9 @@ class Job {
   // for that LUN in a loaded checkpoint is taken over, clocks and all.
   // `wake` is called, possibly from any thread and with the Job's lock held
   // (so it must not call the Job), when the slot has released commands.
-  size_t AddLearner(uint64_t lun, std::function<void()> wake);
+  // `dtype` is the LUN's wire type as status shows it (the job itself
+  // always sees float32).
+  size_t AddLearner(uint64_t lun, std::function<void()> wake, const std::string& dtype = "float32");
   // The slot's LUN is going away: its held commands are dropped and it is
   // treated as dead.
   void RemoveLearner(size_t slot);
@@ -157,12 +159,15 @@ class Job {
   struct Counters {
     uint64_t params = 0, blocks = 0, global_step = 0, updates = 0, rejected_writes = 0;
     bool failed = false;
+    bool stop = false;
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line, then NUL padding:
   // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1,
   // fence=<lun> (fails `initiator`'s held writes on learner LUN <lun>, which
-  // must be one of this model's), or tag=<text>: an opaque label that
+  // must be one of this model's), stop=1|0 (asks every learner to stop
+  // training: status "stop", the counters record's stop; stop=0 withdraws
+  // it; nothing else changes), or tag=<text>: an opaque label that
   // learners keep with the model (status "tag"; at most 256 of
   // [A-Za-z0-9._:,=+/-]; empty clears it; not saved in checkpoints).
   // blkps.torch keeps its model fingerprint there.
@@ -219,6 +224,7 @@ class Job {
   struct Slot {
     uint64_t lun = 0;
     bool attached = false;  // a LUN serves it now
+    std::string dtype;      // the LUN's wire type, for status
     std::function<void()> wake;
     Clock::time_point last_io;
     uint32_t held = 0;
@@ -278,6 +284,7 @@ class Job {
   std::string failure_;                  // guarded by mu_; non-empty: failed
   std::string tag_;                      // guarded by mu_; control's tag=
   std::string control_error_;            // guarded by mu_; why the last control write was refused
+  bool stop_ = false;                    // guarded by mu_; control's stop=1
   uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path

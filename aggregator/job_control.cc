@@ -1,12 +1,13 @@
 // Control commands for a running Job (written to the control LUN): a rule
-// parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun> or
-// tag=<text> (job.h, "Receipts"). One grammar, one parser: a block is parsed
-// and checked whole, then applied whole or not at all.
+// parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
+// stop=1|0 or tag=<text> (job.h, "Receipts"). One grammar, one parser: a
+// block is parsed and checked whole, then applied whole or not at all.
 #include "job.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "number_text.h"
@@ -78,9 +79,10 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     const std::string key = line.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
     if (eq == std::string::npos || !IsKey(key)) {
-      return bad("expected lr|momentum|beta1|beta2|eps=<number>, resume=1, fence=<learner LUN> or tag=<text>, one "
-                 "a line, got '" +
-                 ShowBytes(line) + "'");
+      return bad(
+          "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN> or tag=<text>, "
+          "one a line, got '" +
+          ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
       return bad(key + ": the value holds a space or a byte outside printable ASCII: '" + ShowBytes(line) + "'");
@@ -100,12 +102,17 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   }
   std::map<std::string, float> params;
   bool resume = false;
+  std::optional<bool> stop;
   uint64_t fence_lun = 0;
   bool fence = false;
   for (const Line& l : lines) {
     if (l.key == "resume") {
       if (l.value != "1") return bad("resume: expected resume=1, got '" + ShowBytes(l.value) + "'");
       resume = true;
+    } else if (l.key == "stop") {
+      if (l.value != "1" && l.value != "0")
+        return bad("stop: expected stop=1 or stop=0, got '" + ShowBytes(l.value) + "'");
+      stop = l.value == "1";
     } else if (l.key == "tag") {
       Status s = CheckTag(l.value);
       if (!s.ok()) return refuse(s);
@@ -143,6 +150,10 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (l.key == "tag") tag_ = l.value;
   }
   if (fence) FenceLocked(fence_lun, initiator);
+  if (stop) {
+    stop_ = *stop;
+    log_(stop_ ? "control: stop asked: learners stop training" : "control: stop withdrawn");
+  }
   if (resume) {
     if (FailedLocked()) log_("job resumed by a control write; the failure was: " + failure_);
     failure_.clear();

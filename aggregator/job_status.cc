@@ -69,6 +69,7 @@ Job::Counters Job::GetCounters() const {
   c.updates = clocks_.updates();
   c.rejected_writes = rejected_writes_.load();
   c.failed = FailedLocked();
+  c.stop = stop_;
   return c;
 }
 
@@ -107,6 +108,7 @@ std::string Job::StatusJson() const {
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
+  j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
     << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
@@ -115,7 +117,7 @@ std::string Job::StatusJson() const {
   for (size_t k = 0; k < slots_.size(); ++k) {
     const Slot& s = slots_[k];
     const double mean = s.lead_count ? static_cast<double>(s.lead_sum) / s.lead_count : 0.0;
-    j << (k ? ",\n" : "\n") << "    {\"lun\": " << s.lun << ", \"state\": \""
+    j << (k ? ",\n" : "\n") << "    {\"lun\": " << s.lun << ", \"dtype\": " << JsonString(s.dtype) << ", \"state\": \""
       << (!s.attached       ? "detached"
           : clocks_.live(k) ? "live"
                             : "dead")

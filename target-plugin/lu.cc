@@ -54,6 +54,11 @@ struct blkps_lu {
   // Control LUN: the status snapshot reads are served from.
   std::mutex status_mu;
   std::string status;
+
+  // Control LUN: the exchange region's bytes (control_lun.h), allocated on
+  // its first write; empty reads as zeros.
+  std::mutex exchange_mu;
+  std::vector<char> exchange;
 };
 
 namespace {
@@ -123,11 +128,29 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
   }
 }
 
+// Where the control LUN's exchange region starts: after a receipt for every
+// LUN before the control LUN's own.
+uint64_t ExchangeOffset(const blkps_lu& lu) { return blkps_control_exchange_offset(lu.job->size_bytes(), lu.lun); }
+
 // The control LUN's size: its regions, the weights as long as the model's
-// device, and a receipt for every LUN before the control LUN's own.
-uint64_t ControlSizeBytes(const blkps_lu& lu) {
-  const uint64_t device = lu.job->size_bytes();
-  return blkps_control_receipts_offset(device) + lu.lun * blkps_control_receipt_bytes(device);
+// device, the receipts, then the exchange region.
+uint64_t ControlSizeBytes(const blkps_lu& lu) { return blkps_control_lun_bytes(lu.job->size_bytes(), lu.lun); }
+
+// Bytes [at, at + n) of the exchange region, read into `out`.
+void ReadExchange(blkps_lu* lu, uint64_t at, uint64_t n, char* out) {
+  std::lock_guard<std::mutex> lock(lu->exchange_mu);
+  if (lu->exchange.empty()) {
+    std::memset(out, 0, n);
+  } else {
+    std::memcpy(out, lu->exchange.data() + at, n);
+  }
+}
+
+// Bytes [at, at + n) of the exchange region, written from `in`.
+void WriteExchange(blkps_lu* lu, uint64_t at, uint64_t n, const char* in) {
+  std::lock_guard<std::mutex> lock(lu->exchange_mu);
+  if (lu->exchange.empty()) lu->exchange.assign(BLKPS_CONTROL_EXCHANGE_BYTES, '\0');
+  std::memcpy(lu->exchange.data() + at, in, n);
 }
 
 // "Initiator: <name> alias: ..." (tgt's it_nexus info) -> <name>.
@@ -160,7 +183,8 @@ server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
 bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
   const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
   return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) || touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
-         touches(blkps_control_receipts_offset(lu.job->size_bytes()), UINT64_MAX / 2);
+         touches(blkps_control_receipts_offset(lu.job->size_bytes()),
+                 ExchangeOffset(lu) - blkps_control_receipts_offset(lu.job->size_bytes()));
 }
 
 // Splits [offset, offset + len) of the control LUN at its region borders and
@@ -172,6 +196,7 @@ server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_
                               kCountersOffset,
                               kWeightsOffset,
                               blkps_control_receipts_offset(lu.job->size_bytes()),
+                              ExchangeOffset(lu),
                               UINT64_MAX};
   for (size_t r = 0; r + 1 < std::size(borders); ++r) {
     const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
@@ -196,6 +221,7 @@ std::string CountersRegion(const server::Job& job) {
   record.updates = c.updates;
   record.rejected_writes = c.rejected_writes;
   record.failed = c.failed ? 1 : 0;
+  record.stop = c.stop ? 1 : 0;
   std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
   std::memcpy(region.data(), &record, sizeof record);
   return region;
@@ -259,6 +285,10 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
       ReceiptsRegion(*lu->job, initiator, at - receipts, n, buf + pos);
       return server::Status::OK();
     }
+    if (region == ExchangeOffset(*lu)) {
+      ReadExchange(lu, at - region, n, buf + pos);
+      return server::Status::OK();
+    }
     // The weights, then zeros up to the receipts' MiB boundary.
     const uint64_t from = at - kWeightsOffset, device = lu->job->size_bytes();
     const uint64_t weights = from < device ? std::min(n, device - from) : 0;
@@ -272,10 +302,11 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // Who may write what is the LUN's, never the initiator's name: any client
-  // picks its own (--bsopts access=).
+  // picks its own (--bsopts access=). The exchange region (collectives) is
+  // open to learners: it holds only what they put there.
   const server::Job::ControlRights rights =
       lu->options.learners_access ? server::Job::ControlRights::kLearner : server::Job::ControlRights::kOperator;
-  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset) {
+  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset && offset < ExchangeOffset(*lu)) {
     return server::Status::PermissionDenied(
         "the learners' control LUN does not take weights; operators write them through the model's operator "
         "target");
@@ -283,6 +314,10 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
     if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator, rights);
+    if (region == ExchangeOffset(*lu)) {
+      WriteExchange(lu, at - region, n, buf + pos);
+      return server::Status::OK();
+    }
     return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
   });
 }
@@ -385,11 +420,14 @@ int blkps_lu_open(blkps_lu* lu, const char* path, uint64_t lun, int wake_fd, uin
     *size_bytes = ControlSizeBytes(*lu);
     return 0;
   }
-  lu->slot = lu->job->AddLearner(lun, [wake_fd] {
-    const uint64_t one = 1;
-    ssize_t ignored = write(wake_fd, &one, sizeof one);  // eventfd: only fails if the count would overflow
-    (void)ignored;
-  });
+  lu->slot = lu->job->AddLearner(
+      lun,
+      [wake_fd] {
+        const uint64_t one = 1;
+        ssize_t ignored = write(wake_fd, &one, sizeof one);  // eventfd: only fails if the count would overflow
+        (void)ignored;
+      },
+      blkps::wire::DtypeName(lu->options.dtype));
   *size_bytes = IsWire16(*lu) ? WireSizeBytes(*lu) : lu->job->size_bytes();
   return 0;
 }
@@ -449,7 +487,7 @@ blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, u
     if (TouchesReadOnlyRegion(*lu, offset, len)) {
       SetError(err, errlen,
                "the control LUN's status [0, 64 KiB), counters [1 MiB - 4 KiB, 1 MiB) and receipts (after the "
-               "weights) are read-only; write commands at 64 KiB, weights from 1 MiB");
+               "weights) are read-only; write commands at 64 KiB, weights from 1 MiB, exchange in the last 8 MiB");
       return BLKPS_IO_WRITE_PROTECT;
     }
     return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len, initiator), err, errlen);

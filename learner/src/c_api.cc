@@ -93,6 +93,7 @@ void blkps_control_layout_get(blkps_control_layout* out) {
   out->status_keys = BLKPS_STATUS_KEYS;
   out->status_checkpoint_keys = BLKPS_STATUS_CHECKPOINT_KEYS;
   out->status_learner_keys = BLKPS_STATUS_LEARNER_KEYS;
+  out->exchange_bytes = BLKPS_CONTROL_EXCHANGE_BYTES;
 }
 
 int blkps_control_read_counters(blkps_model* m, blkps_control_counters* out) {
@@ -185,6 +186,8 @@ void blkps_engine_last_metrics(const blkps_engine* e, blkps_engine_metrics* out)
 uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine* e) { return e->engine->pushed_bytes_lost(); }
 
 uint64_t blkps_engine_gradients_pushed(const blkps_engine* e) { return e->engine->gradients_pushed(); }
+
+int blkps_engine_stop_requested(blkps_engine* e) { return e->engine->stop_requested() ? 1 : 0; }
 
 uint64_t blkps_engine_params_pushed(const blkps_engine* e) { return e->engine->params_pushed(); }
 

@@ -110,6 +110,8 @@ class __attribute__((visibility("hidden"))) Engine::Impl {
   Status Start(const std::string& target, const EngineOptions& options);
   int Step();
   int Finish();
+  // A fresh read of the counters' stop; false without a control LUN.
+  bool StopRequested();
 
   uint64_t first_ = 0;
   uint64_t count_ = 0;
@@ -682,6 +684,15 @@ int Engine::Step() { return impl_->Step(); }
 int Engine::Finish() { return impl_->Finish(); }
 const IterationMetrics& Engine::last_metrics() const { return impl_->metrics_; }
 uint64_t Engine::gradients_pushed() const { return impl_->pushed_.load(); }
+
+bool Engine::Impl::StopRequested() {
+  if (control_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(control_mu_);
+  blkps_control_counters counters;
+  return control_->ReadControlCounters(&counters) == 0 && counters.stop != 0;
+}
+
+bool Engine::stop_requested() { return impl_->StopRequested(); }
 uint64_t Engine::params_pushed() const { return impl_->params_pushed_.load(); }
 const float* Engine::residual() const { return impl_->dropper_ != nullptr ? impl_->dropper_->residual() : nullptr; }
 

@@ -450,8 +450,7 @@ int FindControlLun(iscsi_context* iscsi, int lun, uint64_t device_bytes) {
     if (standard != nullptr) {
       std::string product = standard->product_identification;
       while (!product.empty() && product.back() == ' ') product.pop_back();
-      const uint64_t control_bytes = blkps_control_receipts_offset(device_bytes) +
-                                     static_cast<uint64_t>(candidate) * blkps_control_receipt_bytes(device_bytes);
+      const uint64_t control_bytes = blkps_control_lun_bytes(device_bytes, static_cast<uint64_t>(candidate));
       if (product == BLKPS_CONTROL_PRODUCT_ID && CapacityBytes(iscsi, candidate) == control_bytes) found = candidate;
     }
     if (inquiry != nullptr) scsi_free_scsi_task(inquiry);

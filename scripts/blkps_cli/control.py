@@ -100,6 +100,8 @@ def print_status(s):
         print("checkpoint: none (set checkpoint=<path> in --bsopts to checkpoint on fsync)")
     if s.get("control_error"):
         print(f"last control write refused: {s['control_error']}")
+    if s.get("stop"):
+        print("stop asked (stop=1): learners stop training; stop=0 withdraws it")
     if s["failed"]:
         print(f"FAILED: {s['failure']}")
 

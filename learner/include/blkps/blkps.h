@@ -130,6 +130,7 @@ typedef struct blkps_control_layout {
   const char *status_keys; /* static strings, space-separated */
   const char *status_checkpoint_keys;
   const char *status_learner_keys;
+  uint64_t exchange_bytes; /* the exchange region, the control LUN's last bytes */
 } blkps_control_layout;
 BLKPS_EXPORT void blkps_control_layout_get(blkps_control_layout *out);
 
@@ -237,6 +238,11 @@ BLKPS_EXPORT void blkps_engine_last_metrics(const blkps_engine *e, blkps_engine_
 
 /* Gradients that reached the server whole so far. */
 BLKPS_EXPORT uint64_t blkps_engine_gradients_pushed(const blkps_engine *e);
+
+/* 1 when the job is asked to stop (control stop=1): a fresh read of the
+ * control LUN's counters; 0 otherwise, without a control_target, or when
+ * the read fails. Call it from the thread that steps the engine. */
+BLKPS_EXPORT int blkps_engine_stop_requested(blkps_engine *e);
 
 /* Parameters sent to the server so far (with dropping: the runs pushed). */
 BLKPS_EXPORT uint64_t blkps_engine_params_pushed(const blkps_engine *e);

@@ -39,6 +39,14 @@
  *                             control LUN's own number (learner LUNs come
  *                             before it). Read-only. After a restart from a
  *                             checkpoint they are the checkpoint's.
+ *   [Z - E, Z)                exchange: plain bytes that any initiator may
+ *                             READ and WRITE (zeros at start; kept in the
+ *                             server's memory only, not in checkpoints).
+ *                             Z = the control LUN's size, E =
+ *                             BLKPS_CONTROL_EXCHANGE_BYTES. The server gives
+ *                             them no meaning; blkps.torch's collectives
+ *                             (allreduce, allgather, broadcast) lay out their
+ *                             rounds there (learner/python/blkps/collectives.py).
  *
  * The control LUN answers INQUIRY with product BLKPS_CONTROL_PRODUCT_ID, so
  * that a learner finds it among the target's LUNs (REPORT LUNS).
@@ -82,6 +90,9 @@ extern "C" {
 #define BLKPS_CONTROL_RECEIPT_HEADER_BYTES (UINT64_C(4) << 10)
 #define BLKPS_CONTROL_RECEIPT_MAGIC "blkpsrcp"
 
+/* The exchange region's size, at the end of the control LUN. */
+#define BLKPS_CONTROL_EXCHANGE_BYTES (UINT64_C(8) << 20)
+
 /* Where the receipts region starts: after the weights, at a MiB boundary. */
 static inline uint64_t blkps_control_receipts_offset(uint64_t device_bytes) {
   const uint64_t mib = UINT64_C(1) << 20;
@@ -100,23 +111,32 @@ static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
   return BLKPS_CONTROL_RECEIPT_HEADER_BYTES + (units * 4 + page - 1) / page * page;
 }
 
+/* Where the exchange region starts on control LUN number `control_lun`
+ * (a receipt for every LUN before it), and that LUN's size in bytes. */
+static inline uint64_t blkps_control_exchange_offset(uint64_t device_bytes, uint64_t control_lun) {
+  return blkps_control_receipts_offset(device_bytes) + control_lun * blkps_control_receipt_bytes(device_bytes);
+}
+static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t control_lun) {
+  return blkps_control_exchange_offset(device_bytes, control_lun) + BLKPS_CONTROL_EXCHANGE_BYTES;
+}
+
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" array. Their meanings are in README, "Status and control". */
 #define BLKPS_STATUS_KEYS                                                   \
   "model params device_bytes block_bytes blocks mode rule tag rule_params " \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "     \
-  "hold_limit_s max_dead live_learners failed failure control_error checkpoint learners"
+  "hold_limit_s max_dead live_learners failed failure control_error stop checkpoint learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds every_s error"
-#define BLKPS_STATUS_LEARNER_KEYS                                          \
-  "lun state iteration idle_s held reads writes bytes_read bytes_written " \
+#define BLKPS_STATUS_LEARNER_KEYS                                                \
+  "lun dtype state iteration idle_s held reads writes bytes_read bytes_written " \
   "holds hold_timeouts deaths staleness_max staleness_mean"
 
 /* The first 8 bytes of the counters record. */
 #define BLKPS_CONTROL_COUNTERS_MAGIC "blkpsctr"
 
 /* The counters record at BLKPS_CONTROL_COUNTERS_OFFSET: little-endian
- * fields, no padding (64 bytes in format 1). The numbers are the status
+ * fields, no padding (64 bytes in format 1, 72 with stop). The numbers are the status
  * keys of the same names. */
 typedef struct blkps_control_counters {
   char magic[8];           /* BLKPS_CONTROL_COUNTERS_MAGIC, no NUL */
@@ -128,6 +148,7 @@ typedef struct blkps_control_counters {
   uint64_t updates; /* model-block updates applied, all learners */
   uint64_t rejected_writes;
   uint64_t failed; /* 1 while the job has failed, else 0 */
+  uint64_t stop;   /* 1 once an operator asked the job to stop (stop=1), else 0 */
 } blkps_control_counters;
 
 /* A receipt's header, little-endian, then zeros to 4 KiB. */
@@ -143,7 +164,7 @@ typedef struct blkps_control_receipt {
 
 #ifdef __cplusplus
 }  // extern "C"
-static_assert(sizeof(blkps_control_counters) == 64, "the record is 64 bytes in format 1");
+static_assert(sizeof(blkps_control_counters) == 72, "the record is 72 bytes since stop");
 static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
 #endif
 

@@ -182,6 +182,10 @@ class BLKPS_EXPORT Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
+  // Whether the job is asked to stop (control stop=1, README "Early
+  // stopping across learners"): a fresh read of the control LUN's counters.
+  // False without control_target or when the read fails.
+  bool stop_requested();
   // Parameters sent to the server so far (the pushes' length: with
   // dropping, only the runs pushed; padding to whole blocks not counted).
   uint64_t params_pushed() const;

@@ -148,6 +148,8 @@ def _declare(lib):
     lib.blkps_engine_gradients_pushed.restype = ctypes.c_uint64
     lib.blkps_engine_params_pushed.argtypes = [handle]
     lib.blkps_engine_params_pushed.restype = ctypes.c_uint64
+    lib.blkps_engine_stop_requested.argtypes = [handle]
+    lib.blkps_engine_stop_requested.restype = ctypes.c_int
     lib.blkps_engine_residual.argtypes = [handle]
     lib.blkps_engine_residual.restype = _FLOAT_P
     lib.blkps_engine_last_error.argtypes = [handle]
@@ -409,6 +411,13 @@ class Engine(_Handle):
         if not pointer:
             return None
         return np.ctypeslib.as_array(pointer, shape=(self._count,)).copy()
+
+    @property
+    def stop_requested(self):
+        """True when the job is asked to stop (control stop=1, README
+        "Early stopping across learners"): a fresh read of the control
+        LUN's counters; False without control_target."""
+        return bool(self._lib.blkps_engine_stop_requested(self._open_handle()))
 
     @property
     def gradients_pushed(self):

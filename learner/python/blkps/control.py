@@ -38,6 +38,7 @@ class _Layout(ctypes.Structure):  # blkps_control_layout, blkps.h
         ("status_keys", ctypes.c_char_p),
         ("status_checkpoint_keys", ctypes.c_char_p),
         ("status_learner_keys", ctypes.c_char_p),
+        ("exchange_bytes", ctypes.c_uint64),
     ]
 
 
@@ -52,6 +53,7 @@ class _Counters(ctypes.Structure):  # blkps_control_counters, control_lun.h
         ("updates", ctypes.c_uint64),
         ("rejected_writes", ctypes.c_uint64),
         ("failed", ctypes.c_uint64),
+        ("stop", ctypes.c_uint64),
     ]
 
 
@@ -134,7 +136,7 @@ class Control:
 
     def counters(self):
         """The counters record as a dict (params, blocks, global_step,
-        updates, rejected_writes, failed)."""
+        updates, rejected_writes, failed, stop)."""
         record = _Counters()
         rc = self.device._lib.blkps_control_read_counters(self.device._open_handle(),
                                                           ctypes.byref(record))

@@ -42,11 +42,23 @@ weights are pulled right after its push, still during backward; in bsp the
 pull waits for the round, so step() pulls the whole model after the last push.
 
 One DistributedOptimizer per process; it is driven from one thread.
+
+Horovod's API (README "Horovod's API" has the table): the launcher's ranks
+(local_size, cross_rank, ...), collectives through the server (allreduce,
+allgather, broadcast, broadcast_object: blkps.collectives), Compression
+(the 16-bit wire), op=Average/Sum, backward_passes_per_step,
+synchronize()/skip_synchronize(), broadcast_parameters and
+broadcast_optimizer_state before or after DistributedOptimizer, early
+stopping (stop_requested, EarlyStopping); what blkps cannot do (Adasum,
+join, elastic, SyncBatchNorm) is refused in one line.
 """
 
+import contextlib
 import hashlib
 import os
+import pickle
 import queue
+import re
 import threading
 import time
 
@@ -54,10 +66,23 @@ import numpy as np
 import torch
 
 import blkps
+from blkps.collectives import Exchange as _Exchange, session_of as _session_of
 from blkps.control import Control as _ControlLun
 
 __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_count",
-           "fingerprint", "DistributedOptimizer", "broadcast_parameters"]
+           "fingerprint", "DistributedOptimizer", "broadcast_parameters",
+           # Horovod's API
+           "shutdown", "is_initialized", "local_size", "cross_rank", "cross_size",
+           "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+           "Compression", "Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set",
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+           "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
+           "broadcast_async_", "broadcast_object", "allgather_object", "barrier", "poll",
+           "synchronize", "broadcast_optimizer_state", "join", "elastic", "SyncBatchNorm",
+           "start_timeline", "stop_timeline",
+           # early stopping
+           "stop_requested", "request_stop", "EarlyStopping"]
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: README "PyTorch"
 _BUCKET_ALIGN = 1024            # floats: 4 KiB, whole blocks for every device
@@ -68,11 +93,16 @@ _job = None
 
 
 class _Job:
-    """What init() found: this process's place in the job and its targets."""
+    """What init() found: this process's place in the job and its targets;
+    the collectives' exchange, opened on first use."""
 
-    def __init__(self, target, control, rank, size, local_rank):
+    def __init__(self, target, control, rank, size, local_rank, topology=(1, 0, 1), session=b""):
         self.target, self.control = target, control
         self.rank, self.size, self.local_rank = rank, size, local_rank
+        self.local_size, self.cross_rank, self.cross_size = topology
+        self.session = session
+        self.exchange = None
+        self.stop_reader = None  # a Control for stop_requested()
 
 
 def _launcher_env(env):
@@ -97,6 +127,54 @@ def _launcher_env(env):
     return 0, 1, 0
 
 
+def _whole(env, key, default=None):
+    text = env.get(key, default)
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"blkps.torch: {key}={text!r} is not a whole number")
+    return int(text)
+
+
+def _slurm_tasks_on_node(text, node):
+    """Tasks on node `node` from Slurm's SLURM_TASKS_PER_NODE ("2(x3),1"),
+    or None when the text is not of that form."""
+    counts = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if node < len(counts) else None
+
+
+def _launcher_topology(env, rank_, size_, local):
+    """(local_size, cross_rank, cross_size) as Horovod means them: the
+    processes on this node, this node's index, the nodes. torchrun:
+    LOCAL_WORLD_SIZE, GROUP_RANK (GROUP_WORLD_SIZE, else WORLD_SIZE /
+    LOCAL_WORLD_SIZE); mpirun: OMPI_COMM_WORLD_LOCAL_SIZE, the node index
+    taken as rank // local_size (ranks filled node by node, mpirun's
+    default mapping); Slurm: SLURM_TASKS_PER_NODE (or
+    SLURM_NTASKS_PER_NODE), SLURM_NODEID, SLURM_NNODES. Without them:
+    (size, 0, 1), one node."""
+    if "RANK" in env and "LOCAL_WORLD_SIZE" in env:
+        local_size = max(1, _whole(env, "LOCAL_WORLD_SIZE"))
+        cross = _whole(env, "GROUP_RANK", str(rank_ // local_size))
+        nodes = _whole(env, "GROUP_WORLD_SIZE", str(-(-size_ // local_size)))
+        return local_size, cross, nodes
+    if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_LOCAL_SIZE" in env:
+        local_size = max(1, _whole(env, "OMPI_COMM_WORLD_LOCAL_SIZE"))
+        return local_size, rank_ // local_size, -(-size_ // local_size)
+    if "SLURM_PROCID" in env and "SLURM_NODEID" in env:
+        node = _whole(env, "SLURM_NODEID")
+        nodes = _whole(env, "SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1"))
+        local_size = _slurm_tasks_on_node(env.get("SLURM_TASKS_PER_NODE", ""), node)
+        if local_size is None:
+            local_size = _whole(env, "SLURM_NTASKS_PER_NODE", str(-(-size_ // max(1, nodes))))
+        return local_size, node, nodes
+    return size_, 0, 1
+
+
 def _format_target(text, rank_):
     """`text` with {rank} (0-based) and {slot} (1-based LUN) filled in."""
     return None if text is None else text.replace("{rank}", str(rank_)).replace("{slot}", str(rank_ + 1))
@@ -118,7 +196,9 @@ def init(target=None, control=None, env=None):
     control = control if control is not None else env.get("BLKPS_CONTROL")
     if not target:
         raise ValueError("blkps.torch: no model target; pass init(target=...) or set BLKPS_TARGET")
-    _job = _Job(_format_target(target, rank_), _format_target(control or None, rank_), rank_, size_, local)
+    shutdown()
+    _job = _Job(_format_target(target, rank_), _format_target(control or None, rank_), rank_, size_, local,
+                _launcher_topology(env, rank_, size_, local), _session_of(env, size_))
 
 
 def _the_job():
@@ -140,6 +220,86 @@ def size():
 def local_rank():
     """This learner's rank on its node."""
     return _the_job().local_rank
+
+
+def local_size():
+    """The number of learners on this node (_launcher_topology)."""
+    return _the_job().local_size
+
+
+def cross_rank():
+    """This learner's node, 0-based (_launcher_topology)."""
+    return _the_job().cross_rank
+
+
+def cross_size():
+    """The number of nodes (_launcher_topology)."""
+    return _the_job().cross_size
+
+
+def is_initialized():
+    """Whether init() has run (and shutdown() has not)."""
+    return _job is not None
+
+
+def shutdown():
+    """Closes the collectives' connection and the DistributedOptimizer;
+    is_initialized() is False afterwards."""
+    global _job, _optimizer, _pending_broadcast
+    if _optimizer is not None:
+        _optimizer.close()
+        _optimizer = None
+    _pending_broadcast = None
+    if _job is not None:
+        for conn in (_job.exchange, _job.stop_reader):
+            if conn is not None:
+                conn.close()
+        _job = None
+
+
+# What blkps is built with, in Horovod's words: no MPI, Gloo, NCCL, DDL,
+# oneCCL or GPU collectives; the server carries everything, from the CPU.
+def mpi_threads_supported():
+    """False: blkps uses no MPI (mpirun only launches the processes)."""
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    """False: collectives go through the server, from the CPU."""
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    """False: CUDA tensors are moved to the CPU for the server and back."""
+    return False
+
+
+def rocm_built():
+    return False
 
 
 def target():
@@ -220,17 +380,50 @@ class _Layout:
         return [base[at:at + p.numel()].view(p.shape) for (_, p), at in zip(self.named, self.offsets)]
 
 
-def _check_device(layout, device, ctl):
+def _lun_dtype(status, target_):
+    """The learner LUN's dtype as the status shows it: the LUN that an
+    iscsi:// or iser:// target names, else the one dtype every attached
+    learner LUN has; None when the status cannot tell."""
+    learners = [entry for entry in status.get("learners", []) if entry.get("dtype")]
+    m = re.fullmatch(r"(?:iscsi|iser)://.*/(\d+)", target_ or "")
+    if m:
+        for entry in learners:
+            if entry["lun"] == int(m.group(1)):
+                return entry["dtype"]
+    dtypes = {entry["dtype"] for entry in learners}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _check_wire(compression, status, device, count):
+    """Refuses, in one line naming both, a compression whose wire type is
+    not the learner LUN's dtype (the status's, else told float32 from
+    16-bit by the device size)."""
+    wire = compression.wire_dtype
+    have = _lun_dtype(status, _the_job().target) if status else None
+    if have is None:
+        size = device.size_bytes
+        if wire == "float32" and size < count * 4:
+            have = "16-bit (bfloat16 or float16)"
+        elif wire != "float32" and size >= count * 4:
+            have = "float32"
+    if have is not None and have != wire:
+        match = {"float32": "none", "float16": "fp16", "bfloat16": "bf16"}.get(have)
+        hint = f"use compression=Compression.{match}" if match else "use Compression.bf16 or fp16"
+        raise ValueError(f"blkps.torch: compression=Compression.{compression.name} sends {wire} but the "
+                         f"learner LUN's dtype is {have}; {hint} or serve the LUN with --bsopts dtype={wire}")
+
+
+def _check_device(layout, device, ctl, bytes_per_param=4):
     """Refuses a model that does not match the device, in one line naming the
     difference: its parameter count (the control LUN's status, else the
     device size) or the fingerprint kept in the model's tag. Stamps the
     fingerprint on a model that has none. Returns the status (or None)."""
     if ctl is None:
-        want = layout.count * 4
+        want = layout.count * bytes_per_param
         have = device.size_bytes
         if not want <= have < want + max(512, device.logical_block_size):
             raise ValueError(f"blkps.torch: the model has {layout.count} parameters but the device "
-                             f"holds {have // 4}; start the server with params={layout.count}")
+                             f"holds {have // bytes_per_param}; start the server with params={layout.count}")
         return None
     status = ctl.status()
     if status["params"] != layout.count:
@@ -281,22 +474,31 @@ def _cut_buckets(layout, bucket_floats):
 class _DistributedOptimizer:
     """See DistributedOptimizer()."""
 
-    def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward):
+    def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward, options=None):
         job = _the_job()
+        options = options if options is not None else _HorovodOptions()
         self.optimizer = optimizer
+        self.compression = options.compression
+        self._wire = None if options.compression.wire_dtype == "float32" else options.compression.wire_dtype
+        self.backward_passes_per_step = options.backward_passes_per_step
         if named_parameters is None:
             if optimizer is None:
                 raise ValueError("blkps.torch: gradient mode (optimizer=None) needs named_parameters")
             named_parameters = [(f"param.{g}.{k}", p) for g, group in enumerate(optimizer.param_groups)
                                 for k, p in enumerate(group["params"])]
         self.layout = layout = _Layout(named_parameters)
-        self.device = blkps.Model(job.target)  # this thread's; the comm thread opens its own
+        self.device = blkps.Model(job.target, dtype=self._wire)  # this thread's; the comm thread opens its own
         self._ctl = _Control(job.control) if job.control else None
         try:
-            status = _check_device(layout, self.device, self._ctl)
+            _check_wire(options.compression, self._ctl.status() if self._ctl else None, self.device,
+                        layout.count)
+            status = _check_device(layout, self.device, self._ctl, 4 if self._wire is None else 2)
         except Exception:
             self.close()
             raise
+        self.mode = status["mode"] if status else "bsp"
+        self.push_scale = options.push_scale(self.mode, job.size)
+        self._skip_synchronize = False
         self.weights = _aligned_floats(layout.count)
         self.gradient = _aligned_floats(layout.count)
         self._grad_views = layout.views(self.gradient)
@@ -310,8 +512,7 @@ class _DistributedOptimizer:
         self._hooks = []
         self._push_device = None
         if optimizer is None:
-            mode = status["mode"] if status else "bsp"
-            self.pull_during_backward = (mode != "bsp" if pull_during_backward is None
+            self.pull_during_backward = (self.mode != "bsp" if pull_during_backward is None
                                          else bool(pull_during_backward))
             self._start_gradient_mode(max(1, bucket_bytes // 4))
 
@@ -325,6 +526,7 @@ class _DistributedOptimizer:
         self._work = queue.Queue()
         self._idle = threading.Condition()
         self._in_flight = 0
+        self._passes = [0] * len(self.layout.named)  # backward passes this step, by parameter
         self._comm = threading.Thread(target=self._communicate, name="blkps-torch-comm", daemon=True)
         self._comm.start()
         for k, ((_, p), g) in enumerate(zip(self.layout.named, self._grad_views)):
@@ -362,6 +564,9 @@ class _DistributedOptimizer:
         if p.grad is None or p.grad.data_ptr() != view.data_ptr():
             view.copy_(p.grad)  # grads were set to None: move them back into the flat buffer
             p.grad = view
+        self._passes[k] += 1
+        if self._passes[k] < self.backward_passes_per_step:
+            return  # accumulates in the flat buffer until the last pass of the step
         for b in self._buckets_of[k]:
             if b.queued:
                 return  # a second gradient, zeroed by the guard
@@ -386,9 +591,12 @@ class _DistributedOptimizer:
             try:
                 if self._error is None:
                     if device is None:
-                        device = blkps.Model(_the_job().target)
+                        device = blkps.Model(_the_job().target, dtype=self._wire)
                     overlapped = not self._backward_done
-                    device.push(bucket.first, self.gradient[bucket.first:bucket.end])
+                    grad = self.gradient[bucket.first:bucket.end]
+                    if self.push_scale != 1.0:
+                        grad *= self.push_scale
+                    device.push(bucket.first, grad)
                     self.pushes += 1
                     self.overlapped += overlapped
                     if self.pull_during_backward:
@@ -401,7 +609,9 @@ class _DistributedOptimizer:
         if device is not None:
             device.close()
 
-    def _gradient_step(self):
+    def _push_remaining(self):
+        """Pushes the buckets backward has not pushed (parameters that got no
+        gradient: zeros) and waits for every push of this step."""
         self._backward_done = True
         for b in self.buckets:
             if not b.queued:  # parameters that got no gradient: push zeros once
@@ -411,11 +621,15 @@ class _DistributedOptimizer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def _gradient_step(self):
+        self._push_remaining()
         if not self.pull_during_backward:
             self.device.pull_into(0, self.weights)
         self.gradient[:] = 0.0
         for b in self.buckets:
             b.waiting, b.queued = b.needed, False
+        self._passes = [0] * len(self.layout.named)
         self._backward_done = False
         if self._misuse is not None:
             misuse, self._misuse = self._misuse, None
@@ -427,8 +641,10 @@ class _DistributedOptimizer:
         before = self.weights.copy()
         loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         np.subtract(self.weights, before, out=self.gradient)
+        if self.push_scale != 1.0:
+            self.gradient *= self.push_scale
         if self._push_device is None:  # pushes on their own connection, as in gradient mode
-            self._push_device = blkps.Model(_the_job().target)
+            self._push_device = blkps.Model(_the_job().target, dtype=self._wire)
         self._push_device.push(0, self.gradient)
         self.pushes += 1
         self.device.pull_into(0, self.weights)
@@ -447,6 +663,28 @@ class _DistributedOptimizer:
             loss = self._delta_step(closure)
         self.steps += 1
         return loss
+
+    def synchronize(self):
+        """Horovod's synchronize(): after it the gradients are final for this
+        step, so GradScaler.unscale_ or clipping may act on them before
+        step() (under skip_synchronize()). Gradient mode: pushes every bucket
+        not pushed yet and waits (the server applies what was pushed, so
+        unscale_ after it does not change the update: do not scale the loss
+        in gradient mode). Delta mode: nothing to do, the local gradients
+        are the ones the local optimizer steps with; the combination is the
+        server's, after step()."""
+        if self.optimizer is None:
+            self._push_remaining()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's context for step() after synchronize(). step() never
+        pushes a bucket twice, with it or without."""
+        self._skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._skip_synchronize = False
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients (in place in gradient mode, whatever
@@ -481,19 +719,15 @@ class _DistributedOptimizer:
             self._ctl.command(f"tag={tag}")  # clear the mark while the weights change
             self._ctl.write_weights(flat)
             self._ctl.command(f"tag={tag}{_BROADCAST_MARK}")
-        else:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                seen = self._ctl.status().get("tag", "")
-                if seen == tag + _BROADCAST_MARK:
-                    break
-                if seen.startswith(_TAG_PREFIX) and not seen.startswith(tag):
-                    raise ValueError(f"blkps.torch: rank {root_rank} broadcast a model with fingerprint "
-                                     f"{seen[len(_TAG_PREFIX):]}, this one is {self.layout.fingerprint}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"blkps.torch: rank {root_rank} did not broadcast its weights "
-                                       f"within {timeout_s:g} s (model tag {seen!r})")
-                time.sleep(0.05)
+        if job.size > 1:
+            # Root has written the weights before it joins: after this round
+            # every learner reads them (the fingerprint is in the label, so
+            # learners of different models fail here naming both).
+            _exchange().exchange(f"broadcast_parameters:{tag}:root{root_rank}", b"")
+            seen = self._ctl.status().get("tag", "")
+            if seen != tag + _BROADCAST_MARK:
+                raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
+                                 f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
         self.device.pull_into(0, self.weights)
 
     def close(self):
@@ -508,41 +742,67 @@ class _DistributedOptimizer:
 
 
 _optimizer = None
+_pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
+                         op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
                          pull_during_backward=None):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
     trains through this learner's model target (init()). named_parameters
     (model.named_parameters()) fixes the device layout; it is required in
     gradient mode. The parameters become views into the flat weights and
     keep their values until broadcast_parameters() or the first step()
-    makes them the server's. Refuses, with ValueError, a model
+    makes them the server's (a broadcast_parameters() made before this call
+    is carried out on the server now). Refuses, with ValueError, a model
     whose parameter count or fingerprint differs from the device's.
-    bucket_bytes: gradient mode's push size; pull_during_backward: None
-    (yes unless the server's mode is bsp or there is no control LUN to ask),
-    True or False. The result has step(closure=None), zero_grad(),
+    Horovod's options (README "Horovod's API"): compression
+    (Compression.none/fp16/bf16: the wire type, which must be the learner
+    LUN's dtype), op (None: the server's own combination; Average or Sum:
+    pushes scaled so that a bsp round or N async pushes move the model by
+    the learners' mean or sum; Adasum refused), gradient_predivide_factor
+    (op Average only; the result is the average whatever the factor),
+    backward_passes_per_step (gradients accumulate locally, one push per
+    step); num_groups, groups, sparse_as_dense are accepted and change
+    nothing (buckets are blkps's grouping). bucket_bytes: gradient mode's
+    push size; pull_during_backward: None (yes unless the server's mode is
+    bsp or there is no control LUN to ask), True or False. The result has
+    step(closure=None), synchronize(), skip_synchronize(), zero_grad(),
     param_groups, state_dict(), close(), and counters steps, pushes,
     overlapped."""
-    global _optimizer
+    global _optimizer, _pending_broadcast
+    options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
         _optimizer.close()
-    _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward)
+        _optimizer = None
+    _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options)
+    if _pending_broadcast is not None:
+        root, _pending_broadcast = _pending_broadcast, None
+        if _optimizer._ctl is not None or _the_job().size > 1:
+            _optimizer.broadcast([p for _, p in _optimizer.layout.named], root, 120.0)
     return _optimizer
 
 
 def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
-    """Every learner starts from root_rank's parameters: root writes them
-    through the model's control LUN and marks the model's tag; the others
-    wait for the mark (at most timeout_s), then every learner pulls them.
-    `params` is model.state_dict() or model.named_parameters(); buffers in a
-    state_dict stay local. Call it after DistributedOptimizer, before
-    training. A stale mark from an earlier job on the same server would let
-    others go on early: clear it between jobs (blkps set tag=) or restart
-    the server."""
+    """Every learner gets root_rank's values of `params`
+    (model.state_dict() or model.named_parameters()), before or after
+    DistributedOptimizer. After it: root writes the model's parameters
+    through the control LUN and marks the model's tag; once every learner
+    has joined (a collective round) they all pull them: the server and
+    every learner hold root's weights. Before it: every tensor of `params`
+    (buffers too) is broadcast through the collectives, and the server gets
+    root's parameters when DistributedOptimizer is created. Afterwards,
+    entries that are not the model's parameters (buffers) are broadcast
+    through the collectives too (as Horovod does). timeout_s bounds the
+    wait for the others."""
+    global _pending_broadcast
+    items = list(params.items() if hasattr(params, "items") else params)
     if _optimizer is None:
-        raise ValueError("blkps.torch: create the DistributedOptimizer before broadcast_parameters")
-    given = dict(params.items() if hasattr(params, "items") else params)
+        _broadcast_named_tensors(items, root_rank, "broadcast_parameters", timeout_s)
+        _pending_broadcast = root_rank
+        return
+    given = dict(items)
     values = []
     for name, p in _optimizer.layout.named:
         if name not in given:
@@ -552,3 +812,468 @@ def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
                              f"{tuple(given[name].shape)}, the model's is {tuple(p.shape)}")
         values.append(given[name])
     _optimizer.broadcast(values, root_rank, timeout_s)
+    on_device = {name for name, _ in _optimizer.layout.named}
+    rest = [(name, t) for name, t in items if name not in on_device and torch.is_tensor(t)]
+    if rest:
+        _broadcast_named_tensors(rest, root_rank, "broadcast_buffers", timeout_s)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
+    """Every learner's optimizer gets root_rank's state (state_dict(): the
+    per-parameter state and the hyperparameters), through the collectives;
+    before or after DistributedOptimizer (given either the wrapper or the
+    torch optimizer). In gradient mode (DistributedOptimizer(None, ...)) the
+    state is the server rule's and there is nothing to broadcast. `model`
+    is accepted for Horovod's signature."""
+    inner = optimizer.optimizer if isinstance(optimizer, _DistributedOptimizer) else optimizer
+    if inner is None or _the_job().size == 1:
+        return
+    state = broadcast_object(inner.state_dict() if rank() == root_rank else None, root_rank,
+                             name="broadcast_optimizer_state")
+    if rank() != root_rank:
+        inner.load_state_dict(state)
+
+
+# ---- Horovod's optimizer options ----
+
+class _Compressor:
+    """A Horovod compressor: compress() returns (tensor, context),
+    decompress(tensor, context) the tensor in its own dtype again. On
+    blkps, DistributedOptimizer's compression is the wire type
+    (`wire_dtype`): the learner LUN's --bsopts dtype."""
+
+    name, wire_dtype, torch_dtype = "none", "float32", None
+
+    @classmethod
+    def compress(cls, tensor):
+        if cls.torch_dtype is None or not tensor.dtype.is_floating_point:
+            return tensor, None
+        return tensor.to(cls.torch_dtype), tensor.dtype
+
+    @classmethod
+    def decompress(cls, tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class NoneCompressor(_Compressor):
+    """No compression: float32 on the wire."""
+
+
+class FP16Compressor(_Compressor):
+    """IEEE half precision on the wire (a LUN with dtype=float16)."""
+    name, wire_dtype, torch_dtype = "fp16", "float16", torch.float16
+
+
+class BF16Compressor(_Compressor):
+    """bfloat16 on the wire (a LUN with dtype=bfloat16)."""
+    name, wire_dtype, torch_dtype = "bf16", "bfloat16", torch.bfloat16
+
+
+class Compression:
+    """Horovod's compression choices, plus bf16."""
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
+
+
+class _ReduceOp:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+Average, Sum, Adasum = _ReduceOp("Average"), _ReduceOp("Sum"), _ReduceOp("Adasum")
+Min, Max, Product = _ReduceOp("Min"), _ReduceOp("Max"), _ReduceOp("Product")
+
+
+class _ProcessSet:
+    """Horovod's global process set: every rank. Other process sets are
+    refused (add_process_set is not offered)."""
+
+    def __repr__(self):
+        return "global_process_set"
+
+
+global_process_set = _ProcessSet()
+
+
+def _check_process_set(process_set):
+    if process_set is not None and process_set is not global_process_set:
+        raise ValueError("blkps.torch: process sets other than the global one are refused: a blkps job's "
+                         "collectives always span all its learners")
+
+
+class _HorovodOptions:
+    """DistributedOptimizer's Horovod options, checked."""
+
+    def __init__(self, compression=None, backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                 process_set=None):
+        compression = compression if compression is not None else Compression.none
+        if not (isinstance(compression, type) and issubclass(compression, _Compressor)):
+            raise ValueError(f"blkps.torch: compression={compression!r} is not one of Compression.none, "
+                             "fp16, bf16")
+        if op is Adasum:
+            raise ValueError("blkps.torch: op=Adasum is refused: the server combines pushes by its rule "
+                             "(README \"Horovod's API\"); use op=Average or op=Sum")
+        if op not in (None, Average, Sum):
+            raise ValueError(f"blkps.torch: DistributedOptimizer op={op!r}: expected Average or Sum")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError(f"blkps.torch: backward_passes_per_step={backward_passes_per_step!r}: "
+                             "expected a whole number >= 1")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"blkps.torch: gradient_predivide_factor={gradient_predivide_factor!r}: "
+                             "expected > 0")
+        if gradient_predivide_factor != 1.0 and op is Sum:
+            raise ValueError("blkps.torch: gradient_predivide_factor is for op=Average only (as in Horovod)")
+        _check_process_set(process_set)
+        self.compression, self.op = compression, op
+        self.backward_passes_per_step = backward_passes_per_step
+        self.gradient_predivide_factor = gradient_predivide_factor
+
+    def push_scale(self, mode, size_):
+        """The factor on what a learner pushes so that the model moves as
+        `op` says: a bsp round applies the mean of the round's pushes; async
+        and ssp apply each push as it comes (README "Horovod's API")."""
+        if self.op is None:
+            return 1.0
+        if mode == "bsp":
+            return 1.0 if self.op is Average else float(size_)
+        return 1.0 / size_ if self.op is Average else 1.0
+
+
+# ---- Collectives through the server (blkps.collectives) ----
+
+_COLLECTIVE_TIMEOUT_S = 600.0  # a rank may evaluate or checkpoint meanwhile
+
+
+def _exchange():
+    """This process's Exchange on the model's control LUN, opened on first use."""
+    job = _the_job()
+    if job.exchange is None:
+        if job.size > 1 and not job.control:
+            raise ValueError("blkps.torch: collectives need the model's control LUN (init(control=...) "
+                             "or BLKPS_CONTROL)")
+        control = _ControlLun(job.control) if job.size > 1 else None
+        if control is None:
+            job.exchange = _SoloExchange()
+        else:
+            timeout = float(os.environ.get("BLKPS_COLLECTIVE_TIMEOUT_S", _COLLECTIVE_TIMEOUT_S))
+            try:
+                job.exchange = _Exchange(control, job.rank, job.size, job.session, timeout)
+            except Exception:
+                control.close()
+                raise
+    return job.exchange
+
+
+class _SoloExchange:
+    """One learner: every collective is its own data."""
+    rounds = 0
+
+    def exchange(self, label, data):
+        return [bytes(data)]
+
+    def close(self):
+        pass
+
+
+def _to_bytes(tensor):
+    """A CPU copy of `tensor`'s values as bytes (C order)."""
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes() if t.numel() else b""
+
+
+def _from_bytes(data, dtype, shape):
+    """A new CPU tensor of `dtype` and `shape` from bytes."""
+    if not data:
+        return torch.zeros(shape, dtype=dtype)
+    if dtype == torch.bfloat16:
+        return torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def _label(kind, name, tensor, shape=None):
+    shape = tuple(tensor.shape) if shape is None else shape
+    return f"{kind}:{name or ''}:{str(tensor.dtype).replace('torch.', '')}:{shape}"
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """A new tensor (on `tensor`'s device, of its dtype): the ranks'
+    tensors reduced by `op` (Average, the default, Sum, Min, Max, Product;
+    average=True/False is Horovod's older spelling). Every rank reduces the
+    same bytes in rank order (floating point in float64, integers in int64),
+    so every rank gets the same result. prescale_factor multiplies each
+    rank's tensor before, postscale_factor the result after; compression
+    casts what travels (Compression.fp16: float16). Average of integers
+    truncates toward zero."""
+    _check_process_set(process_set)
+    if op is None:
+        op = Sum if average is False else Average
+    if op is Adasum:
+        raise ValueError("blkps.torch: allreduce op=Adasum is refused: use Average or Sum")
+    compression = compression if compression is not None else Compression.none
+    device = tensor.device
+    sent = tensor.detach()
+    if prescale_factor != 1.0:
+        sent = sent * prescale_factor
+    sent, ctx = compression.compress(sent)
+    parts = _exchange().exchange(_label("allreduce", name, sent) + f":{op.name}", _to_bytes(sent))
+    wide = torch.float64 if sent.dtype.is_floating_point else torch.int64
+    values = [_from_bytes(p, sent.dtype, sent.shape).to(wide) for p in parts]
+    if op is Min:
+        out = torch.stack(values).min(0).values
+    elif op is Max:
+        out = torch.stack(values).max(0).values
+    elif op is Product:
+        out = torch.stack(values).prod(0)
+    else:
+        out = values[0].clone()
+        for v in values[1:]:
+            out += v
+        if op is Average:
+            out = out / len(values) if wide == torch.float64 else torch.div(out, len(values), rounding_mode="trunc")
+    if postscale_factor != 1.0:
+        out = out * postscale_factor
+    out = compression.decompress(out.to(sent.dtype), ctx)
+    return out.to(dtype=tensor.dtype, device=device)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None):
+    """allreduce() into `tensor` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, average, name, None, op, prescale_factor, postscale_factor,
+                               process_set))
+    return tensor
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None):
+    """allreduce() of each tensor of a list; a list."""
+    return [allreduce(t, average, f"{name}.{k}" if name else None, compression, op, prescale_factor,
+                      postscale_factor, process_set) for k, t in enumerate(tensors)]
+
+
+def allgather(tensor, name=None, process_set=None):
+    """The ranks' tensors concatenated along the first dimension, in rank
+    order (they may differ in that dimension only)."""
+    _check_process_set(process_set)
+    t = tensor.detach()
+    if t.dim() == 0:
+        raise ValueError("blkps.torch: allgather needs a tensor of at least one dimension")
+    parts = _exchange().exchange(_label("allgather", name, t, tuple(t.shape[1:])), _to_bytes(t))
+    row = int(np.prod(t.shape[1:], dtype=np.int64)) * t.element_size()
+    gathered = [_from_bytes(p, t.dtype, (len(p) // row if row else 0, *t.shape[1:])) for p in parts]
+    return torch.cat(gathered).to(tensor.device)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """A new tensor holding root_rank's `tensor` (same shape and dtype on
+    every rank)."""
+    _check_process_set(process_set)
+    t = tensor.detach()
+    mine = _to_bytes(t) if rank() == root_rank else b""
+    parts = _exchange().exchange(_label("broadcast", name, t) + f":root{root_rank}", mine)
+    return _from_bytes(parts[root_rank], t.dtype, t.shape).to(tensor.device)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """broadcast() into `tensor` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(broadcast(tensor, root_rank, name, process_set))
+    return tensor
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's `obj` (anything pickle takes) on every rank."""
+    _check_process_set(process_set)
+    mine = pickle.dumps(obj) if rank() == root_rank else b""
+    parts = _exchange().exchange(f"broadcast_object:{name or ''}:root{root_rank}", mine)
+    return pickle.loads(parts[root_rank])
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's `obj`, as a list in rank order."""
+    _check_process_set(process_set)
+    return [pickle.loads(p) for p in _exchange().exchange(f"allgather_object:{name or ''}", pickle.dumps(obj))]
+
+
+def barrier(process_set=None):
+    """Returns once every rank has called it."""
+    _check_process_set(process_set)
+    _exchange().exchange("barrier", b"")
+
+
+def _broadcast_named_tensors(items, root_rank, what, timeout_s=None):
+    """Copies root_rank's values of the tensors in `items` ([(name,
+    tensor)]) into every rank's, in one collective call."""
+    items = [(n, t) for n, t in items if torch.is_tensor(t)]
+    key = hashlib.sha256(";".join(f"{n}:{t.dtype}:{tuple(t.shape)}" for n, t in items).encode()).hexdigest()[:16]
+    mine = b"".join(_to_bytes(t) for _, t in items) if rank() == root_rank else b""
+    data = _exchange().exchange(f"{what}:{key}:root{root_rank}", mine)[root_rank]
+    at = 0
+    with torch.no_grad():
+        for _, t in items:
+            n = t.numel() * t.element_size()
+            t.copy_(_from_bytes(data[at:at + n], t.dtype, t.shape))
+            at += n
+
+
+class _Handle:
+    """An async collective's handle: blkps's collectives complete at once."""
+
+    def __init__(self, result):
+        self.result = result
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None):
+    return _Handle(allreduce(tensor, average, name, None, op, prescale_factor, postscale_factor, process_set))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None):
+    return _Handle(allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    return _Handle(allgather(tensor, name, process_set))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    return _Handle(broadcast(tensor, root_rank, name, process_set))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    return _Handle(broadcast_(tensor, root_rank, name, process_set))
+
+
+def poll(handle):
+    """True: an async collective is done when its call returns."""
+    return True
+
+
+def synchronize(handle):
+    """The result of an async collective."""
+    return handle.result
+
+
+# ---- Early stopping ----
+
+def _local_stop_flag():
+    """The control LUN's counters' stop (one 4 KiB read); False without a
+    control LUN."""
+    job = _the_job()
+    if not job.control:
+        return False
+    if job.stop_reader is None:
+        job.stop_reader = _ControlLun(job.control)
+    return bool(job.stop_reader.counters()["stop"])
+
+
+def stop_requested():
+    """Whether the job was asked to stop (control stop=1, status "stop"),
+    read fresh from the control LUN. With several learners it is a
+    collective (every rank calls it at the same point, e.g. after each
+    step) and all get the same answer: True if any of them saw the stop, so
+    that all stop after the same step (which bsp needs)."""
+    seen = _local_stop_flag()
+    if _the_job().size == 1:
+        return seen
+    return bool(allreduce(torch.tensor([int(seen)]), op=Max, name="stop_requested").item())
+
+
+def request_stop():
+    """Asks the whole job to stop: the control command stop=1, which every
+    learner sees (status "stop", counters' stop, stop_requested(),
+    blkps.Engine.stop_requested). Needs the control LUN and an operator's
+    rights (--bsopts operators=)."""
+    job = _the_job()
+    if not job.control:
+        raise ValueError("blkps.torch: request_stop needs the model's control LUN (BLKPS_CONTROL)")
+    if job.stop_reader is None:
+        job.stop_reader = _ControlLun(job.control)
+    job.stop_reader.command("stop=1")
+
+
+class EarlyStopping:
+    """Early stopping across learners (the EPFL seed's "persistence"): call
+    step(metric) on every rank after each evaluation, with this learner's
+    metric (e.g. its validation loss). The metric is averaged over the
+    ranks through the collectives, so every rank decides the same: stop
+    when the average has not improved on the best by more than min_delta
+    for `patience` evaluations in a row, or when the job was asked to stop
+    (control stop=1). mode "min" (a loss) or "max" (an accuracy).
+    stop_job=True: rank 0 also sends stop=1 when it decides, so that
+    learners on other access paths see it. Attributes: best, bad_evals,
+    stopped, last (the averaged metric)."""
+
+    def __init__(self, patience=5, min_delta=0.0, mode="min", stop_job=False):
+        if not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"blkps.torch: EarlyStopping patience={patience!r}: expected a whole number >= 1")
+        if min_delta < 0 or mode not in ("min", "max"):
+            raise ValueError("blkps.torch: EarlyStopping expects min_delta >= 0 and mode 'min' or 'max'")
+        self.patience, self.min_delta, self.mode, self.stop_job = patience, min_delta, mode, stop_job
+        self.best, self.bad_evals, self.stopped, self.last = None, 0, False, None
+
+    def step(self, metric):
+        """Takes this evaluation's metric; returns True when training stops."""
+        seen = _local_stop_flag()
+        both = allgather(torch.tensor([[float(metric), float(seen)]], dtype=torch.float64),
+                         name="early_stopping")
+        self.last = float(both[:, 0].mean())
+        asked = bool(both[:, 1].max() > 0)
+        sign = 1.0 if self.mode == "min" else -1.0
+        if self.best is None or sign * (self.best - self.last) > self.min_delta:
+            self.best, self.bad_evals = self.last, 0
+        else:
+            self.bad_evals += 1
+        self.stopped = asked or self.bad_evals >= self.patience
+        if self.stopped and self.stop_job and not asked and rank() == 0:
+            request_stop()
+        return self.stopped
+
+
+# ---- Refused, in one line each ----
+
+def join(device=-1):
+    raise NotImplementedError("blkps.torch: join is refused: uneven inputs would leave bsp rounds waiting for "
+                              "a learner that has stopped; give every learner the same number of steps "
+                              "(DistributedSampler does)")
+
+
+class _Refused:
+    """A Horovod module blkps does not offer: any use raises one line."""
+
+    def __init__(self, what, why):
+        self._what, self._why = what, why
+
+    def __getattr__(self, name):
+        raise NotImplementedError(f"blkps.torch: {self._what}.{name} is refused: {self._why}")
+
+
+elastic = _Refused("elastic", "a blkps job's learners are its LUNs; a dead learner is left out and "
+                              "rejoins by itself (README \"Faults\"), no elastic driver is needed")
+
+
+class SyncBatchNorm(torch.nn.Module):
+    """Refused at construction (README "Horovod's API")."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("blkps.torch: SyncBatchNorm is refused: blkps shares weights, not "
+                                  "activations; use torch.nn.BatchNorm (each learner keeps its own "
+                                  "statistics)")
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("blkps.torch: start_timeline is refused: blkps has no Horovod timeline; "
+                              "the server's status has per-learner counters")
+
+
+def stop_timeline():
+    raise NotImplementedError("blkps.torch: stop_timeline is refused: blkps has no Horovod timeline")

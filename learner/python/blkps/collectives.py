@@ -1,0 +1,176 @@
+"""blkps.collectives: synchronous rounds between a job's learners through the
+server: every rank hands in bytes, every rank gets every rank's bytes.
+blkps.torch builds allreduce, allgather, broadcast and broadcast_object on
+it (README "PyTorch", "Horovod's API").
+
+The bytes travel through the exchange region of the model's control LUN
+(learner/include/blkps/control_lun.h: the LUN's last ``exchange_bytes``,
+plain bytes the server keeps in memory and gives no meaning). They never
+touch the model, its clocks or its rule, so a round works the same in
+async, bsp and ssp, and its result is exact: each rank reduces the same
+bytes in rank order.
+
+Layout of the region, for a job of ``size`` ranks (every rank computes it
+from ``size`` alone)::
+
+    [0, 2 * size * CELL)           headers: cell (parity p, rank r) at
+                                   (p * size + r) * CELL
+    [2 * size * CELL, ...)         payloads: (p, r) at
+                                   2 * size * CELL + (p * size + r) * chunk
+
+A header cell (CELL = 4 KiB, little-endian): magic ``blkpsxc1``, the run's
+session (8 bytes), the round's sequence number (uint64, 1, 2, ...), the
+rank's total bytes for this call (uint64), this round's piece length
+(uint64), the label's length (uint32), the label (what was called, e.g.
+``allreduce:loss:float32:(1,)``), then the piece itself when it fits the
+cell, else the piece is at the rank's payload slot. Round s uses parity
+s % 2. A rank writes its payload, then its header (each write returns once
+the server has it), then reads the headers of parity s % 2 until every
+rank's shows (session, s); then it reads the payloads. A rank reaches
+round s + 2 (the same parity) only after every rank has written its
+header of round s + 1, which each wrote after reading all of round s: no
+cell is overwritten before everyone has read it. A call longer than one
+chunk takes several rounds; the first round's totals tell every rank how
+many.
+
+The session names one run of the job (hashed from the launcher's variables:
+$BLKPS_RUN_ID, torchrun's run id and master address, Open MPI's job id,
+Slurm's job and step), so that a later run on the same server never takes
+an earlier run's cells for its own. Two runs with the same variables on one
+server without a restart: set BLKPS_RUN_ID.
+"""
+
+import hashlib
+import struct
+import threading
+import time
+
+__all__ = ["Exchange", "session_of"]
+
+CELL = 4096
+_MAGIC = b"blkpsxc1"
+_HEADER = struct.Struct("<8s8sQQQI")
+_LABEL_MAX = 512
+_INLINE_MAX = CELL - _HEADER.size - _LABEL_MAX
+_SESSION_KEYS = ("BLKPS_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                 "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID", "SLURM_STEP_ID")
+
+
+def session_of(env, size):
+    """The 8-byte session of the run that `env` (a launcher's environment)
+    and `size` (its rank count) describe; the same on every rank."""
+    text = ";".join(f"{key}={env.get(key, '')}" for key in _SESSION_KEYS) + f";size={size}"
+    return hashlib.sha256(text.encode()).digest()[:8]
+
+
+class Exchange:
+    """The rounds of one rank (`rank` of `size`) through the control LUN
+    `control` (a blkps.control.Control, owned from now on). exchange() is
+    called by every rank with the same labels in the same order; one call
+    at a time (a lock serializes threads). Errors: ValueError when the ranks
+    called different things (both named), TimeoutError when a rank did not
+    come within timeout_s (the missing ranks named), OSError from the
+    device."""
+
+    def __init__(self, control, rank, size, session, timeout_s):
+        self._control = control
+        self._device = control.device
+        self.rank, self.size, self._session = rank, size, session
+        self.timeout_s = timeout_s
+        region = control.layout.exchange_bytes
+        self._base = self._device.size_bytes - region
+        # The weights window ends before this; a server without the region
+        # (an older blkps) must not have its weights written.
+        mib = 1 << 20
+        weights_end = control.layout.weights_offset + -(-control.status()["device_bytes"] // mib) * mib
+        if self._base < weights_end:
+            raise ValueError("blkps: this control LUN has no exchange region (a server older than the "
+                             "collectives?); update the server")
+        headers = 2 * size * CELL
+        self.chunk = (region - headers) // (2 * size) // CELL * CELL if region > headers else 0
+        if self.chunk < CELL:
+            raise ValueError(f"blkps: {size} ranks do not fit the control LUN's exchange region "
+                             f"({region} bytes): at most {region // (4 * CELL)}")
+        self._seq = 0
+        self._lock = threading.Lock()
+        self.rounds = 0  # for the cost figures: rounds taken so far
+
+    def close(self):
+        self._control.close()
+
+    def _header_at(self, parity, rank):
+        return self._base + (parity * self.size + rank) * CELL
+
+    def _payload_at(self, parity, rank):
+        return self._base + 2 * self.size * CELL + (parity * self.size + rank) * self.chunk
+
+    def exchange(self, label, data):
+        """Every rank's `data` (bytes) of this call, as a list in rank order."""
+        if self.size == 1:
+            return [bytes(data)]
+        label_bytes = label.encode()[:_LABEL_MAX]
+        with self._lock:
+            out = [bytearray() for _ in range(self.size)]
+            sent = 0
+            while True:
+                totals, pieces = self._round(label_bytes, len(data), data[sent:sent + self.chunk])
+                for k, piece in enumerate(pieces):
+                    out[k] += piece
+                sent += self.chunk
+                if sent >= max(totals):
+                    return [bytes(b) for b in out]
+
+    def _round(self, label, total, piece):
+        """One round: this rank's `piece` of a call of `total` bytes in,
+        every rank's (totals, pieces) out."""
+        self._seq += 1
+        self.rounds += 1
+        parity = self._seq % 2
+        block = self._device.logical_block_size
+        inline = len(piece) <= _INLINE_MAX
+        if not inline:
+            self._device.write_bytes(self._payload_at(parity, self.rank),
+                                     bytes(piece) + b"\0" * (-len(piece) % block))
+        cell = _HEADER.pack(_MAGIC, self._session, self._seq, total, len(piece), len(label))
+        cell += label.ljust(_LABEL_MAX, b"\0") + (bytes(piece) if inline else b"")
+        self._device.write_bytes(self._header_at(parity, self.rank), cell.ljust(CELL, b"\0"))
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.0002
+        while True:
+            raw = self._device.read_bytes(self._header_at(parity, 0), self.size * CELL)
+            heads = [self._parse(raw[k * CELL:(k + 1) * CELL]) for k in range(self.size)]
+            missing = [k for k, h in enumerate(heads) if h is None]
+            for k, h in enumerate(heads):
+                if h is not None and h[3] != label:
+                    raise ValueError(f"blkps: collective mismatch in call {self._seq}: rank {k} called "
+                                     f"{h[3].decode(errors='replace')!r}, rank {self.rank} called "
+                                     f"{label.decode(errors='replace')!r}; every rank must make the "
+                                     "same calls in the same order")
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"blkps: rank(s) {missing} did not join "
+                                   f"{label.decode(errors='replace')!r} (round {self._seq}) within "
+                                   f"{self.timeout_s:g} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        pieces = []
+        for k, (_, total_k, length, _, cell_k) in enumerate(heads):
+            if k == self.rank:
+                pieces.append(bytes(piece))
+            elif length <= _INLINE_MAX:
+                start = _HEADER.size + _LABEL_MAX
+                pieces.append(cell_k[start:start + length])
+            else:
+                raw = self._device.read_bytes(self._payload_at(parity, k), length + (-length % block))
+                pieces.append(raw[:length])
+        return [h[1] for h in heads], pieces
+
+    def _parse(self, cell):
+        """(seq, total, length, label, cell) of a header cell of this
+        session and round, else None."""
+        magic, session, seq, total, length, label_len = _HEADER.unpack_from(cell)
+        if magic != _MAGIC or session != self._session or seq != self._seq:
+            return None
+        label = cell[_HEADER.size:_HEADER.size + label_len]
+        return seq, total, length, label, cell
