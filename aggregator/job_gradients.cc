@@ -4,6 +4,8 @@
 // arrives). Runs on tgt's worker threads, concurrently.
 #include "job.h"
 
+#include <algorithm>
+
 namespace blkps::server {
 
 Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
@@ -31,17 +33,49 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
     return Status::Unavailable(failure_);
   }
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
-  Status s = model_->ApplyGradient(offset, src, len, [&](uint64_t b, uint64_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!clocks_.AddGradient(slot, b, n)) return;
-    if (bsp) {
-      FinishRoundIfCompleteLocked(b, lock);
-    } else if (!held_.empty()) {
-      ReleaseLocked();  // ssp: the slowest may have moved
-    }
-  });
+  Model::BlockScale scale;
+  if (!bsp) {
+    scale = [&](uint64_t b) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return PushScaleLocked(slot, b);
+    };
+  }
+  Status s = model_->ApplyGradient(
+      offset, src, len,
+      [&](uint64_t b, uint64_t n) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!clocks_.AddGradient(slot, b, n)) return;
+        if (bsp) {
+          FinishRoundIfCompleteLocked(b, lock);
+        } else if (!held_.empty()) {
+          ReleaseLocked();  // ssp: the slowest may have moved
+        }
+      },
+      scale);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
+}
+
+float Job::PushScaleLocked(size_t slot, uint64_t b) {
+  Slot& s = slots_[slot];
+  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 1.0f;  // nothing read: unknown, as written
+  const uint64_t tau = clocks_.version(b) - s.read_version[b];
+  s.push_staleness_max = std::max(s.push_staleness_max, tau);
+  s.push_staleness_sum += tau;
+  ++s.pushes_measured;
+  if (tau > opts_.stale_bound) {
+    ++s.stale_pushes;
+    if (!s.told_stale) {
+      s.told_stale = true;
+      log_("learner at lun " + std::to_string(s.lun) + ": push " + std::to_string(tau) + " updates stale (bound " +
+           std::to_string(opts_.stale_bound) +
+           "): it is much slower than the others or pulls too rarely; fewer learners, or a "
+           "lower lr, or bsp/ssp help (README \"Asynchronous training\")");
+    }
+  } else {
+    s.told_stale = false;
+  }
+  return opts_.staleness_aware ? 1.0f / (1.0f + static_cast<float>(tau)) : 1.0f;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace blkps::server {
 namespace {
@@ -162,7 +163,8 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
   return Status::OK();
 }
 
-Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied) {
+Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied,
+                            const BlockScale& scale) {
   ParamRange range;
   Status s = CheckValues(offset, src, len, "gradient", &range);
   if (!s.ok()) return s;
@@ -175,7 +177,15 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const 
     if (bsp) {
       AccumulateLocked(first, g + (first - range.first), n);
     } else {
-      rule_->Apply(first, weights_ + first, g + (first - range.first), n);
+      const float* part = g + (first - range.first);
+      const float factor = scale ? scale(block) : 1.0f;
+      if (factor != 1.0f) {
+        thread_local std::vector<float> scaled;
+        scaled.assign(part, part + n);
+        for (float& x : scaled) x *= factor;
+        part = scaled.data();
+      }
+      rule_->Apply(first, weights_ + first, part, n);
     }
     if (applied) applied(block, n);
   });
