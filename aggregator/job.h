@@ -93,8 +93,8 @@ struct JobOptions {
   // Async and ssp (README "Asynchronous training"): a push's staleness τ is
   // the number of updates applied to its block between the pusher's last
   // read of that block and the push. With staleness_aware, the push is
-  // applied scaled by 1/(1+τ), the staleness-aware step of Zhang et al.
-  // (2016); τ = 0 (one learner) applies it as written. bsp never scales.
+  // applied with UpdateRule::ApplyStale(τ) (staleness-aware steps, Zhang et
+  // al. 2016); τ = 0 (one learner) applies it as written. bsp: never.
   bool staleness_aware = true;
   // A push with τ above this is counted (status stale_pushes) and its
   // learner told so in the log, once per slot until its pushes are fresh
@@ -272,9 +272,9 @@ class Job {
   // staleness) and the blocks' versions it will see.
   void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
   // Async/ssp: the push staleness of `slot`'s push to block b, counted for
-  // status and the guard rail; returns the factor its gradient is applied
-  // with (1 without staleness_aware).
-  float PushScaleLocked(size_t slot, uint64_t b);
+  // status and the guard rail; returns the staleness its gradient is
+  // applied with (UpdateRule::ApplyStale; 0 without staleness_aware).
+  uint64_t PushStalenessLocked(size_t slot, uint64_t b);
   static constexpr uint64_t kNeverRead = ~uint64_t{0};
   bool FailedLocked() const { return !failure_.empty(); }
   // Control's tag=: checks the text and stores it.

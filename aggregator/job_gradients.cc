@@ -33,11 +33,11 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
     return Status::Unavailable(failure_);
   }
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
-  Model::BlockScale scale;
+  Model::BlockStaleness staleness;
   if (!bsp) {
-    scale = [&](uint64_t b) {
+    staleness = [&](uint64_t b) {
       std::lock_guard<std::mutex> lock(mu_);
-      return PushScaleLocked(slot, b);
+      return PushStalenessLocked(slot, b);
     };
   }
   Status s = model_->ApplyGradient(
@@ -51,14 +51,14 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
           ReleaseLocked();  // ssp: the slowest may have moved
         }
       },
-      scale);
+      staleness);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
 }
 
-float Job::PushScaleLocked(size_t slot, uint64_t b) {
+uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   Slot& s = slots_[slot];
-  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 1.0f;  // nothing read: unknown, as written
+  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 0;  // nothing read: unknown, as written
   const uint64_t tau = clocks_.version(b) - s.read_version[b];
   s.push_staleness_max = std::max(s.push_staleness_max, tau);
   s.push_staleness_sum += tau;
@@ -75,7 +75,7 @@ float Job::PushScaleLocked(size_t slot, uint64_t b) {
   } else {
     s.told_stale = false;
   }
-  return opts_.staleness_aware ? 1.0f / (1.0f + static_cast<float>(tau)) : 1.0f;
+  return opts_.staleness_aware ? tau : 0;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

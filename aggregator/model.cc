@@ -7,7 +7,6 @@
 #include <fstream>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace blkps::server {
 namespace {
@@ -164,7 +163,7 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
 }
 
 Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied,
-                            const BlockScale& scale) {
+                            const BlockStaleness& staleness) {
   ParamRange range;
   Status s = CheckValues(offset, src, len, "gradient", &range);
   if (!s.ok()) return s;
@@ -177,15 +176,7 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const 
     if (bsp) {
       AccumulateLocked(first, g + (first - range.first), n);
     } else {
-      const float* part = g + (first - range.first);
-      const float factor = scale ? scale(block) : 1.0f;
-      if (factor != 1.0f) {
-        thread_local std::vector<float> scaled;
-        scaled.assign(part, part + n);
-        for (float& x : scaled) x *= factor;
-        part = scaled.data();
-      }
-      rule_->Apply(first, weights_ + first, part, n);
+      rule_->ApplyStale(first, weights_ + first, g + (first - range.first), n, staleness ? staleness(block) : 0);
     }
     if (applied) applied(block, n);
   });

@@ -83,14 +83,13 @@ class Model {
   //                    value is NaN or infinite (the message names the first
   //                    such parameter).
   //
-  // `scale` (async and ssp, if set): called under each block's write lock
-  // before that block's part is applied; the part is applied multiplied by
-  // what it returns (the job's staleness-aware step). A return of exactly 1
-  // applies the gradient as written, bit for bit.
+  // `staleness` (async and ssp, if set): called under each block's write
+  // lock before that block's part is applied; the part is applied with
+  // UpdateRule::ApplyStale() and what it returns (0: exactly Apply()).
   using BlockApplied = std::function<void(uint64_t block, uint64_t n)>;
-  using BlockScale = std::function<float(uint64_t block)>;
+  using BlockStaleness = std::function<uint64_t(uint64_t block)>;
   Status ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied = nullptr,
-                       const BlockScale& scale = nullptr);
+                       const BlockStaleness& staleness = nullptr);
 
   // Block `block`'s write lock, for ApplyAverageLocked().
   std::unique_lock<std::shared_mutex> LockBlock(uint64_t block) {

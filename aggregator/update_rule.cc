@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 namespace blkps::server {
 namespace {
@@ -46,6 +47,16 @@ class SgdRule final : public UpdateRule {
 };
 
 // v = μ·v + g; then w -= lr·v, or with Nesterov w -= lr·(g + μ·v).
+//
+// A push `staleness` updates old (N = 1 + staleness): v = μ'·v + c·g with
+// μ' = μ^(1/N) and c = (1-μ')/(N·(1-μ)). Over N such pushes v decays by μ,
+// as over one step of the rule, and in a steady state they move w by
+// lr·ḡ/(1-μ), as one step on the average ḡ of their gradients does: async
+// with N learners then behaves like the rule on their total batch. The
+// plain rule with N learners (μ per push, c = 1) takes N times that step
+// with N times the memory, which asynchrony's own momentum (Mitliagkas et
+// al. 2016) adds to; on the Fashion-MNIST CNN it diverged (README
+// "Asynchronous training").
 class MomentumRule final : public UpdateRule {
  public:
   MomentumRule(const RuleOptions& o, PageBuffer v)
@@ -70,6 +81,23 @@ class MomentumRule final : public UpdateRule {
         w[i] -= lr * vi;
       });
     }
+  }
+  void ApplyStale(uint64_t first, float* __restrict w, const float* __restrict g, size_t n,
+                  uint64_t staleness) override {
+    if (staleness == 0) return Apply(first, w, g, n);
+    const double pushes = 1.0 + static_cast<double>(staleness);
+    const double mu_round = param(kMomentum);
+    const float lr = this->lr();
+    const float mu = static_cast<float>(std::pow(mu_round, 1.0 / pushes));
+    const float c = static_cast<float>((1.0 - std::pow(mu_round, 1.0 / pushes)) / (pushes * (1.0 - mu_round)));
+    float* __restrict v = v_.as<float>() + first;
+    const bool nesterov = nesterov_;
+    ForEachParameter(n, [=](size_t i) {
+      const float gi = c * g[i];
+      const float vi = mu * v[i] + gi;
+      v[i] = vi;
+      w[i] -= lr * (nesterov ? gi + mu * vi : vi);
+    });
   }
   std::vector<StateArray> state() override { return {Describe("momentum.v", v_)}; }
 
@@ -237,6 +265,15 @@ Status CheckOptions(const RuleOptions& o) {
 }
 
 }  // namespace
+
+void UpdateRule::ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness) {
+  if (staleness == 0) return Apply(first, w, g, n);
+  thread_local std::vector<float> scaled;
+  scaled.assign(g, g + n);
+  cblas_sscal(static_cast<blasint>(n), static_cast<float>(1.0 / (1.0 + static_cast<double>(staleness))),
+              scaled.data(), 1);
+  Apply(first, w, scaled.data(), n);
+}
 
 UpdateRule::UpdateRule(std::initializer_list<std::pair<Param, float>> tuned) {
   for (const auto& [p, value] : tuned) {

@@ -244,6 +244,59 @@ void ExpectFollowsChanges(const RuleOptions& o, RefStep step, const std::vector<
   }
 }
 
+// A fresh gradient (staleness 0) is exactly Apply(), bit for bit, for every
+// rule: one learner in async is unchanged.
+TEST(UpdateRule, ApplyStaleWithStalenessZeroIsApply) {
+  for (const char* name : {"sgd", "momentum", "adagrad", "adam", "sum", "average"}) {
+    for (bool nesterov : {false, true}) {
+      RuleOptions o = Named(name, 0.05f);
+      o.nesterov = nesterov;
+      std::unique_ptr<UpdateRule> plain = Make(o, 64), stale = Make(o, 64);
+      std::vector<float> a(64, 0.5f), b(64, 0.5f), g(64);
+      std::mt19937 rng(8);
+      for (int step = 0; step < 20; ++step) {
+        for (float& x : g) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        plain->Apply(0, a.data(), g.data(), 64);
+        stale->ApplyStale(0, b.data(), g.data(), 64, 0);
+      }
+      EXPECT_EQ(a, b) << name;
+    }
+  }
+}
+
+// The default for a stale gradient: Apply() to g/(1+staleness).
+TEST(UpdateRule, StaleGradientIsScaledByOneOverOnePlusStaleness) {
+  for (const char* name : {"sgd", "average", "sum"}) {
+    std::unique_ptr<UpdateRule> rule = Make(Named(name, 0.5f), 4);
+    std::vector<float> w(4, 0.0f);
+    const std::vector<float> g(4, 1.0f);
+    rule->ApplyStale(0, w.data(), g.data(), 4, 3);
+    const float step = std::string(name) == "sum" ? 0.25f : 0.125f;
+    EXPECT_EQ(w, std::vector<float>(4, std::string(name) == "sgd" ? -step : step)) << name;
+  }
+}
+
+// momentum: N pushes of staleness N-1 decay v by μ together and, in a steady
+// state, move w by lr·g/(1-μ) together: one step of the rule on the total
+// batch. The plain rule would move it N times as far.
+TEST(UpdateRule, StaleMomentumPushesTogetherMoveAsOneStepOnTheirAverage) {
+  for (bool nesterov : {false, true}) {
+    RuleOptions o = Named("momentum", 0.05f);
+    o.nesterov = nesterov;
+    for (uint64_t learners : {2, 4, 8}) {
+      std::unique_ptr<UpdateRule> rule = Make(o, 1);
+      float w = 0.0f;
+      const float g = 1.0f;
+      for (int push = 0; push < 400 * static_cast<int>(learners); ++push) {
+        rule->ApplyStale(0, &w, &g, 1, learners - 1);
+      }
+      const float before = w;
+      for (uint64_t push = 0; push < learners; ++push) rule->ApplyStale(0, &w, &g, 1, learners - 1);
+      EXPECT_NEAR(before - w, 0.05 / (1 - 0.9), 1e-3) << learners << " learners, nesterov " << nesterov;
+    }
+  }
+}
+
 TEST(UpdateRule, SgdFollowsLrChanges) {
   ExpectFollowsChanges(Named("sgd"), SgdRef, {{10, "lr", 0.03f}, {30, "lr", 0.002f}});
 }
