@@ -129,10 +129,10 @@ class UpdateRule {
   // updates applied to these parameters between the pusher's read and its
   // push; README "Asynchronous training"). Staleness 0 is exactly Apply().
   // Otherwise, with N = 1 + staleness, the default is Zhang et al.'s (2016)
-  // staleness-aware step: Apply() to g/N. momentum overrides it (see
-  // MomentumRule): it also spreads its decay μ over N pushes, so that N
-  // stale pushes move w as one step of the rule on their average would.
-  // Same REQUIRES as Apply().
+  // staleness-aware step: Apply() to g/N. momentum overrides it: v =
+  // μ^N·v + g/N, its momentum corrected for the momentum asynchrony itself
+  // brings (Mitliagkas et al. 2016; see MomentumRule). Same REQUIRES as
+  // Apply().
   virtual void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness);
 
   // The rule's per-parameter state, for checkpoints: empty for rules without

@@ -276,23 +276,24 @@ TEST(UpdateRule, StaleGradientIsScaledByOneOverOnePlusStaleness) {
   }
 }
 
-// momentum: N pushes of staleness N-1 decay v by μ together and, in a steady
-// state, move w by lr·g/(1-μ) together: one step of the rule on the total
-// batch. The plain rule would move it N times as far.
-TEST(UpdateRule, StaleMomentumPushesTogetherMoveAsOneStepOnTheirAverage) {
+// momentum, a push of staleness N-1: v = μ^N·v + g/N, then the rule's step.
+TEST(UpdateRule, StaleMomentumDecaysByMuToTheNAndTakesGOverN) {
   for (bool nesterov : {false, true}) {
     RuleOptions o = Named("momentum", 0.05f);
     o.nesterov = nesterov;
     for (uint64_t learners : {2, 4, 8}) {
       std::unique_ptr<UpdateRule> rule = Make(o, 1);
-      float w = 0.0f;
-      const float g = 1.0f;
-      for (int push = 0; push < 400 * static_cast<int>(learners); ++push) {
-        rule->ApplyStale(0, &w, &g, 1, learners - 1);
+      double v = 0, w = 0;
+      float wf = 0.0f;
+      const float gs[] = {1.0f, -0.5f, 2.0f, 0.25f};
+      for (float g : gs) {
+        rule->ApplyStale(0, &wf, &g, 1, learners - 1);
+        const double mu = std::pow(0.9, static_cast<double>(learners)), gn = g / static_cast<double>(learners);
+        v = mu * v + gn;
+        w -= 0.05 * (nesterov ? gn + mu * v : v);
       }
-      const float before = w;
-      for (uint64_t push = 0; push < learners; ++push) rule->ApplyStale(0, &w, &g, 1, learners - 1);
-      EXPECT_NEAR(before - w, 0.05 / (1 - 0.9), 1e-3) << learners << " learners, nesterov " << nesterov;
+      EXPECT_NEAR(wf, w, 1e-6) << learners << " learners, nesterov " << nesterov;
+      EXPECT_NEAR(*static_cast<const float*>(rule->state()[0].data), v, 1e-6);
     }
   }
 }
