@@ -84,7 +84,7 @@ def staleness(r):
 
 
 def time_to(curve, goal):
-    return next((t for t, _, acc in curve if acc >= goal), None)
+    return next((p[0] for p in curve if p[2] >= goal), None)
 
 
 def plot(results, path):
