@@ -88,9 +88,13 @@ def time_to(curve, goal):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("torch-fashion: no matplotlib (python3-matplotlib): plot skipped", file=sys.stderr)
+        return
     counts = sorted({n for n, _, _ in results})
     fig, axes = plt.subplots(2, len(counts), figsize=(6 * len(counts), 9), squeeze=False)
     for col, n in enumerate(counts):
