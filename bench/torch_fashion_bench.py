@@ -16,6 +16,7 @@ server's push staleness), OUT/torch-fashion.json and OUT/torch-fashion.png
   bench/torch_fashion_bench.py [--out DIR] [--epochs 2] [--learners 1,2,4] [--build DIR]
       [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp]
       [--server-options staleness_aware=0] [--train-subset N]
+  bench/torch_fashion_bench.py --plot OUT/torch-fashion.json [--out DIR]   the plot again
   bench/torch_fashion_bench.py --straggler [--learners 4]   one learner at half speed:
       blkps async (gradient and delta mode) beside DDP, time to 85%
 """
@@ -137,8 +138,14 @@ def main():
     ap.add_argument("--straggler", action="store_true",
                     help="the last rank runs at half speed; no one-process row")
     ap.add_argument("--build", default=os.path.join(TOP, "build", "cmake"))
+    ap.add_argument("--plot", metavar="JSON", help="only plot a torch-fashion.json (into OUT) and stop")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.plot:
+        with open(args.plot) as f:
+            plot([(e["learners"], e["system"], e["result"]) for e in json.load(f)],
+                 os.path.join(args.out, "torch-fashion.png"))
+        return
     results = []
     for n, name, job_args in configurations(args):
         r = run(n, job_args, args)
