@@ -11,7 +11,7 @@ accuracy and the mean training loss every 1/8 epoch (evaluation time is not
 training time). Writes OUT/torch-fashion.md (final accuracy, its difference
 to one process, training seconds to 85% held-out accuracy, samples/s, the
 server's push staleness), OUT/torch-fashion.json and OUT/torch-fashion.png
-(accuracy over training time and loss over updates per learner count).
+(accuracy over training time and loss over training images per learner count).
 
   bench/torch_fashion_bench.py [--out DIR] [--epochs 2] [--learners 1,2,4] [--build DIR]
       [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp]
@@ -106,9 +106,8 @@ def plot(results, path):
             style = "--" if name.startswith(("DDP", "one")) else "-"
             top.plot([p[0] for p in r["curve"]], [p[2] for p in r["curve"]], marker=".", label=name,
                      linestyle=style)
-            # Updates: rank 0's steps x the learners (one process: its steps).
-            per_step = 1 if name.startswith("one") else n
-            bottom.plot([p[1] * per_step for p in r["curve"]], [p[3] for p in r["curve"]], marker=".",
+            # Rank 0's steps x the total batch (one process: its batch is the total batch).
+            bottom.plot([p[1] * n * BATCH / 1000 for p in r["curve"]], [p[3] for p in r["curve"]], marker=".",
                         label=name, linestyle=style)
         top.axhline(GOAL, color="grey", linewidth=0.8)
         top.set_title(f"{n} learner{'s' if n > 1 else ''}")
@@ -116,11 +115,11 @@ def plot(results, path):
         top.set_ylabel("held-out accuracy")
         top.set_ylim(0.6, 0.92)
         top.legend(fontsize=7)
-        bottom.set_xlabel("updates (rank 0's steps x learners; bsp: rounds x learners)")
+        bottom.set_xlabel("thousand training images taken (rank 0's steps x learners x batch)")
         bottom.set_ylabel("rank 0's mean training loss since the last point")
         bottom.set_ylim(0.2, 2.5)
         bottom.legend(fontsize=7)
-    fig.suptitle("Fashion-MNIST CNN: blkps beside one process and DistributedDataParallel")
+    fig.suptitle("Fashion-MNIST CNN: blkps, one process, DDP")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
