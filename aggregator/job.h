@@ -91,8 +91,8 @@ struct JobOptions {
   std::string checkpoint;         // checkpoint file; empty: none
   double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
   // Async and ssp (README "Asynchronous training"): a push's staleness τ is
-  // the number of updates applied to its block between the pusher's last
-  // read of that block and the push. With staleness_aware, the push is
+  // the number of other learners' updates applied to its block between the
+  // pusher's last read of that block and the push. With staleness_aware, the push is
   // applied with UpdateRule::ApplyStale(τ) (staleness-aware steps, Zhang et
   // al. 2016); τ = 0 (one learner) applies it as written. bsp: never.
   bool staleness_aware = true;
@@ -234,8 +234,9 @@ class Job {
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
     uint64_t lead_max = 0, lead_sum = 0, lead_count = 0;
     // Push staleness (async/ssp): block versions at the slot's last read of
-    // each block (kNeverRead before one), and what its pushes measured.
-    std::vector<uint64_t> read_version;
+    // each block (kNeverRead before one), the slot's own complete gradients
+    // to it since (they are not stale to it), and what its pushes measured.
+    std::vector<uint64_t> read_version, own_since_read;
     uint64_t push_staleness_max = 0, push_staleness_sum = 0, pushes_measured = 0, stale_pushes = 0;
     bool told_stale = false;
     std::map<std::string, Receipt> receipts;  // by initiator name

@@ -45,6 +45,7 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
       [&](uint64_t b, uint64_t n) {
         std::unique_lock<std::mutex> lock(mu_);
         if (!clocks_.AddGradient(slot, b, n)) return;
+        if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
         if (bsp) {
           FinishRoundIfCompleteLocked(b, lock);
         } else if (!held_.empty()) {
@@ -59,7 +60,7 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   Slot& s = slots_[slot];
   if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 0;  // nothing read: unknown, as written
-  const uint64_t tau = clocks_.version(b) - s.read_version[b];
+  const uint64_t tau = clocks_.version(b) - s.read_version[b] - s.own_since_read[b];
   s.push_staleness_max = std::max(s.push_staleness_max, tau);
   s.push_staleness_sum += tau;
   ++s.pushes_measured;
