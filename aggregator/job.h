@@ -90,6 +90,16 @@ struct JobOptions {
   uint32_t max_dead = 0;          // dead learners that fail the job; 0: never
   std::string checkpoint;         // checkpoint file; empty: none
   double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
+  // Async and ssp (README "Asynchronous training"): a push's staleness τ is
+  // the number of other learners' updates applied to its block between the
+  // pusher's last read of that block and the push. With staleness_aware, the push is
+  // applied with UpdateRule::ApplyStale(τ) (staleness-aware steps, Zhang et
+  // al. 2016); τ = 0 (one learner) applies it as written. bsp: never.
+  bool staleness_aware = true;
+  // A push with τ above this is counted (status stale_pushes) and its
+  // learner told so in the log, once per slot until its pushes are fresh
+  // again.
+  uint64_t stale_bound = 32;
 };
 
 class Job {
@@ -233,6 +243,12 @@ class Job {
     uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
     uint64_t lead_max = 0, lead_sum = 0, lead_count = 0;
+    // Push staleness (async/ssp): block versions at the slot's last read of
+    // each block (kNeverRead before one), the slot's own complete gradients
+    // to it since (they are not stale to it), and what its pushes measured.
+    std::vector<uint64_t> read_version, own_since_read;
+    uint64_t push_staleness_max = 0, push_staleness_sum = 0, pushes_measured = 0, stale_pushes = 0;
+    bool told_stale = false;
     std::map<std::string, Receipt> receipts;  // by initiator name
   };
 
@@ -263,7 +279,14 @@ class Job {
   // released lists and wakes those slots.
   void ReleaseLocked();
   void ReleaseOneLocked(HeldCommand& held, Status status);
+  // A read of blocks [first_block, last_block] is admitted: its lead (ssp
+  // staleness) and the blocks' versions it will see.
   void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
+  // Async/ssp: the push staleness of `slot`'s push to block b, counted for
+  // status and the guard rail; returns the staleness its gradient is
+  // applied with (UpdateRule::ApplyStale; 0 without staleness_aware).
+  uint64_t PushStalenessLocked(size_t slot, uint64_t b);
+  static constexpr uint64_t kNeverRead = ~uint64_t{0};
   bool FailedLocked() const { return !failure_.empty(); }
   // Control's tag=: OK if `tag` may be one.
   static Status CheckTag(const std::string& tag);

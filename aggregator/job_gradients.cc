@@ -4,6 +4,8 @@
 // arrives). Runs on tgt's worker threads, concurrently.
 #include "job.h"
 
+#include <algorithm>
+
 namespace blkps::server {
 
 Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
@@ -31,17 +33,50 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
     return Status::Unavailable(failure_);
   }
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
-  Status s = model_->ApplyGradient(offset, src, len, [&](uint64_t b, uint64_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!clocks_.AddGradient(slot, b, n)) return;
-    if (bsp) {
-      FinishRoundIfCompleteLocked(b, lock);
-    } else if (!held_.empty()) {
-      ReleaseLocked();  // ssp: the slowest may have moved
-    }
-  });
+  Model::BlockStaleness staleness;
+  if (!bsp) {
+    staleness = [&](uint64_t b) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return PushStalenessLocked(slot, b);
+    };
+  }
+  Status s = model_->ApplyGradient(
+      offset, src, len,
+      [&](uint64_t b, uint64_t n) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!clocks_.AddGradient(slot, b, n)) return;
+        if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
+        if (bsp) {
+          FinishRoundIfCompleteLocked(b, lock);
+        } else if (!held_.empty()) {
+          ReleaseLocked();  // ssp: the slowest may have moved
+        }
+      },
+      staleness);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
+}
+
+uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
+  Slot& s = slots_[slot];
+  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 0;  // nothing read: unknown, as written
+  const uint64_t tau = clocks_.version(b) - s.read_version[b] - s.own_since_read[b];
+  s.push_staleness_max = std::max(s.push_staleness_max, tau);
+  s.push_staleness_sum += tau;
+  ++s.pushes_measured;
+  if (tau > opts_.stale_bound) {
+    ++s.stale_pushes;
+    if (!s.told_stale) {
+      s.told_stale = true;
+      log_("learner at lun " + std::to_string(s.lun) + ": push " + std::to_string(tau) + " updates stale (bound " +
+           std::to_string(opts_.stale_bound) +
+           "): it is much slower than the others or pulls too rarely; fewer learners, or a "
+           "lower lr, or bsp/ssp help (README \"Asynchronous training\")");
+    }
+  } else {
+    s.told_stale = false;
+  }
+  return opts_.staleness_aware ? tau : 0;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

@@ -50,6 +50,14 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
   uint64_t lead = 0;
   for (uint64_t b = first_block; b <= last_block; ++b) lead = std::max(lead, clocks_.Lead(slot, b));
   Slot& s = slots_[slot];
+  if (s.read_version.empty()) {
+    s.read_version.assign(clocks_.num_blocks(), kNeverRead);
+    s.own_since_read.assign(clocks_.num_blocks(), 0);
+  }
+  for (uint64_t b = first_block; b <= last_block; ++b) {
+    s.read_version[b] = clocks_.version(b);
+    s.own_since_read[b] = 0;
+  }
   s.lead_max = std::max(s.lead_max, lead);
   s.lead_sum += lead;
   ++s.lead_count;

@@ -104,6 +104,8 @@ std::string Job::StatusJson() const {
   j << "  \"dead_after_s\": " << FloatText(opts_.dead_after_s) << ",\n";
   j << "  \"hold_limit_s\": " << FloatText(opts_.hold_limit_s) << ",\n";
   j << "  \"max_dead\": " << opts_.max_dead << ",\n";
+  j << "  \"staleness_aware\": " << (opts_.staleness_aware ? "true" : "false") << ",\n";
+  j << "  \"stale_bound\": " << opts_.stale_bound << ",\n";
   j << "  \"live_learners\": " << live << ",\n";
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
@@ -125,7 +127,10 @@ std::string Job::StatusJson() const {
       << ", \"held\": " << s.held << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
       << ", \"bytes_read\": " << s.bytes_read << ", \"bytes_written\": " << s.bytes_written
       << ", \"holds\": " << s.holds << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
-      << ", \"staleness_max\": " << s.lead_max << ", \"staleness_mean\": " << Fixed(mean, 3) << "}";
+      << ", \"staleness_max\": " << s.lead_max << ", \"staleness_mean\": " << Fixed(mean, 3)
+      << ", \"push_staleness_max\": " << s.push_staleness_max << ", \"push_staleness_mean\": "
+      << Fixed(s.pushes_measured ? static_cast<double>(s.push_staleness_sum) / s.pushes_measured : 0.0, 3)
+      << ", \"stale_pushes\": " << s.stale_pushes << "}";
   }
   j << (slots_.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return j.str();

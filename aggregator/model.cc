@@ -162,7 +162,8 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
   return Status::OK();
 }
 
-Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied) {
+Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied,
+                            const BlockStaleness& staleness) {
   ParamRange range;
   Status s = CheckValues(offset, src, len, "gradient", &range);
   if (!s.ok()) return s;
@@ -175,7 +176,7 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const 
     if (bsp) {
       AccumulateLocked(first, g + (first - range.first), n);
     } else {
-      rule_->Apply(first, weights_ + first, g + (first - range.first), n);
+      rule_->ApplyStale(first, weights_ + first, g + (first - range.first), n, staleness ? staleness(block) : 0);
     }
     if (applied) applied(block, n);
   });

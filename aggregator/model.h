@@ -82,8 +82,14 @@ class Model {
   //   InvalidArgument  if offset or len is not a multiple of 4, or a gradient
   //                    value is NaN or infinite (the message names the first
   //                    such parameter).
+  //
+  // `staleness` (async and ssp, if set): called under each block's write
+  // lock before that block's part is applied; the part is applied with
+  // UpdateRule::ApplyStale() and what it returns (0: exactly Apply()).
   using BlockApplied = std::function<void(uint64_t block, uint64_t n)>;
-  Status ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied = nullptr);
+  using BlockStaleness = std::function<uint64_t(uint64_t block)>;
+  Status ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied = nullptr,
+                       const BlockStaleness& staleness = nullptr);
 
   // Block `block`'s write lock, for ApplyAverageLocked().
   std::unique_lock<std::shared_mutex> LockBlock(uint64_t block) {

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 namespace blkps::server {
 namespace {
@@ -46,6 +47,16 @@ class SgdRule final : public UpdateRule {
 };
 
 // v = μ·v + g; then w -= lr·v, or with Nesterov w -= lr·(g + μ·v).
+//
+// A push `staleness` updates old (N = 1 + staleness), momentum corrected for
+// asynchrony: v = μ^N·v + g/N. Asynchrony is itself momentum (Mitliagkas et
+// al. 2016, "Asynchrony begets momentum": about 1 - 1/N with N learners
+// pushing in turn), so the rule's own μ is taken once per N pushes' worth
+// of decay and each gradient with the staleness-aware step g/N (Zhang et
+// al. 2016). Measured on the Fashion-MNIST CNN, 4 async learners, 1 epoch
+// (README "Asynchronous training"): plain momentum diverged; g/N alone
+// reached 0.80; μ^(1/N) (the rule's decay per N pushes) diverged; this
+// reached 0.85, one process on the total batch 0.84.
 class MomentumRule final : public UpdateRule {
  public:
   MomentumRule(const RuleOptions& o, PageBuffer v)
@@ -70,6 +81,22 @@ class MomentumRule final : public UpdateRule {
         w[i] -= lr * vi;
       });
     }
+  }
+  void ApplyStale(uint64_t first, float* __restrict w, const float* __restrict g, size_t n,
+                  uint64_t staleness) override {
+    if (staleness == 0) return Apply(first, w, g, n);
+    const double pushes = 1.0 + static_cast<double>(staleness);
+    const float lr = this->lr();
+    const float mu = static_cast<float>(std::pow(static_cast<double>(param(kMomentum)), pushes));
+    const float c = static_cast<float>(1.0 / pushes);
+    float* __restrict v = v_.as<float>() + first;
+    const bool nesterov = nesterov_;
+    ForEachParameter(n, [=](size_t i) {
+      const float gi = c * g[i];
+      const float vi = mu * v[i] + gi;
+      v[i] = vi;
+      w[i] -= lr * (nesterov ? gi + mu * vi : vi);
+    });
   }
   std::vector<StateArray> state() override { return {Describe("momentum.v", v_)}; }
 
@@ -237,6 +264,15 @@ Status CheckOptions(const RuleOptions& o) {
 }
 
 }  // namespace
+
+void UpdateRule::ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness) {
+  if (staleness == 0) return Apply(first, w, g, n);
+  thread_local std::vector<float> scaled;
+  scaled.assign(g, g + n);
+  cblas_sscal(static_cast<blasint>(n), static_cast<float>(1.0 / (1.0 + static_cast<double>(staleness))), scaled.data(),
+              1);
+  Apply(first, w, scaled.data(), n);
+}
 
 UpdateRule::UpdateRule(std::initializer_list<std::pair<Param, float>> tuned) {
   for (const auto& [p, value] : tuned) {

@@ -15,6 +15,7 @@
 //   adagrad   s += g²;  w -= lr·g / (sqrt(s) + ε)    (ε: RuleOptions::adagrad_eps)
 //   adam      t += 1;  m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;
 //             w -= lr·m̂ / (sqrt(v̂) + ε)  where m̂ = m/(1-β1^t), v̂ = v/(1-β2^t)
+//   (a stale gradient in async/ssp: see ApplyStale)
 //   sum       w += g            no parameters (lr is ignored): for learners
 //                               that run their own optimizer and write the
 //                               step they want added.
@@ -125,6 +126,16 @@ class UpdateRule {
   // [first, first + n). REQUIRES: the caller holds the write lock of the
   // model block containing them; first + n <= num_params; g is finite.
   virtual void Apply(uint64_t first, float* w, const float* g, size_t n) = 0;
+
+  // Applies a gradient that is `staleness` updates old (async and ssp: the
+  // updates applied to these parameters between the pusher's read and its
+  // push; README "Asynchronous training"). Staleness 0 is exactly Apply().
+  // Otherwise, with N = 1 + staleness, the default is Zhang et al.'s (2016)
+  // staleness-aware step: Apply() to g/N. momentum overrides it: v =
+  // μ^N·v + g/N, its momentum corrected for the momentum asynchrony itself
+  // brings (Mitliagkas et al. 2016; see MomentumRule). Same REQUIRES as
+  // Apply().
+  virtual void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness);
 
   // The rule's per-parameter state, for checkpoints: empty for rules without
   // state, otherwise one entry per array, in a fixed order. A checkpoint saves

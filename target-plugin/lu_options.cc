@@ -163,6 +163,11 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       uint64_t n = 0;
       if (!ParseSize(value, false, &n) || n > 1000000) return Bad(key, "a count of learners, 0 for never", value);
       opts.job.max_dead = static_cast<uint32_t>(n);
+    } else if (key == "staleness_aware") {
+      if (value != "0" && value != "1") return Bad(key, "1 (scale a push by 1/(1+staleness)) or 0", value);
+      opts.job.staleness_aware = value == "1";
+    } else if (key == "stale_bound") {
+      if (!ParseSize(value, false, &opts.job.stale_bound)) return Bad(key, "a count of updates", value);
     } else if (key == "checkpoint") {
       if (value.empty() || value[0] != '/') return Bad(key, "an absolute file path", value);
       opts.job.checkpoint = value;

@@ -48,7 +48,7 @@ namespace blkps::server {
 
 inline constexpr const char* kLuOptionKeys =
     "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
-    "hold_limit, max_dead, checkpoint, checkpoint_every, role, access, dtype";
+    "hold_limit, max_dead, checkpoint, checkpoint_every, role, access, dtype, staleness_aware, stale_bound";
 
 struct LuOptions {
   bool control = false;                       // role=control

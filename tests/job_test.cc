@@ -92,6 +92,146 @@ TEST(Job, BspWithFourLearnersMatchesASequentialReference) {
   }
 }
 
+// Staleness-aware steps (README "Asynchronous training") leave bsp exactly
+// as it was: the same pushes give bit-identical weights with and without.
+TEST(Job, BspIsTheSameWithAndWithoutStalenessAwareness) {
+  const uint64_t params = 40;
+  std::vector<float> weights[2];
+  for (int aware = 0; aware < 2; ++aware) {
+    JobOptions o = Options(params, "bsp");
+    o.model.rule.name = "momentum";
+    o.model.rule.lr = 0.1f;
+    o.staleness_aware = aware == 1;
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+    const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+    std::mt19937 rng(9);
+    for (int round = 0; round < 4; ++round) {
+      for (size_t slot : {a, b}) ASSERT_EQ(job->Admit(slot, false, 0, params * 4, nullptr), Job::Admission::kRun);
+      for (size_t slot : {a, b}) {
+        std::vector<float> g(params);
+        for (float& x : g) x = static_cast<float>(static_cast<int>(rng() % 17) - 8) / 8.0f;
+        PushInPieces(*job, slot, g, rng);
+      }
+    }
+    weights[aware] = ReadAll(*job, params);
+  }
+  EXPECT_EQ(weights[0], weights[1]);
+}
+
+// One learner in async or ssp: every push is fresh (staleness 0) and is
+// applied exactly as the rule applies it, bit for bit, with or without
+// staleness awareness, for every rule.
+TEST(Job, OneAsyncLearnerGetsEveryRuleExactlyAsWritten) {
+  const uint64_t params = 40;  // 3 blocks
+  for (const char* rule : {"sgd", "momentum", "adagrad", "adam", "sum", "average"}) {
+    for (const char* mode : {"async", "ssp:2"}) {
+      RuleOptions ro;
+      ro.name = rule;
+      ro.lr = 0.05f;
+      std::unique_ptr<UpdateRule> reference;
+      ASSERT_TRUE(MakeUpdateRule(ro, params, &reference).ok());
+      std::vector<float> expected(params, 0.0f);
+      std::vector<float> got[2];
+      for (int aware = 0; aware < 2; ++aware) {
+        JobOptions o = Options(params, mode);
+        o.model.rule = ro;
+        o.staleness_aware = aware == 1;
+        std::shared_ptr<Job> job;
+        ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+        const size_t slot = job->AddLearner(1, [] {});
+        std::mt19937 rng(4);
+        for (int step = 0; step < 6; ++step) {
+          // Reads now and then: its own pushes since are not stale to it.
+          if (step % 3 == 0) {
+            ASSERT_EQ(job->Admit(slot, false, 0, params * 4, nullptr), Job::Admission::kRun);
+          }
+          std::vector<float> g(params);
+          for (float& x : g) x = static_cast<float>(static_cast<int>(rng() % 17) - 8) / 8.0f;
+          ASSERT_EQ(job->Admit(slot, true, 0, params * 4, nullptr), Job::Admission::kRun);
+          ASSERT_TRUE(job->Write(slot, 0, g.data(), params * 4).ok());
+          for (uint64_t first = 0; aware == 0 && first < params; first += 16) {  // as the model: block by block
+            const uint64_t n = std::min<uint64_t>(16, params - first);
+            reference->Apply(first, expected.data() + first, g.data() + first, n);
+          }
+        }
+        got[aware] = ReadAll(*job, params);
+        EXPECT_NE(job->StatusJson().find("\"push_staleness_max\": 0,"), std::string::npos) << rule << " " << mode;
+      }
+      EXPECT_EQ(got[0], expected) << rule << " " << mode;
+      EXPECT_EQ(got[1], expected) << rule << " " << mode;
+    }
+  }
+}
+
+// Two learners read the same weights; the second push has staleness 1 (one
+// update since its read) and is applied at half its size: 1/(1+τ).
+TEST(Job, AsyncStalePushIsScaledByOneOverOnePlusStaleness) {
+  for (const char* mode : {"async", "ssp:1"}) {
+    for (int aware = 0; aware < 2; ++aware) {
+      JobOptions o = Options(16, mode);  // sgd, lr 1
+      o.staleness_aware = aware == 1;
+      std::shared_ptr<Job> job;
+      ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+      const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+      ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
+      ASSERT_EQ(job->Admit(b, false, 0, 64, nullptr), Job::Admission::kRun);
+      const std::vector<float> g(16, 1.0f);
+      std::mt19937 rng(2);
+      PushInPieces(*job, b, g, rng);  // fresh: w = -1
+      ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);
+      ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());  // one update stale
+      EXPECT_EQ(ReadAll(*job, 16), std::vector<float>(16, aware ? -1.5f : -2.0f)) << mode;
+      const std::string status = job->StatusJson();
+      EXPECT_NE(status.find("\"push_staleness_max\": 1, \"push_staleness_mean\": 1.000"), std::string::npos) << status;
+    }
+  }
+}
+
+// The guard rail: a push staler than stale_bound is counted in the status and
+// its learner is told so in one log line, once until its pushes are fresh.
+TEST(Job, PushBeyondTheStaleBoundIsCountedAndLoggedOnce) {
+  JobOptions o = Options(16, "async");
+  o.stale_bound = 1;
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create(
+                  "m", o,
+                  [&](const std::string& line) {
+                    std::lock_guard<std::mutex> lock(log_mu);
+                    log.push_back(line);
+                  },
+                  &job)
+                  .ok());
+  const size_t slow = job->AddLearner(7, [] {}), fast = job->AddLearner(8, [] {});
+  const std::vector<float> g(16, 1.0f);
+  ASSERT_EQ(job->Admit(slow, false, 0, 64, nullptr), Job::Admission::kRun);
+  for (int push = 0; push < 6; ++push) {
+    if (push % 3 == 0) {
+      ASSERT_EQ(job->Admit(slow, true, 0, 64, nullptr), Job::Admission::kRun);
+      ASSERT_TRUE(job->Write(slow, 0, g.data(), 64).ok());  // staleness 0, then 3
+      ASSERT_EQ(job->Admit(slow, false, 0, 64, nullptr), Job::Admission::kRun);
+    }
+    ASSERT_EQ(job->Admit(fast, false, 0, 64, nullptr), Job::Admission::kRun);
+    ASSERT_EQ(job->Admit(fast, true, 0, 64, nullptr), Job::Admission::kRun);
+    ASSERT_TRUE(job->Write(fast, 0, g.data(), 64).ok());
+  }
+  ASSERT_EQ(job->Admit(slow, true, 0, 64, nullptr), Job::Admission::kRun);
+  ASSERT_TRUE(job->Write(slow, 0, g.data(), 64).ok());  // staleness 3
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("\"lun\": 7"), std::string::npos);
+  EXPECT_NE(status.find("\"push_staleness_max\": 3, \"push_staleness_mean\": 2.000, \"stale_pushes\": 2"),
+            std::string::npos)
+      << status;
+  std::lock_guard<std::mutex> lock(log_mu);
+  ASSERT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& line) { return line.find("stale") != std::string::npos; }),
+            1)
+      << ::testing::PrintToString(log);
+  EXPECT_NE(log[0].find("learner at lun 7: push 3 updates stale (bound 1)"), std::string::npos) << log[0];
+}
+
 TEST(Job, BspHeldReadIsReleasedWhenTheRoundCompletes) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("m", Options(16, "bsp"), nullptr, &job).ok());

@@ -40,6 +40,18 @@ TEST(LuOptions, RuleParametersGoToTheirRule) {
   EXPECT_FLOAT_EQ(o.job.model.rule.eps, RuleOptions().eps);
 }
 
+TEST(LuOptions, StalenessAwarenessIsOnByDefaultAndCanBeTurnedOff) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=10", &o).ok());
+  EXPECT_TRUE(o.job.staleness_aware);
+  EXPECT_EQ(o.job.stale_bound, JobOptions().stale_bound);
+  ASSERT_TRUE(ParseLuOptions("params=10;staleness_aware=0;stale_bound=7", &o).ok());
+  EXPECT_FALSE(o.job.staleness_aware);
+  EXPECT_EQ(o.job.stale_bound, 7u);
+  EXPECT_EQ(ErrorOf("params=10;staleness_aware=yes").rfind("staleness_aware:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;stale_bound=-1").rfind("stale_bound:", 0), 0u);
+}
+
 TEST(LuOptions, DefaultsNeedOnlyParams) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("params=10;", &o).ok());

@@ -244,6 +244,60 @@ void ExpectFollowsChanges(const RuleOptions& o, RefStep step, const std::vector<
   }
 }
 
+// A fresh gradient (staleness 0) is exactly Apply(), bit for bit, for every
+// rule: one learner in async is unchanged.
+TEST(UpdateRule, ApplyStaleWithStalenessZeroIsApply) {
+  for (const char* name : {"sgd", "momentum", "adagrad", "adam", "sum", "average"}) {
+    for (bool nesterov : {false, true}) {
+      RuleOptions o = Named(name, 0.05f);
+      o.nesterov = nesterov;
+      std::unique_ptr<UpdateRule> plain = Make(o, 64), stale = Make(o, 64);
+      std::vector<float> a(64, 0.5f), b(64, 0.5f), g(64);
+      std::mt19937 rng(8);
+      for (int step = 0; step < 20; ++step) {
+        for (float& x : g) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        plain->Apply(0, a.data(), g.data(), 64);
+        stale->ApplyStale(0, b.data(), g.data(), 64, 0);
+      }
+      EXPECT_EQ(a, b) << name;
+    }
+  }
+}
+
+// The default for a stale gradient: Apply() to g/(1+staleness).
+TEST(UpdateRule, StaleGradientIsScaledByOneOverOnePlusStaleness) {
+  for (const char* name : {"sgd", "average", "sum"}) {
+    std::unique_ptr<UpdateRule> rule = Make(Named(name, 0.5f), 4);
+    std::vector<float> w(4, 0.0f);
+    const std::vector<float> g(4, 1.0f);
+    rule->ApplyStale(0, w.data(), g.data(), 4, 3);
+    const float step = std::string(name) == "sum" ? 0.25f : 0.125f;
+    EXPECT_EQ(w, std::vector<float>(4, std::string(name) == "sgd" ? -step : step)) << name;
+  }
+}
+
+// momentum, a push of staleness N-1: v = μ^N·v + g/N, then the rule's step.
+TEST(UpdateRule, StaleMomentumDecaysByMuToTheNAndTakesGOverN) {
+  for (bool nesterov : {false, true}) {
+    RuleOptions o = Named("momentum", 0.05f);
+    o.nesterov = nesterov;
+    for (uint64_t learners : {2, 4, 8}) {
+      std::unique_ptr<UpdateRule> rule = Make(o, 1);
+      double v = 0, w = 0;
+      float wf = 0.0f;
+      const float gs[] = {1.0f, -0.5f, 2.0f, 0.25f};
+      for (float g : gs) {
+        rule->ApplyStale(0, &wf, &g, 1, learners - 1);
+        const double mu = std::pow(0.9, static_cast<double>(learners)), gn = g / static_cast<double>(learners);
+        v = mu * v + gn;
+        w -= 0.05 * (nesterov ? gn + mu * v : v);
+      }
+      EXPECT_NEAR(wf, w, 1e-6) << learners << " learners, nesterov " << nesterov;
+      EXPECT_NEAR(*static_cast<const float*>(rule->state()[0].data), v, 1e-6);
+    }
+  }
+}
+
 TEST(UpdateRule, SgdFollowsLrChanges) {
   ExpectFollowsChanges(Named("sgd"), SgdRef, {{10, "lr", 0.03f}, {30, "lr", 0.002f}});
 }

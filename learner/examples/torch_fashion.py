@@ -69,6 +69,10 @@ def add_arguments(ap):
     ap.add_argument("--bucket-bytes", type=int, default=0, help="gradient mode's bucket (0: default)")
     ap.add_argument("--eval-every", type=int, default=0, help="rank 0: held-out accuracy every N steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--straggler", type=int, default=-1,
+                    help="this rank is a straggler: it waits after each step (see --slowdown)")
+    ap.add_argument("--slowdown", type=float, default=2.0,
+                    help="the straggler's step takes this many times its compute (2: half speed)")
 
 
 def main():
@@ -118,12 +122,15 @@ def main():
     x, y = x[rank::size], y[rank::size]
     x_test, y_test = load("test", args.test_subset) if rank == 0 else (None, None)
     rng = np.random.default_rng(args.seed * 1000 + rank)
-    started, step, curve, eval_s = time.monotonic(), 0, [], 0.0  # curve: (train s, step, accuracy)
+    # curve: (train s, step, held-out accuracy, mean training loss since the last point)
+    started, step, curve, eval_s = time.monotonic(), 0, [], 0.0
+    window_loss = window_n = 0
     for epoch in range(args.epochs):
         order = torch.from_numpy(rng.permutation(len(x)))
         loss_sum = right = seen = 0
         epoch_start = time.monotonic()
         for b in range(steps_per_epoch):
+            step_start = time.monotonic()
             idx = order[b * args.batch:(b + 1) * args.batch]
             optimizer.zero_grad()
             logits = model(x[idx])
@@ -134,13 +141,17 @@ def main():
             except OSError as e:
                 sys.exit(f"torch_fashion: {tag}: {e}")
             step += 1
+            if rank == args.straggler:
+                time.sleep((args.slowdown - 1) * (time.monotonic() - step_start))
             loss_sum += loss.item() * len(idx)
+            window_loss, window_n = window_loss + loss.item(), window_n + 1
             right += int((logits.argmax(1) == y[idx]).sum())
             seen += len(idx)
             if rank == 0 and args.eval_every and step % args.eval_every == 0:
                 eval_start = time.monotonic()
                 acc = accuracy(evaluated, x_test, y_test)
-                curve.append((round(eval_start - started - eval_s, 3), step, acc))
+                curve.append((round(eval_start - started - eval_s, 3), step, acc, round(window_loss / window_n, 4)))
+                window_loss = window_n = 0
                 eval_s += time.monotonic() - eval_start  # not training time
                 print(f"{tag}: step {step} t={curve[-1][0]:.1f}s held-out accuracy {acc:.4f}", flush=True)
         took = time.monotonic() - epoch_start

@@ -77,6 +77,17 @@ def mount(args, env, state, mountpoint):
     raise SystemExit(f"torch_fashion_job: blkps-mount did not mount (log: {log.name})")
 
 
+def print_push_staleness(state):
+    """One line "server: {json}": each learner's push staleness (updates
+    between its pull and its push) as the server measured it."""
+    shown = subprocess.run([BLKPS, "status", "--dir", state, "--json"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        return
+    learners = json.loads(shown.stdout)["learners"]
+    keys = ("push_staleness_max", "push_staleness_mean", "stale_pushes")
+    print("server: " + json.dumps({"learners": [{k: s[k] for k in keys} for s in learners]}), flush=True)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,6 +124,8 @@ def main():
     ap.add_argument("--rule", default="adam", help="gradient mode: the server's update rule")
     ap.add_argument("--server-lr", type=float, default=0.002,
                     help="the server rule's lr (delta mode: ignored by rule sum)")
+    ap.add_argument("--server-options", default="",
+                    help="more --bsopts for the server, ';'-separated (e.g. staleness_aware=0)")
     ap.add_argument("--ddp", action="store_true",
                     help="no server: the learners use DistributedDataParallel (gloo) instead")
     ap.add_argument("--build", default=os.path.join(TOP, "build", "cmake"), help="the cmake build folder")
@@ -130,7 +143,8 @@ def main():
     mount_proc = None
     try:
         rule = "sum" if args.optimizer == "delta" else args.rule
-        env = start_server(state, f"params={params};rule={rule};lr={args.server_lr};mode={args.mode}",
+        bsopts = f"params={params};rule={rule};lr={args.server_lr};mode={args.mode}"
+        env = start_server(state, bsopts + (";" + args.server_options if args.server_options else ""),
                            args.learners, args.build)
         if args.via == "mount":
             mountpoint = os.path.join(state, "mnt")
@@ -142,6 +156,7 @@ def main():
         print(f"torch_fashion_job: {args.learners} learners, {args.mode}, {args.optimizer} mode, "
               f"via {args.via}, {params} parameters", flush=True)
         code = run_learners(args, {"BLKPS_TARGET": target, "BLKPS_CONTROL": control}, learner_args)
+        print_push_staleness(state)
     finally:
         if mount_proc is not None:
             mount_proc.send_signal(signal.SIGTERM)
