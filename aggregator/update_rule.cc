@@ -219,6 +219,8 @@ class SumRule final : public UpdateRule {
   void Apply(uint64_t, float* w, const float* g, size_t n) override {
     cblas_saxpy(static_cast<blasint>(n), 1.0f, g, 1, w, 1);
   }
+  // An exact accumulator: a push is added as written, however stale.
+  void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t) override { Apply(first, w, g, n); }
 };
 
 // w += lr·g: a scaled accumulate (see the header for what it is not).
@@ -230,6 +232,8 @@ class AverageRule final : public UpdateRule {
   void Apply(uint64_t, float* w, const float* g, size_t n) override {
     cblas_saxpy(static_cast<blasint>(n), lr(), g, 1, w, 1);
   }
+  // An exact accumulator, as sum: a push is added as written, however stale.
+  void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t) override { Apply(first, w, g, n); }
 };
 
 // "1.5", "1e-08", "nan": as a person writes numbers, not std::to_string's "1.500000".

@@ -133,8 +133,9 @@ class UpdateRule {
   // Otherwise, with N = 1 + staleness, the default is Zhang et al.'s (2016)
   // staleness-aware step: Apply() to g/N. momentum overrides it: v =
   // μ^N·v + g/N, its momentum corrected for the momentum asynchrony itself
-  // brings (Mitliagkas et al. 2016; see MomentumRule). Same REQUIRES as
-  // Apply().
+  // brings (Mitliagkas et al. 2016; see MomentumRule). sum and average are
+  // exact accumulators (delta mode, exactly-once counts): they add every push
+  // as written, whatever its staleness. Same REQUIRES as Apply().
   virtual void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness);
 
   // The rule's per-parameter state, for checkpoints: empty for rules without

@@ -266,13 +266,22 @@ TEST(UpdateRule, ApplyStaleWithStalenessZeroIsApply) {
 
 // The default for a stale gradient: Apply() to g/(1+staleness).
 TEST(UpdateRule, StaleGradientIsScaledByOneOverOnePlusStaleness) {
-  for (const char* name : {"sgd", "average", "sum"}) {
+  std::unique_ptr<UpdateRule> rule = Make(Named("sgd", 0.5f), 4);
+  std::vector<float> w(4, 0.0f);
+  const std::vector<float> g(4, 1.0f);
+  rule->ApplyStale(0, w.data(), g.data(), 4, 3);
+  EXPECT_EQ(w, std::vector<float>(4, -0.125f));
+}
+
+// sum and average are exact accumulators: a stale push is added as written
+// (delta mode's changes, exactly-once counts).
+TEST(UpdateRule, SumAndAverageAddStalePushesAsWritten) {
+  for (const char* name : {"average", "sum"}) {
     std::unique_ptr<UpdateRule> rule = Make(Named(name, 0.5f), 4);
     std::vector<float> w(4, 0.0f);
     const std::vector<float> g(4, 1.0f);
     rule->ApplyStale(0, w.data(), g.data(), 4, 3);
-    const float step = std::string(name) == "sum" ? 0.25f : 0.125f;
-    EXPECT_EQ(w, std::vector<float>(4, std::string(name) == "sgd" ? -step : step)) << name;
+    EXPECT_EQ(w, std::vector<float>(4, std::string(name) == "sum" ? 1.0f : 0.5f)) << name;
   }
 }
 
