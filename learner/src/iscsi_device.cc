@@ -310,7 +310,8 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadl
     const bool late = std::chrono::steady_clock::now() >= deadline;
     if (late || !ServiceUntil(iscsi, deadline)) {
       *error = late ? "the target did not answer the login before the reconnect deadline" : LastError(iscsi);
-      iscsi_destroy_context(iscsi);  // may run on_login: `end` stays allocated
+      iscsi_destroy_context(iscsi);  // may run on_login, synchronously: `end` is freed after it
+      delete end;
       return nullptr;
     }
   }
