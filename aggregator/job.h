@@ -27,7 +27,7 @@
 // says why, until a control command `resume=1`; then it goes on with the
 // live learners, and fails again when another learner dies.
 //
-// Receipts (exactly-once pushes; README "Faults"). For every learner slot
+// Receipts (exactly-once pushes; doc/libblkps.md "Faults"). For every learner slot
 // and initiator the Job counts the writes it has applied, by the 512-byte
 // unit each write starts at. A learner whose connection dropped reads its
 // receipt (the control LUN's receipts region, blkps/control_lun.h) after
@@ -90,7 +90,7 @@ struct JobOptions {
   uint32_t max_dead = 0;          // dead learners that fail the job; 0: never
   std::string checkpoint;         // checkpoint file; empty: none
   double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
-  // Async and ssp (README "Asynchronous training"): a push's staleness τ is
+  // Async and ssp (doc/server.md "Asynchronous training"): a push's staleness τ is
   // the number of other learners' updates applied to its block between the
   // pusher's last read of that block and the push. With staleness_aware, the push is
   // applied with UpdateRule::ApplyStale(τ) (staleness-aware steps, Zhang et
@@ -163,7 +163,7 @@ class Job {
   Status Checkpoint();
 
   // Status as one JSON object (keys in blkps/control_lun.h, meanings in
-  // README, "Status and control").
+  // doc/server.md, "Status and control").
   std::string StatusJson() const;
   // The numbers of the control LUN's counters record, taken together.
   struct Counters {

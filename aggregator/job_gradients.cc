@@ -71,7 +71,7 @@ uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
       log_("learner at lun " + std::to_string(s.lun) + ": push " + std::to_string(tau) + " updates stale (bound " +
            std::to_string(opts_.stale_bound) +
            "): it is much slower than the others or pulls too rarely; fewer learners, or a "
-           "lower lr, or bsp/ssp help (README \"Asynchronous training\")");
+           "lower lr, or bsp/ssp help (doc/server.md \"Asynchronous training\")");
     }
   } else {
     s.told_stale = false;

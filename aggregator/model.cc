@@ -32,7 +32,7 @@ std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 // reads every gradient before the rule does (a write is refused whole), and
 // in the baseline's SSE2 it cost tgtd as much CPU per byte as sgd's saxpy;
 // clones for AVX2 and AVX-512, picked at load time, halve that
-// (bench/server-cpu.py; README, Performance). One version under GCC's
+// (bench/server-cpu.py; doc/performance.md). One version under GCC's
 // ThreadSanitizer, whose runtime is not up when ifunc resolvers run.
 #if !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))

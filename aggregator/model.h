@@ -38,7 +38,7 @@
 namespace blkps::server {
 
 inline constexpr uint64_t kDeviceSectorBytes = 512;
-// Chosen by measurement (README, Performance): best of 256K/1M/4M for writes.
+// Chosen by measurement (doc/performance.md): best of 256K/1M/4M for writes.
 inline constexpr uint64_t kDefaultBlockBytes = 1 << 20;
 
 struct ModelOptions {

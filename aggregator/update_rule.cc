@@ -54,7 +54,7 @@ class SgdRule final : public UpdateRule {
 // pushing in turn), so the rule's own μ is taken once per N pushes' worth
 // of decay and each gradient with the staleness-aware step g/N (Zhang et
 // al. 2016). Measured on the Fashion-MNIST CNN, 4 async learners, 1 epoch
-// (README "Asynchronous training"): plain momentum diverged; g/N alone
+// (doc/server.md "Asynchronous training"): plain momentum diverged; g/N alone
 // reached 0.80; μ^(1/N) (the rule's decay per N pushes) diverged; this
 // reached 0.85, one process on the total batch 0.84.
 class MomentumRule final : public UpdateRule {

@@ -129,7 +129,7 @@ class UpdateRule {
 
   // Applies a gradient that is `staleness` updates old (async and ssp: the
   // updates applied to these parameters between the pusher's read and its
-  // push; README "Asynchronous training"). Staleness 0 is exactly Apply().
+  // push; doc/server.md "Asynchronous training"). Staleness 0 is exactly Apply().
   // Otherwise, with N = 1 + staleness, the default is Zhang et al.'s (2016)
   // staleness-aware step: Apply() to g/N. momentum overrides it: v =
   // μ^N·v + g/N, its momentum corrected for the momentum asynchrony itself

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(TOP, "learner", "python"))
 import blkps  # noqa: E402
 from blkps.control import Control  # noqa: E402
 
-UNIT = 512  # a receipt counts writes per 512-byte unit (BLKPS_CONTROL_RECEIPT_UNIT, README "Faults")
+UNIT = 512  # a receipt counts writes per 512-byte unit (BLKPS_CONTROL_RECEIPT_UNIT, doc/libblkps.md "Faults")
 MIB = 1 << 20
 REQUEST_BYTES = MIB  # the learners' request size: a push of n bytes is ceil(n / 1 MiB) writes
 START_ALIGN = 16384  # parameters: push starts on 64 KiB, so a receipt has at most size/64 KiB units
@@ -136,7 +136,7 @@ def read_log(path):
 
 def request_units(start, count):
     """Receipt units at which a push's writes start: libblkps splits a push
-    into requests of REQUEST_BYTES from its first byte (README, libblkps)."""
+    into requests of REQUEST_BYTES from its first byte (doc/libblkps.md)."""
     first, end = start * 4, (start + count) * 4
     return [offset // UNIT for offset in range(first, end, REQUEST_BYTES)]
 
@@ -292,7 +292,7 @@ class Soak:
         self.events["kills"] += 1
         self.start_learner(lun)
         # Read now, not at the end: a LUN keeps only the receipts of its 8
-        # most recently active initiators (README "Faults"), and each
+        # most recently active initiators (doc/libblkps.md "Faults"), and each
         # restart comes under a new name.
         inc["receipt"] = read_receipt(self.control_url, inc["initiator"], lun, self.params * 4)
         self.events["restarts"] += 1

@@ -25,7 +25,7 @@ one JSON object with the learner's figures (iterations, samples, seconds,
 bytes pushed and pulled, per-iteration losses). --engine uses
 blkps.Engine (the double-buffered engine) where the binding has one;
 --drop-ratio R makes it push only the largest gradient runs and keep the
-rest as a residual (README "Gradient dropping"; async or ssp, where it
+rest as a residual (doc/libblkps.md "Gradient dropping"; async or ssp, where it
 needs --control, the model's CONTROL_URL, to drop per model block).
 
 --allreduce INIT trains the same model without a server, as a data-parallel
@@ -273,7 +273,7 @@ def main():
     ap.add_argument("--control", help="with --engine: the model's CONTROL_URL (staleness; "
                     "with --drop-ratio in ssp, the per-block groups)")
     ap.add_argument("--dtype", help="the LUN's --bsopts dtype: float32 (default), bfloat16 or float16 "
-                    "(README \"16-bit wire\")")
+                    "(doc/server.md \"16-bit wire\")")
     ap.add_argument("--allreduce", metavar="INIT", help="no server: sum gradients with gloo all_reduce "
                     "(init_method INIT, e.g. tcp://10.0.0.1:29500) and apply them locally")
     ap.add_argument("--lr", type=float, default=50.0, help="with --allreduce: the SGD step (default 50)")

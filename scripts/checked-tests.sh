@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checked builds, each in its own folder beside build/cmake, and the
-# tests each runs (README, "Fuzzing and sanitizers"):
+# tests each runs (doc/development.md, "Fuzzing and sanitizers"):
 #   fuzz  build/fuzz, clang, -DBLKPS_FUZZ=ON: every libFuzzer harness for a
 #         short time (ctest -L fuzz)
 #   asan  build/asan, -DBLKPS_SANITIZE=address,undefined: the unit tests

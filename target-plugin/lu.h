@@ -8,7 +8,7 @@
  *     per learner, which is how the server tells learners apart;
  *   - the control LUN (--bsopts role=control): status, commands, counters
  *     and the weights, laid out as learner/include/blkps/control_lun.h says
- *     (lu.cc serves it; README documents it).
+ *     (lu.cc serves it; doc/server.md documents it).
  *
  * Threading: create/open/close/destroy, admit and take_released run on
  * tgtd's main thread. read/write/sync run on tgt's worker threads,

@@ -33,7 +33,7 @@
 //                     holds parameter i at byte 2*i (blkps/wire_dtype.hpp).
 //                     The model stays float32; LUNs of one model may differ
 //                     in dtype only.
-// This is the one parser of --bsopts; README.md documents the same keys.
+// This is the one parser of --bsopts; doc/server.md documents the same keys.
 #pragma once
 
 #include <string>

@@ -166,7 +166,7 @@ TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
   }
 }
 
-// D3 with CHAP: each role of README's "Authentication and access" table,
+// D3 with CHAP: each role of doc/server.md's "Authentication and access" table,
 // tried. A learner holding the learners' secret reads the learners' control
 // LUN but may not set the rule there, and cannot log in to the operator
 // target; the operator's file (which also holds the mutual credentials)
@@ -219,15 +219,15 @@ TEST(Access, EachRoleCanDoWhatReadmeSaysAndNoMore) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
-// D8: README's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
+// D8: doc/server.md's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
 // all), logs in to a target started with its credentials.
 TEST(Access, ReadmeChapFileSampleLogsIn) {
   const std::string command = BLKPS_COMMAND;
-  std::ifstream in(command.substr(0, command.rfind("/scripts/")) + "/README.md");
-  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t start = readme.find("# blkps CHAP credentials");
-  ASSERT_NE(start, std::string::npos) << "README has no BLKPS_CHAP_FILE sample";
-  std::string sample = readme.substr(start, readme.find("```", start) - start);
+  std::ifstream in(command.substr(0, command.rfind("/scripts/")) + "/doc/server.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t start = doc.find("# blkps CHAP credentials");
+  ASSERT_NE(start, std::string::npos) << "doc/server.md has no BLKPS_CHAP_FILE sample";
+  std::string sample = doc.substr(start, doc.find("```", start) - start);
   // Drop the block's indentation, as a reader copying it does.
   std::string copied;
   for (size_t at = 0; at < sample.size();) {

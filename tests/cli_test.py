@@ -160,7 +160,7 @@ def test_progress_lines():
 
 
 def test_device_larger_warning():
-    # README's sharding recipe once served 10M parameters to a 9,610-parameter
+    # doc/server.md's sharding recipe once served 10M parameters to a 9,610-parameter
     # learner, which trained to 0.49 without a word.
     with tempfile.NamedTemporaryFile(suffix=".f32") as device:
         device.truncate(40_000_000)
@@ -173,7 +173,7 @@ def test_device_larger_warning():
 
 
 def test_mount_point_missing():
-    # README's "Any language" recipe once lacked the mkdir; the error says it.
+    # doc/learner-nodes.md's "Any language" recipe once lacked the mkdir; the error says it.
     missing = os.path.join(tempfile.gettempdir(), "blkps-cli-test-no-such-folder")
     line = expect_one_line_error(["mount", missing, "m=/dev/null"], f"blkps-mount: {missing}: ")
     if f"mkdir -p {missing}" not in line:
@@ -283,7 +283,7 @@ def test_set_needs_operator():
 
 
 def test_model_too_large():
-    # README quotes the line a user sees for a model larger than memory.
+    # doc/server.md quotes the line a user sees for a model larger than memory.
     with Target("params=100000000000;rule=adam") as t:
         lines = t.err.splitlines()
         if t.rc == 0 or len(lines) != 1:
@@ -293,10 +293,10 @@ def test_model_too_large():
                 "only N MiB of memory is available; use fewer parameters or shard the model")
         if shape != want:
             fail(f"got {lines[0]!r}, expected the shape {want!r}")
-        with open(os.path.join(top, "README.md")) as f:
+        with open(os.path.join(top, "doc", "server.md")) as f:
             documented = re.sub(r"\d+ MiB", "N MiB", f.read().replace("\n", " "))
         if want not in documented:
-            fail("README does not quote this line")
+            fail("doc/server.md does not quote this line")
         if os.path.exists(os.path.join(t.dir, "tgtd.pid")):
             fail("a tgtd was left running")
 

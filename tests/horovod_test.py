@@ -447,7 +447,7 @@ def case_options():
         check(reports[0]["pushes"] == reports[0]["buckets"], "async: one push per bucket")
         print(f"op=Average, async: one step of 2 learners moves by their average (difference {diff:g})")
     # staleness_aware=0: the second push is one update stale, and the server's
-    # staleness-aware step (README "Asynchronous training") would halve it
+    # staleness-aware step (doc/server.md "Asynchronous training") would halve it
     # again; this case checks op=Average's own scaling.
     with_server(f"params={count};rule=sgd;lr={LR};mode=async;staleness_aware=0", n, one_async_step)
 

@@ -92,7 +92,7 @@ TEST(Job, BspWithFourLearnersMatchesASequentialReference) {
   }
 }
 
-// Staleness-aware steps (README "Asynchronous training") leave bsp exactly
+// Staleness-aware steps (doc/server.md "Asynchronous training") leave bsp exactly
 // as it was: the same pushes give bit-identical weights with and without.
 TEST(Job, BspIsTheSameWithAndWithoutStalenessAwareness) {
   const uint64_t params = 40;

@@ -606,7 +606,7 @@ TEST(ChapFile, ReadsCredentialsAndRefusesAnOpenFileOrUnknownKeys) {
   unlink(path.c_str());
 }
 
-// D8: README's sample, inline comment included, reads as it says.
+// D8: doc/server.md's sample, inline comment included, reads as it says.
 TEST(ChapFile, InlineCommentsAreNotPartOfTheValue) {
   char tmpl[] = "/tmp/blkps-chap-XXXXXX";
   const int fd = mkstemp(tmpl);

@@ -193,7 +193,7 @@ TEST(Model, ModelLargerThanMemoryIsRefused) {
 }
 
 // The check comes before any allocation: a rule with state (adam) once
-// mapped its state first and failed with mmap's error, not README's line.
+// mapped its state first and failed with mmap's error, not doc/server.md's line.
 TEST(Model, RuleStateLargerThanMemoryIsRefusedByTheMemoryCheck) {
   ModelOptions o;
   o.num_params = 100000000000;  // 1.5 TiB with adam's state

@@ -323,7 +323,7 @@ uint64_t ResidentBytes(const std::string& pid) {
   return 0;
 }
 
-// README, "Memory": the server holds the weights, the rule's state and (bsp)
+// doc/server.md, "Memory": the server holds the weights, the rule's state and (bsp)
 // one accumulator, plus per-learner bookkeeping and tgt's command buffers —
 // never a model-sized buffer per learner. 4 learners each push a whole
 // gradient of a 256 MiB model and pull the weights; tgtd's resident size must

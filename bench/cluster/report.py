@@ -116,7 +116,7 @@ def _shape_table(records, rows, ideal):
 
 
 def headline(out):
-    """README's Performance headline from a run's DIR/cluster.json and
+    """doc/performance.md's cluster headline from a run's DIR/cluster.json and
     DIR/cluster-training.json: the table of the largest model at the most
     hosts, and the goals."""
     with open(os.path.join(out, "cluster.json")) as f:
@@ -245,5 +245,5 @@ def _plot(out, records, run):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "--headline":
-        sys.exit("usage: report.py --headline DIR  (prints README's cluster headline from DIR/cluster.json)")
+        sys.exit("usage: report.py --headline DIR  (prints doc/performance.md's cluster headline from DIR/cluster.json)")
     print(headline(sys.argv[2]))

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A PyTorch learner: a small CNN trained on Fashion-MNIST through blkps with
-blkps.torch, Horovod's two-line change (see README "PyTorch").
+blkps.torch, Horovod's two-line change (see doc/pytorch.md "PyTorch").
 
   torch_fashion.py --params                       the device's parameter count
   torch_fashion.py [--target T] [--control C] [options]   one learner

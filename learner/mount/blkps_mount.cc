@@ -8,7 +8,7 @@
 //   blkps-mount [options] MOUNTPOINT NAME=TARGET [NAME=TARGET...]
 //   blkps mount MOUNTPOINT --dir DIR [options]   (runs this with a target's LUNs)
 //
-// Semantics (README "Mounting the model (FUSE)"):
+// Semantics (doc/learner-nodes.md "Mounting the model (FUSE)"):
 //   - every file is opened with direct_io: no page cache, every read and
 //     write reaches the device; async DIO lets the kernel send the pieces of
 //     one O_DIRECT aio request concurrently (up to max_background);
@@ -73,7 +73,7 @@ constexpr char kUsage[] = "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [
                           "`blkps mount --dir DIR` presents a `blkps target start --dir DIR`'s\n"
                           "learner slots as files slot1..slotN and its control LUN as 'control'.\n"
                           "CHAP: BLKPS_CHAP_FILE=FILE in the environment names the credentials\n"
-                          "(README \"Authentication and access\"); iscsi://USER%SECRET@host/...\n"
+                          "(doc/server.md \"Authentication and access\"); iscsi://USER%SECRET@host/...\n"
                           "works too, but shows the secret in ps for as long as this runs.\n"
                           "\n"
                           "options:\n"
@@ -85,8 +85,8 @@ constexpr char kUsage[] = "usage: blkps-mount [options] MOUNTPOINT NAME=TARGET [
                           "  --queue-depth N       commands in flight per FUSE request (default 16)\n"
                           "  --dtype T             float32 (default), bfloat16 or float16: the\n"
                           "                        model files' LUNs' --bsopts dtype; a 16-bit file\n"
-                          "                        holds parameter i at byte 2*i (README \"16-bit\n"
-                          "                        wire\"), and a partly written value is 2 bytes\n"
+                          "                        holds parameter i at byte 2*i (doc/server.md\n"
+                          "                        \"16-bit wire\"), and a partly written value is 2 bytes\n"
                           "  --initiator IQN       initiator name stem: file NAME's sessions are\n"
                           "                        IQN-NAME-1..IQN-NAME-N (default\n"
                           "                        iqn.2026-11.io.blkps:mount-<host>-<pid>); name\n"
@@ -589,7 +589,7 @@ std::string AbsolutePath(const std::string& path) {
 int Main(int argc, char** argv) {
   // libfuse mallocs a buffer for every read reply and frees it after: keep
   // those 1 MiB buffers on the heap for reuse, instead of an mmap, page
-  // faults and clearing per request (read throughput, README).
+  // faults and clearing per request (read throughput, doc/performance.md).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   Mount mount;

@@ -77,8 +77,8 @@ class Device {
 
   // Bytes of writes this device had seen acknowledged that the server no
   // longer counts: it restarted from a checkpoint taken before them, so
-  // those gradients are not in the model (iscsi:// with receipts; README
-  // "Faults").
+  // those gradients are not in the model (iscsi:// with receipts;
+  // doc/libblkps.md "Faults").
   virtual uint64_t pushed_bytes_lost() const { return 0; }
 
  protected:
@@ -103,7 +103,7 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path, OpenFileFn o
 // An iscsi:// or iser:// URL logs in with CHAP when it carries credentials,
 // libiscsi's syntax iscsi://USER%SECRET@host/... (plus, for mutual CHAP,
 // ?target_user=NAME&target_password=SECRET), or else when the environment
-// names a credentials file in BLKPS_CHAP_FILE (README, "Authentication and
+// names a credentials file in BLKPS_CHAP_FILE (doc/server.md, "Authentication and
 // access"). Errors never show a secret (MaskTarget).
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status);
 
@@ -116,7 +116,7 @@ struct ChapCredentials {
   std::string user, secret;                // the initiator's (one-way CHAP)
   std::string target_user, target_secret;  // the target's (mutual CHAP)
 };
-// Reads the credentials file `path` (format in README, "Authentication and
+// Reads the credentials file `path` (format in doc/server.md, "Authentication and
 // access": user=, secret=, target_user=, target_secret= lines; '#' comments).
 // Refuses a file readable by group or others, an unknown key, and a
 // target_user without a user. Messages never quote a secret.

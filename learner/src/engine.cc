@@ -83,7 +83,7 @@ FloatBuffer AllocateFloats(uint64_t count) {
 }
 
 // The text of top-level key `key` in the control LUN's status object
-// (README "Status and control": one key per line, `  "key": value,`),
+// (doc/server.md "Status and control": one key per line, `  "key": value,`),
 // without a string's quotes; empty if absent. Reads two flat keys only.
 std::string StatusValue(const char* json, const std::string& key) {
   const std::string needle = "\n  \"" + key + "\": ";
@@ -387,7 +387,7 @@ Status Engine::Impl::StartDropping(const std::string& target) {
   const uint64_t unit = push_model_->logical_block_size() / sizeof(float);
   uint64_t group = options_.drop_group_params;
   // In ssp every block must get the same share of its runs from every
-  // learner in every iteration, so that its clocks tick alike (README).
+  // learner in every iteration, so that its clocks tick alike (doc/server.md "Learner slots").
   if (group == 0 && mode.rfind("ssp", 0) == 0) {
     group = block_params;
     if (group == 0 || first_ % group != 0) {

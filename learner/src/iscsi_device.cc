@@ -5,7 +5,7 @@
 // caller's memory (zero copy), queue_depth of them in flight, driven by poll()
 // on the context's descriptor.
 //
-// Exactly-once writes (README "Faults"). A write is a gradient: resending one
+// Exactly-once writes (doc/libblkps.md "Faults"). A write is a gradient: resending one
 // the server has already applied counts it twice. So the device, not
 // libiscsi, reconnects a dropped session (libiscsi would resend every command
 // in flight): it logs in again, fences its old writes (the control LUN's

@@ -268,7 +268,7 @@ void PrintHelp() {
               "       blkps-layout dm-table --stripe-unit BYTES DEVICE=BYTES...\n"
               "       blkps-layout bytes SIZE\n"
               "The stripe arithmetic of a sharded blkps model: stripe unit k lives on shard\n"
-              "k mod S at shard byte (k div S) * BYTES; see README, \"Sharding\".\n");
+              "k mod S at shard byte (k div S) * BYTES; see doc/server.md, \"Sharding\".\n");
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ def generate_secret():
 
 
 def write_credentials_file(path, user, secret, target_user=None, target_secret=None):
-    """Writes a BLKPS_CHAP_FILE (README, "Authentication and access") at
+    """Writes a BLKPS_CHAP_FILE (doc/server.md, "Authentication and access") at
     `path`, mode 0600 from its creation on."""
     text = f"user={user}\nsecret={secret}\n"
     if target_user:

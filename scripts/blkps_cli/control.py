@@ -1,5 +1,5 @@
 """blkps status|set: look at and steer a running job through its control
-LUN. The control LUN is plain bytes (README, "Status and control"; its layout
+LUN. The control LUN is plain bytes (doc/server.md, "Status and control"; its layout
 is learner/include/blkps/control_lun.h, which blkps.control reads through
 libblkps). Anything that can pread/pwrite can do what these commands do."""
 

@@ -96,7 +96,7 @@ def check_bsopts(bsopts, what="--bsopts"):
     out = subprocess.run([tools.built("blkps-bsopts"), bsopts], capture_output=True, text=True)
     if out.returncode != 0:
         reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
-        raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see README, \"--bsopts reference\"")
+        raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see doc/server.md, \"--bsopts reference\"")
     return json.loads(out.stdout)
 
 
@@ -563,7 +563,7 @@ def add_start_arguments(s):
     """The options of `blkps target start` (also used by `blkps shards`,
     which starts its shards' targets with them)."""
     s.add_argument("--dir", required=True, help="state folder: control socket, tgtd.log, target.env")
-    s.add_argument("--bsopts", required=True, help="the model's options, key=value;... (README, \"--bsopts reference\"), "
+    s.add_argument("--bsopts", required=True, help="the model's options, key=value;... (doc/server.md, \"--bsopts reference\"), "
                    "e.g. \"params=1000000;lr=0.01\"; checked by the plugin's parser before tgtd starts")
     s.add_argument("--name", default="model", help="the model's name, tgt's --backing-store (default: model)")
     s.add_argument("--luns", type=positive_int, default=1, help="learner slots: the model on LUNs 1..N; "

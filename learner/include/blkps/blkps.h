@@ -12,7 +12,7 @@
  *
  * iSCSI sessions: a dropped connection is re-established transparently and
  * the commands in flight are resent, writes only where the server's receipt
- * shows them not applied (README "Faults"). When that fails for the
+ * shows them not applied (doc/libblkps.md "Faults"). When that fails for the
  * reconnect deadline (BLKPS_RECONNECT_SECONDS; by default 60 s plus 1 s per
  * 64 MiB of model), the call fails with -EIO and so does every later call on
  * the handle: close it and open again. A command the target does not
@@ -54,7 +54,7 @@ typedef struct blkps_open_options {
    * Copied during blkps_open. */
   const char *initiator_name;
   /* How the device presents the model, as the LUN's --bsopts dtype says:
-   * NULL or "float32", "bfloat16", "float16" (README, "16-bit wire"). On a
+   * NULL or "float32", "bfloat16", "float16" (doc/server.md, "16-bit wire"). On a
    * 16-bit device parameter i is at byte 2*i; blkps_push and blkps_pull
    * still take float32 arrays and convert (nearest, ties to even). Another
    * name fails blkps_open with -EINVAL. */
@@ -64,7 +64,7 @@ typedef struct blkps_open_options {
 /* Opens `target`: a path (regular file or block device) or
  * iscsi://host[:port]/<target-iqn>/<lun> or iser://... (same shape).
  * layout:PATH opens a model striped over the shards listed in layout file
- * PATH (README "Sharding"): one handle, one connection and thread per shard.
+ * PATH (doc/server.md "Sharding"): one handle, one connection and thread per shard.
  * opts may be NULL (all defaults).
  * Returns 0 and stores a handle in *out, or a negative errno and writes a
  * one-line message to errbuf (if non-NULL; truncated to errlen bytes with a
@@ -108,7 +108,7 @@ BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, ui
 BLKPS_EXPORT int blkps_sync(blkps_model *m);
 
 /* Bytes of pushes the server acknowledged and then lost with a restart from
- * its checkpoint (README "Faults"); 0 if none. Every other push is applied
+ * its checkpoint (doc/libblkps.md "Faults"); 0 if none. Every other push is applied
  * exactly once, across reconnects. */
 BLKPS_EXPORT uint64_t blkps_pushed_bytes_lost(const blkps_model *m);
 
@@ -141,7 +141,7 @@ BLKPS_EXPORT void blkps_control_layout_get(blkps_control_layout *out);
 BLKPS_EXPORT int blkps_control_read_counters(blkps_model *m, blkps_control_counters *out);
 
 /* Reads, from m, a control LUN, the receipt the server keeps for m's
- * initiator name on learner LUN `lun` of `device_bytes` (README "Faults"):
+ * initiator name on learner LUN `lun` of `device_bytes` (doc/libblkps.md "Faults"):
  * the header into *header and, if counts is not NULL, the per-unit counters
  * into counts[0 .. blkps_control_receipt_units(device_bytes)). Returns
  * 0, a failed read's negative errno, or -EPROTO when m holds no receipt of
@@ -254,7 +254,7 @@ BLKPS_EXPORT uint64_t blkps_engine_params_pushed(const blkps_engine *e);
 BLKPS_EXPORT const float *blkps_engine_residual(const blkps_engine *e);
 
 /* Bytes of pushes the server acknowledged and then lost with a restart from
- * its checkpoint (README "Faults"); 0 if none. */
+ * its checkpoint (doc/libblkps.md "Faults"); 0 if none. */
 BLKPS_EXPORT uint64_t blkps_engine_pushed_bytes_lost(const blkps_engine *e);
 
 /* Message of the last failure on e; "" if none. */

@@ -26,7 +26,7 @@
  *                             Writes are refused (DATA PROTECT).
  *   [1 MiB, 1 MiB + device)   the weights, as the learner LUNs' bytes:
  *                             READ them, WRITE to set them (rule state kept).
- *   [R, R + n * S)            receipts (exactly-once pushes, README
+ *   [R, R + n * S)            receipts (exactly-once pushes, doc/libblkps.md
  *                             "Faults"): for learner LUN k, at R + k * S,
  *                             the receipt of the initiator that reads it:
  *                             a header (struct blkps_control_receipt), then
@@ -55,7 +55,7 @@
  * record; aggregator/job_status.cc writes the status keys), libblkps (the
  * engine reads the counters; blkps_control_layout_get() hands all of this to
  * the Python package, learner/python/blkps/control.py), the tests, and
- * README's "Status and control" section.
+ * doc/server.md's "Status and control" section.
  *
  * Changing it: a new status key goes into BLKPS_STATUS_KEYS (a unit test
  * compares them with what the server writes); a new counter goes at the end
@@ -122,7 +122,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
- * "learners" array. Their meanings are in README, "Status and control". */
+ * "learners" array. Their meanings are in doc/server.md, "Status and control". */
 #define BLKPS_STATUS_KEYS                                                                                         \
   "model params device_bytes block_bytes blocks mode rule tag rule_params "                                       \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                                           \

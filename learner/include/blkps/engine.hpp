@@ -80,7 +80,7 @@ struct EngineOptions {
   bool adaptive_pull = true;
   // Weight of the newest sample in the moving averages, in (0, 1].
   double smoothing = 0.25;
-  // Gradient dropping (README "Gradient dropping"): 0 pushes every gradient
+  // Gradient dropping (doc/libblkps.md "Gradient dropping"): 0 pushes every gradient
   // whole. A ratio in (0, 1) pushes only the runs of drop_run_params
   // parameters whose accumulated gradient (this gradient plus what was
   // dropped before) has the largest L2 norm, 1 - drop_ratio of the runs of
@@ -182,7 +182,7 @@ class BLKPS_EXPORT Engine {
   // How many gradients have reached the server whole so far (pushes that
   // ended without error).
   uint64_t gradients_pushed() const;
-  // Whether the job is asked to stop (control stop=1, README "Early
+  // Whether the job is asked to stop (control stop=1, doc/pytorch.md "Early
   // stopping across learners"): a fresh read of the control LUN's counters.
   // False without control_target or when the read fails.
   bool stop_requested();

@@ -18,8 +18,8 @@
 //
 // iSCSI sessions: a dropped connection is re-established transparently;
 // reads are resent, and a push is resent only where the server's receipt
-// shows it was not applied, so every push is applied exactly once (README
-// "Faults"; pushed_bytes_lost() counts pushes a target restarted from an
+// shows it was not applied, so every push is applied exactly once
+// (doc/libblkps.md "Faults"; pushed_bytes_lost() counts pushes a target restarted from an
 // older checkpoint lost). When reconnecting fails for the reconnect
 // deadline (BLKPS_RECONNECT_SECONDS; by default 60 s plus 1 s per 64 MiB of
 // model), the call fails with -EIO and so does every later call: close the
@@ -57,8 +57,8 @@ struct OpenOptions {
   // iSCSI initiator IQN; empty = "iqn.2026-11.io.blkps:learner-<host>-<pid>".
   std::string initiator_name;
   // How the device presents the model: "float32" (empty = float32),
-  // "bfloat16" or "float16", as the LUN's --bsopts dtype says (README,
-  // "16-bit wire"). On a 16-bit device parameter i is at byte 2*i; Push and
+  // "bfloat16" or "float16", as the LUN's --bsopts dtype says
+  // (doc/server.md, "16-bit wire"). On a 16-bit device parameter i is at byte 2*i; Push and
   // Pull still take float32 arrays and convert (blkps/wire_dtype.hpp).
   // Open() fails with -EINVAL on another name.
   std::string dtype;
@@ -69,7 +69,7 @@ class BLKPS_EXPORT Model {
   // Opens `target`: a path (regular file or block device),
   // iscsi://host[:port]/<target-iqn>/<lun>, or iser://... of the same shape.
   // layout:PATH opens a model striped over the shards listed in layout file
-  // PATH (README "Sharding"): one connection and thread per shard.
+  // PATH (doc/server.md "Sharding"): one connection and thread per shard.
   // On failure returns nullptr, stores a one-line message in *error and,
   // when `error_code` is not null, the negative errno in *error_code.
   static std::unique_ptr<Model> Open(const std::string& target, const OpenOptions& options, std::string* error,
@@ -112,7 +112,7 @@ class BLKPS_EXPORT Model {
 
   // Bytes of pushes the server acknowledged and then lost: it restarted
   // from a checkpoint taken before them (iscsi:// and layout: of blkps
-  // targets; README "Faults"). Those gradients are not in the model; every
+  // targets; doc/libblkps.md "Faults"). Those gradients are not in the model; every
   // other push is applied exactly once, across reconnects. A restart is
   // noticed at the next I/O: after Sync() returns, every push made before it
   // is durable in the model or counted here.

@@ -13,7 +13,7 @@ server applies them), ``pull`` reads the current weights::
 
 A target is a file or block device path, iscsi://host[:port]/<target-iqn>/<lun>,
 iser://... (same shape) or layout:PATH (a model striped over shards; see
-README "Sharding"). ``Engine`` is the double-buffered training loop. Errors
+doc/server.md "Sharding"). ``Engine`` is the double-buffered training loop. Errors
 raise ``OSError(errno, message)`` with libblkps's one-line message.
 
 A Model is used by one thread at a time; open one per thread. The library
@@ -237,7 +237,7 @@ class Model(_Handle):
         (requests in flight) of 0 take libblkps's defaults (1 MiB, or 256 KiB
         for iser://, its most; 16); initiator_name is the iSCSI initiator IQN (None:
         libblkps's default). dtype is the LUN's --bsopts dtype: None or
-        "float32", "bfloat16", "float16" (README "16-bit wire"); push and
+        "float32", "bfloat16", "float16" (doc/server.md "16-bit wire"); push and
         pull still take and give float32 arrays."""
         self._open("blkps_open", target,
                    _open_options(request_bytes, queue_depth, initiator_name, dtype))
@@ -301,7 +301,7 @@ class Model(_Handle):
     @property
     def pushed_bytes_lost(self):
         """Bytes of pushes the server acknowledged and then lost with a
-        restart from its checkpoint (README "Faults"); 0 if none."""
+        restart from its checkpoint (doc/libblkps.md "Faults"); 0 if none."""
         return self._lib.blkps_pushed_bytes_lost(self._open_handle())
 
 
@@ -339,7 +339,7 @@ class Engine(_Handle):
         weights. param_count 0 serves up to the end of the device;
         double_buffering=False is the baseline (step pushes then pulls);
         control_target (the model's CONTROL_URL) enables staleness.
-        drop_ratio in (0, 1) turns on gradient dropping (README "Gradient
+        drop_ratio in (0, 1) turns on gradient dropping (doc/libblkps.md "Gradient
         dropping"; run and group sizes in parameters, 0 = defaults)."""
         lib = _library()
         options = _EngineOptions()
@@ -414,7 +414,7 @@ class Engine(_Handle):
 
     @property
     def stop_requested(self):
-        """True when the job is asked to stop (control stop=1, README
+        """True when the job is asked to stop (control stop=1, doc/pytorch.md
         "Early stopping across learners"): a fresh read of the control
         LUN's counters; False without control_target."""
         return bool(self._lib.blkps_engine_stop_requested(self._open_handle()))

@@ -1,7 +1,7 @@
 """blkps.collectives: synchronous rounds between a job's learners through the
 server: every rank hands in bytes, every rank gets every rank's bytes.
 blkps.torch builds allreduce, allgather, broadcast and broadcast_object on
-it (README "PyTorch", "Horovod's API").
+it (doc/pytorch.md "PyTorch", "Horovod's API").
 
 The bytes travel through the exchange region of the model's control LUN
 (learner/include/blkps/control_lun.h: the LUN's last ``exchange_bytes``,

@@ -1,6 +1,6 @@
 """blkps.control: a model's control LUN (status, commands, counters, weights).
 
-The layout is the C header's (learner/include/blkps/control_lun.h, README
+The layout is the C header's (learner/include/blkps/control_lun.h, doc/server.md
 "Status and control"); ``layout()`` takes it from libblkps, so this module
 holds no copy of its numbers::
 
@@ -146,7 +146,7 @@ class Control:
     def receipt(self, lun, device_bytes):
         """The receipt the server keeps for this Control's initiator name
         (open it with initiator_name=) on learner LUN `lun`, a device of
-        `device_bytes` (README "Faults"): (header, counts), header a dict
+        `device_bytes` (doc/libblkps.md "Faults"): (header, counts), header a dict
         (lun, writes_applied, writes_in_progress: 0 when the counts are
         final for now), counts a uint32 array, one per 512-byte unit of the
         learner LUN: its writes applied that start there."""

@@ -43,7 +43,7 @@ pull waits for the round, so step() pulls the whole model after the last push.
 
 One DistributedOptimizer per process; it is driven from one thread.
 
-Horovod's API (README "Horovod's API" has the table): the launcher's ranks
+Horovod's API (doc/pytorch.md "Horovod's API" has the table): the launcher's ranks
 (local_size, cross_rank, ...), collectives through the server (allreduce,
 allgather, broadcast, broadcast_object: blkps.collectives), Compression
 (the 16-bit wire), op=Average/Sum, backward_passes_per_step,
@@ -84,7 +84,7 @@ __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_cou
            # early stopping
            "stop_requested", "request_stop", "EarlyStopping"]
 
-DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: README "PyTorch"
+DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
 _BUCKET_ALIGN = 1024            # floats: 4 KiB, whole blocks for every device
 _TAG_PREFIX = "torch:"
 _BROADCAST_MARK = ":broadcast"
@@ -757,7 +757,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     makes them the server's (a broadcast_parameters() made before this call
     is carried out on the server now). Refuses, with ValueError, a model
     whose parameter count or fingerprint differs from the device's.
-    Horovod's options (README "Horovod's API"): compression
+    Horovod's options (doc/pytorch.md "Horovod's API"): compression
     (Compression.none/fp16/bf16: the wire type, which must be the learner
     LUN's dtype), op (None: the server's own combination; Average or Sum:
     pushes scaled so that a bsp round or N async pushes move the model by
@@ -916,7 +916,7 @@ class _HorovodOptions:
                              "fp16, bf16")
         if op is Adasum:
             raise ValueError("blkps.torch: op=Adasum is refused: the server combines pushes by its rule "
-                             "(README \"Horovod's API\"); use op=Average or op=Sum")
+                             "(doc/pytorch.md \"Horovod's API\"); use op=Average or op=Sum")
         if op not in (None, Average, Sum):
             raise ValueError(f"blkps.torch: DistributedOptimizer op={op!r}: expected Average or Sum")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -935,7 +935,7 @@ class _HorovodOptions:
     def push_scale(self, mode, size_):
         """The factor on what a learner pushes so that the model moves as
         `op` says: a bsp round applies the mean of the round's pushes; async
-        and ssp apply each push as it comes (README "Horovod's API")."""
+        and ssp apply each push as it comes (doc/pytorch.md "Horovod's API")."""
         if self.op is None:
             return 1.0
         if mode == "bsp":
@@ -1258,11 +1258,11 @@ class _Refused:
 
 
 elastic = _Refused("elastic", "a blkps job's learners are its LUNs; a dead learner is left out and "
-                              "rejoins by itself (README \"Faults\"), no elastic driver is needed")
+                              "rejoins by itself (doc/libblkps.md \"Faults\"), no elastic driver is needed")
 
 
 class SyncBatchNorm(torch.nn.Module):
-    """Refused at construction (README "Horovod's API")."""
+    """Refused at construction (doc/pytorch.md "Horovod's API")."""
 
     def __init__(self, *args, **kwargs):
         raise NotImplementedError("blkps.torch: SyncBatchNorm is refused: blkps shares weights, not "

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""The result tables of doc/performance.md, made from the committed runs in
+bench/results/, never typed by hand.
+
+A generated table sits between two marker lines in the doc:
+
+    <!-- table NAME: made by bench/tables.py from bench/results/...; do not edit -->
+    ...the table...
+    <!-- end table NAME -->
+
+`bench/tables.py` rewrites every marked region from bench/results;
+`bench/tables.py --check` changes nothing and exits 1, naming the table,
+when the doc differs from what the results give (the unit test
+Docs.performance_tables_match_results runs it). After committing a new run
+under bench/results/, run `bench/tables.py` and commit the doc with it.
+The prose around a table (what a figure means, the run's date and load) is
+the doc's own and is written by hand.
+"""
+import argparse
+import os
+import re
+import sys
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(TOP, "bench", "results")
+DOC = os.path.join(TOP, "doc", "performance.md")
+sys.path.insert(0, os.path.join(TOP, "bench", "cluster"))
+
+
+def _read(*path):
+    with open(os.path.join(RESULTS, *path), encoding="utf-8") as f:
+        return f.read()
+
+
+def _section(markdown, heading):
+    """The text of `markdown` under the heading line `heading`, to the next
+    heading of the same or a higher level."""
+    lines = markdown.split("\n")
+    level = len(heading) - len(heading.lstrip("#"))
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines))
+                if re.match(r"^#{1,%d} " % level, lines[i])), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def _tables(markdown):
+    """Every markdown table in `markdown`, each a list of rows, each a list of
+    cells (the header row first, the |---| row left out)."""
+    tables, rows = [], []
+    for line in markdown.split("\n") + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                rows.append(cells)
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def _render(rows):
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+
+
+def cluster_headline():
+    """The full cluster run: every system at the largest model and most
+    hosts, and the goals (bench/cluster/report.py's own headline)."""
+    import report  # bench/cluster/report.py
+    return report.headline(os.path.join(RESULTS, "cluster"))
+
+
+def one_host_ratios():
+    """The headline ratios of the one-host report (bench/run-all.sh)."""
+    return _render(_tables(_section(_read("report.md"), "## Headline"))[0])
+
+
+def null_ratio():
+    """Plugin vs tgt's null store (bench/null-ratio.sh's text tables in the
+    report), larger requests first."""
+    text = _section(_read("report.md"), "## Plugin vs tgt's null store (bench/null-ratio.sh)")
+    rows = [["requests", "op", "blkps MB/s", "null MB/s", "ratio"]]
+    found = []
+    for line in text.split("\n"):
+        f = line.split()
+        if len(f) == 6 and f[0] in ("write", "read"):
+            op, bs, qd, blkps, null, ratio = f
+            what = {"write": "write (gradient push)", "read": "read (weight pull)"}[op]
+            found.append((bs, [f"{bs.replace('K', ' KiB').replace('M', ' MiB')} × QD{qd}", what, blkps, null, ratio]))
+    by_size = {"1M": 0, "256K": 1}
+    return _render(rows + [r for _, r in sorted(found, key=lambda x: by_size.get(x[0], 2))])
+
+
+FIO_LOOPBACK_SIZES = ("4K", "64K", "256K", "1M", "16M")
+
+
+def fio_subset():
+    """The fio sweep's rows at queue depths 1 and 16: every size of the five
+    below on loopback libiscsi, 1 MiB on every other link and path."""
+    table = _tables(_section(_read("report.md"), "### fio sweep"))[0]
+    keep = [table[0]]
+    for r in table[1:]:
+        link, path, _, bs, qd = r[:5]
+        if qd not in ("1", "16"):
+            continue
+        if (link, path) == ("loopback", "libiscsi") and bs in FIO_LOOPBACK_SIZES or bs == "1M":
+            keep.append(r)
+    return _render(keep)
+
+
+def soak():
+    """The committed soak run's figures (bench/soak.py writes them)."""
+    return _render(_tables(_read("soak", "soak.md"))[0])
+
+
+TABLES = {
+    "cluster-headline": (cluster_headline, "bench/results/cluster"),
+    "one-host-ratios": (one_host_ratios, "bench/results/report.md"),
+    "null-ratio": (null_ratio, "bench/results/report.md"),
+    "fio": (fio_subset, "bench/results/report.md"),
+    "soak": (soak, "bench/results/soak/soak.md"),
+}
+
+BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
+
+
+def regenerate(doc):
+    """`doc` with every marked table made again. Raises ValueError on a
+    marker without its end, or a name this script does not know."""
+    lines, out, i = doc.split("\n"), [], 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        name = m.group(1)
+        if name not in TABLES:
+            raise ValueError(f"doc/performance.md line {i + 1}: unknown table '{name}'; known: {', '.join(TABLES)}")
+        end = f"<!-- end table {name} -->"
+        try:
+            j = lines.index(end, i + 1)
+        except ValueError:
+            raise ValueError(f"doc/performance.md line {i + 1}: table '{name}' has no '{end}' line") from None
+        make, source = TABLES[name]
+        out += [f"<!-- table {name}: made by bench/tables.py from {source}; do not edit -->",
+                make().rstrip("\n"), end]
+        i = j + 1
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 if doc/performance.md differs from bench/results")
+    ap.add_argument("--doc", default=DOC, help="the doc to rewrite (default: doc/performance.md)")
+    args = ap.parse_args()
+    with open(args.doc, encoding="utf-8") as f:
+        doc = f.read()
+    try:
+        new = regenerate(doc)
+    except ValueError as e:
+        sys.exit(f"tables: {e}")
+    if new == doc:
+        return
+    if args.check:
+        old_regions = {m.group(1) for m in map(BEGIN.match, doc.split("\n")) if m}
+        stale = [n for n in sorted(old_regions) if _region(doc, n) != _region(new, n)]
+        sys.exit(f"tables: {args.doc}: table(s) {', '.join(stale) or '?'} differ from bench/results; "
+                 "run bench/tables.py and commit the doc")
+    with open(args.doc, "w", encoding="utf-8") as f:
+        f.write(new)
+    print(f"tables: rewrote {os.path.relpath(args.doc)}")
+
+
+def _region(doc, name):
+    lines = doc.split("\n")
+    start = next(i for i, l in enumerate(lines) if l.startswith(f"<!-- table {name}:"))
+    return lines[start:lines.index(f"<!-- end table {name} -->", start)]
+
+
+if __name__ == "__main__":
+    main()
