@@ -11,7 +11,9 @@
 # Writes DIR/cluster.md, DIR/cluster.json, DIR/cluster.png and DIR/raw/.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-[ "$(id -u)" = 0 ] || { echo "cluster: run as root (network namespaces, tgtd): sudo $0 $*" >&2; exit 1; }
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+need_root cluster "network namespaces, tgtd"
 "$top/scripts/setup.sh" --quiet --bench
 "$top/scripts/build.sh" bs_blkps blkps blkps-layout blkps-bsopts
 exec /usr/bin/python3 "$top/bench/cluster/run.py" "$@"

@@ -12,7 +12,9 @@
 # --build DIR of a cmake build with blkps-engine-bench and bs_blkps).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-learners=2 params=16777216 build="$top/build/cmake"
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+learners=2 params=16777216 build=$(default_build)
 while [ $# -gt 0 ]; do
   case "$1" in
     --learners) learners=${2:?}; shift 2 ;;

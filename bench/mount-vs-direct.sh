@@ -10,7 +10,9 @@
 # Needs root (tgtd), a build with blkps-mount, bs_blkps.so and blkps-iobench.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-build="$top/build/cmake"
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+build=$(default_build)
 bs=1M qd=16 rounds=5 seconds=4 params=16777216 mount_options=""
 while [ $# -gt 0 ]; do
   case "$1" in

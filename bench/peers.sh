@@ -24,7 +24,9 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 py=/usr/bin/python3
-out="" params=25000000 procs="2,4" iterations=10 warmup=2 build=${BLKPS_BUILD:-$top/build/cmake}
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+out="" params=25000000 procs="2,4" iterations=10 warmup=2 build=$(default_build)
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
@@ -47,8 +49,6 @@ for n in "${proc_list[@]}"; do
 done
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so"
-# shellcheck disable=SC1091  # bench/lib.sh
-. "$top/bench/lib.sh"
 need_built peers "$plugin" "$BLKPS_LIB"
 
 mkdir -p "$out/raw"

@@ -31,7 +31,9 @@ while [ $# -gt 0 ]; do
     *) echo "run-all: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[ "$(id -u)" = 0 ] || { echo "run-all: needs root (tgtd, packages): sudo bench/run-all.sh" >&2; exit 1; }
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+need_root run-all "tgtd, packages"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Only this script's and the stages' own outputs from an earlier run.

@@ -32,7 +32,9 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 py=/usr/bin/python3
 minutes="" out="$top/bench/results/soak" kill_every=180 learners=4 params=8388608
-build=${BLKPS_BUILD:-$top/build/cmake}
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+build=$(default_build)
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
@@ -48,8 +50,6 @@ done
 [ -n "$minutes" ] || { echo "soak: --minutes M is required" >&2; exit 2; }
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so"
-# shellcheck disable=SC1091  # bench/lib.sh
-. "$top/bench/lib.sh"
 need_built soak "$plugin" "$BLKPS_LIB"
 
 mkdir -p "$out/raw"

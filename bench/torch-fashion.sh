@@ -12,5 +12,7 @@
 #            [--server-options staleness_aware=0] [--straggler] [--build DIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-[ "$(id -u)" = 0 ] || { echo "torch-fashion: needs root (tgtd): sudo $0" >&2; exit 1; }
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+need_root torch-fashion tgtd
 exec /usr/bin/python3 "$top/bench/torch_fashion_bench.py" "$@"

@@ -19,7 +19,9 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 py=/usr/bin/python3
-out="" quick=0 build=${BLKPS_BUILD:-$top/build/cmake}
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+out="" quick=0 build=$(default_build)
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
@@ -32,8 +34,6 @@ done
 [ -n "$out" ] || { echo "training: --out DIR is required" >&2; exit 2; }
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so"
-# shellcheck disable=SC1091  # bench/lib.sh
-. "$top/bench/lib.sh"
 need_built training "$plugin" "$BLKPS_LIB"
 
 learner_counts=${TRAINING_LEARNERS:-"1 2 4"} modes=${TRAINING_MODES:-"async bsp ssp:2"} epochs=20 params=25000000 iterations=10

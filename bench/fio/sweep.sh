@@ -41,7 +41,9 @@ prog=fio-sweep
 die() { echo "$prog: error: $*" >&2; exit 1; }
 note() { echo "$prog: $*" >&2; }
 
-out="" quick=0 loopback=1 netns=0 shapes="" build="$top/build/cmake"
+# shellcheck disable=SC1091  # bench/lib.sh
+. "$top/bench/lib.sh"
+out="" quick=0 loopback=1 netns=0 shapes="" build=$(default_build)
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$out" ] || die "--out DIR is required"
-[ "$(id -u)" = 0 ] || die "run as root (it starts tgtd and network namespaces): sudo $0 ..."
+need_root "$prog" "tgtd, network namespaces"
 command -v fio >/dev/null || die "fio not found: run scripts/setup.sh"
 python=/usr/bin/python3
 [ -x "$python" ] || die "$python not found: run scripts/setup.sh"
