@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "blkps/byte_size.hpp"
 #include "blkps/engine.hpp"
 #include "blkps/model.hpp"
 
@@ -72,19 +73,13 @@ struct Options {
   exit(2);
 }
 
+// A count or a size: blkps's size syntax (blkps/byte_size.hpp).
 uint64_t Number(const std::string& name, const std::string& value) {
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long n = strtoull(value.c_str(), &end, 10);
-  uint64_t shift = 0;
-  if (end != value.c_str() && (*end == 'K' || *end == 'M')) {
-    shift = *end == 'K' ? 10 : 20;
-    ++end;
+  uint64_t n = 0;
+  if (!blkps::ParseByteSize(value, &n)) {
+    Fail(name + ": expected a non-negative integer (K, M, G suffixes allowed), got '" + value + "'");
   }
-  if (value.empty() || value[0] == '-' || errno != 0 || *end != '\0') {
-    Fail(name + ": expected a non-negative integer, got '" + value + "'");
-  }
-  return static_cast<uint64_t>(n) << shift;
+  return n;
 }
 
 Options ParseOptions(int argc, char** argv) {

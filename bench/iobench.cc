@@ -17,8 +17,8 @@
 #include <memory>
 #include <string>
 
+#include "blkps/byte_size.hpp"
 #include "blkps/model.hpp"
-#include "byte_size.h"  // learner/src: the tools' size syntax
 
 namespace {
 

@@ -39,9 +39,8 @@ import numpy as np
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(TOP, "learner", "python"))
 import blkps  # noqa: E402
-from blkps.control import Control  # noqa: E402
+from blkps.control import Control, layout  # noqa: E402
 
-UNIT = 512  # a receipt counts writes per 512-byte unit (BLKPS_CONTROL_RECEIPT_UNIT, doc/libblkps.md "Faults")
 MIB = 1 << 20
 REQUEST_BYTES = MIB  # the learners' request size: a push of n bytes is ceil(n / 1 MiB) writes
 START_ALIGN = 16384  # parameters: push starts on 64 KiB, so a receipt has at most size/64 KiB units
@@ -138,7 +137,8 @@ def request_units(start, count):
     """Receipt units at which a push's writes start: libblkps splits a push
     into requests of REQUEST_BYTES from its first byte (doc/libblkps.md)."""
     first, end = start * 4, (start + count) * 4
-    return [offset // UNIT for offset in range(first, end, REQUEST_BYTES)]
+    unit = layout().receipt_unit  # a receipt counts writes per unit (doc/libblkps.md "Faults")
+    return [offset // unit for offset in range(first, end, REQUEST_BYTES)]
 
 
 def read_receipt(control_url, initiator, lun, device_bytes):

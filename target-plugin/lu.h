@@ -7,7 +7,7 @@
  *   - a learner slot: READ returns weights, WRITE is a gradient; one LUN
  *     per learner, which is how the server tells learners apart;
  *   - the control LUN (--bsopts role=control): status, commands, counters
- *     and the weights, laid out as learner/include/blkps/control_lun.h says
+ *     and the weights, laid out as wire/include/blkps/control_lun.h says
  *     (lu.cc serves it; doc/server.md documents it).
  *
  * Threading: create/open/close/destroy, admit and take_released run on

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <set>
 
+#include "blkps/byte_size.hpp"
+
 namespace blkps::server {
 namespace {
 
@@ -16,31 +18,11 @@ Status Bad(const std::string& key, const std::string& expected, const std::strin
   return Status::InvalidArgument(key + ": expected " + expected + ", got '" + got + "'");
 }
 
-// A decimal integer with an optional K, M or G suffix (powers of 1024).
+// A decimal integer; with allow_suffix, blkps's size syntax (K, M or G,
+// powers of 1024: blkps/byte_size.hpp).
 bool ParseSize(const std::string& text, bool allow_suffix, uint64_t* out) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0) return false;
-  std::string suffix(end);
-  unsigned shift = 0;
-  if (suffix.empty()) {
-    shift = 0;
-  } else if (!allow_suffix) {
-    return false;
-  } else if (suffix == "K" || suffix == "k") {
-    shift = 10;
-  } else if (suffix == "M" || suffix == "m") {
-    shift = 20;
-  } else if (suffix == "G" || suffix == "g") {
-    shift = 30;
-  } else {
-    return false;
-  }
-  if (shift && (v >> (64 - shift)) != 0) return false;
-  *out = static_cast<uint64_t>(v) << shift;
-  return true;
+  if (!allow_suffix && text.find_first_not_of("0123456789") != std::string::npos) return false;
+  return ParseByteSize(text, out);
 }
 
 // Seconds: a finite number in [min, max] (min excluded if open_min).

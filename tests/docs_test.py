@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The documentation as a reader meets it: README.md and doc/*.md.
 
 Usage: docs_test.py TOP BUILD CASE, CASE one of
@@ -20,7 +20,8 @@ benchmark of minutes, a fragment of a program), REASON said to the reader;
 How the recipes run. The runnable blocks of one file run in order in one
 bash (`set -euo pipefail`; a python block through `python3 -`), so a later
 block sees an earlier one's variables and servers, from the checkout's top
-folder, with README's one setting (PYTHONPATH=learner/python) and these
+folder, with README's one setting (PYTHONPATH=learner/python), Debian's
+python3 first on PATH (README: the snippets run with Debian's python3), and these
 substitutions, each what README tells a reader or a private place for a
 shared machine:
   - `sudo ` is dropped (README: as root, type commands without it);
@@ -232,7 +233,9 @@ def case_recipes(top, build):
                 script += ["python3 - <<'RECIPE_EOF'", body, "RECIPE_EOF"]
             else:
                 script.append(body)
-        env = dict(os.environ, PYTHONPATH=os.path.join(top, "learner", "python"))
+        # Debian's python3 (with numpy, torch) first, as on the machine README describes.
+        env = dict(os.environ, PYTHONPATH=os.path.join(top, "learner", "python"),
+                   PATH="/usr/bin:" + os.environ.get("PATH", ""))
         print(f"docs: {name}: {len(items)} recipe(s) (lines {', '.join(str(i[0]) for i in items)})", flush=True)
         r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=top, env=env, capture_output=True, text=True,
                            timeout=600)

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "blkps/byte_size.hpp"
 #include "blkps/model.hpp"
-#include "byte_size.h"
 #include "device.h"
 #include "scsi_sense.h"
 #include "transfer_plan.h"
@@ -654,3 +654,62 @@ TEST(ScsiSense, EverySenseTheServerSendsHasAMeaning) {
 
 }  // namespace
 }  // namespace blkps
+
+// The control LUN's codec (blkps/control_lun.h): the one reader of the
+// counters record and of receipts, for libblkps and (through it) Python.
+static blkps_control_receipt SampleReceipt(uint64_t lun) {
+  blkps_control_receipt r = {};
+  std::memcpy(r.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof r.magic);
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  r.record_bytes = sizeof r;
+  r.lun = lun;
+  r.writes_applied = 7;
+  return r;
+}
+
+TEST(ControlCodec, ReceiptDecodesForItsLunOnly) {
+  const blkps_control_receipt r = SampleReceipt(2);
+  std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
+  std::memcpy(page.data(), &r, sizeof r);
+  blkps_control_receipt out = {};
+  ASSERT_EQ(blkps_control_receipt_decode(page.data(), page.size(), 2, &out), 0);
+  EXPECT_EQ(out.writes_applied, 7u);
+  out.writes_applied = 99;
+  EXPECT_EQ(blkps_control_receipt_decode(page.data(), page.size(), 1, &out), -1);
+  EXPECT_EQ(out.writes_applied, 99u) << "a refused decode leaves *out untouched";
+  EXPECT_EQ(blkps_control_receipt_decode(page.data(), sizeof r - 1, 2, &out), -1) << "a short read";
+}
+
+TEST(ControlCodec, ReceiptOfAnotherFormatIsRefused) {
+  blkps_control_receipt r = SampleReceipt(1), out;
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION + 1;
+  EXPECT_EQ(blkps_control_receipt_decode(&r, sizeof r, 1, &out), -1);
+  r = SampleReceipt(1);
+  r.record_bytes = sizeof r - 8;
+  EXPECT_EQ(blkps_control_receipt_decode(&r, sizeof r, 1, &out), -1);
+  r = SampleReceipt(1);
+  r.magic[0] = 'X';
+  EXPECT_EQ(blkps_control_receipt_decode(&r, sizeof r, 1, &out), -1);
+}
+
+TEST(ControlCodec, CountersTakeALongerRecordOfTheSameFormat) {
+  blkps_control_counters c = {};
+  std::memcpy(c.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof c.magic);
+  c.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  c.record_bytes = sizeof c + 8;  // a later format's appended counter
+  c.global_step = 12;
+  std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
+  std::memcpy(region.data(), &c, sizeof c);
+  blkps_control_counters out = {};
+  ASSERT_EQ(blkps_control_counters_decode(region.data(), region.size(), &out), 0);
+  EXPECT_EQ(out.global_step, 12u);
+  region[0] = 'X';
+  EXPECT_EQ(blkps_control_counters_decode(region.data(), region.size(), &out), -1);
+}
+
+TEST(ControlCodec, ReceiptOffsetIsTheLayouts) {
+  const uint64_t device = 4000000;
+  EXPECT_EQ(blkps_control_receipt_offset(device, 0), blkps_control_receipts_offset(device));
+  EXPECT_EQ(blkps_control_receipt_offset(device, 3),
+            blkps_control_receipts_offset(device) + 3 * blkps_control_receipt_bytes(device));
+}

@@ -153,10 +153,11 @@ lifecycle)
   for f in slot1 slot2; do
     [ "$(stat -c %s "$mnt/$f")" = "$device" ] || fail "$f size $(stat -c %s "$mnt/$f"), expected $device"
   done
-  # The weights from 1 MiB, then the learners' receipts (control_lun.h).
-  [ "$(stat -c %s "$mnt/control")" -gt $((1048576 + device)) ] || fail "control size"
+  # The weights, then the learners' receipts (offsets from libblkps).
+  { read -r weights_offset; read -r status_bytes; } < <("$blkps" control-layout --get weights_offset --get status_bytes)
+  [ "$(stat -c %s "$mnt/control")" -gt $((weights_offset + device)) ] || fail "control size"
   "$py" "$top/tests/mount_test.py" same "$mnt/slot2" "${URLS#* }"
-  head -c 65536 "$mnt/control" | tr -d '\0' | "$py" -c 'import json, sys
+  head -c "$status_bytes" "$mnt/control" | tr -d '\0' | "$py" -c 'import json, sys
 assert json.load(sys.stdin)["params"] == 1000000' || fail "status through the mount"
   unmount_by_signal
   # NAME=TARGET form, as a daemon; fusermount3 -u ends it.

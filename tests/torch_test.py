@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(top, "learner", "examples"))
 import torch  # noqa: E402
 import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
 
-import blkps  # noqa: E402
+from blkps.control import Control  # noqa: E402
 import blkps.torch as bps  # noqa: E402
 
 torch.set_num_threads(1)
@@ -158,12 +158,12 @@ class Server:
         self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
 
     def status(self):
-        with blkps.Model(self.control) as c:
-            return json.loads(c.read_bytes(0, 65536).split(b"\0", 1)[0])
+        with Control(self.control) as c:
+            return c.status()
 
     def weights(self, count):
-        with blkps.Model(self.control) as c:
-            return np.frombuffer(c.read_bytes(1 << 20, (count * 4 + 511) // 512 * 512), np.float32)[:count]
+        with Control(self.control) as c:
+            return c.read_weights(0, count)
 
     def run_learners(self, config, learners, env=None):
         """Runs the learners at once; returns their JSON reports by rank."""

@@ -1,4 +1,4 @@
-// The 16-bit wire's conversions (learner/include/blkps/wire_dtype.hpp):
+// The 16-bit wire's conversions (wire/include/blkps/wire_dtype.hpp):
 // every 16-bit pattern round-trips, and narrowing rounds to nearest even as a
 // reference computed in double does.
 #include "blkps/wire_dtype.hpp"

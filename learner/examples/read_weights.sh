@@ -9,8 +9,8 @@
 # mount, or a regular file. Parameter i is the little-endian float32 at byte
 # 4*i, so parameters [FIRST, FIRST+COUNT) are bytes [4*FIRST, 4*(FIRST+COUNT)):
 #   dd if=FILE bs=4 skip=FIRST count=COUNT | od -A n -t f4 -w4
-# On the control LUN the weights start at byte 1 MiB: parameter i is at
-# 1048576 + 4*i (FIRST + 262144).
+# On the control LUN the weights start at byte W (`blkps control-layout --get
+# weights_offset`): parameter i is at W + 4*i (FIRST + W/4).
 #
 # A block device is read with iflag=direct: the page cache would return
 # weights it read earlier, not the server's current ones. Direct I/O moves

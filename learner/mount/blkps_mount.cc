@@ -53,8 +53,8 @@
 #include <thread>
 #include <vector>
 
+#include "blkps/byte_size.hpp"
 #include "blkps/wire_dtype.hpp"
-#include "byte_size.h"
 #include "device.h"
 #include "device_pool.h"
 #include "split_write_assembler.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -94,6 +95,7 @@ void blkps_control_layout_get(blkps_control_layout* out) {
   out->status_checkpoint_keys = BLKPS_STATUS_CHECKPOINT_KEYS;
   out->status_learner_keys = BLKPS_STATUS_LEARNER_KEYS;
   out->exchange_bytes = BLKPS_CONTROL_EXCHANGE_BYTES;
+  out->receipt_unit = BLKPS_CONTROL_RECEIPT_UNIT;
 }
 
 int blkps_control_read_counters(blkps_model* m, blkps_control_counters* out) {
@@ -112,6 +114,24 @@ int blkps_control_read_receipt(blkps_model* m, uint32_t lun, uint64_t device_byt
 uint64_t blkps_control_receipt_units(uint64_t device_bytes) { return blkps_control_receipt_unit_count(device_bytes); }
 
 const char* blkps_last_error(const blkps_model* m) { return m->model->last_error().c_str(); }
+
+size_t blkps_struct_size(const char* name) {
+  static const struct {
+    const char* name;
+    size_t bytes;
+  } kStructs[] = {
+      {"blkps_open_options", sizeof(blkps_open_options)},
+      {"blkps_engine_options", sizeof(blkps_engine_options)},
+      {"blkps_engine_metrics", sizeof(blkps_engine_metrics)},
+      {"blkps_control_layout", sizeof(blkps_control_layout)},
+      {"blkps_control_counters", sizeof(blkps_control_counters)},
+      {"blkps_control_receipt", sizeof(blkps_control_receipt)},
+  };
+  for (const auto& s : kStructs) {
+    if (name != nullptr && std::strcmp(name, s.name) == 0) return s.bytes;
+  }
+  return 0;
+}
 
 // ---- Learner engine ----------------------------------------------------------
 

@@ -744,15 +744,12 @@ Status IscsiDevice::FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline 
 }
 
 Status IscsiDevice::ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline) {
-  const uint64_t record = blkps_control_receipts_offset(size_bytes_) +
-                          static_cast<uint64_t>(lun_) * blkps_control_receipt_bytes(size_bytes_);
+  const uint64_t record = blkps_control_receipt_offset(size_bytes_, static_cast<uint64_t>(lun_));
   std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
   Status s =
       SyncTransfer(iscsi_, control_lun_, Direction::kRead, record, page.data(), page.size(), block_size_, deadline);
   if (!s.ok()) return Status::Error(s.code(), "%s: receipt: %s", name_.c_str(), s.message().c_str());
-  std::memcpy(header, page.data(), sizeof *header);
-  if (std::memcmp(header->magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header->magic) != 0 ||
-      header->format_version != BLKPS_CONTROL_FORMAT_VERSION || header->lun != static_cast<uint64_t>(lun_)) {
+  if (blkps_control_receipt_decode(page.data(), page.size(), static_cast<uint64_t>(lun_), header) != 0) {
     return Status::Error(EPROTO, "%s: the control LUN holds no receipt of format %u for LUN %d", name_.c_str(),
                          BLKPS_CONTROL_FORMAT_VERSION, lun_);
   }

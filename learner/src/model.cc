@@ -200,21 +200,12 @@ int Model::ReadControlCounters(blkps_control_counters* out) {
   std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
   const int rc = ReadBytes(BLKPS_CONTROL_COUNTERS_OFFSET, region.data(), region.size());
   if (rc != 0) return rc;
-  blkps_control_counters record;
-  std::memcpy(&record, region.data(), sizeof record);
-  // A later format may append counters (record_bytes grows); this one's
-  // fields stay where they are.
-  if (std::memcmp(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic) != 0 ||
-      record.format_version != BLKPS_CONTROL_FORMAT_VERSION || record.record_bytes < sizeof record) {
-    return Record(no_record);
-  }
-  *out = record;
-  return 0;
+  return blkps_control_counters_decode(region.data(), region.size(), out) == 0 ? 0 : Record(no_record);
 }
 
 int Model::ReadControlReceipt(uint32_t lun, uint64_t device_bytes, blkps_control_receipt* header,
                               std::vector<uint32_t>* counts) {
-  const uint64_t record = blkps_control_receipts_offset(device_bytes) + lun * blkps_control_receipt_bytes(device_bytes);
+  const uint64_t record = blkps_control_receipt_offset(device_bytes, lun);
   const Status no_receipt =
       Status::Error(EPROTO,
                     "no blkps receipt (format %u) for LUN %u at byte %llu: is this the "
@@ -229,13 +220,7 @@ int Model::ReadControlReceipt(uint32_t lun, uint64_t device_bytes, blkps_control
   std::vector<char> region(wanted);
   const int rc = ReadBytes(record, region.data(), region.size());
   if (rc != 0) return rc;
-  blkps_control_receipt read;
-  std::memcpy(&read, region.data(), sizeof read);
-  if (std::memcmp(read.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof read.magic) != 0 ||
-      read.format_version != BLKPS_CONTROL_FORMAT_VERSION || read.record_bytes < sizeof read || read.lun != lun) {
-    return Record(no_receipt);
-  }
-  *header = read;
+  if (blkps_control_receipt_decode(region.data(), region.size(), lun, header) != 0) return Record(no_receipt);
   if (counts != nullptr) {
     counts->resize(units);
     std::memcpy(counts->data(), region.data() + BLKPS_CONTROL_RECEIPT_HEADER_BYTES, units * 4);

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "byte_size.h"
+#include "blkps/byte_size.hpp"
 #include "shard_layout.h"
 #include "stripe_map.h"
 

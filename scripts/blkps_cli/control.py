@@ -1,6 +1,6 @@
 """blkps status|set: look at and steer a running job through its control
 LUN. The control LUN is plain bytes (doc/server.md, "Status and control"; its layout
-is learner/include/blkps/control_lun.h, which blkps.control reads through
+is wire/include/blkps/control_lun.h, which blkps.control reads through
 libblkps). Anything that can pread/pwrite can do what these commands do."""
 
 import json
@@ -33,12 +33,10 @@ def control_targets(a, what):
     return targets
 
 
-def open_control(url, chap_file, initiator):
-    """blkps.control.Control on `url`, logging in with the credentials in
-    `chap_file` (libblkps reads BLKPS_CHAP_FILE when it opens) if given. The
-    learner's package (libblkps through ctypes, numpy) is imported here, when
-    a command first needs it: --help and bad arguments work before
-    scripts/setup.sh has run."""
+def control_package():
+    """The learner's package blkps.control (libblkps through ctypes, numpy),
+    imported when a command first needs it: --help and bad arguments work
+    before scripts/setup.sh has run."""
     if tools.PYTHON_PACKAGE not in sys.path:
         sys.path.insert(0, tools.PYTHON_PACKAGE)
     try:
@@ -46,12 +44,20 @@ def open_control(url, chap_file, initiator):
     except ImportError as e:
         raise UserError(None, f"cannot load the blkps Python package ({e})",
                         "set the machine up first: scripts/setup.sh as root") from None
+    return blkps.control
+
+
+def open_control(url, chap_file, initiator):
+    """blkps.control.Control on `url`, logging in with the credentials in
+    `chap_file` (libblkps reads BLKPS_CHAP_FILE when it opens) if given. The
+    learner's package is imported here (control_package)."""
+    package = control_package()
     if chap_file is None:
-        return blkps.control.Control(url, initiator_name=initiator)
+        return package.Control(url, initiator_name=initiator)
     saved = os.environ.get("BLKPS_CHAP_FILE")
     os.environ["BLKPS_CHAP_FILE"] = chap_file
     try:
-        return blkps.control.Control(url, initiator_name=initiator)
+        return package.Control(url, initiator_name=initiator)
     finally:
         if saved is None:
             del os.environ["BLKPS_CHAP_FILE"]
@@ -151,8 +157,27 @@ def command_set(a):
     return 0
 
 
+def command_control_layout(a):
+    """Prints the control LUN's layout as libblkps has it: `key value`
+    lines, or the value of each --get KEY, one a line (for scripts: no
+    number of the layout is copied anywhere else)."""
+    layout = control_package().layout()
+    values = {k: (" ".join(v) if isinstance(v, list) else v) for k, v in vars(layout).items()}
+    for key in a.get or []:
+        if key not in values:
+            raise UserError("control-layout", f"no key '{key}'", f"one of: {', '.join(values)}")
+    for key in a.get or values:
+        print(values[key] if a.get else f"{key} {values[key]}")
+
+
 def add_parsers(sub):
-    """`blkps status` and `blkps set` on the subparsers `sub`."""
+    """`blkps status`, `blkps set` and `blkps control-layout` on the
+    subparsers `sub`."""
+    p = sub.add_parser("control-layout", help="print the control LUN's layout (offsets, sizes, status keys)",
+                       description="Print the control LUN's layout as libblkps has it (wire/include/blkps/"
+                       "control_lun.h): `key value` lines, or with --get the values asked for, one a line.")
+    p.add_argument("--get", action="append", metavar="KEY", help="print only KEY's value (repeatable)")
+    p.set_defaults(run=command_control_layout)
     for name, helptext in (("status", "print a job's status from its control LUN"),
                            ("set", "set rule parameters (lr=0.001) or resume=1 through the control LUN")):
         p = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ". DIR is a "

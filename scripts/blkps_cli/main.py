@@ -14,6 +14,7 @@ blkps: a parameter server that is a block device.
 server:        blkps target start|stop|show    one model served by a private tgtd
                blkps shards start|stop|show    one model striped over several servers
                blkps status | blkps set        a running job's status and control LUN
+               blkps control-layout            the control LUN's offsets, for scripts
 learner node:  blkps login|logout|node-status  the model as a local disk (open-iscsi)
                blkps mount                     the model as files (FUSE)
                blkps layout                    the stripe arithmetic of a sharded model

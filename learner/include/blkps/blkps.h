@@ -116,6 +116,14 @@ BLKPS_EXPORT uint64_t blkps_pushed_bytes_lost(const blkps_model *m);
  * none has failed. Valid until the next call on m. */
 BLKPS_EXPORT const char *blkps_last_error(const blkps_model *m);
 
+/* The size in bytes of the public struct `name` ("blkps_open_options",
+ * "blkps_engine_options", "blkps_engine_metrics", "blkps_control_layout",
+ * "blkps_control_counters", "blkps_control_receipt"), or 0 for another name.
+ * A binding that mirrors these structs (the Python package's ctypes) checks
+ * each copy against it when it loads the library, so that a package and a
+ * library of different builds fail in one line instead of misreading. */
+BLKPS_EXPORT size_t blkps_struct_size(const char *name);
+
 /* ---- The control LUN (layout and record in blkps/control_lun.h) -----------
  *
  * Its layout as values, for bindings that cannot include a C header (the
@@ -131,6 +139,7 @@ typedef struct blkps_control_layout {
   const char *status_checkpoint_keys;
   const char *status_learner_keys;
   uint64_t exchange_bytes; /* the exchange region, the control LUN's last bytes */
+  uint64_t receipt_unit;   /* device bytes per receipt counter (BLKPS_CONTROL_RECEIPT_UNIT) */
 } blkps_control_layout;
 BLKPS_EXPORT void blkps_control_layout_get(blkps_control_layout *out);
 

@@ -162,11 +162,38 @@ def _declare(lib):
 _lib = None
 
 
+def _check_mirrors(lib, mirrors):
+    """Raises OSError (EPROTO), one line, unless every ctypes mirror in
+    `mirrors` (C struct name -> ctypes.Structure) has the size libblkps
+    reports for the C struct (blkps_struct_size): a package and a library
+    of different builds must not misread each other's structs."""
+    try:
+        lib.blkps_struct_size.argtypes = [ctypes.c_char_p]
+    except AttributeError:
+        raise OSError(errno.EPROTO, f"blkps: libblkps ({lib._name}) has no blkps_struct_size: it is older "
+                      "than the Python package; use the package and the library of one build") from None
+    lib.blkps_struct_size.restype = ctypes.c_size_t
+    for name, mirror in mirrors.items():
+        c_bytes = lib.blkps_struct_size(name.encode())
+        if c_bytes != ctypes.sizeof(mirror):
+            raise OSError(errno.EPROTO,
+                          f"blkps: {name} is {c_bytes} bytes in libblkps ({lib._name}) but "
+                          f"{ctypes.sizeof(mirror)} in the Python package ({__file__}): they are from "
+                          "different builds; use the package and the library of one build")
+
+
+_MIRRORS = {"blkps_open_options": _OpenOptions, "blkps_engine_options": _EngineOptions,
+            "blkps_engine_metrics": _EngineMetrics}
+
+
 def _library():
-    """Loads libblkps.so on first use, so that importing never fails."""
+    """Loads libblkps.so on first use, so that importing never fails, and
+    checks this module's struct mirrors against it."""
     global _lib
     if _lib is None:
-        _lib = _declare(ctypes.CDLL(_library_path()))
+        lib = ctypes.CDLL(_library_path())
+        _check_mirrors(lib, _MIRRORS)
+        _lib = _declare(lib)
     return _lib
 
 

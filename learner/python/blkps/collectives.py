@@ -4,7 +4,7 @@ blkps.torch builds allreduce, allgather, broadcast and broadcast_object on
 it (doc/pytorch.md "PyTorch", "Horovod's API").
 
 The bytes travel through the exchange region of the model's control LUN
-(learner/include/blkps/control_lun.h: the LUN's last ``exchange_bytes``,
+(wire/include/blkps/control_lun.h: the LUN's last ``exchange_bytes``,
 plain bytes the server keeps in memory and gives no meaning). They never
 touch the model, its clocks or its rule, so a round works the same in
 async, bsp and ssp, and its result is exact: each rank reduces the same

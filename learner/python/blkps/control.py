@@ -1,6 +1,6 @@
 """blkps.control: a model's control LUN (status, commands, counters, weights).
 
-The layout is the C header's (learner/include/blkps/control_lun.h, doc/server.md
+The layout is the C header's (wire/include/blkps/control_lun.h, doc/server.md
 "Status and control"); ``layout()`` takes it from libblkps, so this module
 holds no copy of its numbers::
 
@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 
-from . import Model, _library
+from . import Model, _check_mirrors, _library
 
 __all__ = ["Control", "layout"]
 
@@ -39,6 +39,7 @@ class _Layout(ctypes.Structure):  # blkps_control_layout, blkps.h
         ("status_checkpoint_keys", ctypes.c_char_p),
         ("status_learner_keys", ctypes.c_char_p),
         ("exchange_bytes", ctypes.c_uint64),
+        ("receipt_unit", ctypes.c_uint64),
     ]
 
 
@@ -86,6 +87,8 @@ def layout():
     global _layout
     if _layout is None:
         lib = _library()
+        _check_mirrors(lib, {"blkps_control_layout": _Layout, "blkps_control_counters": _Counters,
+                             "blkps_control_receipt": _Receipt})
         lib.blkps_control_layout_get.argtypes = [ctypes.POINTER(_Layout)]
         lib.blkps_control_layout_get.restype = None
         lib.blkps_control_read_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]

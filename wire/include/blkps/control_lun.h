@@ -66,6 +66,7 @@
 #define BLKPS_CONTROL_LUN_H
 
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -162,6 +163,51 @@ typedef struct blkps_control_receipt {
   uint64_t writes_in_progress; /* admitted and not yet finished or failed:
                                   0 means the counters are final for now */
 } blkps_control_receipt;
+
+/* The codec: the one reader of these records, used by libblkps (Model's
+ * ReadControlCounters and ReadControlReceipt, the iSCSI device's resend
+ * after a reconnect) and, through libblkps, by Python. */
+
+/* Where LUN `lun`'s receipt starts on the control LUN of a model whose
+ * learner LUNs are `device_bytes` long. */
+static inline uint64_t blkps_control_receipt_offset(uint64_t device_bytes, uint64_t lun) {
+  return blkps_control_receipts_offset(device_bytes) + lun * blkps_control_receipt_bytes(device_bytes);
+}
+
+/* Decodes the counters record from the `n` bytes read at
+ * BLKPS_CONTROL_COUNTERS_OFFSET into *out. Returns 0, or -1 (*out
+ * untouched) when they hold no record of this format: a short read, another
+ * magic or version, or a record shorter than this format's. A later format
+ * may append fields (record_bytes grows); this one's stay where they are. */
+static inline int blkps_control_counters_decode(const void *bytes, uint64_t n, blkps_control_counters *out) {
+  blkps_control_counters r;
+  if (n < sizeof r) return -1;
+  memcpy(&r, bytes, sizeof r);
+  if (memcmp(r.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof r.magic) != 0 ||
+      r.format_version != BLKPS_CONTROL_FORMAT_VERSION || r.record_bytes < sizeof r) {
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+/* Decodes the header of LUN `lun`'s receipt from the `n` bytes read at
+ * blkps_control_receipt_offset() into *out. Returns 0, or -1 (*out
+ * untouched) when they hold no receipt of this format for that LUN. The
+ * counters follow at BLKPS_CONTROL_RECEIPT_HEADER_BYTES: little-endian
+ * uint32, blkps_control_receipt_unit_count() of them. */
+static inline int blkps_control_receipt_decode(const void *bytes, uint64_t n, uint64_t lun,
+                                               blkps_control_receipt *out) {
+  blkps_control_receipt r;
+  if (n < sizeof r) return -1;
+  memcpy(&r, bytes, sizeof r);
+  if (memcmp(r.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof r.magic) != 0 ||
+      r.format_version != BLKPS_CONTROL_FORMAT_VERSION || r.record_bytes < sizeof r || r.lun != lun) {
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
 
 #ifdef __cplusplus
 }  // extern "C"
