@@ -108,6 +108,36 @@ def fio_subset():
     return _render(keep)
 
 
+F32_VS_DDP_LABELS = {
+    "blkps-async": "blkps, push then pull (`Model`)",
+    "ddp": "DDP float32 (gloo ring)",
+    "blkps-async-engine": "blkps, push and next pull at once (`Engine`)",
+}
+
+
+def f32_vs_ddp():
+    """The run that set blkps float32 beside DDP: each exchange against DDP's
+    time, with the push's and the pull's medians and the CPU spent."""
+    import json
+    with open(os.path.join(RESULTS, "cluster-f32-vs-ddp", "cluster.json"), encoding="utf-8") as f:
+        records = [r for r in json.load(f) if r["dtype"] == "float32"]
+    ddp = next(r["ms_per_exchange"] for r in records if r["system"] == "ddp")
+    rows = [["exchange", "ms / exchange", "vs DDP", "push · pull ms (medians)", "MB sent / host",
+             "CPU ms / exchange: learner · tgtd"]]
+    for r in records:
+        phases = f"{r['ms_per_push']:.0f} · {r['ms_per_pull']:.0f}" if "ms_per_push" in r else ""
+        sent = r["wire_bytes_per_host"] / 1e6
+        # The engine pulls ahead of its steps: its bytes per exchange are off by up to a pull.
+        sent = f"~{sent:.0f}" if r["system"].endswith("-engine") else f"{sent:.1f}"
+        cpu = f"{r['cpu_ms_per_exchange']:.0f}" + (f" · {r['tgtd_cpu_ms_per_exchange']:.0f}"
+                                                  if "tgtd_cpu_ms_per_exchange" in r else "")
+        rows.append([F32_VS_DDP_LABELS.get(r["system"], r["system"]), f"{r['ms_per_exchange']:.0f}",
+                     f"{r['ms_per_exchange'] / ddp:.2f}", phases, sent, cpu])
+    table = _render(rows).split("\n")
+    table[1] = "|---|" + "---:|" * (len(rows[0]) - 1)
+    return "\n".join(table)
+
+
 def soak():
     """The committed soak run's figures (bench/soak.py writes them)."""
     return _render(_tables(_read("soak", "soak.md"))[0])
@@ -115,6 +145,7 @@ def soak():
 
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
+    "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
     "one-host-ratios": (one_host_ratios, "bench/results/report.md"),
     "null-ratio": (null_ratio, "bench/results/report.md"),
     "fio": (fio_subset, "bench/results/report.md"),
