@@ -1,7 +1,10 @@
-// The 16-bit wire's conversions (wire/include/blkps/wire_dtype.hpp):
+// The 16-bit wire's conversions (wire/include/blkps/wire_dtype.hpp; the
+// bulk ones of wire_convert.h with the process's kernel):
 // every 16-bit pattern round-trips, and narrowing rounds to nearest even as a
 // reference computed in double does.
 #include "blkps/wire_dtype.hpp"
+
+#include "blkps/wire_convert.h"
 
 #include <gtest/gtest.h>
 

@@ -9,6 +9,7 @@
 #include <new>
 #include <vector>
 
+#include "blkps/wire_convert.h"
 #include "device.h"
 #include "status.h"
 #include "transfer_plan.h"
@@ -139,8 +140,7 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
   } catch (const std::bad_alloc&) {
     return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
   }
-  wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
-  const uint64_t bad = wire::FirstNonFinite16(dtype_, wire_buffer_.data(), count);
+  const uint64_t bad = wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
   if (bad != count) {
     return Record(Status::Error(EINVAL,
                                 "push: gradient for parameter %llu is %g, which is %s in %s; "

@@ -58,8 +58,8 @@ inline float BitsFloat(uint32_t u) {
   return f;
 }
 
-// The conversions are branch-free (every case computed, one selected) so
-// that the loops of Narrow and Widen vectorise.
+// The conversions are branch-free (every case computed, one selected): the
+// SIMD kernels of blkps/wire_convert.h compute the same cases in lanes.
 
 inline uint16_t FloatToBfloat16(float f) {
   const uint32_t x = FloatBits(f);
@@ -110,54 +110,8 @@ inline bool IsNonFinite16(Dtype t, uint16_t h) {
   return t == Dtype::kBfloat16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
 }
 
-// The bulk conversions run on every 16-bit READ and WRITE (server) and
-// Push/Pull (learner): vectorised, with AVX2 and AVX-512 clones picked at
-// load time where GCC builds them (each file that includes this header gets
-// its own copies: they have internal linkage). Not under GCC's
-// ThreadSanitizer: the clones' ifunc resolvers run before TSan's runtime is
-// up and crash the program at load (as update_rule.cc's Adam did).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define BLKPS_WIRE_VECTORISED __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3")))
-#else
-#define BLKPS_WIRE_VECTORISED
-#endif
-
-// n float32 values to the 16-bit type t (t != kFloat32).
-BLKPS_WIRE_VECTORISED static inline void Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) {
-  if (t == Dtype::kBfloat16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBfloat16(src[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
-  }
-}
-
-// n 16-bit values of type t (t != kFloat32) to float32, exactly.
-BLKPS_WIRE_VECTORISED static inline void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) {
-  if (t == Dtype::kBfloat16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = Bfloat16ToFloat(src[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
-  }
-}
-
-// Index of the first value in v[0..n) that is NaN or infinite in type t
-// (t != kFloat32), or n if there is none.
-BLKPS_WIRE_VECTORISED static inline size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) {
-  constexpr size_t kChunk = 4096;  // branch-free within a chunk
-  for (size_t start = 0; start < n; start += kChunk) {
-    const size_t end = n - start < kChunk ? n : start + kChunk;
-    unsigned bad = 0;
-    for (size_t i = start; i < end; ++i) bad |= IsNonFinite16(t, v[i]);
-    if (bad) {
-      for (size_t i = start; i < end; ++i) {
-        if (IsNonFinite16(t, v[i])) return i;
-      }
-    }
-  }
-  return n;
-}
-
-#undef BLKPS_WIRE_VECTORISED
+// The bulk conversions of arrays are blkps/wire_convert.h's (SIMD kernels
+// chosen at run time; these functions are their reference).
 
 }  // namespace blkps::wire
 

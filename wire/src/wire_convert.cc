@@ -1,0 +1,113 @@
+// blkps/wire_convert.h: the scalar kernel (the reference) and the choice of
+// kernel.
+#include "blkps/wire_convert.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace blkps::wire {
+namespace kernels {
+
+size_t NarrowScalar(Dtype t, const float* src, uint16_t* dst, size_t n) {
+  if (t == Dtype::kBfloat16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBfloat16(src[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
+  }
+  return FirstNonFiniteScalar(t, dst, n);
+}
+
+void WidenScalar(Dtype t, const uint16_t* src, float* dst, size_t n) {
+  if (t == Dtype::kBfloat16) {
+    for (size_t i = 0; i < n; ++i) dst[i] = Bfloat16ToFloat(src[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
+  }
+}
+
+size_t FirstNonFiniteScalar(Dtype t, const uint16_t* v, size_t n) {
+  for (size_t start = 0; start < n; start += kCheckBlock) {
+    const size_t end = n - start < kCheckBlock ? n : start + kCheckBlock;
+    unsigned bad = 0;  // branch-free within a block, so that it vectorises
+    for (size_t i = start; i < end; ++i) bad |= IsNonFinite16(t, v[i]);
+    if (bad) {
+      for (size_t i = start; i < end; ++i) {
+        if (IsNonFinite16(t, v[i])) return i;
+      }
+    }
+  }
+  return n;
+}
+
+}  // namespace kernels
+
+namespace {
+
+Kernel Best() {
+#if defined(__x86_64__)
+  if (KernelSupported(Kernel::kAvx512)) return Kernel::kAvx512;
+  if (KernelSupported(Kernel::kAvx2)) return Kernel::kAvx2;
+#endif
+  return Kernel::kScalar;
+}
+
+Kernel Choose() {
+  const char* wanted = std::getenv("BLKPS_WIRE_KERNEL");
+  for (Kernel k : {Kernel::kScalar, Kernel::kAvx2, Kernel::kAvx512}) {
+    if (wanted != nullptr && std::strcmp(wanted, KernelName(k)) == 0 && KernelSupported(k)) return k;
+  }
+  return Best();
+}
+
+}  // namespace
+
+const char* KernelName(Kernel k) { return k == Kernel::kScalar ? "scalar" : k == Kernel::kAvx2 ? "avx2" : "avx512"; }
+
+bool KernelSupported(Kernel k) {
+  switch (k) {
+    case Kernel::kScalar: return true;
+#if defined(__x86_64__)
+    // GCC's and clang's checks include the OS's saving of the registers
+    // (XGETBV), not only CPUID.
+    case Kernel::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Kernel::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+    default: return false;
+  }
+}
+
+Kernel ActiveKernel() {
+  static const Kernel active = Choose();  // thread-safe initialisation
+  return active;
+}
+
+size_t NarrowWith(Kernel k, Dtype t, const float* src, uint16_t* dst, size_t n) {
+  switch (k) {
+#if defined(__x86_64__)
+    case Kernel::kAvx2: return kernels::NarrowAvx2(t, src, dst, n);
+    case Kernel::kAvx512: return kernels::NarrowAvx512(t, src, dst, n);
+#endif
+    default: return kernels::NarrowScalar(t, src, dst, n);
+  }
+}
+
+void WidenWith(Kernel k, Dtype t, const uint16_t* src, float* dst, size_t n) {
+  switch (k) {
+#if defined(__x86_64__)
+    case Kernel::kAvx2: return kernels::WidenAvx2(t, src, dst, n);
+    case Kernel::kAvx512: return kernels::WidenAvx512(t, src, dst, n);
+#endif
+    default: return kernels::WidenScalar(t, src, dst, n);
+  }
+}
+
+size_t Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) { return NarrowWith(ActiveKernel(), t, src, dst, n); }
+
+void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) { WidenWith(ActiveKernel(), t, src, dst, n); }
+
+size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) { return kernels::FirstNonFiniteScalar(t, v, n); }
+
+}  // namespace blkps::wire
