@@ -1,5 +1,5 @@
 // The C++ core of one blkps logical unit: its options, its job, and the
-// control LUN's regions (layout in learner/include/blkps/control_lun.h).
+// control LUN's regions (layout in wire/include/blkps/control_lun.h).
 #include "lu.h"
 
 #include <unistd.h>
