@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "blkps/blkps.h"
 #include "blkps/byte_size.hpp"
 #include "blkps/model.hpp"
 #include "device.h"
@@ -294,6 +295,54 @@ TEST_F(ModelOnFile, UnalignedByteTransferIsEInval) {
   EXPECT_EQ(model_->WriteBytes(0, buffer.data(), 100), -EINVAL);
   EXPECT_NE(model_->last_error().find("logical block size 512"), std::string::npos);
   EXPECT_EQ(model_->ReadBytes(model_->size_bytes(), buffer.data(), 512), -ERANGE);
+}
+
+// Push16/Pull16 (and the C API's blkps_push16/blkps_pull16): the 16-bit
+// values travel as they are, at byte 2*i; Pull widens what Push16 wrote as
+// blkps/wire_dtype.hpp says.
+TEST_F(ModelOnFile, SixteenBitValuesTravelAsTheyAre) {
+  for (const char* dtype : {"bfloat16", "float16"}) {
+    SCOPED_TRACE(dtype);
+    OpenOptions options;
+    options.dtype = dtype;
+    std::string error;
+    std::unique_ptr<Model> model = Model::Open(path_, options, &error);
+    ASSERT_NE(model, nullptr) << error;
+    wire::Dtype t = wire::Dtype::kFloat32;
+    ASSERT_TRUE(wire::ParseDtype(dtype, &t));
+    std::vector<uint16_t> values(1000);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint16_t>(0x3c00 + 7 * i);  // finite
+    ASSERT_EQ(model->Push16(10, values.data(), values.size()), 0) << model->last_error();
+    std::vector<uint16_t> back(values.size());
+    ASSERT_EQ(model->Pull16(10, back.data(), back.size()), 0);
+    EXPECT_EQ(back, values);
+    std::vector<float> wide(values.size());
+    ASSERT_EQ(model->Pull(10, wide.data(), wide.size()), 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(wire::FloatBits(wide[i]),
+                wire::FloatBits(t == wire::Dtype::kBfloat16 ? wire::Bfloat16ToFloat(values[i])
+                                                            : wire::Float16ToFloat(values[i])));
+    }
+    const uint16_t inf = t == wire::Dtype::kBfloat16 ? 0x7f80 : 0x7c00;
+    std::vector<uint16_t> bad = {0x3c00, inf};
+    EXPECT_EQ(model->Push16(0, bad.data(), bad.size()), -EINVAL);
+    EXPECT_NE(model->last_error().find("parameter 1 is infinite"), std::string::npos) << model->last_error();
+    ASSERT_EQ(model->Pull16(0, back.data(), 2), 0);
+    EXPECT_EQ(back[0], 0u) << "a refused push16 sent something";
+    blkps_model* c = nullptr;
+    blkps_open_options copts = {};
+    copts.dtype = dtype;
+    ASSERT_EQ(blkps_open(path_.c_str(), &copts, &c, nullptr, 0), 0);
+    std::vector<uint16_t> via_c(values.size());
+    ASSERT_EQ(blkps_pull16(c, 10, via_c.data(), via_c.size()), 0);
+    EXPECT_EQ(via_c, values);
+    ASSERT_EQ(blkps_push16(c, 10, values.data(), 1), 0);
+    blkps_close(c);
+  }
+  std::vector<uint16_t> some(4);
+  EXPECT_EQ(model_->Push16(0, some.data(), some.size()), -EINVAL);
+  EXPECT_NE(model_->last_error().find("the device is float32"), std::string::npos);
+  EXPECT_EQ(model_->Pull16(0, some.data(), some.size()), -EINVAL);
 }
 
 TEST(ModelOpen, MissingFileFailsWithOneLineMessage) {

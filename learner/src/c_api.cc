@@ -69,6 +69,14 @@ int blkps_pull(blkps_model* m, uint64_t first_param, float* weights, uint64_t co
   return m->model->Pull(first_param, weights, count);
 }
 
+int blkps_push16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint64_t count) {
+  return m->model->Push16(first_param, grad, count);
+}
+
+int blkps_pull16(blkps_model* m, uint64_t first_param, uint16_t* weights, uint64_t count) {
+  return m->model->Pull16(first_param, weights, count);
+}
+
 int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf, uint64_t len) {
   return m->model->WriteBytes(offset, buf, len);
 }

@@ -169,6 +169,41 @@ int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
   return Record(status);
 }
 
+// The device must be 16-bit for Push16/Pull16.
+static Status Check16(const char* operation, wire::Dtype dtype) {
+  if (dtype != wire::Dtype::kFloat32) return Status();
+  return Status::Error(EINVAL,
+                       "%s: the device is float32; 16-bit values go only to a LUN with --bsopts "
+                       "dtype=bfloat16 or float16 (open it with that dtype)",
+                       operation);
+}
+
+int Model::Push16(uint64_t first_param, const uint16_t* grad, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = Check16("push16", dtype_);
+  if (status.ok())
+    status = ParamsToBytes("push16", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
+  if (!status.ok()) return Record(status);
+  const uint64_t bad = wire::FirstNonFinite16(dtype_, grad, count);
+  if (bad != count) {
+    return Record(Status::Error(EINVAL, "push16: gradient for parameter %llu is %s in %s; nothing was sent",
+                                static_cast<ull>(first_param + bad),
+                                (grad[bad] & (dtype_ == wire::Dtype::kBfloat16 ? 0x7fu : 0x3ffu)) ? "NaN" : "infinite",
+                                dtype()));
+  }
+  return Record(
+      Transfer(*device_, Direction::kWrite, offset, const_cast<uint16_t*>(grad), length, request_bytes_, queue_depth_));
+}
+
+int Model::Pull16(uint64_t first_param, uint16_t* weights, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = Check16("pull16", dtype_);
+  if (status.ok())
+    status = ParamsToBytes("pull16", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
+  if (!status.ok()) return Record(status);
+  return Record(Transfer(*device_, Direction::kRead, offset, weights, length, request_bytes_, queue_depth_));
+}
+
 int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
   Status status = CheckByteRange("write_bytes", offset, length, *device_);
   if (status.ok()) {

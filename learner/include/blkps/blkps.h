@@ -97,6 +97,14 @@ BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param, const float *g
  * `weights`. Same range rules as blkps_push. */
 BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param, float *weights, uint64_t count);
 
+/* On a 16-bit device (dtype bfloat16 or float16): the 16-bit values as they
+ * travel, no conversion (a GPU's .to(bfloat16/float16) rounds as
+ * blkps/wire_dtype.hpp does). Same range rules as blkps_push/blkps_pull;
+ * -EINVAL on a float32 device, and from blkps_push16 when a value is NaN or
+ * infinite (nothing sent). */
+BLKPS_EXPORT int blkps_push16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint64_t count);
+BLKPS_EXPORT int blkps_pull16(blkps_model *m, uint64_t first_param, uint16_t *weights, uint64_t count);
+
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else
  * -ERANGE). */

@@ -100,6 +100,15 @@ class BLKPS_EXPORT Model {
   // requested part copied out. Same return values as Push().
   int Pull(uint64_t first_param, float* weights, uint64_t count);
 
+  // On a 16-bit device: the values as they travel, no conversion. `grad`
+  // holds 16-bit values of the device's dtype (bfloat16 or float16 bit
+  // patterns, e.g. a GPU's .to(torch.bfloat16), whose rounding equals
+  // blkps/wire_dtype.hpp's); Pull16 stores the device's 16-bit values.
+  // Same range rules and return values as Push/Pull; -EINVAL on a float32
+  // device, and from Push16 when a value is NaN or infinite (nothing sent).
+  int Push16(uint64_t first_param, const uint16_t* grad, uint64_t count);
+  int Pull16(uint64_t first_param, uint16_t* weights, uint64_t count);
+
   // Raw transfers of `length` bytes at device byte `offset`.
   // Returns -EINVAL unless offset and length are multiples of
   // logical_block_size(), -ERANGE past the end of the device.

@@ -114,6 +114,10 @@ def _declare(lib):
     lib.blkps_push.restype = ctypes.c_int
     lib.blkps_pull.argtypes = [handle, ctypes.c_uint64, _FLOAT_P, ctypes.c_uint64]
     lib.blkps_pull.restype = ctypes.c_int
+    lib.blkps_push16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.blkps_push16.restype = ctypes.c_int
+    lib.blkps_pull16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.blkps_pull16.restype = ctypes.c_int
     lib.blkps_read_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_read_bytes.restype = ctypes.c_int
     lib.blkps_write_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
@@ -307,6 +311,25 @@ class Model(_Handle):
                              "float32 numpy array")
         self._check(self._lib.blkps_pull(self._open_handle(), first_param,
                                          out.ctypes.data_as(_FLOAT_P), out.size))
+        return out
+
+    def push16(self, first_param, grad):
+        """On a 16-bit device: sends `grad`, a C-contiguous uint16 array of
+        the device dtype's bit patterns (e.g. a torch bfloat16 tensor's
+        .view(torch.int16).numpy().view(np.uint16)), as is: no conversion,
+        no copy. Raises on a float32 device or a NaN/infinite value."""
+        if not isinstance(grad, np.ndarray) or grad.dtype != np.uint16 or not grad.flags.c_contiguous:
+            raise ValueError("blkps: push16 needs a C-contiguous uint16 numpy array")
+        self._check(self._lib.blkps_push16(self._open_handle(), first_param, grad.ctypes.data, grad.size))
+
+    def pull16_into(self, first_param, out):
+        """On a 16-bit device: reads the weights of parameters
+        [first_param, first_param + out.size) as the device's 16-bit values
+        into `out`, a writable C-contiguous uint16 array; returns out."""
+        if (not isinstance(out, np.ndarray) or out.dtype != np.uint16
+                or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError("blkps: pull16_into needs a writable C-contiguous uint16 numpy array")
+        self._check(self._lib.blkps_pull16(self._open_handle(), first_param, out.ctypes.data, out.size))
         return out
 
     def read_bytes(self, offset, length):

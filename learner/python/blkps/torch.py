@@ -27,10 +27,13 @@ Two modes:
   torch.optim.SGD in bsp and rule sum this equals gradient mode with server
   sgd up to float rounding (a bsp round averages the learners' pushes).
 
-Parameters and gradients live in two flat, page-aligned float32 buffers in
-the device's layout: each parameter's ``.data`` and ``.grad`` are views into
-them, so a pull lands in the parameters and autograd accumulates straight
-into the buffer that is pushed. In gradient mode a hook on each parameter's
+Parameters and gradients live in two flat float32 buffers in the device's
+layout, on the model's own device (CPU or CUDA): each parameter's ``.data``
+and ``.grad`` are views into them, so a pull lands in the parameters and
+autograd accumulates straight into the buffer that is pushed. On the CPU
+libblkps reads and writes them directly (page aligned); a CUDA model's
+buckets go through page-locked host staging on a copy stream, narrowed to
+a 16-bit wire on the GPU (blkps.staging, doc/gpu.md). In gradient mode a hook on each parameter's
 gradient accumulator marks it done; a bucket (a range of the flat gradient,
 ``bucket_bytes``, cut at 4 KiB boundaries so that every push is whole 512-byte
 blocks) is pushed on a communication thread as soon as all parameters in it
@@ -61,6 +64,7 @@ import queue
 import re
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -68,6 +72,7 @@ import torch
 import blkps
 from blkps.collectives import Exchange as _Exchange, session_of as _session_of
 from blkps.control import Control as _ControlLun
+from blkps.staging import FlatModel as _FlatModel
 
 __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_count",
            "fingerprint", "DistributedOptimizer", "broadcast_parameters",
@@ -294,7 +299,8 @@ def ccl_built():
 
 
 def cuda_built():
-    """False: CUDA tensors are moved to the CPU for the server and back."""
+    """False as Horovod means it (no GPU collectives): CUDA tensors are
+    staged through the host for the server (doc/gpu.md)."""
     return False
 
 
@@ -339,13 +345,6 @@ def fingerprint(model):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _aligned_floats(count):
-    """A zeroed float32 numpy array of `count` values on a page boundary."""
-    raw = np.zeros(count * 4 + 4096, dtype=np.uint8)
-    start = (-raw.ctypes.data) % 4096
-    return raw[start:start + count * 4].view(np.float32)
-
-
 class _Control(_ControlLun):
     """The model's control LUN (blkps.control: status, commands such as the
     tag), and the whole weights window written at once."""
@@ -365,18 +364,21 @@ class _Layout:
         if not self.named:
             raise ValueError("blkps.torch: the model has no parameters")
         self.offsets, at = [], 0
+        self.device = self.named[0][1].device
         for name, p in self.named:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError(f"blkps.torch: parameter {name} is {p.dtype} on {p.device}; "
-                                 "the device holds float32 parameters of a CPU model")
+            if p.dtype != torch.float32 or p.device != self.device:
+                raise ValueError(f"blkps.torch: parameter {name} is {p.dtype} on {p.device}; the "
+                                 f"model's parameters must all be float32 on one device ({self.device}, "
+                                 "as the first one); keep the model float32 and use autocast for "
+                                 "16-bit compute")
             self.offsets.append(at)
             at += p.numel()
         self.count = at
         self.fingerprint = fingerprint(self.named)
 
     def views(self, flat):
-        """Each parameter's view into the flat float32 numpy array `flat`."""
-        base = torch.from_numpy(flat)
+        """Each parameter's view into the flat float32 tensor `flat`."""
+        base = flat
         return [base[at:at + p.numel()].view(p.shape) for (_, p), at in zip(self.named, self.offsets)]
 
 
@@ -474,7 +476,8 @@ def _cut_buckets(layout, bucket_floats):
 class _DistributedOptimizer:
     """See DistributedOptimizer()."""
 
-    def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward, options=None):
+    def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward, options=None,
+                 overlap_pull=None, skip_nonfinite=False):
         job = _the_job()
         options = options if options is not None else _HorovodOptions()
         self.optimizer = optimizer
@@ -498,35 +501,50 @@ class _DistributedOptimizer:
             raise
         self.mode = status["mode"] if status else "bsp"
         self.push_scale = options.push_scale(self.mode, job.size)
+        self.skip_nonfinite = bool(skip_nonfinite)
         self._skip_synchronize = False
-        self.weights = _aligned_floats(layout.count)
-        self.gradient = _aligned_floats(layout.count)
+        self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
+                                          else ([], []))
+        self.flat = _FlatModel(layout.count, layout.device, options.compression.wire_dtype, self.buckets)
+        self.weights, self.gradient = self.flat.weights, self.flat.gradient
         self._grad_views = layout.views(self.gradient)
         with torch.no_grad():
             for (_, p), w in zip(layout.named, layout.views(self.weights)):
                 w.copy_(p)  # keep the local values until broadcast_parameters or step()
                 p.data = w
         self.steps = 0
-        self.pushes = 0      # bucket pushes (gradient mode) or whole-model pushes (delta)
-        self.overlapped = 0  # gradient mode: buckets pushed while backward still ran
+        self.pushes = 0         # bucket pushes (gradient mode) or whole-model pushes (delta)
+        self.overlapped = 0     # gradient mode: buckets pushed while backward still ran
+        self.skipped_steps = 0  # steps with non-finite gradients, not pushed (skip_nonfinite)
+        self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
+        # Gradient mode, where the time goes (seconds, summed): the communication
+        # thread's wait for a bucket's copy to the host (and its narrowing on
+        # the CPU), its pushes, its pulls (with the copy back queued), and the
+        # training thread's waits for weights still arriving.
+        self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "weights_wait": 0.0}
+        self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
         self._hooks = []
         self._push_device = None
+        self._forward_hook = None
         if optimizer is None:
             self.pull_during_backward = (self.mode != "bsp" if pull_during_backward is None
                                          else bool(pull_during_backward))
-            self._start_gradient_mode(max(1, bucket_bytes // 4))
+            self.overlap_pull = layout.device.type == "cuda" if overlap_pull is None else bool(overlap_pull)
+            self._start_gradient_mode()
 
     # ---- gradient mode ----
 
-    def _start_gradient_mode(self, bucket_floats):
-        self.buckets, self._buckets_of = _cut_buckets(self.layout, bucket_floats)
+    def _start_gradient_mode(self):
         self._backward_done = False  # set by step(): later bucket pushes did not overlap
         self._error = None
         self._misuse = None  # set by a hook, raised by step()
         self._work = queue.Queue()
         self._idle = threading.Condition()
-        self._in_flight = 0
+        self._pushes_in_flight = 0
         self._passes = [0] * len(self.layout.named)  # backward passes this step, by parameter
+        for b in self.buckets:
+            b.arrived = threading.Event()  # its weights of this step are in the parameters
+            b.arrived.set()
         self._comm = threading.Thread(target=self._communicate, name="blkps-torch-comm", daemon=True)
         self._comm.start()
         for k, ((_, p), g) in enumerate(zip(self.layout.named, self._grad_views)):
@@ -538,6 +556,48 @@ class _DistributedOptimizer:
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             accumulator.register_hook(self._make_hook(k))
             self._hooks.append(accumulator)  # keep it alive
+        if self.overlap_pull:
+            self._param_index = {id(p): k for k, (_, p) in enumerate(self.layout.named)}
+            self._buckets_of_module = weakref.WeakKeyDictionary()
+            self.waited = []  # (module, [bucket indices]) of the last forward_log_steps
+            self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
+
+    def _before_forward(self, module, _inputs):
+        """Every module's forward starts here: wait for the weights of this
+        module's own parameters only (their buckets' pulls), so the first
+        layers run while the last ones still arrive."""
+        buckets = self._buckets_of_module.get(module)
+        if buckets is None:
+            ks = [self._param_index[id(p)] for p in module.parameters(recurse=False) if id(p) in self._param_index]
+            buckets = sorted({id(b): b for k in ks for b in self._buckets_of[k]}.values(), key=lambda b: b.first)
+            self._buckets_of_module[module] = buckets
+        if self.log_forward_waits and buckets:
+            self.waited.append((module, [self.buckets.index(b) for b in buckets]))
+        for b in buckets:
+            self._wait_arrived(b)
+            self.flat.wait_weights(b.first, b.end)
+
+    log_forward_waits = False  # tests: record which buckets each module's forward waited for
+
+    def _wait_arrived(self, bucket):
+        if not bucket.arrived.is_set():
+            self.forward_waits += 1
+            start = time.perf_counter()
+            while not bucket.arrived.wait(1.0):
+                if not self._comm.is_alive():
+                    raise RuntimeError("blkps.torch: the communication thread has stopped")
+            self.seconds["weights_wait"] += time.perf_counter() - start
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def wait_weights(self):
+        """Waits until every weight of the last step() is in the parameters
+        (overlap_pull: step() returns before; forward waits by layer)."""
+        if self.optimizer is None:
+            for b in self.buckets:
+                self._wait_arrived(b)
+                self.flat.wait_weights(b.first, b.end)
 
     def _make_hook(self, k):
         def hook(*_):
@@ -558,7 +618,8 @@ class _DistributedOptimizer:
         return guard
 
     def _gradient_ready(self, k):
-        """Parameter k's gradient is complete: push the buckets it finishes."""
+        """Parameter k's gradient is complete: push the buckets it finishes
+        (skip_nonfinite: step() pushes them, once it knows the step is finite)."""
         _, p = self.layout.named[k]
         view = self._grad_views[k]
         if p.grad is None or p.grad.data_ptr() != view.data_ptr():
@@ -571,66 +632,110 @@ class _DistributedOptimizer:
             if b.queued:
                 return  # a second gradient, zeroed by the guard
             b.waiting -= 1
-            if b.waiting == 0:
+            if b.waiting == 0 and not self.skip_nonfinite:
                 self._queue(b)
 
-    def _queue(self, bucket):
+    def _queue(self, bucket, zero=False):
+        """Queues the bucket's push (zeros when `zero`) and, when pulling
+        during backward, its pull; on a GPU its copy to the host starts now."""
         bucket.queued = True
+        if not zero:
+            self.flat.gradient_ready(bucket.first, bucket.end, self.push_scale)
+        if self.pull_during_backward:
+            bucket.arrived.clear()
         with self._idle:
-            self._in_flight += 1
-        self._work.put(bucket)
+            self._pushes_in_flight += 1
+        self._work.put(("push", bucket, zero))
+
+    def _queue_pull(self, bucket):
+        bucket.arrived.clear()
+        self._work.put(("pull", bucket, False))
 
     def _communicate(self):
         """The communication thread: pushes queued buckets (and pulls their
-        weights when pull_during_backward) on its own device connection."""
+        weights when pull_during_backward) on its own device connection;
+        pulls queued alone."""
         device = None
         while True:
-            bucket = self._work.get()
-            if bucket is None:
+            item = self._work.get()
+            if item is None:
                 break
+            kind, bucket, zero = item
             try:
                 if self._error is None:
                     if device is None:
                         device = blkps.Model(_the_job().target, dtype=self._wire)
-                    overlapped = not self._backward_done
-                    grad = self.gradient[bucket.first:bucket.end]
-                    if self.push_scale != 1.0:
-                        grad *= self.push_scale
-                    device.push(bucket.first, grad)
-                    self.pushes += 1
-                    self.overlapped += overlapped
-                    if self.pull_during_backward:
-                        device.pull_into(bucket.first, self.weights[bucket.first:bucket.end])
-            except Exception as e:  # reported by step()
+                    if kind == "push":
+                        overlapped = not self._backward_done
+                        self._push_bucket(device, bucket, zero)
+                        self.pushes += 1
+                        self.overlapped += overlapped
+                    if kind == "pull" or self.pull_during_backward:
+                        self._pull_bucket(device, bucket)
+            except Exception as e:  # reported by step() or the next forward
                 self._error = e
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
+            if kind == "pull" or self.pull_during_backward:
+                bucket.arrived.set()
+            if kind == "push":
+                with self._idle:
+                    self._pushes_in_flight -= 1
+                    self._idle.notify_all()
         if device is not None:
             device.close()
 
-    def _push_remaining(self):
-        """Pushes the buckets backward has not pushed (parameters that got no
-        gradient: zeros) and waits for every push of this step."""
-        self._backward_done = True
-        for b in self.buckets:
-            if not b.queued:  # parameters that got no gradient: push zeros once
-                self._queue(b)
-        with self._idle:
-            self._idle.wait_for(lambda: self._in_flight == 0)
+    def _push_bucket(self, device, bucket, zero):
+        start = time.perf_counter()
+        if zero:
+            host = self.flat.host_zeros(bucket.first, bucket.end)
+        else:
+            host = self.flat.host_gradient(bucket.first, bucket.end, self.push_scale)
+        staged = time.perf_counter()
+        (device.push16 if self.flat.sixteen else device.push)(bucket.first, host)
+        self.seconds["copy_out"] += staged - start
+        self.seconds["push"] += time.perf_counter() - staged
+
+    def _pull_bucket(self, device, bucket):
+        start = time.perf_counter()
+        host = self.flat.host_weights(bucket.first, bucket.end)
+        (device.pull16_into if self.flat.sixteen else device.pull_into)(bucket.first, host)
+        self.flat.weights_arrived(bucket.first, bucket.end)
+        self.seconds["pull"] += time.perf_counter() - start
+
+    def _raise_error(self):
         if self._error is not None:
             error, self._error = self._error, None
             raise error
 
-    def _gradient_step(self):
-        self._push_remaining()
-        if not self.pull_during_backward:
-            self.device.pull_into(0, self.weights)
-        self.gradient[:] = 0.0
+    def _push_remaining(self, skipped=False):
+        """Pushes the buckets not pushed yet (parameters that got no
+        gradient: zeros; a skipped step: zeros, or nothing in async) and
+        waits for every push of this step."""
+        self._backward_done = True
+        for b in self.buckets:
+            if not b.queued:
+                if skipped and self.mode == "async":
+                    b.queued = True  # async counts no writes: a skipped step sends nothing
+                else:
+                    self._queue(b, zero=skipped)
+        with self._idle:
+            self._idle.wait_for(lambda: self._pushes_in_flight == 0)
+        self._raise_error()
+
+    def _gradient_step(self, skipped=False):
+        if self.skip_nonfinite and not skipped and not self.flat.gradient_finite():
+            skipped = True
+        self.skipped_steps += skipped
+        self._push_remaining(skipped)
+        if not self.pull_during_backward or (skipped and self.mode == "async"):
+            for b in reversed(self.buckets):  # the first layers' weights first
+                self._queue_pull(b)
+        self.gradient.zero_()
         for b in self.buckets:
             b.waiting, b.queued = b.needed, False
         self._passes = [0] * len(self.layout.named)
         self._backward_done = False
+        if not self.overlap_pull:
+            self.wait_weights()
         if self._misuse is not None:
             misuse, self._misuse = self._misuse, None
             raise RuntimeError(misuse)
@@ -638,30 +743,55 @@ class _DistributedOptimizer:
     # ---- delta mode ----
 
     def _delta_step(self, closure):
-        before = self.weights.copy()
+        delta = self.gradient
+        delta.copy_(self.weights)  # the weights before the local step
         loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        np.subtract(self.weights, before, out=self.gradient)
-        if self.push_scale != 1.0:
-            self.gradient *= self.push_scale
+        torch.sub(self.weights, delta, out=delta)
         if self._push_device is None:  # pushes on their own connection, as in gradient mode
             self._push_device = blkps.Model(_the_job().target, dtype=self._wire)
-        self._push_device.push(0, self.gradient)
-        self.pushes += 1
-        self.device.pull_into(0, self.weights)
+        skipped = self.skip_nonfinite and not self.flat.gradient_finite()
+        if skipped:
+            self.skipped_steps += 1
+            delta.zero_()
+        if self.push_scale != 1.0:
+            delta.mul_(self.push_scale)
+        if not (skipped and self.mode == "async"):
+            self.flat.push_all(self._push_device)
+            self.pushes += 1
+        self.flat.pull_all(self.device)  # a skipped step's local change is undone here
         return loss
+
+    def _skipped_step(self):
+        """A step GradScaler skipped (no step() between two zero_grad()):
+        push what bsp and ssp count (zeros), pull."""
+        if self.optimizer is None:
+            self._gradient_step(skipped=True)
+        else:
+            self.gradient.zero_()
+            self.skipped_steps += 1
+            if self.mode != "async":
+                if self._push_device is None:
+                    self._push_device = blkps.Model(_the_job().target, dtype=self._wire)
+                self.flat.push_all(self._push_device)
+                self.pushes += 1
+            self.flat.pull_all(self.device)
+        self.steps += 1
 
     # ---- the optimizer's interface ----
 
     def step(self, closure=None):
         """Gradient mode: pushes what backward has not pushed yet, then makes
-        the parameters the server's newest weights. Delta mode: steps the
-        local optimizer, pushes the change of the weights, pulls."""
+        the parameters the server's newest weights (overlap_pull: as the
+        next forward reaches each layer). Delta mode: steps the local
+        optimizer, pushes the change of the weights, pulls. skip_nonfinite:
+        a step with a NaN or infinite gradient (delta) is not pushed."""
         if self.optimizer is None:
             loss = closure() if closure is not None else None
             self._gradient_step()
         else:
             loss = self._delta_step(closure)
         self.steps += 1
+        self._stepped = True
         return loss
 
     def synchronize(self):
@@ -670,10 +800,11 @@ class _DistributedOptimizer:
         step() (under skip_synchronize()). Gradient mode: pushes every bucket
         not pushed yet and waits (the server applies what was pushed, so
         unscale_ after it does not change the update: do not scale the loss
-        in gradient mode). Delta mode: nothing to do, the local gradients
-        are the ones the local optimizer steps with; the combination is the
+        in gradient mode unless skip_nonfinite, where nothing is pushed
+        before step()). Delta mode: nothing to do, the local gradients are
+        the ones the local optimizer steps with; the combination is the
         server's, after step()."""
-        if self.optimizer is None:
+        if self.optimizer is None and not self.skip_nonfinite:
             self._push_remaining()
 
     @contextlib.contextmanager
@@ -688,15 +819,26 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients (in place in gradient mode, whatever
-        set_to_none says: they stay views into the flat buffer)."""
+        set_to_none says: they stay views into the flat buffer).
+        skip_nonfinite: a zero_grad() with no step() since the previous one
+        is a step GradScaler skipped: it is counted and written as zeros
+        where bsp and ssp count writes (doc/gpu.md)."""
+        if self.skip_nonfinite:
+            if not self._stepped:
+                self._skipped_step()
+            self._stepped = False
         if self.optimizer is None:
-            self.gradient[:] = 0.0
+            self.gradient.zero_()
         else:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @property
     def param_groups(self):
-        return self.optimizer.param_groups if self.optimizer is not None else []
+        """The wrapped optimizer's; in gradient mode one group of the
+        parameters (what GradScaler.unscale_ walks)."""
+        if self.optimizer is not None:
+            return self.optimizer.param_groups
+        return [{"params": [p for _, p in self.layout.named]}]
 
     def state_dict(self):
         return self.optimizer.state_dict() if self.optimizer is not None else {}
@@ -705,17 +847,23 @@ class _DistributedOptimizer:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state)
 
+    def _wait_idle(self):
+        """Waits for the communication thread's pulls (gradient mode)."""
+        if self.optimizer is None and getattr(self, "_comm", None) is not None and self._comm.is_alive():
+            self.wait_weights()
+
     def broadcast(self, values, root_rank, timeout_s):
         """broadcast_parameters() for this model: see there."""
         job = _the_job()
         if self._ctl is None:
             raise ValueError("blkps.torch: broadcast_parameters needs the model's control LUN "
                              "(init(control=...) or BLKPS_CONTROL)")
+        self._wait_idle()
         tag = _TAG_PREFIX + self.layout.fingerprint
         if job.rank == root_rank:
-            flat = self.weights.copy()
+            flat = self.weights.detach().to("cpu", copy=True).numpy()
             for (name, _), at, v in zip(self.layout.named, self.layout.offsets, values):
-                flat[at:at + v.numel()] = v.detach().reshape(-1).numpy()
+                flat[at:at + v.numel()] = v.detach().reshape(-1).to("cpu", torch.float32).numpy()
             self._ctl.command(f"tag={tag}")  # clear the mark while the weights change
             self._ctl.write_weights(flat)
             self._ctl.command(f"tag={tag}{_BROADCAST_MARK}")
@@ -728,14 +876,18 @@ class _DistributedOptimizer:
             if seen != tag + _BROADCAST_MARK:
                 raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
                                  f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
-        self.device.pull_into(0, self.weights)
+        self.flat.pull_all(self.device)
 
     def close(self):
-        """Stops the communication thread and closes the connections."""
+        """Waits for the weights still arriving, stops the communication
+        thread and closes the connections."""
         comm = getattr(self, "_comm", None)
         if comm is not None and comm.is_alive():
             self._work.put(None)
             comm.join()
+        if getattr(self, "_forward_hook", None) is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
         for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()
@@ -748,7 +900,7 @@ _pending_broadcast = None  # root_rank of a broadcast_parameters made before Dis
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
-                         pull_during_backward=None):
+                         pull_during_backward=None, overlap_pull=None, skip_nonfinite=False):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
     trains through this learner's model target (init()). named_parameters
     (model.named_parameters()) fixes the device layout; it is required in
@@ -767,16 +919,28 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     step); num_groups, groups, sparse_as_dense are accepted and change
     nothing (buckets are blkps's grouping). bucket_bytes: gradient mode's
     push size; pull_during_backward: None (yes unless the server's mode is
-    bsp or there is no control LUN to ask), True or False. The result has
+    bsp or there is no control LUN to ask), True or False. The model may
+    be on the CPU or a CUDA device (doc/gpu.md): the flat buffers live on
+    its device, the host copies are staged through page-locked memory.
+    overlap_pull (gradient mode; default: True for a CUDA model): step()
+    returns once every bucket is pushed and its pull queued; each module's
+    forward waits only for its own parameters' weights (wait_weights()
+    waits for all). skip_nonfinite: a step whose gradients (delta mode: the
+    change of the weights) are NaN or infinite, or that GradScaler skipped
+    (zero_grad() with no step() since the last), is not pushed; bsp and ssp
+    get zeros so that every parameter is still written once per iteration;
+    pushes then wait for step() (no push during backward). The result has
     step(closure=None), synchronize(), skip_synchronize(), zero_grad(),
-    param_groups, state_dict(), close(), and counters steps, pushes,
-    overlapped."""
+    wait_weights(), param_groups, state_dict(), close(), and counters steps,
+    pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
+    mode: copy_out, push, pull, weights_wait)."""
     global _optimizer, _pending_broadcast
     options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
         _optimizer.close()
         _optimizer = None
-    _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options)
+    _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options,
+                                       overlap_pull, skip_nonfinite)
     if _pending_broadcast is not None:
         root, _pending_broadcast = _pending_broadcast, None
         if _optimizer._ctl is not None or _the_job().size > 1:

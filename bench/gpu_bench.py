@@ -1,0 +1,302 @@
+#!/usr/bin/python3
+"""GPU learners through blkps (doc/gpu.md): ResNet-50 (batch 128) and a
+124M-parameter GPT-2-shaped transformer (batch 16, sequence 1024), both
+built from torch.nn with synthetic data, bf16 autocast. For each: the step
+time alone on the GPU; then blkps.torch gradient mode through co-located
+shards (`blkps shards start`, one tgtd each, stripe 1 MiB, async, server
+rule sgd) with float32 and bfloat16 LUNs, 1 learner and 2 learners sharing
+the GPU (half batch each). Writes OUT/gpu.json (one record per run: model,
+params, batch, wire_dtype, shards, learners, step_ms, standalone_step_ms,
+ratio, learner_cpu_s_per_step, tgtd_cpu_s_per_step, gpu; and where rank 0's
+time goes: rank0_ms_per_step copy_out, push, pull, weights_wait, from the
+optimizer's seconds) and OUT/gpu.md.
+
+  bench/gpu.sh --out DIR [--models resnet50,gpt2] [--shards 8] [--steps 30] [--build DIR]
+  bench/gpu.sh --check [--build DIR]   tests/gpu_test.py's cases (the CUDA one
+                                       needs a GPU; skipped without one)
+
+Without a CUDA device the measurement says so in one line and exits 1: no
+GPU figure is ever estimated.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+BLKPS = os.path.join(TOP, "scripts", "blkps")
+sys.path.insert(0, os.path.join(TOP, "learner", "python"))
+CHECK_CASES = ["wire-patterns", "staging", "pipeline", "skipped", "cuda"]
+SKIP = 77
+LR = 0.01
+MODELS = {"resnet50": 128, "gpt2": 16}  # model: batch
+
+
+# ---- the models, from torch.nn only ----
+
+def resnet50(torch):
+    """ResNet-50 v1.5 (torchvision's layout: 25,557,032 parameters)."""
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.conv1, self.bn1 = nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3, self.bn3 = nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else None)
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = torch.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return torch.relu(out + (x if self.down is None else self.down(x)))
+
+    layers, cin = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)], 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for k in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if k == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000)]
+    return nn.Sequential(*layers)
+
+
+def gpt2(torch, layers=12, width=768, heads=12, seq=1024, vocab=50257):
+    """A GPT-2-shaped decoder (tied embedding): 124.4M parameters."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1), persistent=False)
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, attn_mask=self.mask[:x.shape[1], :x.shape[1]], need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln = nn.LayerNorm(width)
+
+        def forward(self, tokens):
+            x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+            for b in self.blocks:
+                x = b(x)
+            return self.ln(x) @ self.wte.weight.t()  # tied
+
+    return GPT()
+
+
+def build_model(torch, name):
+    return resnet50(torch) if name == "resnet50" else gpt2(torch)
+
+
+def batch_of(torch, name, batch, device):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if name == "resnet50":
+        x = torch.randn(batch, 3, 224, 224, generator=g).to(device).to(memory_format=torch.channels_last)
+        return x, torch.randint(0, 1000, (batch,), generator=g).to(device)
+    tokens = torch.randint(0, 50257, (batch, 1025), generator=g).to(device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def loss_of(torch, name, model, x, y):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        out = model(x)
+        if name == "gpt2":
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+        return torch.nn.functional.cross_entropy(out.float(), y)
+
+
+# ---- one training process (standalone or a blkps learner) ----
+
+def train(cfg):
+    """Runs cfg["steps"] timed steps after cfg["warmup"]; prints one JSON line."""
+    import torch
+    torch.backends.cudnn.benchmark = True
+    name, device = cfg["model"], cfg.get("device", "cuda")  # "cpu": only to try the machinery
+    model = build_model(torch, name).to(device)
+    if name == "resnet50":
+        model = model.to(memory_format=torch.channels_last)
+    x, y = batch_of(torch, name, cfg["batch"], device)
+    if cfg["blkps"]:
+        import blkps.torch as bps
+        bps.init()
+        compression = bps.Compression.bf16 if cfg["wire_dtype"] == "bfloat16" else bps.Compression.none
+        # Shards have no whole-model control LUN: the server is async (pull each
+        # bucket after its push) and starts from init=normal.
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression,
+                                       pull_during_backward=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for t in range(cfg["warmup"] + cfg["steps"]):
+        if t == cfg["warmup"]:  # timed from here: steps flow into each other as in training
+            sync(torch, device)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+        opt.zero_grad()
+        loss_of(torch, name, model, x, y).backward()
+        opt.step()
+    if cfg["blkps"]:
+        opt.wait_weights()
+    sync(torch, device)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    steps, spent = cfg["steps"], {}
+    if cfg["blkps"]:  # where the time goes, ms per step (warm-up included, as the counters are)
+        spent = {k: round(1000 * v / (steps + cfg["warmup"]), 2) for k, v in opt.seconds.items()}
+        opt.close()
+    print(json.dumps({"step_ms": 1000 * wall / steps, "cpu_s_per_step": cpu / steps, "ms_per_step": spent,
+                      "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+                      "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none"}), flush=True)
+
+
+def sync(torch, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_train(cfg, env=None):
+    out = subprocess.run([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"gpu bench: {cfg['model']} run failed ({out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- the bench ----
+
+def tgtd_cpu_s(folder):
+    """CPU seconds used so far by the shards' tgtd processes."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for shard in sorted(os.listdir(folder)):
+        env = os.path.join(folder, shard, "target.env")
+        if not os.path.exists(env):
+            continue
+        pid = subprocess.run([BLKPS, "target", "show", "--dir", os.path.join(folder, shard), "--get", "PID"],
+                             capture_output=True, text=True).stdout.strip()
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def measure(args, name, standalone, params, batch=None):
+    batch = batch or MODELS[name]
+    rows = []
+    for wire in ("float32", "bfloat16"):
+        for learners in (1, 2):
+            folder = tempfile.mkdtemp(prefix="blkps-gpu-bench-")
+            bsopts = (f"params={params};rule=sgd;lr={LR};mode=async;init=normal:0.02"
+                      + (f";dtype={wire}" if wire != "float32" else ""))
+            subprocess.run([BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
+                            "--stripe-unit", "1M", "--luns", str(learners), "--owner-pid", str(os.getpid()),
+                            "--bsopts", bsopts, "--plugin", os.path.join(args.build, "target-plugin", "bs_blkps.so")],
+                           check=True, stdout=subprocess.DEVNULL)
+            try:
+                before = tgtd_cpu_s(folder)
+                cfg = {"model": name, "batch": batch // learners, "blkps": True, "wire_dtype": wire,
+                       "steps": args.steps, "warmup": args.warmup, "device": getattr(args, "device", "cuda")}
+                procs = []
+                for rank in range(learners):
+                    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
+                               BLKPS_TARGET=f"layout:{folder}/slot-{{slot}}.layout")
+                    env.pop("BLKPS_CONTROL", None)
+                    procs.append(subprocess.Popen([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
+                                                  stdout=subprocess.PIPE, text=True))
+                outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                tgtd = tgtd_cpu_s(folder) - before
+            finally:
+                subprocess.run([BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
+                shutil.rmtree(folder, ignore_errors=True)
+            step_ms = max(o["step_ms"] for o in outs)
+            steps = args.warmup + args.steps
+            rows.append({"model": name, "params": params, "batch": batch, "wire_dtype": wire, "shards": args.shards,
+                         "learners": learners, "step_ms": round(step_ms, 2),
+                         "standalone_step_ms": round(standalone, 2), "ratio": round(standalone / step_ms, 3),
+                         "learner_cpu_s_per_step": round(sum(o["cpu_s_per_step"] for o in outs), 4),
+                         "tgtd_cpu_s_per_step": round(tgtd / steps, 4), "gpu": outs[0]["gpu"],
+                         "rank0_ms_per_step": outs[0]["ms_per_step"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def write(out, rows):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(out, "gpu.md"), "w") as f:
+        f.write(f"# GPU learners through blkps ({rows[0]['gpu']})\n\nWritten by `bench/gpu.sh`; a step's time, "
+                "with the GPU's own step time alone beside it (ratio = alone / through blkps).\n\n"
+                "| model | params | batch | wire | shards | learners | step ms | alone ms | ratio | "
+                "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, push, pull, weights wait |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            t = r["rank0_ms_per_step"]
+            f.write(f"| {r['model']} | {r['params']:,} | {r['batch']} | {r['wire_dtype']} | {r['shards']} | "
+                    f"{r['learners']} | {r['step_ms']} | {r['standalone_step_ms']} | {r['ratio']} | "
+                    f"{r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
+                    f"{t['copy_out']}, {t['push']}, {t['pull']}, {t['weights_wait']} |\n")
+
+
+def check(args):
+    """tests/gpu_test.py's cases; the CUDA case needs a GPU."""
+    failed = 0
+    for case in CHECK_CASES:
+        rc = subprocess.run([sys.executable, os.path.join(TOP, "tests", "gpu_test.py"), TOP, args.build, case]).returncode
+        print(f"gpu check {case}: {'passed' if rc == 0 else 'skipped' if rc == SKIP else f'FAILED ({rc})'}",
+              flush=True)
+        failed += rc not in (0, SKIP)
+    return 1 if failed else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--out", help="folder for gpu.json and gpu.md")
+    p.add_argument("--check", action="store_true", help="run the GPU checks instead of measuring")
+    p.add_argument("--models", default="resnet50,gpt2")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--build", default=os.path.join(TOP, "build", "cmake"))
+    p.add_argument("--train", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.environ.setdefault("BLKPS_LIB", os.path.join(args.build, "learner", "libblkps.so"))
+    if args.train:
+        train(json.loads(args.train))
+        return 0
+    if args.check:
+        return check(args)
+    if not args.out:
+        p.error("give --out DIR (or --check)")
+    import torch
+    if not torch.cuda.is_available():
+        print("gpu bench: no CUDA device here (torch.cuda.is_available() is False): run it on a GPU host; "
+              "no figure is recorded", file=sys.stderr)
+        return 1
+    rows = []
+    for name in args.models.split(","):
+        if name not in MODELS:
+            p.error(f"--models: {name} is not one of {', '.join(MODELS)}")
+        alone = run_train({"model": name, "batch": MODELS[name], "blkps": False, "wire_dtype": "float32",
+                           "steps": args.steps, "warmup": args.warmup})
+        rows += measure(args, name, alone["step_ms"], alone["params"])
+    write(args.out, rows)
+    print(f"gpu bench: {len(rows)} runs in {args.out}/gpu.json and gpu.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

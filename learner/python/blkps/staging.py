@@ -1,0 +1,198 @@
+"""blkps.staging: a model's flat buffers on its own device and the host
+memory libblkps moves them through (blkps.torch's data path).
+
+``weights`` and ``gradient`` are two flat float32 tensors on the model's
+device (CPU or CUDA); the parameters' ``.data`` and ``.grad`` are views into
+them. libblkps reads and writes host memory only, in the wire's type (the
+learner LUN's dtype: float32, bfloat16 or float16). So:
+
+- CPU model, float32 wire: the flat buffers are the host memory (page
+  aligned, zero copy), nothing is staged.
+- CPU model, 16-bit wire: two host buffers of the wire type; a push narrows
+  the gradient into one with torch's conversion, a pull widens the other
+  into the weights.
+- CUDA model: two page-locked host buffers of the wire type. A bucket's
+  device-to-host copy (narrowed on the GPU first on a 16-bit wire) runs on a
+  copy stream behind an event of the compute stream taken when the bucket's
+  gradients were complete; the communication thread waits for that copy
+  only. A pull's host-to-device copy (widened on the GPU) runs on the copy
+  stream too and records an event that the compute stream waits for before
+  the layers that read those weights.
+
+Everything is allocated once, at construction: no allocation per step.
+torch's narrowing rounds to nearest, ties to even, exactly as
+blkps/wire_dtype.hpp does (tests/gpu_test.py checks all 65,536 patterns), so
+the server sees the same values whichever side converts.
+
+Threads: gradient_ready() and wait_weights() run on the training thread
+(autograd's hooks run there or on autograd's device threads); host_gradient(),
+host_weights() and weights_arrived() on the communication thread. A range is
+touched by one of them at a time: the optimizer's bucket protocol
+guarantees it.
+"""
+
+import numpy as np
+import torch
+
+WIRE_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def host_tensor(count, dtype, pinned):
+    """A zeroed CPU tensor of `count` values of `dtype` on a page boundary
+    (O_DIRECT needs it), page-locked when `pinned`."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    raw = torch.zeros(count * size + 4096, dtype=torch.uint8, pin_memory=pinned)
+    start = (-raw.data_ptr()) % 4096
+    return raw[start:start + count * size].view(dtype)
+
+
+def as_numpy(host):
+    """The numpy view libblkps takes: float32, or uint16 bit patterns."""
+    if host.dtype == torch.float32:
+        return host.numpy()
+    return host.view(torch.int16).numpy().view(np.uint16)
+
+
+class FlatModel:
+    """The flat weights and gradient of `count` parameters on `device`, and
+    their host staging for a wire of type `wire` ("float32", "bfloat16",
+    "float16")."""
+
+    def __init__(self, count, device, wire="float32", buckets=()):
+        self.count, self.device, self.wire = count, torch.device(device), wire
+        self.cuda = self.device.type == "cuda"
+        wire_dtype = WIRE_TORCH_DTYPES[wire]
+        self.sixteen = wire != "float32"
+        if not self.cuda and not self.sixteen:
+            self.weights = host_tensor(count, torch.float32, False)
+            self.gradient = host_tensor(count, torch.float32, False)
+            self.host_weights_all, self.host_gradient_all = self.weights, self.gradient
+        else:
+            if self.cuda:
+                self.weights = torch.zeros(count, dtype=torch.float32, device=self.device)
+                self.gradient = torch.zeros(count, dtype=torch.float32, device=self.device)
+            else:
+                self.weights = host_tensor(count, torch.float32, False)
+                self.gradient = host_tensor(count, torch.float32, False)
+            self.host_weights_all = host_tensor(count, wire_dtype, self.cuda)
+            self.host_gradient_all = host_tensor(count, wire_dtype, self.cuda)
+        self._np_weights = as_numpy(self.host_weights_all)
+        self._np_gradient = as_numpy(self.host_gradient_all)
+        if self.cuda:
+            self.copy_stream = torch.cuda.Stream(device=self.device)
+            # 16-bit wire: the narrowed gradient and the pulled weights on the GPU.
+            self._wire_gradient = (torch.zeros(count, dtype=wire_dtype, device=self.device)
+                                   if self.sixteen else None)
+            self._wire_weights = (torch.zeros(count, dtype=wire_dtype, device=self.device)
+                                  if self.sixteen else None)
+            self._ready, self._copied, self._arrived = {}, {}, {}
+            for first, end in [(0, count)] + [(b.first, b.end) for b in buckets]:
+                self._ready[(first, end)] = torch.cuda.Event()
+                self._copied[(first, end)] = torch.cuda.Event()
+                self._arrived[(first, end)] = torch.cuda.Event()
+
+    def host_bytes(self):
+        """Host memory this object added to the model's own: the staging
+        buffers (0 for a CPU model on a float32 wire)."""
+        if self.host_weights_all is self.weights:
+            return 0
+        return 2 * self.count * self.host_weights_all.element_size()
+
+    def device_bytes(self):
+        """Device memory beyond the parameters and gradients themselves (the
+        flat buffers replace their own storage): the 16-bit copies on a GPU."""
+        if not self.cuda or not self.sixteen:
+            return 0
+        return 2 * self.count * self._wire_gradient.element_size()
+
+    # ---- gradients: device -> host ----
+
+    def gradient_ready(self, first, end, scale=1.0):
+        """The gradient of [first, end) is complete (training thread). On a
+        GPU: queue its scaling, narrowing and device-to-host copy on the copy
+        stream behind the compute stream's work so far."""
+        if not self.cuda:
+            return
+        ready = self._ready[(first, end)]
+        ready.record(torch.cuda.current_stream(self.device))
+        with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(ready)
+            grad = self.gradient[first:end]
+            if scale != 1.0:
+                grad.mul_(scale)
+            if self.sixteen:
+                self._wire_gradient[first:end].copy_(grad)
+                grad = self._wire_gradient[first:end]
+            self.host_gradient_all[first:end].copy_(grad, non_blocking=True)
+            self._copied[(first, end)].record(self.copy_stream)
+
+    def host_gradient(self, first, end, scale=1.0):
+        """The host array of [first, end) to push, in the wire's type
+        (communication thread), once gradient_ready() has been called for it."""
+        if self.cuda:
+            self._copied[(first, end)].synchronize()
+        else:
+            grad = self.gradient[first:end]
+            if scale != 1.0:
+                grad.mul_(scale)
+            if self.sixteen:
+                self.host_gradient_all[first:end].copy_(grad)
+        return self._np_gradient[first:end]
+
+    def host_zeros(self, first, end):
+        """A zeroed host array of [first, end) to push instead of the
+        gradient (a skipped step; communication thread)."""
+        self.host_gradient_all[first:end].zero_()
+        return self._np_gradient[first:end]
+
+    def gradient_finite(self):
+        """Whether every gradient value is finite (one reduction on the
+        model's device, after the copy stream's scaling; waits for it)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+        return bool(torch.isfinite(self.gradient).all())
+
+    # ---- weights: host -> device ----
+
+    def host_weights(self, first, end):
+        """The host array a pull of [first, end) lands in (communication thread)."""
+        return self._np_weights[first:end]
+
+    def weights_arrived(self, first, end):
+        """A pull of [first, end) landed in host_weights(): make it the
+        parameters' (widened; on a GPU queued on the copy stream, with an
+        event that wait_weights() hands to the compute stream)."""
+        if self.cuda:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
+                host = self.host_weights_all[first:end]
+                if self.sixteen:
+                    self._wire_weights[first:end].copy_(host, non_blocking=True)
+                    self.weights[first:end].copy_(self._wire_weights[first:end])
+                else:
+                    self.weights[first:end].copy_(host, non_blocking=True)
+                self._arrived[(first, end)].record(self.copy_stream)
+        elif self.sixteen:
+            self.weights[first:end].copy_(self.host_weights_all[first:end])
+
+    def wait_weights(self, first, end):
+        """Makes the compute stream wait for weights_arrived(first, end)'s
+        copy (training thread; nothing to do on the CPU)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self._arrived[(first, end)])
+
+    # ---- the whole model, outside the pipeline ----
+
+    def pull_all(self, device):
+        """Pulls every weight through `device` (a blkps.Model) and makes it
+        the parameters' (waits for the copy)."""
+        pull = device.pull16_into if self.sixteen else device.pull_into
+        pull(0, self._np_weights)
+        self.weights_arrived(0, self.count)
+        if self.cuda:
+            self._arrived[(0, self.count)].synchronize()
+
+    def push_all(self, device):
+        """Pushes the whole gradient buffer through `device`."""
+        self.gradient_ready(0, self.count)
+        host = self.host_gradient(0, self.count)
+        (device.push16 if self.sixteen else device.push)(0, host)

@@ -1,0 +1,412 @@
+#!/usr/bin/python3
+"""blkps.torch's device data path (doc/gpu.md), run on CPU tensors: the
+same code a CUDA model takes, less the streams. Cases without a server use
+a plain file as the model device (a push writes the values, a pull reads
+them back); the others start their own tgtd (torch_fashion_job.start_server).
+
+  gpu_test.py <repo> <build dir> <case>
+
+Cases:
+  wire-patterns  libblkps's 16-bit conversion (blkps/wire_dtype.hpp) equals
+                 torch's for all 65,536 bfloat16 and float16 patterns
+                 (widening) and a float32 set with ties, NaN, Inf and
+                 denormals (narrowing); push16/pull16 move them as is.
+  staging        the flat buffers and host staging: allocated once, the
+                 parameters stay views, a 16-bit wire narrows with torch.
+  pipeline       overlap_pull gives the same weights as waiting in step();
+                 each module's forward waits for its own buckets only.
+  skipped        a step with inf gradients, or one GradScaler skipped, is
+                 not pushed; bsp still counts a write of every parameter.
+  cuda           gradient and delta mode on a CUDA model equal a CPU
+                 single-process reference (2 learners, bsp); exits 77
+                 (skipped) without a CUDA device.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
+os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
+sys.path.insert(0, os.path.join(top, "learner", "python"))
+sys.path.insert(0, os.path.join(top, "learner", "examples"))
+import torch  # noqa: E402
+import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
+
+import blkps  # noqa: E402
+import blkps.torch as bps  # noqa: E402
+
+torch.set_num_threads(1)
+SKIP = 77  # ctest's SKIP_RETURN_CODE
+BATCH = 16
+SMALL_BUCKET = 4096  # bytes: the MLP's 6,154 parameters make 7 buckets
+
+
+def fail(message):
+    sys.exit(f"gpu_test {case}: {message}")
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def mlp(seed, device="cpu"):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                               torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
+
+
+def batch(step, rank, device="cpu"):
+    rng = np.random.default_rng(1000 * step + rank)
+    x = torch.from_numpy(rng.normal(size=(BATCH, 20)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, BATCH))
+    return x.to(device), y.to(device)
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().copy()
+
+
+def file_device(params, bytes_per_param=4):
+    """A zeroed file the size of a device holding `params` parameters."""
+    fd, path = tempfile.mkstemp(prefix="blkps-gpu-test-")
+    os.write(fd, b"\0" * ((params * bytes_per_param + 511) // 512 * 512))
+    os.close(fd)
+    return path
+
+
+def bits16(tensor):
+    return tensor.view(torch.int16).numpy().view(np.uint16)
+
+
+# ---- wire-patterns ----
+
+def narrowing_inputs():
+    """float32 values around every 16-bit value of both types: the values,
+    the ties between neighbours and one float32 ulp either side of them,
+    NaN, Inf, float32 denormals and float16's overflow edge."""
+    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    values = []
+    for t in (torch.bfloat16, torch.float16):
+        wide = patterns.view(t).float()
+        wide = wide[torch.isfinite(wide)]
+        wide = torch.sort(wide).values
+        values += [wide, (wide[:-1].double() + wide[1:].double()).div(2).float()]
+    base = torch.cat(values)
+    ints = base.view(torch.int32)
+    near = torch.cat([base, (ints + 1).view(torch.float32), (ints - 1).view(torch.float32)])
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 65504.0, 65519.996, 65520.0, 65536.0,
+                            1e-45, -1e-45, 1e-40, 1.1754942e-38, 2.0 ** -25, 2.0 ** -24, 3e38, -3e38,
+                            3.4028235e38, -3.4028235e38],
+                           dtype=torch.float32)
+    return torch.cat([near[torch.isfinite(near)], special])
+
+
+def case_wire_patterns():
+    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    inputs = narrowing_inputs()
+    for name, t in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        count = 65536
+        path = file_device(max(count, inputs.numel()), 2)
+        try:
+            with blkps.Model(path, dtype=name) as dev:
+                # Widening: the device holds every pattern; pull widens with wire_dtype.hpp.
+                raw = bits16(patterns.view(t).clone())
+                dev.push16(0, np.where(np.isfinite(patterns.view(t).float().numpy()), raw, 0).astype(np.uint16))
+                dev.write_bytes(0, raw.tobytes())  # the non-finite ones too (push16 refuses them)
+                got = torch.from_numpy(dev.pull(0, count))
+                want = patterns.view(t).float()
+                nan = torch.isnan(want)
+                check(torch.equal(torch.isnan(got), nan), f"{name}: NaN patterns widen differently")
+                check(torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32)),
+                      f"{name}: {int((got[~nan].view(torch.int32) != want[~nan].view(torch.int32)).sum())} "
+                      "patterns widen differently from torch")
+                back = dev.pull16_into(0, np.empty(count, np.uint16))
+                check(np.array_equal(back, raw), f"{name}: pull16 did not return the patterns as is")
+                # Narrowing: push float32 (wire_dtype.hpp narrows) vs torch's .to(t).
+                theirs = inputs.to(t)
+                finite = torch.isfinite(theirs)
+                ok = inputs[finite]
+                dev.push(0, ok.numpy())
+                mine = dev.pull16_into(0, np.empty(ok.numel(), np.uint16))
+                diff = int((mine != bits16(theirs[finite].clone())).sum())
+                check(diff == 0, f"{name}: {diff} of {ok.numel()} float32 values narrow differently from torch")
+                for v in inputs[~finite][:64]:  # torch gives NaN/Inf: libblkps refuses to send it
+                    try:
+                        dev.push(0, np.array([v.item()], np.float32))
+                        fail(f"{name}: push of {v.item()!r} (non-finite in {name}) was accepted")
+                    except OSError as e:
+                        check("nothing was sent" in str(e), f"unclear refusal: {e}")
+                try:
+                    dev.push16(0, bits16(torch.tensor([float("inf")]).to(t)))
+                    fail(f"{name}: push16 of Inf was accepted")
+                except OSError as e:
+                    check("infinite" in str(e) and "nothing was sent" in str(e), f"unclear refusal: {e}")
+                print(f"{name}: 65,536 patterns widen and {ok.numel()} float32 values narrow as torch does; "
+                      f"{int((~finite).sum())} non-finite results refused")
+        finally:
+            os.unlink(path)
+    path = file_device(1024)
+    try:
+        with blkps.Model(path) as dev:
+            try:
+                dev.push16(0, np.zeros(4, np.uint16))
+                fail("push16 to a float32 device was accepted")
+            except OSError as e:
+                check("float32" in str(e), f"unclear refusal: {e}")
+    finally:
+        os.unlink(path)
+
+
+# ---- staging ----
+
+def case_staging():
+    for wire, compression in (("float32", bps.Compression.none), ("bfloat16", bps.Compression.bf16),
+                              ("float16", bps.Compression.fp16)):
+        model = mlp(0)
+        n = bps.param_count(model)
+        path = file_device(n, 4 if wire == "float32" else 2)
+        try:
+            bps.init(target=path, env={})
+            opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
+                                           compression=compression, bucket_bytes=SMALL_BUCKET)
+            staging = opt.flat.host_bytes()
+            want_staging = 0 if wire == "float32" else 2 * n * 2
+            check(staging == want_staging, f"{wire}: {staging} host staging bytes, expected {want_staging}")
+            pointers = (opt.weights.data_ptr(), opt.gradient.data_ptr(),
+                        opt.flat.host_weights_all.data_ptr(), opt.flat.host_gradient_all.data_ptr())
+            for t in range(3):
+                opt.zero_grad()
+                x, y = batch(t, 0)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
+                opt.step()
+                # The file holds what was pushed: the gradient in the wire's type, by torch's rounding.
+                with blkps.Model(path, dtype=None if wire == "float32" else wire) as dev:
+                    if wire == "float32":
+                        on_device = torch.from_numpy(dev.pull(0, n))
+                        check(torch.equal(on_device, grad), f"{wire}: the device does not hold the gradient")
+                    else:
+                        on_device = dev.pull16_into(0, np.empty(n, np.uint16))
+                        check(np.array_equal(on_device, bits16(grad.to(compression.torch_dtype))),
+                              f"{wire}: the pushed gradient is not torch's {wire} rounding")
+                check(np.array_equal(flat(model), grad.to(compression.torch_dtype or torch.float32).float().numpy()),
+                      f"{wire}: the parameters are not the pulled weights (widened)")
+                now = (opt.weights.data_ptr(), opt.gradient.data_ptr(),
+                       opt.flat.host_weights_all.data_ptr(), opt.flat.host_gradient_all.data_ptr())
+                check(now == pointers, f"{wire}: a buffer was allocated again in step {t}")
+                for (_, p), w, g in zip(opt.layout.named, opt.layout.views(opt.weights),
+                                        opt.layout.views(opt.gradient)):
+                    check(p.data_ptr() == w.data_ptr() and p.grad.data_ptr() == g.data_ptr(),
+                          f"{wire}: a parameter or gradient left the flat buffers")
+            print(f"staging {wire}: {staging} host bytes for {n} parameters, buffers kept for 3 steps")
+            opt.close()
+        finally:
+            os.unlink(path)
+    try:
+        bad = torch.nn.Linear(2, 2).to(torch.float64)
+        bps.DistributedOptimizer(None, named_parameters=bad.named_parameters())
+        fail("a float64 model was accepted")
+    except ValueError as e:
+        check("float32 on one device" in str(e), f"unclear refusal: {e}")
+
+
+# ---- pipeline ----
+
+def train_on_file(overlap, steps=4, log=False):
+    model = mlp(0)
+    n = bps.param_count(model)
+    path = file_device(n)
+    try:
+        bps.init(target=path, env={})
+        # A file keeps what was pushed: the weights after step t are step t's
+        # gradient, so the next forward must see exactly them.
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
+                                       bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
+        opt.log_forward_waits = log
+        outputs = []
+        for t in range(steps):
+            opt.zero_grad()
+            x, y = batch(t, 0)
+            out = model(x)
+            outputs.append(out.detach().clone())
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+        opt.wait_weights()
+        waited = [(m, b) for m, b in getattr(opt, "waited", [])]
+        result = (outputs, flat(model), opt, waited)
+        opt.close()
+        return result
+    finally:
+        os.unlink(path)
+
+
+def case_pipeline():
+    plain, plain_w, _, _ = train_on_file(False)
+    piped, piped_w, opt, waited = train_on_file(True, log=True)
+    check(all(torch.equal(a, b) for a, b in zip(plain, piped)),
+          "forward outputs differ between overlap_pull and waiting in step()")
+    check(np.array_equal(plain_w, piped_w), "final weights differ with overlap_pull")
+    # Each Linear waited for the buckets its own parameters lie in, no others.
+    layers = [m for m in opt.layout.named]
+    check(waited, "no forward pre-hook ran")
+    for module, indices in waited:
+        ids = {id(p) for p in module.parameters(recurse=False)}
+        want = sorted({i for k, (_, p) in enumerate(layers) if id(p) in ids
+                       for i, b in enumerate(opt.buckets) if b in opt._buckets_of[k]})
+        check(sorted(indices) == want, f"{module} waited for buckets {indices}, its own are {want}")
+        check(len(indices) < len(opt.buckets), f"{module} waited for the whole model")
+    print(f"pipeline: same outputs and weights; per-module waits {[i for _, i in waited[:3]]}, "
+          f"{opt.forward_waits} forward waits")
+
+
+# ---- with a server ----
+
+class Server:
+    def __init__(self, bsopts, luns):
+        self.state = tempfile.mkdtemp(prefix="blkps-gpu-test-")
+        env = job.start_server(self.state, bsopts, luns, build)
+        self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
+
+    def status(self):
+        with blkps.Model(self.control) as c:
+            return json.loads(c.read_bytes(0, 65536).split(b"\0", 1)[0])
+
+    def weights(self, count):
+        with blkps.Model(self.control) as c:
+            return np.frombuffer(c.read_bytes(1 << 20, (count * 4 + 511) // 512 * 512), np.float32)[:count]
+
+    def run_learners(self, config, learners):
+        procs = []
+        for rank in range(learners):
+            e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
+                     BLKPS_TARGET=self.target, BLKPS_CONTROL=self.control)
+            procs.append(subprocess.Popen([sys.executable, __file__, top, build, "learner",
+                                           json.dumps(config)], env=e, stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate()[0] for p in procs]
+        for rank, p in enumerate(procs):
+            check(p.returncode == 0, f"learner {rank} exited with {p.returncode}")
+        return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+    def stop(self):
+        job.stop_server(self.state)
+
+
+def with_server(bsopts, luns, body):
+    server = Server(bsopts, luns)
+    try:
+        body(server)
+    finally:
+        server.stop()
+
+
+def learner(config):
+    """Trains as rank $RANK; prints one JSON line."""
+    bps.init()
+    device = config.get("device", "cpu")
+    model = mlp(config["seed"] + bps.rank(), device)
+    local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
+    opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
+                                   skip_nonfinite=config.get("skip_nonfinite", False))
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    for t in range(config["steps"]):
+        opt.zero_grad()
+        x, y = batch(t, bps.rank(), device)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        what = config.get("faults", {}).get(f"{bps.rank()}:{t}")
+        if what == "inf":
+            loss = loss * float("inf")  # every gradient inf or NaN: GradScaler would skip
+        loss.backward()
+        if what != "scaler-skips":  # GradScaler.step() skips: no step(); the next zero_grad() sees it
+            opt.step()
+    if config.get("faults"):
+        opt.zero_grad()  # ends a skipped last step
+    opt.wait_weights()
+    print(json.dumps({"weights": flat(model).tolist(), "skipped": opt.skipped_steps, "steps": opt.steps}),
+          flush=True)
+    opt.close()
+
+
+def reference(learners, steps, lr, skipped=()):
+    """One process: each step SGD on the mean of the learners' gradients,
+    a skipped (rank, step) counting as a zero gradient."""
+    model = mlp(0)
+    for t in range(steps):
+        grads = []
+        for r in range(learners):
+            model.zero_grad()
+            x, y = batch(t, r)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            scale = 0.0 if (r, t) in skipped else 1.0
+            grads.append([scale * p.grad.clone() for p in model.parameters()])
+        with torch.no_grad():
+            for k, p in enumerate(model.parameters()):
+                p -= lr * (sum(g[k] for g in grads) / learners)
+    return flat(model)
+
+
+def case_skipped():
+    lr, steps = 0.1, 6
+    count = bps.param_count(mlp(0))
+
+    def body(server):
+        faults = {"0:1": "inf", "1:3": "scaler-skips"}
+        config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "skip_nonfinite": True,
+                  "faults": faults}
+        reports = server.run_learners(config, 2)
+        status = server.status()
+        check([r["skipped"] for r in reports] == [1, 1], f"skipped steps {[r['skipped'] for r in reports]}")
+        check([r["steps"] for r in reports] == [steps, steps], f"steps {[r['steps'] for r in reports]}")
+        check(status["global_step"] == steps, f"{status['global_step']} bsp rounds, expected {steps}")
+        for lun in status["learners"]:
+            check(lun["bytes_written"] == steps * status["device_bytes"],
+                  f"LUN {lun['lun']} wrote {lun['bytes_written']} bytes in {steps} steps of {status['device_bytes']}")
+        want = reference(2, steps, lr, skipped={(0, 1), (1, 3)})
+        got = server.weights(count)
+        diff = float(np.max(np.abs(got - want)))
+        check(np.all(np.isfinite(got)) and diff <= 1e-6, f"server weights differ from the reference by {diff:g}")
+        for rank, r in enumerate(reports):
+            check(np.max(np.abs(np.asarray(r["weights"], np.float32) - want)) <= 1e-6,
+                  f"learner {rank}'s weights differ from the reference")
+        print(f"skipped: 2 skipped steps, every parameter written {steps} times per LUN, max difference {diff:g}")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=bsp", 2, body)
+
+
+def case_cuda():
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device (torch.cuda.is_available() is False); bench/gpu.sh --check runs this "
+              "on a GPU host")
+        sys.exit(SKIP)
+    lr, steps = 0.1, 6
+    count = bps.param_count(mlp(0))
+    for optimizer, rule in (("gradient", "sgd"), ("delta", "sum")):
+        def body(server):
+            config = {"optimizer": optimizer, "lr": lr, "steps": steps, "seed": 0, "device": "cuda"}
+            reports = server.run_learners(config, 2)
+            want = reference(2, steps, lr)
+            for rank, r in enumerate(reports):
+                diff = float(np.max(np.abs(np.asarray(r["weights"], np.float32) - want)))
+                check(diff <= 1e-5, f"{optimizer} mode on CUDA: learner {rank} differs by {diff:g}")
+            print(f"cuda {optimizer} mode: 2 learners, bsp, equal to the CPU reference")
+        with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
+
+
+CASES = {
+    "wire-patterns": case_wire_patterns,
+    "staging": case_staging,
+    "pipeline": case_pipeline,
+    "skipped": case_skipped,
+    "cuda": case_cuda,
+}
+
+if __name__ == "__main__":
+    if case == "learner":
+        learner(json.loads(sys.argv[4]))
+    elif case in CASES:
+        CASES[case]()
+    else:
+        fail(f"unknown case (known: {', '.join(CASES)})")
