@@ -497,7 +497,7 @@ class _DistributedOptimizer:
             self.close()
             raise
         self.mode = status["mode"] if status else "bsp"
-        self.push_scale = options.push_scale(self.mode, job.size)
+        self.push_scale = options.push_scale(self.mode, job.size, optimizer is not None)
         self._skip_synchronize = False
         self.weights = _aligned_floats(layout.count)
         self.gradient = _aligned_floats(layout.count)
@@ -932,12 +932,18 @@ class _HorovodOptions:
         self.backward_passes_per_step = backward_passes_per_step
         self.gradient_predivide_factor = gradient_predivide_factor
 
-    def push_scale(self, mode, size_):
+    def push_scale(self, mode, size_, delta):
         """The factor on what a learner pushes so that the model moves as
         `op` says: a bsp round applies the mean of the round's pushes; async
-        and ssp apply each push as it comes (README "Horovod's API")."""
+        and ssp apply each push as it comes (README "Horovod's API").
+        op=None: gradient mode leaves the combination to the server's rule
+        (staleness-aware in async and ssp); delta mode in async and ssp
+        pushes 1/size of the local step, as op=Average does: the server's
+        sum adds each push exactly, and size learners each adding their
+        whole step would move the model size times as far as one process
+        on the total batch, which diverges with momentum (doc/async.md)."""
         if self.op is None:
-            return 1.0
+            return 1.0 / size_ if delta and mode != "bsp" else 1.0
         if mode == "bsp":
             return 1.0 if self.op is Average else float(size_)
         return 1.0 / size_ if self.op is Average else 1.0
