@@ -23,7 +23,9 @@ Two modes:
   updates the model; step() makes the parameters the server's newest weights.
 - delta mode (any torch.optim optimizer): step() runs the local optimizer,
   pushes the change of the weights to a server with rule ``sum`` (or
-  ``average``), then makes the parameters the server's weights. With
+  ``average``), then makes the parameters the server's weights. In async
+  and ssp it pushes 1/size of the change (doc/async.md), so that size
+  learners move the model as one process on the total batch would. With
   torch.optim.SGD in bsp and rule sum this equals gradient mode with server
   sgd up to float rounding (a bsp round averages the learners' pushes).
 
@@ -759,8 +761,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     whose parameter count or fingerprint differs from the device's.
     Horovod's options (README "Horovod's API"): compression
     (Compression.none/fp16/bf16: the wire type, which must be the learner
-    LUN's dtype), op (None: the server's own combination; Average or Sum:
-    pushes scaled so that a bsp round or N async pushes move the model by
+    LUN's dtype), op (None: the server's own combination, except delta
+    mode in async and ssp, which pushes 1/size of each step as Average
+    does: doc/async.md; Average or Sum: pushes scaled so that a bsp round or N async pushes move the model by
     the learners' mean or sum; Adasum refused), gradient_predivide_factor
     (op Average only; the result is the average whatever the factor),
     backward_passes_per_step (gradients accumulate locally, one push per
