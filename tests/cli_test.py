@@ -8,7 +8,7 @@ Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
 no-numpy, no-python3. Cases that start their
 own tgtd (label integration): start-labels-urls, set-shows-reason,
-model-too-large, owner-pid-watchdog, folder-with-space.
+model-too-large, owner-pid-watchdog, folder-with-space, status-shows-stale-pushes.
 """
 import io
 import os
@@ -415,6 +415,40 @@ def test_folder_with_space():
     finally:
         blkps("target", "stop", "--dir", os.path.join(folder, "state"))
         subprocess.run(["rm", "-rf", os.path.dirname(folder)])
+
+
+def test_status_shows_stale_pushes():
+    # Guard rail (issue 22): a push more than stale_bound updates stale is
+    # counted in the learner's row and told in one line naming its LUN. LUN 1
+    # pulls, LUN 2 pushes three times, LUN 1 pushes: 3 updates stale, bound 2.
+    sys.path.insert(0, os.path.join(top, "learner", "python"))
+    import json
+    import numpy as np
+    import blkps as lib
+    with Target("params=1000;rule=sgd;lr=0.01;mode=async;stale_bound=2", "--luns", "2") as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        _, shown, _ = blkps("target", "show", "--dir", t.dir, "--json")
+        first, second = json.loads(shown)["URLS"].split()[:2]
+        grad = np.full(1000, 0.5, np.float32)
+        with lib.Model(first) as a, lib.Model(second) as b:
+            a.pull(0, 1000)
+            for _ in range(3):
+                b.pull(0, 1000)
+                b.push(0, grad)
+            a.push(0, grad)
+        rc, out, err = blkps("status", "--dir", t.dir)
+        if rc != 0:
+            fail(f"status: {rc} {err}")
+        rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+        header = rows.get("LUN")
+        if not header or header[-3:] != ["PUSH_MAX", "PUSH_MEAN", "BEYOND_BOUND"]:
+            fail(f"no push staleness columns:\n{out}")
+        if rows["1"][-3] != "3" or rows["1"][-1] != "1" or rows["2"][-1] != "0":
+            fail(f"LUN 1 should show 1 push 3 updates stale, LUN 2 none:\n{out}")
+        told = [line for line in out.splitlines() if line.startswith("learner at LUN")]
+        if len(told) != 1 or not told[0].startswith("learner at LUN 1: 1 pushes more than the stale bound of 2"):
+            fail(f"expected one line about LUN 1:\n{out}")
 
 
 test = globals().get("test_" + case.replace("-", "_"))

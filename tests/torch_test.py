@@ -6,7 +6,7 @@ reference.
 
   torch_test.py <repo> <build dir> <case>
 
-Cases: init (no server), gradient-mode, delta-mode, buckets, mismatch,
+Cases: init (no server), gradient-mode, delta-mode, delta-async, buckets, mismatch,
 broadcast, buffers, fashion-lib, fashion-mount.
 """
 import json
@@ -249,6 +249,32 @@ def exact_case(optimizer, rule):
     with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
 
 
+def case_delta_async():
+    """Delta mode in async pushes 1/size of each local step (the server's
+    sum stays exact): two learners' first steps, taken from the same
+    weights, move the server by their average, as one process on both
+    batches would; one learner pushes its whole step, exactly as before."""
+    lr = 0.1
+    count = params_of("mlp")
+
+    def two_learners(server):
+        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": 1, "seed": 0}
+        server.run_learners(config, 2)
+        diff = check_close(server.weights(count), reference("mlp", 2, 1, lr), "2 learners, async: the server")
+        print(f"delta mode, async, 2 learners: one step each moves the server by their average "
+              f"(max difference {diff:g})")
+
+    def one_learner(server):
+        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": STEPS, "seed": 0}
+        r = server.run_learners(config, 1)[0]
+        want = reference("mlp", 1, STEPS, lr)
+        check_close(r["weights"], want, "1 learner, async: its weights")
+        diff = check_close(server.weights(count), want, "1 learner, async: the server")
+        print(f"delta mode, async, 1 learner: {STEPS} whole steps (max difference {diff:g})")
+    with_server(f"params={count};rule=sum;mode=async", 2, two_learners)
+    with_server(f"params={count};rule=sum;mode=async", 1, one_learner)
+
+
 def case_buckets():
     lr = 0.1
     count = params_of("mlp")
@@ -354,6 +380,7 @@ CASES = {
     "init": case_init,
     "gradient-mode": lambda: exact_case("gradient", "sgd"),
     "delta-mode": lambda: exact_case("delta", "sum"),
+    "delta-async": case_delta_async,
     "buckets": case_buckets,
     "mismatch": case_mismatch,
     "broadcast": case_broadcast,

@@ -76,16 +76,20 @@ def print_status(s):
     params = ", ".join(f"{k}={v:g}" for k, v in s["rule_params"].items()) or "no parameters"
     print(f"model {s['model']}: {s['params']} parameters ({human_bytes(s['device_bytes'])}), "
           f"{s['blocks']} blocks of {human_bytes(s['block_bytes'])}")
-    print(f"mode {s['mode']}, rule {s['rule']} ({params})")
+    aware = "staleness-aware steps" if s["staleness_aware"] else "stale pushes applied as written"
+    print(f"mode {s['mode']}, rule {s['rule']} ({params}), {aware}, stale bound {s['stale_bound']} updates")
     print(f"global step {s['global_step']}, updates {s['updates']}, held now {s['held_now']}, "
           f"rejected writes {s['rejected_writes']}, up {s['uptime_s']:.0f} s")
     fails = f"the job fails at {s['max_dead']} dead" if s["max_dead"] else "dead learners never fail the job"
     print(f"learners: {s['live_learners']} live of {len(s['learners'])} "
           f"(dead after {s['dead_after_s']:g} s without I/O; hold limit {s['hold_limit_s']:g} s; {fails})")
+    # STALE_*: iterations ahead of the slowest (bsp/ssp); PUSH_*: updates
+    # between a learner's pull and its push, and pushes beyond stale_bound.
     columns = ("lun", "state", "iteration", "idle_s", "held", "reads", "writes", "bytes_read",
-               "bytes_written", "holds", "hold_timeouts", "staleness_max", "staleness_mean")
+               "bytes_written", "holds", "hold_timeouts", "staleness_max", "staleness_mean",
+               "push_staleness_max", "push_staleness_mean", "stale_pushes")
     header = ("LUN", "STATE", "ITER", "IDLE_S", "HELD", "READS", "WRITES", "READ", "WRITTEN",
-              "HOLDS", "TIMEOUTS", "STALE_MAX", "STALE_MEAN")
+              "HOLDS", "TIMEOUTS", "STALE_MAX", "STALE_MEAN", "PUSH_MAX", "PUSH_MEAN", "BEYOND_BOUND")
     rows = [header]
     for learner in s["learners"]:
         row = []
@@ -96,6 +100,11 @@ def print_status(s):
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         print("  " + "  ".join(v.rjust(w) for v, w in zip(r, widths)))
+    for learner in s["learners"]:
+        if learner["stale_pushes"]:
+            print(f"learner at LUN {learner['lun']}: {learner['stale_pushes']} pushes more than the stale bound of "
+                  f"{s['stale_bound']} updates stale (worst {learner['push_staleness_max']}): it is much slower "
+                  "than the others or pulls too rarely; fewer learners, a lower lr or ssp help (doc/async.md)")
     c = s["checkpoint"]
     if c["path"]:
         every = f", every {c['every_s']:g} s" if c["every_s"] else ""

@@ -23,7 +23,9 @@ Two modes:
   updates the model; step() makes the parameters the server's newest weights.
 - delta mode (any torch.optim optimizer): step() runs the local optimizer,
   pushes the change of the weights to a server with rule ``sum`` (or
-  ``average``), then makes the parameters the server's weights. With
+  ``average``), then makes the parameters the server's weights. In async
+  and ssp it pushes 1/size of the change (doc/async.md), so that size
+  learners move the model as one process on the total batch would. With
   torch.optim.SGD in bsp and rule sum this equals gradient mode with server
   sgd up to float rounding (a bsp round averages the learners' pushes).
 
@@ -500,7 +502,7 @@ class _DistributedOptimizer:
             self.close()
             raise
         self.mode = status["mode"] if status else "bsp"
-        self.push_scale = options.push_scale(self.mode, job.size)
+        self.push_scale = options.push_scale(self.mode, job.size, optimizer is not None)
         self.skip_nonfinite = bool(skip_nonfinite)
         self._skip_synchronize = False
         self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
@@ -911,8 +913,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     whose parameter count or fingerprint differs from the device's.
     Horovod's options (doc/pytorch.md "Horovod's API"): compression
     (Compression.none/fp16/bf16: the wire type, which must be the learner
-    LUN's dtype), op (None: the server's own combination; Average or Sum:
-    pushes scaled so that a bsp round or N async pushes move the model by
+    LUN's dtype), op (None: the server's own combination, except delta
+    mode in async and ssp, which pushes 1/size of each step as Average
+    does: doc/async.md; Average or Sum: pushes scaled so that a bsp round or N async pushes move the model by
     the learners' mean or sum; Adasum refused), gradient_predivide_factor
     (op Average only; the result is the average whatever the factor),
     backward_passes_per_step (gradients accumulate locally, one push per
@@ -1096,12 +1099,18 @@ class _HorovodOptions:
         self.backward_passes_per_step = backward_passes_per_step
         self.gradient_predivide_factor = gradient_predivide_factor
 
-    def push_scale(self, mode, size_):
+    def push_scale(self, mode, size_, delta):
         """The factor on what a learner pushes so that the model moves as
         `op` says: a bsp round applies the mean of the round's pushes; async
-        and ssp apply each push as it comes (doc/pytorch.md "Horovod's API")."""
+        and ssp apply each push as it comes (doc/pytorch.md "Horovod's API").
+        op=None: gradient mode leaves the combination to the server's rule
+        (staleness-aware in async and ssp); delta mode in async and ssp
+        pushes 1/size of the local step, as op=Average does: the server's
+        sum adds each push exactly, and size learners each adding their
+        whole step would move the model size times as far as one process
+        on the total batch, which diverges with momentum (doc/async.md)."""
         if self.op is None:
-            return 1.0
+            return 1.0 / size_ if delta and mode != "bsp" else 1.0
         if mode == "bsp":
             return 1.0 if self.op is Average else float(size_)
         return 1.0 / size_ if self.op is Average else 1.0
