@@ -1,5 +1,6 @@
 #include "initializer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -21,7 +22,38 @@ Status ParseScale(const std::string& kind, const std::string& arg, double* out) 
   return Status::OK();
 }
 
+// SplitMix64's output function (Steele, Lea and Flood 2014): a bijection
+// that mixes every input bit into every output bit.
+uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A uniform float in (0, 1) from the top 24 bits of x.
+float Unit(uint64_t x) { return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f); }
+
 }  // namespace
+
+void InitializeRow(const InitSpec& spec, uint64_t row, float* w, uint64_t width) {
+  if (spec.kind == InitSpec::Kind::kZeros || spec.kind == InitSpec::Kind::kFile) {
+    std::fill_n(w, width, 0.0f);
+    return;
+  }
+  // Value i of the row is a function of (seed, row, i) alone.
+  const uint64_t key = Mix64(spec.seed ^ Mix64(row + 0x9e3779b97f4a7c15ull));
+  const float scale = static_cast<float>(spec.scale);
+  for (uint64_t i = 0; i < width; ++i) {
+    const uint64_t x = Mix64(key + i * 0x9e3779b97f4a7c15ull);
+    if (spec.kind == InitSpec::Kind::kUniform) {
+      w[i] = scale * (2.0f * Unit(x) - 1.0f);
+    } else {
+      // Box-Muller from two disjoint 24-bit parts of x.
+      const float u1 = Unit(x), u2 = Unit(x << 24);
+      w[i] = scale * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.28318530718f * u2);
+    }
+  }
+}
 
 Status ParseInitSpec(const std::string& text, InitSpec* spec) {
   const size_t colon = text.find(':');

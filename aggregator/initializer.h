@@ -2,7 +2,10 @@
 //
 // Spelled in options as  zeros | uniform:<a> | normal:<std> | file:<path>.
 // Random initialisation is deterministic for a given seed and parameter
-// count, whatever the block size or thread count.
+// count, whatever the block size or thread count. A table's rows
+// (ModelOptions::table) are initialised one row at a time, each from the seed
+// and its own row number alone (InitializeRow), so a row can be made when it
+// is first read or written, in any order, and untouched rows cost nothing.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +31,13 @@ Status ParseInitSpec(const std::string& text, InitSpec* spec);
 // REQUIRES: w[0..n) reads as zeros (a fresh PageBuffer): "zeros" leaves it
 // untouched, so the pages stay uncommitted until gradients arrive.
 Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n);
+
+// Fills w[0..width) with the initial values of table row `row` as `spec`
+// says: zeros, or values drawn from a counter-based generator keyed by
+// (spec.seed, row), so the same seed gives the same row whatever else was
+// touched before. (They differ from InitializeWeights's values for the same
+// parameters: a dense model draws one stream for all of them.)
+// REQUIRES: spec.kind is not kFile (a file initialises a table whole).
+void InitializeRow(const InitSpec& spec, uint64_t row, float* w, uint64_t width);
 
 }  // namespace blkps::server

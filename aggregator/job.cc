@@ -8,11 +8,26 @@
 
 namespace blkps::server {
 
+Status CheckTableJob(const JobOptions& opts) {
+  if (!opts.model.table.is_table()) return Status::OK();
+  if (opts.consistency.mode != ConsistencyMode::kAsync) {
+    return Status::InvalidArgument("mode: a table is served async only (bsp and ssp count a learner's iteration by "
+                                   "whole model blocks, a batch writes a few rows); use mode=async");
+  }
+  if (opts.staleness_aware) {
+    return Status::InvalidArgument("staleness_aware: a table applies every row gradient as written (staleness is "
+                                   "counted per model block, not per row); give staleness_aware=0 or leave it out");
+  }
+  return Status::OK();
+}
+
 Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out) {
+  Status s = CheckTableJob(opts);
+  if (!s.ok()) return s;
   JobOptions o = opts;
   o.model.accumulator = o.consistency.mode == ConsistencyMode::kBsp;
   std::unique_ptr<Model> model;
-  Status s = Model::Create(o.model, &model);
+  s = Model::Create(o.model, &model);
   if (!s.ok()) return s;
   std::shared_ptr<Job> job(new Job(name, o, std::move(log), std::move(model)));
   if (!o.checkpoint.empty()) {

@@ -42,6 +42,10 @@
 // the next checkpoint. A learner's receipt therefore survives its reconnects
 // unless that many other initiator names have used its LUN meanwhile.
 //
+// Tables (model.h "Tables"; CheckTableJob). A table job is async, applies
+// pushes as written, and shows its shape and rows made in status ("table";
+// null for a dense model).
+//
 // Checkpoints. Checkpoint() writes the weights, the rule's state and
 // parameters, the bsp accumulator, every clock and the receipts to the
 // checkpoint file
@@ -101,6 +105,14 @@ struct JobOptions {
   // again.
   uint64_t stale_bound = 32;
 };
+
+// A table (opts.model.table, model.h "Tables") is served async only: bsp
+// and ssp count a learner's iteration by whole model blocks written, and a
+// batch writes a few rows. Its pushes are applied as written: staleness is
+// counted per model block, not per row, so staleness_aware is off. Returns
+// InvalidArgument with a one-line reason for a table job that asks for
+// anything else; OK for a dense one.
+Status CheckTableJob(const JobOptions& opts);
 
 class Job {
  public:

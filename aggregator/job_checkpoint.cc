@@ -14,12 +14,16 @@ namespace {
 
 // The checkpoint's metadata: what a loaded file must match.
 std::map<std::string, std::string> Identity(const JobOptions& opts) {
-  return {{"format", "blkps-model"},
-          {"params", std::to_string(opts.model.num_params)},
-          {"block", std::to_string(opts.model.block_bytes)},
-          {"rule", opts.model.rule.name},
-          {"nesterov", opts.model.rule.nesterov ? "1" : "0"},
-          {"mode", FormatConsistency(opts.consistency)}};
+  const TableShape& table = opts.model.table;
+  std::map<std::string, std::string> identity = {{"format", "blkps-model"},
+                                                 {"params", std::to_string(opts.model.num_params)},
+                                                 {"block", std::to_string(opts.model.block_bytes)},
+                                                 {"rule", opts.model.rule.name},
+                                                 {"nesterov", opts.model.rule.nesterov ? "1" : "0"},
+                                                 {"mode", FormatConsistency(opts.consistency)}};
+  // Only tables say so: a dense model's files stay as they were.
+  if (table.is_table()) identity["table"] = std::to_string(table.rows) + ":" + std::to_string(table.width);
+  return identity;
 }
 
 }  // namespace

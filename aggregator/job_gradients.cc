@@ -34,7 +34,7 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
   }
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
   Model::BlockStaleness staleness;
-  if (!bsp) {
+  if (!bsp && !model_->table().is_table()) {  // a table: as written (CheckTableJob)
     staleness = [&](uint64_t b) {
       std::lock_guard<std::mutex> lock(mu_);
       return PushStalenessLocked(slot, b);

@@ -59,7 +59,8 @@ FirstNonFinite(const float* g, size_t n) {
 
 uint64_t Model::MemoryBytes(const ModelOptions& opts, const UpdateRule& rule) {
   const uint64_t accumulator = opts.accumulator ? sizeof(float) : 0;
-  return opts.num_params * (sizeof(float) + rule.state_bytes_per_param() + accumulator);
+  const uint64_t bitmap = (opts.table.rows + 63) / 64 * sizeof(uint64_t);
+  return opts.num_params * (sizeof(float) + rule.state_bytes_per_param() + accumulator) + bitmap;
 }
 
 Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
@@ -72,6 +73,23 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   if (opts.block_bytes == 0 || opts.block_bytes % sizeof(float) != 0) {
     return Status::InvalidArgument("block: a model block must be a positive multiple of 4 bytes, got " +
                                    std::to_string(opts.block_bytes));
+  }
+  const TableShape& table = opts.table;
+  if (table.is_table()) {
+    if (table.width == 0 || table.rows > opts.num_params || opts.num_params / table.rows != table.width ||
+        opts.num_params % table.rows != 0) {
+      return Status::InvalidArgument("table: " + std::to_string(table.rows) + " rows of " +
+                                     std::to_string(table.width) + " values are not " +
+                                     std::to_string(opts.num_params) + " parameters");
+    }
+    if (opts.block_bytes % table.row_bytes() != 0) {
+      return Status::InvalidArgument("block: a table's model block holds whole rows: a multiple of its row's " +
+                                     std::to_string(table.row_bytes()) + " bytes, got " +
+                                     std::to_string(opts.block_bytes));
+    }
+    if (opts.accumulator) {
+      return Status::InvalidArgument("mode: a table is served async only; use mode=async");
+    }
   }
   // The memory check comes before any allocation (the rule's state was once
   // allocated first, and a model too large failed with mmap's error instead):
@@ -93,18 +111,32 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   PageBuffer weights;
   s = PageBuffer::Allocate(opts.num_params, sizeof(float), "the weights", &weights);
   if (!s.ok()) return s;
-  s = InitializeWeights(opts.init, weights.as<float>(), opts.num_params);
-  if (!s.ok()) return s;
+  PageBuffer made;
+  if (table.is_table()) {
+    s = PageBuffer::Allocate((table.rows + 63) / 64, sizeof(uint64_t), "the table's bitmap of rows made", &made);
+    if (!s.ok()) return s;
+  }
+  // A table makes its rows when first written; from a file, all at once.
+  if (!table.is_table() || opts.init.kind == InitSpec::Kind::kFile) {
+    s = InitializeWeights(opts.init, weights.as<float>(), opts.num_params);
+    if (!s.ok()) return s;
+    if (table.is_table()) {
+      uint64_t* bits = made.as<uint64_t>();
+      std::fill_n(bits, (table.rows + 63) / 64, ~uint64_t{0});
+      if (table.rows % 64 != 0) bits[table.rows / 64] = (uint64_t{1} << (table.rows % 64)) - 1;
+    }
+  }
   PageBuffer accumulator;
   if (opts.accumulator) {
     s = PageBuffer::Allocate(opts.num_params, sizeof(float), "the bsp accumulator", &accumulator);
     if (!s.ok()) return s;
   }
-  out->reset(new Model(opts, std::move(weights), std::move(rule), std::move(accumulator)));
+  out->reset(new Model(opts, std::move(weights), std::move(rule), std::move(accumulator), std::move(made)));
   return Status::OK();
 }
 
-Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator)
+Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator,
+             PageBuffer made)
     : num_params_(opts.num_params),
       block_bytes_(opts.block_bytes),
       num_blocks_((opts.num_params * sizeof(float) + opts.block_bytes - 1) / opts.block_bytes),
@@ -114,6 +146,9 @@ Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<Updat
       weights_(weights_buffer_.as<float>()),
       rule_(std::move(rule)),
       accumulator_(std::move(accumulator)),
+      table_(opts.table),
+      init_(opts.init),
+      made_(std::move(made)),
       block_locks_(new std::shared_mutex[num_blocks_]) {}
 
 Status Model::CheckRange(uint64_t offset, uint64_t len) const {
@@ -136,7 +171,11 @@ Status Model::Read(uint64_t offset, void* dst, size_t len) const {
     const uint64_t block = pos / block_bytes_;
     const uint64_t stop = std::min({end, (block + 1) * block_bytes_, param_bytes});
     std::shared_lock<std::shared_mutex> lock(block_locks_[block]);
-    std::memcpy(out + (pos - offset), src + pos, stop - pos);
+    if (table_.is_table()) {
+      ReadTableLocked(pos, stop, out + (pos - offset));
+    } else {
+      std::memcpy(out + (pos - offset), src + pos, stop - pos);
+    }
     pos = stop;
   }
   if (pos < end) std::memset(out + (pos - offset), 0, end - pos);  // padding
@@ -175,6 +214,8 @@ Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const 
   ForEachBlockLocked(range, [&](uint64_t block, uint64_t first, uint64_t n) {
     if (bsp) {
       AccumulateLocked(first, g + (first - range.first), n);
+    } else if (table_.is_table()) {
+      ApplyTableLocked(first, g + (first - range.first), n);
     } else {
       rule_->ApplyStale(first, weights_ + first, g + (first - range.first), n, staleness ? staleness(block) : 0);
     }
@@ -206,15 +247,77 @@ Status Model::AssignWeights(uint64_t offset, const void* src, size_t len) {
   if (!s.ok()) return s;
   const float* values = static_cast<const float*>(src);  // values[i - range.first]: parameter i
   ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) {
+    if (table_.is_table()) {  // rows made first: their values outside the range stay their initial ones
+      for (uint64_t r = first / table_.width; r * table_.width < first + n; ++r) MakeRowLocked(r);
+    }
     std::memcpy(weights_ + first, values + (first - range.first), n * sizeof(float));
   });
   return Status::OK();
+}
+
+// ---- Tables ------------------------------------------------------------------
+// The bitmap's words are shared by rows of different blocks, which are
+// locked separately: its bits are read and set with atomic operations. A
+// row's own bit changes only under its block's write lock.
+
+bool Model::RowMadeLocked(uint64_t r) const {
+  const uint64_t word = __atomic_load_n(made_.as<uint64_t>() + r / 64, __ATOMIC_RELAXED);
+  return (word >> (r % 64)) & 1;
+}
+
+void Model::MakeRowLocked(uint64_t r) {
+  if (RowMadeLocked(r)) return;
+  InitializeRow(init_, r, weights_ + r * table_.width, table_.width);
+  __atomic_fetch_or(made_.as<uint64_t>() + r / 64, uint64_t{1} << (r % 64), __ATOMIC_RELAXED);
+}
+
+uint64_t Model::RowsMade() const {
+  if (!table_.is_table()) return 0;
+  uint64_t n = 0;
+  const uint64_t* words = made_.as<uint64_t>();
+  for (uint64_t i = 0; i < (table_.rows + 63) / 64; ++i) {
+    n += static_cast<uint64_t>(__builtin_popcountll(__atomic_load_n(words + i, __ATOMIC_RELAXED)));
+  }
+  return n;
+}
+
+void Model::ReadTableLocked(uint64_t pos, uint64_t stop, char* out) const {
+  const uint64_t row_bytes = table_.row_bytes();
+  const char* src = reinterpret_cast<const char*>(weights_);
+  thread_local std::vector<float> made_now;  // a row not made, as it would be
+  for (uint64_t r = pos / row_bytes; pos < stop; ++r) {
+    const uint64_t end = std::min(stop, (r + 1) * row_bytes);
+    if (RowMadeLocked(r)) {
+      std::memcpy(out, src + pos, end - pos);
+    } else {
+      made_now.resize(table_.width);
+      InitializeRow(init_, r, made_now.data(), table_.width);
+      std::memcpy(out, reinterpret_cast<const char*>(made_now.data()) + (pos - r * row_bytes), end - pos);
+    }
+    out += end - pos;
+    pos = end;
+  }
+}
+
+void Model::ApplyTableLocked(uint64_t first, const float* g, uint64_t n) {
+  const uint64_t end = first + n;
+  for (uint64_t i = first; i < end;) {
+    const uint64_t r = i / table_.width;
+    const uint64_t stop = std::min(end, (r + 1) * table_.width);
+    const float* part = g + (i - first);
+    if (std::any_of(part, part + (stop - i), [](float v) { return v != 0.0f; })) {
+      MakeRowLocked(r);
+      rule_->Apply(i, weights_ + i, part, stop - i);
+    }
+    i = stop;
+  }
 }
 
 std::vector<Model::Array> Model::Arrays() {
   std::vector<Array> arrays{{"weights", weights_, num_params_ * sizeof(float)}};
   for (const StateArray& state : rule_->state()) arrays.push_back({state.name, state.data, state.bytes});
   if (has_accumulator()) arrays.push_back({"accumulator", accumulator_.as<void>(), accumulator_.bytes()});
+  if (table_.is_table()) arrays.push_back({"table.made", made_.as<void>(), (table_.rows + 63) / 64 * sizeof(uint64_t)});
   return arrays;
 }
 

@@ -16,6 +16,22 @@
 //     half-applied block.
 // A range spanning several blocks is not atomic as a whole; each block is.
 //
+// Tables. A model declared as a table (ModelOptions::table: rows x width,
+// e.g. embeddings) is the same device, row r at parameters [r*width,
+// (r+1)*width), that is at byte r*width*4, with three differences:
+//   - A row is made when it is first written (a gradient or weights): until
+//     then a read returns its initial values computed on the fly
+//     (InitializeRow), and its weights and rule state, anonymous mapped
+//     memory, are not committed. (Memory is committed by the page: a written
+//     row commits the pages it lies on, 4 KiB each.) A bitmap of one bit per
+//     row says which rows are made.
+//   - The part of a row that a write covers whose gradient is all zeros is
+//     no gradient: nothing changes for it (not adam's moments or step count
+//     either). Learners write whole 512-byte sectors, so a write carries the
+//     rows its batch did not touch as zeros.
+//   - Model blocks hold whole rows, so a read never returns a half-applied
+//     row.
+//
 // Thread-safe: Read() and ApplyGradient() may be called from any number of
 // threads at once.
 #pragma once
@@ -41,9 +57,25 @@ inline constexpr uint64_t kDeviceSectorBytes = 512;
 // Chosen by measurement (doc/performance.md): best of 256K/1M/4M for writes.
 inline constexpr uint64_t kDefaultBlockBytes = 1 << 20;
 
+// The shape of a table: rows of `width` float32 values.
+struct TableShape {
+  uint64_t rows = 0;   // 0: not a table, a dense model
+  uint64_t width = 0;  // values per row, > 0 in a table
+  bool is_table() const { return rows != 0; }
+  uint64_t row_bytes() const { return width * sizeof(float); }
+};
+
+// A table's default model block: as many whole rows as fit in
+// kDefaultBlockBytes, at least one.
+inline uint64_t TableBlockBytes(uint64_t row_bytes) {
+  return std::max<uint64_t>(1, kDefaultBlockBytes / row_bytes) * row_bytes;
+}
+
 struct ModelOptions {
-  uint64_t num_params = 0;                    // > 0
-  uint64_t block_bytes = kDefaultBlockBytes;  // a multiple of 4, > 0
+  uint64_t num_params = 0;                    // > 0; rows x width in a table
+  TableShape table;                           // rows = 0: a dense model
+  uint64_t block_bytes = kDefaultBlockBytes;  // a multiple of 4, > 0; of the
+                                              // row's bytes in a table
   RuleOptions rule;
   InitSpec init;
   bool accumulator = false;  // bsp: one float per parameter for the sum of
@@ -66,6 +98,9 @@ class Model {
   uint64_t size_bytes() const { return size_bytes_; }
   const UpdateRule& rule() const { return *rule_; }
   UpdateRule& rule() { return *rule_; }
+  const TableShape& table() const { return table_; }
+  // A table's rows made so far (see "Tables"); 0 for a dense model.
+  uint64_t RowsMade() const;
 
   // Copies device bytes [offset, offset + len) into dst.
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
@@ -113,7 +148,9 @@ class Model {
   Status AssignWeights(uint64_t offset, const void* src, size_t len);
 
   // The model's arrays, for checkpoints: "weights", the rule's state arrays,
-  // and "accumulator" if any, in that order. Reading them while writes run
+  // "accumulator" if any, and a table's "table.made" (the bitmap of rows
+  // made, bit r%64 of little-endian word r/64), in that order. A table's
+  // rows not made read as zeros here. Reading them while writes run
   // needs LockAllBlocksShared(); writing them needs no I/O running at all.
   struct Array {
     std::string name;
@@ -124,12 +161,26 @@ class Model {
   // Read locks on every block: no write changes the arrays while held.
   std::vector<std::shared_lock<std::shared_mutex>> LockAllBlocksShared() const;
 
-  // Bytes of memory a model with `opts` needs: weights, rule state and the
-  // accumulator if any.
+  // Bytes of memory a model with `opts` needs: weights, rule state, the
+  // accumulator if any, and a table's bitmap. A table needs it all once
+  // every row is made; the check at Create() asks for that much.
   static uint64_t MemoryBytes(const ModelOptions& opts, const UpdateRule& rule);
 
  private:
-  Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator);
+  Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator,
+        PageBuffer made);
+
+  // Tables: whether row r is made; makes it (writes its initial values).
+  // REQUIRES: the write lock of r's block for MakeRowLocked, a lock of it
+  // for RowMadeLocked.
+  bool RowMadeLocked(uint64_t r) const;
+  void MakeRowLocked(uint64_t r);
+  // Copies device bytes [pos, stop) of one block into out, rows not made as
+  // their initial values. REQUIRES: a lock of the block.
+  void ReadTableLocked(uint64_t pos, uint64_t stop, char* out) const;
+  // Applies g[0..n), parameters [first, first + n) of one block, row part by
+  // row part, skipping all-zero parts. REQUIRES: the block's write lock.
+  void ApplyTableLocked(uint64_t first, const float* g, uint64_t n);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
   // The parameters a write of device bytes [offset, offset + len) covers:
@@ -168,6 +219,9 @@ class Model {
   float* const weights_;  // weights_buffer_'s num_params_ floats
   std::unique_ptr<UpdateRule> rule_;
   PageBuffer accumulator_;  // bsp only
+  const TableShape table_;
+  const InitSpec init_;  // a table makes rows with it
+  PageBuffer made_;      // a table's bitmap of rows made
   mutable std::unique_ptr<std::shared_mutex[]> block_locks_;
 };
 

@@ -103,6 +103,15 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
       if (!ParseSize(value, false, &opts.job.model.num_params) || opts.job.model.num_params == 0) {
         return Bad(key, "a positive integer count of float32 parameters", value);
       }
+    } else if (key == "table") {
+      TableShape& t = opts.job.model.table;
+      const size_t colon = value.find(':');
+      if (colon == std::string::npos || !ParseSize(value.substr(0, colon), false, &t.rows) ||
+          !ParseSize(value.substr(colon + 1), false, &t.width) || t.rows == 0 || t.width == 0 ||
+          t.width > (uint64_t{1} << 28) || t.rows > (uint64_t{1} << 61) / t.width) {
+        return Bad(key, "<rows>:<width>, positive counts of rows and of float32 values per row (e.g. 1000000:128)",
+                   value);
+      }
     } else if (key == "block") {
       if (!ParseSize(value, true, &opts.job.model.block_bytes) || opts.job.model.block_bytes == 0 ||
           opts.job.model.block_bytes % 4 != 0) {
@@ -190,6 +199,21 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   }
   if (opts.job.checkpoint_every_s > 0 && opts.job.checkpoint.empty()) {
     return Status::InvalidArgument("checkpoint_every: needs checkpoint=<path>");
+  }
+  TableShape& table = opts.job.model.table;
+  if (table.is_table()) {
+    if (seen.count("params")) {
+      return Status::InvalidArgument("params: a table's parameters are its rows x width; give table= or params=");
+    }
+    opts.job.model.num_params = table.rows * table.width;
+    if (!seen.count("block")) opts.job.model.block_bytes = TableBlockBytes(table.row_bytes());
+    if (opts.job.model.block_bytes % table.row_bytes() != 0) {
+      return Bad("block", "a multiple of the table's row of " + std::to_string(table.row_bytes()) + " bytes",
+                 std::to_string(opts.job.model.block_bytes));
+    }
+    if (!seen.count("staleness_aware")) opts.job.staleness_aware = false;
+    Status s = CheckTableJob(opts.job);
+    if (!s.ok()) return s;
   }
   if (opts.job.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");

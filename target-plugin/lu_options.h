@@ -3,7 +3,12 @@
 //
 // Syntax: key=value pairs separated by ';' (tgtadm splits --bsopts on ',' and
 // drops the rest, so ',' cannot be used). Keys:
-//   params=<n>        number of float32 parameters (required, > 0)
+//   params=<n>        number of float32 parameters (this or table= is
+//                     required, > 0)
+//   table=<rows>:<width>  an embedding table instead (doc/embeddings.md):
+//                     rows of width float32 values, row r at byte
+//                     r*width*4, rows made when first written; async only.
+//                     Its block defaults to whole rows up to 1M.
 //   block=<bytes>     model block size; K/M suffixes (default 1M)
 //   rule=<name>       update rule: sgd momentum adagrad adam sum average
 //   lr=<float>        learning rate (default 0.01)
@@ -47,7 +52,7 @@
 namespace blkps::server {
 
 inline constexpr const char* kLuOptionKeys =
-    "params, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
+    "params, table, block, rule, lr, momentum, nesterov, beta1, beta2, eps, init, seed, mode, dead_after, "
     "hold_limit, max_dead, checkpoint, checkpoint_every, role, access, dtype, staleness_aware, stale_bound";
 
 struct LuOptions {

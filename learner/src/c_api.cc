@@ -85,6 +85,14 @@ int blkps_read_bytes(blkps_model* m, uint64_t offset, void* buf, uint64_t len) {
   return m->model->ReadBytes(offset, buf, len);
 }
 
+int blkps_pull_rows(blkps_model* m, const uint64_t* ids, uint64_t n, uint64_t width, float* rows) {
+  return m->model->PullRows(ids, n, width, rows);
+}
+
+int blkps_push_rows(blkps_model* m, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads) {
+  return m->model->PushRows(ids, n, width, grads);
+}
+
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
 uint64_t blkps_pushed_bytes_lost(const blkps_model* m) { return m->model->pushed_bytes_lost(); }

@@ -11,6 +11,7 @@
 
 #include "blkps/wire_convert.h"
 #include "device.h"
+#include "row_batch.h"
 #include "status.h"
 #include "transfer_plan.h"
 
@@ -71,6 +72,41 @@ Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length, c
                          static_cast<ull>(device.size_bytes()));
   }
   return Status();
+}
+
+// Model::PullRows (grads null) and PushRows (rows null) on `device`.
+Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, uint32_t queue_depth,
+                    Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
+                    float* rows) {
+  const char* operation = direction == Direction::kRead ? "pull_rows" : "push_rows";
+  if (width == 0) return Status::Error(EINVAL, "%s: a row needs a width of at least 1 value", operation);
+  if (dtype != wire::Dtype::kFloat32) {
+    return Status::Error(EINVAL, "%s: rows need a float32 device; this one is %s", operation, wire::DtypeName(dtype));
+  }
+  const uint64_t row_count = device.size_bytes() / sizeof(float) / width;
+  for (uint64_t k = 0; k < n; ++k) {
+    if (ids[k] >= row_count) {
+      return Status::Error(ERANGE, "%s: row id %llu (position %llu) is past the table's end: %llu rows of %llu values",
+                           operation, static_cast<ull>(ids[k]), static_cast<ull>(k), static_cast<ull>(row_count),
+                           static_cast<ull>(width));
+    }
+  }
+  if (n == 0) return Status();
+  try {
+    RowBatch batch(direction, ids, n, width, grads, device.logical_block_size(), request_bytes);
+    if (direction == Direction::kWrite) {
+      const float* bad = batch.FirstNonFinite();
+      if (bad != nullptr) {
+        return Status::Error(EINVAL, "push_rows: a summed gradient is %s; nothing was sent",
+                             *bad != *bad ? "NaN" : "infinite");
+      }
+    }
+    Status status = device.Transfer(direction, batch.requests(), queue_depth);
+    if (status.ok() && direction == Direction::kRead) batch.CopyRowsOut(rows);
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "%s: out of memory planning %llu rows", operation, static_cast<ull>(n));
+  }
 }
 
 }  // namespace
@@ -219,6 +255,16 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
     status = Transfer(*device_, Direction::kRead, offset, buffer, length, request_bytes_, queue_depth_);
   }
   return Record(status);
+}
+
+int Model::PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows) {
+  return Record(
+      TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr, rows));
+}
+
+int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads) {
+  return Record(
+      TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads, nullptr));
 }
 
 int Model::Sync() { return Record(device_->Sync()); }

@@ -76,6 +76,9 @@ def print_status(s):
     params = ", ".join(f"{k}={v:g}" for k, v in s["rule_params"].items()) or "no parameters"
     print(f"model {s['model']}: {s['params']} parameters ({human_bytes(s['device_bytes'])}), "
           f"{s['blocks']} blocks of {human_bytes(s['block_bytes'])}")
+    if s.get("table"):
+        t = s["table"]
+        print(f"table: {t['rows']} rows of {t['width']} values ({t['row_bytes']} bytes), {t['rows_made']} made")
     aware = "staleness-aware steps" if s["staleness_aware"] else "stale pushes applied as written"
     print(f"mode {s['mode']}, rule {s['rule']} ({params}), {aware}, stale bound {s['stale_bound']} updates")
     print(f"global step {s['global_step']}, updates {s['updates']}, held now {s['held_now']}, "

@@ -62,6 +62,9 @@ def start(a):
     model = target.check_bsopts(a.bsopts)
     if model["control"]:
         raise UserError("--bsopts", "role=control is not a model", "give the model's options")
+    if any(key == "table" for key, _ in model["options"]):
+        raise UserError("--bsopts", "a table (table=) is not split over shards yet",
+                        "serve it from one target: blkps target start --bsopts ...")
     params = model["params"]
     sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
                                                 "--params", str(params), "--block", str(model["block_bytes"])])]

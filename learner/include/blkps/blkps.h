@@ -111,6 +111,16 @@ BLKPS_EXPORT int blkps_pull16(blkps_model *m, uint64_t first_param, uint16_t *we
 BLKPS_EXPORT int blkps_write_bytes(blkps_model *m, uint64_t offset, const void *buf, uint64_t len);
 BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, uint64_t len);
 
+/* Tables (doc/embeddings.md): rows of `width` float32 values, row r at byte
+ * r*width*4. blkps_pull_rows reads rows ids[0..n) into rows[k*width ...], in
+ * the order given (ids may repeat); blkps_push_rows sends grads[k*width ...]
+ * for row ids[k], the gradients of a repeated id summed and sent once. Rows
+ * are sorted and sent as few block-aligned requests as their places allow,
+ * many in flight. Returns as blkps::Model::PullRows / PushRows
+ * (blkps/model.hpp). */
+BLKPS_EXPORT int blkps_pull_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, float *rows);
+BLKPS_EXPORT int blkps_push_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, const float *grads);
+
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */
 BLKPS_EXPORT int blkps_sync(blkps_model *m);

@@ -115,6 +115,22 @@ class BLKPS_EXPORT Model {
   int WriteBytes(uint64_t offset, const void* buffer, uint64_t length);
   int ReadBytes(uint64_t offset, void* buffer, uint64_t length);
 
+  // Tables (doc/embeddings.md): rows of `width` float32 values, row r at
+  // device byte r * width * 4, on a float32 device.
+  // PullRows: the current values of rows ids[0..n) into rows[k * width ..
+  // (k + 1) * width), in the order given (ids may repeat).
+  // PushRows: grads[k * width ..] is a gradient for row ids[k]; the
+  // gradients of a repeated id are summed and sent once, the other rows
+  // sharing its blocks as zeros (none to a table).
+  // Both keep each row once, sort the rows and send them as few block-aligned
+  // requests as their places allow (rows whose blocks touch share one), up
+  // to queue_depth() in flight. Returns 0, -ERANGE (an id past the device's
+  // last whole row; nothing transferred), -EINVAL (width 0, a 16-bit
+  // device, or a push whose summed gradient is NaN or infinite; nothing
+  // transferred) or another negative errno as Push() and Pull().
+  int PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows);
+  int PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads);
+
   // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
   // before this returns.
   int Sync();

@@ -118,6 +118,11 @@ def _declare(lib):
     lib.blkps_push16.restype = ctypes.c_int
     lib.blkps_pull16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_pull16.restype = ctypes.c_int
+    _U64_P = ctypes.POINTER(ctypes.c_uint64)
+    lib.blkps_pull_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
+    lib.blkps_pull_rows.restype = ctypes.c_int
+    lib.blkps_push_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
+    lib.blkps_push_rows.restype = ctypes.c_int
     lib.blkps_read_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_read_bytes.restype = ctypes.c_int
     lib.blkps_write_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
@@ -331,6 +336,33 @@ class Model(_Handle):
             raise ValueError("blkps: pull16_into needs a writable C-contiguous uint16 numpy array")
         self._check(self._lib.blkps_pull16(self._open_handle(), first_param, out.ctypes.data, out.size))
         return out
+
+    def pull_rows(self, ids, width, out=None):
+        """Rows `ids` of a table of rows of `width` float32 values
+        (doc/embeddings.md) as a (len(ids), width) float32 array, in the order
+        given (ids may repeat), into `out` if given (writable, C-contiguous,
+        float32, that shape). Each row is read once; the rows go as few
+        requests as their places allow, many in flight."""
+        ids = np.ascontiguousarray(ids, dtype=np.uint64).reshape(-1)
+        if out is None:
+            out = np.empty((ids.size, width), dtype=np.float32)
+        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or not out.flags.c_contiguous
+              or not out.flags.writeable or out.shape != (ids.size, width)):
+            raise ValueError(f"blkps: pull_rows needs out to be a writable C-contiguous float32 array "
+                             f"of shape ({ids.size}, {width})")
+        self._check(self._lib.blkps_pull_rows(self._open_handle(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                              ids.size, width, out.ctypes.data_as(_FLOAT_P)))
+        return out
+
+    def push_rows(self, ids, grads):
+        """Sends grads[k] (a (len(ids), width) array) as the gradient of table
+        row ids[k]; the gradients of a repeated id are summed and sent once."""
+        ids = np.ascontiguousarray(ids, dtype=np.uint64).reshape(-1)
+        grads = np.ascontiguousarray(grads, dtype=np.float32)
+        if grads.ndim != 2 or grads.shape[0] != ids.size:
+            raise ValueError(f"blkps: push_rows needs grads of shape ({ids.size}, width), got {grads.shape}")
+        self._check(self._lib.blkps_push_rows(self._open_handle(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                              ids.size, grads.shape[1], grads.ctypes.data_as(_FLOAT_P)))
 
     def read_bytes(self, offset, length):
         """Returns device bytes [offset, offset + length) as bytes (e.g. the

@@ -75,6 +75,7 @@ import blkps
 from blkps.collectives import Exchange as _Exchange, session_of as _session_of
 from blkps.control import Control as _ControlLun
 from blkps.staging import FlatModel as _FlatModel
+from blkps.torch_embedding import Embedding, EmbeddingBag
 
 __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_count",
            "fingerprint", "DistributedOptimizer", "broadcast_parameters",
@@ -89,7 +90,9 @@ __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_cou
            "synchronize", "broadcast_optimizer_state", "join", "elastic", "SyncBatchNorm",
            "start_timeline", "stop_timeline",
            # early stopping
-           "stop_requested", "request_stop", "EarlyStopping"]
+           "stop_requested", "request_stop", "EarlyStopping",
+           # rows on the server (blkps.torch_embedding)
+           "Embedding", "EmbeddingBag"]
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
 _BUCKET_ALIGN = 1024            # floats: 4 KiB, whole blocks for every device

@@ -125,11 +125,13 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" array. Their meanings are in doc/server.md, "Status and control". */
 #define BLKPS_STATUS_KEYS                                                                                         \
-  "model params device_bytes block_bytes blocks mode rule tag rule_params "                                       \
+  "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                 \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                                           \
   "hold_limit_s max_dead staleness_aware stale_bound live_learners failed failure control_error stop checkpoint " \
   "learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds every_s error"
+/* "table" is null for a dense model; for a table, an object of these. */
+#define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made"
 #define BLKPS_STATUS_LEARNER_KEYS                                                \
   "lun dtype state iteration idle_s held reads writes bytes_read bytes_written " \
   "holds hold_timeouts deaths staleness_max staleness_mean push_staleness_max push_staleness_mean stale_pushes"

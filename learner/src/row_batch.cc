@@ -1,0 +1,82 @@
+#include "row_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+namespace blkps {
+
+RowBatch::RowBatch(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
+                   uint32_t block_size, uint64_t request_bytes)
+    : n_(n), width_(width) {
+  const uint64_t row_bytes = width * sizeof(float);
+  std::vector<uint64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return ids[a] < ids[b]; });
+  row_of_id_.resize(n);
+  for (uint64_t k : order) {
+    if (rows_.empty() || rows_.back() != ids[k]) rows_.push_back(ids[k]);
+    row_of_id_[k] = rows_.size() - 1;
+  }
+
+  // Runs of whole blocks: [begin, end) device bytes, staged at `staged`.
+  struct Run {
+    uint64_t begin, end, staged;
+  };
+  std::vector<Run> runs;
+  staged_at_.resize(rows_.size());
+  uint64_t staged = 0;  // bytes of the runs before the last one
+  for (size_t j = 0; j < rows_.size(); ++j) {
+    const uint64_t begin = rows_[j] * row_bytes / block_size * block_size;
+    const uint64_t end = ((rows_[j] + 1) * row_bytes + block_size - 1) / block_size * block_size;
+    if (runs.empty() || begin > runs.back().end) {
+      if (!runs.empty()) staged += runs.back().end - runs.back().begin;
+      runs.push_back({begin, end, staged});
+    }
+    Run& run = runs.back();
+    run.end = std::max(run.end, end);
+    staged_at_[j] = run.staged + (rows_[j] * row_bytes - run.begin);
+  }
+  if (!runs.empty()) staged += runs.back().end - runs.back().begin;
+  staging_.assign(staged, 0);
+
+  if (direction == Direction::kWrite) {
+    for (uint64_t k = 0; k < n; ++k) {
+      float* row = reinterpret_cast<float*>(staging_.data() + staged_at_[row_of_id_[k]]);
+      const float* g = grads + k * width;
+      for (uint64_t i = 0; i < width; ++i) row[i] += g[i];
+    }
+  }
+
+  size_t pieces = 0;
+  for (const Run& run : runs) pieces += (run.end - run.begin + request_bytes - 1) / request_bytes;
+  iovecs_.resize(pieces);
+  requests_.reserve(pieces);
+  size_t p = 0;
+  for (const Run& run : runs) {
+    for (uint64_t at = run.begin; at < run.end; at += request_bytes, ++p) {
+      const uint64_t length = std::min(request_bytes, run.end - at);
+      iovecs_[p] = {staging_.data() + run.staged + (at - run.begin), length};
+      requests_.push_back(IoRequest{at, length, &iovecs_[p], 1});
+    }
+  }
+}
+
+const float* RowBatch::FirstNonFinite() const {
+  for (uint64_t at : staged_at_) {
+    const float* row = reinterpret_cast<const float*>(staging_.data() + at);
+    for (uint64_t i = 0; i < width_; ++i) {
+      if (!std::isfinite(row[i])) return row + i;
+    }
+  }
+  return nullptr;
+}
+
+void RowBatch::CopyRowsOut(float* rows) const {
+  for (uint64_t k = 0; k < n_; ++k) {
+    std::memcpy(rows + k * width_, staging_.data() + staged_at_[row_of_id_[k]], width_ * sizeof(float));
+  }
+}
+
+}  // namespace blkps

@@ -1,0 +1,157 @@
+// Integration tests of table LUNs (doc/embeddings.md): a real tgtd with the
+// built plugin, learners through libblkps pushing and pulling single rows.
+// The expected values come from the aggregator's own per-row initialiser.
+#include <blkps/control_lun.h>
+#include <unistd.h>
+#include <blkps/model.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "initializer.h"
+#include "target_process.h"
+
+namespace blkps_test {
+namespace {
+
+constexpr uint64_t kRows = 4096, kWidth = 32;  // 128-byte rows: 4 in a sector
+
+std::string LearnerName(const std::string& who) {
+  static std::atomic<int> counter{0};
+  return "iqn.2026-11.io.blkps:table-test-" + who + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
+std::unique_ptr<blkps::Model> Open(const std::string& url, const std::string& who) {
+  blkps::OpenOptions o;
+  o.initiator_name = LearnerName(who);
+  std::string error;
+  auto m = blkps::Model::Open(url, o, &error);
+  EXPECT_NE(m, nullptr) << error;
+  return m;
+}
+
+std::vector<float> InitRow(uint64_t r) {
+  blkps::server::InitSpec spec;
+  spec.kind = blkps::server::InitSpec::Kind::kNormal;
+  spec.scale = 0.1;
+  spec.seed = 5;
+  std::vector<float> w(kWidth);
+  blkps::server::InitializeRow(spec, r, w.data(), kWidth);
+  return w;
+}
+
+std::string Status(const TargetProcess& target) {
+  auto control = Open(target.control_url(), "status");
+  if (!control) return "";
+  std::string text(64 << 10, '\0');
+  EXPECT_EQ(control->ReadBytes(BLKPS_CONTROL_STATUS_OFFSET, text.data(), text.size()), 0) << control->last_error();
+  return text.substr(0, text.find('\0'));
+}
+
+// Learner l's gradient for row r, value i, push k: small integers.
+float RowGradient(int l, int k, uint64_t r, uint64_t i) {
+  return static_cast<float>((l + 1) * ((r + i + k) % 5)) - 2.0f;
+}
+
+// Two learners push single rows (each padded by libblkps to a 512-byte
+// sector of zero gradients for the neighbouring rows) at once, rows they
+// share and rows of their own; every row ends at its seeded initial value
+// minus the sum of its gradients, untouched rows read as their initial
+// values and are not made, and a checkpoint taken by fsync brings it all
+// back, rows made and receipts included, after tgtd is killed.
+TEST(TableTarget, RowPushesFromTwoLearnersApplyToSeededRowsAndSurviveARestart) {
+  TempDir dir;
+  TargetProcess target("table=" + std::to_string(kRows) + ":" + std::to_string(kWidth) +
+                           ";rule=sgd;lr=1;init=normal:0.1;seed=5;checkpoint=" + dir.path + "/table.ckpt",
+                       "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  constexpr int kPushes = 6;
+  const std::vector<uint64_t> shared = {0, 5, 6, 1000, kRows - 1};
+  auto rows_of = [&](int l) {
+    std::vector<uint64_t> rows = shared;
+    rows.push_back(l == 0 ? 7 : 2001);  // 7 shares a sector with 5 and 6
+    return rows;
+  };
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> learners;
+  for (int l = 0; l < 2; ++l) {
+    learners.emplace_back([&, l] {
+      auto m = Open(target.url(l + 1), "learner" + std::to_string(l));
+      if (!m) return;
+      for (int k = 0; k < kPushes; ++k) {
+        for (uint64_t r : rows_of(l)) {
+          std::vector<float> g(kWidth);
+          for (uint64_t i = 0; i < kWidth; ++i) g[i] = RowGradient(l, k, r, i);
+          if (m->Push(r * kWidth, g.data(), kWidth) != 0) errors[l] = m->last_error();
+        }
+      }
+      if (m->Sync() != 0) errors[l] = m->last_error();
+    });
+  }
+  for (std::thread& t : learners) t.join();
+  ASSERT_EQ(errors, std::vector<std::string>(2));
+
+  std::map<uint64_t, std::vector<double>> want;
+  for (int l = 0; l < 2; ++l) {
+    for (uint64_t r : rows_of(l)) {
+      if (!want.count(r)) {
+        const std::vector<float> init = InitRow(r);
+        want[r].assign(init.begin(), init.end());
+      }
+      for (int k = 0; k < kPushes; ++k) {
+        for (uint64_t i = 0; i < kWidth; ++i) want[r][i] -= RowGradient(l, k, r, i);
+      }
+    }
+  }
+  for (uint64_t untouched : {1ull, 4ull, 8ull, 2000ull}) {
+    const std::vector<float> init = InitRow(untouched);
+    want[untouched].assign(init.begin(), init.end());
+  }
+  auto expect_rows = [&](const std::string& when) {
+    auto m = Open(target.url(1), "reader");
+    ASSERT_NE(m, nullptr);
+    for (const auto& [r, values] : want) {
+      std::vector<float> got(kWidth);
+      ASSERT_EQ(m->Pull(r * kWidth, got.data(), kWidth), 0) << m->last_error();
+      for (uint64_t i = 0; i < kWidth; ++i) {
+        ASSERT_NEAR(got[i], values[i], 1e-4) << when << ": row " << r << " value " << i;
+      }
+    }
+  };
+  expect_rows("served");
+  const std::string made = "\"table\": {\"rows\": 4096, \"width\": 32, \"row_bytes\": 128, \"rows_made\": 7}";
+  EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
+
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  expect_rows("after a restart from the checkpoint");
+  EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
+}
+
+TEST(TableTarget, BspAndSspTablesAreRefusedWithOneLine) {
+  TargetProcess target("table=64:8;lr=1");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  int lun = 10;
+  for (const char* mode : {"bsp", "ssp:1"}) {
+    std::string out;
+    const int rc = target.Admin("--lld iscsi --op new --mode logicalunit --tid 1 --lun " + std::to_string(lun++) +
+                                    " --bstype blkps --backing-store t2 --bsopts " +
+                                    ShellQuote(std::string("table=64:8;mode=") + mode),
+                                &out);
+    EXPECT_NE(rc, 0) << mode;
+    EXPECT_TRUE(Contains(target.Log(), "mode: a table is served async only")) << target.Log();
+  }
+  TargetProcess refused("table=64:8;mode=bsp");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.start_output(), "mode: a table is served async only")) << refused.start_output();
+}
+
+}  // namespace
+}  // namespace blkps_test

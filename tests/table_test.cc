@@ -1,0 +1,345 @@
+// Specification of tables (model.h "Tables", job.h "Tables"): rows made
+// when first written, per-row init, per-row rules, async only, checkpoints,
+// receipts and status.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "blkps/control_lun.h"
+#include "job.h"
+#include "json_check.h"
+#include "lu_options.h"
+
+namespace blkps::server {
+namespace {
+
+ModelOptions TableOptions(uint64_t rows, uint64_t width, const std::string& rule = "sgd") {
+  ModelOptions o;
+  o.table = {rows, width};
+  o.num_params = rows * width;
+  o.block_bytes = TableBlockBytes(width * 4);
+  o.rule.name = rule;
+  o.rule.lr = 0.5f;
+  o.init.kind = InitSpec::Kind::kNormal;
+  o.init.scale = 0.1;
+  o.init.seed = 11;
+  return o;
+}
+
+std::unique_ptr<Model> MakeTable(const ModelOptions& o) {
+  std::unique_ptr<Model> m;
+  Status s = Model::Create(o, &m);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return m;
+}
+
+std::vector<float> ReadRow(const Model& m, uint64_t r) {
+  std::vector<float> w(m.table().width);
+  Status s = m.Read(r * m.table().row_bytes(), w.data(), w.size() * 4);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return w;
+}
+
+std::vector<float> InitRow(const ModelOptions& o, uint64_t r) {
+  std::vector<float> w(o.table.width);
+  InitializeRow(o.init, r, w.data(), w.size());
+  return w;
+}
+
+// A gradient for the whole device: rows not in `rows` are zeros.
+std::vector<float> RowGradient(const Model& m, const std::vector<std::pair<uint64_t, std::vector<float>>>& rows) {
+  std::vector<float> g(m.size_bytes() / 4, 0.0f);
+  for (const auto& [r, values] : rows) std::copy(values.begin(), values.end(), g.begin() + r * m.table().width);
+  return g;
+}
+
+uint64_t ResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(Table, UnwrittenRowReadsItsSeededInitialValuesAndIsNotMade) {
+  const ModelOptions o = TableOptions(100, 16);
+  auto m = MakeTable(o);
+  const std::vector<float> row = ReadRow(*m, 42);
+  EXPECT_EQ(row, InitRow(o, 42));
+  EXPECT_EQ(ReadRow(*m, 42), row);  // the same each time
+  EXPECT_NE(ReadRow(*m, 43), row);  // and its own
+  double sum2 = 0;
+  for (uint64_t r = 0; r < 100; ++r) {
+    for (float v : ReadRow(*m, r)) sum2 += v * v;
+  }
+  EXPECT_NEAR(std::sqrt(sum2 / 1600), 0.1, 0.01);  // normal:0.1
+  EXPECT_EQ(m->RowsMade(), 0u);
+}
+
+TEST(Table, RowInitDependsOnSeedAndRowOnly) {
+  ModelOptions o = TableOptions(64, 8);
+  auto a = MakeTable(o);
+  auto b = MakeTable(o);
+  std::vector<float> g = RowGradient(*b, {{3, std::vector<float>(8, 1.0f)}});
+  ASSERT_TRUE(b->ApplyGradient(0, g.data(), g.size() * 4).ok());
+  EXPECT_EQ(ReadRow(*a, 7), ReadRow(*b, 7));
+  o.init.seed = 12;
+  EXPECT_NE(ReadRow(*MakeTable(o), 7), ReadRow(*a, 7));
+  o.init.kind = InitSpec::Kind::kUniform;
+  for (float v : ReadRow(*MakeTable(o), 9)) EXPECT_LE(std::fabs(v), 0.1f);
+}
+
+TEST(Table, RowGradientIsAppliedToItsInitialValuesAndMakesOnlyThatRow) {
+  const ModelOptions o = TableOptions(40, 32);  // 128-byte rows: 4 in a sector
+  auto m = MakeTable(o);
+  std::vector<float> grad(32);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i) - 10.0f;
+  // One sector, rows 4..7, only row 5 with a gradient: as a learner writes it.
+  std::vector<float> sector = RowGradient(*m, {{5, grad}});
+  ASSERT_TRUE(m->ApplyGradient(4 * 128, sector.data() + 4 * 32, 512).ok());
+  const std::vector<float> init = InitRow(o, 5), row = ReadRow(*m, 5);
+  for (size_t i = 0; i < grad.size(); ++i) EXPECT_FLOAT_EQ(row[i], init[i] - 0.5f * grad[i]) << i;
+  EXPECT_EQ(ReadRow(*m, 4), InitRow(o, 4));
+  EXPECT_EQ(m->RowsMade(), 1u);
+}
+
+// Reference adam, one row, its own step count.
+struct AdamRow {
+  std::vector<double> w, m, v;
+  int t = 0;
+  void Step(const std::vector<float>& g, double lr) {
+    ++t;
+    for (size_t i = 0; i < w.size(); ++i) {
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i];
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.999, t));
+      w[i] -= lr * mh / (std::sqrt(vh) + 1e-8);
+    }
+  }
+};
+
+TEST(Table, AdamStepsEachRowByItsOwnCountAndSkipsRowsWithoutGradient) {
+  const ModelOptions o = TableOptions(16, 8, "adam");
+  auto m = MakeTable(o);
+  std::vector<AdamRow> ref(16);
+  for (uint64_t r = 0; r < 16; ++r) {
+    const std::vector<float> init = InitRow(o, r);
+    ref[r].w.assign(init.begin(), init.end());
+    ref[r].m.assign(8, 0);
+    ref[r].v.assign(8, 0);
+  }
+  // Row 1 in every push, row 2 in one, row 3 never: with a shared count row
+  // 2's bias correction would be wrong, and a zero gradient would move row 3.
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::pair<uint64_t, std::vector<float>>> rows = {{1, std::vector<float>(8, 0.3f + step)}};
+    if (step == 3) rows.push_back({2, std::vector<float>(8, -2.0f)});
+    for (const auto& [r, g] : rows) ref[r].Step(g, 0.5);
+    std::vector<float> g = RowGradient(*m, rows);
+    ASSERT_TRUE(m->ApplyGradient(0, g.data(), g.size() * 4).ok());
+  }
+  for (uint64_t r : {1, 2, 3}) {
+    const std::vector<float> row = ReadRow(*m, r);
+    for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(row[i], ref[r].w[i], 1e-5) << "row " << r << " value " << i;
+  }
+  EXPECT_EQ(m->RowsMade(), 2u);
+}
+
+TEST(Table, AdagradAccumulatesPerRow) {
+  const ModelOptions o = TableOptions(8, 4, "adagrad");
+  auto m = MakeTable(o);
+  const std::vector<float> init = InitRow(o, 6);
+  std::vector<double> w(init.begin(), init.end()), s(4, 0);
+  for (float gv : {1.0f, -3.0f, 0.5f}) {
+    std::vector<float> g = RowGradient(*m, {{6, std::vector<float>(4, gv)}});
+    ASSERT_TRUE(m->ApplyGradient(0, g.data(), g.size() * 4).ok());
+    for (size_t i = 0; i < 4; ++i) {
+      s[i] += gv * gv;
+      w[i] -= 0.5 * gv / (std::sqrt(s[i]) + 1e-10);
+    }
+  }
+  const std::vector<float> row = ReadRow(*m, 6);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(row[i], w[i], 1e-5) << i;
+}
+
+TEST(Table, UnwrittenRowsCommitNoMemory) {
+  // 128 MiB of weights and 128 MiB of adagrad state, mostly never written.
+  const ModelOptions o = TableOptions(262144, 128, "adagrad");
+  const uint64_t before = ResidentBytes();
+  auto m = MakeTable(o);
+  for (uint64_t r = 0; r < 262144; r += 4099) ReadRow(*m, r);
+  std::vector<float> g(128, 1.0f);
+  for (uint64_t r = 0; r < 262144; r += 65536) {
+    ASSERT_TRUE(m->ApplyGradient(r * 512, g.data(), 512).ok());
+  }
+  EXPECT_LT(ResidentBytes() - before, uint64_t{16} << 20);
+  EXPECT_EQ(m->RowsMade(), 4u);
+}
+
+TEST(Table, AssignedWeightsMakeTheirRows) {
+  const ModelOptions o = TableOptions(8, 4);
+  auto m = MakeTable(o);
+  const float two[2] = {2.0f, 3.0f};
+  ASSERT_TRUE(m->AssignWeights(5 * 16 + 8, two, sizeof(two)).ok());  // second half of row 5
+  const std::vector<float> init = InitRow(o, 5), row = ReadRow(*m, 5);
+  EXPECT_EQ(row, (std::vector<float>{init[0], init[1], 2.0f, 3.0f}));
+  EXPECT_EQ(m->RowsMade(), 1u);
+}
+
+TEST(Table, ConcurrentPushesToRowsOfOneBlockAreAllApplied) {
+  ModelOptions o = TableOptions(64, 32, "sum");
+  o.init.kind = InitSpec::Kind::kZeros;
+  auto m = MakeTable(o);
+  ASSERT_EQ(m->num_blocks(), 1u);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 200; ++k) {
+        std::vector<float> g(128, 0.0f);  // one sector: rows 4j..4j+3
+        g[(t % 4) * 32] = 1.0f;
+        ASSERT_TRUE(m->ApplyGradient(uint64_t(k % 16) * 512, g.data(), 512).ok());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  double total = 0;
+  for (uint64_t r = 0; r < 64; ++r) total += ReadRow(*m, r)[0];
+  EXPECT_EQ(total, 800.0);
+}
+
+TEST(Table, GeometryThatSplitsRowsIsRefused) {
+  ModelOptions o = TableOptions(10, 3);
+  o.block_bytes = 16;
+  std::unique_ptr<Model> m;
+  Status s = Model::Create(o, &m);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("whole rows"), std::string::npos) << s.message();
+}
+
+JobOptions TableJob(const std::string& rule, const std::string& mode = "async") {
+  JobOptions o;
+  o.model = TableOptions(32, 8, rule);
+  o.staleness_aware = false;
+  EXPECT_TRUE(ParseConsistency(mode, &o.consistency).ok());
+  return o;
+}
+
+TEST(TableJob, BspAndSspAreRefusedInOneLine) {
+  for (const char* mode : {"bsp", "ssp:2"}) {
+    std::shared_ptr<Job> job;
+    Status s = Job::Create("t", TableJob("sgd", mode), nullptr, &job);
+    ASSERT_FALSE(s.ok()) << mode;
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+    EXPECT_NE(s.message().find("mode=async"), std::string::npos) << s.message();
+  }
+}
+
+TEST(TableJob, CheckpointRestoresRowsMadeWeightsAndRuleState) {
+  char path[] = "/tmp/blkps-table-ckpt-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::remove(path);
+  JobOptions o = TableJob("adam");
+  o.checkpoint = path;
+  std::vector<float> first(32 * 8, 0.0f), second(32 * 8, 0.0f);
+  for (size_t i = 0; i < 8; ++i) {
+    first[3 * 8 + i] = 1.0f + i;
+    first[20 * 8 + i] = -1.0f;
+    second[3 * 8 + i] = 0.25f;
+  }
+  std::vector<float> want(32 * 8), got(32 * 8);
+  {  // reference: both pushes on one job
+    std::shared_ptr<Job> job;
+    JobOptions plain = TableJob("adam");
+    ASSERT_TRUE(Job::Create("t", plain, nullptr, &job).ok());
+    const size_t slot = job->AddLearner(1, [] {});
+    ASSERT_TRUE(job->Write(slot, 0, first.data(), 1024).ok());
+    ASSERT_TRUE(job->Write(slot, 0, second.data(), 1024).ok());
+    ASSERT_TRUE(job->Read(slot, 0, want.data(), 1024).ok());
+  }
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("t", o, nullptr, &job).ok());
+    const size_t slot = job->AddLearner(1, [] {});
+    ASSERT_TRUE(job->Write(slot, 0, first.data(), 1024, "iqn.a").ok());
+    ASSERT_TRUE(job->Checkpoint().ok());
+  }
+  std::shared_ptr<Job> job;
+  Status s = Job::Create("t", o, nullptr, &job);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const size_t slot = job->AddLearner(1, [] {});
+  std::vector<uint32_t> counts(1);
+  EXPECT_EQ(job->GetReceipt(1, "iqn.a", 0, &counts).writes_applied, 1u);
+  EXPECT_EQ(counts[0], 1u);
+  EXPECT_NE(job->StatusJson().find("\"rows_made\": 2"), std::string::npos) << job->StatusJson();
+  ASSERT_TRUE(job->Write(slot, 0, second.data(), 1024).ok());
+  ASSERT_TRUE(job->Read(slot, 0, got.data(), 1024).ok());
+  EXPECT_EQ(got, want);
+  job.reset();
+
+  // A dense model of as many parameters does not load it.
+  JobOptions dense;
+  dense.model.num_params = 32 * 8;
+  dense.model.block_bytes = o.model.block_bytes;
+  dense.model.rule.name = "adam";
+  dense.checkpoint = path;
+  s = Job::Create("t", dense, nullptr, &job);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("table"), std::string::npos) << s.message();
+  std::remove(path);
+}
+
+TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("t", TableJob("sgd"), nullptr, &job).ok());
+  const size_t slot = job->AddLearner(1, [] {});
+  std::vector<float> g(32 * 8, 0.0f);
+  g[9 * 8] = 1.0f;
+  ASSERT_TRUE(job->Write(slot, 0, g.data(), 1024).ok());
+  const std::string status = job->StatusJson();
+  EXPECT_EQ(blkps_test::JsonCheck::Problem(status), "") << status;
+  EXPECT_NE(status.find("\"table\": {\"rows\": 32, \"width\": 8, \"row_bytes\": 32, \"rows_made\": 1}"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(std::string(BLKPS_STATUS_TABLE_KEYS).find("rows_made"), std::string::npos);
+}
+
+TEST(TableOptions, TableDeclaresRowsAndWidth) {
+  LuOptions o;
+  Status s = ParseLuOptions("table=1000:128;rule=adagrad;init=normal:0.01;seed=3", &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.job.model.table.rows, 1000u);
+  EXPECT_EQ(o.job.model.table.width, 128u);
+  EXPECT_EQ(o.job.model.num_params, 128000u);
+  EXPECT_EQ(o.job.model.block_bytes, 1u << 20);
+  EXPECT_FALSE(o.job.staleness_aware);
+  ASSERT_TRUE(ParseLuOptions("table=10:3", &o).ok());
+  EXPECT_EQ(o.job.model.block_bytes % 12, 0u);
+}
+
+TEST(TableOptions, BadTablesAreRefusedInOneLine) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"table=10", "table:"},
+      {"table=0:4", "table:"},
+      {"table=4:x", "table:"},
+      {"table=10:4;params=40", "params:"},
+      {"table=10:4;mode=bsp", "mode=async"},
+      {"table=10:4;mode=ssp:1", "mode=async"},
+      {"table=10:4;block=20", "block:"},
+      {"table=10:4;staleness_aware=1", "staleness_aware:"},
+  };
+  for (const auto& [bsopts, start] : cases) {
+    LuOptions o;
+    Status s = ParseLuOptions(bsopts, &o);
+    ASSERT_FALSE(s.ok()) << bsopts;
+    EXPECT_NE(s.message().find(start), std::string::npos) << bsopts << ": " << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace blkps::server
