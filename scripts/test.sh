@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # README's test command: sets up, builds with warnings as errors
 # (-DBLKPS_WERROR=ON, as CI does) and runs every test in stages: the unit
-# tests (no daemon, seconds), then the rest (integration tests start their own
-# tgtd on loopback; vm tests boot a guest), then scripts/checked-tests.sh
+# tests (no daemon, seconds), then the integration tests (each starts its own
+# tgtd on loopback), then the vm tests (each boots a guest; two at a time),
+# then scripts/checked-tests.sh
 # (the fuzzers' short runs, unit tests under ASan+UBSan, the aggregator under
 # TSan). With ctest arguments it runs just those.
 # Usage: sudo scripts/test.sh [ctest arguments, e.g. -R Target or -L unit]
@@ -15,5 +16,7 @@ if [ $# -gt 0 ]; then
   exec "${ctest[@]}" "$@"
 fi
 "${ctest[@]}" -L unit
-"${ctest[@]}" -LE unit
+"${ctest[@]}" -L integration
+# A guest is one TCG thread: two at a time keep both cores busy.
+"${ctest[@]}" -L vm -j 2
 exec "$top/scripts/checked-tests.sh"
