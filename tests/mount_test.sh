@@ -15,6 +15,10 @@
 #   learner       2 learners in bsp through the mount (plain_digits.py, plain
 #                 file I/O) reach the same test accuracy (>= 0.90) as through
 #                 libblkps (train_digits.py)
+#   table         doc/embeddings.md's recipe on a FUSE-mounted table: row 42
+#                 read with dd and with pread (its seeded initial values,
+#                 equal), a row gradient written with pwrite (sgd lr=1: the
+#                 row moves by it, its neighbours do not), status rows_made
 #   sixteen_bit   --dtype float16 over a float16 LUN: the file is 2 bytes per
 #                 parameter; unaligned pwrites of float16 integers add up
 #                 exactly (read back through the file and through libblkps);
@@ -129,6 +133,33 @@ PY
 }
 
 case "$part" in
+table)
+  start_target ps "table=1000:128;rule=sgd;lr=1;init=normal:0.01;seed=7"
+  mount_fg --dir "$work/ps"
+  # The recipe, as doc/embeddings.md shows it.
+  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none | od -A d -t f4 | head -2 >"$work/od.txt"
+  [ -s "$work/od.txt" ] || fail "dd of row 42 gave nothing"
+  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none >"$work/row42.dd"
+  "$py" - "$mnt/slot1" "$work/row42.dd" <<'PY' || fail "row I/O through the mounted table"
+import os, sys
+import numpy as np
+path, dd_row = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+row = np.frombuffer(os.pread(fd, 512, 42 * 512), dtype="<f4")   # row 42
+assert np.array_equal(row, np.fromfile(dd_row, dtype="<f4")), "dd and pread disagree"
+assert 0.001 < np.std(row) < 0.1, f"row 42 is not normal:0.01: {row[:4]}"
+neighbours = os.pread(fd, 512, 41 * 512) + os.pread(fd, 512, 43 * 512)  # rows 41 and 43
+os.pwrite(fd, np.full(128, 0.5, dtype="<f4").tobytes(), 42 * 512)  # its gradient
+after = np.frombuffer(os.pread(fd, 512, 42 * 512), dtype="<f4")
+assert np.allclose(after, row - 0.5, atol=1e-6), f"{after[:4]} != {row[:4]} - 0.5"
+assert os.pread(fd, 512, 41 * 512) + os.pread(fd, 512, 43 * 512) == neighbours, "a neighbouring row moved"
+os.close(fd)
+PY
+  head -c 65536 "$mnt/control" | tr -d '\0' | "$py" -c 'import json, sys
+t = json.load(sys.stdin)["table"]
+assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1}, t' || fail "status table"
+  unmount_by_signal
+  ;;
 chap)
   # A target with one-way CHAP: the mount (and every session it opens) logs
   # in with BLKPS_CHAP_FILE's credentials, and is refused without them.
