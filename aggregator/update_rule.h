@@ -39,8 +39,9 @@
 // t are kept, not reset, and Adam's bias corrections use the β's of the
 // Apply() call with each parameter's own t. nesterov is fixed at creation.
 //
-// Adding a rule: subclass UpdateRule in update_rule.cc, add its name to
-// MakeUpdateRule() and kUpdateRuleNames. Nothing else changes.
+// Adding a rule: subclass UpdateRule in update_rule.cc (implement
+// ApplyScaled()), add its name to MakeUpdateRule() and kUpdateRuleNames.
+// Nothing else changes.
 #pragma once
 
 #include <atomic>
@@ -125,7 +126,7 @@ class UpdateRule {
   // Applies gradient g[0..n) to weights w[0..n), which are parameters
   // [first, first + n). REQUIRES: the caller holds the write lock of the
   // model block containing them; first + n <= num_params; g is finite.
-  virtual void Apply(uint64_t first, float* w, const float* g, size_t n) = 0;
+  void Apply(uint64_t first, float* w, const float* g, size_t n) { ApplyScaled(first, w, g, n, 1.0f); }
 
   // Applies a gradient that is `staleness` updates old (async and ssp: the
   // updates applied to these parameters between the pusher's read and its
@@ -137,6 +138,12 @@ class UpdateRule {
   // exact accumulators (delta mode, exactly-once counts): they add every push
   // as written, whatever its staleness. Same REQUIRES as Apply().
   virtual void ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness);
+
+  // What a rule implements: Apply() to the gradient scale·g[0..n), the scale
+  // taken in the rule's own loop (g is read once, never copied). The product
+  // scale·g[i] is formed first and used as Apply() uses g[i], so scale 1 is
+  // Apply() bit for bit. Same REQUIRES as Apply(); scale > 0.
+  virtual void ApplyScaled(uint64_t first, float* w, const float* g, size_t n, float scale) = 0;
 
   // The rule's per-parameter state, for checkpoints: empty for rules without
   // state, otherwise one entry per array, in a fixed order. A checkpoint saves

@@ -14,6 +14,7 @@
         the engine's row has its own goal line and approximate wire bytes; a
         late learner is named
 """
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,13 @@ def hosts_linked_shaped_and_removed():
                             (cluster.switch, "p0"), (cluster.switch, "p1")]:
                 if "tbf" not in qdisc(ns, dev) or "200Mbit" not in qdisc(ns, dev):
                     fail(f"{ns} {dev} is not shaped to 200Mbit: {qdisc(ns, dev)!r}")
+            for h in range(2):  # IPv4 only (MPI's daemons once tried a tentative IPv6 address)
+                shown = subprocess.run(cluster.exec_argv(h, ["ip", "-6", "addr", "show", "dev", "eth0"]),
+                                       capture_output=True, text=True).stdout
+                if "inet6" in shown:
+                    fail(f"host {h}'s eth0 has an IPv6 address: {shown!r}")
+            if cluster.subnet() != f"{cluster.address(0).rsplit('.', 1)[0]}.0/24":
+                fail(f"subnet() {cluster.subnet()} is not the hosts' /24")
             sent0, _ = cluster.wire_bytes(0)
             _, received1 = cluster.wire_bytes(1)
             address = cluster.address(1)
@@ -139,8 +147,37 @@ def report_goals():
             fail(f"cluster.md lacks '{line}':\n{text}")
 
 
+# A failed case is a result: its record (with "failed") is left out of the
+# tables and the goals, listed under "Failed cases", and the headline reads
+# past it.
+def failed_case_is_a_result():
+    import report  # noqa: E402  (bench/cluster/report.py)
+    failed = {"system": "mpi", "placement": "peer-to-peer", "hosts": 4, "params": 10**8, "dtype": "bfloat16",
+              "drop_ratio": 0.0, "link": "1gbit", "failed": "mpi-peer-to-peer-bfloat16 failed: no daemon"}
+    records = [record("blkps-async", "float32", 6000, 6.0e8), failed,
+               record("mpi", "float32", 7000, 6.0e8, placement="peer-to-peer")]
+    with tempfile.TemporaryDirectory() as out:
+        report.write(out, records, [], {"link": "1gbit", "feed_gbit_s": 5.0, "quick": False, "seconds": 1.0,
+                                        "failures": ["mpi-peer-to-peer-bfloat16 H=4 P=100000000: no daemon"],
+                                        "load": 0.0})
+        with open(os.path.join(out, "cluster.md")) as f:
+            text = f.read()
+        with open(os.path.join(out, "cluster.json"), "w") as f:
+            json.dump(records, f)
+        with open(os.path.join(out, "cluster-training.json"), "w") as f:
+            json.dump([], f)
+        headline = report.headline(out)
+    if "## Failed cases" not in text or "mpi-peer-to-peer-bfloat16 H=4 P=100000000: no daemon" not in text:
+        fail(f"cluster.md does not list the failed case:\n{text}")
+    if "| mpi | peer-to-peer | bfloat16 |" in text:
+        fail(f"cluster.md has a table row for the failed case:\n{text}")
+    if not headline:
+        fail("the headline is empty beside a failed case")
+
+
 if __name__ == "__main__":
     started = time.monotonic()
     {"hosts-linked-shaped-and-removed": hosts_linked_shaped_and_removed,
-     "rates-and-targets": rates_and_targets, "report-goals": report_goals}[case]()
+     "rates-and-targets": rates_and_targets, "report-goals": report_goals,
+     "failed-case-is-a-result": failed_case_is_a_result}[case]()
     print(f"PASS {case} ({time.monotonic() - started:.1f} s)")

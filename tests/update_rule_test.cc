@@ -273,6 +273,28 @@ TEST(UpdateRule, StaleGradientIsScaledByOneOverOnePlusStaleness) {
   EXPECT_EQ(w, std::vector<float>(4, -0.125f));
 }
 
+// Every rule with the default staleness-aware step takes g/N in its own loop
+// (ApplyScaled): the same steps, state included, as Apply() of g/N computed
+// beforehand, whatever the rule keeps. (adagrad's and adam's steps hardly
+// change with the gradient's scale; sgd's catches a scale left out.)
+TEST(UpdateRule, StaleStepOfEveryRuleIsItsStepOfTheScaledGradient) {
+  for (const char* name : {"sgd", "adagrad", "adam"}) {
+    std::unique_ptr<UpdateRule> stale = Make(Named(name, 0.05f), 64), scaled = Make(Named(name, 0.05f), 64);
+    std::vector<float> a(64, 0.5f), b(64, 0.5f), g(64), g4(64);
+    std::mt19937 rng(9);
+    for (int step = 0; step < 20; ++step) {
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = std::uniform_real_distribution<float>(-1, 1)(rng);
+        g4[i] = 0.25f * g[i];
+      }
+      stale->ApplyStale(0, a.data(), g.data(), 64, 3);
+      scaled->Apply(0, b.data(), g4.data(), 64);
+    }
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_FLOAT_EQ(a[i], b[i]) << name << " parameter " << i;
+    EXPECT_NE(a, std::vector<float>(64, 0.5f)) << name;
+  }
+}
+
 // sum and average are exact accumulators: a stale push is added as written
 // (delta mode's changes, exactly-once counts).
 TEST(UpdateRule, SumAndAverageAddStalePushesAsWritten) {

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,6 +68,9 @@ struct Case {
   Kernel kernel;
   Dtype dtype;
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << blkps::wire::KernelName(c.kernel) << " " << blkps::wire::DtypeName(c.dtype);
+}
 
 class WireConvert : public ::testing::TestWithParam<Case> {
  protected:

@@ -30,6 +30,7 @@ import subprocess
 import time
 
 SUBNET = "10.80.0"
+PREFIX_BITS = 24
 FIRST_HOST = 10
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -73,6 +74,10 @@ class Cluster:
     def address(self, host):
         return f"{SUBNET}.{FIRST_HOST + host}"
 
+    def subnet(self):
+        """The hosts' network, ADDRESS/BITS: what every host's eth0 is on."""
+        return f"{SUBNET}.0/{PREFIX_BITS}"
+
     def exec_argv(self, host, argv):
         """argv run as a process of `host` (inside its namespace)."""
         return ["ip", "netns", "exec", self.netns(host), *argv]
@@ -104,7 +109,12 @@ class Cluster:
             self._new_netns(ns)
             _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("-n", self.switch, "link", "set", port, "master", "sw", "up")
-            _ip("-n", ns, "addr", "add", f"{self.address(h)}/24", "dev", "eth0")
+            # IPv4 only: an eth0 that also had an IPv6 link-local address
+            # (tentative while the kernel checks it is unique) gave OpenMPI's
+            # daemons an address to try that leads nowhere.
+            _ip("netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1")
+            _ip("-n", ns, "addr", "add", f"{self.address(h)}/{PREFIX_BITS}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
         self.has_netem = self._try_qdisc(self.switch, "p0", ["netem", "delay", "1ms"])
         if self.link != "none":

@@ -25,6 +25,11 @@ def _label(r):
                                            else f" ({r['placement']})")
 
 
+def measured(records):
+    """The records of cases that ran (a failed case's record has "failed")."""
+    return [r for r in records if "failed" not in r]
+
+
 def _peer_ms(records, r, system):
     for p in records:
         if (p["system"], p["dtype"], p["hosts"], p["params"]) == (system, "float32", r["hosts"], r["params"]):
@@ -33,6 +38,7 @@ def _peer_ms(records, r, system):
 
 
 def write(out, records, trainings, run):
+    records = measured(records)
     for r in records + trainings:
         r.setdefault("drop_ratio", 0.0)  # runs before gradient dropping was measured
     lines = ["# blkps on a cluster: time per model exchange", ""]
@@ -120,7 +126,7 @@ def headline(out):
     DIR/cluster-training.json: the table of the largest model at the most
     hosts, and the goals."""
     with open(os.path.join(out, "cluster.json")) as f:
-        records = json.load(f)
+        records = measured(json.load(f))
     with open(os.path.join(out, "cluster-training.json")) as f:
         trainings = json.load(f)
     for r in records + trainings:
