@@ -639,7 +639,9 @@ class _DistributedOptimizer:
         """Queues the bucket's push (zeros when `zero`) and, when pulling
         during backward, its pull; on a GPU its copy to the host starts now."""
         bucket.queued = True
-        if not zero:
+        if zero:
+            self.flat.after_compute()  # its pull's copy must not overtake backward
+        else:
             self.flat.gradient_ready(bucket.first, bucket.end, self.push_scale)
         if self.pull_during_backward:
             bucket.arrived.clear()
@@ -727,6 +729,7 @@ class _DistributedOptimizer:
         self.skipped_steps += skipped
         self._push_remaining(skipped)
         if not self.pull_during_backward or (skipped and self.mode == "async"):
+            self.flat.after_compute()
             for b in reversed(self.buckets):  # the first layers' weights first
                 self._queue_pull(b)
         self.gradient.zero_()
