@@ -824,10 +824,12 @@ class _DistributedOptimizer:
         """Zeroes the gradients (in place in gradient mode, whatever
         set_to_none says: they stay views into the flat buffer).
         skip_nonfinite: a zero_grad() with no step() since the previous one
-        is a step GradScaler skipped: it is counted and written as zeros
-        where bsp and ssp count writes (doc/gpu.md)."""
+        (and, in gradient mode, a backward in between) is a step GradScaler
+        skipped: it is counted and written as zeros where bsp and ssp count
+        writes (doc/gpu.md)."""
         if self.skip_nonfinite:
-            if not self._stepped:
+            backward_ran = any(self._passes) if self.optimizer is None else True
+            if not self._stepped and backward_ran:
                 self._skipped_step()
             self._stepped = False
         if self.optimizer is None:
