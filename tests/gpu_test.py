@@ -15,6 +15,8 @@ Cases:
                  parameters stay views, a 16-bit wire narrows with torch.
   pipeline       overlap_pull gives the same weights as waiting in step();
                  each module's forward waits for its own buckets only.
+  overlap-server overlap_pull against a tgtd: bsp (2 learners) and async (1)
+                 equal the single-process reference.
   skipped        a step with inf gradients, or one GradScaler skipped, is
                  not pushed; bsp still counts a write of every parameter.
   cuda           gradient and delta mode on a CUDA model equal a CPU
@@ -311,7 +313,8 @@ def learner(config):
     model = mlp(config["seed"] + bps.rank(), device)
     local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
-                                   skip_nonfinite=config.get("skip_nonfinite", False))
+                                   skip_nonfinite=config.get("skip_nonfinite", False),
+                                   overlap_pull=config.get("overlap_pull"))
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     for t in range(config["steps"]):
         opt.zero_grad()
@@ -326,8 +329,8 @@ def learner(config):
     if config.get("faults"):
         opt.zero_grad()  # ends a skipped last step
     opt.wait_weights()
-    print(json.dumps({"weights": flat(model).tolist(), "skipped": opt.skipped_steps, "steps": opt.steps}),
-          flush=True)
+    print(json.dumps({"weights": flat(model).tolist(), "skipped": opt.skipped_steps, "steps": opt.steps,
+                      "forward_waits": opt.forward_waits}), flush=True)
     opt.close()
 
 
@@ -376,6 +379,28 @@ def case_skipped():
     with_server(f"params={count};rule=sgd;lr={lr};mode=bsp", 2, body)
 
 
+def case_overlap_server():
+    """overlap_pull against a real server: 2 learners in bsp (the pull
+    follows the round, bucket by bucket) and 1 in async (each bucket pulled
+    after its push) give the weights of the single-process reference, as
+    waiting in step() does."""
+    lr, steps = 0.1, 6
+    count = bps.param_count(mlp(0))
+    for mode, learners in (("bsp", 2), ("async", 1)):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "overlap_pull": True}
+            reports = server.run_learners(config, learners)
+            want = reference(learners, steps, lr)
+            for rank, r in enumerate(reports):
+                diff = float(np.max(np.abs(np.asarray(r["weights"], np.float32) - want)))
+                check(diff <= 1e-6, f"{mode}: learner {rank} differs from the reference by {diff:g}")
+            diff = float(np.max(np.abs(server.weights(count) - want)))
+            check(diff <= 1e-6, f"{mode}: the server differs from the reference by {diff:g}")
+            print(f"overlap_pull {mode}, {learners} learner(s): equal to the reference "
+                  f"(forward waits {[r['forward_waits'] for r in reports]})")
+        with_server(f"params={count};rule=sgd;lr={lr};mode={mode}", learners, body)
+
+
 def case_cuda():
     if not torch.cuda.is_available():
         print("skipped: no CUDA device (torch.cuda.is_available() is False); bench/gpu.sh --check runs this "
@@ -400,6 +425,7 @@ CASES = {
     "staging": case_staging,
     "pipeline": case_pipeline,
     "skipped": case_skipped,
+    "overlap-server": case_overlap_server,
     "cuda": case_cuda,
 }
 

@@ -126,6 +126,15 @@ class FlatModel:
             self.host_gradient_all[first:end].copy_(grad, non_blocking=True)
             self._copied[(first, end)].record(self.copy_stream)
 
+    def after_compute(self):
+        """Orders the copy stream's later work (a pull's copy into the
+        weights) after everything queued on the compute stream so far, such
+        as the backward kernels that still read the weights (training
+        thread; nothing to do on the CPU). gradient_ready() does this for its
+        own range; a pull with no push before it needs it."""
+        if self.cuda:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+
     def host_gradient(self, first, end, scale=1.0):
         """The host array of [first, end) to push, in the wire's type
         (communication thread), once gradient_ready() has been called for it."""
@@ -185,6 +194,7 @@ class FlatModel:
     def pull_all(self, device):
         """Pulls every weight through `device` (a blkps.Model) and makes it
         the parameters' (waits for the copy)."""
+        self.after_compute()
         pull = device.pull16_into if self.sixteen else device.pull_into
         pull(0, self._np_weights)
         self.weights_arrived(0, self.count)

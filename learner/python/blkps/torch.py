@@ -644,7 +644,9 @@ class _DistributedOptimizer:
         """Queues the bucket's push (zeros when `zero`) and, when pulling
         during backward, its pull; on a GPU its copy to the host starts now."""
         bucket.queued = True
-        if not zero:
+        if zero:
+            self.flat.after_compute()  # its pull's copy must not overtake backward
+        else:
             self.flat.gradient_ready(bucket.first, bucket.end, self.push_scale)
         if self.pull_during_backward:
             bucket.arrived.clear()
@@ -732,6 +734,7 @@ class _DistributedOptimizer:
         self.skipped_steps += skipped
         self._push_remaining(skipped)
         if not self.pull_during_backward or (skipped and self.mode == "async"):
+            self.flat.after_compute()
             for b in reversed(self.buckets):  # the first layers' weights first
                 self._queue_pull(b)
         self.gradient.zero_()
@@ -826,10 +829,12 @@ class _DistributedOptimizer:
         """Zeroes the gradients (in place in gradient mode, whatever
         set_to_none says: they stay views into the flat buffer).
         skip_nonfinite: a zero_grad() with no step() since the previous one
-        is a step GradScaler skipped: it is counted and written as zeros
-        where bsp and ssp count writes (doc/gpu.md)."""
+        (and, in gradient mode, a backward in between) is a step GradScaler
+        skipped: it is counted and written as zeros where bsp and ssp count
+        writes (doc/gpu.md)."""
         if self.skip_nonfinite:
-            if not self._stepped:
+            backward_ran = any(self._passes) if self.optimizer is None else True
+            if not self._stepped and backward_ran:
                 self._skipped_step()
             self._stepped = False
         if self.optimizer is None:
