@@ -145,13 +145,21 @@ def main():
             plot([(e["learners"], e["system"], e["result"]) for e in json.load(f)],
                  os.path.join(args.out, "torch-fashion.png"))
         return
-    results = []
+    results, table = [], ""
     for n, name, job_args in configurations(args):
         r = run(n, job_args, args)
         results.append((n, name, r))
         summary = (f"accuracy {r['accuracy']:.4f}, {r['train_s']:.1f} s, to {GOAL:.0%}: "
                    f"{time_to(r['curve'], GOAL)} s, push staleness {staleness(r)}" if r else "FAILED")
         print(f"torch-fashion: {n} learner(s), {name}: {summary}", flush=True)
+        table = write_report(results, args)  # after every row: a long run stopped early keeps its rows
+    plot(results, os.path.join(args.out, "torch-fashion.png"))
+    print(table)
+    sys.exit(0 if all(r for _, _, r in results) else 1)
+
+
+def write_report(results, args):
+    """Writes OUT/torch-fashion.md and .json for the rows so far; returns the table."""
     images = f"first {args.train_subset} of 60,000" if args.train_subset else "60,000"
     straggler = "; the last rank at half speed (it waits as long as it computed)" if args.straggler else ""
     server = f"; server options {args.server_options}" if args.server_options else ""
@@ -181,9 +189,7 @@ def main():
         f.write(table)
     with open(os.path.join(args.out, "torch-fashion.json"), "w") as f:
         json.dump([{"learners": n, "system": name, "result": r} for n, name, r in results], f)
-    plot(results, os.path.join(args.out, "torch-fashion.png"))
-    print(table)
-    sys.exit(0 if all(r for _, _, r in results) else 1)
+    return table
 
 
 if __name__ == "__main__":
