@@ -261,7 +261,9 @@ learner)
   train="$top/learner/examples/train_digits.py"
   [ -f "$plain" ] || fail "$plain is missing"
   params=$("$py" "$train" --params)
-  opts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp"
+  # dead_after: a learner still importing under load must not be declared
+  # dead, or the other trains alone for a while and the paths differ.
+  opts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=300"
   # Through the mount: plain file I/O.
   start_target viamount "$opts" --luns 2
   mount_fg --dir "$work/viamount"
