@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "kernels.h"
 
 namespace blkps::wire {
@@ -61,6 +65,14 @@ Kernel Choose() {
   return Best();
 }
 
+#if defined(__x86_64__)
+// CPUID leaf 1, ECX bit 29 (F16C: VCVTPH2PS, VCVTPS2PH).
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 }  // namespace
 
 const char* KernelName(Kernel k) { return k == Kernel::kScalar ? "scalar" : k == Kernel::kAvx2 ? "avx2" : "avx512"; }
@@ -70,10 +82,10 @@ bool KernelSupported(Kernel k) {
     case Kernel::kScalar: return true;
 #if defined(__x86_64__)
     // GCC's and clang's checks include the OS's saving of the registers
-    // (XGETBV), not only CPUID.
-    case Kernel::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    case Kernel::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // (XGETBV), not only CPUID. F16C is asked of CPUID itself: clang 14's
+    // __builtin_cpu_supports does not know it.
+    case Kernel::kAvx2: return __builtin_cpu_supports("avx2") && CpuHasF16c();
+    case Kernel::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && CpuHasF16c();
 #endif
     default: return false;
   }
