@@ -1,8 +1,8 @@
 // Job's receipts (job.h, "Receipts"): what each initiator's writes to each
 // learner slot have done, counted as they are applied (inside the write gate
-// that checkpoints close), read for target-plugin/lu.cc (which serves them as
-// the control LUN's receipts region), fenced, bounded per slot, and
-// checkpointed.
+// that checkpoints close), read for target-plugin/control_lun_server.cc
+// (which serves them as the control LUN's receipts region), fenced, bounded
+// per slot, and checkpointed.
 #include <algorithm>
 #include <cstring>
 

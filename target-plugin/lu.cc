@@ -1,68 +1,35 @@
-// The C++ core of one blkps logical unit: its options, its job, and the
-// control LUN's regions (layout in wire/include/blkps/control_lun.h).
-#include "lu.h"
-
+// The C ABI of lu.h and one LU's lifecycle: its options, the job it opens
+// (shared by name among this tgtd's LUNs), admission and release of held
+// commands, and dispatch of each READ/WRITE to the learner path, the 16-bit
+// wire (wire16.cc) or the control LUN (control_lun_server.cc).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <deque>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
-#include "blkps/control_lun.h"
-#include "blkps/wire_convert.h"
 #include "blkps/wire_dtype.hpp"
-#include "job.h"
-#include "lu_options.h"
+#include "lu_core.h"
 
 namespace server = blkps::server;
+using blkps::server::lu_core::ControlRead;
+using blkps::server::lu_core::ControlSizeBytes;
+using blkps::server::lu_core::ControlWrite;
+using blkps::server::lu_core::IsWire16;
+using blkps::server::lu_core::TouchesReadOnlyRegion;
+using blkps::server::lu_core::WireRead;
+using blkps::server::lu_core::WireSizeBytes;
+using blkps::server::lu_core::WireWrite;
 
 namespace {
-
-constexpr uint64_t kStatusOffset = BLKPS_CONTROL_STATUS_OFFSET;
-constexpr uint64_t kCommandsOffset = BLKPS_CONTROL_COMMANDS_OFFSET;
-constexpr uint64_t kCountersOffset = BLKPS_CONTROL_COUNTERS_OFFSET;
-constexpr uint64_t kWeightsOffset = BLKPS_CONTROL_WEIGHTS_OFFSET;
-static_assert(server::Job::kReceiptUnit == BLKPS_CONTROL_RECEIPT_UNIT, "one receipt unit");
 
 void (*g_log)(const char*) = nullptr;
 
 void Log(const std::string& line) {
   if (g_log) g_log(line.c_str());
 }
-
-}  // namespace
-
-struct blkps_lu {
-  std::string bsopts;
-  server::LuOptions options;
-  std::shared_ptr<server::Job> job;  // null until opened
-  size_t slot = 0;                   // learner LUNs: the job's slot
-  uint64_t lun = 0;
-  std::deque<server::Job::Released> released;  // main thread only
-
-  // The initiator name of each admitted command, from blkps_lu_admit until
-  // it runs or fails.
-  std::mutex initiators_mu;
-  std::map<void*, std::string> initiators;
-
-  // Control LUN: the status snapshot reads are served from.
-  std::mutex status_mu;
-  std::string status;
-
-  // Control LUN: the exchange region's bytes (control_lun.h), allocated on
-  // its first write; empty reads as zeros.
-  std::mutex exchange_mu;
-  std::vector<char> exchange;
-};
-
-namespace {
 
 // All LUNs whose --backing-store names the same model are windows onto one
 // Job: one LUN per learner slot, and a control LUN. The first learner LUN to
@@ -129,31 +96,6 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
   }
 }
 
-// Where the control LUN's exchange region starts: after a receipt for every
-// LUN before the control LUN's own.
-uint64_t ExchangeOffset(const blkps_lu& lu) { return blkps_control_exchange_offset(lu.job->size_bytes(), lu.lun); }
-
-// The control LUN's size: its regions, the weights as long as the model's
-// device, the receipts, then the exchange region.
-uint64_t ControlSizeBytes(const blkps_lu& lu) { return blkps_control_lun_bytes(lu.job->size_bytes(), lu.lun); }
-
-// Bytes [at, at + n) of the exchange region, read into `out`.
-void ReadExchange(blkps_lu* lu, uint64_t at, uint64_t n, char* out) {
-  std::lock_guard<std::mutex> lock(lu->exchange_mu);
-  if (lu->exchange.empty()) {
-    std::memset(out, 0, n);
-  } else {
-    std::memcpy(out, lu->exchange.data() + at, n);
-  }
-}
-
-// Bytes [at, at + n) of the exchange region, written from `in`.
-void WriteExchange(blkps_lu* lu, uint64_t at, uint64_t n, const char* in) {
-  std::lock_guard<std::mutex> lock(lu->exchange_mu);
-  if (lu->exchange.empty()) lu->exchange.assign(BLKPS_CONTROL_EXCHANGE_BYTES, '\0');
-  std::memcpy(lu->exchange.data() + at, in, n);
-}
-
 // "Initiator: <name> alias: ..." (tgt's it_nexus info) -> <name>.
 std::string InitiatorName(const char* nexus) {
   const std::string info = nexus ? nexus : "";
@@ -172,223 +114,6 @@ std::string TakeInitiator(blkps_lu* lu, void* cmd) {
   std::string name = std::move(it->second);
   lu->initiators.erase(it);
   return name;
-}
-
-server::Status OutsideControlLun(uint64_t offset, uint64_t len, uint64_t size) {
-  return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
-                                    ") pass the end of the control LUN (" + std::to_string(size) + " bytes)");
-}
-
-// Whether [offset, offset + len) touches a read-only region: status,
-// counters or receipts.
-bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
-  const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
-  return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) || touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
-         touches(blkps_control_receipts_offset(lu.job->size_bytes()),
-                 ExchangeOffset(lu) - blkps_control_receipts_offset(lu.job->size_bytes()));
-}
-
-// Splits [offset, offset + len) of the control LUN at its region borders and
-// calls piece(region_start, piece_offset, piece_len, piece_pos_in_buffer).
-template <typename Piece>
-server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_t len, Piece piece) {
-  const uint64_t borders[] = {kStatusOffset,
-                              kCommandsOffset,
-                              kCountersOffset,
-                              kWeightsOffset,
-                              blkps_control_receipts_offset(lu.job->size_bytes()),
-                              ExchangeOffset(lu),
-                              UINT64_MAX};
-  for (size_t r = 0; r + 1 < std::size(borders); ++r) {
-    const uint64_t start = std::max(offset, borders[r]), end = std::min(offset + len, borders[r + 1]);
-    if (start >= end) continue;
-    server::Status s = piece(borders[r], start, end - start, start - offset);
-    if (!s.ok()) return s;
-  }
-  return server::Status::OK();
-}
-
-// The counters record as control_lun.h lays it out (little-endian, as this
-// host), then zeros to the end of the region.
-std::string CountersRegion(const server::Job& job) {
-  const server::Job::Counters c = job.GetCounters();
-  blkps_control_counters record{};
-  std::memcpy(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic);
-  record.format_version = BLKPS_CONTROL_FORMAT_VERSION;
-  record.record_bytes = sizeof record;
-  record.params = c.params;
-  record.blocks = c.blocks;
-  record.global_step = c.global_step;
-  record.updates = c.updates;
-  record.rejected_writes = c.rejected_writes;
-  record.failed = c.failed ? 1 : 0;
-  record.stop = c.stop ? 1 : 0;
-  std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
-  std::memcpy(region.data(), &record, sizeof record);
-  return region;
-}
-
-// Bytes [at, at + n) of the receipts region (control_lun.h), as
-// `initiator` sees it, into out.
-void ReceiptsRegion(const server::Job& job, const std::string& initiator, uint64_t at, uint64_t n, char* out) {
-  const uint64_t stride = blkps_control_receipt_bytes(job.size_bytes());
-  const uint64_t header_bytes = BLKPS_CONTROL_RECEIPT_HEADER_BYTES;
-  for (uint64_t done = 0; done < n;) {
-    // Bytes [from, from + piece) of LUN `lun`'s record: its header page,
-    // then one uint32 per unit (little-endian, as this host).
-    const uint64_t lun = (at + done) / stride, from = (at + done) % stride;
-    const uint64_t piece = std::min(n - done, stride - from);
-    const uint64_t first_unit = from > header_bytes ? (from - header_bytes) / 4 : 0;
-    const uint64_t end_unit = from + piece > header_bytes ? (from + piece - header_bytes + 3) / 4 : 0;
-    std::vector<uint32_t> counts(end_unit > first_unit ? end_unit - first_unit : 0);
-    const server::Job::ReceiptNumbers numbers = job.GetReceipt(lun, initiator, first_unit, &counts);
-    std::string header_page(header_bytes, '\0');
-    blkps_control_receipt header{};
-    std::memcpy(header.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header.magic);
-    header.format_version = BLKPS_CONTROL_FORMAT_VERSION;
-    header.record_bytes = sizeof header;
-    header.lun = lun;
-    header.writes_applied = numbers.writes_applied;
-    header.writes_in_progress = numbers.writes_in_progress;
-    std::memcpy(header_page.data(), &header, sizeof header);
-    const char* units = reinterpret_cast<const char*>(counts.data());
-    for (uint64_t i = 0; i < piece; ++i) {
-      const uint64_t byte = from + i;
-      out[done + i] = byte < header_bytes ? header_page[byte] : units[byte - header_bytes - first_unit * 4];
-    }
-    done += piece;
-  }
-}
-
-server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len, const std::string& initiator) {
-  const uint64_t size = ControlSizeBytes(*lu);
-  if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
-  const uint64_t receipts = blkps_control_receipts_offset(lu->job->size_bytes());
-  return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == kStatusOffset) {
-      std::lock_guard<std::mutex> lock(lu->status_mu);
-      if (at == kStatusOffset || lu->status.empty()) lu->status = lu->job->StatusJson();
-      std::string& text = lu->status;
-      const uint64_t copy = at < text.size() ? std::min<uint64_t>(n, text.size() - at) : 0;
-      std::memcpy(buf + pos, text.data() + at, copy);
-      std::memset(buf + pos + copy, 0, n - copy);
-      return server::Status::OK();
-    }
-    if (region == kCommandsOffset) {
-      std::memset(buf + pos, 0, n);
-      return server::Status::OK();
-    }
-    if (region == kCountersOffset) {
-      std::memcpy(buf + pos, CountersRegion(*lu->job).data() + (at - kCountersOffset), n);
-      return server::Status::OK();
-    }
-    if (region == receipts) {
-      ReceiptsRegion(*lu->job, initiator, at - receipts, n, buf + pos);
-      return server::Status::OK();
-    }
-    if (region == ExchangeOffset(*lu)) {
-      ReadExchange(lu, at - region, n, buf + pos);
-      return server::Status::OK();
-    }
-    // The weights, then zeros up to the receipts' MiB boundary.
-    const uint64_t from = at - kWeightsOffset, device = lu->job->size_bytes();
-    const uint64_t weights = from < device ? std::min(n, device - from) : 0;
-    std::memset(buf + pos + weights, 0, n - weights);
-    return weights ? lu->job->ReadWeights(from, buf + pos, weights) : server::Status::OK();
-  });
-}
-
-server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len,
-                            const std::string& initiator) {
-  const uint64_t size = ControlSizeBytes(*lu);
-  if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
-  // Who may write what is the LUN's, never the initiator's name: any client
-  // picks its own (--bsopts access=). The exchange region (collectives) is
-  // open to learners: it holds only what they put there.
-  const server::Job::ControlRights rights =
-      lu->options.learners_access ? server::Job::ControlRights::kLearner : server::Job::ControlRights::kOperator;
-  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset && offset < ExchangeOffset(*lu)) {
-    return server::Status::PermissionDenied(
-        "the learners' control LUN does not take weights; operators write them through the model's operator "
-        "target");
-  }
-  // REQUIRES !TouchesReadOnlyRegion(offset, len).
-  return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
-    if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator, rights);
-    if (region == ExchangeOffset(*lu)) {
-      WriteExchange(lu, at - region, n, buf + pos);
-      return server::Status::OK();
-    }
-    return lu->job->AssignWeights(at - kWeightsOffset, buf + pos, n);
-  });
-}
-
-// ---- The 16-bit wire (--bsopts dtype=bfloat16|float16) ----
-// A 16-bit learner LUN is a view of the float32 model: device byte 2*i holds
-// parameter i. Its READ and WRITE are converted here, at the LUN boundary,
-// and go on to the job as float32 (blkps/wire_dtype.hpp says how values
-// round); admission, clocks and the rule never see 16-bit values.
-
-bool IsWire16(const blkps_lu& lu) { return lu.options.dtype != blkps::wire::Dtype::kFloat32; }
-
-uint64_t WireSizeBytes(const blkps_lu& lu) {
-  const uint64_t bytes = lu.job->options().model.num_params * blkps::wire::BytesPerParam(lu.options.dtype);
-  return (bytes + server::kDeviceSectorBytes - 1) / server::kDeviceSectorBytes * server::kDeviceSectorBytes;
-}
-
-// The parameters device bytes [offset, offset + len) of a 16-bit LUN hold,
-// the padding past the model excluded. OutOfRange past the LUN's end;
-// InvalidArgument for half a value.
-struct WireRange {
-  uint64_t first = 0, count = 0;
-};
-server::Status ToWireRange(const blkps_lu& lu, uint64_t offset, uint64_t len, WireRange* out) {
-  const uint64_t size = WireSizeBytes(lu);
-  if (offset > size || len > size - offset) {
-    return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
-                                      ") pass the end of the model device (" + std::to_string(size) + " bytes, " +
-                                      blkps::wire::DtypeName(lu.options.dtype) + ")");
-  }
-  if (offset % 2 != 0 || len % 2 != 0) {
-    return server::Status::InvalidArgument("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
-                                           ") do not start and end on a 16-bit parameter (multiples of 2)");
-  }
-  const uint64_t params = lu.job->options().model.num_params;
-  out->first = offset / 2;
-  out->count = out->first < params ? std::min(len / 2, params - out->first) : 0;
-  return server::Status::OK();
-}
-
-// Per worker thread: the float32 side of a 16-bit transfer.
-std::vector<float>& WideScratch(uint64_t count) {
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < count) scratch.resize(count);
-  return scratch;
-}
-
-server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) {
-  WireRange r;
-  server::Status s = ToWireRange(*lu, offset, len, &r);
-  if (!s.ok()) return s;
-  std::vector<float>& wide = WideScratch(r.count);
-  s = lu->job->Read(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
-  if (!s.ok()) return s;
-  uint16_t* narrow = static_cast<uint16_t*>(buf);
-  // A read returns what each weight rounds to, float16 overflow (Inf) included.
-  (void)blkps::wire::Narrow(lu->options.dtype, wide.data(), narrow, r.count);
-  std::memset(narrow + r.count, 0, len - r.count * 2);  // padding
-  return server::Status::OK();
-}
-
-// Widening is exact and keeps NaN and Inf, so the job's own check refuses
-// such a gradient whole (and counts it) as it does a float32 one.
-server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator) {
-  WireRange r;
-  server::Status s = ToWireRange(*lu, offset, len, &r);
-  if (!s.ok()) return s;
-  std::vector<float>& wide = WideScratch(r.count);
-  blkps::wire::Widen(lu->options.dtype, static_cast<const uint16_t*>(buf), wide.data(), r.count);
-  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float), initiator, offset);
 }
 
 }  // namespace

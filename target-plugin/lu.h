@@ -1,6 +1,7 @@
 /*
  * The bridge between bs_blkps.c (C: tgt's headers do not compile as C++) and
- * the C++ core in lu.cc. One struct blkps_lu per tgt logical unit.
+ * the C++ core in lu.cc (lu_core.h names its parts). One struct blkps_lu per
+ * tgt logical unit.
  *
  * A blkps LUN is one of two kinds, both windows onto one model (a Job, in
  * aggregator/job.h) named by tgt's --backing-store:
@@ -8,7 +9,7 @@
  *     per learner, which is how the server tells learners apart;
  *   - the control LUN (--bsopts role=control): status, commands, counters
  *     and the weights, laid out as wire/include/blkps/control_lun.h says
- *     (lu.cc serves it; doc/server.md documents it).
+ *     (control_lun_server.cc serves it; doc/server.md documents it).
  *
  * Threading: create/open/close/destroy, admit and take_released run on
  * tgtd's main thread. read/write/sync run on tgt's worker threads,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <set>
 
 #include "blkps/byte_size.hpp"
@@ -87,102 +88,208 @@ Status SplitLuOptions(const std::string& bsopts, LuOptionPairs* pairs) {
   return Status::OK();
 }
 
-Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
+namespace {
+
+// What ParseLuOptions carries from key to key.
+struct Parsing {
   LuOptions opts;
+  float eps = 0;  // eps= goes to the named rule's ε, known only at the end
+  bool has_eps = false;
+};
+
+// One --bsopts key: what its value must be and what it sets. `set` returns
+// OK or the key's one-line error; it runs at most once per string.
+struct LuOptionKey {
+  const char* key;
+  const char* help;  // the value it takes; doc/server.md says more
+  Status (*set)(const std::string& key, const std::string& value, Parsing* p);
+};
+
+// momentum=, beta1=, beta2= and eps=: a rule's float.
+Status SetRuleFloat(const std::string& key, const std::string& value, Parsing* p) {
+  float v = 0;
+  if (!ParseFloat(value, &v)) return Bad(key, "a finite number", value);
+  RuleOptions& r = p->opts.job.model.rule;
+  (key == "momentum" ? r.momentum : key == "beta1" ? r.beta1 : key == "beta2" ? r.beta2 : p->eps) = v;
+  p->has_eps = p->has_eps || key == "eps";
+  return Status::OK();
+}
+
+// The keys, in the order the unknown-key error lists them (LuOptionKeys).
+const LuOptionKey kLuOptionTable[] = {
+    {"params", "<n>: number of float32 parameters (this or table= is required, > 0)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, false, &p->opts.job.model.num_params) || p->opts.job.model.num_params == 0) {
+         return Bad(key, "a positive integer count of float32 parameters", value);
+       }
+       return Status::OK();
+     }},
+    {"table",
+     "<rows>:<width>: an embedding table instead (doc/embeddings.md): rows of width float32 values, row r at byte "
+     "r*width*4, rows made when first written; async only. Its block defaults to whole rows up to 1M",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       TableShape& t = p->opts.job.model.table;
+       const size_t colon = value.find(':');
+       if (colon == std::string::npos || !ParseSize(value.substr(0, colon), false, &t.rows) ||
+           !ParseSize(value.substr(colon + 1), false, &t.width) || t.rows == 0 || t.width == 0 ||
+           t.width > (uint64_t{1} << 28) || t.rows > (uint64_t{1} << 61) / t.width) {
+         return Bad(key, "<rows>:<width>, positive counts of rows and of float32 values per row (e.g. 1000000:128)",
+                    value);
+       }
+       return Status::OK();
+     }},
+    {"block", "<bytes>: model block size; K/M suffixes (default 1M)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, true, &p->opts.job.model.block_bytes) || p->opts.job.model.block_bytes == 0 ||
+           p->opts.job.model.block_bytes % 4 != 0) {
+         return Bad(key, "a size in bytes, a positive multiple of 4 (K/M suffix allowed)", value);
+       }
+       return Status::OK();
+     }},
+    {"rule", "<name>: update rule: sgd momentum adagrad adam sum average",
+     [](const std::string&, const std::string& value, Parsing* p) {
+       p->opts.job.model.rule.name = value;
+       return Status::OK();
+     }},
+    {"lr", "<float>: learning rate (default 0.01)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseFloat(value, &p->opts.job.model.rule.lr) || p->opts.job.model.rule.lr <= 0) {
+         return Bad(key, "a finite number > 0", value);
+       }
+       return Status::OK();
+     }},
+    {"momentum", "<float>: momentum's μ (default 0.9)", SetRuleFloat},
+    {"nesterov", "0|1: momentum: Nesterov's variant (default 0)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
+       p->opts.job.model.rule.nesterov = value == "1";
+       return Status::OK();
+     }},
+    {"beta1", "<float>: adam's first moment decay (default 0.9)", SetRuleFloat},
+    {"beta2", "<float>: adam's second moment decay (default 0.999)", SetRuleFloat},
+    {"eps", "<float>: adam's ε (default 1e-8) or adagrad's (default 1e-10)", SetRuleFloat},
+    {"init", "<spec>: zeros | uniform:<a> | normal:<std> | file:<path>",
+     [](const std::string&, const std::string& value, Parsing* p) {
+       return ParseInitSpec(value, &p->opts.job.model.init);
+     }},
+    {"seed", "<n>: seed for uniform/normal (default 0)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, false, &p->opts.job.model.init.seed)) {
+         return Bad(key, "a non-negative integer", value);
+       }
+       return Status::OK();
+     }},
+    {"mode", "<m>: consistency: async | bsp | ssp:<s> (default async)",
+     [](const std::string&, const std::string& value, Parsing* p) {
+       return ParseConsistency(value, &p->opts.job.consistency);
+     }},
+    {"dead_after", "<s>: seconds without I/O before a learner is dead (default 10)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSeconds(value, 0, true, 86400, &p->opts.job.dead_after_s)) {
+         return Bad(key, "seconds, > 0", value);
+       }
+       return Status::OK();
+     }},
+    {"hold_limit", "<s>: longest a read waits in bsp/ssp, (0, 25] (default 20)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSeconds(value, 0, true, kMaxHoldSeconds, &p->opts.job.hold_limit_s)) {
+         return Bad(key, "seconds in (0, 25]: initiators abort a command after about 30 s", value);
+       }
+       return Status::OK();
+     }},
+    {"max_dead", "<n>: dead learners that fail the job; 0: never (default 0)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       uint64_t n = 0;
+       if (!ParseSize(value, false, &n) || n > 1000000) return Bad(key, "a count of learners, 0 for never", value);
+       p->opts.job.max_dead = static_cast<uint32_t>(n);
+       return Status::OK();
+     }},
+    {"checkpoint", "<path>: checkpoint file: loaded at start, written on fsync",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value.empty() || value[0] != '/') return Bad(key, "an absolute file path", value);
+       p->opts.job.checkpoint = value;
+       return Status::OK();
+     }},
+    {"checkpoint_every", "<s>: also write it every s seconds (default 0: off)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSeconds(value, 0, false, 1e9, &p->opts.job.checkpoint_every_s)) {
+         return Bad(key, "seconds, >= 0 (0: only on fsync)", value);
+       }
+       return Status::OK();
+     }},
+    {"role",
+     "control: this LUN is the status and control LUN of the model its --backing-store names (no other key but "
+     "access). Whoever reaches it may write commands and weights: serve it only on a target that admits operators "
+     "alone (blkps target start --operator: its own CHAP account)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value != "control") return Bad(key, "control", value);
+       p->opts.control = true;
+       return Status::OK();
+     }},
+    {"access",
+     "learners: control LUN only: the learners' control LUN. Anyone may read all of it; writes take only fence= and "
+     "tag= (what libblkps and blkps.torch send), everything else is refused (DATA PROTECT)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value != "learners") return Bad(key, "learners", value);
+       p->opts.learners_access = true;
+       return Status::OK();
+     }},
+    {"dtype",
+     "<t>: how this learner LUN presents the model: float32 | bfloat16 | float16 (default float32); a 16-bit LUN "
+     "holds parameter i at byte 2*i (blkps/wire_dtype.hpp). The model stays float32; LUNs of one model may differ "
+     "in dtype only",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!wire::ParseDtype(value, &p->opts.dtype)) return Bad(key, std::string("one of ") + wire::kDtypeNames, value);
+       return Status::OK();
+     }},
+    {"staleness_aware", "0|1: async/ssp: apply a push with its measured staleness (default 1; 0 for a table)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value != "0" && value != "1") return Bad(key, "1 (scale a push by 1/(1+staleness)) or 0", value);
+       p->opts.job.staleness_aware = value == "1";
+       return Status::OK();
+     }},
+    {"stale_bound", "<n>: a push staler than this many updates is counted and its learner told (default 32)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, false, &p->opts.job.stale_bound)) return Bad(key, "a count of updates", value);
+       return Status::OK();
+     }},
+};
+
+}  // namespace
+
+std::string LuOptionKeys() {
+  std::string keys;
+  for (const LuOptionKey& k : kLuOptionTable) keys += (keys.empty() ? "" : ", ") + std::string(k.key);
+  return keys;
+}
+
+Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
+  Parsing parsing;
+  LuOptions& opts = parsing.opts;
   LuOptionPairs pairs;
   Status split = SplitLuOptions(bsopts, &pairs);
   if (!split.ok()) return split;
   std::set<std::string> seen;
-  float eps = 0;  // eps= goes to the named rule's ε, known only at the end
-  bool has_eps = false;
   for (const auto& [key, value] : pairs) {
     seen.insert(key);
     if (key != "dtype") opts.model_bsopts += (opts.model_bsopts.empty() ? "" : ";") + key + "=" + value;
 
-    if (key == "params") {
-      if (!ParseSize(value, false, &opts.job.model.num_params) || opts.job.model.num_params == 0) {
-        return Bad(key, "a positive integer count of float32 parameters", value);
-      }
-    } else if (key == "table") {
-      TableShape& t = opts.job.model.table;
-      const size_t colon = value.find(':');
-      if (colon == std::string::npos || !ParseSize(value.substr(0, colon), false, &t.rows) ||
-          !ParseSize(value.substr(colon + 1), false, &t.width) || t.rows == 0 || t.width == 0 ||
-          t.width > (uint64_t{1} << 28) || t.rows > (uint64_t{1} << 61) / t.width) {
-        return Bad(key, "<rows>:<width>, positive counts of rows and of float32 values per row (e.g. 1000000:128)",
-                   value);
-      }
-    } else if (key == "block") {
-      if (!ParseSize(value, true, &opts.job.model.block_bytes) || opts.job.model.block_bytes == 0 ||
-          opts.job.model.block_bytes % 4 != 0) {
-        return Bad(key, "a size in bytes, a positive multiple of 4 (K/M suffix allowed)", value);
-      }
-    } else if (key == "rule") {
-      opts.job.model.rule.name = value;
-    } else if (key == "lr") {
-      if (!ParseFloat(value, &opts.job.model.rule.lr) || opts.job.model.rule.lr <= 0) {
-        return Bad(key, "a finite number > 0", value);
-      }
-    } else if (key == "momentum" || key == "beta1" || key == "beta2" || key == "eps") {
-      float v = 0;
-      if (!ParseFloat(value, &v)) return Bad(key, "a finite number", value);
-      RuleOptions& r = opts.job.model.rule;
-      (key == "momentum" ? r.momentum : key == "beta1" ? r.beta1 : key == "beta2" ? r.beta2 : eps) = v;
-      has_eps = has_eps || key == "eps";
-    } else if (key == "nesterov") {
-      if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
-      opts.job.model.rule.nesterov = value == "1";
-    } else if (key == "init") {
-      Status s = ParseInitSpec(value, &opts.job.model.init);
-      if (!s.ok()) return s;
-    } else if (key == "seed") {
-      if (!ParseSize(value, false, &opts.job.model.init.seed)) {
-        return Bad(key, "a non-negative integer", value);
-      }
-    } else if (key == "mode") {
-      Status s = ParseConsistency(value, &opts.job.consistency);
-      if (!s.ok()) return s;
-    } else if (key == "dead_after") {
-      if (!ParseSeconds(value, 0, true, 86400, &opts.job.dead_after_s)) {
-        return Bad(key, "seconds, > 0", value);
-      }
-    } else if (key == "hold_limit") {
-      if (!ParseSeconds(value, 0, true, kMaxHoldSeconds, &opts.job.hold_limit_s)) {
-        return Bad(key, "seconds in (0, 25]: initiators abort a command after about 30 s", value);
-      }
-    } else if (key == "max_dead") {
-      uint64_t n = 0;
-      if (!ParseSize(value, false, &n) || n > 1000000) return Bad(key, "a count of learners, 0 for never", value);
-      opts.job.max_dead = static_cast<uint32_t>(n);
-    } else if (key == "staleness_aware") {
-      if (value != "0" && value != "1") return Bad(key, "1 (scale a push by 1/(1+staleness)) or 0", value);
-      opts.job.staleness_aware = value == "1";
-    } else if (key == "stale_bound") {
-      if (!ParseSize(value, false, &opts.job.stale_bound)) return Bad(key, "a count of updates", value);
-    } else if (key == "checkpoint") {
-      if (value.empty() || value[0] != '/') return Bad(key, "an absolute file path", value);
-      opts.job.checkpoint = value;
-    } else if (key == "checkpoint_every") {
-      if (!ParseSeconds(value, 0, false, 1e9, &opts.job.checkpoint_every_s)) {
-        return Bad(key, "seconds, >= 0 (0: only on fsync)", value);
-      }
-    } else if (key == "dtype") {
-      if (!wire::ParseDtype(value, &opts.dtype)) return Bad(key, std::string("one of ") + wire::kDtypeNames, value);
-    } else if (key == "access") {
-      if (value != "learners") return Bad(key, "learners", value);
-      opts.learners_access = true;
-    } else if (key == "operators") {
+    if (key == "operators") {  // a key no longer taken: say what replaced it
       return Status::InvalidArgument(
           "operators: no longer taken: an initiator name proves nothing (a client picks its own); give the "
           "learners' control LUN access=learners and serve role=control on a target with its own CHAP account "
           "(blkps target start --operator)");
-    } else if (key == "role") {
-      if (value != "control") return Bad(key, "control", value);
-      opts.control = true;
-    } else {
-      return Status::InvalidArgument(key + ": unknown option (known: " + kLuOptionKeys + ")");
     }
+    const LuOptionKey* entry = std::find_if(std::begin(kLuOptionTable), std::end(kLuOptionTable),
+                                            [&](const LuOptionKey& k) { return key == k.key; });
+    if (entry == std::end(kLuOptionTable)) {
+      return Status::InvalidArgument(key + ": unknown option (known: " + LuOptionKeys() + ")");
+    }
+    Status s = entry->set(key, value, &parsing);
+    if (!s.ok()) return s;
   }
+  const float eps = parsing.eps;
+  const bool has_eps = parsing.has_eps;
   if (has_eps) {
     (opts.job.model.rule.name == "adagrad" ? opts.job.model.rule.adagrad_eps : opts.job.model.rule.eps) = eps;
   }

@@ -10,7 +10,8 @@
 //                    iSCSI/iSER session), libaio with O_DIRECT; buffered
 //                    I/O (same path) where the file system refuses O_DIRECT,
 //                    announced once on stderr.
-//   iscsi_device.cc  iscsi:// and iser:// through libiscsi, one session.
+//   iscsi_device.h   iscsi:// and iser:// through libiscsi, one session
+//                    (iscsi_session.cc, iscsi_device.cc, iscsi_reconnect.cc).
 //   striped_device.cc  layout:PATH, one model striped over shard Devices.
 //
 // Thread-safety: a Device is used by one thread at a time (libiscsi allows one

@@ -1,7 +1,8 @@
-// libFuzzer harness: the control LUN (target-plugin/lu.h, served by lu.cc;
-// commands parsed by Job::Control in aggregator/job_control.cc). One model
-// and its control LUN live for the whole run, as in tgtd; each input is one
-// WRITE to the control LUN, followed by a READ of its status and counters.
+// libFuzzer harness: the control LUN (target-plugin/lu.h, served by
+// control_lun_server.cc; commands parsed by Job::Control in
+// aggregator/job_control.cc). One model and its control LUN live for the
+// whole run, as in tgtd; each input is one WRITE to the control LUN, followed
+// by a READ of its status and counters.
 // The same write goes first to the learners' control LUN (--bsopts
 // access=learners), which takes Job::Control's learner path.
 //

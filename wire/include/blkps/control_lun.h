@@ -51,8 +51,8 @@
  * The control LUN answers INQUIRY with product BLKPS_CONTROL_PRODUCT_ID, so
  * that a learner finds it among the target's LUNs (REPORT LUNS).
  *
- * Users: the server (target-plugin/lu.cc serves the regions and fills the
- * record; aggregator/job_status.cc writes the status keys), libblkps (the
+ * Users: the server (target-plugin/control_lun_server.cc serves the regions
+ * and fills the record; aggregator/job_status.cc writes the status keys), libblkps (the
  * engine reads the counters; blkps_control_layout_get() hands all of this to
  * the Python package, learner/python/blkps/control.py), the tests, and
  * doc/server.md's "Status and control" section.

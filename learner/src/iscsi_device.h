@@ -1,0 +1,143 @@
+// IscsiDevice: the model device as a LUN reached through libiscsi, one
+// session per device: iscsi:// over TCP, iser:// over RDMA. Opened by
+// OpenIscsiDevice (device.h, iscsi_session.cc).
+//
+// Data moves as READ(16)/WRITE(16) commands whose scsi_iovecs point at the
+// caller's memory (zero copy), queue_depth of them in flight, driven by poll()
+// on the context's descriptor (iscsi_device.cc).
+//
+// Exactly-once writes (doc/libblkps.md "Faults"; iscsi_reconnect.cc). A write
+// is a gradient: resending one the server has already applied counts it twice.
+// So the device, not libiscsi, reconnects a dropped session (libiscsi would
+// resend every command in flight): it logs in again, fences its old writes
+// (the control LUN's fence=<lun>), waits until the server has none in
+// progress, reads its receipt (how many of its writes starting at each
+// 512-byte unit the server has applied; blkps/control_lun.h) and resends only
+// the writes the receipt lacks. Reads and syncs are resent as they are. The
+// device keeps what it expects the receipt to say (expected_); after a target
+// restart from a checkpoint the receipt is the checkpoint's, and writes it
+// acknowledged that the receipt lacks were lost with the server's memory:
+// counted in writes_lost() and said on stderr. Without a control LUN (a target
+// not made by blkps) the device resends every write in flight, as libiscsi
+// would.
+#ifndef BLKPS_LEARNER_ISCSI_DEVICE_H_
+#define BLKPS_LEARNER_ISCSI_DEVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "blkps/control_lun.h"
+#include "device.h"
+#include "iscsi_session.h"
+
+namespace blkps::iscsi {
+
+// One SCSI command in flight; OnCommandDone fills in the outcome.
+struct Command {
+  scsi_task* task = nullptr;  // nullptr: this slot is free
+  size_t index = 0;           // which of the batch's commands
+  bool done = false;
+  int status = SCSI_STATUS_GOOD;
+  scsi_sense sense{};
+  std::string transport_error;  // libiscsi's message when status says so
+};
+
+// The reconnect deadline: BLKPS_RECONNECT_SECONDS (seconds > 0) if set, else
+// the default for a device of `device_bytes`.
+Status ReconnectSeconds(uint64_t device_bytes, double* seconds);
+
+class IscsiDevice : public Device {
+ public:
+  // Takes ownership of the logged-in context. `control_lun`: the target's
+  // control LUN, whose receipts make writes exactly-once; -1 if none.
+  IscsiDevice(iscsi_context* iscsi, SessionSpec spec, uint64_t size_bytes, uint32_t block_size,
+              uint64_t default_request_bytes, uint64_t max_request_bytes, int control_lun)
+      : iscsi_(iscsi),
+        spec_(std::move(spec)),
+        name_(spec_.name),
+        lun_(spec_.lun),
+        size_bytes_(size_bytes),
+        block_size_(block_size),
+        default_request_bytes_(default_request_bytes),
+        max_request_bytes_(max_request_bytes),
+        control_lun_(control_lun) {}
+
+  ~IscsiDevice() override {
+    if (iscsi_ == nullptr) return;
+    if (lost_.ok() && iscsi_is_logged_in(iscsi_)) LogOut();
+    // Runs the callbacks of commands libiscsi still holds (after a lost
+    // connection); they land in commands_, which is still alive.
+    iscsi_destroy_context(iscsi_);
+    FreeTasks();
+  }
+
+  uint64_t size_bytes() const override { return size_bytes_; }
+  uint32_t logical_block_size() const override { return block_size_; }
+  uint64_t default_request_bytes() const override { return std::min(default_request_bytes_, max_request_bytes_); }
+  uint64_t max_request_bytes() const override { return max_request_bytes_; }
+  uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
+
+  Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
+  Status Sync() override;
+
+  // Reads this session's receipt into *counts (one per unit of the device).
+  // REQUIRES: control_lun_ >= 0 and no command in flight.
+  Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline = kNoDeadline);
+  // The receipt is what the device expects from now on.
+  void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
+
+ private:
+  // Queues command `index` with OnCommandDone and `command` as its callback
+  // data; returns the task, or nullptr when libiscsi refuses it.
+  using StartFn = std::function<scsi_task*(size_t index, Command* command)>;
+  // Names command `index` for messages.
+  using DescribeFn = std::function<std::string(size_t index)>;
+
+  // `writes`: the batch's requests when its commands are writes, else null.
+  Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
+                     const std::vector<IoRequest>* writes);
+  Status Service();
+  // The session dropped and every command of it has ended; `dropped` lists
+  // the batch's commands that were in flight. Logs in again and stores in
+  // *resend those to send again: all of them, except writes that the
+  // receipt shows applied.
+  Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
+                   std::vector<size_t>* resend);
+  // Fences this initiator's writes on the server and waits until none is in
+  // progress; then reads the receipt. Gives up at `deadline`.
+  Status FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline);
+  void FreeTasks();
+  void LogOut();
+
+  iscsi_context* iscsi_;  // null while reconnecting failed
+  const SessionSpec spec_;
+  const std::string& name_;
+  const int lun_;
+  const uint64_t size_bytes_;
+  const uint32_t block_size_;
+  const uint64_t default_request_bytes_;
+  const uint64_t max_request_bytes_;
+  const int control_lun_;
+
+  // Slots for the commands in flight. libiscsi keeps pointers to them until
+  // each command completes, so they live as long as the context.
+  std::vector<Command> commands_;
+  // Set once the session is lost for good: the device refuses further work.
+  Status lost_;
+  bool logout_done_ = false;  // set by the LOGOUT's callback
+  // Per 512-byte unit: how many of this session's writes starting there the
+  // server has applied, as far as the device knows (receipts only).
+  std::vector<uint32_t> expected_;
+  // The caller's bytes (padding aside) in the last write acknowledged at
+  // each unit, to put lost writes in bytes.
+  std::unordered_map<uint64_t, uint64_t> write_length_;
+  uint64_t pushed_bytes_lost_ = 0;
+  bool said_no_receipts_ = false;
+};
+
+}  // namespace blkps::iscsi
+
+#endif  // BLKPS_LEARNER_ISCSI_DEVICE_H_

@@ -1,0 +1,84 @@
+// The 16-bit wire (--bsopts dtype=bfloat16|float16): a 16-bit learner LUN
+// is a view of the float32 model, device byte 2*i holding parameter i. Its
+// READ and WRITE are converted here, at the LUN boundary, and go on to the job
+// as float32 (blkps/wire_dtype.hpp says how values round); admission, clocks
+// and the rule never see 16-bit values. Contract in lu_core.h.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "blkps/wire_convert.h"
+#include "blkps/wire_dtype.hpp"
+#include "lu_core.h"
+
+namespace blkps::server::lu_core {
+namespace server = blkps::server;
+
+bool IsWire16(const blkps_lu& lu) { return lu.options.dtype != blkps::wire::Dtype::kFloat32; }
+
+uint64_t WireSizeBytes(const blkps_lu& lu) {
+  const uint64_t bytes = lu.job->options().model.num_params * blkps::wire::BytesPerParam(lu.options.dtype);
+  return (bytes + server::kDeviceSectorBytes - 1) / server::kDeviceSectorBytes * server::kDeviceSectorBytes;
+}
+
+namespace {
+
+// The parameters device bytes [offset, offset + len) of a 16-bit LUN hold,
+// the padding past the model excluded. OutOfRange past the LUN's end;
+// InvalidArgument for half a value.
+struct WireRange {
+  uint64_t first = 0, count = 0;
+};
+server::Status ToWireRange(const blkps_lu& lu, uint64_t offset, uint64_t len, WireRange* out) {
+  const uint64_t size = WireSizeBytes(lu);
+  if (offset > size || len > size - offset) {
+    return server::Status::OutOfRange("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                                      ") pass the end of the model device (" + std::to_string(size) + " bytes, " +
+                                      blkps::wire::DtypeName(lu.options.dtype) + ")");
+  }
+  if (offset % 2 != 0 || len % 2 != 0) {
+    return server::Status::InvalidArgument("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + len) +
+                                           ") do not start and end on a 16-bit parameter (multiples of 2)");
+  }
+  const uint64_t params = lu.job->options().model.num_params;
+  out->first = offset / 2;
+  out->count = out->first < params ? std::min(len / 2, params - out->first) : 0;
+  return server::Status::OK();
+}
+
+// Per worker thread: the float32 side of a 16-bit transfer.
+std::vector<float>& WideScratch(uint64_t count) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < count) scratch.resize(count);
+  return scratch;
+}
+
+}  // namespace
+
+server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) {
+  WireRange r;
+  server::Status s = ToWireRange(*lu, offset, len, &r);
+  if (!s.ok()) return s;
+  std::vector<float>& wide = WideScratch(r.count);
+  s = lu->job->Read(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
+  if (!s.ok()) return s;
+  uint16_t* narrow = static_cast<uint16_t*>(buf);
+  // A read returns what each weight rounds to, float16 overflow (Inf) included.
+  (void)blkps::wire::Narrow(lu->options.dtype, wide.data(), narrow, r.count);
+  std::memset(narrow + r.count, 0, len - r.count * 2);  // padding
+  return server::Status::OK();
+}
+
+// Widening is exact and keeps NaN and Inf, so the job's own check refuses
+// such a gradient whole (and counts it) as it does a float32 one.
+server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator) {
+  WireRange r;
+  server::Status s = ToWireRange(*lu, offset, len, &r);
+  if (!s.ok()) return s;
+  std::vector<float>& wide = WideScratch(r.count);
+  blkps::wire::Widen(lu->options.dtype, static_cast<const uint16_t*>(buf), wide.data(), r.count);
+  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float), initiator, offset);
+}
+
+}  // namespace blkps::server::lu_core
