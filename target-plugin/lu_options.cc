@@ -270,7 +270,11 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   Status split = SplitLuOptions(bsopts, &pairs);
   if (!split.ok()) return split;
   std::set<std::string> seen;
-  for (const auto& [key, value] : pairs) {
+  for (const auto& pair : pairs) {
+    // Named, not a structured binding: the lambda below captures key
+    // (C++17 allows no capture of a structured binding; clang 14 refuses).
+    const std::string& key = pair.first;
+    const std::string& value = pair.second;
     seen.insert(key);
     if (key != "dtype") opts.model_bsopts += (opts.model_bsopts.empty() ? "" : ";") + key + "=" + value;
 
