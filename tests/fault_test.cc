@@ -29,7 +29,6 @@
 namespace {
 
 using blkps_test::CuttingProxy;
-using blkps_test::RunCommand;
 using blkps_test::TargetProcess;
 using blkps_test::TempDir;
 
@@ -273,8 +272,8 @@ TEST(CutConnections, AnOpenThatCannotReadItsReceiptFails) {
 TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
   constexpr int kIterations = 150, kKills = 20;
-  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-fault");
+  const std::string& dir = scratch.path;
   TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "0.05"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
@@ -342,7 +341,6 @@ TEST(KillTgtd, TwentyRestartsLoseExactlyWhatTheLearnersAreTold) {
   EXPECT_EQ(sum, expected) << "lost bytes: " << lost_bytes[0] << ", " << lost_bytes[1];
   std::printf("kill -9 trials: %d restarts, %d from a checkpoint; pushed bytes lost: %llu, %llu\n", restarts, loads,
               static_cast<unsigned long long>(lost_bytes[0]), static_cast<unsigned long long>(lost_bytes[1]));
-  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 // Two learners train a one-block rule=sum model in `mode` (one write per
@@ -363,8 +361,8 @@ void KillDuringTwoLearnerTraining(const std::string& mode, int kills, uint32_t s
                                   int steps_per_iteration) {
   constexpr uint64_t kTinyParams = 1 << 14;  // 64 KiB: one block (1 MiB), one write
   constexpr uint64_t kTinyBytes = kTinyParams * sizeof(float);
-  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-fault");
+  const std::string& dir = scratch.path;
   TargetProcess target(SumCheckpointed(kTinyParams, dir + "/model.ckpt", "0.05") + ";mode=" + mode + ";dead_after=3600",
                        "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -447,7 +445,6 @@ void KillDuringTwoLearnerTraining(const std::string& mode, int kills, uint32_t s
               mode.c_str(), restarts, loads, iterations, made[0].load(), made[1].load(),
               static_cast<unsigned long long>(lost_bytes[0] / kTinyBytes),
               static_cast<unsigned long long>(lost_bytes[1] / kTinyBytes));
-  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 // bsp: every round is the average of one gradient per learner, (1 + 3) / 2.
@@ -522,8 +519,8 @@ TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
 TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
   constexpr uint64_t kSmallParams = (1 << 18) - 3;  // 1 MiB less 12 bytes
   constexpr int kDurable = 3, kUnsynced = 5;
-  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-fault");
+  const std::string& dir = scratch.path;
   // No periodic checkpoint within the test: only Sync() writes one.
   TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -546,7 +543,6 @@ TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
   std::vector<float> w(kSmallParams);
   ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
   EXPECT_EQ(CountWrong(w, kDurable), "");
-  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 // Engine::Finish() ends with a Sync(): once it returns, every push is in a
@@ -554,8 +550,8 @@ TEST(KillTgtd, AfterTheLastPushSyncCountsWhatWasLost) {
 TEST(KillTgtd, AfterEngineFinishEveryPushIsDurable) {
   constexpr uint64_t kSmallParams = 1 << 18;  // 1 MiB
   constexpr int kSteps = 5;
-  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-fault");
+  const std::string& dir = scratch.path;
   // No periodic checkpoint within the test: only a sync writes one.
   TargetProcess target(SumCheckpointed(kSmallParams, dir + "/model.ckpt", "3600"));
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -581,7 +577,6 @@ TEST(KillTgtd, AfterEngineFinishEveryPushIsDurable) {
   ASSERT_NE(m, nullptr) << error;
   ASSERT_EQ(m->Pull(0, w.data(), kSmallParams), 0) << m->last_error();
   EXPECT_EQ(CountWrong(w, kSteps + 1), "");
-  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 // A large model checkpointed over and over; tgtd is killed while a
@@ -591,8 +586,8 @@ TEST(KillTgtd, AfterEngineFinishEveryPushIsDurable) {
 TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
   constexpr uint64_t kLargeParams = 16 << 20;  // 64 MiB
   constexpr int kKills = 4;
-  char tmpl[] = "/tmp/blkps-fault-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-fault");
+  const std::string& dir = scratch.path;
   const std::string checkpoint = dir + "/model.ckpt";
   TargetProcess target(SumCheckpointed(kLargeParams, checkpoint, "0.05"));
   ASSERT_TRUE(target.ok()) << target.start_output();
@@ -644,7 +639,6 @@ TEST(KillTgtd, DuringACheckpointWriteTheOldOrNewFileLoads) {
   for (float v : w) sum += v;
   EXPECT_EQ(sum, static_cast<double>(pushes) * kLargeParams - m->pushed_bytes_lost() / sizeof(float))
       << pushes << " pushes, " << m->pushed_bytes_lost() << " bytes lost";
-  RunCommand("rm -rf " + blkps_test::ShellQuote(dir), nullptr);
 }
 
 }  // namespace

@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "job.h"
+#include "temp_dir.h"
 
 namespace blkps::server {
 namespace {
+
+using blkps_test::TempDir;
 
 constexpr uint64_t kParams = 1024;  // 4 KiB: 8 receipt units
 
@@ -89,8 +92,8 @@ TEST(JobReceipts, FenceFailsTheInitiatorsHeldWritesOnly) {
 }
 
 TEST(JobReceipts, ACheckpointHoldsTheReceiptsOfItsGradients) {
-  char tmpl[] = "/tmp/blkps-receipts-test-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-receipts-test");
+  const std::string& dir = scratch.path;
   JobOptions o = SumOptions("async");
   o.checkpoint = dir + "/model.ckpt";
   {
@@ -111,15 +114,14 @@ TEST(JobReceipts, ACheckpointHoldsTheReceiptsOfItsGradients) {
   ASSERT_TRUE(job->ReadWeights(0, w.data(), kParams * 4).ok());
   EXPECT_EQ(w[128], 1.0f);
   EXPECT_EQ(w[0], 0.0f);
-  std::system(("rm -rf " + dir).c_str());
 }
 
 // Each slot keeps the receipts of its kReceiptsPerSlot most recently active
 // initiators (a read counts as activity); a receipt with a write in progress
 // is never dropped; a checkpoint carries the kept ones in their order of use.
 TEST(JobReceipts, EachSlotKeepsItsMostRecentlyUsedReceipts) {
-  char tmpl[] = "/tmp/blkps-receipts-test-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir scratch("blkps-receipts-test");
+  const std::string& dir = scratch.path;
   JobOptions o = SumOptions("async");
   o.checkpoint = dir + "/model.ckpt";
   auto writes_applied = [](const Job& job, uint64_t lun, const std::string& initiator) {
@@ -167,7 +169,6 @@ TEST(JobReceipts, EachSlotKeepsItsMostRecentlyUsedReceipts) {
   EXPECT_EQ(writes_applied(*job, 1, "iqn.2"), 0u);
   EXPECT_EQ(writes_applied(*job, 1, "iqn.3"), 1u);
   EXPECT_EQ(writes_applied(*job, 1, "iqn.busy"), 1u);
-  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "blkps/control_lun.h"
 #include "json_check.h"
+#include "temp_dir.h"
 
 namespace blkps::server {
 namespace {
@@ -513,12 +514,7 @@ TEST(Job, ControlGrammarIsStrict) {
 
 class JobCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/blkps-job-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    path_ = dir_ + "/model.ckpt";
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  void SetUp() override { path_ = dir_.path + "/model.ckpt"; }
 
   JobOptions AdamOptions() {
     JobOptions o = Options(300, "bsp");
@@ -534,7 +530,8 @@ class JobCheckpoint : public ::testing::Test {
     return ss.str();
   }
 
-  std::string dir_, path_;
+  blkps_test::TempDir dir_{"blkps-job-test"};
+  std::string path_;
 };
 
 TEST_F(JobCheckpoint, RestartRestoresWeightsStateAndClocksBitForBit) {

@@ -22,6 +22,8 @@
 #include <sstream>
 #include <string>
 
+#include "temp_dir.h"
+
 namespace blkps_test {
 
 // Runs a shell command; returns its exit status and its stdout+stderr.
@@ -47,33 +49,16 @@ inline bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// A scratch folder (checkpoint files, secret files), removed at the end of
-// the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/blkps-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { RunCommand("rm -rf " + ShellQuote(path), nullptr); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
-
 class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.
   // `extra` is passed to `blkps target start` as is (e.g. "--null-lun").
   explicit TargetProcess(const std::string& bsopts, const std::string& extra = "") : bsopts_(bsopts), extra_(extra) {
-    char tmpl[] = "/tmp/blkps-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
     Start(extra_);
   }
 
-  ~TargetProcess() {
-    RunCommand(std::string(BLKPS_COMMAND) + " target stop --dir " + dir_, nullptr);
-    RunCommand("rm -rf " + ShellQuote(dir_), nullptr);
-  }
+  // Stops the target; then folder_ goes, with its state.
+  ~TargetProcess() { RunCommand(std::string(BLKPS_COMMAND) + " target stop --dir " + dir_, nullptr); }
 
   TargetProcess(const TargetProcess&) = delete;
   TargetProcess& operator=(const TargetProcess&) = delete;
@@ -187,7 +172,8 @@ class TargetProcess {
   }
 
   const std::string bsopts_, extra_;
-  std::string dir_;
+  TempDir folder_;
+  const std::string dir_ = folder_.path;
   int start_status_ = -1;
   std::string start_output_;
   std::map<std::string, std::string> env_;
