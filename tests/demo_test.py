@@ -13,16 +13,16 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
-top, build = sys.argv[1], sys.argv[2]
-kind = sys.argv[3] if len(sys.argv) > 3 else "python"
+import testbed
+from testbed import fail
+
+top, build, args = testbed.setup("demo_test")
+kind = args[0] if args else "python"
 sys.path.insert(0, os.path.join(top, "scripts"))
 from blkps_cli import demo  # noqa: E402
 
-BLKPS = os.path.join(top, "scripts", "blkps")
 PYTHON = "/usr/bin/python3"
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
 LEARNERS, EPOCHS = 2, 6
 # bsp: once both have started, neither runs ahead, however loaded the
 # machine (in async, the demo's default, one learner may get more CPU).
@@ -32,37 +32,17 @@ MODE = "bsp"
 # started after the other had trained meets a model at about 0.1-0.2.
 UNTRAINED_LOSS = 1.0
 
-
-def fail(message):
-    sys.exit(f"demo_test {kind}: FAIL: {message}")
-
-
-def blkps(*args):
-    return subprocess.run([BLKPS, *args], capture_output=True, text=True)
-
-
-state = tempfile.mkdtemp(prefix="blkps-demo-test-")
-try:
-    params = subprocess.run([PYTHON, demo.TRAIN, "--params"], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    started = blkps("target", "start", "--dir", state, "--owner-pid", str(os.getpid()), "--luns", str(LEARNERS),
-                    "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-                    "--bsopts", f"params={params};rule=sgd;lr=0.2;init=normal:0.1;seed=1;mode={MODE}")
-    if started.returncode != 0:
-        fail(f"target start: {started.stderr}")
-    urls = blkps("target", "show", "--dir", state, "--get", "URLS").stdout.split()
+params = subprocess.run([PYTHON, demo.TRAIN, "--params"], capture_output=True, text=True, check=True).stdout.strip()
+with testbed.Server(f"params={params};rule=sgd;lr=0.2;init=normal:0.1;seed=1;mode={MODE}", LEARNERS) as server:
     learner = ([PYTHON, demo.TRAIN] if kind == "python"
                else [os.path.join(build, "learner", "examples", "blkps-train-digits")])
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            demo.run_learners([[*learner, "--target", urls[k], "--learner", str(k), "--learners", str(LEARNERS),
-                                "--epochs", str(EPOCHS)] for k in range(LEARNERS)])
+            demo.run_learners([[*learner, "--target", server.urls[k], "--learner", str(k), "--learners",
+                                str(LEARNERS), "--epochs", str(EPOCHS)] for k in range(LEARNERS)])
     finally:
         print(out.getvalue())
-finally:
-    blkps("target", "stop", "--dir", state)
-    subprocess.run(["rm", "-rf", state])
 
 lines = out.getvalue().splitlines()
 gate = [i for i, line in enumerate(lines) if "learners ready: starting them together" in line]

@@ -2,7 +2,7 @@
 """blkps.torch's device data path (doc/gpu.md), run on CPU tensors: the
 same code a CUDA model takes, less the streams. Cases without a server use
 a plain file as the model device (a push writes the values, a pull reads
-them back); the others start their own tgtd (torch_fashion_job.start_server).
+them back); the others start their own tgtd (tests/testbed.py).
 
   gpu_test.py <repo> <build dir> <case>
 
@@ -25,18 +25,16 @@ Cases:
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
-sys.path.insert(0, os.path.join(top, "learner", "examples"))
+import testbed
+from testbed import check, fail, with_server
+
+top, build, _ = testbed.setup("gpu_test")
 import torch  # noqa: E402
-import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
 
 import blkps  # noqa: E402
 import blkps.torch as bps  # noqa: E402
@@ -45,15 +43,6 @@ torch.set_num_threads(1)
 SKIP = 77  # ctest's SKIP_RETURN_CODE
 BATCH = 16
 SMALL_BUCKET = 4096  # bytes: the MLP's 6,154 parameters make 7 buckets
-
-
-def fail(message):
-    sys.exit(f"gpu_test {case}: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 def mlp(seed, device="cpu"):
@@ -268,44 +257,6 @@ def case_pipeline():
 
 # ---- with a server ----
 
-class Server:
-    def __init__(self, bsopts, luns):
-        self.state = tempfile.mkdtemp(prefix="blkps-gpu-test-")
-        env = job.start_server(self.state, bsopts, luns, build)
-        self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
-
-    def status(self):
-        with blkps.Model(self.control) as c:
-            return json.loads(c.read_bytes(0, 65536).split(b"\0", 1)[0])
-
-    def weights(self, count):
-        with blkps.Model(self.control) as c:
-            return np.frombuffer(c.read_bytes(1 << 20, (count * 4 + 511) // 512 * 512), np.float32)[:count]
-
-    def run_learners(self, config, learners):
-        procs = []
-        for rank in range(learners):
-            e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
-                     BLKPS_TARGET=self.target, BLKPS_CONTROL=self.control)
-            procs.append(subprocess.Popen([sys.executable, __file__, top, build, "learner",
-                                           json.dumps(config)], env=e, stdout=subprocess.PIPE, text=True))
-        outs = [p.communicate()[0] for p in procs]
-        for rank, p in enumerate(procs):
-            check(p.returncode == 0, f"learner {rank} exited with {p.returncode}")
-        return [json.loads(o.strip().splitlines()[-1]) for o in outs]
-
-    def stop(self):
-        job.stop_server(self.state)
-
-
-def with_server(bsopts, luns, body):
-    server = Server(bsopts, luns)
-    try:
-        body(server)
-    finally:
-        server.stop()
-
-
 def learner(config):
     """Trains as rank $RANK; prints one JSON line."""
     bps.init()
@@ -430,9 +381,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    if case == "learner":
-        learner(json.loads(sys.argv[4]))
-    elif case in CASES:
-        CASES[case]()
-    else:
-        fail(f"unknown case (known: {', '.join(CASES)})")
+    testbed.run(CASES, learner)

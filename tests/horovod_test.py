@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """blkps.torch as Horovod's documented API (issue 23), against a real tgtd:
-each case starts its own server (torch_fashion_job.start_server) and learner
+each case starts its own server (tests/testbed.py) and learner
 processes with a launcher's variables, and checks exact results.
 
   horovod_test.py <repo> <build dir> <case>
@@ -11,18 +11,17 @@ early-stop.
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
-sys.path.insert(0, os.path.join(top, "learner", "examples"))
+import testbed
+from testbed import check, fail, finish, with_server
+
+top, build, _ = testbed.setup("horovod_test")
 import torch  # noqa: E402
-import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
+import torch_fashion_job as job  # noqa: E402  (its blkps command and mount)
 
 import blkps  # noqa: E402
 import blkps.torch as hvd  # noqa: E402  (the import a Horovod script changes)
@@ -30,15 +29,6 @@ from blkps.control import Control  # noqa: E402
 
 torch.set_num_threads(1)
 LR = 0.1
-
-
-def fail(message):
-    sys.exit(f"horovod_test {case}: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 def refused(call, words, kind=(ValueError, NotImplementedError)):
@@ -209,63 +199,28 @@ LEARNERS = {"collectives": learner_collectives, "train": learner_train, "early-s
 
 # ---- the test side ----
 
-class Server:
-    """A private tgtd with `luns` learner LUNs and the control LUN."""
+def start_learners(server, kind, config, learners, launcher="torchrun"):
+    """Starts the learners with a launcher's variables (torchrun or mpirun);
+    each start is a new run (its own run id, as a launcher gives)."""
+    server.runs = getattr(server, "runs", 0) + 1
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+            and not k.startswith(("OMPI_", "SLURM_", "BLKPS_RUN_ID"))}
 
-    def __init__(self, bsopts, luns):
-        self.state = tempfile.mkdtemp(prefix="blkps-horovod-test-")
-        env = job.start_server(self.state, bsopts, luns, build)
-        self.target, self.control, self.env = job.slot_target(env), env["CONTROL_URL"], env
-
-    def status(self):
-        with Control(self.control) as c:
-            return c.status()
-
-    def weights(self, count):
-        with Control(self.control) as c:
-            return c.read_weights(0, count)
-
-    def start_learners(self, kind, config, learners, launcher="torchrun"):
-        """Starts the learners with a launcher's variables; each start is a
-        new run (its own run id, as a launcher gives)."""
-        self.runs = getattr(self, "runs", 0) + 1
-        base = {k: v for k, v in os.environ.items()
-                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
-                and not k.startswith(("OMPI_", "SLURM_", "BLKPS_RUN_ID"))}
-        procs = []
-        for rank in range(learners):
-            if launcher == "torchrun":
-                env = dict(RANK=str(rank), WORLD_SIZE=str(learners), LOCAL_RANK=str(rank),
-                           LOCAL_WORLD_SIZE=str(learners), MASTER_PORT=str(20000 + self.runs))
-            else:
-                env = dict(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(learners),
-                           OMPI_COMM_WORLD_LOCAL_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_SIZE=str(learners),
-                           OMPI_MCA_ess_base_jobid=str(self.runs))
-            env = dict(base, BLKPS_TARGET=self.target, BLKPS_CONTROL=self.control, **env)
-            procs.append(subprocess.Popen([sys.executable, __file__, top, build, "learner", kind,
-                                           json.dumps(config)], env=env, stdout=subprocess.PIPE, text=True))
-        return procs
-
-    def run_learners(self, kind, config, learners, launcher="torchrun"):
-        return finish(self.start_learners(kind, config, learners, launcher))
-
-    def stop(self):
-        job.stop_server(self.state)
+    def env_of(rank):
+        if launcher == "torchrun":
+            env = dict(RANK=str(rank), WORLD_SIZE=str(learners), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(learners), MASTER_PORT=str(20000 + server.runs))
+        else:
+            env = dict(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(learners),
+                       OMPI_COMM_WORLD_LOCAL_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_SIZE=str(learners),
+                       OMPI_MCA_ess_base_jobid=str(server.runs))
+        return dict(base, BLKPS_TARGET=server.target, BLKPS_CONTROL=server.control, **env)
+    return server.start_learners(config, learners, kind=kind, env_of=env_of)
 
 
-def finish(procs):
-    outs = [p.communicate()[0] for p in procs]
-    for rank, (p, o) in enumerate(zip(procs, outs)):
-        check(p.returncode == 0, f"learner {rank} exited with {p.returncode}")
-    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
-
-
-def with_server(bsopts, luns, body):
-    server = Server(bsopts, luns)
-    try:
-        body(server)
-    finally:
-        server.stop()
+def run_learners(server, kind, config, learners, launcher="torchrun"):
+    return finish(start_learners(server, kind, config, learners, launcher))
 
 
 def params():
@@ -320,7 +275,7 @@ def case_collectives():
 
     def body(server):
         for launcher in ("torchrun", "mpirun"):
-            reports = server.run_learners("collectives", {"big": big, "timed_calls": 50}, n, launcher)
+            reports = run_learners(server, "collectives", {"big": big, "timed_calls": 50}, n, launcher)
             ints = np.arange(5) * sum(range(1, n + 1))
             floats = np.array([0.1, 1e-8, 3.0], np.float32)
             # float64 sums of the float32 inputs, in rank order, cast back.
@@ -393,7 +348,7 @@ def case_any_order():
 
     def body(server):
         for order in ("horovod", "blkps"):
-            reports = server.run_learners("train", {"order": order, "optimizer": "delta", "steps": steps}, n)
+            reports = run_learners(server, "train", {"order": order, "optimizer": "delta", "steps": steps}, n)
             root = np.float32(reports[0]["initial"])
             for r, rep in enumerate(reports):
                 check(np.array_equal(np.float32(rep["after_broadcast"]), root),
@@ -417,7 +372,7 @@ def case_options():
 
     def run(bsopts, config, want, what):
         def body(server):
-            reports = server.run_learners("train", dict(config, steps=steps, order="horovod"), n)
+            reports = run_learners(server, "train", dict(config, steps=steps, order="horovod"), n)
             for r, rep in enumerate(reports):
                 diff = float(np.max(np.abs(np.float32(rep["weights"]) - want)))
                 check(diff < 1e-5, f"{what}: rank {r} differs by {diff:g}")
@@ -439,8 +394,8 @@ def case_options():
         single_process(steps, n, "gradient"), "synchronize() and skip_synchronize(): each bucket once")
 
     def one_async_step(server):  # each push scaled by 1/size: one step moves by the average
-        reports = server.run_learners("train", {"optimizer": "gradient", "steps": 1, "order": "horovod",
-                                                "op": "Average"}, n)
+        reports = run_learners(server, "train", {"optimizer": "gradient", "steps": 1, "order": "horovod",
+                                                 "op": "Average"}, n)
         want = single_process(1, n, "gradient")
         diff = float(np.max(np.abs(server.weights(count) - want)))
         check(diff < 1e-6, f"op=Average, async: the server moved {diff:g} away from the average")
@@ -456,8 +411,8 @@ def case_compression():
     count = params()
 
     def bf16(server):
-        reports = server.run_learners("train", {"optimizer": "delta", "steps": 2, "order": "horovod",
-                                                "compression": "bf16"}, 2)
+        reports = run_learners(server, "train", {"optimizer": "delta", "steps": 2, "order": "horovod",
+                                                 "compression": "bf16"}, 2)
         check(reports[0]["weights"] == reports[1]["weights"], "bf16: the learners differ")
         hvd.init(target=server.target, control=server.control, env={})
         m = model(0)
@@ -494,7 +449,7 @@ def case_early_stop():
     config = {"patience": 3, "min_delta": 0.05, "losses": losses}
 
     def body(server):
-        procs = server.start_learners("early-stop", config, n)
+        procs = start_learners(server, "early-stop", config, n)
         try:
             with Control(server.control) as control:
                 while control.status()["global_step"] < 3:
@@ -566,9 +521,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    if case == "learner":
-        LEARNERS[sys.argv[4]](json.loads(sys.argv[5]))
-    elif case in CASES:
-        CASES[case]()
-    else:
-        fail(f"unknown case (known: {', '.join(CASES)})")
+    testbed.run(CASES, lambda kind, config: LEARNERS[kind](config))

@@ -8,39 +8,18 @@ Model and Engine on bfloat16 and float16 LUNs (exact small-integer sums).
 Usage: python_binding_test.py <repo> <build dir>
 """
 import errno
-import os
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 
-top, build = sys.argv[1], sys.argv[2]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
+import testbed
+from testbed import check
+
+top, build, _ = testbed.setup("python_binding_test")
 import blkps  # noqa: E402
 import blkps.control  # noqa: E402
 
 PARAMS = 300_000  # not a whole number of 512-byte blocks: the tail is padded
 ITERATIONS = 12
-
-
-def check(condition, message):
-    if not condition:
-        sys.exit(f"python_binding_test: {message}")
-
-
-def start_target(state, bsopts=f"params={PARAMS};rule=sgd;lr=1;mode=async"):
-    """Starts a target in `state`; returns its URL and CONTROL_URL."""
-    blkps_command = os.path.join(top, "scripts", "blkps")
-    subprocess.run(
-        [blkps_command, "target", "start", "--dir", state,
-         "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-         "--owner-pid", str(os.getpid()), "--bsopts", bsopts],
-        check=True, stdout=subprocess.DEVNULL)
-    shown = subprocess.run([blkps_command, "target", "show", "--dir", state, "--get", "URL", "--get", "CONTROL_URL"],
-                           check=True, capture_output=True, text=True).stdout.split()
-    return dict(zip(("URL", "CONTROL_URL"), shown))
 
 
 def test_model(url):
@@ -201,20 +180,14 @@ def test_sixteen_bit(url, dtype):
 
 
 def main():
-    states = [tempfile.mkdtemp(prefix="blkps-pytest-") for _ in range(3)]
-    try:
-        env = start_target(states[0])
-        test_model(env["URL"])
-        test_control(env["URL"], env["CONTROL_URL"])
-        weights = test_engine(env["URL"], env["CONTROL_URL"])
-        test_engine_dropping(env["URL"], weights)
-        for state, dtype in zip(states[1:], ("bfloat16", "float16")):
-            test_sixteen_bit(start_target(state, f"params={PARAMS};rule=sum;dtype={dtype}")["URL"], dtype)
-    finally:
-        for state in states:
-            subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state],
-                           stderr=subprocess.DEVNULL)
-            subprocess.run(["rm", "-rf", state])
+    with testbed.Server(f"params={PARAMS};rule=sgd;lr=1;mode=async") as server:
+        test_model(server.url)
+        test_control(server.url, server.control)
+        weights = test_engine(server.url, server.control)
+        test_engine_dropping(server.url, weights)
+    for dtype in ("bfloat16", "float16"):
+        with testbed.Server(f"params={PARAMS};rule=sum;dtype={dtype}") as server:
+            test_sixteen_bit(server.url, dtype)
     print("python binding: Model, Engine, control and the 16-bit wire OK")
 
 

@@ -5,12 +5,11 @@ in one line when the library loads. No server.
 
 Usage: python_mirrors_test.py TOP BUILD"""
 import ctypes
-import os
 import sys
 
-top, build = sys.argv[1], sys.argv[2]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
+import testbed
+
+top, build, _ = testbed.setup("python_mirrors_test")
 import blkps  # noqa: E402
 import blkps.control  # noqa: E402
 

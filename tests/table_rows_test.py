@@ -8,75 +8,50 @@ sector with pushed rows but are not in the batch stay as they were.
 
 Usage: table_rows_test.py <repo> <build dir>
 """
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 
-top, build = sys.argv[1], sys.argv[2]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
+import testbed
+from testbed import check
+
+top, build, _ = testbed.setup("table_rows_test")
 import blkps  # noqa: E402
 
 ROWS, WIDTH, LR, EPS = 4096, 32, 0.1, 1e-10
 BATCHES, BATCH = 20, 256
 
 
-def check(condition, message):
-    if not condition:
-        sys.exit(f"table_rows_test: {message}")
-
-
-def start_target(state, bsopts):
-    blkps_command = os.path.join(top, "scripts", "blkps")
-    subprocess.run(
-        [blkps_command, "target", "start", "--dir", state,
-         "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-         "--owner-pid", str(os.getpid()), "--bsopts", bsopts],
-        check=True, stdout=subprocess.DEVNULL)
-    return subprocess.run([blkps_command, "target", "show", "--dir", state, "--get", "URL"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
 def main():
     rng = np.random.default_rng(7)
-    with tempfile.TemporaryDirectory() as state:
-        url = start_target(state, f"table={ROWS}:{WIDTH};rule=adagrad;lr={LR};init=uniform:0.05;seed=3")
-        try:
-            with blkps.Model(url) as model:
-                weights = model.pull_rows(np.arange(ROWS), WIDTH).astype(np.float64)
-                check(np.all(np.abs(weights) <= 0.05) and np.std(weights) > 0.01, "initial rows are not uniform:0.05")
-                check(np.array_equal(model.pull(0, ROWS * WIDTH).reshape(ROWS, WIDTH), weights),
-                      "pull_rows and pull disagree")
-                state_sum = np.zeros_like(weights)
-                for _ in range(BATCHES):
-                    ids = (rng.zipf(1.05, BATCH) - 1) % ROWS
-                    check(len(np.unique(ids)) < BATCH, "the batch has no repeated id")
-                    grads = rng.integers(-3, 4, (BATCH, WIDTH)).astype(np.float32)
-                    model.push_rows(ids, grads)
-                    merged = np.zeros_like(weights)
-                    np.add.at(merged, ids, grads)
-                    for r in np.unique(ids):
-                        g = merged[r]
-                        if not np.any(g):
-                            continue  # a zero row gradient is none
-                        state_sum[r] += g * g
-                        weights[r] -= LR * g / (np.sqrt(state_sum[r]) + EPS)
-                got = model.pull_rows(np.arange(ROWS), WIDTH)
-                worst = np.max(np.abs(got - weights))
-                check(worst < 1e-5, f"rows differ from the reference by up to {worst}")
-                again = model.pull_rows([5, 5, 0, ROWS - 1], WIDTH)
-                check(np.array_equal(again, got[[5, 5, 0, ROWS - 1]]), "pull_rows of repeated ids")
-                try:
-                    model.push_rows([ROWS], np.ones((1, WIDTH), np.float32))
-                    check(False, "a row past the end did not raise")
-                except OSError as e:
-                    check("past the table's end" in e.strerror, f"unclear error: {e}")
-        finally:
-            subprocess.run([os.path.join(top, "scripts", "blkps"), "target", "stop", "--dir", state],
-                           stdout=subprocess.DEVNULL)
+    with testbed.Server(f"table={ROWS}:{WIDTH};rule=adagrad;lr={LR};init=uniform:0.05;seed=3") as server:
+        with blkps.Model(server.url) as model:
+            weights = model.pull_rows(np.arange(ROWS), WIDTH).astype(np.float64)
+            check(np.all(np.abs(weights) <= 0.05) and np.std(weights) > 0.01, "initial rows are not uniform:0.05")
+            check(np.array_equal(model.pull(0, ROWS * WIDTH).reshape(ROWS, WIDTH), weights),
+                  "pull_rows and pull disagree")
+            state_sum = np.zeros_like(weights)
+            for _ in range(BATCHES):
+                ids = (rng.zipf(1.05, BATCH) - 1) % ROWS
+                check(len(np.unique(ids)) < BATCH, "the batch has no repeated id")
+                grads = rng.integers(-3, 4, (BATCH, WIDTH)).astype(np.float32)
+                model.push_rows(ids, grads)
+                merged = np.zeros_like(weights)
+                np.add.at(merged, ids, grads)
+                for r in np.unique(ids):
+                    g = merged[r]
+                    if not np.any(g):
+                        continue  # a zero row gradient is none
+                    state_sum[r] += g * g
+                    weights[r] -= LR * g / (np.sqrt(state_sum[r]) + EPS)
+            got = model.pull_rows(np.arange(ROWS), WIDTH)
+            worst = np.max(np.abs(got - weights))
+            check(worst < 1e-5, f"rows differ from the reference by up to {worst}")
+            again = model.pull_rows([5, 5, 0, ROWS - 1], WIDTH)
+            check(np.array_equal(again, got[[5, 5, 0, ROWS - 1]]), "pull_rows of repeated ids")
+            try:
+                model.push_rows([ROWS], np.ones((1, WIDTH), np.float32))
+                check(False, "a row past the end did not raise")
+            except OSError as e:
+                check("past the table's end" in e.strerror, f"unclear error: {e}")
     print("table_rows_test: ok")
 
 

@@ -7,29 +7,19 @@ SGD. Rows the batches never used keep their initial values.
 
 Usage: torch_embedding_test.py <repo> <build dir>
 """
-import os
-import sys
-import tempfile
-
 import numpy as np
 
-top, build = sys.argv[1], sys.argv[2]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
-sys.path.insert(0, os.path.join(top, "learner", "examples"))
+import testbed
+from testbed import check
+
+top, build, _ = testbed.setup("torch_embedding_test")
 import torch  # noqa: E402
-import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
 
 import blkps  # noqa: E402
 import blkps.torch as bps  # noqa: E402
 
 torch.set_num_threads(1)
 ROWS, WIDTH, LR, STEPS, BAGS, BAG = 1000, 16, 0.5, 6, 8, 5
-
-
-def check(condition, message):
-    if not condition:
-        sys.exit(f"torch_embedding_test: {message}")
 
 
 class Click(torch.nn.Module):
@@ -57,14 +47,11 @@ def batch(step):
 
 def main():
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    states = [tempfile.mkdtemp(prefix="blkps-emb-") for _ in range(3)]
-    try:
-        table_bsopts = f"table={ROWS}:{WIDTH};rule=sgd;lr={LR};init=normal:0.1;seed="
-        bag_env = job.start_server(states[0], table_bsopts + "1", 1, build)
-        item_env = job.start_server(states[1], table_bsopts + "2", 1, build)
-        dense_env = job.start_server(states[2], f"params={2 * WIDTH + 1};rule=sgd;lr={LR}", 1, build)
-        bps.init(target=dense_env["URL"], control=dense_env["CONTROL_URL"], env={"RANK": "0", "WORLD_SIZE": "1"})
-        with blkps.Model(bag_env["URL"]) as bag_table, blkps.Model(item_env["URL"]) as item_table:
+    table_bsopts = f"table={ROWS}:{WIDTH};rule=sgd;lr={LR};init=normal:0.1;seed="
+    with testbed.Server(table_bsopts + "1") as bag_server, testbed.Server(table_bsopts + "2") as item_server, \
+            testbed.Server(f"params={2 * WIDTH + 1};rule=sgd;lr={LR}") as dense_server:
+        bps.init(target=dense_server.url, control=dense_server.control, env={"RANK": "0", "WORLD_SIZE": "1"})
+        with blkps.Model(bag_server.url) as bag_table, blkps.Model(item_server.url) as item_table:
             model = Click(bps.EmbeddingBag(bag_table, ROWS, WIDTH, mode="mean"), bps.Embedding(item_table, ROWS, WIDTH))
             check(len(list(model.parameters())) == 2, "the embedding modules hold parameters")
             # The reference: local tables with the server's initial rows.
@@ -98,9 +85,6 @@ def main():
             want = torch.cat([p.detach().reshape(-1) for p in local.dense.parameters()])
             check(torch.allclose(dense, want, atol=1e-5), f"dense part differs: {dense - want}")
             opt.close()
-    finally:
-        for state in states:
-            job.stop_server(state)
     print("torch_embedding_test: ok")
 
 

@@ -1,8 +1,7 @@
 #!/usr/bin/python3
-"""blkps.torch against a real tgtd: each case starts its own server
-(torch_fashion_job.start_server) and learner processes (RANK/WORLD_SIZE set as a
-launcher would) and compares the result with a single-process PyTorch
-reference.
+"""blkps.torch against a real tgtd: each case starts its own server and
+learner processes (tests/testbed.py: RANK/WORLD_SIZE set as a launcher
+would) and compares the result with a single-process PyTorch reference.
 
   torch_test.py <repo> <build dir> <case>
 
@@ -10,22 +9,19 @@ Cases: init (no server), gradient-mode, delta-mode, delta-async, buckets, mismat
 broadcast, buffers, fashion-lib, fashion-mount.
 """
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
-os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
-sys.path.insert(0, os.path.join(top, "learner", "python"))
-sys.path.insert(0, os.path.join(top, "learner", "examples"))
-import torch  # noqa: E402
-import torch_fashion_job as job  # noqa: E402  (starts and stops servers)
+import testbed
+from testbed import check, fail, with_server
 
-from blkps.control import Control  # noqa: E402
+top, build, _ = testbed.setup("torch_test")
+import torch  # noqa: E402
+import torch_fashion_job as job  # noqa: E402  (the fashion cases' job)
+
 import blkps.torch as bps  # noqa: E402
 
 torch.set_num_threads(1)
@@ -33,15 +29,6 @@ STEPS = 8
 BATCH = 16
 SMALL_BUCKET = 4096  # bytes: the MLP's 6,154 parameters make 7 buckets
 TOLERANCE = 1e-6
-
-
-def fail(message):
-    sys.exit(f"torch_test {case}: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 # ---- models and data, the same in learners and reference ----
@@ -148,47 +135,6 @@ def learner(config):
 
 
 # ---- the test side ----
-
-class Server:
-    """A private tgtd with `luns` learner LUNs and the control LUN."""
-
-    def __init__(self, bsopts, luns):
-        self.state = tempfile.mkdtemp(prefix="blkps-torch-test-")
-        env = job.start_server(self.state, bsopts, luns, build)
-        self.target, self.control = job.slot_target(env), env["CONTROL_URL"]
-
-    def status(self):
-        with Control(self.control) as c:
-            return c.status()
-
-    def weights(self, count):
-        with Control(self.control) as c:
-            return c.read_weights(0, count)
-
-    def run_learners(self, config, learners, env=None):
-        """Runs the learners at once; returns their JSON reports by rank."""
-        procs = []
-        for rank in range(learners):
-            e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
-                     BLKPS_TARGET=self.target, BLKPS_CONTROL=self.control, **(env or {}))
-            procs.append(subprocess.Popen([sys.executable, __file__, top, build, "learner",
-                                           json.dumps(config)], env=e, stdout=subprocess.PIPE, text=True))
-        outs = [p.communicate()[0] for p in procs]
-        for rank, (p, o) in enumerate(zip(procs, outs)):
-            check(p.returncode == 0, f"learner {rank} exited with {p.returncode}")
-        return [json.loads(o.strip().splitlines()[-1]) for o in outs]
-
-    def stop(self):
-        job.stop_server(self.state)
-
-
-def with_server(bsopts, luns, body):
-    server = Server(bsopts, luns)
-    try:
-        body(server)
-    finally:
-        server.stop()
-
 
 def params_of(model_name):
     return bps.param_count(MODELS[model_name](0))
@@ -390,9 +336,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    if case == "learner":
-        learner(json.loads(sys.argv[4]))
-    elif case in CASES:
-        CASES[case]()
-    else:
-        fail(f"unknown case (known: {', '.join(CASES)})")
+    testbed.run(CASES, learner)
