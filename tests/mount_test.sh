@@ -25,16 +25,13 @@
 #                 a half-written value fails close with EIO
 set -euo pipefail
 top=$1 build=$2 part=$3
-py=/usr/bin/python3
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$top/tests/lib.sh"
 mount_bin="$build/learner/mount/blkps-mount"
-blkps="$top/scripts/blkps"
-plugin="$build/target-plugin/bs_blkps.so"
-export BLKPS_LIB="$build/learner/libblkps.so"
-work=$(mktemp -d /tmp/blkps-mount-test-XXXXXX)
-mnt="$work/mnt"
+scratch mount-test
+mnt="$state/mnt"
 mkdir -p "$mnt"
 mount_pid=""
-targets=()
 
 cleanup() {
   if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
@@ -42,35 +39,25 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
-  for dir in "${targets[@]}"; do "$blkps" target stop --dir "$dir" >/dev/null 2>&1 || true; done
-  rm -rf "$work"
+  stop_started
 }
 trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# start_target NAME BSOPTS [blkps target start options]: a target in $work/NAME.
-start_target() {
-  local name=$1 bsopts=$2
-  shift 2
-  targets+=("$work/$name")
-  "$blkps" target start --dir "$work/$name" --owner-pid $$ \
-    --plugin "$plugin" --bsopts "$bsopts" "$@" >/dev/null
-}
-
 is_mounted() { grep -qs " $mnt fuse" /proc/mounts; }
 
-# show NAME KEY: a value of the target in $work/NAME (target.env).
-show() { "$blkps" target show --dir "$work/$1" --get "$2"; }
+# show NAME KEY: a value of the target in $state/NAME (target.env).
+show() { "$blkps" target show --dir "$state/$1" --get "$2"; }
 
 # mount_fg ARGS...: blkps mount -f in the background (it becomes blkps-mount,
 # same pid); waits until mounted.
 mount_fg() {
-  "$blkps" mount "$mnt" -f "$@" 2>"$work/mount.log" &
+  "$blkps" mount "$mnt" -f "$@" 2>"$state/mount.log" &
   mount_pid=$!
   for _ in $(seq 100); do
     is_mounted && return 0
-    kill -0 "$mount_pid" 2>/dev/null || { cat "$work/mount.log" >&2; fail "blkps-mount exited"; }
+    kill -0 "$mount_pid" 2>/dev/null || { cat "$state/mount.log" >&2; fail "blkps-mount exited"; }
     sleep 0.1
   done
   fail "not mounted after 10 s"
@@ -88,14 +75,14 @@ unmount_by_signal() {
 }
 
 fio_json() {  # fio_json ARGS...: runs fio, prints "error ios" of job 0
-  fio --output-format=json "$@" >"$work/fio.json" || fail "fio exited with $? ($*)"
+  fio --output-format=json "$@" >"$state/fio.json" || fail "fio exited with $? ($*)"
   "$py" -c 'import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
-print(j["error"], j["read"]["total_ios"] + j["write"]["total_ios"])' "$work/fio.json"
+print(j["error"], j["read"]["total_ios"] + j["write"]["total_ios"])' "$state/fio.json"
 }
 
 sixteen_bit() {
-  start_target ps "params=1000000;rule=sum;dtype=float16" --luns 1
+  target_start "$state/ps" "params=1000000;rule=sum;dtype=float16" --luns 1
   local url
   url=$(show ps URL)
   mount_fg --dtype float16 "m=$url"
@@ -128,19 +115,19 @@ try:
 except OSError as e:
     assert e.errno == errno.EIO, e
 PY
-  grep -q "16-bit value at byte 10 is only partly written" "$work/mount.log" || fail "no log line: $(cat "$work/mount.log")"
+  grep -q "16-bit value at byte 10 is only partly written" "$state/mount.log" || fail "no log line: $(cat "$state/mount.log")"
   unmount_by_signal
 }
 
 case "$part" in
 table)
-  start_target ps "table=1000:128;rule=sgd;lr=1;init=normal:0.01;seed=7"
-  mount_fg --dir "$work/ps"
+  target_start "$state/ps" "table=1000:128;rule=sgd;lr=1;init=normal:0.01;seed=7"
+  mount_fg --dir "$state/ps"
   # The recipe, as doc/embeddings.md shows it.
-  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none | od -A d -t f4 | head -2 >"$work/od.txt"
-  [ -s "$work/od.txt" ] || fail "dd of row 42 gave nothing"
-  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none >"$work/row42.dd"
-  "$py" - "$mnt/slot1" "$work/row42.dd" <<'PY' || fail "row I/O through the mounted table"
+  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none | od -A d -t f4 | head -2 >"$state/od.txt"
+  [ -s "$state/od.txt" ] || fail "dd of row 42 gave nothing"
+  dd if="$mnt/slot1" bs=512 skip=42 count=1 status=none >"$state/row42.dd"
+  "$py" - "$mnt/slot1" "$state/row42.dd" <<'PY' || fail "row I/O through the mounted table"
 import os, sys
 import numpy as np
 path, dd_row = sys.argv[1], sys.argv[2]
@@ -163,21 +150,21 @@ assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1}, t' |
 chap)
   # A target with one-way CHAP: the mount (and every session it opens) logs
   # in with BLKPS_CHAP_FILE's credentials, and is refused without them.
-  printf 'mount-Secret-01\n' >"$work/secret"
-  printf 'user=learner\nsecret=mount-Secret-01\n' >"$work/chap"
-  chmod 600 "$work/secret" "$work/chap"
-  start_target ps "params=100000;init=normal:0.1;seed=3" --chap-user learner --chap-secret-file "$work/secret"
-  if "$blkps" mount "$mnt" -f --dir "$work/ps" 2>"$work/mount.log"; then fail "mounted without credentials"; fi
-  grep -q "Authentication failure" "$work/mount.log" || fail "no login refusal: $(cat "$work/mount.log")"
-  export BLKPS_CHAP_FILE="$work/chap"
-  mount_fg --dir "$work/ps"
+  printf 'mount-Secret-01\n' >"$state/secret"
+  printf 'user=learner\nsecret=mount-Secret-01\n' >"$state/chap"
+  chmod 600 "$state/secret" "$state/chap"
+  target_start "$state/ps" "params=100000;init=normal:0.1;seed=3" --chap-user learner --chap-secret-file "$state/secret"
+  if "$blkps" mount "$mnt" -f --dir "$state/ps" 2>"$state/mount.log"; then fail "mounted without credentials"; fi
+  grep -q "Authentication failure" "$state/mount.log" || fail "no login refusal: $(cat "$state/mount.log")"
+  export BLKPS_CHAP_FILE="$state/chap"
+  mount_fg --dir "$state/ps"
   "$py" "$top/tests/mount_test.py" same "$mnt/slot1" "$(show ps URL)"
   unmount_by_signal
   ;;
 lifecycle)
-  start_target ps "params=1000000;init=normal:0.1;seed=3" --luns 2
+  target_start "$state/ps" "params=1000000;init=normal:0.1;seed=3" --luns 2
   URL=$(show ps URL) URLS=$(show ps URLS)
-  mount_fg --dir "$work/ps"
+  mount_fg --dir "$state/ps"
   files=("$mnt"/*)
   [ "${files[*]#"$mnt"/}" = "control slot1 slot2" ] || fail "files: ${files[*]}"
   device=$(( (4 * 1000000 + 511) / 512 * 512 ))
@@ -198,23 +185,23 @@ assert json.load(sys.stdin)["params"] == 1000000' || fail "status through the mo
   fusermount3 -u "$mnt"
   ! is_mounted || fail "still mounted after fusermount3 -u"
   # A crash: the mount point is stale until fusermount3 -u.
-  mount_fg --dir "$work/ps"
+  mount_fg --dir "$state/ps"
   kill -9 "$mount_pid"
   wait "$mount_pid" 2>/dev/null || true
   mount_pid=""
-  if ls "$mnt" >/dev/null 2>"$work/ls.err"; then fail "mount point usable after kill -9?"; fi
-  grep -q "Transport endpoint is not connected" "$work/ls.err" || fail "stale mount: $(cat "$work/ls.err")"
-  if "$blkps" mount "$mnt" -f --dir "$work/ps" 2>"$work/again.err"; then fail "mounted over a stale mount"; fi
-  grep -q "fusermount3 -u" "$work/again.err" || fail "no clean-up hint: $(cat "$work/again.err")"
+  if ls "$mnt" >/dev/null 2>"$state/ls.err"; then fail "mount point usable after kill -9?"; fi
+  grep -q "Transport endpoint is not connected" "$state/ls.err" || fail "stale mount: $(cat "$state/ls.err")"
+  if "$blkps" mount "$mnt" -f --dir "$state/ps" 2>"$state/again.err"; then fail "mounted over a stale mount"; fi
+  grep -q "fusermount3 -u" "$state/again.err" || fail "no clean-up hint: $(cat "$state/again.err")"
   fusermount3 -u "$mnt"
   ! is_mounted || fail "still mounted after fusermount3 -u"
   [ -z "$(ls -A "$mnt")" ] || fail "mount point not empty after clean-up"
   # Bad input: one clear line.
-  if "$mount_bin" "$mnt" "x=iscsi://127.0.0.1:1/iqn.none/1" 2>"$work/bad.err"; then fail "bad target mounted"; fi
-  [ "$(wc -l <"$work/bad.err")" = 1 ] || fail "bad target: $(cat "$work/bad.err")"
+  if "$mount_bin" "$mnt" "x=iscsi://127.0.0.1:1/iqn.none/1" 2>"$state/bad.err"; then fail "bad target mounted"; fi
+  [ "$(wc -l <"$state/bad.err")" = 1 ] || fail "bad target: $(cat "$state/bad.err")"
   ;;
 exactly_once)
-  start_target ps "params=4194304;lr=1" --luns 1
+  target_start "$state/ps" "params=4194304;lr=1" --luns 1
   mount_fg "m=$(show ps URL)"
   for shift in 1 3; do
     "$py" "$top/tests/mount_test.py" misaligned "$mnt/m" $shift
@@ -226,7 +213,7 @@ exactly_once)
   # page: the kernel sends the pieces concurrently. Every float is 1.0
   # (bytes 00 00 80 3f), so one pass moves every weight by exactly -1.
   for align in 1 3; do
-    "$py" -c 'import sys, numpy as np; np.save(sys.argv[2], np.fromfile(sys.argv[1], dtype=np.float32))' "$mnt/m" "$work/before.npy"
+    "$py" -c 'import sys, numpy as np; np.save(sys.argv[2], np.fromfile(sys.argv[1], dtype=np.float32))' "$mnt/m" "$state/before.npy"
     read -r err ios < <(fio_json --name=aio --filename="$mnt/m" --ioengine=libaio --direct=1 \
       --iodepth=16 --bs=1M --rw=write --size=16M --mem_align=$align \
       --buffer_pattern=0x0000803f --scramble_buffers=0)
@@ -235,15 +222,15 @@ exactly_once)
 before = np.load(sys.argv[2]); after = np.fromfile(sys.argv[1], dtype=np.float32)
 moved = after - before
 bad = np.nonzero(moved != -1)[0]
-sys.exit(f"{len(bad)} weights did not move by exactly -1, e.g. {bad[:3]}: {moved[bad[:3]]}" if len(bad) else 0)' "$mnt/m" "$work/before.npy"
+sys.exit(f"{len(bad)} weights did not move by exactly -1, e.g. {bad[:3]}: {moved[bad[:3]]}" if len(bad) else 0)' "$mnt/m" "$state/before.npy"
     echo "fio libaio mem_align=$align: every weight moved by exactly -1"
   done
   # One line: the refused NaN write; nothing dropped.
-  if grep -v "ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST" "$work/mount.log" | grep -q .; then fail "mount logged: $(cat "$work/mount.log")"; fi
+  if grep -v "ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST" "$state/mount.log" | grep -q .; then fail "mount logged: $(cat "$state/mount.log")"; fi
   unmount_by_signal
   ;;
 fio)
-  start_target ps "params=16777216;lr=1e-9" --luns 1
+  target_start "$state/ps" "params=16777216;lr=1e-9" --luns 1
   mount_fg "m=$(show ps URL)"
   for rw in write read randwrite randread; do
     # Zero buffers: gradients that change nothing (random bytes would hold
@@ -265,21 +252,21 @@ learner)
   # dead, or the other trains alone for a while and the paths differ.
   opts="params=$params;lr=0.2;init=normal:0.1;seed=1;mode=bsp;dead_after=300"
   # Through the mount: plain file I/O.
-  start_target viamount "$opts" --luns 2
-  mount_fg --dir "$work/viamount"
-  "$py" "$plain" --target "$mnt/slot1" --learner 0 --learners 2 --epochs 15 >"$work/l0.log" & a=$!
-  "$py" "$plain" --target "$mnt/slot2" --learner 1 --learners 2 --epochs 15 >"$work/l1.log" & b=$!
-  wait $a || fail "learner 0 through the mount: $(tail -3 "$work/l0.log")"
-  wait $b || fail "learner 1 through the mount: $(tail -3 "$work/l1.log")"
+  target_start "$state/viamount" "$opts" --luns 2
+  mount_fg --dir "$state/viamount"
+  "$py" "$plain" --target "$mnt/slot1" --learner 0 --learners 2 --epochs 15 >"$state/l0.log" & a=$!
+  "$py" "$plain" --target "$mnt/slot2" --learner 1 --learners 2 --epochs 15 >"$state/l1.log" & b=$!
+  wait $a || fail "learner 0 through the mount: $(tail -3 "$state/l0.log")"
+  wait $b || fail "learner 1 through the mount: $(tail -3 "$state/l1.log")"
   via_mount=$("$py" "$plain" --target "$mnt/slot1" --evaluate | awk '{print $4}')
   unmount_by_signal
   # Through libblkps (libiscsi).
-  start_target direct "$opts" --luns 2
+  target_start "$state/direct" "$opts" --luns 2
   read -r url0 url1 <<<"$(show direct URLS)"
-  "$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 >"$work/d0.log" & a=$!
-  "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 15 >"$work/d1.log" & b=$!
-  wait $a || fail "learner 0 through libblkps: $(tail -3 "$work/d0.log")"
-  wait $b || fail "learner 1 through libblkps: $(tail -3 "$work/d1.log")"
+  "$py" "$train" --target "$url0" --learner 0 --learners 2 --epochs 15 >"$state/d0.log" & a=$!
+  "$py" "$train" --target "$url1" --learner 1 --learners 2 --epochs 15 >"$state/d1.log" & b=$!
+  wait $a || fail "learner 0 through libblkps: $(tail -3 "$state/d0.log")"
+  wait $b || fail "learner 1 through libblkps: $(tail -3 "$state/d1.log")"
   direct=$("$py" "$train" --target "$url0" --evaluate | awk '{print $4}')
   echo "test accuracy: through the mount $via_mount, through libblkps $direct"
   [ "$via_mount" = "$direct" ] || fail "accuracy differs: mount $via_mount, libblkps $direct"

@@ -32,18 +32,11 @@
 # pushes would change the gradients.)
 set -euo pipefail
 top=$1 build=$2 what=$3
-py=/usr/bin/python3
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$top/tests/lib.sh"
 train="$top/learner/examples/train_digits.py"
-blkps="$top/scripts/blkps"
-plugin="$build/target-plugin/bs_blkps.so"
-export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
-state=$(mktemp -d /tmp/blkps-shard-test-XXXXXX)
-stop_all() {
-  local d
-  for d in one two three; do "$blkps" shards stop --dir "$state/$d"; done
-  rm -rf "$state"
-}
-trap stop_all EXIT
+scratch shard-test
+trap stop_started EXIT
 params=$("$py" "$train" --params)
 fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 
@@ -51,12 +44,11 @@ fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 # (every parameter, pulled at the end) and accuracy (the evaluation line).
 train_through() {
   local shards=$1 dir=$2
-  "$blkps" shards start --dir "$dir" --shards "$shards" --stripe-unit 4096 --luns 2 \
-    --plugin "$plugin" --owner-pid $$ \
-    --bsopts "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp" >/dev/null
-  local slot1 slot2 a b CONTROL_URLS SHARD_PARAMS
-  { read -r slot1 slot2; read -r CONTROL_URLS; read -r SHARD_PARAMS; } \
-    < <("$blkps" shards show --dir "$dir" --get LAYOUTS --get CONTROL_URLS --get SHARD_PARAMS)
+  shards_start "$dir" "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp" \
+    --shards "$shards" --stripe-unit 4096 --luns 2
+  local slot1 slot2 a b LAYOUTS CONTROL_URLS SHARD_PARAMS
+  load_state shards "$dir" LAYOUTS CONTROL_URLS SHARD_PARAMS
+  read -r slot1 slot2 <<<"$LAYOUTS"
   "$py" "$train" --target "layout:$slot1" --learner 0 --learners 2 --epochs 10 & a=$!
   "$py" "$train" --target "layout:$slot2" --learner 1 --learners 2 --epochs 10 & b=$!
   wait $a
@@ -100,6 +92,7 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
     # Shard 1 finds a corrupt checkpoint and refuses to start; shard 0 had
     # started and must be stopped again.
     echo "not a checkpoint" > "$state/model.ckpt.shard-1"
+    shard_sets+=("$state/two") # stopped at the end, should a shard be left running
     if out=$("$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 4096 \
         --plugin "$plugin" \
         --bsopts "params=$params;block=4K;checkpoint=$state/model.ckpt" 2>&1); then
@@ -112,8 +105,7 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
     [ ! -e "$state/two/shards.env" ] || fail "shards.env written for a failed start"
     ;;
   status-and-set)
-    "$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 4096 --plugin "$plugin" \
-      --bsopts "params=$params;block=4K;lr=0.1" >/dev/null
+    shards_start "$state/two" "params=$params;block=4K;lr=0.1" --shards 2 --stripe-unit 4096
     "$blkps" set lr=0.025 --dir "$state/two"
     lrs=$("$blkps" status --dir "$state/two" --json |
           "$py" -c 'import json, sys; print(" ".join(str(s["rule_params"]["lr"]) for s in json.load(sys.stdin)))')
@@ -122,8 +114,7 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
       fail "status does not show both shards"
     ;;
   sixteen-bit)
-    "$blkps" shards start --dir "$state/three" --shards 3 --stripe-unit 4096 --plugin "$plugin" --owner-pid $$ \
-      --bsopts "params=10007;block=4K;rule=sum;dtype=bfloat16" >/dev/null
+    shards_start "$state/three" "params=10007;block=4K;rule=sum;dtype=bfloat16" --shards 3 --stripe-unit 4096
     layout=$("$blkps" shards show --dir "$state/three" --get LAYOUT)
     grep -qx "dtype = bfloat16" "$layout" || fail "the layout has no 'dtype = bfloat16' line: $(cat "$layout")"
     "$py" - "layout:$layout" <<'PY' || fail "sums through 3 bfloat16 shards are not exact"

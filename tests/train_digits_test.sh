@@ -9,19 +9,16 @@
 # Usage: train_digits_test.sh <repo> <build dir> <mode: async|bsp|ssp:S> [python|cpp]
 set -euo pipefail
 top=$1 build=$2 mode=$3 learner=${4:-python}
-py=/usr/bin/python3
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$top/tests/lib.sh"
 train="$top/learner/examples/train_digits.py"
 cpp="$build/learner/examples/blkps-train-digits"
-export BLKPS_LIB="$build/learner/libblkps.so"
-blkps="$top/scripts/blkps"
-state=$(mktemp -d /tmp/blkps-test-XXXXXX)
-trap '"$blkps" target stop --dir "$state"; rm -rf "$state"' EXIT
+scratch test
+trap stop_started EXIT
 params=$("$py" "$train" --params)
-"$blkps" target start --dir "$state" --owner-pid $$ --luns 2 \
-  --plugin "$build/target-plugin/bs_blkps.so" \
-  --bsopts "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=$mode" >/dev/null
-{ read -r URL; read -r url0 url1; read -r CONTROL_URL; } \
-  < <("$blkps" target show --dir "$state" --get URL --get URLS --get CONTROL_URL)
+target_start "$state" "params=$params;lr=0.2;init=normal:0.1;seed=1;mode=$mode" --luns 2
+load_state target "$state" URL URLS CONTROL_URL
+read -r url0 url1 <<<"$URLS"
 if [ "$learner" = cpp ]; then
   "$cpp" --target "$url0" --learner 0 --learners 2 --epochs 15 --control "$CONTROL_URL" & a=$!
   "$cpp" --target "$url1" --learner 1 --learners 2 --epochs 15 & b=$!

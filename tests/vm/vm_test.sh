@@ -63,55 +63,30 @@
 #                   completes, and pwrite returns success.
 set -euo pipefail
 top=$1 build=$2 what=$3
-py=/usr/bin/python3
+# shellcheck source=SCRIPTDIR/../lib.sh
+. "$top/tests/lib.sh"
 guest="$top/tests/vm/guest"
 train="$top/learner/examples/train_digits.py"
 plain="$top/learner/examples/plain_digits.py"
-export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
-state=$(mktemp -d /tmp/blkps-vm-test-XXXXXX)
-targets=() shard_sets=()
-# Keeps the test's exit status. The targets' --owner-pid watchdogs wake within
-# a second of their tgtd's end and run a stop of their own, which may create a
-# file in a folder being removed: the removal is tried again.
-cleanup() {
-  local rc=$? d
-  for d in "${targets[@]}"; do "$top/scripts/blkps" target stop --dir "$d"; done
-  for d in "${shard_sets[@]}"; do "$top/scripts/blkps" shards stop --dir "$d"; done
-  for _ in 1 2 3 4 5; do rm -rf "$state" 2>/dev/null && break; sleep 1; done
-  exit "$rc"
-}
-trap cleanup EXIT
+scratch vm-test
+trap stop_started EXIT
 fail() { echo "vm_test: $*" >&2; exit 1; }
 cd "$top"
 
-# Sets the shell variables KEY... from a running target's or shards' state
-# through `blkps target|shards show --get` (the one reader of target.env and
-# shards.env).
-load_state() {
-  local kind=$1 dir=$2 key
-  shift 2
-  for key in "$@"; do
-    printf -v "$key" '%s' "$("$top/scripts/blkps" "$kind" show --dir "$dir" --get "$key")"
-  done
-}
 # Starts a target in $state/NAME with the given --bsopts and --luns, and sets
 # URL, URLS, PORT, IQN, CONTROL_URL and PID from its state.
 # More arguments go to blkps target start as they are.
 start_target() {
   local name=$1 bsopts=$2 luns=$3
   shift 3
-  targets+=("$state/$name")
-  "$top/scripts/blkps" target start --dir "$state/$name" --owner-pid $$ --luns "$luns" \
-    --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" "$@" >/dev/null
+  target_start "$state/$name" "$bsopts" --luns "$luns" "$@"
   load_state target "$state/$name" URL URLS PORT IQN CONTROL_URL PID
 }
 # Starts a model striped over 2 shards in $state/NAME (one learner slot, 4 KiB
 # stripe units) and sets LAYOUT from its state.
 start_shards() {
   local name=$1 bsopts=$2
-  shard_sets+=("$state/$name")
-  "$top/scripts/blkps" shards start --dir "$state/$name" --shards 2 --stripe-unit 4096 \
-    --owner-pid $$ --plugin "$build/target-plugin/bs_blkps.so" --bsopts "$bsopts" >/dev/null
+  shards_start "$state/$name" "$bsopts" --shards 2 --stripe-unit 4096
   load_state shards "$state/$name" LAYOUT
 }
 # A host URL as the guest reaches it.
