@@ -14,7 +14,7 @@ server's push staleness), OUT/torch-fashion.json and OUT/torch-fashion.png
 (accuracy over training time and loss over training images per learner count).
 
   bench/torch_fashion_bench.py [--out DIR] [--epochs 2] [--learners 1,2,4] [--build DIR]
-      [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp]
+      [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp] [--no-reference]
       [--server-options staleness_aware=0] [--train-subset N]
   bench/torch_fashion_bench.py --plot OUT/torch-fashion.json [--out DIR]   the plot again
   bench/torch_fashion_bench.py --straggler [--learners 4]   one learner at half speed:
@@ -37,7 +37,7 @@ GOAL = 0.85
 
 def configurations(args):
     for n in (int(c) for c in args.learners.split(",")):
-        if not args.straggler:
+        if not args.straggler and not args.no_reference:
             yield n, f"one process, batch {n * BATCH}", ["--local", "--batch", str(n * BATCH)]
         for mode in args.modes.split(","):
             for optimizer in args.optimizers.split(","):
@@ -132,6 +132,8 @@ def main():
     ap.add_argument("--modes", default="async,bsp,ssp:2", help="comma-separated consistency modes")
     ap.add_argument("--optimizers", default="gradient,delta", help="gradient, delta or both")
     ap.add_argument("--no-ddp", action="store_true", help="leave DDP out")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="leave the one-process rows out (they are deterministic: seed 0)")
     ap.add_argument("--server-options", default="", help="more --bsopts, e.g. staleness_aware=0")
     ap.add_argument("--train-subset", type=int, default=0, help="the first N training images (0: all)")
     ap.add_argument("--straggler", action="store_true",
