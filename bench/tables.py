@@ -143,6 +143,41 @@ def soak():
     return _render(_tables(_read("soak", "soak.md"))[0])
 
 
+def async_two_epochs():
+    """Every committed 2-epoch Fashion-MNIST run of bench/torch-fashion.sh
+    (bench/results/torch-fashion-async/2epochs/*.json, one file per run):
+    per learner count and system, the final held-out accuracy of each run,
+    their mean, and the mean's difference to the mean of the one-process
+    runs on the same total batch (doc/async.md "Results")."""
+    import glob
+    import json
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "torch-fashion-async", "2epochs", "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            for e in json.load(f):
+                if e["result"] is not None:
+                    runs.setdefault((e["learners"], e["system"]), []).append(e["result"])
+    rows = [["learners", "system", "runs: final accuracy", "mean", "Δ one process (mean)", "spread",
+             "push staleness mean / max"]]
+    order = ("one process", "blkps async gradient", "blkps async delta", "blkps ssp:2 gradient",
+             "blkps ssp:2 delta", "DDP")
+    for (n, system), rs in sorted(runs.items(),
+                                  key=lambda kv: (kv[0][0], next((i for i, o in enumerate(order)
+                                                                  if kv[0][1].startswith(o)), len(order)))):
+        accs = [r["accuracy"] for r in rs]
+        mean = sum(accs) / len(accs)
+        ref = next((v for (m, name), v in runs.items() if m == n and name.startswith("one process")), None)
+        delta = ""
+        if ref and not system.startswith("one process"):
+            delta = f"{100 * (mean - sum(r['accuracy'] for r in ref) / len(ref)):+.2f} pt"
+        stale = [s for r in rs for s in r.get("server", {}).get("learners", [])]
+        pushes = (f"{sum(s['push_staleness_mean'] for s in stale) / len(stale):.2f} / "
+                  f"{max(s['push_staleness_max'] for s in stale)}" if stale else "")
+        spread = f"{100 * (max(accs) - min(accs)):.2f} pt" if len(accs) > 1 else ""
+        rows.append([str(n), system, ", ".join(f"{a:.4f}" for a in accs), f"{mean:.4f}", delta, spread, pushes])
+    return _render(rows)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -150,6 +185,7 @@ TABLES = {
     "null-ratio": (null_ratio, "bench/results/report.md"),
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
+    "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")

@@ -8,7 +8,7 @@
 # About 15 minutes on 2 cores. --straggler: the last rank at half speed.
 #
 # Usage: sudo bench/torch-fashion.sh [--out DIR] [--epochs E] [--learners 1,2,4]
-#            [--modes async,ssp:2] [--optimizers gradient,delta] [--no-ddp]
+#            [--modes async,ssp:2] [--optimizers gradient,delta] [--no-ddp] [--no-reference]
 #            [--server-options staleness_aware=0] [--straggler] [--build DIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)

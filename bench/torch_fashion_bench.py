@@ -7,15 +7,15 @@ model, data split, batch size, epochs and SGD; and, per learner count N, one
 process trained with the same SGD on batch N x 32 (the total batch), the
 reference every blkps row is compared with. Each run is one
 torch_fashion_job.py (or torch_fashion.py --local); rank 0 measures held-out
-accuracy and the mean training loss every 1/8 epoch (evaluation time is not
+accuracy and the mean training loss every 1/8 epoch (--evals-per-epoch; evaluation time is not
 training time). Writes OUT/torch-fashion.md (final accuracy, its difference
 to one process, training seconds to 85% held-out accuracy, samples/s, the
 server's push staleness), OUT/torch-fashion.json and OUT/torch-fashion.png
 (accuracy over training time and loss over training images per learner count).
 
   bench/torch_fashion_bench.py [--out DIR] [--epochs 2] [--learners 1,2,4] [--build DIR]
-      [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp]
-      [--server-options staleness_aware=0] [--train-subset N]
+      [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp] [--no-reference]
+      [--server-options staleness_aware=0] [--train-subset N] [--evals-per-epoch 8]
   bench/torch_fashion_bench.py --plot OUT/torch-fashion.json [--out DIR]   the plot again
   bench/torch_fashion_bench.py --straggler [--learners 4]   one learner at half speed:
       blkps async (gradient and delta mode) beside DDP, time to 85%
@@ -37,7 +37,7 @@ GOAL = 0.85
 
 def configurations(args):
     for n in (int(c) for c in args.learners.split(",")):
-        if not args.straggler:
+        if not args.straggler and not args.no_reference:
             yield n, f"one process, batch {n * BATCH}", ["--local", "--batch", str(n * BATCH)]
         for mode in args.modes.split(","):
             for optimizer in args.optimizers.split(","):
@@ -49,9 +49,8 @@ def configurations(args):
 
 
 def run(n, job_args, args):
-    eval_every = max(1, TRAIN_IMAGES // n // BATCH // 8)
-    if args.train_subset:
-        eval_every = max(1, args.train_subset // n // BATCH // 8)
+    images = args.train_subset or TRAIN_IMAGES
+    eval_every = max(1, images // n // BATCH // args.evals_per_epoch) if args.evals_per_epoch else 0
     common = ["--epochs", str(args.epochs), "--batch", str(BATCH), "--lr", str(LR), "--momentum", str(MOMENTUM),
               "--eval-every", str(eval_every)]
     if args.train_subset:
@@ -132,7 +131,12 @@ def main():
     ap.add_argument("--modes", default="async,bsp,ssp:2", help="comma-separated consistency modes")
     ap.add_argument("--optimizers", default="gradient,delta", help="gradient, delta or both")
     ap.add_argument("--no-ddp", action="store_true", help="leave DDP out")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="leave the one-process rows out (they are deterministic: seed 0)")
     ap.add_argument("--server-options", default="", help="more --bsopts, e.g. staleness_aware=0")
+    ap.add_argument("--evals-per-epoch", type=int, default=8,
+                    help="rank 0's held-out evaluations per epoch (0: only the final one; in async a "
+                         "learner that evaluates falls behind the others, as a straggler does)")
     ap.add_argument("--train-subset", type=int, default=0, help="the first N training images (0: all)")
     ap.add_argument("--straggler", action="store_true",
                     help="the last rank runs at half speed; no one-process row")
@@ -166,7 +170,8 @@ def write_report(results, args):
     rows = [f"Fashion-MNIST CNN (11,274 parameters), {args.epochs} epochs of {images} training images, batch "
             f"{BATCH} per learner, SGD lr {LR} momentum {MOMENTUM} (blkps gradient mode: server rule momentum; "
             f"delta mode: local SGD, server rule sum){server}{straggler}; held-out accuracy on 10,000 test images "
-            "every 1/8 epoch; one run each. Δ: to one process with the same SGD on the total batch. "
+            f"{f'every 1/{args.evals_per_epoch} epoch' if args.evals_per_epoch else 'at the end'}; one run each. "
+            "Δ: to one process with the same SGD on the total batch. "
             "Push staleness: updates between a learner's pull and its push, mean / max over learners.\n",
             f"| learners | system | final accuracy | Δ one process | training s to {GOAL:.0%} | training s | "
             "samples/s | push staleness mean / max |",

@@ -110,8 +110,6 @@ def main():
                      if args.optimizer == "delta" else None)
             options = {"bucket_bytes": args.bucket_bytes} if args.bucket_bytes else {}
             optimizer = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), **options)
-            if bps.control() is not None:
-                bps.broadcast_parameters(model.state_dict(), root_rank=0)
         except (OSError, ValueError, TimeoutError) as e:
             sys.exit(f"torch_fashion: {e}")
     if not args.ddp:
@@ -121,6 +119,14 @@ def main():
     steps_per_epoch = len(x) // size // args.batch  # the same for every learner (bsp needs it)
     x, y = x[rank::size], y[rank::size]
     x_test, y_test = load("test", args.test_subset) if rank == 0 else (None, None)
+    if not args.local and not args.ddp and bps.control() is not None:
+        # After loading: broadcast_parameters is a collective round, so no
+        # learner starts training while rank 0 still loads the test set
+        # (in async the others took 80% of their steps before rank 0's first).
+        try:
+            bps.broadcast_parameters(model.state_dict(), root_rank=0)
+        except (OSError, ValueError, TimeoutError) as e:
+            sys.exit(f"torch_fashion: {e}")
     rng = np.random.default_rng(args.seed * 1000 + rank)
     # curve: (train s, step, held-out accuracy, mean training loss since the last point)
     started, step, curve, eval_s = time.monotonic(), 0, [], 0.0
