@@ -121,7 +121,9 @@ fi
 progress "fetching tgt $tgt_version source package (headers only are used)"
 rm -rf "$deps/tgt-src" "$deps/tgt-fetch"
 mkdir -p "$deps/tgt-fetch"
-(cd "$deps/tgt-fetch" && apt-get source -qq --download-only "tgt=$tgt_version" >/dev/null) \
+# As root into a folder apt's sandbox user cannot read (mktemp's, or under
+# /root): without the option apt warns "Download is performed unsandboxed".
+(cd "$deps/tgt-fetch" && apt-get source -qq --download-only -o APT::Sandbox::User=root "tgt=$tgt_version" >/dev/null) \
   || die "could not fetch tgt's source package (is a deb-src entry reachable?)"
 (cd "$deps/tgt-fetch" && dpkg-source -q --no-check -x ./*.dsc tgt >/dev/null) \
   || die "could not unpack tgt's source package"
