@@ -5,8 +5,8 @@ would) and compares the result with a single-process PyTorch reference.
 
   torch_test.py <repo> <build dir> <case>
 
-Cases: init (no server), gradient-mode, delta-mode, delta-async, buckets, mismatch,
-broadcast, buffers, fashion-lib, fashion-mount.
+Cases: init (no server), gradient-mode, delta-mode, delta-async, look-ahead, buckets,
+mismatch, broadcast, buffers, fashion-lib, fashion-mount.
 """
 import json
 import subprocess
@@ -84,7 +84,8 @@ def learner(config):
     local = (torch.optim.SGD(model.parameters(), lr=config["lr"])
              if config["optimizer"] == "delta" else None)
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
-                                   bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET))
+                                   bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
+                                   look_ahead=config.get("look_ahead"))
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
@@ -112,7 +113,7 @@ def learner(config):
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     out.update(pushes=opt.pushes, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
-               weights=flat(model).tolist())
+               weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
     if config["model"] == "bn":
@@ -179,6 +180,7 @@ def exact_case(optimizer, rule):
         config = {"model": "mlp", "optimizer": optimizer, "lr": lr, "steps": STEPS, "seed": 0,
                   "report_initial": True}
         reports = server.run_learners(config, 2)
+        check(all(r["look_ahead"] == 0.0 for r in reports), "bsp: a learner took a look-ahead step")
         status = server.status()
         check(all(lun["deaths"] == 0 for lun in status["learners"]),
               "a learner was declared dead (a round went on without it): the comparison is void")
@@ -205,7 +207,8 @@ def case_delta_async():
 
     def two_learners(server):
         config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": 1, "seed": 0}
-        server.run_learners(config, 2)
+        reports = server.run_learners(config, 2)
+        check(all(r["look_ahead"] == 0.5 for r in reports), "2 async learners: look_ahead is not 1/2 by default")
         diff = check_close(server.weights(count), reference("mlp", 2, 1, lr), "2 learners, async: the server")
         print(f"delta mode, async, 2 learners: one step each moves the server by their average "
               f"(max difference {diff:g})")
@@ -213,12 +216,51 @@ def case_delta_async():
     def one_learner(server):
         config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": STEPS, "seed": 0}
         r = server.run_learners(config, 1)[0]
+        check(r["look_ahead"] == 0.0, "1 learner: a look-ahead step by default")
         want = reference("mlp", 1, STEPS, lr)
         check_close(r["weights"], want, "1 learner, async: its weights")
         diff = check_close(server.weights(count), want, "1 learner, async: the server")
         print(f"delta mode, async, 1 learner: {STEPS} whole steps (max difference {diff:g})")
     with_server(f"params={count};rule=sum;mode=async", 2, two_learners)
     with_server(f"params={count};rule=sum;mode=async", 1, one_learner)
+
+
+def case_look_ahead():
+    """Delta mode's look-ahead (doc/async.md "Delta mode: look-ahead"): after
+    each pull the parameters are the server's weights plus look_ahead times
+    the server's move since the previous pull, and the next gradient is
+    taken there; the server adds the local step as pushed. One async
+    learner with look_ahead 1/2, against the same in one process."""
+    lr, k = 0.1, 0.5
+    count = params_of("mlp")
+    model = MODELS["mlp"](0)
+    server_w = flat(model)
+    last = None
+    for t in range(STEPS):
+        model.zero_grad()
+        x, y = batch(t, 0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with torch.no_grad():
+            before = torch.nn.utils.parameters_to_vector(model.parameters())
+            for p in model.parameters():
+                p -= lr * p.grad
+            server_w = server_w + (torch.nn.utils.parameters_to_vector(model.parameters()) - before).numpy()
+            pulled = torch.from_numpy(server_w)
+            ahead = pulled if last is None else pulled + k * (pulled - last)
+            last = pulled
+            torch.nn.utils.vector_to_parameters(ahead.clone(), model.parameters())
+    want_learner = flat(model)
+
+    def body(server):
+        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": STEPS, "seed": 0, "look_ahead": k}
+        r = server.run_learners(config, 1)[0]
+        check(r["look_ahead"] == k, f"look_ahead {r['look_ahead']}, asked for {k}")
+        diff = check_close(server.weights(count), server_w, "the server's weights")
+        check_close(r["weights"], want_learner, "the learner's parameters (the look-ahead point)")
+        moved = float(np.max(np.abs(want_learner - server_w)))
+        check(moved > 100 * TOLERANCE, f"the look-ahead point is the server's weights (moved {moved:g})")
+        print(f"look-ahead {k}: {STEPS} steps, server and parameters as in one process (max difference {diff:g})")
+    with_server(f"params={count};rule=sum;mode=async", 1, body)
 
 
 def case_buckets():
@@ -327,6 +369,7 @@ CASES = {
     "gradient-mode": lambda: exact_case("gradient", "sgd"),
     "delta-mode": lambda: exact_case("delta", "sum"),
     "delta-async": case_delta_async,
+    "look-ahead": case_look_ahead,
     "buckets": case_buckets,
     "mismatch": case_mismatch,
     "broadcast": case_broadcast,

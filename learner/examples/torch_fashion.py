@@ -66,6 +66,8 @@ def add_arguments(ap):
     ap.add_argument("--optimizer", choices=["gradient", "delta"], default="gradient")
     ap.add_argument("--lr", type=float, default=0.05, help="delta mode and --local: local SGD's lr")
     ap.add_argument("--momentum", type=float, default=0.9, help="delta mode and --local: SGD momentum")
+    ap.add_argument("--look-ahead", type=float, default=None,
+                    help="delta mode: DistributedOptimizer's look_ahead (default: blkps.torch's)")
     ap.add_argument("--bucket-bytes", type=int, default=0, help="gradient mode's bucket (0: default)")
     ap.add_argument("--eval-every", type=int, default=0, help="rank 0: held-out accuracy every N steps")
     ap.add_argument("--seed", type=int, default=0)
@@ -109,6 +111,8 @@ def main():
             local = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
                      if args.optimizer == "delta" else None)
             options = {"bucket_bytes": args.bucket_bytes} if args.bucket_bytes else {}
+            if args.look_ahead is not None:
+                options["look_ahead"] = args.look_ahead
             optimizer = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), **options)
         except (OSError, ValueError, TimeoutError) as e:
             sys.exit(f"torch_fashion: {e}")

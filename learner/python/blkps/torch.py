@@ -482,7 +482,7 @@ class _DistributedOptimizer:
     """See DistributedOptimizer()."""
 
     def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward, options=None,
-                 overlap_pull=None, skip_nonfinite=False):
+                 overlap_pull=None, skip_nonfinite=False, look_ahead=None):
         job = _the_job()
         options = options if options is not None else _HorovodOptions()
         self.optimizer = optimizer
@@ -506,6 +506,16 @@ class _DistributedOptimizer:
             raise
         self.mode = status["mode"] if status else "bsp"
         self.push_scale = options.push_scale(self.mode, job.size, optimizer is not None)
+        # Delta mode in async and ssp: after each pull the parameters move on
+        # by look_ahead times the model's move since the previous pull, so the
+        # next gradient is taken about where the model will be when its push
+        # lands (doc/async.md "Delta mode: look-ahead"). One learner and bsp: 0.
+        if look_ahead is None:
+            look_ahead = (job.size - 1) / job.size if optimizer is not None and self.mode != "bsp" else 0.0
+        if not 0.0 <= float(look_ahead) <= 1.0:
+            raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, 1]")
+        self.look_ahead = float(look_ahead) if optimizer is not None else 0.0
+        self._last_pull = None  # the weights of the previous pull (look_ahead)
         self.skip_nonfinite = bool(skip_nonfinite)
         self._skip_synchronize = False
         self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
@@ -766,8 +776,21 @@ class _DistributedOptimizer:
         if not (skipped and self.mode == "async"):
             self.flat.push_all(self._push_device)
             self.pushes += 1
-        self.flat.pull_all(self.device)  # a skipped step's local change is undone here
+        self._pull_delta()  # a skipped step's local change is undone here
         return loss
+
+    def _pull_delta(self):
+        """Delta mode: the server's weights into the parameters, then the
+        look-ahead step (look_ahead times the move since the last pull)."""
+        self.flat.pull_all(self.device)
+        if not self.look_ahead:
+            return
+        if self._last_pull is None:
+            self._last_pull = self.weights.clone()
+            return
+        moved = torch.sub(self.weights, self._last_pull)
+        self._last_pull.copy_(self.weights)
+        self.weights.add_(moved, alpha=self.look_ahead)
 
     def _skipped_step(self):
         """A step GradScaler skipped (no step() between two zero_grad()):
@@ -782,7 +805,7 @@ class _DistributedOptimizer:
                     self._push_device = blkps.Model(_the_job().target, dtype=self._wire)
                 self.flat.push_all(self._push_device)
                 self.pushes += 1
-            self.flat.pull_all(self.device)
+            self._pull_delta()
         self.steps += 1
 
     # ---- the optimizer's interface ----
@@ -887,6 +910,7 @@ class _DistributedOptimizer:
                 raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
                                  f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
         self.flat.pull_all(self.device)
+        self._last_pull = None  # the broadcast is no move of the model (look_ahead)
 
     def close(self):
         """Waits for the weights still arriving, stops the communication
@@ -910,7 +934,7 @@ _pending_broadcast = None  # root_rank of a broadcast_parameters made before Dis
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
-                         pull_during_backward=None, overlap_pull=None, skip_nonfinite=False):
+                         pull_during_backward=None, overlap_pull=None, skip_nonfinite=False, look_ahead=None):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
     trains through this learner's model target (init()). named_parameters
     (model.named_parameters()) fixes the device layout; it is required in
@@ -940,7 +964,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     change of the weights) are NaN or infinite, or that GradScaler skipped
     (zero_grad() with no step() since the last), is not pushed; bsp and ssp
     get zeros so that every parameter is still written once per iteration;
-    pushes then wait for step() (no push during backward). The result has
+    pushes then wait for step() (no push during backward). look_ahead
+    (delta mode in async and ssp; default (size-1)/size, 0 in bsp and for
+    one learner): after each pull the parameters move on by look_ahead
+    times the model's move since the previous pull, so the next gradient is
+    taken near where the model will be when its push lands (doc/async.md
+    "Delta mode: look-ahead"); 0 leaves them the server's weights. The result has
     step(closure=None), synchronize(), skip_synchronize(), zero_grad(),
     wait_weights(), param_groups, state_dict(), close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
@@ -951,7 +980,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         _optimizer.close()
         _optimizer = None
     _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options,
-                                       overlap_pull, skip_nonfinite)
+                                       overlap_pull, skip_nonfinite, look_ahead)
     if _pending_broadcast is not None:
         root, _pending_broadcast = _pending_broadcast, None
         if _optimizer._ctl is not None or _the_job().size > 1:
