@@ -163,10 +163,9 @@ assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1}, t' |
 chap)
   # A target with one-way CHAP: the mount (and every session it opens) logs
   # in with BLKPS_CHAP_FILE's credentials, and is refused without them.
-  printf 'mount-Secret-01\n' >"$work/secret"
   printf 'user=learner\nsecret=mount-Secret-01\n' >"$work/chap"
-  chmod 600 "$work/secret" "$work/chap"
-  start_target ps "params=100000;init=normal:0.1;seed=3" --chap-user learner --chap-secret-file "$work/secret"
+  chmod 600 "$work/chap"
+  start_target ps "params=100000;init=normal:0.1;seed=3" --chap-file "$work/chap"
   if "$blkps" mount "$mnt" -f --dir "$work/ps" 2>"$work/mount.log"; then fail "mounted without credentials"; fi
   grep -q "Authentication failure" "$work/mount.log" || fail "no login refusal: $(cat "$work/mount.log")"
   export BLKPS_CHAP_FILE="$work/chap"
