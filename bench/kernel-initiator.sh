@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # O_DIRECT push and pull of a 16 MiB model through the kernel's iSCSI
 # initiator: a learner-node guest (tests/vm/guest, QEMU TCG) logs in with
-# scripts/blkps-login and moves the whole model with dd (oflag/iflag=direct)
+# scripts/blkps login and moves the whole model with dd (oflag/iflag=direct)
 # to and from /dev/sdX of the model LUN and, in the same run, of tgt's "null"
 # store (LUN 3, the ceiling: it moves the bytes and does nothing with them).
 # Pushes write zeros (a zero gradient). Also prints the guest's wall time.
@@ -31,7 +31,7 @@ null_dev=/dev/disk/by-path/ip-10.0.2.2:$PORT-iscsi-$IQN-lun-${NULL_URL##*/}
 
 cat > "$state/in-guest.sh" <<EOF
 set -euo pipefail
-model=\$(scripts/blkps-login login --url $guest_url 2>/dev/null)
+model=\$(scripts/blkps login --url $guest_url 2>/dev/null)
 udevadm settle
 # dd's last line: "16777216 bytes (17 MB, 16 MiB) copied, 1.2 s, 13.6 MB/s".
 rate() { dd "\$@" bs=$bs count=\$((16 * 1048576 / \$(numfmt --from=iec $bs))) 2>&1 | tail -n 1 | awk '{ print \$(NF - 1), \$NF }'; }

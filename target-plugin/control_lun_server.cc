@@ -69,14 +69,10 @@ server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_
   return server::Status::OK();
 }
 
-// The counters record as control_lun.h lays it out (little-endian, as this
-// host), then zeros to the end of the region.
+// The counters region: the record (control_lun.h's encoder), then zeros.
 std::string CountersRegion(const server::Job& job) {
   const server::Job::Counters c = job.GetCounters();
   blkps_control_counters record{};
-  std::memcpy(record.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof record.magic);
-  record.format_version = BLKPS_CONTROL_FORMAT_VERSION;
-  record.record_bytes = sizeof record;
   record.params = c.params;
   record.blocks = c.blocks;
   record.global_step = c.global_step;
@@ -85,7 +81,7 @@ std::string CountersRegion(const server::Job& job) {
   record.failed = c.failed ? 1 : 0;
   record.stop = c.stop ? 1 : 0;
   std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
-  std::memcpy(region.data(), &record, sizeof record);
+  blkps_control_counters_encode(record, region.data());
   return region;
 }
 
@@ -105,13 +101,10 @@ void ReceiptsRegion(const server::Job& job, const std::string& initiator, uint64
     const server::Job::ReceiptNumbers numbers = job.GetReceipt(lun, initiator, first_unit, &counts);
     std::string header_page(header_bytes, '\0');
     blkps_control_receipt header{};
-    std::memcpy(header.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof header.magic);
-    header.format_version = BLKPS_CONTROL_FORMAT_VERSION;
-    header.record_bytes = sizeof header;
     header.lun = lun;
     header.writes_applied = numbers.writes_applied;
     header.writes_in_progress = numbers.writes_in_progress;
-    std::memcpy(header_page.data(), &header, sizeof header);
+    blkps_control_receipt_encode(header, header_page.data());
     const char* units = reinterpret_cast<const char*>(counts.data());
     for (uint64_t i = 0; i < piece; ++i) {
       const uint64_t byte = from + i;

@@ -1,5 +1,5 @@
 // Authentication (issue 15, item 5): a real tgtd started by `blkps target
-// start --chap-user/--mutual-user`, reached through libblkps with the
+// start --chap-file`, reached through libblkps with the
 // credentials in the URL (libiscsi's iscsi://USER%SECRET@host/...) or in a
 // BLKPS_CHAP_FILE; wrong or missing ones are refused, and no secret shows in
 // an error, tgtd's log, target.env or `blkps target show`.
@@ -74,12 +74,12 @@ std::string UseModelWithChapFile(const std::string& url, const std::string& file
   return result;
 }
 
+// `blkps target start --chap-file FILE` with kUser's account (and with
+// `mutual`, kTargetUser's).
 std::string ChapOptions(const TempDir& dir, bool mutual) {
-  std::string options = std::string("--chap-user ") + kUser + " --chap-secret-file " + WriteSecret(dir, "in", kSecret);
-  if (mutual)
-    options += std::string(" --mutual-user ") + kTargetUser + " --mutual-secret-file " +
-               WriteSecret(dir, "out", std::string(kTargetSecret) + "\n");
-  return options;
+  std::string text = std::string("user=") + kUser + "\nsecret=" + kSecret + "\n";
+  if (mutual) text += std::string("target_user=") + kTargetUser + "\ntarget_secret=" + kTargetSecret + "\n";
+  return "--chap-file " + WriteSecret(dir, mutual ? "mutual.chap" : "one-way.chap", text);
 }
 
 TEST(Access, OneWayChapRefusesMissingAndWrongSecretsAndAdmitsTheRightOne) {
@@ -141,16 +141,18 @@ TEST(Access, MutualChapRefusesATargetThatProvesAWrongSecret) {
 
 TEST(Access, TargetStartRefusesUnsafeOrMalformedSecretsInOneLine) {
   TempDir dir;
+  auto file = [&](const std::string& name, const std::string& text, mode_t mode = 0600) {
+    return "--chap-file " + WriteSecret(dir, name, text, mode);
+  };
+  const std::string same = std::string("user=a\nsecret=") + kSecret + "\ntarget_user=b\ntarget_secret=" + kSecret;
   const std::string cases[][2] = {
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "open", kSecret, 0640), "readable by group or others"},
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "short", "short-secret"), ""},  // 12: allowed
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "tooshort", "too-short"), "12 to 16"},
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "toolong", "much-too-long-secret"), "12 to 16"},
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "comma", "secret,with,14"), "12 to 16"},
-      {"--chap-user a", "--chap-user: needs --chap-secret-file"},
-      {"--chap-user a --chap-secret-file " + WriteSecret(dir, "same", kSecret) +
-           " --mutual-user b --mutual-secret-file " + WriteSecret(dir, "same2", kSecret),
-       "must differ"},
+      {file("open", std::string("user=a\nsecret=") + kSecret, 0640), "readable by group or others"},
+      {file("short", "user=a\nsecret=short-secret"), ""},  // 12: allowed
+      {file("tooshort", "user=a\nsecret=too-short"), "12 to 16"},
+      {file("toolong", "user=a\nsecret=much-too-long-secret"), "12 to 16"},
+      {file("comma", "user=a\nsecret=secret,with,14"), "12 to 16"},
+      {file("user-only", "user=a\n"), "--chap-file: CHAP file "},
+      {file("same", same), "must differ"},
   };
   for (const auto& [options, expected] : cases) {
     TargetProcess target("params=1024", options);
@@ -219,8 +221,8 @@ TEST(Access, EachRoleCanDoWhatReadmeSaysAndNoMore) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
-// D8: doc/server.md's BLKPS_CHAP_FILE sample, copied exactly (inline comment and
-// all), logs in to a target started with its credentials.
+// D8: doc/server.md's credentials file sample, copied exactly (inline comment
+// and all), starts a target (--chap-file) and logs in to it (BLKPS_CHAP_FILE).
 TEST(Access, ReadmeChapFileSampleLogsIn) {
   const std::string command = BLKPS_COMMAND;
   std::ifstream in(command.substr(0, command.rfind("/scripts/")) + "/doc/server.md");
@@ -237,12 +239,10 @@ TEST(Access, ReadmeChapFileSampleLogsIn) {
     at = end + 1;
   }
   TempDir dir;
-  const std::string options = "--chap-user learner --chap-secret-file " + WriteSecret(dir, "in", "learner-Secret1") +
-                              " --mutual-user server --mutual-secret-file " +
-                              WriteSecret(dir, "out", "server-Secret22");
-  TargetProcess target("params=1024;rule=sum", options);
+  const std::string file = WriteSecret(dir, "chap", copied);
+  TargetProcess target("params=1024;rule=sum", "--chap-file " + file);
   ASSERT_TRUE(target.ok()) << target.start_output();
-  EXPECT_EQ(UseModelWithChapFile(target.url(), WriteSecret(dir, "chap", copied)), "") << copied;
+  EXPECT_EQ(UseModelWithChapFile(target.url(), file), "") << copied;
 }
 
 // D9: --allow takes subnets; a learner its ACL does not admit is told so.

@@ -158,13 +158,11 @@ TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCut
 // taken: sums stay exact.
 TEST(CutConnections, AsyncSumIsExactWithChapAndOnlyAnOperatorWritingTheControlLun) {
   TempDir dir;
-  const std::string secret = dir.path + "/secret", chap = dir.path + "/chap";
-  std::ofstream(secret) << "fault-Secret-01\n";
+  const std::string chap = dir.path + "/chap";
   std::ofstream(chap) << "user=learner\nsecret=fault-Secret-01\n";
-  chmod(secret.c_str(), 0600);
   chmod(chap.c_str(), 0600);
   setenv("BLKPS_CHAP_FILE", chap.c_str(), 1);
-  ExpectExactAsyncSumAfterCuts("--operator --chap-user learner --chap-secret-file " + secret);
+  ExpectExactAsyncSumAfterCuts("--operator --chap-file " + chap);
   unsetenv("BLKPS_CHAP_FILE");
 }
 

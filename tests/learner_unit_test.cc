@@ -704,16 +704,40 @@ TEST(ScsiSense, EverySenseTheServerSendsHasAMeaning) {
 }  // namespace
 }  // namespace blkps
 
-// The control LUN's codec (blkps/control_lun.h): the one reader of the
-// counters record and of receipts, for libblkps and (through it) Python.
+// The control LUN's codec (blkps/control_lun.h): the server's encoders and
+// the one reader of the counters record and of receipts, for libblkps and
+// (through it) Python.
 static blkps_control_receipt SampleReceipt(uint64_t lun) {
-  blkps_control_receipt r = {};
-  std::memcpy(r.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof r.magic);
-  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
-  r.record_bytes = sizeof r;
-  r.lun = lun;
-  r.writes_applied = 7;
+  blkps_control_receipt fields = {}, r;
+  fields.lun = lun;
+  fields.writes_applied = 7;
+  blkps_control_receipt_encode(fields, &r);
   return r;
+}
+
+TEST(ControlCodec, WhatTheServerEncodesDecodes) {
+  std::vector<char> page(BLKPS_CONTROL_RECEIPT_HEADER_BYTES);
+  blkps_control_receipt header = {};
+  header.lun = 3;
+  header.writes_applied = 11;
+  header.writes_in_progress = 2;
+  blkps_control_receipt_encode(header, page.data());
+  EXPECT_EQ(std::string(page.data(), 8), BLKPS_CONTROL_RECEIPT_MAGIC);
+  blkps_control_receipt r = {};
+  ASSERT_EQ(blkps_control_receipt_decode(page.data(), page.size(), 3, &r), 0);
+  EXPECT_EQ(r.writes_applied, 11u);
+  EXPECT_EQ(r.writes_in_progress, 2u);
+  EXPECT_EQ(r.record_bytes, sizeof r);
+  std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
+  blkps_control_counters counters = {};
+  counters.global_step = 5;
+  counters.stop = 1;
+  blkps_control_counters_encode(counters, region.data());
+  blkps_control_counters c = {};
+  ASSERT_EQ(blkps_control_counters_decode(region.data(), region.size(), &c), 0);
+  EXPECT_EQ(c.global_step, 5u);
+  EXPECT_EQ(c.stop, 1u);
+  EXPECT_EQ(c.format_version, BLKPS_CONTROL_FORMAT_VERSION);
 }
 
 TEST(ControlCodec, ReceiptDecodesForItsLunOnly) {

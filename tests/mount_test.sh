@@ -150,10 +150,9 @@ assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1}, t' |
 chap)
   # A target with one-way CHAP: the mount (and every session it opens) logs
   # in with BLKPS_CHAP_FILE's credentials, and is refused without them.
-  printf 'mount-Secret-01\n' >"$state/secret"
   printf 'user=learner\nsecret=mount-Secret-01\n' >"$state/chap"
-  chmod 600 "$state/secret" "$state/chap"
-  target_start "$state/ps" "params=100000;init=normal:0.1;seed=3" --chap-user learner --chap-secret-file "$state/secret"
+  chmod 600 "$state/chap"
+  target_start "$state/ps" "params=100000;init=normal:0.1;seed=3" --chap-file "$state/chap"
   if "$blkps" mount "$mnt" -f --dir "$state/ps" 2>"$state/mount.log"; then fail "mounted without credentials"; fi
   grep -q "Authentication failure" "$state/mount.log" || fail "no login refusal: $(cat "$state/mount.log")"
   export BLKPS_CHAP_FILE="$state/chap"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The learner-node scripts, checked without a kernel initiator: shellcheck of
-# every shell file in the tree, and scripts/blkps-login --dry-run printing
+# every shell file in the tree, and `blkps login --dry-run` printing
 # exactly the commands a node would run (login over tcp and iser, a 2-shard
 # layout assembled with dm and with md, logout), plus its one-line errors.
 # Usage: node_scripts_test.sh <repo> [case]   (no case: every case)
 set -euo pipefail
 top=$1
-login="$top/scripts/blkps-login"
+login="$top/scripts/blkps"
 work=$(mktemp -d /tmp/blkps-nodes-test-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -37,7 +37,7 @@ expect_error() {
   fi
 }
 
-# The node record blkps-login makes for the portal given, and the settings it
+# The node record blkps login makes for the portal given, and the settings it
 # writes before each login (IQN, portal, iface).
 settings() {
   local node="iscsiadm -m node -T $1 -p $2 -I $3 -o update -n"
@@ -56,7 +56,7 @@ EOF
   [ "${4:-}" = chap ] || echo "$node node.session.auth.authmethod -v None"
 }
 
-# The SCSI command timeout blkps-login sets on a LUN's disk.
+# The SCSI command timeout blkps login sets on a LUN's disk.
 command_timeout() {
   # shellcheck disable=SC2016  # the script's words, verbatim
   printf '%s\n' "sh -c 'echo \"\$1\" > \"/sys/block/\$(basename \"\$(readlink -f \"\$2\")\")/device/timeout\"' sh 30 $1"
@@ -91,7 +91,7 @@ mkdir -p "$work/rdma/class/infiniband/mlx5_0" "$work/no-rdma/class/infiniband"
 test_shellcheck() {
   local f files=()
   # Every shell file of the tree (scripts/tree-files.sh): *.sh, and any file
-  # whose #! names sh or bash (scripts/blkps-login, .ci/run, ...).
+  # whose #! names sh or bash (scripts/blkps, .ci/run, ...).
   local listing
   listing=$("$top/scripts/tree-files.sh")
   while IFS= read -r f; do
@@ -124,10 +124,10 @@ test_tcp_login() {
 }
 
 test_chap_login() {
-  # Mutual CHAP: the settings with the secrets' files named, never their text.
-  printf 'in-secret-0123\n' >"$work/in.secret"
-  printf 'out-secret-0123\n' >"$work/out.secret"
-  chmod 600 "$work/in.secret" "$work/out.secret"
+  # Mutual CHAP: the settings with the credentials file named, never a secret.
+  printf 'user=learner\nsecret=in-secret-0123\ntarget_user=target\ntarget_secret=out-secret-0123\n' \
+    >"$work/mutual.chap"
+  chmod 600 "$work/mutual.chap"
   local node="iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp -o update -n"
   want=$(
     echo "iscsiadm -m iface -I blkps-tcp -o new"
@@ -136,23 +136,28 @@ test_chap_login() {
     settings iqn.2026-11.io.blkps:model 127.0.0.1:3261 blkps-tcp chap
     echo "$node node.session.auth.authmethod -v CHAP"
     echo "$node node.session.auth.username -v learner"
-    echo "$node node.session.auth.password -v '<secret of $work/in.secret>'"
+    echo "$node node.session.auth.password -v '<secret of $work/mutual.chap>'"
     echo "$node node.session.auth.username_in -v target"
-    echo "$node node.session.auth.password_in -v '<secret of $work/out.secret>'"
+    echo "$node node.session.auth.password_in -v '<secret of $work/mutual.chap>'"
     echo "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --login"
     echo "udevadm settle"
     command_timeout /dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2
     echo "/dev/disk/by-path/ip-127.0.0.1:3261-iscsi-iqn.2026-11.io.blkps:model-lun-2"
   )
-  expect_output "chap login" "$want" "$login" login --dry-run --chap-user learner \
-    --chap-secret-file "$work/in.secret" --mutual-user target --mutual-secret-file "$work/out.secret" \
+  expect_output "chap login" "$want" "$login" login --dry-run --chap-file "$work/mutual.chap" \
     --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
-  chmod 640 "$work/in.secret"
-  expect_error "group-readable secret" "--chap-secret-file: $work/in.secret is readable by group or others" \
-    "$login" login --dry-run --chap-user learner --chap-secret-file "$work/in.secret" \
-    --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
-  expect_error "user without secret" "--chap-user and --chap-secret-file go together" \
-    "$login" login --dry-run --chap-user learner --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+  if grep -q 'secret-0123' <("$login" login --dry-run --chap-file "$work/mutual.chap" \
+                             --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2 2>&1); then
+    fail "chap login: a secret shows in the dry run"
+  fi
+  chmod 640 "$work/mutual.chap"
+  expect_error "group-readable credentials" \
+    "--chap-file: CHAP file $work/mutual.chap is readable by group or others (mode 0640)" \
+    "$login" login --dry-run --chap-file "$work/mutual.chap" --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
+  printf 'user=learner\n' >"$work/user-only.chap"
+  chmod 600 "$work/user-only.chap"
+  expect_error "user without secret" "needs user= with secret=" \
+    "$login" login --dry-run --chap-file "$work/user-only.chap" --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/2
 }
 
 test_iser_login() {
@@ -287,13 +292,24 @@ test_logout() {
     "iscsiadm -m node -T iqn.2026-11.io.blkps:model -p 127.0.0.1:3261 -I blkps-tcp --logout" "$login" logout --dry-run --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
 }
 
+test_node_status() {
+  # Nothing logged in on this machine: each shard and the striped device
+  # say so, and the exit status is 1.
+  local got rc=0
+  got=$("$login" node-status --layout "$work/slot-1.layout" 2>&1) || rc=$?
+  [ "$rc" = 1 ] || fail "node-status: exit $rc, expected 1"
+  [ "$got" = "iscsi://127.0.0.1:3261/$iqn_a/1  not logged in
+iscsi://127.0.0.1:3262/$iqn_b/1  not logged in
+blkps-slot-1  not assembled" ] || fail "node-status printed: $got"
+}
+
 test_missing_iscsiadm_fails() {
-  # A PATH with the tools the script uses but no iscsiadm.
+  # A PATH with what scripts/blkps uses but no iscsiadm.
   mkdir -p "$work/bin"
   local t
-  for t in bash awk sed ls basename cat wc readlink; do ln -sf "$(command -v "$t")" "$work/bin/$t"; done
+  for t in sh dirname readlink id; do ln -sf "$(command -v "$t")" "$work/bin/$t"; done
   expect_error "no iscsiadm" "iscsiadm not found: install open-iscsi" \
-    env PATH="$work/bin" "$work/bin/bash" "$login" login --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
+    env PATH="$work/bin" "$login" login --url iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
 }
 
 test_bad_layout_names_file_and_line() {
@@ -309,8 +325,8 @@ test_bad_layout_names_file_and_line() {
 }
 
 cases=(shellcheck tcp_login chap_login iser_login iser_without_rdma_fails sharded_login_dm
-       dm_table_maps_layout sharded_login_md md_refuses_unequal_shards logout missing_iscsiadm_fails
-       bad_layout_names_file_and_line)
+       dm_table_maps_layout sharded_login_md md_refuses_unequal_shards logout node_status
+       missing_iscsiadm_fails bad_layout_names_file_and_line)
 if [ $# -ge 2 ]; then cases=("$2"); fi
 for c in "${cases[@]}"; do
   before=$failures

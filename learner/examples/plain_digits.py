@@ -8,7 +8,7 @@ weights, os.pwrite pushes the gradient, os.fsync checkpoints.
   plain_digits.py --target PATH --evaluate       held-out test accuracy
 
 PATH is the model as a file: a learner slot's disk from a kernel initiator
-(/dev/disk/by-path/...-lun-K, scripts/blkps-login), a file on the blkps FUSE
+(/dev/disk/by-path/...-lun-K, scripts/blkps login), a file on the blkps FUSE
 mount, or a regular file. Parameter i is at byte 4*i.
 
 A block device is opened with O_DIRECT: through the page cache a gradient

@@ -5,7 +5,7 @@
 #   read_weights.sh FILE [FIRST [COUNT]]    (default: FIRST 0, COUNT 10)
 #
 # FILE is the model as a file: a learner slot's or the control LUN's disk
-# from a kernel initiator (scripts/blkps-login), a file on the blkps FUSE
+# from a kernel initiator (scripts/blkps login), a file on the blkps FUSE
 # mount, or a regular file. Parameter i is the little-endian float32 at byte
 # 4*i, so parameters [FIRST, FIRST+COUNT) are bytes [4*FIRST, 4*(FIRST+COUNT)):
 #   dd if=FILE bs=4 skip=FIRST count=COUNT | od -A n -t f4 -w4

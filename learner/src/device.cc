@@ -2,9 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 namespace blkps {
 
@@ -38,9 +40,34 @@ std::string MaskTarget(const std::string& target) {
   return masked;
 }
 
+namespace {
+
+constexpr size_t kSecretMin = 12, kSecretMax = 16;
+
+bool IsChapName(const std::string& v) {
+  if (v.empty() || v.size() > 64) return false;
+  for (const char c : v) {
+    const bool alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && c != '.' && c != '_' && c != ':' && c != '-') return false;
+  }
+  return true;
+}
+
+bool IsChapSecret(const std::string& v) {
+  if (v.size() < kSecretMin || v.size() > kSecretMax) return false;
+  for (const char c : v) {
+    if (c < 0x21 || c > 0x7e || std::strchr(",%@/\\\"'", c) != nullptr) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// The grammar, rules and messages of scripts/blkps_cli/chap.py, exactly:
+// tests/chap_files/ holds the samples both are checked against.
 Status ReadChapFile(const std::string& path, ChapCredentials* out) {
   *out = ChapCredentials{};
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   struct stat st {};
   if (!in || stat(path.c_str(), &st) != 0) {
     return Status::Error(ENOENT, "CHAP file %s: cannot read it: %s", path.c_str(), std::strerror(errno));
@@ -49,6 +76,7 @@ Status ReadChapFile(const std::string& path, ChapCredentials* out) {
     return Status::Error(EPERM, "CHAP file %s is readable by group or others (mode %04o); chmod 600 %s", path.c_str(),
                          static_cast<unsigned>(st.st_mode & 07777), path.c_str());
   }
+  bool seen[4] = {};
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -62,26 +90,41 @@ Status ReadChapFile(const std::string& path, ChapCredentials* out) {
     line = rest.substr(0, end + 1);
     const size_t eq = line.find('=');
     const std::string key = line.substr(0, eq), value = eq == std::string::npos ? "" : line.substr(eq + 1);
+    static const char* const kKeys[] = {"user", "secret", "target_user", "target_secret"};
+    std::string* const fields[] = {&out->user, &out->secret, &out->target_user, &out->target_secret};
+    const auto k = std::find(std::begin(kKeys), std::end(kKeys), key) - std::begin(kKeys);
+    if (eq == std::string::npos || k == 4) {
+      return Status::Error(
+          EINVAL, "CHAP file %s:%d: expected user=, secret=, target_user= or target_secret=", path.c_str(), number);
+    }
     if (value.find_first_of(" \t") != std::string::npos) {
       return Status::Error(EINVAL, "CHAP file %s:%d: a value holds a space (a comment starts with '#')", path.c_str(),
                            number);
     }
-    std::string* field = key == "user"            ? &out->user
-                         : key == "secret"        ? &out->secret
-                         : key == "target_user"   ? &out->target_user
-                         : key == "target_secret" ? &out->target_secret
-                                                  : nullptr;
-    if (field == nullptr || eq == std::string::npos) {
-      return Status::Error(
-          EINVAL, "CHAP file %s:%d: expected user=, secret=, target_user= or target_secret=", path.c_str(), number);
+    if (seen[k]) return Status::Error(EINVAL, "CHAP file %s:%d: %s= is given twice", path.c_str(), number, kKeys[k]);
+    if (k % 2 == 0 && !IsChapName(value)) {
+      return Status::Error(EINVAL, "CHAP file %s:%d: %s= must be 1 to 64 of A-Z a-z 0-9 . _ : -", path.c_str(), number,
+                           kKeys[k]);
     }
-    *field = value;
+    if (k % 2 == 1 && !IsChapSecret(value)) {
+      return Status::Error(EINVAL,
+                           "CHAP file %s:%d: %s= must be %zu to %zu printable ASCII characters without space , %% @ / "
+                           "\\ \" ' (it has %zu)",
+                           path.c_str(), number, kKeys[k], kSecretMin, kSecretMax, value.size());
+    }
+    seen[k] = true;
+    *fields[k] = value;
   }
-  if (out->user.empty() != out->secret.empty() || out->target_user.empty() != out->target_secret.empty() ||
-      (!out->target_user.empty() && out->user.empty())) {
+  if (!seen[0] || !seen[1] || seen[2] != seen[3]) {
     return Status::Error(EINVAL,
                          "CHAP file %s: needs user= with secret=, and for mutual CHAP target_user= with "
                          "target_secret= as well",
+                         path.c_str());
+  }
+  if (seen[2] && (out->target_user == out->user || out->target_secret == out->secret)) {
+    return Status::Error(EINVAL,
+                         "CHAP file %s: the target's account must differ from the initiator's in target_user= and "
+                         "target_secret=",
                          path.c_str());
   }
   return Status();

@@ -119,8 +119,11 @@ struct ChapCredentials {
 };
 // Reads the credentials file `path` (format in doc/server.md, "Authentication and
 // access": user=, secret=, target_user=, target_secret= lines; '#' comments).
-// Refuses a file readable by group or others, an unknown key, and a
-// target_user without a user. Messages never quote a secret.
+// Refuses a file readable by group or others, an unknown or repeated key, a
+// name or secret that breaks the rules, and a missing user= or secret=. The
+// same grammar, rules and messages as scripts/blkps_cli/chap.py
+// (tests/chap_file_test.py checks both on the same files). Messages never
+// quote a secret.
 Status ReadChapFile(const std::string& path, ChapCredentials* out);
 
 // `layout:` targets: see striped_device.h and shard_layout.h.

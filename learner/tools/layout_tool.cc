@@ -1,6 +1,6 @@
 // blkps-layout: the stripe arithmetic and the layout file (StripeMap,
 // ShardLayout, ParseByteSize) as a command, so that the blkps CLI and
-// scripts/blkps-login never compute or parse them again.
+// blkps login never compute or parse them again.
 //
 //   blkps-layout sizes --stripe-unit BYTES --shards S --params N [--block BYTES] [--device]
 //       each shard's part of a model of N float32 parameters, in bytes, one

@@ -8,7 +8,10 @@ node. Modules, one job each:
   target     blkps target start|stop|show: a private tgtd and its process handling
   shards     blkps shards start|stop: one model striped over several targets
   control    blkps status|set: the control LUN
-  node       blkps login|logout|node-status (scripts/blkps-login), blkps mount, blkps layout
+  session    the iSCSI session settings, one table for target start and login
+  chap       the CHAP credentials file (--chap-file, BLKPS_CHAP_FILE)
+  login      blkps login|logout|node-status: the kernel initiator (iscsiadm, dmsetup, mdadm)
+  node       blkps mount, blkps layout
   demo       blkps demo: README's main job
   main       the command line
 """

@@ -1,15 +1,24 @@
-"""CHAP credentials: a user name and a secret read from a file, with the
-rules every iSCSI peer blkps works with accepts.
+"""CHAP credentials: the one credentials file of blkps (doc/server.md,
+"Authentication and access"), read by `blkps target start`/`shards start`
+(--chap-file), `blkps login` (--chap-file) and libblkps (BLKPS_CHAP_FILE,
+ReadChapFile in learner/src/device.cc, which keeps the same grammar, rules and
+messages: tests/chap_file_test.py feeds the same files to both).
 
-A secret file holds the secret on its first line (a trailing newline is
-ignored). It must not be readable by group or others (mode 0600 or 0400):
-anything else is refused, as ssh refuses a private key.
+  # '#' starts a comment at the start of a line or after a space or tab
+  user=NAME              # the initiator's account (one-way CHAP)
+  secret=SECRET
+  target_user=NAME       # mutual CHAP: the target's account
+  target_secret=SECRET
 
-Secrets: 12 to 16 bytes (RFC 3720 asks for at least 12 when a secret may be
-guessed; Microsoft's initiator and many targets take at most 16), printable
-ASCII without space and without , % @ / \\ " ' (tgtd splits its account
-request on ',', and libiscsi's URLs use '%' and '@' around it). A mutual
-(outgoing) secret must differ from the incoming one (RFC 3720, 8.2.1).
+The file must not be readable by group or others (mode 0600 or 0400), as ssh
+refuses a private key. user= and secret= are required; target_user= and
+target_secret= go together. A name is 1 to 64 of [A-Za-z0-9._:-]; a secret 12
+to 16 printable ASCII characters without space and without , % @ / \\ " '
+(RFC 3720 asks for at least 12 bytes where a secret may be guessed;
+Microsoft's initiator and many targets take at most 16; tgtd splits its
+account request on ',', libiscsi's URLs use '%' and '@'). The target's
+account must differ from the initiator's, in name and secret (RFC 3720,
+8.2.1; tgtd keeps one account per name). Messages never quote a secret.
 """
 
 import os
@@ -22,41 +31,77 @@ from .errors import UserError
 
 SECRET_MIN, SECRET_MAX = 12, 16
 _SECRET_CHARS = frozenset(map(chr, range(0x21, 0x7F))) - frozenset(",%@/\\\"'")
-_USER = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+KEYS = ("user", "secret", "target_user", "target_secret")
 
 
-def user_name(name, option):
-    """`name` if it is a usable CHAP user name, else a UserError naming `option`."""
-    if not _USER.fullmatch(name or ""):
-        raise UserError(option, f"expected 1 to 64 of [A-Za-z0-9._:-], got {name!r}")
-    return name
+class ChapFileError(ValueError):
+    """A credentials file that breaks the rules above; str() is the one-line
+    reason, "CHAP file PATH[:LINE]: ...", as libblkps words it."""
 
 
-def read_secret(path, option):
-    """The secret in file `path` (given with `option`); a UserError that never
-    quotes the secret if the file is missing, readable by group or others, or
-    the secret breaks the rules above."""
+class Credentials:
+    """A credentials file's accounts: user and secret, and for mutual CHAP
+    target_user and target_secret (None without)."""
+
+    def __init__(self, user, secret, target_user=None, target_secret=None):
+        self.user, self.secret = user, secret
+        self.target_user, self.target_secret = target_user, target_secret
+
+
+def read_credentials(path):
+    """The Credentials of the file `path`, or a ChapFileError."""
     try:
         with open(path, "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
-            raw = f.read(4096)
+            raw = f.read()
     except OSError as e:
-        raise UserError(option, f"cannot read {path}: {e.strerror}") from None
+        raise ChapFileError(f"CHAP file {path}: cannot read it: {e.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UserError(option, f"{path} is readable by group or others (mode {stat.S_IMODE(mode):04o})",
-                        f"chmod 600 {path}")
-    lines = raw.split(b"\n")
-    secret = lines[0].rstrip(b"\r")
-    if any(line.strip() for line in lines[1:]):
-        raise UserError(option, f"{path} holds more than one line", "put the secret alone on the first line")
+        raise ChapFileError(f"CHAP file {path} is readable by group or others (mode {stat.S_IMODE(mode):04o}); "
+                            f"chmod 600 {path}")
+    values = {}
+    for number, line in enumerate(raw.decode("latin-1").split("\n"), 1):
+        line = line[:-1] if line.endswith("\r") else line
+        # A '#' starts a comment at the start of a line or after a space or tab
+        # (a secret may hold '#', never a space).
+        blank = min([i for i in (line.find(" "), line.find("\t")) if i >= 0], default=len(line))
+        comment = 0 if line.startswith("#") else line.find("#", blank)
+        line = (line if comment < 0 else line[:comment]).rstrip(" \t")
+        if not line:
+            continue
+        key, eq, value = line.partition("=")
+        where = f"CHAP file {path}:{number}"
+        if not eq or key not in KEYS:
+            raise ChapFileError(f"{where}: expected user=, secret=, target_user= or target_secret=")
+        if " " in value or "\t" in value:
+            raise ChapFileError(f"{where}: a value holds a space (a comment starts with '#')")
+        if key in values:
+            raise ChapFileError(f"{where}: {key}= is given twice")
+        if key.endswith("user") and not _NAME.fullmatch(value):
+            raise ChapFileError(f"{where}: {key}= must be 1 to 64 of A-Z a-z 0-9 . _ : -")
+        if key.endswith("secret") and not (SECRET_MIN <= len(value) <= SECRET_MAX and set(value) <= _SECRET_CHARS):
+            raise ChapFileError(f"{where}: {key}= must be {SECRET_MIN} to {SECRET_MAX} printable ASCII characters "
+                                f"without space , % @ / \\ \" ' (it has {len(value)})")
+        values[key] = value
+    if "user" not in values or "secret" not in values or ("target_user" in values) != ("target_secret" in values):
+        raise ChapFileError(f"CHAP file {path}: needs user= with secret=, and for mutual CHAP target_user= with "
+                            "target_secret= as well")
+    if values.get("target_user") == values["user"] or values.get("target_secret") == values["secret"]:
+        raise ChapFileError(f"CHAP file {path}: the target's account must differ from the initiator's in "
+                            "target_user= and target_secret=")
+    return Credentials(*(values.get(k) for k in KEYS))
+
+
+def credentials(path, option="--chap-file"):
+    """read_credentials(path), or None without a path; a bad file is a
+    UserError naming `option`."""
+    if path is None:
+        return None
     try:
-        text = secret.decode("ascii")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or not set(text) <= _SECRET_CHARS or not SECRET_MIN <= len(text) <= SECRET_MAX:
-        raise UserError(option, f"the secret in {path} must be {SECRET_MIN} to {SECRET_MAX} printable ASCII "
-                        f"characters without space , % @ / \\ \" ' (it has {len(secret)} bytes)")
-    return text
+        return read_credentials(path)
+    except ChapFileError as e:
+        raise UserError(option, str(e)) from None
 
 
 def generate_secret():
@@ -66,8 +111,7 @@ def generate_secret():
 
 
 def write_credentials_file(path, user, secret, target_user=None, target_secret=None):
-    """Writes a BLKPS_CHAP_FILE (doc/server.md, "Authentication and access") at
-    `path`, mode 0600 from its creation on."""
+    """Writes a credentials file at `path`, mode 0600 from its creation on."""
     text = f"user={user}\nsecret={secret}\n"
     if target_user:
         text += f"target_user={target_user}\ntarget_secret={target_secret}\n"
@@ -79,40 +123,7 @@ def write_credentials_file(path, user, secret, target_user=None, target_secret=N
         os.close(fd)
 
 
-class Credentials:
-    """The CHAP settings of `blkps target start` (or shards start): incoming
-    (the initiator proves itself) and optionally mutual (the target proves
-    itself too); None where not asked for."""
-
-    def __init__(self, a):
-        self.user = self.secret = self.mutual_user = self.mutual_secret = None
-        if bool(a.chap_user) != bool(a.chap_secret_file):
-            raise UserError("--chap-user", "needs --chap-secret-file, and the other way round")
-        if bool(a.mutual_user) != bool(a.mutual_secret_file):
-            raise UserError("--mutual-user", "needs --mutual-secret-file, and the other way round")
-        if a.mutual_user and not a.chap_user:
-            raise UserError("--mutual-user", "mutual CHAP needs one-way CHAP too", "add --chap-user and "
-                            "--chap-secret-file")
-        if a.chap_user:
-            self.user = user_name(a.chap_user, "--chap-user")
-            self.secret = read_secret(a.chap_secret_file, "--chap-secret-file")
-        if a.mutual_user:
-            self.mutual_user = user_name(a.mutual_user, "--mutual-user")
-            self.mutual_secret = read_secret(a.mutual_secret_file, "--mutual-secret-file")
-            if self.mutual_secret == self.secret:
-                raise UserError("--mutual-secret-file", "the mutual secret must differ from the incoming one "
-                                "(RFC 3720)")
-            if self.mutual_user == self.user:
-                raise UserError("--mutual-user", "must differ from --chap-user (tgtd keeps one account per name)")
-
-
-def add_arguments(s):
-    """The CHAP options of `blkps target start` and `blkps shards start`."""
-    s.add_argument("--chap-user", metavar="NAME", help="CHAP: initiators must log in as NAME with the secret "
-                   "of --chap-secret-file (one-way CHAP)")
-    s.add_argument("--chap-secret-file", metavar="FILE", help="the CHAP secret, alone on the first line of FILE "
-                   f"(mode 0600; {SECRET_MIN} to {SECRET_MAX} characters)")
-    s.add_argument("--mutual-user", metavar="NAME", help="mutual CHAP: the target proves itself to initiators as "
-                   "NAME with the secret of --mutual-secret-file (needs --chap-user)")
-    s.add_argument("--mutual-secret-file", metavar="FILE", help="the mutual CHAP secret (rules as "
-                   "--chap-secret-file; must differ from it)")
+def add_argument(s, role):
+    """The --chap-file option; `role` says what its accounts do for the command."""
+    s.add_argument("--chap-file", metavar="FILE", help=f"CHAP credentials (user=, secret=, for mutual CHAP "
+                   f"target_user=, target_secret=; mode 0600; doc/server.md, \"Authentication and access\"): {role}")

@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from . import control, demo, node, shards, target
+from . import control, demo, login, node, shards, target
 from .errors import Parser, UserError, report
 
 DESCRIPTION = """\
@@ -29,6 +29,7 @@ def parser():
     target.add_parser(sub)
     shards.add_parser(sub)
     control.add_parsers(sub)
+    login.add_parsers(sub)
     node.add_parsers(sub)
     demo.add_parser(sub)
     return p

@@ -1,27 +1,18 @@
-"""The learner node's commands: blkps login|logout|node-status run
-scripts/blkps-login (thin shell over iscsiadm, dmsetup, mdadm), blkps mount
-runs blkps-mount (FUSE), blkps layout runs blkps-layout (the stripe
-arithmetic). Their own options pass through unchanged; --help shows them."""
+"""The learner node's built programs: blkps mount runs blkps-mount (FUSE),
+blkps layout runs blkps-layout (the stripe arithmetic). Their own options
+pass through unchanged; --help shows them. (blkps login|logout|node-status,
+the kernel initiator, is login.py.)"""
 
 import argparse
 import os
 
-from . import chap, state, tools
+from . import state, tools
 from .errors import UserError
 
 
 def run(argv):
     """Replaces this process with argv (its exit status is the command's)."""
     os.execv(argv[0], argv)
-
-
-def command_login(a):
-    """blkps login|logout|node-status: the secret files checked by CHAP's
-    rules (chap.py) first, then blkps-login."""
-    for option in ("--chap-secret-file", "--mutual-secret-file"):
-        if option in a.args[:-1]:
-            chap.read_secret(a.args[a.args.index(option) + 1], option)
-    run([tools.script("blkps-login"), {"node-status": "status"}.get(a.command, a.command), *a.args])
 
 
 def command_layout(a):
@@ -46,13 +37,6 @@ def command_mount(a):
 
 
 def add_parsers(sub):
-    for name, helptext in (("login", "log this node into a model with the kernel's iSCSI initiator; prints the device"),
-                           ("logout", "log this node out of a model"),
-                           ("node-status", "show this node's devices of a model")):
-        p = sub.add_parser(name, help=helptext, add_help=False, prefix_chars="\0",
-                           description=f"{helptext}: scripts/blkps-login's options (blkps {name} --help)")
-        p.add_argument("args", nargs=argparse.REMAINDER)
-        p.set_defaults(run=command_login)
     p = sub.add_parser("mount", help="present a model's LUNs as files (FUSE): blkps mount MOUNTPOINT --dir DIR",
                        add_help=False, prefix_chars="\0")
     p.add_argument("args", nargs=argparse.REMAINDER)

@@ -89,10 +89,7 @@ def start(a):
             argv += ["--plugin", a.plugin] if a.plugin else []
             argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
             argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
-            argv += [arg for option, value in (("--chap-user", a.chap_user), ("--chap-secret-file", a.chap_secret_file),
-                                               ("--mutual-user", a.mutual_user),
-                                               ("--mutual-secret-file", a.mutual_secret_file)) if value
-                     for arg in (option, value)]
+            argv += ["--chap-file", a.chap_file] if a.chap_file else []
             shard = target.Target(d)
             try:
                 envs.append(shard.start(target.start_options(argv)))
@@ -179,7 +176,7 @@ def add_parser(sub):
                    "shard, as for blkps target start (repeatable)")
     s.add_argument("--operator", nargs="?", const="", metavar="", help="as for blkps target start: every shard "
                    "gets an operator target, its secret in DIR/shard-K/operator.chap")
-    chap.add_arguments(s)
+    chap.add_argument(s, "every shard's, as blkps target start --chap-file")
     s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop every shard (quiet when none runs)")

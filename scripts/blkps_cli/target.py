@@ -30,28 +30,9 @@ import subprocess
 import sys
 import time
 
-from . import chap, state, tools
+from . import chap, session, state, tools
 from .errors import Parser, UserError
 
-# The session parameters that matter for throughput (DESIGN.md), per transport.
-SESSION_PARAMS = {
-    "iscsi": (
-        ("MaxRecvDataSegmentLength", "262144"),
-        ("FirstBurstLength", "262144"),
-        ("MaxBurstLength", "16776192"),
-        ("InitialR2T", "No"),
-        ("ImmediateData", "Yes"),
-        ("MaxOutstandingR2T", "16"),
-    ),
-    # tgt's iSER moves all data by RDMA: it creates the target with
-    # InitialR2T=Yes and ImmediateData=No, which must stay (unsolicited data
-    # would need two buffers per task); a command carries at most one buffer
-    # of its pool, 512 KiB (RDMA_TRANSFER_SIZE), so no burst goes beyond that.
-    "iser": (
-        ("MaxBurstLength", "524288"),
-        ("MaxOutstandingR2T", "16"),
-    ),
-}
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
 # `--iser port=N` is refused whatever N (it tests a stale errno).
 ISER_PORT = 3260
@@ -74,13 +55,6 @@ def running(pid):
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
-        return False
-
-
-def has_rdma():
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
         return False
 
 
@@ -203,15 +177,15 @@ class Target:
                             "CHAP secret blkps writes to DIR/operator.chap")
         check_bsopts(control_bsopts(a), "--operator")
         admitted(a)  # refuses a bad --allow, or a wildcard --address without one, before tgtd starts
-        credentials = chap.Credentials(a)
-        if a.operator is not None and OPERATOR_USER in (credentials.user, credentials.mutual_user):
-            raise UserError("--chap-user", f"{OPERATOR_USER} is the operator account's name", "choose another")
+        credentials = chap.credentials(a.chap_file)
+        if a.operator is not None and credentials and OPERATOR_USER in (credentials.user, credentials.target_user):
+            raise UserError("--chap-file", f"{OPERATOR_USER} is the operator account's name", "choose another")
         if a.rdwr_lun and not os.path.isfile(a.rdwr_lun):
             raise UserError(what, f"--rdwr-lun: no such file: {a.rdwr_lun}")
         if not shutil.which("tgtd"):
             raise UserError(what, "tgtd not found", "run scripts/setup.sh (Debian package tgt)")
-        if a.transport == "iser" and not has_rdma():
-            raise UserError(what, "iSER needs an RDMA device and this host has none (/sys/class/infiniband is empty)",
+        if a.transport == "iser" and not tools.has_rdma():
+            raise UserError(what, f"iSER needs an RDMA device and this host has none ({tools.rdma_class()} is empty)",
                             "use --transport iscsi")
         if a.transport == "iser" and not a.initiator:
             raise UserError(what, "tgt's iSER admits only initiators named in its ACL",
@@ -328,7 +302,7 @@ class Target:
                         ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "rdwr",
                          "--backing-store", os.path.abspath(a.rdwr_lun)])
             rdwr_url = f"{base}/{lun}"
-        for key, value in SESSION_PARAMS[a.transport]:
+        for key, value in session.TARGET[a.transport]:
             self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", "--tid", "1", "-n", key, "-v", value])
         for entry in allow:
             self._admin(a, f"setting the initiator ACL ({entry})", ["--op", "bind", "--mode", "target", "--tid", "1",
@@ -358,7 +332,7 @@ class Target:
         self._admin(a, f"creating the operator's control LUN {lun}",
                     ["--op", "new", "--mode", "logicalunit", *tid, "--lun", str(lun), "--bstype", "blkps",
                      "--backing-store", a.name, "--bsopts", "role=control"])
-        for key, value in SESSION_PARAMS[a.transport]:
+        for key, value in session.TARGET[a.transport]:
             self._admin(a, f"setting {key}", ["--op", "update", "--mode", "target", *tid, "-n", key, "-v", value])
         for entry in allow:
             self._admin(a, f"setting the operator target's ACL ({entry})", ["--op", "bind", "--mode", "target", *tid,
@@ -368,21 +342,25 @@ class Target:
                         ["--op", "bind", "--mode", "target", *tid, "-Q", name])
         secret = chap.generate_secret()
         path = os.path.join(self.dir, "operator.chap")
-        chap.write_credentials_file(path, OPERATOR_USER, secret, credentials.mutual_user, credentials.mutual_secret)
+        mutual = credentials and credentials.target_user
+        chap.write_credentials_file(path, OPERATOR_USER, secret, mutual and credentials.target_user,
+                                    mutual and credentials.target_secret)
         self.add_account(a.transport, OPERATOR_USER, secret)
         self._admin(a, f"binding the CHAP account {OPERATOR_USER}",
                     ["--mode", "account", "--op", "bind", *tid, "--user", OPERATOR_USER])
-        if credentials.mutual_user:
-            self._admin(a, f"binding the mutual CHAP account {credentials.mutual_user} to the operator target",
-                        ["--mode", "account", "--op", "bind", *tid, "--user", credentials.mutual_user, "--outgoing"])
+        if mutual:
+            self._admin(a, f"binding the mutual CHAP account {credentials.target_user} to the operator target",
+                        ["--mode", "account", "--op", "bind", *tid, "--user", credentials.target_user, "--outgoing"])
         return f"{a.transport}://{a.address}:{port}/{op_iqn}/{lun}", path
 
     def _set_chap(self, a, credentials):
         """Creates and binds the CHAP accounts. The secret goes to tgtd over
         its control socket (add_account), never on a command line."""
+        if credentials is None:
+            return
         accounts = [(credentials.user, credentials.secret, [])]
-        if credentials.mutual_user:
-            accounts.append((credentials.mutual_user, credentials.mutual_secret, ["--outgoing"]))
+        if credentials.target_user:
+            accounts.append((credentials.target_user, credentials.target_secret, ["--outgoing"]))
         for user, secret, direction in accounts:
             if not user:
                 continue
@@ -583,7 +561,8 @@ def add_start_arguments(s):
                         "tag=; commands and weights go to a second target (IQN.operator) whose CHAP secret only "
                         "DIR/operator.chap holds (blkps set/status --dir use it); default: anyone the target admits "
                         "may write the control LUN")
-    chap.add_arguments(s)
+    chap.add_argument(s, "initiators must log in as user= with secret=; with target_user=, the target proves "
+                      "itself with it to initiators that check (mutual CHAP)")
     s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
                    "'installed': tgt's plugin folder)")
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")

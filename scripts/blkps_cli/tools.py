@@ -42,3 +42,17 @@ def built(name):
 def script(name):
     """A script shipped beside this command (scripts/NAME)."""
     return os.path.join(SCRIPTS, name)
+
+
+def rdma_class():
+    """Where the kernel lists RDMA devices: class/infiniband under
+    BLKPS_SYSFS (tests point it at a fake tree), default /sys."""
+    return os.path.join(os.environ.get("BLKPS_SYSFS", "/sys"), "class", "infiniband")
+
+
+def has_rdma():
+    """Whether this host has an RDMA device (iSER needs one)."""
+    try:
+        return bool(os.listdir(rdma_class()))
+    except OSError:
+        return False

@@ -2,7 +2,7 @@
 # Runs in a guest with soft-RoCE (tests/vm/guest --rdma), for vm_test.sh's
 # iser case: for each TRANSPORT:MODE, a rule=sum model with 2 learner LUNs
 # served on the guest's own address (blkps-target), logged in by the kernel
-# (blkps-login: ib_iser or iscsi_tcp); two learners push integer gradients
+# (blkps login: ib_iser or iscsi_tcp); two learners push integer gradients
 # and pull through the disks (push_pull.py, O_DIRECT) and the control LUN's
 # status, read through the same session, must name MODE.
 #
@@ -54,13 +54,13 @@ serve() {  # TRANSPORT DIR LUNS BSOPTS LABEL
   start_target "$1" "$2" "$3" "$4"
   devs=()
   for url in $("$top/scripts/blkps" target show --dir "$2" --get URLS); do
-    devs+=("$("$top/scripts/blkps-login" login --transport "$1" --url "$url")")
+    devs+=("$("$top/scripts/blkps" login --transport "$1" --url "$url")")
   done
   echo "$5: session transport $(iscsiadm -m session -P 1 | sed -n 's/^[[:space:]]*Iface Transport: //p' | sort -u)"
 }
 # Logs out of DIR's target and stops it.
 unserve() {  # DIR
-  "$top/scripts/blkps-login" logout --url "$("$top/scripts/blkps" target show --dir "$1" --get URL)"
+  "$top/scripts/blkps" logout --url "$("$top/scripts/blkps" target show --dir "$1" --get URL)"
   "$top/scripts/blkps-target" stop --dir "$1"
 }
 # Mounts DIR's learner LUN 1 as file slot1 with blkps-mount (2 sessions,

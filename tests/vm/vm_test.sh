@@ -41,7 +41,7 @@
 #   iser            blkps over iSER for real, in one guest with soft-RoCE
 #                   (tests/vm/guest --rdma, tests/vm/iser_in_guest.sh): the
 #                   target serves on the guest's own address through tgt's
-#                   iSER, the kernel's ib_iser logs in (blkps-login
+#                   iSER, the kernel's ib_iser logs in (blkps login
 #                   --transport iser) with InitialR2T=Yes, ImmediateData=No;
 #                   two learners push integer gradients and pull through
 #                   the disks with exact sums in async, bsp and ssp, and the
@@ -246,25 +246,28 @@ EOF
 # or expecting another target secret, is refused; with the right ones the
 # guest reads the weights libblkps reads on the host.
 test_chap_login() {
-  local params=4096 lun1 s
-  for s in "in:learner-Secret1" "out:server-Secret22" "wrong:wrong-Secret-1"; do
-    printf '%s\n' "${s#*:}" > "$state/${s%%:*}.secret"
-    chmod 600 "$state/${s%%:*}.secret"
+  local params=4096 lun1 s name secret target_secret
+  # One credentials file for the target and the learner (doc/server.md,
+  # "Authentication and access"); two with a wrong secret of either side.
+  for s in "mutual:learner-Secret1:server-Secret22" "wrong:wrong-Secret-1:server-Secret22" \
+           "wrong-target:learner-Secret1:wrong-Secret-1"; do
+    IFS=: read -r name secret target_secret <<<"$s"
+    printf 'user=learner\nsecret=%s\ntarget_user=server\ntarget_secret=%s\n' "$secret" "$target_secret" \
+      > "$state/$name.chap"
+    chmod 600 "$state/$name.chap"
   done
-  printf 'user=learner\nsecret=learner-Secret1\n' > "$state/chap.file"
-  chmod 600 "$state/chap.file"
-  start_target chap "params=$params;init=uniform:1;seed=5" 1 --chap-user learner \
-    --chap-secret-file "$state/in.secret" --mutual-user server --mutual-secret-file "$state/out.secret"
+  start_target chap "params=$params;init=uniform:1;seed=5" 1 --chap-file "$state/mutual.chap"
   lun1=$(guest_url "$URL")
-  BLKPS_CHAP_FILE="$state/chap.file" pull_weights "$URL" "$params" "$state/host.f32"
-  local login="scripts/blkps login --url $lun1 --chap-user learner"
+  BLKPS_CHAP_FILE="$state/mutual.chap" pull_weights "$URL" "$params" "$state/host.f32"
+  local login="scripts/blkps login --url $lun1"
   cat > "$state/in-guest.sh" <<EOF
 set -uo pipefail
-if $login --chap-secret-file $state/wrong.secret 2> $state/wrong.err; then echo "a wrong secret logged in" >&2; exit 1; fi
-if $login --chap-secret-file $state/in.secret --mutual-user server --mutual-secret-file $state/wrong.secret \
-   2> $state/wrong-target.err; then echo "a target with another secret was accepted" >&2; exit 1; fi
+if $login --chap-file $state/wrong.chap 2> $state/wrong.err; then echo "a wrong secret logged in" >&2; exit 1; fi
+if $login --chap-file $state/wrong-target.chap 2> $state/wrong-target.err; then
+  echo "a target with another secret was accepted" >&2; exit 1
+fi
 set -e
-dev=\$($login --chap-secret-file $state/in.secret --mutual-user server --mutual-secret-file $state/out.secret)
+dev=\$($login --chap-file $state/mutual.chap)
 echo "device: \$dev"
 dd if="\$dev" of=$state/guest.f32 bs=$((4 * params)) count=1 iflag=direct status=none
 scripts/blkps logout --url $lun1
@@ -362,7 +365,7 @@ test_target_restart() {
   pid_b=$PID url_b=$(guest_url "$URL")
   cat > "$state/in-guest.sh" <<EOF
 set -uo pipefail
-learn() {  # NAME URL [blkps-login options]: trains, output and status in $state
+learn() {  # NAME URL [blkps login options]: trains, output and status in $state
   local name=\$1 url=\$2 dev; shift 2
   dev=\$(scripts/blkps login --url "\$url" "\$@") || exit 1
   env $blas_env python3 $plain --target "\$dev" --epochs 6 > $state/\$name.out 2>&1

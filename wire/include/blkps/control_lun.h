@@ -166,9 +166,31 @@ typedef struct blkps_control_receipt {
                                   0 means the counters are final for now */
 } blkps_control_receipt;
 
-/* The codec: the one reader of these records, used by libblkps (Model's
- * ReadControlCounters and ReadControlReceipt, the iSCSI device's resend
- * after a reconnect) and, through libblkps, by Python. */
+/* The codec: the one writer of these records, the server
+ * (target-plugin/control_lun_server.cc), and their one reader, libblkps
+ * (Model's ReadControlCounters and ReadControlReceipt, the iSCSI device's
+ * resend after a reconnect) and, through libblkps, Python. */
+
+/* Encodes the counters record `r` (its numbers; magic, format_version and
+ * record_bytes are set here) into the sizeof(blkps_control_counters) bytes
+ * at `out`, the start of the counters region (which is zeros after it). */
+static inline void blkps_control_counters_encode(blkps_control_counters r, void *out) {
+  memcpy(r.magic, BLKPS_CONTROL_COUNTERS_MAGIC, sizeof r.magic);
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  r.record_bytes = sizeof r;
+  memcpy(out, &r, sizeof r);
+}
+
+/* Encodes a receipt's header `r` (lun and the writes; magic, format_version
+ * and record_bytes are set here) into the sizeof(blkps_control_receipt)
+ * bytes at `out`, the start of that LUN's receipt (zeros after it up to
+ * BLKPS_CONTROL_RECEIPT_HEADER_BYTES, then the counters). */
+static inline void blkps_control_receipt_encode(blkps_control_receipt r, void *out) {
+  memcpy(r.magic, BLKPS_CONTROL_RECEIPT_MAGIC, sizeof r.magic);
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  r.record_bytes = sizeof r;
+  memcpy(out, &r, sizeof r);
+}
 
 /* Where LUN `lun`'s receipt starts on the control LUN of a model whose
  * learner LUNs are `device_bytes` long. */
