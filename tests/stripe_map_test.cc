@@ -203,6 +203,19 @@ TEST(ShardLayoutTest, SixteenBitShardsHalveTheDeviceStripeUnit) {
   EXPECT_EQ(layout.device_stripe_unit(), 4096u);
 }
 
+TEST(ShardLayoutTest, ControlLinesNameEachShardsControlLunInShardOrder) {
+  ShardLayout layout;
+  Status status = ParseShardLayout("stripe_unit = 4096\nshard = a/1\nshard = b/1\ncontrol = a/2\ncontrol = b/2\n",
+                                   "m.layout", &layout);
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(layout.controls.size(), 2u);
+  EXPECT_EQ(layout.controls[0].target, "a/2");
+  EXPECT_EQ(layout.controls[1].target, "b/2");
+  EXPECT_EQ(layout.controls[1].line, 5);
+  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\nshard = a/1\n", "m.layout", &layout).ok());
+  EXPECT_TRUE(layout.controls.empty());
+}
+
 // The message of parsing `text` as file "m.layout" (expected to fail).
 std::string ParseError(const std::string& text) {
   ShardLayout layout;
@@ -216,7 +229,7 @@ std::string ParseError(const std::string& text) {
 TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\nbogus = 1\n"),
             "blkps: m.layout:3: unknown key 'bogus'; expected stripe_unit, "
-            "dtype or shard");
+            "dtype, shard or control");
   EXPECT_EQ(ParseError("stripe_unit = 1024\ndtype = half\nshard = a\n"),
             "blkps: m.layout:2: dtype: expected one of float32, bfloat16, "
             "float16, got 'half'");
@@ -236,6 +249,11 @@ TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_NE(ParseError("stripe_unit = 0\nshard = a\n").find("m.layout:1:"), std::string::npos);
   EXPECT_NE(ParseError("stripe_unit = -512\nshard = a\n").find("m.layout:1:"), std::string::npos);
   EXPECT_NE(ParseError("stripe_unit = 512\nshard =\n").find("m.layout:2:"), std::string::npos);
+  EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\nshard = b\ncontrol = c\n"),
+            "blkps: m.layout:4: 1 control lines for 2 shards; give one per shard, in shard order, or none");
+  EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\ncontrol = layout:/x\n"),
+            "blkps: m.layout:3: control: expected a shard's control LUN (iscsi:// or iser:// URL, or a path), got "
+            "'layout:/x'");
   EXPECT_EQ(ParseError("shard = a\n"), "blkps: m.layout: no 'stripe_unit = <bytes>' line; a layout needs "
                                        "one");
   EXPECT_EQ(ParseError("stripe_unit = 512\n"), "blkps: m.layout: no 'shard = <target>' line; a layout needs at "

@@ -52,7 +52,8 @@ inline bool Contains(const std::string& haystack, const std::string& needle) {
 class TargetProcess {
  public:
   // Starts a target whose LUN 1 is a blkps model with `bsopts`.
-  // `extra` is passed to `blkps target start` as is (e.g. "--null-lun").
+  // `extra` is passed to `blkps target start` as is (e.g. "--null-lun"). One
+  // tgtd (--tgtd 1) on every host: tests reach it by PID, PORT and tgtadm.
   explicit TargetProcess(const std::string& bsopts, const std::string& extra = "") : bsopts_(bsopts), extra_(extra) {
     Start(extra_);
   }
@@ -145,10 +146,10 @@ class TargetProcess {
 
  private:
   void Start(const std::string& extra) {
-    start_status_ =
-        RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ + " --plugin " + BLKPS_PLUGIN +
-                       " --owner-pid " + std::to_string(getpid()) + " --bsopts " + ShellQuote(bsopts_) + " " + extra,
-                   &start_output_);
+    start_status_ = RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ + " --plugin " +
+                                   BLKPS_PLUGIN + " --owner-pid " + std::to_string(getpid()) + " --tgtd 1 --bsopts " +
+                                   ShellQuote(bsopts_) + " " + extra,
+                               &start_output_);
     if (start_status_ == 0) LoadEnv();
   }
   // The target.env values the tests use, one line each in the order asked.

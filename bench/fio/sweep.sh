@@ -185,7 +185,7 @@ start_target() {  # name [netns] -- blkps target start options...; prints its DI
   # The EXIT trap stops every target this script started; --owner-pid also
   # stops it if this script is killed.
   ${ns:+ip netns exec "$ns"} "$top/scripts/blkps" target start --dir "$dir" --plugin "$plugin" \
-    --owner-pid $$ "$@" > /dev/null || die "could not start target $name (above)"
+    --tgtd 1 --owner-pid $$ "$@" > /dev/null || die "could not start target $name (above)"
   echo "$dir"
 }
 

@@ -11,12 +11,38 @@
 #include "blkps/blkps.h"
 #include "blkps/engine.hpp"
 #include "blkps/model.hpp"
+#include "shard_layout.h"
+#include "stripe_map.h"
 
 struct blkps_model {
   std::unique_ptr<blkps::Model> model;
 };
 
 namespace {
+
+// `text` as a JSON string.
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonTargets(const std::vector<blkps::ShardLayout::Shard>& list) {
+  std::string out = "[";
+  for (size_t i = 0; i < list.size(); ++i) out += (i == 0 ? "" : ", ") + JsonString(list[i].target);
+  return out + "]";
+}
 
 blkps::OpenOptions ToOpenOptions(const blkps_open_options& opts) {
   blkps::OpenOptions options;
@@ -147,6 +173,33 @@ size_t blkps_struct_size(const char* name) {
     if (name != nullptr && std::strcmp(name, s.name) == 0) return s.bytes;
   }
   return 0;
+}
+
+int blkps_layout_describe(const char* path, char* out, size_t out_len) {
+  blkps::ShardLayout layout;
+  const blkps::Status status = blkps::ReadShardLayout(path, &layout);
+  std::string text;
+  if (status.ok()) {
+    text = "{\"stripe_unit\": " + std::to_string(layout.stripe_unit) +
+           ", \"dtype\": " + JsonString(blkps::wire::DtypeName(layout.dtype)) +
+           ", \"shards\": " + JsonTargets(layout.shards) + ", \"controls\": " + JsonTargets(layout.controls) + "}";
+  } else {
+    text = status.message();
+  }
+  if (out_len > 0) snprintf(out, out_len, "%s", text.c_str());
+  if (!status.ok()) return -status.code();
+  return text.size() < out_len ? 0 : -ERANGE;
+}
+
+void blkps_stripe_scatter(uint64_t stripe_unit, uint32_t shards, const void* model, uint64_t model_bytes,
+                          void* const* shard_parts) {
+  std::vector<blkps::StripePiece> pieces;
+  blkps::StripeMap(stripe_unit, shards, model_bytes).Map(0, model_bytes, &pieces);
+  const char* from = static_cast<const char*>(model);
+  for (const blkps::StripePiece& piece : pieces) {
+    std::memcpy(static_cast<char*>(shard_parts[piece.shard]) + piece.shard_offset, from, piece.length);
+    from += piece.length;
+  }
 }
 
 // ---- Learner engine ----------------------------------------------------------

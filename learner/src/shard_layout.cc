@@ -83,10 +83,18 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
                              name.c_str(), line, value.c_str());
       }
       layout->shards.push_back({value, line});
+    } else if (key == "control") {
+      if (value.empty() || value.rfind("layout:", 0) == 0) {
+        return Status::Error(EINVAL,
+                             "%s:%d: control: expected a shard's control LUN (iscsi:// or iser:// URL, or a "
+                             "path), got '%s'",
+                             name.c_str(), line, value.c_str());
+      }
+      layout->controls.push_back({value, line});
     } else {
       return Status::Error(EINVAL,
                            "%s:%d: unknown key '%s'; expected stripe_unit, "
-                           "dtype or shard",
+                           "dtype, shard or control",
                            name.c_str(), line, key.c_str());
     }
   }
@@ -110,6 +118,10 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
                          "least one shard",
                          name.c_str());
   }
+  if (!layout->controls.empty() && layout->controls.size() != layout->shards.size()) {
+    return Status::Error(EINVAL, "%s:%d: %zu control lines for %zu shards; give one per shard, in shard order, or none",
+                         name.c_str(), layout->controls.back().line, layout->controls.size(), layout->shards.size());
+  }
   return Status();
 }
 
@@ -128,9 +140,11 @@ Status ReadShardLayout(const std::string& path, ShardLayout* layout) {
   if (!status.ok()) return status;
   const size_t slash = path.rfind('/');
   const std::string folder = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  for (ShardLayout::Shard& shard : layout->shards) {
-    if (!IsUrl(shard.target) && shard.target[0] != '/') {
-      shard.target = folder + shard.target;
+  for (auto* list : {&layout->shards, &layout->controls}) {
+    for (ShardLayout::Shard& shard : *list) {
+      if (!IsUrl(shard.target) && shard.target[0] != '/') {
+        shard.target = folder + shard.target;
+      }
     }
   }
   return Status();

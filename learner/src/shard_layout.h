@@ -6,10 +6,15 @@
 //   dtype = bfloat16        # optional: the shards' LUNs are 16-bit
 //   shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1
 //   shard = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1
+//   control = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/2   # optional
+//   control = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/2
 //
 // One `key = value` per line; `#` starts a comment; blank lines are ignored.
 // `stripe_unit` appears once; `dtype` at most once; `shard` once per shard,
-// in stripe order (shard 0 first). stripe_unit counts bytes of the float32
+// in stripe order (shard 0 first); `control`, each shard's control LUN in
+// the same order, either never or once per shard (the job's control for
+// blkps.control and blkps.torch: doc/data-path.md "Scale-out"; the
+// striped device itself never opens them). stripe_unit counts bytes of the float32
 // model (stripe_unit / 4 parameters per unit), whatever the shards' dtype:
 // on 16-bit shards (their --bsopts dtype) a unit is stripe_unit / 2 device
 // bytes, which must be a multiple of 512. A shard is anything OpenDevice opens except another
@@ -38,6 +43,7 @@ struct ShardLayout {
   uint64_t stripe_unit = 0;                   // float32 model bytes; > 0 and a multiple of 512
   wire::Dtype dtype = wire::Dtype::kFloat32;  // of the shards' LUNs
   std::vector<Shard> shards;
+  std::vector<Shard> controls;  // empty, or one per shard
   // A stripe unit in the shards' device bytes.
   uint64_t device_stripe_unit() const { return stripe_unit / 4 * wire::BytesPerParam(dtype); }
 };

@@ -15,8 +15,14 @@ from .errors import UserError
 def control_targets(a, what):
     """[(label, control LUN, CHAP file or None)]: one for a target, one per
     shard for a `blkps shards` folder (label "shard K", K from 0 as in
-    DIR/shard-K). A target started with --operator gives its operator's
+    DIR/shard-K; a target served by several tgtds is such a folder too, and a
+    layout:PATH naming control LUNs gives those). A target started with --operator gives its operator's
     control LUN and credentials; else the control LUN, as --control does."""
+    if a.control and a.control.startswith("layout:"):
+        controls = control_package().describe_layout(a.control[len("layout:"):])["controls"]
+        if not controls:
+            raise UserError(what, f"{a.control} names no control LUNs", "give a control LUN, or --dir DIR")
+        return [(f"shard {k}", url, None) for k, url in enumerate(controls)]
     if a.control:
         return [("", a.control, None)]
     if not a.dir:

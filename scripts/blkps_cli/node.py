@@ -21,7 +21,8 @@ def command_layout(a):
 
 def command_mount(a):
     """blkps mount MOUNTPOINT --dir DIR [blkps-mount options]: DIR's learner
-    slots become MOUNTPOINT/slot1..slotN and its control LUN MOUNTPOINT/control;
+    slots become MOUNTPOINT/slot1..slotN and its control LUN MOUNTPOINT/control
+    (shard 0's when several tgtds serve it);
     without --dir the arguments go to blkps-mount as they are."""
     args = list(a.args)
     files = []
@@ -32,7 +33,11 @@ def command_mount(a):
         env = state.target(args[i + 1], "mount")
         del args[i:i + 2]
         files = [f"slot{k}={url}" for k, url in enumerate(env["URLS"].split(), 1)]
-        files += ["--control", f"control={env['CONTROL_URL']}"]
+        # Served by several tgtds (target.env's CONTROL_URLS): the slots are
+        # layout: targets and `control` is shard 0's control LUN (its status
+        # covers shard 0's part; blkps set --dir reaches every shard).
+        control = env["CONTROL_URLS"].split()[0] if env.get("CONTROL_URLS") else env["CONTROL_URL"]
+        files += ["--control", f"control={control}"]
     run([tools.built("blkps-mount"), *args, *files])
 
 

@@ -56,10 +56,11 @@ def stop(folder):
             pass
 
 
-def start(a):
-    what = "shards start"
+def start(a, what="shards start", name="shard", model=None):
+    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
+    NAME-K); returns (layout files, each shard's target.env values)."""
     folder = os.path.abspath(a.dir)
-    model = target.check_bsopts(a.bsopts)
+    model = model or target.check_bsopts(a.bsopts)
     if model["control"]:
         raise UserError("--bsopts", "role=control is not a model", "give the model's options")
     if any(key == "table" for key, _ in model["options"]):
@@ -84,10 +85,11 @@ def start(a):
                                *[os.path.join(d, "init.f32") for d in dirs]])
         envs = []
         for k, d in enumerate(dirs):
-            argv = ["--dir", d, "--name", f"shard-{k}", "--luns", str(a.luns), "--address", a.address,
+            argv = ["--dir", d, "--name", f"{name}-{k}", "--luns", str(a.luns), "--address", a.address,
                     "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d)]
             argv += ["--plugin", a.plugin] if a.plugin else []
             argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
+            argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
             argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
             argv += ["--chap-file", a.chap_file] if a.chap_file else []
             shard = target.Target(d)
@@ -110,16 +112,19 @@ def start(a):
 
 def write_layouts(folder, envs, luns, unit, params, dtype):
     """DIR/slot-L.layout for every learner slot L: LUN L of every shard
-    (16-bit shards, --bsopts dtype: a dtype line says so)."""
+    (16-bit shards, --bsopts dtype: a dtype line says so), and every
+    shard's control LUN (control lines: the job's control, blkps.control)."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
         with open(path, "w") as f:
-            f.write(f"# blkps shard layout (written by blkps shards start): learner slot {lun} of a model\n"
+            f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
                     f"# of {params} parameters striped over {len(envs)} shard(s).\n"
                     f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
             for env in envs:
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
+            for env in envs:
+                f.write(f"control = {env['CONTROL_URL']}\n")
         layouts.append(path)
     return layouts
 

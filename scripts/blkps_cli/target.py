@@ -467,23 +467,59 @@ def labelled_urls(env):
 
 
 def command_start(a):
-    target = Target(a.dir)
-    env = target.start(a)
-    if a.owner_pid:
-        target.start_watchdog(a.owner_pid)
-    print("\n".join(labelled_urls(env)))
+    from . import scaleout  # it starts Targets: imported here, not at the top
+    if scaleout.running(a.dir):
+        if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
+            raise UserError("target start", f"a target is already running in {os.path.abspath(a.dir)}",
+                            f"stop it first: blkps target stop --dir {a.dir}")
+        scaleout.stop(os.path.abspath(a.dir))  # what tgtds that died (--owner-pid) left
+    model = check_bsopts(a.bsopts)
+    tgtds = scaleout.tgtds_for(a, model)
+    if tgtds > 1:
+        env = scaleout.start(a, model, tgtds)
+        print("\n".join(scaleout.labelled_urls(env)))
+        print(f"tgtds: {tgtds} (--tgtd), stripe unit {env['STRIPE_UNIT']} bytes")
+    else:
+        target = Target(a.dir)
+        env = target.start(a)
+        if a.owner_pid:
+            target.start_watchdog(a.owner_pid)
+        print("\n".join(labelled_urls(env)))
     print(f"admits: {env['ALLOW']} (--allow)")
     return 0
 
 
 def command_stop(a):
+    from . import scaleout
+    if scaleout.running(a.dir):
+        scaleout.stop(os.path.abspath(a.dir))
     Target(a.dir).stop()
     return 0
 
 
 def command_show(a):
+    from . import scaleout
     target = Target(a.dir)
     env = state.target(target.dir, "target show")
+    if "TGTD" in env:
+        dead = scaleout.dead_tgtds(env)
+        if dead:
+            raise UserError("target show", f"the tgtd of {dead[0]} is not running; its log is {dead[0]}/tgtd.log",
+                            f"blkps target stop --dir {a.dir}, then start it again")
+        if a.get:
+            state.print_values(env, a.get, "target show")
+        elif a.json:
+            print(json.dumps(env, indent=2))
+        elif a.tgtadm:
+            for k, d in enumerate(env["SHARD_DIRS"].split()):
+                status, out = Target(d).tgtadm(["--op", "show", "--mode", "target"])
+                print(f"== tgtd {k} ==\n{out}")
+                if status != 0:
+                    return 1
+        else:
+            print("\n".join(scaleout.labelled_urls(env)))
+            print(f"tgtds: {env['TGTD']}, pids {env['PIDS']}, logs {' '.join(d + '/tgtd.log' for d in env['SHARD_DIRS'].split())}")
+        return 0
     if not target.alive():
         raise UserError("target show", f"tgtd ({env.get('PID')}) of {target.dir} is not running; its log is {target.log}",
                         f"blkps target stop --dir {a.dir}, then start it again")
@@ -516,6 +552,7 @@ def add_parser(sub):
     s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
+    add_tgtd_argument(s)
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
     t.add_argument("--dir", required=True)
@@ -526,7 +563,8 @@ def add_parser(sub):
     how = w.add_mutually_exclusive_group()
     how.add_argument("--get", action="append", metavar="KEY", help="print this target.env value (URL, URLS, "
                      "CONTROL_URL, NULL_URL, RDWR_URL, OPERATOR_URL, OPERATOR_CHAP_FILE, PORT, IQN, TRANSPORT, PID, "
-                     "TGT_IPC_SOCKET, LOG); repeatable")
+                     "TGT_IPC_SOCKET, LOG; with several tgtds CONTROL_URLS, TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS "
+                     "instead of PORT, IQN, PID, TGT_IPC_SOCKET, LOG); repeatable")
     how.add_argument("--json", action="store_true", help="print target.env as JSON")
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
     w.set_defaults(run=command_show)
@@ -570,6 +608,15 @@ def add_start_arguments(s):
     s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop the target when process PID exits")
 
 
+def add_tgtd_argument(s):
+    """--tgtd, which only `blkps target start` has (a shard is one tgtd)."""
+    s.add_argument("--tgtd", type=tgtd_count, default="auto", metavar="N|auto",
+                   help='serve the model through N co-located tgtd processes, striped (doc/data-path.md '
+                   '"Scale-out"); auto (default): one per two cores, at most 8, 1 on a 2-core host, fewer '
+                   "for a model of fewer 1 MiB units, and 1 with --port, iser, --null-lun, --rdwr-lun, --iqn or "
+                   "a table")
+
+
 def start_options(argv):
     """`blkps target start` options parsed from argv, as start() takes them."""
     p = Parser(prog="blkps target start")
@@ -593,3 +640,10 @@ def port_or_auto(text):
 
 
 port_or_auto.__name__ = "port (or auto)"
+
+
+def tgtd_count(text):
+    return text if text == "auto" else positive_int(text)
+
+
+tgtd_count.__name__ = "tgtd count (or auto)"

@@ -179,6 +179,24 @@ BLKPS_EXPORT int blkps_control_read_receipt(blkps_model *m, uint32_t lun, uint64
  * BLKPS_CONTROL_RECEIPT_UNIT bytes, rounded up. */
 BLKPS_EXPORT uint64_t blkps_control_receipt_units(uint64_t device_bytes);
 
+/* ---- Sharded models (layout files: doc/server.md "Sharding") --------------
+ *
+ * For bindings that keep the job's control over a striped model
+ * (blkps.control): the layout file as values, and the stripe arithmetic.
+ *
+ * Reads layout file `path` and writes it to out as one NUL-terminated line
+ * of JSON: {"stripe_unit": BYTES, "dtype": "float32", "shards": [TARGET,
+ * ...], "controls": [TARGET, ...]} (controls: each shard's control LUN in
+ * shard order, or []; relative paths resolved against the file's folder).
+ * Returns 0; -ERANGE when out_len is too small; or the parser's negative
+ * errno with its one-line message in out. */
+BLKPS_EXPORT int blkps_layout_describe(const char *path, char *out, size_t out_len);
+/* Copies each shard's part of `model`, model_bytes striped in units of
+ * stripe_unit bytes over `shards` shards (unit k on shard k mod shards),
+ * to shard_parts[s], which holds at least shard s's part. */
+BLKPS_EXPORT void blkps_stripe_scatter(uint64_t stripe_unit, uint32_t shards, const void *model, uint64_t model_bytes,
+                                       void *const *shard_parts);
+
 /* ---- Learner engine: double buffering and adaptive pulling ----------------
  *
  * An engine trains on one buffer while its own threads push the previous

@@ -13,16 +13,23 @@ holds no copy of its numbers::
 
 Errors raise OSError(errno, message) as blkps.Model's do; a command the
 server refuses raises OSError (EIO); the status's control_error says why.
+
+A model served by several tgtds (``blkps target start --tgtd N``, ``blkps
+shards``) has one control LUN per shard; ``open_control(target)`` on its
+``layout:PATH`` (a layout file with ``control =`` lines) gives a
+ShardedControl, the whole job's control (doc/data-path.md "Scale-out").
 """
 
 import ctypes
+import errno
 import json
+import os
 
 import numpy as np
 
 from . import Model, _check_mirrors, _library
 
-__all__ = ["Control", "layout"]
+__all__ = ["Control", "ShardedControl", "open_control", "layout", "describe_layout"]
 
 
 class _Layout(ctypes.Structure):  # blkps_control_layout, blkps.h
@@ -98,6 +105,11 @@ def layout():
         lib.blkps_control_read_receipt.restype = ctypes.c_int
         lib.blkps_control_receipt_units.argtypes = [ctypes.c_uint64]
         lib.blkps_control_receipt_units.restype = ctypes.c_uint64
+        lib.blkps_layout_describe.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.blkps_layout_describe.restype = ctypes.c_int
+        lib.blkps_stripe_scatter.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64,
+                                             ctypes.POINTER(ctypes.c_void_p)]
+        lib.blkps_stripe_scatter.restype = None
         raw = _Layout()
         lib.blkps_control_layout_get(ctypes.byref(raw))
         _layout = Layout(raw)
@@ -160,6 +172,13 @@ class Control:
         self.device._check(rc)
         return {name: getattr(header, name) for name, _ in _Receipt._fields_[3:]}, counts
 
+    def write_weights(self, weights):
+        """Sets the whole model's weights to `weights` (float32, every
+        parameter) through the control LUN's weights window, in one write."""
+        data = np.ascontiguousarray(weights, dtype=np.float32).tobytes()
+        data += b"\0" * (-len(data) % self.device.logical_block_size)  # the device's padding ignores it
+        self.device.write_bytes(self.layout.weights_offset, data)
+
     def read_weights(self, first_param, count):
         """The weights of parameters [first_param, first_param + count) as a
         new float32 array, through the control LUN's weights window."""
@@ -169,3 +188,100 @@ class Control:
         length = start + 4 * count - aligned
         raw = self.device.read_bytes(aligned, length + (-length % block))
         return np.frombuffer(raw, dtype=np.float32, count=count, offset=start - aligned).copy()
+
+
+def describe_layout(path):
+    """Layout file `path` as libblkps reads it: a dict stripe_unit (bytes),
+    dtype, shards and controls (lists of targets, shard order; controls may
+    be empty). Raises OSError with the parser's one-line message."""
+    layout()  # declares the functions
+    lib = _library()
+    out = ctypes.create_string_buffer(1 << 16)
+    rc = lib.blkps_layout_describe(os.fsencode(path), out, len(out))
+    if rc != 0:
+        raise OSError(-rc, out.value.decode(errors="replace"))
+    return json.loads(out.value)
+
+
+def open_control(target, **model_options):
+    """The job's control on `target`: a ShardedControl for a layout:PATH
+    whose file names the shards' control LUNs, else a Control."""
+    if target.startswith("layout:"):
+        return ShardedControl(target, **model_options)
+    return Control(target, **model_options)
+
+
+class ShardedControl:
+    """The control of a model striped over shards, one control LUN each
+    (shard 0 first), with Control's interface where it makes sense for the
+    whole job: status() is shard 0's with the whole model's params and
+    device_bytes, failed/stop if any shard's is, and every shard's status
+    under "shards"; command() and set() go to every shard in order (the
+    first refusal raises: the shards before it took the command);
+    counters() likewise; write_weights() writes each shard its part.
+    shards: the per-shard Controls (collectives use shard 0's alone)."""
+
+    def __init__(self, target, **model_options):
+        self.layout = layout()
+        path = target[len("layout:"):] if target.startswith("layout:") else target
+        described = describe_layout(path)
+        if not described["controls"]:
+            raise OSError(errno.EINVAL, f"blkps: {path} names no control LUNs ('control = URL' lines, one per "
+                          "shard): give the control LUN itself, or a layout written by blkps target start")
+        self.stripe_unit = described["stripe_unit"]
+        self.shards = []
+        try:
+            for url in described["controls"]:
+                self.shards.append(Control(url, **model_options))
+        except BaseException:
+            self.close()
+            raise
+        self.device = self.shards[0].device
+
+    def close(self):
+        for control in self.shards:
+            control.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def status(self):
+        statuses = [control.status() for control in self.shards]
+        whole = dict(statuses[0])
+        whole["params"] = sum(s["params"] for s in statuses)
+        whole["device_bytes"] = sum(s["device_bytes"] for s in statuses)
+        whole["failed"] = any(s["failed"] for s in statuses)
+        whole["failure"] = next((f"shard {k}: {s['failure']}" for k, s in enumerate(statuses) if s["failed"]),
+                                whole.get("failure", ""))
+        whole["stop"] = any(s.get("stop") for s in statuses)
+        whole["shards"] = statuses
+        return whole
+
+    def command(self, *lines):
+        for control in self.shards:
+            control.command(*lines)
+
+    set = Control.set
+
+    def counters(self):
+        counts = [control.counters() for control in self.shards]
+        whole = dict(counts[0])
+        whole["params"] = sum(c["params"] for c in counts)
+        whole["failed"] = max(c["failed"] for c in counts)
+        whole["stop"] = max(c["stop"] for c in counts)
+        return whole
+
+    def write_weights(self, weights):
+        """Writes every shard its part of `weights` (float32, the whole
+        model), cut by the layout's stripe (libblkps's StripeMap)."""
+        weights = np.ascontiguousarray(weights, dtype=np.float32)
+        parts = [np.zeros(control.status()["params"], dtype=np.float32) for control in self.shards]
+        if sum(p.size for p in parts) != weights.size:
+            raise ValueError(f"blkps: {weights.size} weights for shards holding {sum(p.size for p in parts)}")
+        pointers = (ctypes.c_void_p * len(parts))(*[p.ctypes.data for p in parts])
+        _library().blkps_stripe_scatter(self.stripe_unit, len(parts), weights.ctypes.data, weights.nbytes, pointers)
+        for control, part in zip(self.shards, parts):
+            control.write_weights(part)

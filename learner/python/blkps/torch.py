@@ -73,7 +73,7 @@ import torch
 
 import blkps
 from blkps.collectives import Exchange as _Exchange, session_of as _session_of
-from blkps.control import Control as _ControlLun
+from blkps.control import describe_layout as _describe_layout, open_control as _open_control
 from blkps.staging import FlatModel as _FlatModel
 from blkps.torch_embedding import Embedding, EmbeddingBag
 
@@ -195,7 +195,8 @@ def init(target=None, control=None, env=None):
     (RANK/WORLD_SIZE/LOCAL_RANK, OMPI_COMM_WORLD_*, SLURM_PROCID/SLURM_NTASKS;
     else rank 0 of 1) and its model target: `target` or $BLKPS_TARGET, and the
     model's control LUN: `control` or $BLKPS_CONTROL (optional, but needed for
-    broadcast_parameters and the fingerprint check). In both, {rank} becomes
+    broadcast_parameters and the fingerprint check; a layout:PATH target
+    whose file names its shards' control LUNs is its own control). In both, {rank} becomes
     the rank and {slot} the rank + 1, so one string serves every learner:
     iscsi://h:3260/iqn.../{slot}, /mnt/model/slot{slot},
     layout:/d/slot-{slot}.layout. Raises ValueError when no target is given."""
@@ -206,6 +207,14 @@ def init(target=None, control=None, env=None):
     control = control if control is not None else env.get("BLKPS_CONTROL")
     if not target:
         raise ValueError("blkps.torch: no model target; pass init(target=...) or set BLKPS_TARGET")
+    if not control and target.startswith("layout:"):
+        # A layout that names its shards' control LUNs (blkps target start
+        # --tgtd N) is the job's control too (doc/data-path.md "Scale-out").
+        try:
+            if _describe_layout(_format_target(target, rank_)[len("layout:"):])["controls"]:
+                control = target
+        except OSError:
+            pass  # no layout there (yet): opening the target says so
     shutdown()
     _job = _Job(_format_target(target, rank_), _format_target(control or None, rank_), rank_, size_, local,
                 _launcher_topology(env, rank_, size_, local), _session_of(env, size_))
@@ -350,16 +359,6 @@ def fingerprint(model):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class _Control(_ControlLun):
-    """The model's control LUN (blkps.control: status, commands such as the
-    tag), and the whole weights window written at once."""
-
-    def write_weights(self, weights):
-        data = weights.tobytes()
-        data += b"\0" * (-len(data) % self.device.logical_block_size)  # the device's padding ignores it
-        self.device.write_bytes(self.layout.weights_offset, data)
-
-
 class _Layout:
     """The device's layout of a model: parameter k at [offsets[k], offsets[k]
     + numel) of the flat vector, in named_parameters order."""
@@ -496,7 +495,7 @@ class _DistributedOptimizer:
                                 for k, p in enumerate(group["params"])]
         self.layout = layout = _Layout(named_parameters)
         self.device = blkps.Model(job.target, dtype=self._wire)  # this thread's; the comm thread opens its own
-        self._ctl = _Control(job.control) if job.control else None
+        self._ctl = _open_control(job.control) if job.control else None
         try:
             _check_wire(options.compression, self._ctl.status() if self._ctl else None, self.device,
                         layout.count)
@@ -1165,7 +1164,12 @@ def _exchange():
         if job.size > 1 and not job.control:
             raise ValueError("blkps.torch: collectives need the model's control LUN (init(control=...) "
                              "or BLKPS_CONTROL)")
-        control = _ControlLun(job.control) if job.size > 1 else None
+        control = _open_control(job.control) if job.size > 1 else None
+        if control is not None and hasattr(control, "shards"):
+            # A sharded job's collectives run through shard 0's control LUN.
+            for other in control.shards[1:]:
+                other.close()
+            control = control.shards[0]
         if control is None:
             job.exchange = _SoloExchange()
         else:
@@ -1382,7 +1386,7 @@ def _local_stop_flag():
     if not job.control:
         return False
     if job.stop_reader is None:
-        job.stop_reader = _ControlLun(job.control)
+        job.stop_reader = _open_control(job.control)
     return bool(job.stop_reader.counters()["stop"])
 
 
@@ -1407,7 +1411,7 @@ def request_stop():
     if not job.control:
         raise ValueError("blkps.torch: request_stop needs the model's control LUN (BLKPS_CONTROL)")
     if job.stop_reader is None:
-        job.stop_reader = _ControlLun(job.control)
+        job.stop_reader = _open_control(job.control)
     job.stop_reader.command("stop=1")
 
 
