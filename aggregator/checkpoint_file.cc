@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <utility>
 
 #include "crc32c.h"
+#include "parallel.h"
 
 namespace blkps::server {
 namespace {
@@ -129,7 +132,7 @@ Status CheckWritable(const std::string& path, const std::map<std::string, std::s
     if (!names.insert(s.name).second) {
       return Status::InvalidArgument(prefix + "two sections named " + Quote(s.name));
     }
-    if (s.bytes > 0 && s.data == nullptr) {
+    if (s.bytes > 0 && s.data == nullptr && !s.fill) {
       return Status::InvalidArgument(prefix + "section " + Quote(s.name) + " of " + std::to_string(s.bytes) +
                                      " bytes at nullptr");
     }
@@ -222,8 +225,19 @@ Status WriteAndSyncTemporary(int fd, const std::string& path, const std::string&
                              uint64_t trailer) {
   ChecksummedWriter out(fd, path, tmp);
   Status s = out.Write(header.data(), header.size());
+  std::unique_ptr<char[]> filled;  // for sections with fill
   for (size_t i = 0; i < sections.size() && s.ok(); ++i) {
-    s = out.Write(sections[i].data, sections[i].bytes);
+    const CheckpointSection& section = sections[i];
+    if (!section.fill) {
+      s = out.Write(section.data, section.bytes);
+    } else {
+      if (!filled) filled.reset(new char[kIoChunkBytes]);
+      for (uint64_t pos = 0; pos < section.bytes && s.ok(); pos += kIoChunkBytes) {
+        const uint64_t n = std::min<uint64_t>(kIoChunkBytes, section.bytes - pos);
+        section.fill(pos, n, filled.get());
+        s = out.Write(filled.get(), n);
+      }
+    }
     const uint64_t end = offsets[i] + sections[i].bytes;
     const uint64_t next = i + 1 < sections.size() ? offsets[i + 1] : trailer;
     if (s.ok()) s = out.Write(kZeros, next - end);
@@ -421,23 +435,6 @@ Status OpenAndParse(const std::string& path, FileDescriptor* fd_out, ParsedHeade
   return Status::OK();
 }
 
-// Reads file bytes [offset, offset + bytes) into buf, extending *crc.
-Status ReadChecksummed(int fd, const std::string& path, void* buf, uint64_t bytes, uint64_t offset, uint32_t* crc) {
-  auto* p = static_cast<char*>(buf);
-  while (bytes > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, kIoChunkBytes));
-    size_t got = 0;
-    Status s = PreadFull(fd, path, p, n, offset, &got);
-    if (!s.ok()) return s;
-    if (got < n) return Corrupt(path, "truncated while being read");
-    *crc = Crc32c(*crc, p, n);
-    p += n;
-    offset += n;
-    bytes -= n;
-  }
-  return Status::OK();
-}
-
 Status CheckDestinations(const std::string& path, const CheckpointHeader& header,
                          const std::vector<CheckpointDest>& dests) {
   const auto& sections = header.sections;
@@ -525,24 +522,49 @@ Status ReadCheckpointSections(const std::string& path, const std::vector<Checkpo
   if (!s.ok()) return s;
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
 
-  // The header as far as it was read, then the rest of its padding.
+  // The file's bytes [0, trailer) as pieces of at most kIoChunkBytes, in
+  // file order: the header (again, whole), each section straight into its
+  // destination, the padding into a scratch buffer.
+  struct Piece {
+    uint64_t offset, bytes;
+    char* into;  // nullptr: padding
+    uint32_t crc = 0;
+  };
+  std::vector<Piece> pieces;
+  auto add = [&pieces](uint64_t offset, uint64_t bytes, char* into) {
+    for (uint64_t done = 0; done < bytes; done += kIoChunkBytes) {
+      pieces.push_back({offset + done, std::min<uint64_t>(kIoChunkBytes, bytes - done), into ? into + done : nullptr});
+    }
+  };
   std::string& head = parsed.head;
-  uint32_t crc = Crc32c(0, head.data(), std::min<uint64_t>(head.size(), parsed.data_start));
-  if (head.size() < parsed.data_start) {
-    const size_t old = head.size();
-    head.resize(parsed.data_start);
-    s = ReadChecksummed(fd.get(), path, &head[old], head.size() - old, old, &crc);
-    if (!s.ok()) return s;
-  }
-  char padding[kAlign];
+  head.resize(parsed.data_start);
+  add(0, parsed.data_start, &head[0]);
   const auto& sections = parsed.header.sections;
   for (size_t i = 0; i < sections.size(); ++i) {
     const uint64_t end = parsed.offsets[i] + sections[i].second;
     const uint64_t next = i + 1 < sections.size() ? parsed.offsets[i + 1] : parsed.trailer;
-    s = ReadChecksummed(fd.get(), path, dests[i].data, sections[i].second, parsed.offsets[i], &crc);
-    if (s.ok()) s = ReadChecksummed(fd.get(), path, padding, next - end, end, &crc);
-    if (!s.ok()) return s;
+    add(parsed.offsets[i], sections[i].second, static_cast<char*>(dests[i].data));
+    add(end, next - end, nullptr);
   }
+  std::mutex error_mu;
+  Status error;  // the first piece's failure
+  ForEachInParallel(pieces.size(), [&](uint64_t k) {
+    Piece& piece = pieces[k];
+    char padding[kAlign];
+    char* into = piece.into ? piece.into : padding;
+    size_t got = 0;
+    Status r = PreadFull(fd.get(), path, into, piece.bytes, piece.offset, &got);
+    if (r.ok() && got < piece.bytes) r = Corrupt(path, "truncated while being read");
+    if (!r.ok()) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (error.ok()) error = r;
+      return;
+    }
+    piece.crc = Crc32c(0, into, piece.bytes);
+  });
+  if (!error.ok()) return error;
+  uint32_t crc = 0;
+  for (const Piece& piece : pieces) crc = Crc32cCombine(crc, piece.crc, piece.bytes);
   uint8_t tail[kTrailerBytes];
   size_t got = 0;
   s = PreadFull(fd.get(), path, tail, sizeof(tail), parsed.trailer, &got);

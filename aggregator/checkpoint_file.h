@@ -59,6 +59,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -70,12 +71,21 @@ namespace blkps::server {
 
 // ---- Writing ---------------------------------------------------------------
 
-// A section to write: `bytes` bytes at `data` (nullptr only if bytes == 0),
-// owned by the caller and written straight from its memory: no copy is made.
+// A section to write: `bytes` bytes at `data` (nullptr only if bytes == 0
+// or `fill` is set), owned by the caller and written straight from its
+// memory: no copy is made. Or, with `fill` set, bytes the writer asks for:
+// fill(offset, len, out) puts the section's bytes [offset, offset + len)
+// into out; the writer asks for each byte once, in order, a few MiB at a
+// time (a Model::Snapshot's Read()).
 struct CheckpointSection {
+  using Fill = std::function<void(uint64_t offset, uint64_t len, void* out)>;
+  CheckpointSection(std::string n, const void* d, uint64_t b) : name(std::move(n)), data(d), bytes(b) {}
+  CheckpointSection(std::string n, uint64_t b, Fill f) : name(std::move(n)), bytes(b), fill(std::move(f)) {}
+
   std::string name;
   const void* data = nullptr;
   uint64_t bytes = 0;
+  Fill fill;
 };
 
 // Writes a checkpoint of `meta` and `sections` (in that order) to `path`,
@@ -92,8 +102,8 @@ struct CheckpointSection {
 //                    and an existing `path` is untouched, except when only
 //                    the final folder fsync failed: then the new file is in
 //                    place but may not survive a crash.
-// REQUIRES: the sections' memory does not change during the call (else the
-// file fails its checksum when read).
+// REQUIRES: the sections' memory (and what fill gives) does not change
+// during the call (else the file fails its checksum when read).
 Status WriteCheckpointFile(const std::string& path, const std::map<std::string, std::string>& meta,
                            const std::vector<CheckpointSection>& sections);
 
@@ -125,8 +135,9 @@ struct CheckpointDest {
 };
 
 // Reads every section of `path` into its destination in one pass, reading
-// straight into the destination in chunks of a few MiB and computing the CRC
-// of the whole file as it goes. The destinations must name exactly the
+// straight into the destination in chunks of a few MiB, from one thread per
+// core, each computing the CRC of its chunks as it reads them (the chunks'
+// CRCs are then combined into the file's). The destinations must name exactly the
 // file's sections, in file order, with the same sizes: otherwise returns
 // InvalidArgument naming the first difference, before reading any section.
 // Returns InvalidArgument "<path>: checksum mismatch: the file is corrupt; it

@@ -163,6 +163,36 @@ bool CpuHasCrc32cInstruction() { return false; }
 
 }  // namespace detail
 
+namespace {
+
+// Polynomials over GF(2) modulo the CRC's, reflected (bit 31 is x^0):
+// a * b mod P.
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t m = uint32_t{1} << 31; m != 0; m >>= 1) {
+    if (a & m) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kCrc32cPoly : b >> 1;
+  }
+  return product;
+}
+
+// x^(8n) mod P: appending n zero bytes multiplies the register by it.
+uint32_t ZeroBytesOperator(uint64_t n) {
+  uint32_t result = uint32_t{1} << 31;  // x^0
+  uint32_t square = uint32_t{1} << 23;  // x^8 (one byte)
+  for (; n != 0; n >>= 1) {
+    if (n & 1) result = MultiplyModP(square, result);
+    square = MultiplyModP(square, square);
+  }
+  return result;
+}
+
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return MultiplyModP(ZeroBytesOperator(len_b), crc_a) ^ crc_b;
+}
+
 uint32_t Crc32c(uint32_t crc, const void* data, size_t len) {
   static const bool hardware = detail::CpuHasCrc32cInstruction();
   return hardware ? detail::Crc32cSse42(crc, data, len) : detail::Crc32cPortable(crc, data, len);

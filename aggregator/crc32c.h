@@ -14,6 +14,10 @@ namespace blkps::server {
 // slicing-by-8 loop elsewhere. Thread-safe.
 uint32_t Crc32c(uint32_t crc, const void* data, size_t len);
 
+// The CRC32C of a followed by b from Crc32c(0, a, ...), Crc32c(0, b, ...)
+// and b's length: what lets parts of a file be checked in parallel.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 namespace detail {
 // The two implementations behind Crc32c(), exposed for tests.
 uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t len);

@@ -6,7 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
+
+#include "parallel.h"
 
 namespace blkps::server {
 namespace {
@@ -32,6 +33,29 @@ uint64_t Mix64(uint64_t z) {
 
 // A uniform float in (0, 1) from the top 24 bits of x.
 float Unit(uint64_t x) { return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f); }
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;  // 2^64 / golden ratio
+
+// Values [first, first + n) of a dense model (InitializeWeights) into w.
+// A uniform value is drawn from Mix64 of its index; normal values in pairs,
+// (2j, 2j + 1), by Box-Muller's cosine and sine from Mix64 of j.
+void DenseValues(const InitSpec& spec, uint64_t first, uint64_t n, float* w) {
+  const uint64_t key = Mix64(spec.seed ^ 0x6a09e667f3bcc909ull);
+  const float scale = static_cast<float>(spec.scale);
+  const uint64_t end = first + n;
+  if (spec.kind == InitSpec::Kind::kUniform) {
+    for (uint64_t i = first; i < end; ++i) w[i - first] = scale * (2.0f * Unit(Mix64(key + i * kGolden)) - 1.0f);
+    return;
+  }
+  for (uint64_t j = first / 2; 2 * j < end; ++j) {
+    const uint64_t x = Mix64(key + j * kGolden);
+    const float u1 = Unit(x), u2 = Unit(x << 24);
+    const float r = scale * std::sqrt(-2.0f * std::log(u1));
+    const float angle = 6.28318530718f * u2;
+    if (2 * j >= first) w[2 * j - first] = r * std::cos(angle);
+    if (2 * j + 1 >= first && 2 * j + 1 < end) w[2 * j + 1 - first] = r * std::sin(angle);
+  }
+}
 
 }  // namespace
 
@@ -85,16 +109,16 @@ Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n) {
   switch (spec.kind) {
     case InitSpec::Kind::kZeros: return Status::OK();  // already zero
 
-    case InitSpec::Kind::kUniform: {
-      std::mt19937_64 rng(spec.seed);
-      std::uniform_real_distribution<float> dist(-spec.scale, spec.scale);
-      for (uint64_t i = 0; i < n; ++i) w[i] = dist(rng);
-      return Status::OK();
-    }
+    case InitSpec::Kind::kUniform:
     case InitSpec::Kind::kNormal: {
-      std::mt19937_64 rng(spec.seed);
-      std::normal_distribution<float> dist(0.0f, spec.scale);
-      for (uint64_t i = 0; i < n; ++i) w[i] = dist(rng);
+      // Parameter i's value is a function of (seed, i) alone: pieces of the
+      // model are filled in parallel, in any order, by any number of threads
+      // (which also commit the pages in parallel).
+      constexpr uint64_t kPiece = uint64_t{1} << 22;  // parameters
+      ForEachInParallel((n + kPiece - 1) / kPiece, [&](uint64_t k) {
+        const uint64_t first = k * kPiece;
+        DenseValues(spec, first, std::min(kPiece, n - first), w + first);
+      });
       return Status::OK();
     }
     case InitSpec::Kind::kFile: {

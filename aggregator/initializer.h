@@ -1,8 +1,10 @@
 // Initial weights of a model: zeros, seeded random, or a file.
 //
 // Spelled in options as  zeros | uniform:<a> | normal:<std> | file:<path>.
-// Random initialisation is deterministic for a given seed and parameter
-// count, whatever the block size or thread count. A table's rows
+// Random initialisation is deterministic for a given seed: each parameter's
+// value is a function of the seed and its index alone (counter-based,
+// doc/server.md "Initial weights"), whatever the block size, the model's
+// size or the number of threads that fill it. A table's rows
 // (ModelOptions::table) are initialised one row at a time, each from the seed
 // and its own row number alone (InitializeRow), so a row can be made when it
 // is first read or written, in any order, and untouched rows cost nothing.
@@ -27,7 +29,8 @@ struct InitSpec {
 // (seed untouched). On failure returns InvalidArgument naming the problem.
 Status ParseInitSpec(const std::string& text, InitSpec* spec);
 
-// Fills w[0..n) as `spec` says. A file must hold exactly 4*n bytes.
+// Fills w[0..n) as `spec` says, random values from one thread per core. A
+// file must hold exactly 4*n bytes.
 // REQUIRES: w[0..n) reads as zeros (a fresh PageBuffer): "zeros" leaves it
 // untouched, so the pages stay uncommitted until gradients arrive.
 Status InitializeWeights(const InitSpec& spec, float* w, uint64_t n);

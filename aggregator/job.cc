@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "checkpoint_file.h"
+
 namespace blkps::server {
 
 Status CheckTableJob(const JobOptions& opts) {
@@ -26,6 +28,12 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
   if (!s.ok()) return s;
   JobOptions o = opts;
   o.model.accumulator = o.consistency.mode == ConsistencyMode::kBsp;
+  // A checkpoint replaces every weight: initialising them first would only
+  // double the start (LoadCheckpoint fails Create if it cannot load it).
+  CheckpointHeader existing;
+  if (!o.checkpoint.empty() && ReadCheckpointHeader(o.checkpoint, &existing).code() != Status::Code::kNotFound) {
+    o.model.initialize = false;
+  }
   std::unique_ptr<Model> model;
   s = Model::Create(o.model, &model);
   if (!s.ok()) return s;

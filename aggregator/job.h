@@ -34,9 +34,9 @@
 // reconnecting and resends only the writes it does not show; a fence first
 // fails that initiator's held writes, and writes_in_progress says when the
 // ones already running have finished. A gradient and its receipt count are
-// one step for checkpoints: a checkpoint waits for the running writes and
-// holds new ones back, so a restarted server's receipts are exactly its
-// checkpoint's. Each slot keeps the receipts of its kReceiptsPerSlot most
+// one step for checkpoints: a checkpoint's instant comes when the running
+// writes have finished, with new ones held back for that moment, so a
+// restarted server's receipts are exactly its checkpoint's. Each slot keeps the receipts of its kReceiptsPerSlot most
 // recently active initiators (a read, a write admitted or ended);
 // an older one, with no write in progress, is dropped, in memory and from
 // the next checkpoint. A learner's receipt therefore survives its reconnects
@@ -46,12 +46,15 @@
 // pushes as written, and shows its shape and rows made in status ("table";
 // null for a dense model).
 //
-// Checkpoints. Checkpoint() writes the weights, the rule's state and
-// parameters, the bsp accumulator, every clock and the receipts to the
-// checkpoint file
-// (durably: temporary file, fsync, rename; checksummed). Writes wait while it
-// runs, reads do not. Create() loads an existing checkpoint; a corrupt one,
-// or one written for another geometry, rule or mode, fails Create().
+// Checkpoints (doc/server.md "Checkpoints"). Checkpoint() writes the
+// weights, the rule's state and parameters, the bsp accumulator, every
+// clock and the receipts, all as at one instant, to the checkpoint file
+// (durably: temporary file, fsync, rename; checksummed). Writes wait only
+// for the instant (the running writes finish, every block is locked for a
+// moment: a Model::Snapshot is taken); then they go on while the snapshot
+// is written, reads always do. Create() loads an existing checkpoint; a
+// corrupt one, or one written for another geometry, rule or mode, fails
+// Create().
 //
 // The code, by what it does:
 //   job.cc             lifetime and learner slots
@@ -104,6 +107,10 @@ struct JobOptions {
   // learner told so in the log, once per slot until its pushes are fresh
   // again.
   uint64_t stale_bound = 32;
+  // Tests only: called by the checkpoint writer before it reads each piece
+  // (a few MiB) of a model array's section, with the section's name and the
+  // piece's offset in it; writes go on meanwhile.
+  std::function<void(const std::string& section, uint64_t offset)> checkpoint_hook;
 };
 
 // A table (opts.model.table, model.h "Tables") is served async only: bsp
@@ -335,6 +342,7 @@ class Job {
   uint64_t checkpoints_ = 0;
   std::string checkpoint_error_;
   double checkpoint_seconds_ = 0;
+  double checkpoint_stall_seconds_ = 0;  // writes waited this long for the last
   Clock::time_point last_checkpoint_;
 
   std::mutex ticker_mu_;

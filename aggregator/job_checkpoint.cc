@@ -32,39 +32,47 @@ Status Job::Checkpoint() {
   if (opts_.checkpoint.empty()) return Status::OK();
   std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
   const Clock::time_point start = Clock::now();
-  Status s;
   uint64_t step = 0;
+  std::map<std::string, std::string> meta = Identity(opts_);
+  std::vector<uint64_t> clocks, luns, receipts;
+  std::unique_ptr<Model::Snapshot> snapshot;
   {
-    // Close the write gate: the running writes finish, new ones wait, so
-    // every gradient in the file has its receipt count in it too.
+    // The instant: the write gate closed (new writes wait) and the running
+    // writes finished, so every gradient in the snapshot has its receipt
+    // count in it too, and none after it has.
     std::unique_lock<std::mutex> gate(gate_mu_);
     gate_closed_ = true;
     gate_cv_.wait(gate, [&] { return writes_running_ == 0; });
     gate.unlock();
-    // Writes wait from here until the file is durable: the file is one
-    // instant of the model, its state, its clocks and its receipts.
-    auto block_locks = model_->LockAllBlocksShared();
-    std::map<std::string, std::string> meta = Identity(opts_);
-    std::vector<uint64_t> clocks, luns, receipts;
-    {
+    snapshot = model_->TakeSnapshot([&] {
       std::lock_guard<std::mutex> lock(mu_);
       clocks = clocks_.Save();
       receipts = SaveReceiptsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
-    }
-    meta["step"] = std::to_string(step);
-    for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
-    std::vector<CheckpointSection> sections;
-    for (const Model::Array& a : model_->Arrays()) sections.push_back({a.name, a.data, a.bytes});
-    sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
-    sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
-    sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
-    s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
+      for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
+    });
     gate.lock();
     gate_closed_ = false;
     gate_cv_.notify_all();
   }
+  // Writes go on from here; the snapshot keeps what they change first.
+  const double stalled = Seconds(Clock::now() - start);
+  meta["step"] = std::to_string(step);
+  std::vector<CheckpointSection> sections;
+  const std::vector<Model::Array>& arrays = snapshot->arrays();
+  for (size_t k = 0; k < arrays.size(); ++k) {
+    sections.emplace_back(arrays[k].name, arrays[k].bytes, [&, k](uint64_t offset, uint64_t len, void* out) {
+      if (opts_.checkpoint_hook) opts_.checkpoint_hook(arrays[k].name, offset);
+      snapshot->Read(k, offset, len, out);
+    });
+  }
+  sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
+  sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
+  sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
+  Status s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
+  const uint64_t copied = snapshot->bytes_copied();
+  snapshot.reset();
   const double took = Seconds(Clock::now() - start);
   std::lock_guard<std::mutex> lock(mu_);
   last_checkpoint_ = Clock::now();
@@ -75,8 +83,10 @@ Status Job::Checkpoint() {
   checkpoint_error_.clear();
   ++checkpoints_;
   checkpoint_seconds_ = took;
+  checkpoint_stall_seconds_ = stalled;
   log_("checkpoint of step " + std::to_string(step) + " written to " + opts_.checkpoint + " in " + Fixed(took, 3) +
-       " s");
+       " s (writes waited " + Fixed(stalled, 3) + " s; " + std::to_string(copied >> 20) +
+       " MiB copied for writes meanwhile)");
   return Status::OK();
 }
 

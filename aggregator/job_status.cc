@@ -119,6 +119,7 @@ std::string Job::StatusJson() const {
   j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
+    << ", \"last_stall_seconds\": " << Fixed(checkpoint_stall_seconds_, 6)
     << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
     << "},\n";
   j << "  \"learners\": [";

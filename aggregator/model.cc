@@ -117,7 +117,7 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
     if (!s.ok()) return s;
   }
   // A table makes its rows when first written; from a file, all at once.
-  if (!table.is_table() || opts.init.kind == InitSpec::Kind::kFile) {
+  if (opts.initialize && (!table.is_table() || opts.init.kind == InitSpec::Kind::kFile)) {
     s = InitializeWeights(opts.init, weights.as<float>(), opts.num_params);
     if (!s.ok()) return s;
     if (table.is_table()) {
@@ -235,6 +235,7 @@ void Model::ApplyAverageLocked(uint64_t block, uint32_t given) {
   float* __restrict acc = accumulator_.as<float>() + first;
   // Divide, not multiply by 1/given: the average of integer gradients over
   // 2^k learners stays exact, as a sequential reference computes it.
+  PreserveLocked(block);
   const float count = static_cast<float>(given);
   for (uint64_t i = 0; i < n; ++i) acc[i] /= count;
   rule_->Apply(first, weights_ + first, acc, n);
@@ -314,18 +315,100 @@ void Model::ApplyTableLocked(uint64_t first, const float* g, uint64_t n) {
 }
 
 std::vector<Model::Array> Model::Arrays() {
-  std::vector<Array> arrays{{"weights", weights_, num_params_ * sizeof(float)}};
-  for (const StateArray& state : rule_->state()) arrays.push_back({state.name, state.data, state.bytes});
-  if (has_accumulator()) arrays.push_back({"accumulator", accumulator_.as<void>(), accumulator_.bytes()});
-  if (table_.is_table()) arrays.push_back({"table.made", made_.as<void>(), (table_.rows + 63) / 64 * sizeof(uint64_t)});
+  std::vector<Array> arrays{{"weights", weights_, num_params_ * sizeof(float), sizeof(float)}};
+  for (const StateArray& state : rule_->state()) {
+    arrays.push_back({state.name, state.data, state.bytes, state.bytes / num_params_});
+  }
+  if (has_accumulator())
+    arrays.push_back({"accumulator", accumulator_.as<void>(), accumulator_.bytes(), sizeof(float)});
+  if (table_.is_table())
+    arrays.push_back({"table.made", made_.as<void>(), (table_.rows + 63) / 64 * sizeof(uint64_t), 0});
   return arrays;
 }
 
-std::vector<std::shared_lock<std::shared_mutex>> Model::LockAllBlocksShared() const {
-  std::vector<std::shared_lock<std::shared_mutex>> locks;
+// ---- Snapshots ---------------------------------------------------------------
+// A part (a block's share of a per-parameter array) is, for the snapshot,
+// in one of three states, each changed under the block's lock: live (not
+// changed since the instant, not read: its bytes are the live ones), copied
+// (`before` holds its bytes at the instant), or read whole (read ==
+// PartBytes: nothing more is needed of it). Writes copy live parts; Read()
+// reads a live part straight when it reads it whole, else copies it first.
+
+std::unique_ptr<Model::Snapshot> Model::TakeSnapshot(const std::function<void()>& at_instant) {
+  std::unique_ptr<Snapshot> snap(new Snapshot(this));
+  snap->arrays_ = Arrays();
+  snap->parts_.resize(num_blocks_ * snap->arrays_.size());
+  snap->whole_.resize(snap->arrays_.size());
+  std::vector<std::unique_lock<std::shared_mutex>> locks;
   locks.reserve(num_blocks_);
   for (uint64_t b = 0; b < num_blocks_; ++b) locks.emplace_back(block_locks_[b]);
-  return locks;
+  if (at_instant) at_instant();
+  for (size_t k = 0; k < snap->arrays_.size(); ++k) {
+    const Array& a = snap->arrays_[k];
+    if (a.elem_bytes == 0) {
+      // The table's bitmap: its words are shared by rows of different blocks
+      // and are small (one bit a row).
+      const char* data = static_cast<const char*>(a.data);
+      snap->whole_[k].assign(data, data + a.bytes);
+    }
+  }
+  snapshot_.store(snap.get(), std::memory_order_release);
+  return snap;
+}
+
+void Model::PreserveLocked(uint64_t block) {
+  Snapshot* snap = snapshot_.load(std::memory_order_acquire);
+  if (snap != nullptr) snap->CopyLocked(block);
+}
+
+Model::Snapshot::~Snapshot() {
+  model_->snapshot_.store(nullptr, std::memory_order_release);
+  // A write that found this snapshot still holds its block's lock: wait for
+  // each block's, and none is left using it.
+  for (uint64_t b = 0; b < model_->num_blocks_; ++b) {
+    std::unique_lock<std::shared_mutex> lock(model_->block_locks_[b]);
+  }
+}
+
+void Model::Snapshot::CopyLocked(uint64_t block) {
+  for (size_t k = 0; k < arrays_.size(); ++k) {
+    if (arrays_[k].elem_bytes == 0) continue;
+    Part& p = PartOf(k, block);
+    const uint64_t bytes = PartBytes(k, block);
+    if (p.before || p.read == bytes) continue;
+    p.before.reset(new char[bytes]);
+    std::memcpy(p.before.get(), static_cast<const char*>(arrays_[k].data) + PartOffset(k, block), bytes);
+    bytes_copied_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+void Model::Snapshot::Read(size_t k, uint64_t offset, uint64_t len, void* out) {
+  const Array& a = arrays_[k];
+  char* dst = static_cast<char*>(out);
+  if (a.elem_bytes == 0) {
+    std::memcpy(dst, whole_[k].data() + offset, len);
+    return;
+  }
+  const uint64_t block_part = model_->params_per_block_ * a.elem_bytes;
+  const uint64_t end = offset + len;
+  for (uint64_t pos = offset; pos < end;) {
+    const uint64_t block = pos / block_part;
+    const uint64_t part_start = PartOffset(k, block);
+    const uint64_t part_bytes = PartBytes(k, block);
+    const uint64_t stop = std::min(end, part_start + part_bytes);
+    std::shared_lock<std::shared_mutex> lock(model_->block_locks_[block]);
+    Part& p = PartOf(k, block);
+    const char* live = static_cast<const char*>(a.data);
+    if (!p.before && (pos != part_start || stop != part_start + part_bytes)) {
+      // Read in pieces: keep the part as it is now for the pieces to come.
+      p.before.reset(new char[part_bytes]);
+      std::memcpy(p.before.get(), live + part_start, part_bytes);
+    }
+    std::memcpy(dst + (pos - offset), p.before ? p.before.get() + (pos - part_start) : live + pos, stop - pos);
+    p.read += stop - pos;
+    if (p.read == part_bytes) p.before.reset();
+    pos = stop;
+  }
 }
 
 }  // namespace blkps::server

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -78,6 +79,9 @@ struct ModelOptions {
                                               // row's bytes in a table
   RuleOptions rule;
   InitSpec init;
+  bool initialize = true;    // false: weights stay zero (a checkpoint is
+                             // about to replace them); `init` still makes
+                             // a table's rows
   bool accumulator = false;  // bsp: one float per parameter for the sum of
                              // a round's gradients
 };
@@ -150,16 +154,34 @@ class Model {
   // The model's arrays, for checkpoints: "weights", the rule's state arrays,
   // "accumulator" if any, and a table's "table.made" (the bitmap of rows
   // made, bit r%64 of little-endian word r/64), in that order. A table's
-  // rows not made read as zeros here. Reading them while writes run
-  // needs LockAllBlocksShared(); writing them needs no I/O running at all.
+  // rows not made read as zeros here. Every array but "table.made" holds
+  // elem_bytes per parameter (elem_bytes 0: not per parameter). Reading
+  // them while writes run needs a Snapshot; writing them needs no I/O
+  // running at all.
   struct Array {
     std::string name;
     void* data;
     uint64_t bytes;
+    uint64_t elem_bytes = 0;
   };
   std::vector<Array> Arrays();
-  // Read locks on every block: no write changes the arrays while held.
-  std::vector<std::shared_lock<std::shared_mutex>> LockAllBlocksShared() const;
+
+  // Snapshots: the arrays as they were at one instant, read while writes go
+  // on (doc/server.md "Checkpoints"). TakeSnapshot() write-locks every
+  // block for a moment, calls at_instant() with them all held (nothing in
+  // the model changes meanwhile: the caller records what goes with the
+  // instant), copies the arrays that are not per parameter, and returns.
+  // From then on, until the Snapshot is destroyed, the first change to a
+  // block (a gradient, weights, a bsp average) first copies that block's
+  // part of each array that the snapshot has not read yet: copy on write
+  // per block, so a write waits for at most one block's copy, never for the
+  // checkpoint. Snapshot::Read() gives each array's bytes as at the instant:
+  // the copy if one was made, else the live bytes under the block's read
+  // lock. Extra memory: the copies of blocks changed before the snapshot
+  // read them, each freed when read (at most the arrays' size).
+  // One snapshot at a time; destroy it before the Model.
+  class Snapshot;
+  std::unique_ptr<Snapshot> TakeSnapshot(const std::function<void()>& at_instant);
 
   // Bytes of memory a model with `opts` needs: weights, rule state, the
   // accumulator if any, and a table's bitmap. A table needs it all once
@@ -205,10 +227,15 @@ class Model {
       const uint64_t block = i / params_per_block_;
       const uint64_t stop = std::min(end, (block + 1) * params_per_block_);
       std::unique_lock<std::shared_mutex> lock = LockBlock(block);
+      PreserveLocked(block);
       piece(block, i, stop - i);
       i = stop;
     }
   }
+
+  // A snapshot is being read: block `block` is about to change; its parts
+  // the snapshot still needs are copied first. REQUIRES: its write lock.
+  void PreserveLocked(uint64_t block);
 
   const uint64_t num_params_;
   const uint64_t block_bytes_;
@@ -223,6 +250,48 @@ class Model {
   const InitSpec init_;  // a table makes rows with it
   PageBuffer made_;      // a table's bitmap of rows made
   mutable std::unique_ptr<std::shared_mutex[]> block_locks_;
+  // The snapshot being read, if any: set and cleared with every block's
+  // lock taken (see Snapshot), read under one.
+  std::atomic<Snapshot*> snapshot_{nullptr};
+};
+
+class Model::Snapshot {
+ public:
+  ~Snapshot();  // the model's writes stop copying for it
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+
+  // The arrays, as Model::Arrays() (data: the live memory; do not read it).
+  const std::vector<Array>& arrays() const { return arrays_; }
+  // Copies bytes [offset, offset + len) of arrays()[k] as they were at the
+  // instant into out. Each byte is read at most once (a block's copy is
+  // freed when all of it has been read).
+  void Read(size_t k, uint64_t offset, uint64_t len, void* out);
+  // Bytes the model's writes have copied for this snapshot so far.
+  uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class Model;
+  explicit Snapshot(Model* model) : model_(model) {}
+  // One block's part of one per-parameter array.
+  struct Part {
+    std::unique_ptr<char[]> before;  // its bytes at the instant, if copied
+    uint64_t read = 0;               // bytes of it Read() has given
+  };
+  uint64_t PartOffset(size_t k, uint64_t block) const {
+    return block * model_->params_per_block_ * arrays_[k].elem_bytes;
+  }
+  uint64_t PartBytes(size_t k, uint64_t block) const { return model_->BlockParams(block) * arrays_[k].elem_bytes; }
+  Part& PartOf(size_t k, uint64_t block) { return parts_[block * arrays_.size() + k]; }
+  // Copies the block's parts that are not yet read or copied.
+  // REQUIRES: a lock of the block (its write lock, or Read()'s read lock).
+  void CopyLocked(uint64_t block);
+
+  Model* const model_;
+  std::vector<Array> arrays_;
+  std::vector<std::vector<char>> whole_;  // arrays not per parameter, copied at the instant
+  std::vector<Part> parts_;               // guarded by their block's lock
+  std::atomic<uint64_t> bytes_copied_{0};
 };
 
 }  // namespace blkps::server

@@ -73,6 +73,16 @@ TEST(Crc32cTest, ExtendingEqualsOneCall) {
   }
 }
 
+TEST(Crc32cTest, CombiningEqualsOneCall) {
+  const std::string buf = RandomBytes(100000, 4);
+  const uint32_t whole = Crc32c(0, buf.data(), buf.size());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{4095}, size_t{24577}, buf.size()}) {
+    const uint32_t a = Crc32c(0, buf.data(), split);
+    const uint32_t b = Crc32c(0, buf.data() + split, buf.size() - split);
+    EXPECT_EQ(Crc32cCombine(a, b, buf.size() - split), whole) << split;
+  }
+}
+
 // Not a pass/fail test: prints the rate, which a checkpoint's CRC costs.
 TEST(Crc32cTest, ThroughputOn64MiB) {
   const std::string buf = RandomBytes(64 << 20, 5);

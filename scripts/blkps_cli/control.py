@@ -117,7 +117,8 @@ def print_status(s):
     c = s["checkpoint"]
     if c["path"]:
         every = f", every {c['every_s']:g} s" if c["every_s"] else ""
-        print(f"checkpoint: {c['path']} (written {c['written']} times, last took {c['last_seconds']:.3f} s{every})")
+        print(f"checkpoint: {c['path']} (written {c['written']} times, last took {c['last_seconds']:.3f} s, "
+              f"writes waited {c['last_stall_seconds']:.3f} s{every})")
         if c["error"]:
             print(f"checkpoint error: {c['error']}")
     else:
