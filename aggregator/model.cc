@@ -100,6 +100,12 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
 
   const uint64_t need = MemoryBytes(opts, *rule);
   const uint64_t available = AvailableMemoryBytes();
+  if (opts.memory_limit_bytes != 0 && need > opts.memory_limit_bytes) {
+    return Status::ResourceExhausted("params: a model of " + std::to_string(opts.num_params) +
+                                     " parameters with rule " + rule->name() + " needs " + Mib(need) +
+                                     " but memory= allows " + Mib(opts.memory_limit_bytes) +
+                                     "; use fewer parameters or shard the model");
+  }
   if (available != 0 && need > available) {
     return Status::ResourceExhausted(
         "params: a model of " + std::to_string(opts.num_params) + " parameters with rule " + rule->name() + " needs " +

@@ -77,6 +77,8 @@ struct ModelOptions {
   TableShape table;                           // rows = 0: a dense model
   uint64_t block_bytes = kDefaultBlockBytes;  // a multiple of 4, > 0; of the
                                               // row's bytes in a table
+  uint64_t memory_limit_bytes = 0;            // the memory check's bound; 0:
+                                              // MemAvailable (bsopts memory=)
   RuleOptions rule;
   InitSpec init;
   bool initialize = true;    // false: weights stay zero (a checkpoint is

@@ -4,12 +4,19 @@
 # float32, batches of Zipf(1.05) ids, against tgt's null store at the same
 # requests and queue depth in the same tgtd and run (the IOPS ceiling), and
 # against a local torch.nn.EmbeddingBag with sparse gradients (the learner's
-# own limit). Writes embeddings.md and embeddings.json to --out DIR
-# (default bench/results/embeddings).
+# own limit), with the server's CPU and bytes per row. Writes embeddings.md
+# and embeddings.json to --out DIR (default bench/results/embeddings).
+# --clicks instead runs the click model (bench/clicks.py: 2 learners through
+# blkps vs one process with a local table; its options follow).
 #
 # Usage: sudo bench/embeddings.sh [--rows N] [--batch N] [--qd N] [--widths 32,128,512]
 #            [--seconds S] [--rounds R] [--out DIR] [--build DIR]
+#        sudo bench/embeddings.sh --clicks [bench/clicks.py options]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "embeddings: needs root (tgtd): sudo $0" >&2; exit 1; }
+if [ "${1:-}" = --clicks ]; then
+  shift
+  exec /usr/bin/python3 "$top/bench/clicks.py" "$@"
+fi
 exec /usr/bin/python3 "$top/bench/embeddings_bench.py" "$@"

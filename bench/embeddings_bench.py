@@ -42,11 +42,14 @@ def batches(rows, batch, count, seed=1):
     return [((rng.zipf(1.05, batch) - 1) % rows).astype(np.uint64) for _ in range(count)]
 
 
-def rate(fn, ids_list, seconds):
+def rate(fn, ids_list, seconds, server_pid=None):
     """Runs fn(ids) over the batches, round robin, for about `seconds`;
-    returns (ids/s, distinct rows/s)."""
+    returns (ids/s, distinct rows/s), and with server_pid also the server
+    process's CPU microseconds and socket bytes (read + written) per
+    distinct row."""
     ids_done = rows_done = 0
     k = 0
+    before = server_counters(server_pid) if server_pid else None
     start = time.perf_counter()
     while True:
         ids = ids_list[k % len(ids_list)]
@@ -56,7 +59,25 @@ def rate(fn, ids_list, seconds):
         k += 1
         took = time.perf_counter() - start
         if took >= seconds:
-            return ids_done / took, rows_done / took
+            if before is None:
+                return ids_done / took, rows_done / took
+            after = server_counters(server_pid)
+            return (ids_done / took, rows_done / took, 1e6 * (after[0] - before[0]) / rows_done,
+                    (after[1] - before[1]) / rows_done)
+
+
+def server_counters(pid):
+    """(CPU seconds, bytes read + written through read/write calls: its
+    iSCSI traffic) of process `pid` so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    io = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            key, value = line.split(":")
+            io[key] = int(value)
+    return cpu, io["rchar"] + io["wchar"]
 
 
 def served(a, width, ids_list):
@@ -69,6 +90,8 @@ def served(a, width, ids_list):
     try:
         env = json.loads(subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
                                         capture_output=True, text=True).stdout)
+        with open(os.path.join(state, "tgtd.pid")) as f:
+            pid = int(f.read())
         grads = np.full((a.batch, width), 1e-3, dtype=np.float32)
         runs = {}
         with blkps.Model(env["URL"], queue_depth=a.qd) as table, \
@@ -80,11 +103,12 @@ def served(a, width, ids_list):
                             fn = lambda ids, m=model: m.pull_rows(ids, width)  # noqa: E731
                         else:
                             fn = lambda ids, m=model: m.push_rows(ids, grads[:len(ids)])  # noqa: E731
-                        got = rate(fn, ids_list, a.seconds)
+                        got = rate(fn, ids_list, a.seconds, pid)
                         runs.setdefault((store, op), []).append(got)
                         print(f"width {width} round {r + 1}/{a.rounds}: {store} {op} {got[0]:,.0f} ids/s",
                               file=sys.stderr)
-        return {f"{store}.{op}": [statistics.median(v[0] for v in got), statistics.median(v[1] for v in got)]
+        # ids/s, rows/s, server CPU µs per row, server socket bytes per row
+        return {f"{store}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
                 for (store, op), got in runs.items()}
     finally:
         subprocess.run([BLKPS, "target", "stop", "--dir", state], stdout=subprocess.DEVNULL)
@@ -135,6 +159,16 @@ def main():
         push, npush = r["blkps.push"][0], r["null.push"][0]
         lines.append(f"| {width} | {4 * width} | {pull:,.0f} | {npull:,.0f} | {pull / npull:.2f} | {push:,.0f} | "
                      f"{npush:,.0f} | {push / npush:.2f} | {r['local_torch.step'][0]:,.0f} |")
+    lines += ["", "Per distinct row, the target's tgtd (blkps and null LUNs in one tgtd, measured over the same "
+              "rounds): CPU microseconds (/proc/PID/stat) and iSCSI bytes through its sockets, both directions "
+              "(/proc/PID/io rchar + wchar; TCP/IP headers not included).", "",
+              "| width | row bytes | blkps pull µs | null pull µs | blkps push µs | null push µs | "
+              "pull bytes | push bytes |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for width, r in results["widths"].items():
+        lines.append(f"| {width} | {4 * width} | {r['blkps.pull'][2]:.1f} | {r['null.pull'][2]:.1f} | "
+                     f"{r['blkps.push'][2]:.1f} | {r['null.push'][2]:.1f} | {r['blkps.pull'][3]:,.0f} | "
+                     f"{r['blkps.push'][3]:,.0f} |")
     with open(os.path.join(a.out, "embeddings.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

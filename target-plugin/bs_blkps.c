@@ -10,8 +10,10 @@
  * This file is the thin C shim over tgt (whose headers do not compile as
  * C++); the model and the options live in the C++ core behind lu.h.
  *
- * Commands run on tgt's bs_thread worker pool, never on tgtd's main thread:
- * bs_blkps_request() may take a model block lock. Before that, on the main
+ * Commands run on tgt's bs_thread worker pool, not on tgtd's main thread:
+ * bs_blkps_request() may take a model block lock. The exception is a
+ * table's row-sized command (blkps_lu_runs_inline), which runs on the main
+ * thread in bs_blkps_cmd_submit(). Before that, on the main
  * thread, bs_blkps_cmd_submit() asks the core whether a READ or WRITE may run
  * (bsp/ssp): if not, the core keeps the command (set_cmd_async) and later
  * releases it through the LU's eventfd, whose handler, again on the main
@@ -126,7 +128,7 @@ static const char *io_name(struct scsi_cmd *cmd)
 		"synchronize cache";
 }
 
-/* Runs on a bs_thread worker. */
+/* Runs on a bs_thread worker (or the main thread: blkps_lu_runs_inline). */
 static void bs_blkps_request(struct scsi_cmd *cmd)
 {
 	struct blkps_lu *core = BS_BLKPS_I(cmd->dev)->core;
@@ -168,13 +170,18 @@ static int bs_blkps_cmd_submit(struct scsi_cmd *cmd)
 {
 	struct blkps_lu *core = BS_BLKPS_I(cmd->dev)->core;
 	int write = is_write(cmd);
+	uint64_t len = write ? scsi_get_out_length(cmd) :
+			       scsi_get_in_length(cmd);
 
 	if ((write || is_read(cmd)) &&
-	    blkps_lu_admit(core, write, cmd->offset,
-			   write ? scsi_get_out_length(cmd) :
-				   scsi_get_in_length(cmd), cmd,
+	    blkps_lu_admit(core, write, cmd->offset, len, cmd,
 			   cmd->it_nexus ? cmd->it_nexus->info : NULL)) {
 		set_cmd_async(cmd);
+		return 0;
+	}
+	if ((write || is_read(cmd)) && blkps_lu_runs_inline(core, len)) {
+		/* Done on return, as tgt's null store is (lu.h). */
+		bs_blkps_request(cmd);
 		return 0;
 	}
 	return bs_thread_cmd_submit(cmd);

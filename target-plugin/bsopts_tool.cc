@@ -5,7 +5,10 @@
 //
 // On success prints one JSON object on stdout and exits 0:
 //   {"control": false, "params": 1000, "block_bytes": 1048576,
+//    "table_rows": 0, "table_width": 0,
 //    "dtype": "float32", "options": [["params", "1000"], ["lr", "0.1"]]}
+// table_rows and table_width are a table's shape (table=ROWS:WIDTH), 0 for a
+// dense model.
 // `options` are the pairs as given (SplitLuOptions), for a tool that rewrites
 // some of them (blkps shards gives each shard its part). On failure prints
 // "blkps: --bsopts: <reason>" on stderr, one line, and exits 1.
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
   std::string out = "{\"control\": " + std::string(options.control ? "true" : "false") +
                     ", \"params\": " + std::to_string(options.job.model.num_params) +
                     ", \"block_bytes\": " + std::to_string(options.job.model.block_bytes) +
+                    ", \"table_rows\": " + std::to_string(options.job.model.table.rows) +
+                    ", \"table_width\": " + std::to_string(options.job.model.table.width) +
                     ", \"dtype\": " + JsonString(blkps::wire::DtypeName(options.dtype)) + ", \"options\": [";
   for (size_t i = 0; i < pairs.size(); ++i) {
     out += (i ? ", [" : "[") + JsonString(pairs[i].first) + ", " + JsonString(pairs[i].second) + "]";

@@ -167,6 +167,11 @@ void blkps_lu_close(blkps_lu* lu) {
 
 int blkps_lu_is_control(const blkps_lu* lu) { return lu->options.control ? 1 : 0; }
 
+int blkps_lu_runs_inline(const blkps_lu* lu, uint64_t len) {
+  constexpr uint64_t kInlineBytes = 4096;
+  return !lu->options.control && lu->options.job.model.table.is_table() && len <= kInlineBytes ? 1 : 0;
+}
+
 int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd, const char* nexus) {
   if (!lu->job) return 0;
   const std::string initiator = InitiatorName(nexus);

@@ -73,6 +73,12 @@ int blkps_lu_is_control(const struct blkps_lu *lu);
  * now, or 1 if the core holds it (bsp/ssp): it is handed back later by
  * blkps_lu_take_released, after wake_fd fires. */
 int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len, void *cmd, const char *nexus);
+/* Main thread, for an admitted READ or WRITE: 1 if it may run right there
+ * on tgtd's main thread instead of the worker pool. So do a table's commands
+ * of at most 4 KiB (a few rows): a row's copy or update holds its block lock
+ * briefly, and the pool's hand-off (a futex wake and a thread switch each
+ * way) cost tgtd more CPU than the row itself (doc/embeddings.md "Bench"). */
+int blkps_lu_runs_inline(const struct blkps_lu *lu, uint64_t len);
 /* Main thread: one released command, or NULL when there is none. *result is
  * BLKPS_IO_OK if it may run now; otherwise the shim fails it with *result
  * and err. */

@@ -146,6 +146,14 @@ const LuOptionKey kLuOptionTable[] = {
        }
        return Status::OK();
      }},
+    {"memory", "<bytes>: the most memory this server's model may take; K/M/G suffixes (default: MemAvailable)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, true, &p->opts.job.model.memory_limit_bytes) ||
+           p->opts.job.model.memory_limit_bytes == 0) {
+         return Bad(key, "a positive size in bytes (K/M/G suffix allowed)", value);
+       }
+       return Status::OK();
+     }},
     {"rule", "<name>: update rule: sgd momentum adagrad adam sum average",
      [](const std::string&, const std::string& value, Parsing* p) {
        p->opts.job.model.rule.name = value;

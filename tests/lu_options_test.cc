@@ -24,6 +24,8 @@ TEST(LuOptions, ParsesEveryKey) {
   EXPECT_EQ(o.job.model.init.kind, InitSpec::Kind::kNormal);
   EXPECT_DOUBLE_EQ(o.job.model.init.scale, 0.01);
   EXPECT_EQ(o.job.model.init.seed, 9u);
+  ASSERT_TRUE(ParseLuOptions("params=1000;memory=2G", &o).ok());
+  EXPECT_EQ(o.job.model.memory_limit_bytes, uint64_t{2} << 30);
 }
 
 TEST(LuOptions, RuleParametersGoToTheirRule) {
@@ -70,6 +72,8 @@ TEST(LuOptions, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("params=10;lr=nan").rfind("lr:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;block=6").rfind("block:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;block=1T").rfind("block:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;memory=0").rfind("memory:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;memory=lots").rfind("memory:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;init=gauss").rfind("init:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;init=uniform:0").rfind("init:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;seed=x").rfind("seed:", 0), 0u);

@@ -192,6 +192,21 @@ TEST(Model, ModelLargerThanMemoryIsRefused) {
   EXPECT_NE(s.message().find("available"), std::string::npos) << s.message();
 }
 
+// memory= (ModelOptions::memory_limit_bytes) bounds the check below
+// MemAvailable: a 4 MiB model is refused under a 3 MiB limit, taken under 5.
+TEST(Model, MemoryLimitBoundsTheMemoryCheck) {
+  ModelOptions o;
+  o.num_params = uint64_t{1} << 20;  // 4 MiB of weights, sgd keeps no state
+  o.memory_limit_bytes = 3u << 20;
+  std::unique_ptr<Model> m;
+  Status s = Model::Create(o, &m);
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
+  EXPECT_NE(s.message().find("needs 4 MiB but memory= allows 3 MiB"), std::string::npos) << s.message();
+  EXPECT_EQ(m, nullptr);
+  o.memory_limit_bytes = 5u << 20;
+  ASSERT_TRUE(Model::Create(o, &m).ok());
+}
+
 // The check comes before any allocation: a rule with state (adam) once
 // mapped its state first and failed with mmap's error, not doc/server.md's line.
 TEST(Model, RuleStateLargerThanMemoryIsRefusedByTheMemoryCheck) {

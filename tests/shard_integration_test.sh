@@ -13,6 +13,11 @@
 #     a model of 10,007 parameters over 3 bfloat16 shards (--bsopts
 #     dtype=bfloat16): the layout says dtype, and small integer gradients
 #     pushed through layout: add up exactly in the float32 model.
+#   shard_integration_test.sh <repo> <build dir> table
+#     a table larger than one server's memory (bsopts memory=) is refused by
+#     one target and served over 2 shards: pull_rows/push_rows through
+#     layout: match before - lr * summed gradients, rows sit on the shard
+#     the striping says, a bad stripe unit for the row is refused.
 #   shard_integration_test.sh <repo> <build dir> status-and-set
 #     `blkps set lr=... --dir DIR` reaches every shard, and `blkps status
 #     --dir DIR` reports each.
@@ -135,5 +140,66 @@ sys.exit(0 if np.array_equal(w, want) else f"weights {w[:8]}..., expected {want[
 PY
     "$blkps" shards stop --dir "$state/three"
     ;;
-  *) fail "unknown test '$what' (same-weights, partial-start, sixteen-bit, status-and-set)" ;;
+  table)
+    # A table larger than one server's memory (memory= stands in for a small
+    # server) is refused by one target and served by 2 shards, rows striped
+    # 4 to a 512-byte stripe unit (doc/embeddings.md "Tables over shards").
+    rows=200000 width=32
+    table="table=$rows:$width;rule=sgd;lr=0.5;init=normal:0.1;seed=3;memory=16M"
+    if out=$("$blkps" target start --dir "$state/one" --plugin "$plugin" --bsopts "$table" 2>&1); then
+      fail "one target took a table of 25 MB with memory=16M"
+    fi
+    echo "$out"
+    case "$out" in *"memory= allows 16 MiB"*) ;; *) fail "the refusal does not name memory=: $out" ;; esac
+    out=$("$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 512 --plugin "$plugin" \
+      --bsopts "table=$rows:256" 2>&1) && fail "a stripe unit of 512 bytes took rows of 1024 bytes"
+    [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
+    case "$out" in *"a multiple of its row's 1024 bytes"*) ;; *) fail "wrong refusal: $out" ;; esac
+    "$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 512 --plugin "$plugin" --owner-pid $$ \
+      --bsopts "$table" >/dev/null
+    layout=$("$blkps" shards show --dir "$state/two" --get LAYOUT)
+    mapfile -t shard_urls < <("$build/learner/tools/blkps-layout" read "$layout" | tail -n +2)
+    "$py" - "layout:$layout" "$rows" "$width" "${shard_urls[@]}" <<'PY' || fail "rows through 2 shards are wrong"
+import os, sys
+import numpy as np
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps
+url, rows, width, shard_urls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rng = np.random.default_rng(5)
+ids = ((rng.zipf(1.05, 4096) - 1) % rows).astype(np.uint64)
+ids[:3] = [0, 5, rows - 1]  # both shards, the last row
+grads = rng.standard_normal((len(ids), width)).astype(np.float32)
+with blkps.Model(url) as t:
+    before = t.pull_rows(ids, width)
+    t.push_rows(ids, grads)
+    after = t.pull_rows(ids, width)
+    try:
+        t.pull_rows(np.array([rows], dtype=np.uint64), width)
+        sys.exit("row ROWS was served")
+    except OSError:
+        pass
+summed = {}
+for i, g in zip(ids.tolist(), grads):
+    summed[i] = summed.get(i, 0) + g
+want = before - 0.5 * np.stack([summed[i] for i in ids.tolist()])
+if not np.allclose(after, want, atol=1e-5):
+    sys.exit(f"rows after the push differ from before - lr * summed gradient by {np.abs(after - want).max()}")
+if np.all(before == 0) or np.unique(before[:, 0]).size < 100:
+    sys.exit("the rows were not initialised per row")
+# Row r is in stripe unit r // 4 (4 rows of 128 bytes), on shard unit % 2 at
+# that shard's row (unit // 2) * 4 + r % 4.
+for r in (0, 5, 4096, rows - 1):
+    unit = r // 4
+    with blkps.Model(shard_urls[unit % 2]) as shard:
+        direct = shard.pull_rows(np.array([unit // 2 * 4 + r % 4], dtype=np.uint64), width)[0]
+    with blkps.Model(url) as t:
+        if not np.array_equal(direct, t.pull_rows(np.array([r], dtype=np.uint64), width)[0]):
+            sys.exit(f"row {r} is not at shard {unit % 2}, row {unit // 2 * 4 + r % 4}")
+PY
+    made=$("$blkps" status --dir "$state/two" --json |
+           "$py" -c 'import json, sys; print(" ".join(str(s["table"]["rows"]) + ":" + str(s["table"]["rows_made"] > 0) for s in json.load(sys.stdin)))')
+    [ "$made" = "100000:True 100000:True" ] || fail "shards' tables (rows:made any): '$made'"
+    "$blkps" shards stop --dir "$state/two"
+    ;;
+  *) fail "unknown test '$what' (same-weights, partial-start, sixteen-bit, status-and-set, table)" ;;
 esac

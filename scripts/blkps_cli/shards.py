@@ -6,9 +6,15 @@ Stripe unit k of the model lives on shard k mod S at shard byte
 (k div S) * unit; the last unit may be partial (StripeMap; blkps-layout does
 the arithmetic). Shard K is served with exactly its part: params = its
 bytes / 4. No server knows of the others.
+
+A table (table=ROWS:WIDTH, doc/embeddings.md "Tables over shards") is
+striped the same way; its stripe unit holds whole rows, so shard K serves
+table=(its bytes / row bytes):WIDTH, and its model block is the stripe unit
+unless block= is given.
 """
 
 import glob
+import math
 import os
 import subprocess
 
@@ -25,15 +31,21 @@ def layout_tool(what, args):
     return out.stdout.split()
 
 
-def shard_bsopts(options, k, shard_params, folder):
+def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0):
     """Shard K's --bsopts from the whole model's option pairs: params is the
-    shard's; init=file:PATH becomes the shard's part of the file; init=normal
-    and uniform use seed+K; checkpoint=PATH becomes PATH.shard-K."""
+    shard's (a table's: table=ROWS:WIDTH with the shard's rows, and
+    block=table_block unless block= is given); init=file:PATH becomes the
+    shard's part of the file; init=normal and uniform use seed+K;
+    checkpoint=PATH becomes PATH.shard-K."""
     given = dict(options)
     out = []
+    if table_width and "block" not in given:
+        out.append(f"block={table_block}")
     for key, value in options:
         if key == "params":
             value = str(shard_params)
+        elif key == "table":
+            value = f"{shard_params // table_width}:{table_width}"
         elif key == "init" and value.startswith("file:"):
             value = f"file:{folder}/init.f32"
         elif key == "seed" and given.get("init", "zeros").split(":")[0] in ("normal", "uniform"):
@@ -63,13 +75,17 @@ def start(a, what="shards start", name="shard", model=None):
     model = model or target.check_bsopts(a.bsopts)
     if model["control"]:
         raise UserError("--bsopts", "role=control is not a model", "give the model's options")
-    if any(key == "table" for key, _ in model["options"]):
-        raise UserError("--bsopts", "a table (table=) is not split over shards yet",
-                        "serve it from one target: blkps target start --bsopts ...")
-    params = model["params"]
-    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
-                                                "--params", str(params), "--block", str(model["block_bytes"])])]
+    params, block, width = model["params"], model["block_bytes"], model["table_width"]
     unit = layout_tool(what, ["bytes", a.stripe_unit])[0]
+    if width:
+        row_bytes = 4 * width
+        if int(unit) % row_bytes != 0:
+            raise UserError("--stripe-unit", f"a table's stripe unit holds whole rows: a multiple of its row's "
+                            f"{row_bytes} bytes, got {unit}", f"e.g. --stripe-unit {math.lcm(512, row_bytes)}")
+        if "block" not in dict(model["options"]):
+            block = int(unit)  # each shard's model block is one stripe unit of rows
+    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
+                                                "--params", str(params), "--block", str(block)])]
     for k in range(a.shards):
         if target.Target(os.path.join(folder, f"shard-{k}")).alive():
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
@@ -86,7 +102,7 @@ def start(a, what="shards start", name="shard", model=None):
         envs = []
         for k, d in enumerate(dirs):
             argv = ["--dir", d, "--name", f"{name}-{k}", "--luns", str(a.luns), "--address", a.address,
-                    "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d)]
+                    "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block)]
             argv += ["--plugin", a.plugin] if a.plugin else []
             argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
             argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
@@ -170,7 +186,8 @@ def add_parser(sub):
     s.add_argument("--dir", required=True, help="state folder")
     s.add_argument("--shards", type=target.positive_int, required=True, help="number of shards")
     s.add_argument("--stripe-unit", required=True, metavar="BYTES", help="stripe unit: a multiple of 512 and of "
-                   "the model block (bsopts block=, default 1M); K, M suffixes")
+                   "the model block (bsopts block=, default 1M; a table's: of its row, and the block defaults to "
+                   "the unit); K, M suffixes")
     s.add_argument("--bsopts", required=True, help="the whole model's options as for blkps target start; "
                    "params= is the whole model's; init=file:PATH is split over the shards; init=normal/uniform "
                    "use seed+K on shard K; checkpoint=PATH becomes PATH.shard-K")
