@@ -109,7 +109,7 @@ TEST(Access, OneWayChapRefusesMissingAndWrongSecretsAndAdmitsTheRightOne) {
 
   // No secret anywhere a person or another user can read.
   std::string shown;
-  RunCommand(std::string(BLKPS_COMMAND) + " target show --dir " + target.dir() + " --json", &shown);
+  RunCommand(blkps_test::Blkps() + " target show --dir " + target.dir() + " --json", &shown);
   for (const std::string& text : {target.Log(), target.start_output(), shown}) {
     EXPECT_FALSE(Contains(text, kSecret)) << text;
   }

@@ -283,7 +283,8 @@ TEST(Target, StartScriptRefusesBadBsoptsAndLeavesNoDaemon) {
 TEST(Target, PluginInstalledInTgtFolderServesTheModel) {
   const std::string dir = "/usr/lib/tgt/backing-store", installed = dir + "/bs_blkps.so";
   if (access(installed.c_str(), F_OK) == 0) GTEST_SKIP() << installed << " exists: not replacing it";
-  ASSERT_EQ(RunCommand("mkdir -p " + dir + " && cp " + BLKPS_PLUGIN + " " + installed, nullptr), 0);
+  ASSERT_EQ(RunCommand("mkdir -p " + dir + " && cp " + blkps_test::ShellQuote(BLKPS_PLUGIN) + " " + installed, nullptr),
+            0);
   struct Uninstall {
     std::string path;
     ~Uninstall() { unlink(path.c_str()); }

@@ -45,6 +45,10 @@ inline std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
+// The `blkps` command of this checkout, quoted for the shell (the checkout
+// may be in a folder whose name has a space).
+inline std::string Blkps() { return ShellQuote(BLKPS_COMMAND); }
+
 inline bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
@@ -59,7 +63,7 @@ class TargetProcess {
   }
 
   // Stops the target; then folder_ goes, with its state.
-  ~TargetProcess() { RunCommand(std::string(BLKPS_COMMAND) + " target stop --dir " + dir_, nullptr); }
+  ~TargetProcess() { RunCommand(Blkps() + " target stop --dir " + ShellQuote(dir_), nullptr); }
 
   TargetProcess(const TargetProcess&) = delete;
   TargetProcess& operator=(const TargetProcess&) = delete;
@@ -133,7 +137,7 @@ class TargetProcess {
 
   // Runs tgtadm against this target's private control socket.
   int Admin(const std::string& args, std::string* output) const {
-    return RunCommand("TGT_IPC_SOCKET=" + dir_ + "/tgtd.sock tgtadm " + args, output);
+    return RunCommand("TGT_IPC_SOCKET=" + ShellQuote(dir_ + "/tgtd.sock") + " tgtadm " + args, output);
   }
 
   // tgtd's process id.
@@ -146,9 +150,9 @@ class TargetProcess {
 
  private:
   void Start(const std::string& extra) {
-    start_status_ = RunCommand(std::string(BLKPS_COMMAND) + " target start --dir " + dir_ + " --plugin " +
-                                   BLKPS_PLUGIN + " --owner-pid " + std::to_string(getpid()) + " --tgtd 1 --bsopts " +
-                                   ShellQuote(bsopts_) + " " + extra,
+    start_status_ = RunCommand(Blkps() + " target start --dir " + ShellQuote(dir_) + " --plugin " +
+                                   ShellQuote(BLKPS_PLUGIN) + " --owner-pid " + std::to_string(getpid()) +
+                                   " --tgtd 1 --bsopts " + ShellQuote(bsopts_) + " " + extra,
                                &start_output_);
     if (start_status_ == 0) LoadEnv();
   }
@@ -156,7 +160,7 @@ class TargetProcess {
   void LoadEnv() {
     static const char* const kKeys[] = {"URL",  "NULL_URL", "CONTROL_URL", "OPERATOR_URL", "OPERATOR_CHAP_FILE",
                                         "PORT", "PID"};
-    std::string cmd = std::string(BLKPS_COMMAND) + " target show --dir " + dir_;
+    std::string cmd = Blkps() + " target show --dir " + ShellQuote(dir_);
     for (const char* key : kKeys) cmd += std::string(" --get ") + key;
     std::string out;
     if (RunCommand(cmd, &out) != 0) return;
