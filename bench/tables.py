@@ -17,6 +17,7 @@ The prose around a table (what a figure means, the run's date and load) is
 the doc's own and is written by hand.
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -143,6 +144,26 @@ def soak():
     return _render(_tables(_read("soak", "soak.md"))[0])
 
 
+def checkpoint():
+    """Checkpoint bench (bench/checkpoint.sh): before (main) and after the
+    copy-on-write snapshots, side by side, per model size."""
+    def runs(name):
+        lines = _read("checkpoint", name + ".jsonl").split("\n")
+        return {r["params"]: r for r in (json.loads(line) for line in lines if line.strip())}
+    before, after = runs("before"), runs("after")
+    rows = [["model", "start (s)", "checkpoint (s)", "longest push wait during it (s)", "restart, cached (s)",
+             "restart, from disk (s)"]]
+    def pair(key, digits):
+        return lambda b, a: f"{b[key]:.{digits}f} → {a[key]:.{digits}f}"
+    cells = [pair("start_s", 1), pair("checkpoint_s", 1), pair("stall_s", 3), pair("restart_cached_s", 1),
+             pair("restart_disk_s", 1)]
+    for params in sorted(after):
+        b, a = before.get(params), after[params]
+        rows.append([f"{params * 4 / 1e9:g} GB ({params:.2g} params)"] +
+                    [c(b, a) if b else "not measured → " + c(a, a).split(" → ")[1] for c in cells])
+    return _render(rows)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -150,6 +171,7 @@ TABLES = {
     "null-ratio": (null_ratio, "bench/results/report.md"),
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
+    "checkpoint": (checkpoint, "bench/results/checkpoint"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
