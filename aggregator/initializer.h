@@ -3,7 +3,7 @@
 // Spelled in options as  zeros | uniform:<a> | normal:<std> | file:<path>.
 // Random initialisation is deterministic for a given seed: each parameter's
 // value is a function of the seed and its index alone (counter-based,
-// doc/server.md "Initial weights"), whatever the block size, the model's
+// doc/server.md "Checkpoints"), whatever the block size, the model's
 // size or the number of threads that fill it. A table's rows
 // (ModelOptions::table) are initialised one row at a time, each from the seed
 // and its own row number alone (InitializeRow), so a row can be made when it

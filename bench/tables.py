@@ -17,6 +17,7 @@ The prose around a table (what a figure means, the run's date and load) is
 the doc's own and is written by hand.
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -150,7 +151,6 @@ def async_two_epochs():
     their mean, and the mean's difference to the mean of the one-process
     runs on the same total batch (doc/async.md "Results")."""
     import glob
-    import json
     runs = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "torch-fashion-async", "2epochs", "*.json"))):
         with open(path, encoding="utf-8") as f:
@@ -178,6 +178,26 @@ def async_two_epochs():
     return _render(rows)
 
 
+def checkpoint():
+    """Checkpoint bench (bench/checkpoint.sh): before (main) and after the
+    copy-on-write snapshots, side by side, per model size."""
+    def runs(name):
+        lines = _read("checkpoint", name + ".jsonl").split("\n")
+        return {r["params"]: r for r in (json.loads(line) for line in lines if line.strip())}
+    before, after = runs("before"), runs("after")
+    rows = [["model", "start (s)", "checkpoint (s)", "longest push wait during it (s)", "restart, cached (s)",
+             "restart, from disk (s)"]]
+    def pair(key, digits):
+        return lambda b, a: f"{b[key]:.{digits}f} → {a[key]:.{digits}f}"
+    cells = [pair("start_s", 1), pair("checkpoint_s", 1), pair("stall_s", 3), pair("restart_cached_s", 1),
+             pair("restart_disk_s", 1)]
+    for params in sorted(after):
+        b, a = before.get(params), after[params]
+        rows.append([f"{params * 4 / 1e9:g} GB ({params:.2g} params)"] +
+                    [c(b, a) if b else "not measured → " + c(a, a).split(" → ")[1] for c in cells])
+    return _render(rows)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -186,6 +206,7 @@ TABLES = {
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
+    "checkpoint": (checkpoint, "bench/results/checkpoint"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
