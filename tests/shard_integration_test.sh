@@ -49,7 +49,9 @@ fail() { echo "shard_integration_test: $*" >&2; exit 1; }
 # (every parameter, pulled at the end) and accuracy (the evaluation line).
 train_through() {
   local shards=$1 dir=$2
-  shards_start "$dir" "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp" \
+  # dead_after=300: a learner still importing numpy on a loaded machine
+  # must not be declared dead, or the other trains rounds alone.
+  shards_start "$dir" "params=$params;block=4K;lr=0.2;init=file:$state/init.f32;mode=bsp;dead_after=300" \
     --shards "$shards" --stripe-unit 4096 --luns 2
   local slot1 slot2 a b LAYOUTS CONTROL_URLS SHARD_PARAMS
   load_state shards "$dir" LAYOUTS CONTROL_URLS SHARD_PARAMS
