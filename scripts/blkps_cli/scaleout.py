@@ -136,7 +136,6 @@ def dead_tgtds(env):
 
 
 def labelled_urls(env):
-    lines = [f"learner {k}: {url}" for k, url in enumerate(env["URLS"].split(), 1)]
-    lines.append(f"control: {env['CONTROL_URL']}")
-    lines += [f"control shard {k}: {url}" for k, url in enumerate(env["CONTROL_URLS"].split())]
-    return lines
+    """target.labelled_urls, then each shard's control LUN."""
+    return target.labelled_urls(env) + [f"control shard {k}: {url}"
+                                        for k, url in enumerate(env["CONTROL_URLS"].split())]

@@ -501,39 +501,33 @@ def command_show(a):
     from . import scaleout
     target = Target(a.dir)
     env = state.target(target.dir, "target show")
-    if "TGTD" in env:
+    if "TGTD" in env:  # a model served through several tgtds (scaleout)
+        dirs = env["SHARD_DIRS"].split()
         dead = scaleout.dead_tgtds(env)
         if dead:
             raise UserError("target show", f"the tgtd of {dead[0]} is not running; its log is {dead[0]}/tgtd.log",
                             f"blkps target stop --dir {a.dir}, then start it again")
-        if a.get:
-            state.print_values(env, a.get, "target show")
-        elif a.json:
-            print(json.dumps(env, indent=2))
-        elif a.tgtadm:
-            for k, d in enumerate(env["SHARD_DIRS"].split()):
-                status, out = Target(d).tgtadm(["--op", "show", "--mode", "target"])
-                print(f"== tgtd {k} ==\n{out}")
-                if status != 0:
-                    return 1
-        else:
-            print("\n".join(scaleout.labelled_urls(env)))
-            print(f"tgtds: {env['TGTD']}, pids {env['PIDS']}, logs {' '.join(d + '/tgtd.log' for d in env['SHARD_DIRS'].split())}")
-        return 0
-    if not target.alive():
-        raise UserError("target show", f"tgtd ({env.get('PID')}) of {target.dir} is not running; its log is {target.log}",
-                        f"blkps target stop --dir {a.dir}, then start it again")
+        lines = scaleout.labelled_urls(env)
+        lines.append(f"tgtds: {env['TGTD']}, pids {env['PIDS']}, logs {' '.join(d + '/tgtd.log' for d in dirs)}")
+    else:
+        dirs = [target.dir]
+        if not target.alive():
+            raise UserError("target show",
+                            f"tgtd ({env.get('PID')}) of {target.dir} is not running; its log is {target.log}",
+                            f"blkps target stop --dir {a.dir}, then start it again")
+        lines = labelled_urls(env) + [f"tgtd: pid {env['PID']}, log {env['LOG']}"]
     if a.get:
         state.print_values(env, a.get, "target show")
     elif a.json:
         print(json.dumps(env, indent=2))
     elif a.tgtadm:
-        status, out = target.tgtadm(["--op", "show", "--mode", "target"])
-        print(out)
-        return 0 if status == 0 else 1
+        for k, d in enumerate(dirs):
+            status, out = Target(d).tgtadm(["--op", "show", "--mode", "target"])
+            print(f"== tgtd {k} ==\n{out}" if len(dirs) > 1 else out)
+            if status != 0:
+                return 1
     else:
-        print("\n".join(labelled_urls(env)))
-        print(f"tgtd: pid {env['PID']}, log {env['LOG']}")
+        print("\n".join(lines))
     return 0
 
 
