@@ -67,7 +67,9 @@ top=$1 build=$2 what=$3
 . "$top/tests/lib.sh"
 guest="$top/tests/vm/guest"
 train="$top/learner/examples/train_digits.py"
-plain="$top/learner/examples/plain_digits.py"
+# In the guest scripts below: relative, as the guest starts in the checkout
+# (and $top may hold spaces, which a generated script would split).
+plain=learner/examples/plain_digits.py
 scratch vm-test
 trap stop_started EXIT
 fail() { echo "vm_test: $*" >&2; exit 1; }
