@@ -14,7 +14,7 @@ Usage: torch_embedding_test.py <repo> <build dir>
 import numpy as np
 
 import testbed
-from testbed import check
+from testbed import check, fail
 
 top, build, _ = testbed.setup("torch_embedding_test")
 import torch  # noqa: E402
