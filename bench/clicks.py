@@ -17,6 +17,7 @@ model learns h of the rows it sees often (the Zipf head) and w.
 
   bench/clicks.py [--rows 1000000] [--width 32] [--bag 4] [--examples 200000]
       [--test 20000] [--batch 512] [--epochs 1] [--learners 2] [--lr 0.01]
+      [--overlap 4] [--cache-rows 0] [--max-staleness 0]
       [--out DIR] [--build DIR] [--check 0.005] [--min-auc 0.6] [--machine TEXT]
 Writes OUT/clicks.json and OUT/clicks.md (default bench/results/clicks).
 Needs root (it starts tgtd); bench/embeddings.sh --clicks runs it.
@@ -50,6 +51,9 @@ def parse(argv=None):
     p.add_argument("--learners", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.01, help="adagrad's lr (the table)")
     p.add_argument("--dense-lr", type=float, default=0.003, help="adam's lr (the dense part)")
+    p.add_argument("--overlap", type=int, default=4, help="blkps.torch.EmbeddingBag's overlap (queued pushes)")
+    p.add_argument("--cache-rows", type=int, default=0, help="its cache_rows (0: no cache)")
+    p.add_argument("--max-staleness", type=int, default=0, help="its max_staleness (steps)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=os.path.join(TOP, "bench", "results", "clicks"))
     p.add_argument("--build", default=os.path.join(TOP, "build", "cmake"))
@@ -189,7 +193,8 @@ def learner(a):
     bps.init()
     with blkps.Model(os.environ["CLICKS_TABLE"].split()[rank], queue_depth=32) as table:
         dense = dense_part(a)
-        emb = bps.EmbeddingBag(table, a.rows, a.width, mode="mean")
+        emb = bps.EmbeddingBag(table, a.rows, a.width, mode="mean", overlap=a.overlap,
+                               cache_rows=a.cache_rows, max_staleness=a.max_staleness)
         model = Clicks(emb, dense)
         opt = bps.DistributedOptimizer(None, named_parameters=dense.named_parameters())
         bps.broadcast_parameters(dense.state_dict(), root_rank=0)
@@ -199,10 +204,12 @@ def learner(a):
             loss().backward()  # pushes the table rows' gradients
             opt.step()         # the dense part
         seconds = train(a, model, train_set, rank, size, step, barrier=bps.barrier)
+        emb.flush()
         opt.close()
         bps.barrier()
     print("result: " + json.dumps({"rank": rank, "epoch_seconds": seconds,
-                                   "rows_pulled": emb.rows_pulled}), flush=True)
+                                   "rows_pulled": emb.rows_pulled, "rows_cached": emb.rows_cached,
+                                   "pulls": emb.pulls}), flush=True)
     bps.shutdown()
 
 
@@ -252,7 +259,8 @@ def run_blkps(a, test_set, argv):
             auc, logloss = evaluate(a, lambda u: t.pull_rows(u.astype(np.uint64), a.width), model, test_set)
         seconds = [max(r["epoch_seconds"][k] for r in results) for k in range(a.epochs)]
         return {"epoch_seconds": seconds, "auc": auc, "logloss": logloss,
-                "rows_pulled": sum(r["rows_pulled"] for r in results)}
+                "rows_pulled": sum(r["rows_pulled"] for r in results),
+                "rows_cached": sum(r["rows_cached"] for r in results), "pulls": sum(r["pulls"] for r in results)}
     finally:
         for p in procs:
             if p.poll() is None:

@@ -3,14 +3,18 @@
 with the dense DistributedOptimizer (gradient mode), against real tgtds, on
 CPU: after a few steps the server's table rows and dense weights equal a
 single-process PyTorch run of torch.nn.EmbeddingBag / Embedding + Linear with
-SGD. Rows the batches never used keep their initial values.
+SGD. Rows the batches never used keep their initial values. Then the
+module's options (doc/embeddings.md "PyTorch"): pushes overlapped (queued
+to a thread) give exactly the synchronous path's table; a failing queued
+push is raised by the next call; a row cache with max_staleness=0 equals no
+cache exactly, and with max_staleness=2 serves rows without pulling them.
 
 Usage: torch_embedding_test.py <repo> <build dir>
 """
 import numpy as np
 
 import testbed
-from testbed import check
+from testbed import check, fail
 
 top, build, _ = testbed.setup("torch_embedding_test")
 import torch  # noqa: E402
@@ -73,6 +77,8 @@ def main():
                 local_opt.zero_grad()
                 loss_fn(local(ids, offsets, item), y).backward()
                 local_opt.step()
+            model.bag.flush()
+            model.single.flush()
             check(model.bag.rows_pushed == model.bag.rows_pulled > 0, "bag rows pulled and pushed differ")
             for name, table, weight in (("bag", bag_table, local.bag.weight),
                                         ("item", item_table, local.single.weight)):
@@ -85,7 +91,65 @@ def main():
             want = torch.cat([p.detach().reshape(-1) for p in local.dense.parameters()])
             check(torch.allclose(dense, want, atol=1e-5), f"dense part differs: {dense - want}")
             opt.close()
-    print("torch_embedding_test: ok")
+
+
+def table_run(steps, **options):
+    """`steps` batches through an EmbeddingBag(**options) alone on a fresh
+    sgd table (seed 1) and a fixed linear head; returns (the table's rows,
+    the module)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(WIDTH, 1)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    with testbed.Server(f"table={ROWS}:{WIDTH};rule=sgd;lr={LR};init=normal:0.1;seed=1") as server, \
+            blkps.Model(server.url) as table:
+        emb = bps.EmbeddingBag(table, ROWS, WIDTH, mode="sum", **options)
+        for t in range(steps):
+            ids, offsets, _, y = batch(t)
+            loss_fn(head(emb(ids, offsets)).squeeze(1), y).backward()
+        emb.flush()
+        return table.pull_rows(np.arange(ROWS), WIDTH), emb
+
+
+def options():
+    steps = 8
+    sync, sync_emb = table_run(steps, overlap=0)
+    overlapped, emb = table_run(steps, overlap=2)
+    check(np.array_equal(sync, overlapped), "overlapped pushes give another table than synchronous ones "
+          f"(worst {np.max(np.abs(sync - overlapped))})")
+    check(emb.rows_pushed == sync_emb.rows_pushed == sync_emb.rows_pulled, "rows pushed differ")
+    uncached, emb = table_run(steps, cache_rows=ROWS, max_staleness=0)
+    check(np.array_equal(sync, uncached), "a cache with max_staleness=0 changes the table")
+    check(emb.rows_cached == 0 and emb.rows_pulled == sync_emb.rows_pulled,
+          f"max_staleness=0 served {emb.rows_cached} rows from the cache")
+    cached, emb = table_run(steps, cache_rows=64, max_staleness=2)
+    check(emb.rows_cached > 0, "max_staleness=2 served no row from the cache")
+    check(emb.rows_pulled + emb.rows_cached == sync_emb.rows_pulled and emb.pulls <= steps,
+          f"cache: {emb.rows_pulled} pulled + {emb.rows_cached} cached, not {sync_emb.rows_pulled}")
+    check(len(emb._cache) <= 64, f"the cache holds {len(emb._cache)} rows, more than 64")
+    check(not np.array_equal(sync, cached), "stale rows gave the same table (the cache served nothing?)")
+
+
+def queued_push_error():
+    """A NaN gradient, refused by push_rows in the pusher thread, is raised
+    by the next forward, in one line; the flush after it is clean."""
+    with testbed.Server(f"table={ROWS}:{WIDTH};rule=sgd;lr={LR}") as server, blkps.Model(server.url) as table:
+        emb = bps.Embedding(table, ROWS, WIDTH)
+        ids = torch.tensor([3, 5])
+        (emb(ids) * float("nan")).sum().backward()  # returns before the push
+        try:
+            emb(ids)
+        except RuntimeError as e:
+            message = str(e)
+        else:
+            fail("a failing queued push was not reported by the next forward")
+        check("NaN" in message and "\n" not in message and message.startswith("blkps: "),
+              f"the queued push's error is not one blkps line: {message!r}")
+        emb.flush()
+        check(np.array_equal(table.pull_rows(ids.numpy(), WIDTH), np.zeros((2, WIDTH), np.float32)),
+              "the refused NaN push changed rows")
 
 
 main()
+options()
+queued_push_error()
+print("torch_embedding_test: ok")
