@@ -17,7 +17,7 @@ model learns h of the rows it sees often (the Zipf head) and w.
 
   bench/clicks.py [--rows 1000000] [--width 32] [--bag 4] [--examples 200000]
       [--test 20000] [--batch 512] [--epochs 1] [--learners 2] [--lr 0.01]
-      [--overlap 4] [--cache-rows 0] [--max-staleness 0]
+      [--overlap 0] [--cache-rows 0] [--max-staleness 0]
       [--out DIR] [--build DIR] [--check 0.005] [--min-auc 0.6] [--machine TEXT]
 Writes OUT/clicks.json and OUT/clicks.md (default bench/results/clicks).
 Needs root (it starts tgtd); bench/embeddings.sh --clicks runs it.
@@ -51,7 +51,7 @@ def parse(argv=None):
     p.add_argument("--learners", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.01, help="adagrad's lr (the table)")
     p.add_argument("--dense-lr", type=float, default=0.003, help="adam's lr (the dense part)")
-    p.add_argument("--overlap", type=int, default=4, help="blkps.torch.EmbeddingBag's overlap (queued pushes)")
+    p.add_argument("--overlap", type=int, default=0, help="blkps.torch.EmbeddingBag's overlap (queued pushes)")
     p.add_argument("--cache-rows", type=int, default=0, help="its cache_rows (0: no cache)")
     p.add_argument("--max-staleness", type=int, default=0, help="its max_staleness (steps)")
     p.add_argument("--seed", type=int, default=1)

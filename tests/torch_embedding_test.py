@@ -56,7 +56,7 @@ def main():
             testbed.Server(f"params={2 * WIDTH + 1};rule=sgd;lr={LR}") as dense_server:
         bps.init(target=dense_server.url, control=dense_server.control, env={"RANK": "0", "WORLD_SIZE": "1"})
         with blkps.Model(bag_server.url) as bag_table, blkps.Model(item_server.url) as item_table:
-            model = Click(bps.EmbeddingBag(bag_table, ROWS, WIDTH, mode="mean"), bps.Embedding(item_table, ROWS, WIDTH))
+            model = Click(bps.EmbeddingBag(bag_table, ROWS, WIDTH, mode="mean", overlap=2), bps.Embedding(item_table, ROWS, WIDTH))
             check(len(list(model.parameters())) == 2, "the embedding modules hold parameters")
             # The reference: local tables with the server's initial rows.
             local = Click(torch.nn.EmbeddingBag(ROWS, WIDTH, mode="mean"), torch.nn.Embedding(ROWS, WIDTH))

@@ -5,16 +5,17 @@ live on a blkps table LUN (doc/embeddings.md), not on the learner.
     emb = bps.EmbeddingBag(table, rows, width, mode="mean")
     model = torch.nn.Sequential(...)                        # the dense part
     opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters())
-    loss_fn(model(emb(ids, offsets)), y).backward()         # queues the rows' gradients
+    loss_fn(model(emb(ids, offsets)), y).backward()         # pushes (or, overlap=N, queues) the rows' gradients
     opt.step()                                              # the dense part
     emb.flush()                                             # before the table is read or closed
 
 Forward pulls the batch's distinct rows (libblkps pull_rows: each row once,
 sorted, coalesced into few requests, many in flight) and looks the batch up
-in them; the result is on the device of `ids`. Backward hands the gradient
-of exactly those rows to the module's pusher thread (push_rows, in order,
-at most `overlap` pushes queued; overlap=0 pushes in backward itself), so
-the push overlaps the dense part's backward and step; the server's rule
+in them; the result is on the device of `ids`. Backward pushes the gradient
+of exactly those rows (push_rows): in backward itself by default, or, with
+overlap=N, through the module's pusher thread (in order, at most N queued;
+the table's Model then serves this module only), so that the push overlaps
+the dense part's backward and step; the server's rule
 (sgd, adagrad, adam: per row) updates them. Read-your-writes: a forward
 that pulls waits for the module's queued pushes first, so it sees every
 earlier push of this module. An error of a queued push is raised, in one
@@ -114,7 +115,7 @@ class _ServerRows(torch.autograd.Function):
 
 
 class _ServerTable(torch.nn.Module):
-    def __init__(self, table, num_embeddings, embedding_dim, overlap=4, cache_rows=0, max_staleness=0):
+    def __init__(self, table, num_embeddings, embedding_dim, overlap=0, cache_rows=0, max_staleness=0):
         super().__init__()
         capacity = table.size_bytes // (4 * embedding_dim)
         if num_embeddings > capacity:
