@@ -133,7 +133,7 @@ def queued_push_error():
     """A NaN gradient, refused by push_rows in the pusher thread, is raised
     by the next forward, in one line; the flush after it is clean."""
     with testbed.Server(f"table={ROWS}:{WIDTH};rule=sgd;lr={LR}") as server, blkps.Model(server.url) as table:
-        emb = bps.Embedding(table, ROWS, WIDTH)
+        emb = bps.Embedding(table, ROWS, WIDTH, overlap=2)
         ids = torch.tensor([3, 5])
         (emb(ids) * float("nan")).sum().backward()  # returns before the push
         try:
