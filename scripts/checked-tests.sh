@@ -26,7 +26,7 @@ done
 
 unit_targets=(aggregator_test update_rule_test checkpoint_file_test crc32c_test learner_unit_test
               stripe_map_test engine_test mount_test gradient_dropper_test wire_dtype_test
-              wire_convert_test)
+              wire_convert_test chap_file_check)
 for stage in "${stages[@]}"; do
   dir="$top/build/$stage"
   case "$stage" in
