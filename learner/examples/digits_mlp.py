@@ -126,6 +126,26 @@ def add_learner_arguments(ap):
                          "a line on stdin before training (blkps demo starts its learners together so)")
 
 
+def run_learner(prog, ap, args, num_params, train, evaluate):
+    """The common tail of a digits learner's main(): --params prints
+    `num_params`; otherwise it checks --target and --learner, then runs
+    `evaluate(args)` or `train(args)`, turning an OSError or ValueError into
+    one line `prog: ...` and a non-zero exit."""
+    if args.params:
+        print(num_params)
+        return
+    if not args.target:
+        ap.error("--target is required")
+    if not 0 <= args.learner < args.learners:
+        ap.error(f"--learner must be in [0, {args.learners})")
+    try:
+        evaluate(args) if args.evaluate else train(args)
+    except OSError as e:
+        sys.exit(f"{prog}: {e.filename or args.target}: {e.strerror or e}")
+    except ValueError as e:
+        sys.exit(f"{prog}: {e}")
+
+
 def wait_at_start_gate(args):
     """The start gate (--start-gate): says this learner is ready and waits
     for the line that starts every learner at once, so that none trains

@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
-                        load_data, report_accuracy, wait_at_start_gate, warn_if_device_larger)
+                        load_data, report_accuracy, run_learner, wait_at_start_gate, warn_if_device_larger)
 
 BLKSSZGET = 0x1268  # ioctl: a block device's logical block size
 
@@ -135,19 +135,7 @@ def main():
     add_learner_arguments(ap)
     args = ap.parse_args()
     mlp = Mlp(args.hidden)
-    if args.params:
-        print(mlp.num_params)
-        return
-    if not args.target:
-        ap.error("--target is required")
-    if not 0 <= args.learner < args.learners:
-        ap.error(f"--learner must be in [0, {args.learners})")
-    try:
-        evaluate(args, mlp) if args.evaluate else train(args, mlp)
-    except OSError as e:
-        sys.exit(f"plain_digits: {e.filename or args.target}: {e.strerror or e}")
-    except ValueError as e:
-        sys.exit(f"plain_digits: {e}")
+    run_learner("plain_digits", ap, args, mlp.num_params, lambda a: train(a, mlp), lambda a: evaluate(a, mlp))
 
 
 if __name__ == "__main__":

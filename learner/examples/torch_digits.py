@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,
-                        load_data, report_accuracy, wait_at_start_gate)
+                        load_data, report_accuracy, run_learner, wait_at_start_gate)
 from plain_digits import ModelFile
 
 
@@ -101,19 +101,8 @@ def main():
     add_learner_arguments(ap)
     args = ap.parse_args()
     num_params = Mlp(args.hidden).num_params
-    if args.params:
-        print(num_params)
-        return
-    if not args.target:
-        ap.error("--target is required")
-    if not 0 <= args.learner < args.learners:
-        ap.error(f"--learner must be in [0, {args.learners})")
-    try:
-        evaluate(args, num_params) if args.evaluate else train(args, num_params)
-    except OSError as e:
-        sys.exit(f"torch_digits: {e.filename or args.target}: {e.strerror or e}")
-    except ValueError as e:
-        sys.exit(f"torch_digits: {e}")
+    run_learner("torch_digits", ap, args, num_params, lambda a: train(a, num_params),
+                lambda a: evaluate(a, num_params))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import blkps  # noqa: E402
 from blkps.control import Control  # noqa: E402
 from digits_mlp import (EpochMeter, Mlp, add_learner_arguments, learner_data, learner_rng,  # noqa: E402
-                        load_data, report_accuracy, wait_at_start_gate, warn_if_device_larger)
+                        load_data, report_accuracy, run_learner, wait_at_start_gate, warn_if_device_larger)
 
 def train(args, mlp):
     x, y, steps_per_epoch = learner_data(args.learner, args.learners, args.batch)
@@ -79,21 +79,11 @@ def main():
     add_learner_arguments(ap)
     args = ap.parse_args()
     mlp = Mlp(args.hidden)
-    if args.params:
-        print(mlp.num_params)
-        return
-    if not args.target:
-        ap.error("--target is required")
     if args.lr_decay != 1.0 and not args.control:
         ap.error("--lr-decay needs --control (the model's control LUN)")
     if not 0 < args.lr_decay <= 1.0:
         ap.error("--lr-decay must be in (0, 1]")
-    if not 0 <= args.learner < args.learners:
-        ap.error(f"--learner must be in [0, {args.learners})")
-    try:
-        evaluate(args, mlp) if args.evaluate else train(args, mlp)
-    except OSError as e:
-        sys.exit(f"train_digits: {e.strerror or e}")
+    run_learner("train_digits", ap, args, mlp.num_params, lambda a: train(a, mlp), lambda a: evaluate(a, mlp))
 
 
 if __name__ == "__main__":
