@@ -280,6 +280,26 @@ def clicks():
     return _right(rows)
 
 
+def cluster_table():
+    """bench/cluster.sh --table: a table larger than one server's memory=,
+    over shards on the netns cluster's server hosts, pulled and pushed by
+    learners on other hosts (doc/embeddings.md "Tables over shards")."""
+    with open(os.path.join(RESULTS, "cluster-table", "table.json"), encoding="utf-8") as f:
+        r = json.load(f)
+    return _right([
+        ["table over shards, netns cluster", "figure"],
+        ["table", f"{r['rows']:,} rows × {r['width']} ({r['table_bytes'] / 2**20:.0f} MiB), rule sgd"],
+        ["one server with memory=" + r["memory"], "refused"],
+        [f"{r['servers']} shards (server hosts)", "; ".join(f"shard {k}: {t['rows']:,} rows, {t['rows_made']:,} made"
+                                                           for k, t in enumerate(r["shard_tables"]))],
+        [f"{r['learners']} learners (other hosts), links {r['link']}",
+         f"{r['batches']} batches of {r['batch']:,} Zipf ids each"],
+        ["pull, all learners", f"{r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} rows/s)"],
+        ["push, all learners", f"{r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"],
+        ["rows equal to the reference", f"{r['rows_checked']:,} touched, {r['untouched_checked']:,} untouched"],
+    ])
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -293,6 +313,7 @@ TABLES = {
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),
+    "cluster-table": (cluster_table, "bench/results/cluster-table"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
