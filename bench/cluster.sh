@@ -7,6 +7,8 @@
 #
 # Usage: sudo bench/cluster.sh --out DIR [--quick] [--hosts 2,4]
 #          [--params 25000000,100000000] [--link 1gbit] [--servers K] ...
+#        sudo bench/cluster.sh --out DIR --table ROWS:WIDTH [--table-memory 64M]
+#          [--servers K] [--hosts L]   (a table over shards: doc/embeddings.md)
 #   (all options: bench/cluster/run.py --help)
 # Writes DIR/cluster.md, DIR/cluster.json, DIR/cluster.png and DIR/raw/.
 set -euo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The result tables of doc/performance.md, made from the committed runs in
-bench/results/, never typed by hand.
+"""The result tables of the docs (doc/performance.md, doc/embeddings.md,
+README.md: any README.md or doc/*.md with a marked table), made from the
+committed runs in bench/results/, never typed by hand.
 
 A generated table sits between two marker lines in the doc:
 
@@ -10,8 +11,9 @@ A generated table sits between two marker lines in the doc:
 
 `bench/tables.py` rewrites every marked region from bench/results;
 `bench/tables.py --check` changes nothing and exits 1, naming the table,
-when the doc differs from what the results give (the unit test
-Docs.performance_tables_match_results runs it). After committing a new run
+when a doc differs from what the results give (the unit test Docs.tables
+runs it). A table's name may be marked in several docs (README.md and
+doc/embeddings.md show the same figures). After committing a new run
 under bench/results/, run `bench/tables.py` and commit the doc with it.
 The prose around a table (what a figure means, the run's date and load) is
 the doc's own and is written by hand.
@@ -24,7 +26,6 @@ import sys
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(TOP, "bench", "results")
-DOC = os.path.join(TOP, "doc", "performance.md")
 sys.path.insert(0, os.path.join(TOP, "bench", "cluster"))
 
 
@@ -198,6 +199,107 @@ def checkpoint():
     return _render(rows)
 
 
+def _embeddings():
+    with open(os.path.join(RESULTS, "embeddings", "embeddings.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _right(rows, left=1):
+    """`rows` rendered with every column after the first `left` right-aligned."""
+    table = _render(rows).split("\n")
+    table[1] = "|" + "---|" * left + "---:|" * (len(rows[0]) - left)
+    return "\n".join(table)
+
+
+def embeddings_rows():
+    """bench/embeddings.sh: ids/s pulled and pushed per row width, each with
+    its ratio to tgt's null store in the same run, and the local
+    torch.nn.EmbeddingBag's step (doc/embeddings.md "Bench")."""
+    e = _embeddings()
+    rows = [["width", "row bytes", "pull ids/s (÷ null)", "push ids/s (÷ null)", "local torch ids/s"]]
+    for width, r in e["widths"].items():
+        def cell(op):
+            return f"{r['blkps.' + op][0]:,.0f} ({r['blkps.' + op][0] / r['null.' + op][0]:.2f})"
+        rows.append([width, str(4 * int(width)), cell("pull"), cell("push"), f"{r['local_torch.step'][0]:,.0f}"])
+    return _right(rows, 0)
+
+
+def embeddings_row_cost():
+    """bench/embeddings.sh: per distinct row, iSCSI bytes through tgtd's
+    sockets and tgtd's CPU, blkps beside null (doc/embeddings.md "Per-row
+    cost and a 1 TB table")."""
+    e = _embeddings()
+    rows = [["row bytes", "iSCSI bytes per pulled row", "per pushed row", "tgtd CPU per pull (null)",
+             "per push (null)"]]
+    for width, r in e["widths"].items():
+        rows.append([str(4 * int(width)), f"{r['blkps.pull'][3]:,.0f}", f"{r['blkps.push'][3]:,.0f}",
+                     f"{r['blkps.pull'][2]:.0f} µs ({r['null.pull'][2]:.0f})",
+                     f"{r['blkps.push'][2]:.0f} µs ({r['null.push'][2]:.0f})"])
+    return _right(rows, 0)
+
+
+TCP_IP_BYTES = 66  # a TCP/IP segment's headers on Ethernet, each way of a row's round trip
+
+
+def embeddings_1tb():
+    """A 1 TB table of 512-byte rows (adagrad) on 16 servers, worked out from
+    the measured tgtd CPU and iSCSI bytes of a 512-byte row (one tgtd per
+    server, one core for row commands)."""
+    r = _embeddings()["widths"]["128"]
+    rows_total = 1e12 / 512
+    servers = 16
+    cpu_us = r["blkps.pull"][2] + r["blkps.push"][2]
+    per_server = 1e6 / cpu_us
+    wire = r["blkps.pull"][3] + r["blkps.push"][3] + 4 * TCP_IP_BYTES
+    return _right([
+        ["1 TB of 512-byte rows (128 float32), rule adagrad, 16 servers", "figure"],
+        ["rows", f"{rows_total / 1e9:.2f}·10⁹"],
+        ["memory per server (weights + adagrad state)", f"{2e12 / servers / 1e9:.0f} GB"],
+        ["bitmap of rows made, per server", f"{rows_total / 8 / servers / 1e6:.0f} MB"],
+        ["tgtd CPU per row pulled and pushed (measured)", f"{cpu_us:.0f} µs"],
+        ["rows pulled and pushed per second, one server", f"{per_server:,.0f}"],
+        [f"rows pulled and pushed per second, {servers} servers", f"{servers * per_server:,.0f}"],
+        ["batches of 3,000 distinct rows per second, all learners", f"{servers * per_server / 3000:.0f}"],
+        ["wire bytes per row round trip (iSCSI measured + TCP/IP)", f"{wire:,.0f}"],
+        ["wire per server at that rate", f"{per_server * wire / 1e6:.0f} MB/s"],
+        ["row round trips per second a 10 Gbit/s link carries", f"{1.25e9 / wire:,.0f}"],
+    ])
+
+
+def clicks():
+    """bench/clicks.py: the click model by 2 learners through blkps and by one
+    process with a local table (doc/embeddings.md "Click model")."""
+    with open(os.path.join(RESULTS, "clicks", "clicks.json"), encoding="utf-8") as f:
+        c = json.load(f)
+    rows = [["run", "seconds per epoch", "held-out AUC", "log-loss"]]
+    for key, name in (("local", "one process, local table"), ("blkps", f"{c['learners']} learners, blkps")):
+        r = c[key]
+        rows.append([name, f"{sum(r['epoch_seconds']) / len(r['epoch_seconds']):.1f}", f"{r['auc']:.4f}",
+                     f"{r['logloss']:.4f}"])
+    rows.append(["blkps vs local", "", f"{100 * c['auc_relative']:+.2f}%", f"{100 * c['logloss_relative']:+.2f}%"])
+    return _right(rows)
+
+
+def cluster_table():
+    """bench/cluster.sh --table: a table larger than one server's memory=,
+    over shards on the netns cluster's server hosts, pulled and pushed by
+    learners on other hosts (doc/embeddings.md "Tables over shards")."""
+    with open(os.path.join(RESULTS, "cluster-table", "table.json"), encoding="utf-8") as f:
+        r = json.load(f)
+    return _right([
+        ["table over shards, netns cluster", "figure"],
+        ["table", f"{r['rows']:,} rows × {r['width']} ({r['table_bytes'] / 2**20:.0f} MiB), rule sgd"],
+        ["one server with memory=" + r["memory"], "refused"],
+        [f"{r['servers']} shards (server hosts)", "; ".join(f"shard {k}: {t['rows']:,} rows, {t['rows_made']:,} made"
+                                                           for k, t in enumerate(r["shard_tables"]))],
+        [f"{r['learners']} learners (other hosts), links {r['link']}",
+         f"{r['batches']} batches of {r['batch']:,} Zipf ids each"],
+        ["pull, all learners", f"{r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} rows/s)"],
+        ["push, all learners", f"{r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"],
+        ["rows equal to the reference", f"{r['rows_checked']:,} touched, {r['untouched_checked']:,} untouched"],
+    ])
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -207,12 +309,17 @@ TABLES = {
     "soak": (soak, "bench/results/soak/soak.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
+    "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
+    "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
+    "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
+    "clicks": (clicks, "bench/results/clicks"),
+    "cluster-table": (cluster_table, "bench/results/cluster-table"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
 
 
-def regenerate(doc):
+def regenerate(doc, name_of_doc="doc"):
     """`doc` with every marked table made again. Raises ValueError on a
     marker without its end, or a name this script does not know."""
     lines, out, i = doc.split("\n"), [], 0
@@ -224,12 +331,12 @@ def regenerate(doc):
             continue
         name = m.group(1)
         if name not in TABLES:
-            raise ValueError(f"doc/performance.md line {i + 1}: unknown table '{name}'; known: {', '.join(TABLES)}")
+            raise ValueError(f"{name_of_doc} line {i + 1}: unknown table '{name}'; known: {', '.join(TABLES)}")
         end = f"<!-- end table {name} -->"
         try:
             j = lines.index(end, i + 1)
         except ValueError:
-            raise ValueError(f"doc/performance.md line {i + 1}: table '{name}' has no '{end}' line") from None
+            raise ValueError(f"{name_of_doc} line {i + 1}: table '{name}' has no '{end}' line") from None
         make, source = TABLES[name]
         out += [f"<!-- table {name}: made by bench/tables.py from {source}; do not edit -->",
                 make().rstrip("\n"), end]
@@ -237,28 +344,40 @@ def regenerate(doc):
     return "\n".join(out)
 
 
+def docs():
+    """README.md and doc/*.md: every doc that may hold a marked table."""
+    import glob
+    return [os.path.join(TOP, "README.md")] + sorted(glob.glob(os.path.join(TOP, "doc", "*.md")))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="change nothing; exit 1 if doc/performance.md differs from bench/results")
-    ap.add_argument("--doc", default=DOC, help="the doc to rewrite (default: doc/performance.md)")
+                    help="change nothing; exit 1 if a doc's tables differ from bench/results")
+    ap.add_argument("--doc", action="append",
+                    help="a doc to rewrite (repeatable; default: README.md and every doc/*.md)")
     args = ap.parse_args()
-    with open(args.doc, encoding="utf-8") as f:
-        doc = f.read()
-    try:
-        new = regenerate(doc)
-    except ValueError as e:
-        sys.exit(f"tables: {e}")
-    if new == doc:
-        return
-    if args.check:
-        old_regions = {m.group(1) for m in map(BEGIN.match, doc.split("\n")) if m}
-        stale = [n for n in sorted(old_regions) if _region(doc, n) != _region(new, n)]
-        sys.exit(f"tables: {args.doc}: table(s) {', '.join(stale) or '?'} differ from bench/results; "
-                 "run bench/tables.py and commit the doc")
-    with open(args.doc, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"tables: rewrote {os.path.relpath(args.doc)}")
+    stale = []
+    for path in args.doc or docs():
+        rel = os.path.relpath(path, TOP)
+        with open(path, encoding="utf-8") as f:
+            doc = f.read()
+        try:
+            new = regenerate(doc, rel)
+        except ValueError as e:
+            sys.exit(f"tables: {e}")
+        if new == doc:
+            continue
+        if args.check:
+            old_regions = {m.group(1) for m in map(BEGIN.match, doc.split("\n")) if m}
+            names = [n for n in sorted(old_regions) if _region(doc, n) != _region(new, n)]
+            stale.append(f"{rel}: table(s) {', '.join(names) or '?'}")
+            continue
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+        print(f"tables: rewrote {rel}")
+    if stale:
+        sys.exit(f"tables: {'; '.join(stale)} differ from bench/results; run bench/tables.py and commit the docs")
 
 
 def _region(doc, name):

@@ -7,8 +7,9 @@ Usage: docs_test.py TOP BUILD CASE, CASE one of
              it is (see "Fences" below)
   citations  (unit) a comment, message or test that cites a section by name
              (README "X", doc/server.md "X") names a heading that exists there
-  tables     (unit) doc/performance.md's result tables are what bench/tables.py
-             makes from bench/results
+  tables     (unit) the marked result tables of README.md and doc/*.md
+             (doc/performance.md, doc/embeddings.md) are what
+             bench/tables.py makes from bench/results
   recipes    (integration) every runnable block runs, as pasted, on this machine
 
 Fences. A block's info string says what it is: `sh` and `python` are
@@ -174,7 +175,7 @@ def case_tables(top, build):
                        capture_output=True, text=True)
     if r.returncode != 0:
         fail((r.stderr or r.stdout).strip())
-    print("docs: doc/performance.md's tables are bench/results's")
+    print("docs: the marked tables of README.md and doc/*.md are bench/results's")
 
 
 def recipes(top):

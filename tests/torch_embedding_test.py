@@ -6,11 +6,15 @@ single-process PyTorch run of torch.nn.EmbeddingBag / Embedding + Linear with
 SGD. Rows the batches never used keep their initial values. Then the
 module's options (doc/embeddings.md "PyTorch"): pushes overlapped (queued
 to a thread) give exactly the synchronous path's table; a failing queued
-push is raised by the next call; a row cache with max_staleness=0 equals no
+push is raised by the next call; a deleted module's queued push is made and
+its pusher thread ends; a row cache with max_staleness=0 equals no
 cache exactly, and with max_staleness=2 serves rows without pulling them.
 
 Usage: torch_embedding_test.py <repo> <build dir>
 """
+import gc
+import threading
+
 import numpy as np
 
 import testbed
@@ -149,7 +153,25 @@ def queued_push_error():
               "the refused NaN push changed rows")
 
 
+def pusher_ends_with_its_module():
+    """A module with overlap=N deleted with a push still queued: the push
+    reaches the table and the module's pusher thread ends."""
+    def pushers():
+        return [t for t in threading.enumerate() if t.name == "blkps-push-rows"]
+    before = len(pushers())
+    with testbed.Server(f"table={ROWS}:{WIDTH};rule=sgd;lr=1") as server, blkps.Model(server.url) as table:
+        emb = bps.Embedding(table, ROWS, WIDTH, overlap=2)
+        emb(torch.tensor([7])).sum().backward()  # queues a gradient of ones for row 7
+        check(len(pushers()) == before + 1, "no pusher thread for overlap=2")
+        del emb
+        gc.collect()
+        check(len(pushers()) == before, "the pusher thread outlives its module")
+        check(np.array_equal(table.pull_rows(np.array([7]), WIDTH), -np.ones((1, WIDTH), np.float32)),
+              "the push queued when the module was deleted did not reach the table")
+
+
 main()
 options()
 queued_push_error()
+pusher_ends_with_its_module()
 print("torch_embedding_test: ok")

@@ -33,6 +33,16 @@ the bytes each host's link carried per exchange (the kernel's counters of
 its eth0 over the whole run, warm-up included, divided by the exchanges;
 for blkps from the learners' common start, after their logins and the
 engine's first pull).
+--table ROWS:WIDTH runs, instead, the table case (doc/embeddings.md "Tables
+over shards"): a table (rule sgd, lr 1, init zeros) with --bsopts
+memory=--table-memory on every server, which one server alone must refuse,
+striped over --servers server hosts (a stripe unit of whole rows: the
+least multiple of 512 and the row's bytes); the first of --hosts learner
+hosts' learners (bench/peers/blkps_rows.py) pull and push batches of
+Zipf(1.05) ids through layout: at once, and the rows are then checked
+against the sum of every learner's gradients. Writes DIR/table.json and
+DIR/table.md.
+
 Writes DIR/cluster.json (a list of records), DIR/cluster.md, DIR/cluster.png
 and DIR/raw/. A case that fails (a process exits non-zero, or the case runs
 past --case-timeout) is a result: a record with "failed": the reason, listed
@@ -42,6 +52,7 @@ blkps-bsopts).
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -109,10 +120,7 @@ class Runner:
         self.args, self.raw = args, raw
         self.state = tempfile.mkdtemp(prefix="blkps-cluster-")
         self.targets = []
-        mpi_dir = os.path.join(TOP, "build", "cmake", "bench-cluster")
-        os.makedirs(mpi_dir, exist_ok=True)
-        self.mpi_bin = os.path.join(mpi_dir, "mpi_allreduce")
-        subprocess.run(["mpicc", "-O2", "-o", self.mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")], check=True)
+        self.mpi_bin = None  # built by the first MPI case
 
     def close(self):
         self.stop_targets()
@@ -259,6 +267,79 @@ class Runner:
         exchanges = (self.args.iterations + self.args.warmup) * len(learners)
         return times, {"tgtd_cpu_ms_per_exchange": 1e3 * tgtd_cpu / exchanges, **cpu}, wire_before
 
+    # --- a table over shards (--table) -----------------------------------------
+
+    def run_table(self, hosts, servers, rows, width):
+        """The table case (see the module's doc); returns its record."""
+        a = self.args
+        unit = math.lcm(512, 4 * width)
+        options = [("table", f"{rows}:{width}"), ("rule", "sgd"), ("lr", "1"), ("init", "zeros"),
+                   ("memory", a.table_memory)]
+        learners, server_hosts = list(range(hosts)), list(range(hosts, hosts + servers))
+        tag = f"table-{hosts}h-{servers}s"
+        rows_py = os.path.join(PEERS, "blkps_rows.py")
+        work = ["--rows", str(rows), "--width", str(width), "--batches", str(a.table_batches),
+                "--batch", str(a.table_batch)]
+        with Cluster(hosts + servers, a.link, a.delay) as cluster:
+            try:
+                one = os.path.join(self.state, "one-server")
+                self.targets.append(one)
+                alone = subprocess.run(cluster.exec_argv(server_hosts[0], [
+                    BLKPS, "target", "start", "--dir", one, "--address", cluster.address(server_hosts[0]),
+                    "--port", ISCSI_PORT, "--bsopts", ";".join(f"{k}={v}" for k, v in options),
+                    "--owner-pid", str(os.getpid())]), capture_output=True, text=True)
+                if alone.returncode == 0:
+                    raise RuntimeError(f"one server took the whole table with memory={a.table_memory}")
+                refusal = (alone.stderr.strip().splitlines() or ["(no message)"])[-1]
+                self.stop_targets()
+                sizes = [int(n) for n in shards.layout_tool("cluster", [
+                    "sizes", "--stripe-unit", str(unit), "--shards", str(servers), "--params",
+                    str(rows * width), "--block", str(unit)])]
+                envs, folders = [], []
+                for k, h in enumerate(server_hosts):
+                    folder = os.path.join(self.state, f"shard-{k}")
+                    self.targets.append(folder)
+                    folders.append(folder)
+                    subprocess.run(cluster.exec_argv(h, [
+                        BLKPS, "target", "start", "--dir", folder, "--name", f"shard-{k}",
+                        "--address", cluster.address(h), "--port", ISCSI_PORT, "--allow", "ALL",
+                        "--luns", str(hosts), "--owner-pid", str(os.getpid()),
+                        "--bsopts", shards.shard_bsopts(options, k, sizes[k] // 4, folder, width, unit)]),
+                        check=True, stdout=subprocess.DEVNULL)
+                    envs.append(state.target(folder))
+                layouts = shards.write_layouts(self.state, envs, hosts, str(unit), rows * width, "float32")
+                start_at = time.time() + 1.0 + 0.3 * hosts
+                procs = [cluster.popen(h, [PYTHON, rows_py, "--target", f"layout:{layouts[slot]}", *work,
+                                           "--learner", str(slot), "--start-at", str(start_at),
+                                           "--result", self.out(tag, f"{slot}.json")],
+                                       stderr=open(self.out(tag, f"{slot}.err"), "w"))
+                         for slot, h in enumerate(learners)]
+                self.wait_all(procs, tag, tag)
+                checked = subprocess.run(cluster.exec_argv(learners[0], [
+                    PYTHON, rows_py, "--target", f"layout:{layouts[0]}", *work, "--learners", str(hosts),
+                    "--check"]), capture_output=True, text=True)
+                if checked.returncode != 0:
+                    raise RuntimeError(f"the rows do not match the reference: {checked.stderr.strip()[-300:]}")
+                made = [json.loads(subprocess.run(cluster.exec_argv(h, [BLKPS, "status", "--dir", f, "--json"]),
+                                                  check=True, capture_output=True, text=True).stdout)["table"]
+                        for h, f in zip(server_hosts, folders)]
+            finally:
+                self.stop_targets()
+        results = []
+        for slot in range(hosts):
+            with open(self.out(tag, f"{slot}.json")) as f:
+                results.append(json.load(f))
+        return {"rows": rows, "width": width, "table_bytes": rows * width * 4, "memory": a.table_memory,
+                "servers": servers, "learners": hosts, "stripe_unit": unit, "link": a.link,
+                "batches": a.table_batches, "batch": a.table_batch, "one_server_refused": refusal,
+                "shard_tables": made, **json.loads(checked.stdout),
+                # each learner's rate over its own seconds, summed: the learners ran at once
+                "pull_ids_per_s": sum(r["ids"] / r["pull_s"] for r in results),
+                "push_ids_per_s": sum(r["ids"] / r["push_s"] for r in results),
+                "pull_rows_per_s": sum(r["distinct"] / r["pull_s"] for r in results),
+                "push_rows_per_s": sum(r["distinct"] / r["push_s"] for r in results),
+                "learner_results": results, "load": os.getloadavg()[0]}
+
     # --- training -------------------------------------------------------------
 
     def train(self, system, hosts, params, straggler):
@@ -309,6 +390,11 @@ class Runner:
     # --- peers ---------------------------------------------------------------------
 
     def run_mpi(self, cluster, case, hosts, params, tag):
+        if self.mpi_bin is None:
+            mpi_dir = os.path.join(TOP, "build", "cmake", "bench-cluster")
+            os.makedirs(mpi_dir, exist_ok=True)
+            self.mpi_bin = os.path.join(mpi_dir, "mpi_allreduce")
+            subprocess.run(["mpicc", "-O2", "-o", self.mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")], check=True)
         hostmap, hostfile = self.out(tag, "hosts"), self.out(tag, "hostfile")
         with open(hostmap, "w") as f:
             f.writelines(f"{cluster.address(h)} {cluster.netns(h)}\n" for h in range(hosts))
@@ -345,6 +431,43 @@ class Runner:
                 "--result", self.out(tag, f"{h}.json")], env=env, stderr=open(self.out(tag, f"{h}.err"), "w")))
         self.wait_all(procs, case.name, tag)
         return self.read_results(tag, hosts)
+
+
+def table_case(args, out, raw):
+    """--table: the table case alone; writes DIR/table.json and DIR/table.md."""
+    try:
+        rows, width = (int(v) for v in args.table.split(":"))
+    except ValueError:
+        sys.exit(f"cluster: --table: expected ROWS:WIDTH, e.g. 200000:128; got '{args.table}'")
+    hosts = args.hosts[0]
+    runner = Runner(args, raw)
+    try:
+        r = runner.run_table(hosts, args.servers, rows, width)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+        sys.exit(f"cluster: the table case failed: {e}")
+    finally:
+        runner.close()
+    command = (f"sudo bench/cluster.sh --out DIR --table {args.table} --table-memory {args.table_memory} "
+               f"--servers {args.servers} --hosts {hosts} --link {args.link} --table-batches {args.table_batches} "
+               f"--table-batch {args.table_batch}")
+    r["command"] = command
+    with open(os.path.join(out, "table.json"), "w") as f:
+        json.dump(r, f, indent=1)
+    lines = ["# A table larger than one server's memory, over shards, in the netns cluster", "",
+             f"table={rows}:{width} ({r['table_bytes'] / 2**20:.0f} MiB), rule sgd, memory={args.table_memory} "
+             f"on every server; {args.servers} server hosts, {hosts} learner hosts, links {args.link}, stripe unit "
+             f"{r['stripe_unit']} bytes; {args.table_batches} batches of {args.table_batch} Zipf(1.05) ids per "
+             f"learner, each pulled then pushed. Load average {r['load']:.1f}. Command: `{command}`.", "",
+             f"- One server alone: `{r['one_server_refused']}`",
+             "- Shards: " + ", ".join(f"{t['rows']:,} rows ({t['rows_made']:,} made)" for t in r["shard_tables"]),
+             f"- Rows checked against the learners' summed gradients: {r['rows_checked']:,} touched rows and "
+             f"{r['untouched_checked']:,} untouched, all equal",
+             f"- All learners together: pull {r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} "
+             f"distinct rows/s), push {r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"]
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def time_to_loss(samples, target, window):
@@ -422,6 +545,11 @@ def main():
     ap.add_argument("--drop-ratio", type=float, default=0.99, help="blkps's gradient dropping cases: the share "
                     "of gradient runs dropped per push (default 0.99)")
     ap.add_argument("--case-timeout", type=float, help="seconds one case may take (default 900; --quick 180)")
+    ap.add_argument("--table", help="instead of the exchanges and training: the table case, ROWS:WIDTH "
+                    "(e.g. 200000:128; see above), on --servers server hosts and the first of --hosts learners")
+    ap.add_argument("--table-memory", default="64M", help="the table case's memory= per server (default 64M)")
+    ap.add_argument("--table-batches", type=int, default=20, help="the table case's batches per learner (default 20)")
+    ap.add_argument("--table-batch", type=int, default=4096, help="ids per batch of the table case (default 4096)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("cluster: run as root (it makes network namespaces and starts tgtd): sudo bench/cluster.sh ...")
@@ -432,6 +560,13 @@ def main():
     if not 0 < args.drop_ratio < 1:
         sys.exit("cluster: --drop-ratio: expected a ratio in (0, 1)")
     args.case_timeout = args.case_timeout or (180 if args.quick else 900)
+    if args.table:
+        for name in ("bs_blkps.so", "libblkps.so", "blkps-layout", "blkps-bsopts"):
+            tools.built(name)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        out = os.path.abspath(args.out)
+        os.makedirs(os.path.join(out, "raw"), exist_ok=True)
+        return table_case(args, out, os.path.join(out, "raw"))
     args.params = [p // 128 * 128 for p in (args.params or ([25000000] if args.quick else [25000000, 100000000]))]
     args.iterations = args.iterations or (3 if args.quick else 5)
     args.train_iterations = args.train_iterations or (40 if args.quick else 60)

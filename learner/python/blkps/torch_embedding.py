@@ -20,7 +20,8 @@ the dense part's backward and step; the server's rule
 that pulls waits for the module's queued pushes first, so it sees every
 earlier push of this module. An error of a queued push is raised, in one
 line, by the next forward, backward or flush(); flush() waits for the
-queue, and the queue is flushed at exit (errors then go to stderr).
+queue. When the module is collected, or at exit, its queue is pushed and
+its pusher thread ends (an error then goes to stderr).
 
 cache_rows=K, max_staleness=S (S > 0): rows pulled at most S forwards ago
 are served from a learner-side cache of at most K rows (least recently
@@ -32,7 +33,6 @@ A module is driven from one thread, like its Model; while pushes are
 queued the pusher uses the Model, so other uses of it wait for flush().
 """
 
-import atexit
 import collections
 import queue
 import sys
@@ -47,17 +47,23 @@ __all__ = ["Embedding", "EmbeddingBag"]
 
 class _Pusher:
     """A thread that pushes (ids, grads) to `table` in the order queued, at
-    most `depth` queued; keeps the first error for raise_error()."""
+    most `depth` queued; keeps the first error for raise_error(). close()
+    pushes what is queued and ends the thread."""
 
     def __init__(self, table, depth):
         self._table, self._queue = table, queue.Queue(maxsize=depth)
         self._error, self._failed = None, 0
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="blkps-push-rows", daemon=True)
         self._thread.start()
 
     def _run(self):
         while True:
-            ids, grads = self._queue.get()
+            item = self._queue.get()
+            if item is None:  # close()
+                self._queue.task_done()
+                return
+            ids, grads = item
             try:
                 self._table.push_rows(ids, grads)
             except Exception as e:  # kept for the caller, never dropped
@@ -66,6 +72,8 @@ class _Pusher:
                 self._failed += 1
             finally:
                 self._queue.task_done()
+            if self._stopping and self._queue.empty():
+                return
 
     def put(self, ids, grads):
         self.raise_error()
@@ -83,15 +91,17 @@ class _Pusher:
             more = f" ({failed - 1} later push(es) failed too)" if failed > 1 else ""
             raise RuntimeError(f"blkps: {error}{more}")
 
-
-_pushers = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_at_exit():
-    for pusher in list(_pushers):
+    def close(self):
+        """The module is gone (or the interpreter exits): pushes what is
+        queued, ends the thread, and writes an error of a push to stderr,
+        there being no caller left to raise it to."""
+        if threading.current_thread() is self._thread:  # collected by the pusher thread itself
+            self._stopping = True  # it ends once the queue is empty
+            return
+        self._queue.put(None)
+        self._thread.join()
         try:
-            pusher.drain()
+            self.raise_error()
         except RuntimeError as e:
             print(e, file=sys.stderr)
 
@@ -128,8 +138,8 @@ class _ServerTable(torch.nn.Module):
         self.pulls = 0  # pull_rows calls (forwards that needed the server)
         self._anchor = torch.zeros(1, requires_grad=True)  # not a Parameter
         self._pusher = _Pusher(table, overlap) if overlap else None
-        if self._pusher:
-            _pushers.add(self._pusher)
+        if self._pusher:  # when the module is collected, or at exit
+            weakref.finalize(self, self._pusher.close)
         self._staleness = max_staleness if cache_rows else 0
         self._step = 0  # forwards so far
         self._cache = collections.OrderedDict()  # row id -> (step pulled, slot); least recent first
