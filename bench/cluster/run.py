@@ -155,7 +155,7 @@ class Runner:
     def read_results(self, tag, processes):
         """(every timed exchange's seconds, the processes' mean CPU ms per
         timed exchange) from the result files tag.K.json."""
-        times, cpu, phases, late = [], [], {"push": [], "pull": []}, []
+        times, cpu, phases, late, spans = [], [], {"push": [], "pull": []}, [], []
         for k in range(processes):
             with open(self.out(tag, f"{k}.json")) as f:
                 result = json.load(f)
@@ -164,12 +164,16 @@ class Runner:
             late.append(result.get("late_s", 0.0))
             for phase, seconds in phases.items():
                 seconds += result.get(f"{phase}_times", [])
+            for start, push, pull in zip(result.get("starts", []), result["push_times"], result["pull_times"]):
+                spans += [(k, "push", start, start + push), (k, "pull", start + push, start + push + pull)]
         out = {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
         if max(late) > 0:  # a blkps learner opened after the common start: its opening is in the counters
             out["late_start_s"] = max(late)
         for phase, seconds in phases.items():  # blkps's exchanges: a push, then a pull
             if seconds:
                 out[f"ms_per_{phase}"] = 1e3 * statistics.median(seconds)
+        if spans:
+            out["phase_alignment"] = phase_alignment(spans)
         return times, out
 
     def common(self, params):
@@ -354,6 +358,27 @@ def time_to_loss(samples, target, window):
         if statistics.mean(loss for _, loss in samples[i - window:i]) <= target:
             return samples[i - 1][0]
     return None
+
+
+def phase_alignment(spans):
+    """Of the time the learners spent in their phases while another learner
+    was in one too, the share in which both were in the same phase (both
+    pushing or both pulling). spans: (learner, "push"|"pull", start, end) in
+    wall-clock seconds. 1.0: the learners moved in step, so a push had every
+    link's both directions to itself (each host's uplink sends its learner's
+    push, its downlink takes its shard's pushes); lower: a learner pushed while
+    another pulled, and a host's link carried both in one direction while
+    the other direction idled (doc/data-path.md "Phases at link rate")."""
+    same = other = 0.0
+    for k, phase, start, end in spans:
+        for k2, phase2, start2, end2 in spans:
+            overlap = min(end, end2) - max(start, start2)
+            if k2 != k and overlap > 0:
+                if phase2 == phase:
+                    same += overlap
+                else:
+                    other += overlap
+    return same / (same + other) if same + other > 0 else 1.0
 
 
 def cpu_seconds(pid):

@@ -10,8 +10,9 @@ counterpart of one all_reduce of the same vector.
 
 It opens the device, waits until wall-clock second T (so that the learners
 start together), runs W + I exchanges back to back and writes FILE (JSON):
-the times of the I timed exchanges, of their pushes and pulls, its CPU
-seconds (user + system) over them, and how late it was ready for T. --dtype is the LUN's --bsopts dtype (a
+the times of the I timed exchanges, of their pushes and pulls, the wall
+clock (time.time()) at which each began, its CPU seconds (user + system)
+over them, and how late it was ready for T. --dtype is the LUN's --bsopts dtype (a
 16-bit wire), as the learner must say it. --drop-ratio R > 0 and
 --overlap exchange through blkps.Engine (which pulls the first weights when
 it opens): with --drop-ratio R a step pushes the largest 1 - R of the
@@ -54,7 +55,7 @@ def main():
         exchange = EngineExchange(args) if args.drop_ratio > 0 or args.overlap else ModelExchange(args)
     except OSError as e:
         sys.exit(f"blkps_exchange: {e.strerror or e}")
-    times, pushes, pulls, cpu = [], [], [], 0.0
+    times, pushes, pulls, starts, cpu = [], [], [], [], 0.0
     with exchange.handle:
         late = max(0.0, time.time() - args.start_at)  # > 0: opening outlasted the wait for start_at
         time.sleep(max(0.0, args.start_at - time.time()))
@@ -62,17 +63,19 @@ def main():
             if it == 0:
                 cpu = cpu_seconds()
             t0 = time.perf_counter()
+            start = time.time()
             push_s, pull_s = exchange.step()
             if it >= 0:
                 times.append(time.perf_counter() - t0)
                 pushes.append(push_s)
                 pulls.append(pull_s)
+                starts.append(start)
         cpu = cpu_seconds() - cpu
         pushed = exchange.params_pushed()
     with open(args.result, "w") as f:
         json.dump({"peer": "blkps", "target": args.target, "params": args.params, "dtype": args.dtype or "float32",
                    "drop_ratio": args.drop_ratio, "params_pushed": pushed, "late_s": late, "times": times,
-                   "push_times": pushes, "pull_times": pulls, "cpu": cpu}, f)
+                   "push_times": pushes, "pull_times": pulls, "starts": starts, "cpu": cpu}, f)
 
 
 class ModelExchange:
