@@ -198,6 +198,22 @@ class Runner:
             errs = " | ".join(open(f).read().strip()[-300:] for f in self.errs(tag))
             raise RuntimeError(f"{what} failed or timed out after {self.args.case_timeout} s: {errs}")
 
+    def wait_ready(self, procs, files, what, tag):
+        """Waits until every process has made its file in `files`; when one
+        ends first or the case outlives --case-timeout, ends the others and
+        raises a RuntimeError with the processes' last words."""
+        deadline = time.monotonic() + self.args.case_timeout
+        while not all(os.path.exists(f) for f in files):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGTERM)
+                        p.wait()
+                errs = " | ".join(open(f).read().strip()[-300:] for f in self.errs(tag))
+                raise RuntimeError(f"{what}: a learner ended, or the case ran past {self.args.case_timeout} s, "
+                                   f"before every learner was ready: {errs}")
+            time.sleep(0.01)
+
     def errs(self, tag):
         return sorted(os.path.join(self.raw, f) for f in os.listdir(self.raw) if f.startswith(tag + ".") and
                       f.endswith(".err"))
@@ -241,22 +257,26 @@ class Runner:
         options = f"rule=sgd;lr=1e-9;mode={case.system.split('-')[1]}" + (f";{case.option}" if case.option else "")
         layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options, case.dtype)
         # The learners log in (and with dropping, the engine pulls the first
-        # weights) before start_at; the counters start there.
-        model_s = 4 * params * 8 / link_bits_per_s(self.args.link)
-        engine = case.drop_ratio > 0 or case.system.endswith("-engine")
-        start_at = time.time() + 1.0 + 0.3 * len(learners) + (3 * model_s if engine else 0.0)
+        # weights), say they are ready and wait for the go file: they start
+        # together however long their logins took, in step, and the counters
+        # start just before (doc/data-path.md "Phases at link rate").
+        go = self.out(tag, "go")
+        ready = [self.out(tag, f"{slot}.ready") for slot in range(len(learners))]
         procs = []
         for slot, h in enumerate(learners):
             procs.append(cluster.popen(h, [
                 PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
                 *self.common(params), "--dtype", case.dtype, "--drop-ratio", str(case.drop_ratio),
                 *(["--overlap"] if case.system.endswith("-engine") else []),
-                "--start-at", str(start_at),
+                "--ready", ready[slot], "--go", go,
                 "--result", self.out(tag, f"{slot}.json")],
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))
-        time.sleep(max(0.0, start_at - 0.1 - time.time()))  # a little early: none of the first push missed
+        self.wait_ready(procs, ready, case.name, tag)
         cpu_before = sum(cpu_seconds(p) for p in tgtds)
         wire_before = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
+        with open(go + ".tmp", "w") as f:
+            f.write(repr(time.time() + 0.2))  # every learner reads it within 10 ms
+        os.replace(go + ".tmp", go)
         self.wait_all(procs, case.name, tag)
         tgtd_cpu = sum(cpu_seconds(p) for p in tgtds) - cpu_before
         times, cpu = self.read_results(tag, len(learners))
