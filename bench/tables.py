@@ -140,6 +140,38 @@ def f32_vs_ddp():
     return "\n".join(table)
 
 
+LINKRATE_LABELS = {
+    "blkps-async": "blkps async, push then pull (`Model`)",
+    "blkps-bsp": "blkps bsp, push then pull (`Model`)",
+    "mpi": "MPI_Allreduce float32 (ring)",
+}
+
+
+def cluster_linkrate():
+    """The run of doc/data-path.md "Phases at link rate": blkps's push and
+    pull beside MPI float32 in one run, each phase's share of the link and
+    how much of the time the learners were in the same phase."""
+    import report  # bench/cluster/report.py
+    with open(os.path.join(RESULTS, "cluster-linkrate", "cluster.json"), encoding="utf-8") as f:
+        records = report.measured(json.load(f))
+    mpi = next(r["ms_per_exchange"] for r in records if r["system"] == "mpi" and r["dtype"] == "float32")
+    rows = [["exchange", "ms / exchange", "vs MPI f32", "push · pull ms (medians)", "push · pull, share of the link",
+             "learners in the same phase", "MB sent / host", "CPU ms / exchange: learner · tgtd"]]
+    for r in records:
+        share = report.phase_link_share(r)
+        cpu = f"{r['cpu_ms_per_exchange']:.0f}" + (f" · {r['tgtd_cpu_ms_per_exchange']:.0f}"
+                                                  if "tgtd_cpu_ms_per_exchange" in r else "")
+        rows.append([LINKRATE_LABELS.get(r["system"], r["system"]), f"{r['ms_per_exchange']:.0f}",
+                     f"{r['ms_per_exchange'] / mpi:.2f}",
+                     f"{r['ms_per_push']:.0f} · {r['ms_per_pull']:.0f}" if "ms_per_push" in r else "",
+                     f"{100 * share[0]:.0f}% · {100 * share[1]:.0f}%" if share else "",
+                     f"{100 * r['phase_alignment']:.0f}%" if "phase_alignment" in r else "",
+                     f"{r['wire_bytes_per_host'] / 1e6:.1f}", cpu])
+    table = _render(rows).split("\n")
+    table[1] = "|---|" + "---:|" * (len(rows[0]) - 1)
+    return "\n".join(table)
+
+
 def soak():
     """The committed soak run's figures (bench/soak.py writes them)."""
     return _render(_tables(_read("soak", "soak.md"))[0])
@@ -303,6 +335,7 @@ def cluster_table():
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
+    "cluster-linkrate": (cluster_linkrate, "bench/results/cluster-linkrate"),
     "one-host-ratios": (one_host_ratios, "bench/results/report.md"),
     "null-ratio": (null_ratio, "bench/results/report.md"),
     "fio": (fio_subset, "bench/results/report.md"),

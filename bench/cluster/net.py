@@ -122,6 +122,7 @@ class Cluster:
                 self._shape(self.netns(h), "eth0")
                 self._shape(self.switch, f"p{h}")
             how = "tbf rate {0} on both directions of every host's link".format(self.link)
+            how += f", TCP congestion control {self.congestion_control()} (the machine's default)"
             if self.delay and self.has_netem:
                 how += f", netem delay {self.delay} each way"
             elif not self.has_netem:
@@ -129,6 +130,11 @@ class Cluster:
             else:
                 how += "; no delay added (none asked)"
             self.shaping = how
+
+    def congestion_control(self):
+        """The TCP congestion control the hosts' connections use: a new
+        namespace takes the machine's default (net.ipv4.tcp_congestion_control)."""
+        return _ip("netns", "exec", self.netns(0), "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
 
     def _try_qdisc(self, ns, dev, qdisc):
         ok = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *qdisc],

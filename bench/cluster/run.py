@@ -163,7 +163,7 @@ class Runner:
     def read_results(self, tag, processes):
         """(every timed exchange's seconds, the processes' mean CPU ms per
         timed exchange) from the result files tag.K.json."""
-        times, cpu, phases, late = [], [], {"push": [], "pull": []}, []
+        times, cpu, phases, late, spans = [], [], {"push": [], "pull": []}, [], []
         for k in range(processes):
             with open(self.out(tag, f"{k}.json")) as f:
                 result = json.load(f)
@@ -172,12 +172,16 @@ class Runner:
             late.append(result.get("late_s", 0.0))
             for phase, seconds in phases.items():
                 seconds += result.get(f"{phase}_times", [])
+            for start, push, pull in zip(result.get("starts", []), result["push_times"], result["pull_times"]):
+                spans += [(k, "push", start, start + push), (k, "pull", start + push, start + push + pull)]
         out = {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
         if max(late) > 0:  # a blkps learner opened after the common start: its opening is in the counters
             out["late_start_s"] = max(late)
         for phase, seconds in phases.items():  # blkps's exchanges: a push, then a pull
             if seconds:
                 out[f"ms_per_{phase}"] = 1e3 * statistics.median(seconds)
+        if spans:
+            out["phase_alignment"] = phase_alignment(spans)
         return times, out
 
     def common(self, params):
@@ -201,6 +205,22 @@ class Runner:
         if any(p.returncode != 0 for p in procs):
             errs = " | ".join(open(f).read().strip()[-300:] for f in self.errs(tag))
             raise RuntimeError(f"{what} failed or timed out after {self.args.case_timeout} s: {errs}")
+
+    def wait_ready(self, procs, files, what, tag):
+        """Waits until every process has made its file in `files`; when one
+        ends first or the case outlives --case-timeout, ends the others and
+        raises a RuntimeError with the processes' last words."""
+        deadline = time.monotonic() + self.args.case_timeout
+        while not all(os.path.exists(f) for f in files):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGTERM)
+                        p.wait()
+                errs = " | ".join(open(f).read().strip()[-300:] for f in self.errs(tag))
+                raise RuntimeError(f"{what}: a learner ended, or the case ran past {self.args.case_timeout} s, "
+                                   f"before every learner was ready: {errs}")
+            time.sleep(0.01)
 
     def errs(self, tag):
         return sorted(os.path.join(self.raw, f) for f in os.listdir(self.raw) if f.startswith(tag + ".") and
@@ -245,22 +265,26 @@ class Runner:
         options = f"rule=sgd;lr=1e-9;mode={case.system.split('-')[1]}" + (f";{case.option}" if case.option else "")
         layouts, tgtds = self.start_shards(cluster, server_hosts, len(learners), params, options, case.dtype)
         # The learners log in (and with dropping, the engine pulls the first
-        # weights) before start_at; the counters start there.
-        model_s = 4 * params * 8 / link_bits_per_s(self.args.link)
-        engine = case.drop_ratio > 0 or case.system.endswith("-engine")
-        start_at = time.time() + 1.0 + 0.3 * len(learners) + (3 * model_s if engine else 0.0)
+        # weights), say they are ready and wait for the go file: they start
+        # together however long their logins took, in step, and the counters
+        # start just before (doc/data-path.md "Phases at link rate").
+        go = self.out(tag, "go")
+        ready = [self.out(tag, f"{slot}.ready") for slot in range(len(learners))]
         procs = []
         for slot, h in enumerate(learners):
             procs.append(cluster.popen(h, [
                 PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
                 *self.common(params), "--dtype", case.dtype, "--drop-ratio", str(case.drop_ratio),
                 *(["--overlap"] if case.system.endswith("-engine") else []),
-                "--start-at", str(start_at),
+                "--ready", ready[slot], "--go", go,
                 "--result", self.out(tag, f"{slot}.json")],
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))
-        time.sleep(max(0.0, start_at - 0.1 - time.time()))  # a little early: none of the first push missed
+        self.wait_ready(procs, ready, case.name, tag)
         cpu_before = sum(cpu_seconds(p) for p in tgtds)
         wire_before = [cluster.wire_bytes(h) for h in range(cluster.hosts)]
+        with open(go + ".tmp", "w") as f:
+            f.write(repr(time.time() + 0.2))  # every learner reads it within 10 ms
+        os.replace(go + ".tmp", go)
         self.wait_all(procs, case.name, tag)
         tgtd_cpu = sum(cpu_seconds(p) for p in tgtds) - cpu_before
         times, cpu = self.read_results(tag, len(learners))
@@ -477,6 +501,27 @@ def time_to_loss(samples, target, window):
         if statistics.mean(loss for _, loss in samples[i - window:i]) <= target:
             return samples[i - 1][0]
     return None
+
+
+def phase_alignment(spans):
+    """Of the time the learners spent in their phases while another learner
+    was in one too, the share in which both were in the same phase (both
+    pushing or both pulling). spans: (learner, "push"|"pull", start, end) in
+    wall-clock seconds. 1.0: the learners moved in step, so a push had every
+    link's both directions to itself (each host's uplink sends its learner's
+    push, its downlink takes its shard's pushes); lower: a learner pushed while
+    another pulled, and a host's link carried both in one direction while
+    the other direction idled (doc/data-path.md "Phases at link rate")."""
+    same = other = 0.0
+    for k, phase, start, end in spans:
+        for k2, phase2, start2, end2 in spans:
+            overlap = min(end, end2) - max(start, start2)
+            if k2 != k and overlap > 0:
+                if phase2 == phase:
+                    same += overlap
+                else:
+                    other += overlap
+    return same / (same + other) if same + other > 0 else 1.0
 
 
 def cpu_seconds(pid):

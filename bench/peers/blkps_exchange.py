@@ -9,9 +9,12 @@ counterpart of one all_reduce of the same vector.
                     [--overlap]
 
 It opens the device, waits until wall-clock second T (so that the learners
-start together), runs W + I exchanges back to back and writes FILE (JSON):
-the times of the I timed exchanges, of their pushes and pulls, its CPU
-seconds (user + system) over them, and how late it was ready for T. --dtype is the LUN's --bsopts dtype (a
+start together; with --ready R --go G instead it makes file R once open
+and starts at the second written in file G, which the caller writes once
+every learner is ready), runs W + I exchanges back to back and writes FILE (JSON):
+the times of the I timed exchanges, of their pushes and pulls, the wall
+clock (time.time()) at which each began, its CPU seconds (user + system)
+over them, and how late it was ready for T. --dtype is the LUN's --bsopts dtype (a
 16-bit wire), as the learner must say it. --drop-ratio R > 0 and
 --overlap exchange through blkps.Engine (which pulls the first weights when
 it opens): with --drop-ratio R a step pushes the largest 1 - R of the
@@ -45,6 +48,8 @@ def main():
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--start-at", type=float, default=0.0)
+    ap.add_argument("--ready", help="a file to make once the device is open (with --go)")
+    ap.add_argument("--go", help="wait until this file exists, then start at the wall-clock second it holds")
     ap.add_argument("--result", required=True)
     ap.add_argument("--dtype", help="the LUN's dtype: float32 (default), bfloat16 or float16")
     ap.add_argument("--drop-ratio", type=float, default=0.0, help="gradient runs dropped per push, in [0, 1)")
@@ -54,25 +59,42 @@ def main():
         exchange = EngineExchange(args) if args.drop_ratio > 0 or args.overlap else ModelExchange(args)
     except OSError as e:
         sys.exit(f"blkps_exchange: {e.strerror or e}")
-    times, pushes, pulls, cpu = [], [], [], 0.0
+    times, pushes, pulls, starts, cpu = [], [], [], [], 0.0
     with exchange.handle:
+        if args.go:
+            args.start_at = wait_for_go(args.ready, args.go)
         late = max(0.0, time.time() - args.start_at)  # > 0: opening outlasted the wait for start_at
         time.sleep(max(0.0, args.start_at - time.time()))
         for it in range(-args.warmup, args.iterations):
             if it == 0:
                 cpu = cpu_seconds()
             t0 = time.perf_counter()
+            start = time.time()
             push_s, pull_s = exchange.step()
             if it >= 0:
                 times.append(time.perf_counter() - t0)
                 pushes.append(push_s)
                 pulls.append(pull_s)
+                starts.append(start)
         cpu = cpu_seconds() - cpu
         pushed = exchange.params_pushed()
     with open(args.result, "w") as f:
         json.dump({"peer": "blkps", "target": args.target, "params": args.params, "dtype": args.dtype or "float32",
                    "drop_ratio": args.drop_ratio, "params_pushed": pushed, "late_s": late, "times": times,
-                   "push_times": pushes, "pull_times": pulls, "cpu": cpu}, f)
+                   "push_times": pushes, "pull_times": pulls, "starts": starts, "cpu": cpu}, f)
+
+
+def wait_for_go(ready, go):
+    """Says it is ready (makes `ready`), waits for `go` and returns the start
+    time written in it: the bench writes it once every learner is ready, so
+    that all start together however long their logins took."""
+    open(ready, "w").close()
+    while True:
+        try:
+            with open(go) as f:
+                return float(f.read())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.01)
 
 
 class ModelExchange:
