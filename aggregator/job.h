@@ -80,6 +80,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "learner_clocks.h"
@@ -245,7 +246,11 @@ class Job {
   };
   // One initiator's writes to one slot.
   struct Receipt {
-    std::map<uint64_t, uint32_t> applied;  // unit -> writes applied that start there (mod 2^32)
+    // unit -> writes applied that start there (mod 2^32). Hashed: a table's
+    // pushes touch units all over the device, and a tree's walk (a cache
+    // miss a level) was the largest part of a pushed row's cost in the
+    // plugin (doc/embeddings.md "Bench").
+    std::unordered_map<uint64_t, uint32_t> applied;
     uint64_t writes_applied = 0;
     uint64_t in_progress = 0;  // admitted, not yet finished or failed
     uint64_t last_use = 0;     // receipt_uses_ at its initiator's last I/O

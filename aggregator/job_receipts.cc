@@ -69,9 +69,8 @@ Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, 
     auto it = s.lun == lun ? s.receipts.find(initiator) : s.receipts.end();
     if (it == s.receipts.end()) continue;
     const Receipt& r = it->second;
-    for (auto c = r.applied.lower_bound(first_unit); c != r.applied.end() && c->first - first_unit < counts->size();
-         ++c) {
-      (*counts)[c->first - first_unit] = c->second;
+    for (const auto& [unit, count] : r.applied) {
+      if (unit >= first_unit && unit - first_unit < counts->size()) (*counts)[unit - first_unit] = count;
     }
     return ReceiptNumbers{r.writes_applied, r.in_progress};
   }
@@ -98,7 +97,11 @@ std::vector<uint64_t> Job::SaveReceiptsLocked() const {
       if (!initiator.empty()) std::memcpy(name.data(), initiator.data(), initiator.size());  // "": no data()
       words.insert(words.end(), name.begin(), name.end());
       words.push_back(r.applied.size());
-      for (const auto& [unit, count] : r.applied) words.insert(words.end(), {unit, count});
+      // By unit: the same receipts give the same bytes, whatever the hash
+      // map's history (a restored job saves what it loaded).
+      std::vector<std::pair<uint64_t, uint32_t>> counts(r.applied.begin(), r.applied.end());
+      std::sort(counts.begin(), counts.end());
+      for (const auto& [unit, count] : counts) words.insert(words.end(), {unit, count});
     }
   }
   return words;

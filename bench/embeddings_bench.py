@@ -3,11 +3,15 @@
 
 For each row width: one target serving a table (rule sgd) and tgt's null
 store; the same batches of ids go to both with pull_rows and push_rows (so
-the same requests at the same queue depth), rounds interleaved so that
-machine noise hits both; then a local torch.nn.EmbeddingBag (sum, sparse
-gradients, SGD) takes the same batches: forward, backward and step. Figures
-are medians over rounds, in ids per second (a batch's ids, repeats
-included) and distinct rows per second.
+the same requests at the same queue depth), batch by batch in turn (a batch
+to the table, then the same batch to null) so that machine noise hits both
+alike; each call is timed, and tgtd's CPU and socket bytes read around it,
+on its own. Every row of the batches is pushed once before the rounds (a
+row's first push makes it: its initial values and memory, a one-off).
+Then a local torch.nn.EmbeddingBag (sum, sparse gradients, SGD) takes the
+same batches: forward, backward and step. Figures are medians over rounds,
+in ids per second (a batch's ids, repeats included) and distinct rows per
+second.
 """
 import argparse
 import json
@@ -42,14 +46,11 @@ def batches(rows, batch, count, seed=1):
     return [((rng.zipf(1.05, batch) - 1) % rows).astype(np.uint64) for _ in range(count)]
 
 
-def rate(fn, ids_list, seconds, server_pid=None):
+def rate(fn, ids_list, seconds):
     """Runs fn(ids) over the batches, round robin, for about `seconds`;
-    returns (ids/s, distinct rows/s), and with server_pid also the server
-    process's CPU microseconds and socket bytes (read + written) per
-    distinct row."""
+    returns (ids/s, distinct rows/s)."""
     ids_done = rows_done = 0
     k = 0
-    before = server_counters(server_pid) if server_pid else None
     start = time.perf_counter()
     while True:
         ids = ids_list[k % len(ids_list)]
@@ -59,11 +60,34 @@ def rate(fn, ids_list, seconds, server_pid=None):
         k += 1
         took = time.perf_counter() - start
         if took >= seconds:
-            if before is None:
-                return ids_done / took, rows_done / took
+            return ids_done / took, rows_done / took
+
+
+def rates_side_by_side(fns, ids_list, seconds, server_pid):
+    """Runs each of fns (name -> fn(ids)) on the same batch in turn, batch
+    after batch, for about `seconds` in all; returns, per name, (ids/s,
+    distinct rows/s, server CPU microseconds per row, server socket bytes
+    per row) over its own calls."""
+    done = {name: [0, 0, 0.0, 0.0, 0] for name in fns}  # ids, rows, seconds, cpu s, bytes
+    k = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        ids = ids_list[k % len(ids_list)]
+        rows = len(np.unique(ids))
+        k += 1
+        for name, fn in fns.items():
+            before = server_counters(server_pid)
+            t0 = time.perf_counter()
+            fn(ids)
+            took = time.perf_counter() - t0
             after = server_counters(server_pid)
-            return (ids_done / took, rows_done / took, 1e6 * (after[0] - before[0]) / rows_done,
-                    (after[1] - before[1]) / rows_done)
+            d = done[name]
+            d[0] += len(ids)
+            d[1] += rows
+            d[2] += took
+            d[3] += after[0] - before[0]
+            d[4] += after[1] - before[1]
+    return {name: (d[0] / d[2], d[1] / d[2], 1e6 * d[3] / d[1], d[4] / d[1]) for name, d in done.items()}
 
 
 def server_counters(pid):
@@ -96,17 +120,21 @@ def served(a, width, ids_list):
         runs = {}
         with blkps.Model(env["URL"], queue_depth=a.qd) as table, \
                 blkps.Model(env["NULL_URL"], queue_depth=a.qd) as null:
+            for ids in ids_list:  # every row made
+                table.push_rows(ids, grads[:len(ids)])
             for r in range(a.rounds):
-                for store, model in (("blkps", table), ("null", null)):
-                    for op in ("pull", "push"):
-                        if op == "pull":
-                            fn = lambda ids, m=model: m.pull_rows(ids, width)  # noqa: E731
-                        else:
-                            fn = lambda ids, m=model: m.push_rows(ids, grads[:len(ids)])  # noqa: E731
-                        got = rate(fn, ids_list, a.seconds, pid)
-                        runs.setdefault((store, op), []).append(got)
-                        print(f"width {width} round {r + 1}/{a.rounds}: {store} {op} {got[0]:,.0f} ids/s",
-                              file=sys.stderr)
+                for op in ("pull", "push"):
+                    if op == "pull":
+                        fns = {store: lambda ids, m=m: m.pull_rows(ids, width)  # noqa: E731
+                               for store, m in (("blkps", table), ("null", null))}
+                    else:
+                        fns = {store: lambda ids, m=m: m.push_rows(ids, grads[:len(ids)])  # noqa: E731
+                               for store, m in (("blkps", table), ("null", null))}
+                    got = rates_side_by_side(fns, ids_list, 2 * a.seconds, pid)
+                    for store, g in got.items():
+                        runs.setdefault((store, op), []).append(g)
+                    print(f"width {width} round {r + 1}/{a.rounds}: {op} blkps {got['blkps'][0]:,.0f} ids/s, "
+                          f"null {got['null'][0]:,.0f} ({got['blkps'][0] / got['null'][0]:.2f})", file=sys.stderr)
         # ids/s, rows/s, server CPU µs per row, server socket bytes per row
         return {f"{store}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
                 for (store, op), got in runs.items()}
@@ -143,13 +171,15 @@ def main():
         r = served(a, width, ids_list)
         r["local_torch.step"] = local_torch(a, width, ids_list)
         results["widths"][width] = r
+    results["load_average"] = os.getloadavg()[0]
     with open(os.path.join(a.out, "embeddings.json"), "w") as f:
         json.dump(results, f, indent=2)
-    lines = [f"# Embedding rows through blkps vs tgt null vs local torch",
+    lines = ["# Embedding rows through blkps vs tgt null vs local torch",
              "",
              f"{a.rows:,} rows, batches of {a.batch} Zipf(1.05) ids ({distinct:.0f} distinct on average), "
-             f"queue depth {a.qd}, median of {a.rounds} rounds of {a.seconds:g} s; ids/s (a batch's ids, "
-             f"repeats included). Command: `sudo bench/embeddings.sh "
+             f"queue depth {a.qd}, median of {a.rounds} rounds (each op: {2 * a.seconds:g} s of batches, each "
+             f"sent to blkps then to null, each call timed on its own; rows made before); ids/s (a batch's ids, "
+             f"repeats included). Load average {os.getloadavg()[0]:.1f} at the end. Command: `sudo bench/embeddings.sh "
              f"--rows {a.rows} --batch {a.batch} --qd {a.qd} --widths {a.widths}`.",
              "",
              "| width | row bytes | pull ids/s | null pull | ratio | push ids/s | null push | ratio | local torch step ids/s |",
