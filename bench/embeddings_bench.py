@@ -4,8 +4,8 @@
 For each row width: one target serving a table (rule sgd) and tgt's null
 store; the same batches of ids go to both with pull_rows and push_rows (so
 the same requests at the same queue depth), batch by batch in turn (a batch
-to the table, then the same batch to null) so that machine noise hits both
-alike; each call is timed, and tgtd's CPU and socket bytes read around it,
+to the table and the same batch to null, who goes first alternating) so
+that machine noise hits both alike; each call is timed, and tgtd's CPU and socket bytes read around it,
 on its own. Every row of the batches is pushed once before the rounds (a
 row's first push makes it: its initial values and memory, a one-off).
 Then a local torch.nn.EmbeddingBag (sum, sparse gradients, SGD) takes the
@@ -65,7 +65,8 @@ def rate(fn, ids_list, seconds):
 
 def rates_side_by_side(fns, ids_list, seconds, server_pid):
     """Runs each of fns (name -> fn(ids)) on the same batch in turn, batch
-    after batch, for about `seconds` in all; returns, per name, (ids/s,
+    after batch (who goes first alternating), for about `seconds` in all;
+    returns, per name, (ids/s,
     distinct rows/s, server CPU microseconds per row, server socket bytes
     per row) over its own calls."""
     done = {name: [0, 0, 0.0, 0.0, 0] for name in fns}  # ids, rows, seconds, cpu s, bytes
@@ -75,7 +76,8 @@ def rates_side_by_side(fns, ids_list, seconds, server_pid):
         ids = ids_list[k % len(ids_list)]
         rows = len(np.unique(ids))
         k += 1
-        for name, fn in fns.items():
+        order = list(fns.items())
+        for name, fn in order if k % 2 else order[::-1]:
             before = server_counters(server_pid)
             t0 = time.perf_counter()
             fn(ids)
@@ -178,7 +180,7 @@ def main():
              "",
              f"{a.rows:,} rows, batches of {a.batch} Zipf(1.05) ids ({distinct:.0f} distinct on average), "
              f"queue depth {a.qd}, median of {a.rounds} rounds (each op: {2 * a.seconds:g} s of batches, each "
-             f"sent to blkps then to null, each call timed on its own; rows made before); ids/s (a batch's ids, "
+             f"sent to blkps and to null in turn, each call timed on its own; rows made before); ids/s (a batch's ids, "
              f"repeats included). Load average {os.getloadavg()[0]:.1f} at the end. Command: `sudo bench/embeddings.sh "
              f"--rows {a.rows} --batch {a.batch} --qd {a.qd} --widths {a.widths}`.",
              "",
