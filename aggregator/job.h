@@ -166,6 +166,8 @@ class Job {
 
   // A learner's READ: the weights. Unavailable if the job has failed.
   Status Read(size_t slot, uint64_t offset, void* dst, size_t len);
+  // The same READ as Model::ReadParams (the 16-bit wire's).
+  Status ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights& take);
   // A learner's WRITE: its gradient, applied per the consistency mode
   // (Model::ApplyGradient) and counted on the learner's clocks and on
   // `initiator`'s receipt. Errors as Model::ApplyGradient (nothing applied,

@@ -16,6 +16,14 @@ Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
   return model_->Read(offset, dst, len);
 }
 
+Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights& take) {
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Status::Unavailable(failure_);
+  }
+  return model_->ReadParams(first, count, take);
+}
+
 Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
                   uint64_t device_offset) {
   EnterWriteGate();

@@ -188,6 +188,29 @@ Status Model::Read(uint64_t offset, void* dst, size_t len) const {
   return Status::OK();
 }
 
+Status Model::ReadParams(uint64_t first, uint64_t count, const TakeWeights& take) const {
+  if (first > num_params_ || count > num_params_ - first) {
+    return Status::OutOfRange("parameters [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                              ") pass the end of the model (" + std::to_string(num_params_) + " parameters)");
+  }
+  const uint64_t block_params = block_bytes_ / sizeof(float);
+  for (uint64_t p = first; p < first + count;) {
+    const uint64_t block = p / block_params;
+    const uint64_t stop = std::min(first + count, (block + 1) * block_params);
+    std::shared_lock<std::shared_mutex> lock(block_locks_[block]);
+    if (table_.is_table()) {
+      thread_local std::vector<float> rows;
+      rows.resize(stop - p);
+      ReadTableLocked(p * sizeof(float), stop * sizeof(float), reinterpret_cast<char*>(rows.data()));
+      take(rows.data(), stop - p, p - first);
+    } else {
+      take(weights_ + p, stop - p, p - first);
+    }
+    p = stop;
+  }
+  return Status::OK();
+}
+
 Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const {
   Status s = CheckRange(offset, len);
   if (!s.ok()) return s;

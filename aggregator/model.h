@@ -112,6 +112,16 @@ class Model {
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
   Status Read(uint64_t offset, void* dst, size_t len) const;
 
+  // Read() without the copy: hands the weights of parameters [first,
+  // first + count) to `take` in order, a piece per block, each under that
+  // block's read lock (so no piece is torn): take(weights, n, done), `done`
+  // being the parameters handed before. A table's rows not made yet are
+  // handed as Read() gives them. The 16-bit wire narrows straight out of the
+  // model this way, in one pass. Returns OutOfRange, handing nothing, if the
+  // parameters pass num_params().
+  using TakeWeights = std::function<void(const float* weights, uint64_t n, uint64_t done)>;
+  Status ReadParams(uint64_t first, uint64_t count, const TakeWeights& take) const;
+
   // Applies the gradient held in device bytes [offset, offset + len) of src,
   // block by block under each block's write lock: with the update rule, or,
   // with an accumulator (bsp), by adding it to the round's sum, which

@@ -44,7 +44,10 @@ class SgdRule final : public UpdateRule {
   void ApplyScaled(uint64_t, float* __restrict w, const float* __restrict g, size_t n, float scale) override {
     if (scale == 1.0f) return cblas_saxpy(static_cast<blasint>(n), -lr(), g, 1, w, 1);
     const float lr = this->lr();
-    ForEachParameter(n, [=](size_t i) { w[i] -= lr * (scale * g[i]); });
+    // A plain loop over the __restrict parameters: through ForEachParameter's
+    // lambda (whose captured pointers lose __restrict) GCC unrolled each
+    // chunk into scalar code, and perf saw this step take 3.5× saxpy's time.
+    for (size_t i = 0; i < n; ++i) w[i] -= lr * (scale * g[i]);
   }
 };
 

@@ -8,7 +8,7 @@ seconds per GB of the learner (blkps-iobench's own getrusage) and of tgtd
 
     sudo bench/server-cpu.py [--bs 1M] [--qd 16] [--seconds 3] [--rounds 3]
                              [--bsopts OPTS] [--dtypes float32,bfloat16]
-                             [--ops write,read] [--plugin SO] [--json FILE]
+                             [--ops write,read] [--plugin SO] [--iobench PROG] [--json FILE]
 
 GB are float32 GB (1e9 bytes of float32 parameters, 4 per parameter)
 whatever a LUN carries, so a bfloat16 row's rate and CPU compare with the
@@ -46,7 +46,7 @@ def cpu_seconds(pid):
 def run_once(pid, url, dtype, op, a):
     """One iobench run; returns {MBps, learner and tgtd s/GB (user, sys)}."""
     before = cpu_seconds(pid)
-    run = subprocess.run([IOBENCH, "--target", url, "--op", "push" if op == "write" else "pull", "--dtype", dtype,
+    run = subprocess.run([a.iobench, "--target", url, "--op", "push" if op == "write" else "pull", "--dtype", dtype,
                           "--bs", a.bs, "--qd", str(a.qd), "--span", "32M", "--seconds", str(a.seconds)],
                          capture_output=True, text=True)
     if run.returncode != 0:
@@ -71,6 +71,8 @@ def main():
     p.add_argument("--dtypes", default="float32", help="blkps LUNs to measure, comma-separated: "
                    "float32, bfloat16, float16 (default float32)")
     p.add_argument("--plugin", help="bs_blkps.so to preload (default: the build tree's)")
+    p.add_argument("--iobench", default=IOBENCH, help="blkps-iobench to run (default: the build tree's); with "
+                   "--plugin, compares another build's two ends")
     p.add_argument("--ops", default="write,read", help="which of write (push) and read (pull); default both")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args()
@@ -82,8 +84,8 @@ def main():
         sys.exit(f"server-cpu: --dtypes: expected some of {', '.join(DTYPES)}, got '{a.dtypes}'")
     if "dtype=" in a.bsopts:
         sys.exit("server-cpu: --bsopts: leave dtype= out and name the LUNs' types with --dtypes")
-    if not os.access(IOBENCH, os.X_OK):
-        sys.exit(f"server-cpu: {IOBENCH} not built: run scripts/build.sh")
+    if not os.access(a.iobench, os.X_OK):
+        sys.exit(f"server-cpu: {a.iobench} not built: run scripts/build.sh")
     state = tempfile.mkdtemp(prefix="blkps-cpu-")
     try:
         subprocess.run([BLKPS, "target", "start", "--dir", state, "--null-lun", "--bsopts", a.bsopts,

@@ -47,7 +47,7 @@ server::Status ToWireRange(const blkps_lu& lu, uint64_t offset, uint64_t len, Wi
   return server::Status::OK();
 }
 
-// Per worker thread: the float32 side of a 16-bit transfer.
+// Per worker thread: the float32 side of a 16-bit WRITE.
 std::vector<float>& WideScratch(uint64_t count) {
   thread_local std::vector<float> scratch;
   if (scratch.size() < count) scratch.resize(count);
@@ -56,16 +56,19 @@ std::vector<float>& WideScratch(uint64_t count) {
 
 }  // namespace
 
+// One pass: each block's weights are narrowed straight into tgt's buffer
+// under the block's read lock (Model::ReadParams), with no float32 copy.
 server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) {
   WireRange r;
   server::Status s = ToWireRange(*lu, offset, len, &r);
   if (!s.ok()) return s;
-  std::vector<float>& wide = WideScratch(r.count);
-  s = lu->job->Read(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float));
-  if (!s.ok()) return s;
   uint16_t* narrow = static_cast<uint16_t*>(buf);
+  const blkps::wire::Dtype dtype = lu->options.dtype;
   // A read returns what each weight rounds to, float16 overflow (Inf) included.
-  (void)blkps::wire::Narrow(lu->options.dtype, wide.data(), narrow, r.count);
+  s = lu->job->ReadParams(r.first, r.count, [narrow, dtype](const float* weights, uint64_t n, uint64_t done) {
+    (void)blkps::wire::Narrow(dtype, weights, narrow + done, n);
+  });
+  if (!s.ok()) return s;
   std::memset(narrow + r.count, 0, len - r.count * 2);  // padding
   return server::Status::OK();
 }

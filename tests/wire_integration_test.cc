@@ -217,6 +217,47 @@ TEST(WireDtype, BspRoundsCompleteWithSixteenBitLearners) {
   for (uint64_t i = 0; i < kParams; ++i) ASSERT_EQ(w[i], -3.0f) << i;
 }
 
+// A pull of many requests, from and to the middle of a logical block, over
+// many model blocks: the plugin narrows each block's piece straight out of
+// the model and libblkps widens each request as it completes (and the
+// partial first and last blocks after them); every value is the weight
+// rounded to the LUN's type, ties to even.
+TEST(WireDtype, PullsOfManyRequestsWidenEveryValueOnce) {
+  constexpr uint64_t kMany = 20000;
+  TargetProcess target("params=" + std::to_string(kMany) + ";rule=sum;block=1K");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_EQ(AddLun(target, 5, "params=20000;rule=sum;block=1K;dtype=bfloat16"), 0) << target.Log();
+  ASSERT_EQ(AddLun(target, 6, "params=20000;rule=sum;block=1K;dtype=float16"), 0) << target.Log();
+  std::vector<float> w(kMany);
+  for (uint64_t i = 0; i < kMany; ++i) w[i] = static_cast<float>(i) * 0.3701f - 3000.0f;  // rounds in both types
+  {
+    ModelHandle h(target.url(1), nullptr);
+    ASSERT_NE(h.m, nullptr) << h.error;
+    ASSERT_EQ(blkps_push(h.m, 0, w.data(), kMany), 0) << blkps_last_error(h.m);
+  }
+  for (Dtype t : {Dtype::kBfloat16, Dtype::kFloat16}) {
+    blkps_open_options o{};
+    o.dtype = blkps::wire::DtypeName(t);
+    o.request_bytes = 1024;  // 512 values a request
+    o.queue_depth = 4;
+    blkps_model* m = nullptr;
+    char err[512] = "";
+    ASSERT_EQ(blkps_open(target.url(t == Dtype::kBfloat16 ? 5 : 6).c_str(), &o, &m, err, sizeof err), 0) << err;
+    const struct { uint64_t first, count; } pulls[] = {{3, kMany - 13}, {0, kMany}, {300, 7}, {255, 2}};
+    for (const auto& p : pulls) {
+      std::vector<float> got(p.count, -1.0f);
+      ASSERT_EQ(blkps_pull(m, p.first, got.data(), p.count), 0) << blkps_last_error(m);
+      for (uint64_t i = 0; i < p.count; ++i) {
+        const float x = w[p.first + i];
+        const float want = t == Dtype::kBfloat16 ? blkps::wire::Bfloat16ToFloat(blkps::wire::FloatToBfloat16(x))
+                                                 : blkps::wire::Float16ToFloat(blkps::wire::FloatToFloat16(x));
+        ASSERT_EQ(got[i], want) << o.dtype << " pull from " << p.first << ": parameter " << p.first + i;
+      }
+    }
+    blkps_close(m);
+  }
+}
+
 TEST(WireDtype, LunsOfOneModelMayDifferInDtypeOnly) {
   TargetProcess target("params=1000;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();

@@ -12,6 +12,14 @@ namespace blkps {
 
 const char* DirectionName(Direction direction) { return direction == Direction::kRead ? "read" : "write"; }
 
+Status Device::ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) {
+  Status status = Transfer(Direction::kRead, requests, queue_depth);
+  if (status.ok()) {
+    for (size_t k = 0; k < requests.size(); ++k) consume(k);
+  }
+  return status;
+}
+
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status) {
   if (target.rfind("iscsi://", 0) == 0 || target.rfind("iser://", 0) == 0) {
     return OpenIscsiDevice(target, initiator_name, status);

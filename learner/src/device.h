@@ -23,6 +23,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,15 @@ class Device {
   // are waited for, and the first failure is returned. Which of the other
   // requests reached the device is then unspecified.
   virtual Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) = 0;
+
+  // Transfer(kRead, ...) that hands request k to consume(k), on this thread,
+  // once it has completed GOOD, while later requests may still be in flight:
+  // the caller converts each piece while it is in cache and the transfer
+  // goes on (the 16-bit wire's widening). Each request is handed at most
+  // once; after a failure some are not handed. This default hands them all
+  // after Transfer().
+  using ConsumeFn = std::function<void(size_t index)>;
+  virtual Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume);
 
   // Makes every completed write durable (fsync / SYNCHRONIZE CACHE); on the
   // blkps server this checkpoints the model.

@@ -61,6 +61,16 @@ Status CommandError(const std::string& what, const Command& command) {
 }  // namespace
 
 Status IscsiDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
+  return RunRequests(direction, requests, queue_depth, nullptr);
+}
+
+Status IscsiDevice::ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth,
+                                  const ConsumeFn& consume) {
+  return RunRequests(Direction::kRead, requests, queue_depth, &consume);
+}
+
+Status IscsiDevice::RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
+                                const ConsumeFn* consume) {
   auto start = [&](size_t index, Command* command) {
     const IoRequest& request = requests[index];
     const uint64_t lba = request.offset / block_size_;
@@ -76,7 +86,7 @@ Status IscsiDevice::Transfer(Direction direction, const std::vector<IoRequest>& 
            name_;
   };
   return RunCommands(requests.size(), queue_depth, start, describe,
-                     direction == Direction::kWrite ? &requests : nullptr);
+                     direction == Direction::kWrite ? &requests : nullptr, consume);
 }
 
 Status IscsiDevice::Sync() {
@@ -88,7 +98,7 @@ Status IscsiDevice::Sync() {
 }
 
 Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
-                                const std::vector<IoRequest>* writes) {
+                                const std::vector<IoRequest>* writes, const ConsumeFn* consume) {
   if (!lost_.ok()) return lost_;
   // No command is in flight between batches, so the slots may move.
   if (spec_.iser) queue_depth = std::min(queue_depth, kIserMaxInFlight);
@@ -138,6 +148,8 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
         ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
         write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] =
             write.length - write.padding_head - write.padding_tail;
+      } else if (consume != nullptr) {
+        (*consume)(command.index);
       }
       scsi_free_scsi_task(command.task);
       command = Command();

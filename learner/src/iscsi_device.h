@@ -81,6 +81,7 @@ class IscsiDevice : public Device {
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
+  Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
   Status Sync() override;
 
   // Reads this session's receipt into *counts (one per unit of the device).
@@ -97,8 +98,12 @@ class IscsiDevice : public Device {
   using DescribeFn = std::function<std::string(size_t index)>;
 
   // `writes`: the batch's requests when its commands are writes, else null.
+  // `consume`: called with each command's index as it ends GOOD, or null.
   Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
-                     const std::vector<IoRequest>* writes);
+                     const std::vector<IoRequest>* writes, const ConsumeFn* consume = nullptr);
+  // Transfer and ReadConsuming (`consume` null for Transfer).
+  Status RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
+                     const ConsumeFn* consume);
   Status Service();
   // The session dropped and every command of it has ended; `dropped` lists
   // the batch's commands that were in flight. Logs in again and stores in

@@ -200,9 +200,39 @@ int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
   } catch (const std::bad_alloc&) {
     return Record(Status::Error(ENOMEM, "pull: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
   }
-  status = Transfer(*device_, Direction::kRead, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_);
-  if (status.ok()) wire::Widen(dtype_, wire_buffer_.data(), weights, count);
-  return Record(status);
+  return Record(PullWidening(offset, weights, count));
+}
+
+// A 16-bit pull widens each request's values as that request completes,
+// while they are in cache and later requests are in flight (one pass over
+// the wire buffer, overlapped with the transfer). A request's bytes that lie
+// in a partial first or last block arrive through the plan's bounce block,
+// after FinishRead: the first and last block's worth of values (all of
+// any partial block) are widened again then.
+Status Model::PullWidening(uint64_t offset, float* weights, uint64_t count) {
+  const uint64_t length = count * 2;
+  if (length == 0) return Status();
+  try {
+    TransferPlan plan(Direction::kRead, offset, wire_buffer_.data(), length, device_->logical_block_size(),
+                      request_bytes_);
+    const std::vector<IoRequest>& requests = plan.requests();
+    auto widen = [&](uint64_t from, uint64_t to) {  // device bytes, clipped to the pull
+      from = std::max(from, offset);
+      to = std::min(to, offset + length);
+      if (from < to)
+        wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], weights + (from - offset) / 2, (to - from) / 2);
+    };
+    Status status = device_->ReadConsuming(
+        requests, queue_depth_, [&](size_t k) { widen(requests[k].offset, requests[k].offset + requests[k].length); });
+    if (!status.ok()) return status;
+    plan.FinishRead();
+    const uint64_t block = device_->logical_block_size();
+    widen(offset, offset + block);
+    widen(offset + length - std::min(length, block), offset + length);
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "out of memory planning a read of %llu bytes", static_cast<ull>(length));
+  }
 }
 
 // The device must be 16-bit for Push16/Pull16.

@@ -178,6 +178,8 @@ class BLKPS_EXPORT Model {
 
   // Records a failure in last_error_; returns 0 or the negative errno.
   int Record(const Status& status);
+  // Pull's 16-bit transfer into wire_buffer_, widened into `weights`.
+  Status PullWidening(uint64_t offset, float* weights, uint64_t count);
 
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;
