@@ -67,7 +67,12 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
 
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   Slot& s = slots_[slot];
-  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return 0;  // nothing read: unknown, as written
+  // With L learners a push is at least 1/L of a round (one step of one
+  // process on the total batch), however fresh: it is applied as at least
+  // L-1 updates stale (doc/async.md "Gradient mode: staleness-aware steps
+  // in the server"). One learner: 0, as written.
+  const uint64_t round = opts_.staleness_aware && !slots_.empty() ? slots_.size() - 1 : 0;
+  if (s.read_version.empty() || s.read_version[b] == kNeverRead) return round;  // nothing read: unknown
   const uint64_t tau = clocks_.version(b) - s.read_version[b] - s.own_since_read[b];
   s.push_staleness_max = std::max(s.push_staleness_max, tau);
   s.push_staleness_sum += tau;
@@ -84,7 +89,7 @@ uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   } else {
     s.told_stale = false;
   }
-  return opts_.staleness_aware ? tau : 0;
+  return opts_.staleness_aware ? std::max(tau, round) : 0;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

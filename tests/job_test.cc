@@ -165,10 +165,12 @@ TEST(Job, OneAsyncLearnerGetsEveryRuleExactlyAsWritten) {
   }
 }
 
-// Two learners read the same weights; the second push has staleness 1 (one
-// update since its read) and is applied at half its size: 1/(1+τ).
-TEST(Job, AsyncStalePushIsScaledByOneOverOnePlusStaleness) {
-  for (const char* mode : {"async", "ssp:1"}) {
+// Two learners (L = 2) read the same weights. With staleness awareness a
+// push is applied at 1/max(L, 1+τ) of its size (doc/async.md "Gradient
+// mode: staleness-aware steps in the server"): b's two fresh pushes (its
+// own do not count) at 1/2, a's push, two updates stale, at 1/3.
+TEST(Job, AsyncPushIsAtMostOneLearnersShareAndStalerPushesLess) {
+  for (const char* mode : {"async", "ssp:2"}) {
     for (int aware = 0; aware < 2; ++aware) {
       JobOptions o = Options(16, mode);  // sgd, lr 1
       o.staleness_aware = aware == 1;
@@ -178,13 +180,14 @@ TEST(Job, AsyncStalePushIsScaledByOneOverOnePlusStaleness) {
       ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
       ASSERT_EQ(job->Admit(b, false, 0, 64, nullptr), Job::Admission::kRun);
       const std::vector<float> g(16, 1.0f);
-      std::mt19937 rng(2);
-      PushInPieces(*job, b, g, rng);  // fresh: w = -1
-      ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);
-      ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());  // one update stale
-      EXPECT_EQ(ReadAll(*job, 16), std::vector<float>(16, aware ? -1.5f : -2.0f)) << mode;
+      for (size_t slot : {b, b, a}) {
+        ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
+        ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
+      }
+      const float want = aware ? -(0.5f + 0.5f + 1.0f / 3.0f) : -3.0f;
+      for (float w : ReadAll(*job, 16)) EXPECT_FLOAT_EQ(w, want) << mode << " aware " << aware;
       const std::string status = job->StatusJson();
-      EXPECT_NE(status.find("\"push_staleness_max\": 1, \"push_staleness_mean\": 1.000"), std::string::npos) << status;
+      EXPECT_NE(status.find("\"push_staleness_max\": 2, \"push_staleness_mean\": 2.000"), std::string::npos) << status;
     }
   }
 }

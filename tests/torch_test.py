@@ -226,16 +226,19 @@ def case_delta_async():
 
 
 def case_look_ahead():
-    """Delta mode's look-ahead (doc/async.md "Delta mode: look-ahead"): after
-    each pull the parameters are the server's weights plus look_ahead times
-    the server's move since the previous pull, and the next gradient is
-    taken there; the server adds the local step as pushed. One async
-    learner with look_ahead 1/2, against the same in one process."""
+    """The look-ahead (doc/async.md "Look-ahead"): after each pull the
+    parameters are the server's weights plus look_ahead times the server's
+    move since the previous pull, and the next gradient is taken there; the
+    server applies the push as usual. One async learner with look_ahead 1/2,
+    in delta mode (server sum, the local SGD step pushed) and in gradient
+    mode (server sgd, the gradient pushed in 1024-float buckets, pulled
+    during backward), against the same in one process: both take
+    w -= lr·(gradient at the look-ahead point)."""
     lr, k = 0.1, 0.5
     count = params_of("mlp")
     model = MODELS["mlp"](0)
     server_w = flat(model)
-    last = None
+    last = torch.from_numpy(server_w)  # broadcast_parameters' pull: no move, the first pull's baseline
     for t in range(STEPS):
         model.zero_grad()
         x, y = batch(t, 0)
@@ -246,21 +249,25 @@ def case_look_ahead():
                 p -= lr * p.grad
             server_w = server_w + (torch.nn.utils.parameters_to_vector(model.parameters()) - before).numpy()
             pulled = torch.from_numpy(server_w)
-            ahead = pulled if last is None else pulled + k * (pulled - last)
+            ahead = pulled + k * (pulled - last)
             last = pulled
             torch.nn.utils.vector_to_parameters(ahead.clone(), model.parameters())
     want_learner = flat(model)
 
-    def body(server):
-        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": STEPS, "seed": 0, "look_ahead": k}
-        r = server.run_learners(config, 1)[0]
-        check(r["look_ahead"] == k, f"look_ahead {r['look_ahead']}, asked for {k}")
-        diff = check_close(server.weights(count), server_w, "the server's weights")
-        check_close(r["weights"], want_learner, "the learner's parameters (the look-ahead point)")
-        moved = float(np.max(np.abs(want_learner - server_w)))
-        check(moved > 100 * TOLERANCE, f"the look-ahead point is the server's weights (moved {moved:g})")
-        print(f"look-ahead {k}: {STEPS} steps, server and parameters as in one process (max difference {diff:g})")
-    with_server(f"params={count};rule=sum;mode=async", 1, body)
+    for optimizer, rule in (("delta", "sum"), ("gradient", f"sgd;lr={lr}")):
+        def body(server):
+            config = {"model": "mlp", "optimizer": optimizer, "lr": lr, "steps": STEPS, "seed": 0,
+                      "look_ahead": k}
+            r = server.run_learners(config, 1)[0]
+            check(r["look_ahead"] == k, f"{optimizer} mode: look_ahead {r['look_ahead']}, asked for {k}")
+            diff = check_close(server.weights(count), server_w, f"{optimizer} mode: the server's weights")
+            check_close(r["weights"], want_learner,
+                        f"{optimizer} mode: the learner's parameters (the look-ahead point)")
+            moved = float(np.max(np.abs(want_learner - server_w)))
+            check(moved > 100 * TOLERANCE, f"the look-ahead point is the server's weights (moved {moved:g})")
+            print(f"{optimizer} mode, look-ahead {k}: {STEPS} steps, server and parameters as in one process "
+                  f"(max difference {diff:g})")
+        with_server(f"params={count};rule={rule};mode=async", 1, body)
 
 
 def case_buckets():

@@ -307,8 +307,9 @@ TEST(UpdateRule, SumAndAverageAddStalePushesAsWritten) {
   }
 }
 
-// momentum, a push of staleness N-1: v = μ^N·v + g/N, then the rule's step.
-TEST(UpdateRule, StaleMomentumDecaysByMuToTheNAndTakesGOverN) {
+// momentum, a push of staleness N-1: v = d·v + c·g with d = μ^(1/N),
+// c = (1-d)/(1-μ), then the rule's step with lr/N (aggregator/update_rule.cc).
+TEST(UpdateRule, StaleMomentumIsOneNthOfARound) {
   for (bool nesterov : {false, true}) {
     RuleOptions o = Named("momentum", 0.05f);
     o.nesterov = nesterov;
@@ -317,15 +318,30 @@ TEST(UpdateRule, StaleMomentumDecaysByMuToTheNAndTakesGOverN) {
       double v = 0, w = 0;
       float wf = 0.0f;
       const float gs[] = {1.0f, -0.5f, 2.0f, 0.25f};
+      const double n = static_cast<double>(learners), d = std::pow(0.9, 1.0 / n), c = (1 - d) / (1 - 0.9);
       for (float g : gs) {
         rule->ApplyStale(0, &wf, &g, 1, learners - 1);
-        const double mu = std::pow(0.9, static_cast<double>(learners)), gn = g / static_cast<double>(learners);
-        v = mu * v + gn;
-        w -= 0.05 * (nesterov ? gn + mu * v : v);
+        v = d * v + c * g;
+        w -= 0.05 / n * (nesterov ? c * g + d * v : v);
       }
       EXPECT_NEAR(wf, w, 1e-6) << learners << " learners, nesterov " << nesterov;
       EXPECT_NEAR(*static_cast<const float*>(rule->state()[0].data), v, 1e-6);
     }
+  }
+}
+
+// N learners pushing a steady gradient, each push N-1 updates stale, move
+// the model per round of N pushes as one process does per step: lr·g/(1-μ)
+// (doc/async.md "Gradient mode: staleness-aware steps in the server").
+TEST(UpdateRule, StaleMomentumRoundMovesAsOneProcessStep) {
+  for (uint64_t learners : {1, 2, 4, 8}) {
+    std::unique_ptr<UpdateRule> rule = Make(Named("momentum", 0.05f), 1);
+    float w = 0.0f;
+    const float g = 1.0f;
+    for (int push = 0; push < 400 * static_cast<int>(learners); ++push) rule->ApplyStale(0, &w, &g, 1, learners - 1);
+    const float before = w;
+    for (uint64_t push = 0; push < learners; ++push) rule->ApplyStale(0, &w, &g, 1, learners - 1);
+    EXPECT_NEAR(before - w, 0.05 / (1 - 0.9), 1e-3) << learners << " learners";
   }
 }
 

@@ -67,7 +67,7 @@ def add_arguments(ap):
     ap.add_argument("--lr", type=float, default=0.05, help="delta mode and --local: local SGD's lr")
     ap.add_argument("--momentum", type=float, default=0.9, help="delta mode and --local: SGD momentum")
     ap.add_argument("--look-ahead", type=float, default=None,
-                    help="delta mode: DistributedOptimizer's look_ahead (default: blkps.torch's)")
+                    help="async and ssp: DistributedOptimizer's look_ahead (default: blkps.torch's)")
     ap.add_argument("--bucket-bytes", type=int, default=0, help="gradient mode's bucket (0: default)")
     ap.add_argument("--eval-every", type=int, default=0, help="rank 0: held-out accuracy every N steps")
     ap.add_argument("--seed", type=int, default=0)
@@ -168,6 +168,16 @@ def main():
         print(f"{tag}: epoch {epoch + 1}/{args.epochs} step {step} loss {loss_sum / seen:.4f} "
               f"train accuracy {right / seen:.4f} {seen / took:.0f} samples/s", flush=True)
     train_s = time.monotonic() - started - eval_s
+    if not args.local and not args.ddp and size > 1:
+        # At equal epochs: rank 0 evaluates the server's weights once every
+        # learner has finished (in async it may finish first; with the
+        # look-ahead its parameters are not the server's weights).
+        try:
+            bps.barrier()
+            if rank == 0:
+                optimizer.pull_server_weights()
+        except (OSError, ValueError, TimeoutError) as e:
+            sys.exit(f"torch_fashion: {tag}: {e}")
     if rank != 0:
         return
     acc = accuracy(evaluated, x_test, y_test)

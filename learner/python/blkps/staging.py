@@ -58,7 +58,7 @@ class FlatModel:
     their host staging for a wire of type `wire` ("float32", "bfloat16",
     "float16")."""
 
-    def __init__(self, count, device, wire="float32", buckets=()):
+    def __init__(self, count, device, wire="float32", buckets=(), look_ahead=0.0):
         self.count, self.device, self.wire = count, torch.device(device), wire
         self.cuda = self.device.type == "cuda"
         wire_dtype = WIRE_TORCH_DTYPES[wire]
@@ -90,6 +90,14 @@ class FlatModel:
                 self._ready[(first, end)] = torch.cuda.Event()
                 self._copied[(first, end)] = torch.cuda.Event()
                 self._arrived[(first, end)] = torch.cuda.Event()
+        # Look-ahead (doc/async.md "Look-ahead"): after a pull of a range its
+        # weights move on by look_ahead times their move since the previous
+        # pull (the weights that pull brought, in _last_pull).
+        self.look_ahead = float(look_ahead)
+        self._pulled_before = False
+        if self.look_ahead:
+            self._last_pull = torch.zeros_like(self.weights)
+            self._moved = torch.zeros_like(self.weights)
 
     def host_bytes(self):
         """Host memory this object added to the model's own: the staging
@@ -167,10 +175,11 @@ class FlatModel:
         """The host array a pull of [first, end) lands in (communication thread)."""
         return self._np_weights[first:end]
 
-    def weights_arrived(self, first, end):
+    def weights_arrived(self, first, end, look_ahead=True):
         """A pull of [first, end) landed in host_weights(): make it the
         parameters' (widened; on a GPU queued on the copy stream, with an
-        event that wait_weights() hands to the compute stream)."""
+        event that wait_weights() hands to the compute stream), then take
+        the look-ahead step unless `look_ahead` is False."""
         if self.cuda:
             with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
                 host = self.host_weights_all[first:end]
@@ -179,9 +188,35 @@ class FlatModel:
                     self.weights[first:end].copy_(self._wire_weights[first:end])
                 else:
                     self.weights[first:end].copy_(host, non_blocking=True)
+                if look_ahead:
+                    self._look_ahead(first, end)
                 self._arrived[(first, end)].record(self.copy_stream)
-        elif self.sixteen:
+            return
+        if self.sixteen:
             self.weights[first:end].copy_(self.host_weights_all[first:end])
+        if look_ahead:
+            self._look_ahead(first, end)
+
+    def _look_ahead(self, first, end):
+        """Moves the just-pulled weights of [first, end) on by look_ahead
+        times their move since the previous pull. The first pull after
+        construction or forget_pulls() moves nothing: every weight not pulled
+        yet still holds what the previous pull (or the broadcast) brought."""
+        if not self.look_ahead:
+            return
+        if not self._pulled_before:
+            self._last_pull.copy_(self.weights)
+            self._pulled_before = True
+            return
+        weights, last, moved = self.weights[first:end], self._last_pull[first:end], self._moved[first:end]
+        torch.sub(weights, last, out=moved)
+        last.copy_(weights)
+        weights.add_(moved, alpha=self.look_ahead)
+
+    def forget_pulls(self):
+        """The weights changed by something other than the model's training
+        (a broadcast): the next pull takes no look-ahead step."""
+        self._pulled_before = False
 
     def wait_weights(self, first, end):
         """Makes the compute stream wait for weights_arrived(first, end)'s
@@ -191,13 +226,13 @@ class FlatModel:
 
     # ---- the whole model, outside the pipeline ----
 
-    def pull_all(self, device):
+    def pull_all(self, device, look_ahead=True):
         """Pulls every weight through `device` (a blkps.Model) and makes it
-        the parameters' (waits for the copy)."""
+        the parameters' (waits for the copy); see weights_arrived()."""
         self.after_compute()
         pull = device.pull16_into if self.sixteen else device.pull_into
         pull(0, self._np_weights)
-        self.weights_arrived(0, self.count)
+        self.weights_arrived(0, self.count, look_ahead)
         if self.cuda:
             self._arrived[(0, self.count)].synchronize()
 

@@ -505,21 +505,21 @@ class _DistributedOptimizer:
             raise
         self.mode = status["mode"] if status else "bsp"
         self.push_scale = options.push_scale(self.mode, job.size, optimizer is not None)
-        # Delta mode in async and ssp: after each pull the parameters move on
+        # Async and ssp, both modes: after each pull the parameters move on
         # by look_ahead times the model's move since the previous pull, so the
         # next gradient is taken about where the model will be when its push
-        # lands (doc/async.md "Delta mode: look-ahead"). One learner and bsp: 0.
+        # lands (doc/async.md "Look-ahead"). One learner and bsp: 0.
         if look_ahead is None:
-            look_ahead = (job.size - 1) / job.size if optimizer is not None and self.mode != "bsp" else 0.0
+            look_ahead = (job.size - 1) / job.size if self.mode != "bsp" else 0.0
         if not 0.0 <= float(look_ahead) <= 1.0:
             raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, 1]")
-        self.look_ahead = float(look_ahead) if optimizer is not None else 0.0
-        self._last_pull = None  # the weights of the previous pull (look_ahead)
+        self.look_ahead = float(look_ahead)
         self.skip_nonfinite = bool(skip_nonfinite)
         self._skip_synchronize = False
         self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
                                           else ([], []))
-        self.flat = _FlatModel(layout.count, layout.device, options.compression.wire_dtype, self.buckets)
+        self.flat = _FlatModel(layout.count, layout.device, options.compression.wire_dtype, self.buckets,
+                               self.look_ahead)
         self.weights, self.gradient = self.flat.weights, self.flat.gradient
         self._grad_views = layout.views(self.gradient)
         with torch.no_grad():
@@ -782,14 +782,6 @@ class _DistributedOptimizer:
         """Delta mode: the server's weights into the parameters, then the
         look-ahead step (look_ahead times the move since the last pull)."""
         self.flat.pull_all(self.device)
-        if not self.look_ahead:
-            return
-        if self._last_pull is None:
-            self._last_pull = self.weights.clone()
-            return
-        moved = torch.sub(self.weights, self._last_pull)
-        self._last_pull.copy_(self.weights)
-        self.weights.add_(moved, alpha=self.look_ahead)
 
     def _skipped_step(self):
         """A step GradScaler skipped (no step() between two zero_grad()):
@@ -908,8 +900,15 @@ class _DistributedOptimizer:
             if seen != tag + _BROADCAST_MARK:
                 raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
                                  f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
+        self.flat.forget_pulls()  # the broadcast is no move of the model (look_ahead)
         self.flat.pull_all(self.device)
-        self._last_pull = None  # the broadcast is no move of the model (look_ahead)
+
+    def pull_server_weights(self):
+        """Makes the parameters the server's current weights, without the
+        look-ahead step (e.g. to evaluate the model once every learner has
+        finished); the next step() pulls as usual."""
+        self._wait_idle()
+        self.flat.pull_all(self.device, look_ahead=False)
 
     def close(self):
         """Waits for the weights still arriving, stops the communication
@@ -964,13 +963,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     (zero_grad() with no step() since the last), is not pushed; bsp and ssp
     get zeros so that every parameter is still written once per iteration;
     pushes then wait for step() (no push during backward). look_ahead
-    (delta mode in async and ssp; default (size-1)/size, 0 in bsp and for
+    (async and ssp, both modes; default (size-1)/size, 0 in bsp and for
     one learner): after each pull the parameters move on by look_ahead
     times the model's move since the previous pull, so the next gradient is
     taken near where the model will be when its push lands (doc/async.md
-    "Delta mode: look-ahead"); 0 leaves them the server's weights. The result has
+    "Look-ahead"); 0 leaves them the server's weights. The result has
     step(closure=None), synchronize(), skip_synchronize(), zero_grad(),
-    wait_weights(), param_groups, state_dict(), close(), and counters steps,
+    wait_weights(), pull_server_weights(), param_groups, state_dict(),
+    close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
     mode: copy_out, push, pull, weights_wait)."""
     global _optimizer, _pending_broadcast
