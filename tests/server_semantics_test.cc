@@ -493,7 +493,7 @@ TEST(ServerSemantics, AsyncMakesProgressWhileALearnerIsStalled) {
 
 TEST(ServerSemantics, KilledLearnerIsDeclaredDeadAndBspGoesOn) {
   constexpr int kIterations = 5;
-  TargetProcess target(Bsopts("mode=bsp;lr=1;dead_after=1"), "--luns 2");
+  TargetProcess target(Bsopts("mode=bsp;lr=1;dead_after=3"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
   const std::vector<float> gb = IntGradients(1, 0);
   ChildLearner b(target.url(2), gb);
@@ -539,7 +539,7 @@ TEST(ServerSemantics, KilledLearnerIsDeclaredDeadAndBspGoesOn) {
 }
 
 TEST(ServerSemantics, ReachingMaxDeadFailsTheJobClearly) {
-  TargetProcess target(Bsopts("mode=bsp;lr=1;dead_after=1;max_dead=1"), "--luns 2");
+  TargetProcess target(Bsopts("mode=bsp;lr=1;dead_after=3;max_dead=1"), "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
   ChildLearner b(target.url(2), IntGradients(1, 0));
   std::string error;
@@ -583,7 +583,7 @@ TEST(ServerSemantics, ReachingMaxDeadFailsTheJobClearly) {
   // And the job stays resumed: B is still dead, but nobody else died since
   // the operator resumed it. Watch for a while (several ticks of the job's
   // 50 ms ticker, and longer than dead_after) while A keeps doing I/O.
-  const auto watch_until = Clock::now() + std::chrono::milliseconds(1500);
+  const auto watch_until = Clock::now() + std::chrono::milliseconds(3500);
   std::string later;
   while (later.empty() && Clock::now() < watch_until) {
     const std::string r = raw.Read(0, 8);
