@@ -177,12 +177,10 @@ def soak():
     return _render(_tables(_read("soak", "soak.md"))[0])
 
 
-def async_two_epochs():
+def _async_runs():
     """Every committed 2-epoch Fashion-MNIST run of bench/torch-fashion.sh
     (bench/results/torch-fashion-async/2epochs/*.json, one file per run):
-    per learner count and system, the final held-out accuracy of each run,
-    their mean, and the mean's difference to the mean of the one-process
-    runs on the same total batch (doc/async.md "Results")."""
+    {(learners, system): [result, ...]}."""
     import glob
     runs = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "torch-fashion-async", "2epochs", "*.json"))):
@@ -190,25 +188,83 @@ def async_two_epochs():
             for e in json.load(f):
                 if e["result"] is not None:
                     runs.setdefault((e["learners"], e["system"]), []).append(e["result"])
+    return runs
+
+
+def _mean_accuracy(results):
+    return sum(r["accuracy"] for r in results) / len(results)
+
+
+def _one_process(runs, learners):
+    """The mean accuracy of the one-process runs on `learners`' total batch."""
+    ref = next((v for (m, name), v in runs.items() if m == learners and name.startswith("one process")), None)
+    return _mean_accuracy(ref) if ref else None
+
+
+ASYNC_SYSTEMS = ("blkps async gradient", "blkps async delta", "blkps ssp:2 gradient", "blkps ssp:2 delta")
+
+
+def async_two_epochs():
+    """Per learner count and system, the final held-out accuracy of each run,
+    their mean, and the mean's difference to the mean of the one-process
+    runs on the same total batch (doc/async.md "Results")."""
+    runs = _async_runs()
     rows = [["learners", "system", "runs: final accuracy", "mean", "Δ one process (mean)", "spread",
              "push staleness mean / max"]]
-    order = ("one process", "blkps async gradient", "blkps async delta", "blkps ssp:2 gradient",
-             "blkps ssp:2 delta", "DDP")
+    order = ("one process",) + ASYNC_SYSTEMS + ("DDP",)
     for (n, system), rs in sorted(runs.items(),
                                   key=lambda kv: (kv[0][0], next((i for i, o in enumerate(order)
                                                                   if kv[0][1].startswith(o)), len(order)))):
         accs = [r["accuracy"] for r in rs]
-        mean = sum(accs) / len(accs)
-        ref = next((v for (m, name), v in runs.items() if m == n and name.startswith("one process")), None)
+        mean = _mean_accuracy(rs)
+        ref = _one_process(runs, n)
         delta = ""
         if ref and not system.startswith("one process"):
-            delta = f"{100 * (mean - sum(r['accuracy'] for r in ref) / len(ref)):+.2f} pt"
+            delta = f"{100 * (mean - ref):+.2f} pt"
         stale = [s for r in rs for s in r.get("server", {}).get("learners", [])]
         pushes = (f"{sum(s['push_staleness_mean'] for s in stale) / len(stale):.2f} / "
                   f"{max(s['push_staleness_max'] for s in stale)}" if stale else "")
         spread = f"{100 * (max(accs) - min(accs)):.2f} pt" if len(accs) > 1 else ""
         rows.append([str(n), system, ", ".join(f"{a:.4f}" for a in accs), f"{mean:.4f}", delta, spread, pushes])
     return _render(rows)
+
+
+def async_summary():
+    """README's view of the same runs: per learner count, each async and
+    ssp:2 system's difference to one process in points (the mean where
+    there are several runs; a system name's parenthesis, such as an earlier
+    evaluation, kept as a note)."""
+    runs = _async_runs()
+    rows = [["learners", "one process"] + [s.removeprefix("blkps ") for s in ASYNC_SYSTEMS]]
+    for n in sorted({n for n, _ in runs}):
+        ref = _one_process(runs, n)
+        row = [str(n), f"{ref:.4f}" if ref else ""]
+        for system in ASYNC_SYSTEMS:
+            match = [(name, rs) for (m, name), rs in runs.items() if m == n and name.startswith(system)]
+            if not match or ref is None:
+                row.append("not run")
+                continue
+            name, rs = match[0]
+            cell = f"{100 * (_mean_accuracy(rs) - ref):+.2f}"
+            notes = ([f"{len(rs)} runs"] if len(rs) > 1 else []) + re.findall(r"\((\w+ \d+):", name)
+            row.append(cell + (f" ({', '.join(notes)})" if notes else ""))
+        rows.append(row)
+    return _right(rows)
+
+
+def straggler():
+    """bench/torch-fashion.sh --straggler: blkps against DDP with one of the
+    learners at half speed: final accuracy, training seconds to 85%
+    held-out accuracy (the first evaluation at or above it), and in all."""
+    with open(os.path.join(RESULTS, "torch-fashion-async", "straggler-4-nov26.json"), encoding="utf-8") as f:
+        runs = json.load(f)
+    rows = [["learners", "system", "final accuracy", "training s to 85%", "training s", "samples/s"]]
+    for e in runs:
+        r = e["result"]
+        to85 = next((f"{t:.1f}" for t, _, acc, _ in r["curve"] if acc >= 0.85), "not reached")
+        rows.append([str(e["learners"]), e["system"], f"{r['accuracy']:.4f}", to85, f"{r['train_s']:.1f}",
+                     f"{r['samples_per_s']:,.0f}"])
+    return _right(rows, left=2)
 
 
 def checkpoint():
@@ -341,6 +397,8 @@ TABLES = {
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
+    "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
+    "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-nov26.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
