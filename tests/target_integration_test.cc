@@ -156,7 +156,10 @@ TEST(Target, ReaderNeverSeesTornModelBlock) {
 }
 
 TEST(Target, LunsNamingOneModelAreWindowsOntoIt) {
-  TargetProcess target("params=1000;lr=1", "--luns 3");
+  // staleness_aware=0: every push applied as written, so the three pushes
+  // sum (with it, each of 3 learners' async pushes is a third of a round:
+  // doc/async.md "Gradient mode: staleness-aware steps in the server").
+  TargetProcess target("params=1000;lr=1;staleness_aware=0", "--luns 3");
   ASSERT_TRUE(target.ok()) << target.start_output();
   std::vector<float> g(1000), w(1000);
   for (int lun = 1; lun <= 3; ++lun) {
@@ -176,7 +179,8 @@ TEST(Target, LunsNamingOneModelAreWindowsOntoIt) {
                          "--backing-store model --bsopts 'params=2000;lr=1'",
                          &out),
             0);
-  EXPECT_NE(target.Log().find("model 'model' is already served with --bsopts 'params=1000;lr=1'"), std::string::npos)
+  EXPECT_NE(target.Log().find("model 'model' is already served with --bsopts 'params=1000;lr=1;staleness_aware=0'"),
+            std::string::npos)
       << target.Log();
 }
 
