@@ -109,10 +109,13 @@ def server_counters(pid):
 def served(a, width, ids_list):
     import blkps
     state = tempfile.mkdtemp(prefix="blkps-emb-bench-")
-    subprocess.run([BLKPS, "target", "start", "--dir", state, "--null-lun", "--owner-pid", str(os.getpid()),
-                    "--plugin", os.path.join(a.build, "target-plugin", "bs_blkps.so"),
-                    "--bsopts", f"table={a.rows}:{width};rule=sgd;lr=1e-6;init=normal:0.01"],
-                   check=True, stdout=subprocess.DEVNULL)
+    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--null-lun", "--owner-pid",
+                              str(os.getpid()), "--plugin", os.path.join(a.build, "target-plugin", "bs_blkps.so"),
+                              "--bsopts", f"table={a.rows}:{width};rule=sgd;lr=1e-6;init=normal:0.01"],
+                             stdout=subprocess.DEVNULL)
+    if started.returncode != 0:
+        subprocess.run(["rm", "-rf", state])
+        sys.exit(f"embeddings: the target for width {width} did not start (its error is above)")
     try:
         env = json.loads(subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
                                         capture_output=True, text=True).stdout)
