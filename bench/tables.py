@@ -299,6 +299,11 @@ def _right(rows, left=1):
     return "\n".join(table)
 
 
+def _ids_per_s(r, op):
+    """An embeddings run's ids/s for `op` with its ratio to null's."""
+    return f"{r['blkps.' + op][0]:,.0f} ({r['blkps.' + op][0] / r['null.' + op][0]:.2f})"
+
+
 def embeddings_rows():
     """bench/embeddings.sh: ids/s pulled and pushed per row width, each with
     its ratio to tgt's null store in the same run, and the local
@@ -306,9 +311,27 @@ def embeddings_rows():
     e = _embeddings()
     rows = [["width", "row bytes", "pull ids/s (÷ null)", "push ids/s (÷ null)", "local torch ids/s"]]
     for width, r in e["widths"].items():
-        def cell(op):
-            return f"{r['blkps.' + op][0]:,.0f} ({r['blkps.' + op][0] / r['null.' + op][0]:.2f})"
-        rows.append([width, str(4 * int(width)), cell("pull"), cell("push"), f"{r['local_torch.step'][0]:,.0f}"])
+        rows.append([width, str(4 * int(width)), _ids_per_s(r, "pull"), _ids_per_s(r, "push"),
+                     f"{r['local_torch.step'][0]:,.0f}"])
+    return _right(rows, 0)
+
+
+def embeddings_sweep():
+    """bench/embeddings.sh runs at other table and batch sizes
+    (bench/results/embeddings-sweep/*/embeddings.json, one folder a run),
+    each with its ratios to null in the same run and its load average."""
+    import glob
+    rows = [["rows", "batch (distinct)", "width", "pull ids/s (÷ null)", "push ids/s (÷ null)",
+             "local torch ids/s", "load"]]
+    runs = []
+    for path in glob.glob(os.path.join(RESULTS, "embeddings-sweep", "*", "embeddings.json")):
+        with open(path, encoding="utf-8") as f:
+            runs.append(json.load(f))
+    for e in sorted(runs, key=lambda e: (e["rows"], e["batch"])):
+        for width, r in e["widths"].items():
+            rows.append([f"{e['rows']:,}", f"{e['batch']:,} ({round(e['distinct_per_batch']):,})", width,
+                         _ids_per_s(r, "pull"), _ids_per_s(r, "push"), f"{r['local_torch.step'][0]:,.0f}",
+                         f"{e['load_average']:.1f}"])
     return _right(rows, 0)
 
 
@@ -401,6 +424,7 @@ TABLES = {
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-nov26.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
+    "embeddings-sweep": (embeddings_sweep, "bench/results/embeddings-sweep"),
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),
