@@ -256,7 +256,7 @@ def straggler():
     """bench/torch-fashion.sh --straggler: blkps against DDP with one of the
     learners at half speed: final accuracy, training seconds to 85%
     held-out accuracy (the first evaluation at or above it), and in all."""
-    with open(os.path.join(RESULTS, "torch-fashion-async", "straggler-4-nov26.json"), encoding="utf-8") as f:
+    with open(os.path.join(RESULTS, "torch-fashion-async", "straggler-4-quiet.json"), encoding="utf-8") as f:
         runs = json.load(f)
     rows = [["learners", "system", "final accuracy", "training s to 85%", "training s", "samples/s"]]
     for e in runs:
@@ -421,7 +421,7 @@ TABLES = {
     "soak": (soak, "bench/results/soak/soak.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
-    "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-nov26.json"),
+    "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
     "embeddings-sweep": (embeddings_sweep, "bench/results/embeddings-sweep"),
