@@ -198,6 +198,23 @@ def case_staging():
             opt.close()
         finally:
             os.unlink(path)
+    # The look-ahead step, formed a chunk at a time in a small scratch (so
+    # that it costs one copy of the weights, not two), equals it in one piece.
+    import blkps.staging as staging_module
+    results = []
+    for chunk in (staging_module.LOOK_AHEAD_CHUNK, 3):
+        saved, staging_module.LOOK_AHEAD_CHUNK = staging_module.LOOK_AHEAD_CHUNK, chunk
+        try:
+            fm = staging_module.FlatModel(10, "cpu", "float32", (), 0.75)
+            check(fm._moved.numel() == min(10, chunk), f"a look-ahead scratch of {fm._moved.numel()} values")
+            pulls = torch.Generator().manual_seed(1)
+            for _ in range(3):
+                fm.host_weights(0, 10)[:] = torch.randn(10, generator=pulls).numpy()
+                fm.weights_arrived(0, 10)
+            results.append(fm.weights.clone())
+        finally:
+            staging_module.LOOK_AHEAD_CHUNK = saved
+    check(torch.equal(results[0], results[1]), "the chunked look-ahead step differs from the one-piece step")
     try:
         bad = torch.nn.Linear(2, 2).to(torch.float64)
         bps.DistributedOptimizer(None, named_parameters=bad.named_parameters())

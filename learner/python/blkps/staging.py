@@ -53,6 +53,10 @@ def as_numpy(host):
     return host.view(torch.int16).numpy().view(np.uint16)
 
 
+# Values per piece of the look-ahead step's scratch (4 MiB of float32).
+LOOK_AHEAD_CHUNK = 1 << 20
+
+
 class FlatModel:
     """The flat weights and gradient of `count` parameters on `device`, and
     their host staging for a wire of type `wire` ("float32", "bfloat16",
@@ -95,9 +99,13 @@ class FlatModel:
         # pull (the weights that pull brought, in _last_pull).
         self.look_ahead = float(look_ahead)
         self._pulled_before = False
+        # The move is formed a chunk at a time in a scratch of at most
+        # LOOK_AHEAD_CHUNK values, so look-ahead costs one copy of the
+        # weights (the last pull) on the model's device, not two.
         if self.look_ahead:
             self._last_pull = torch.zeros_like(self.weights)
-            self._moved = torch.zeros_like(self.weights)
+            self._moved = torch.zeros(min(self.count, LOOK_AHEAD_CHUNK), dtype=self.weights.dtype,
+                                      device=self.device)
 
     def host_bytes(self):
         """Host memory this object added to the model's own: the staging
@@ -208,10 +216,12 @@ class FlatModel:
             self._last_pull.copy_(self.weights)
             self._pulled_before = True
             return
-        weights, last, moved = self.weights[first:end], self._last_pull[first:end], self._moved[first:end]
-        torch.sub(weights, last, out=moved)
-        last.copy_(weights)
-        weights.add_(moved, alpha=self.look_ahead)
+        for lo in range(first, end, LOOK_AHEAD_CHUNK):
+            hi = min(end, lo + LOOK_AHEAD_CHUNK)
+            weights, last, moved = self.weights[lo:hi], self._last_pull[lo:hi], self._moved[:hi - lo]
+            torch.sub(weights, last, out=moved)
+            last.copy_(weights)
+            weights.add_(moved, alpha=self.look_ahead)
 
     def forget_pulls(self):
         """The weights changed by something other than the model's training
