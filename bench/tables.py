@@ -267,11 +267,12 @@ def straggler():
     return _right(rows, left=2)
 
 
-def checkpoint():
+def checkpoint(prefix=""):
     """Checkpoint bench (bench/checkpoint.sh): before (main) and after the
-    copy-on-write snapshots, side by side, per model size."""
+    copy-on-write snapshots, side by side, per model size, from
+    `{prefix}before.jsonl` and `{prefix}after.jsonl`."""
     def runs(name):
-        lines = _read("checkpoint", name + ".jsonl").split("\n")
+        lines = _read("checkpoint", prefix + name + ".jsonl").split("\n")
         return {r["params"]: r for r in (json.loads(line) for line in lines if line.strip())}
     before, after = runs("before"), runs("after")
     rows = [["model", "start (s)", "checkpoint (s)", "longest push wait during it (s)", "restart, cached (s)",
@@ -423,6 +424,7 @@ TABLES = {
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
+    "checkpoint-quiet": (lambda: checkpoint("quiet-"), "bench/results/checkpoint"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
     "embeddings-sweep": (embeddings_sweep, "bench/results/embeddings-sweep"),
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
