@@ -71,7 +71,7 @@ Status Job::Checkpoint() {
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
   Status s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
-  const uint64_t copied = snapshot->bytes_copied();
+  const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
   const double took = Seconds(Clock::now() - start);
   std::lock_guard<std::mutex> lock(mu_);
@@ -86,7 +86,7 @@ Status Job::Checkpoint() {
   checkpoint_stall_seconds_ = stalled;
   log_("checkpoint of step " + std::to_string(step) + " written to " + opts_.checkpoint + " in " + Fixed(took, 3) +
        " s (writes waited " + Fixed(stalled, 3) + " s; " + std::to_string(copied >> 20) +
-       " MiB copied for writes meanwhile)");
+       " MiB copied for writes meanwhile, at most " + std::to_string(peak >> 20) + " MiB at once)");
   return Status::OK();
 }
 

@@ -155,7 +155,8 @@ Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<Updat
       table_(opts.table),
       init_(opts.init),
       made_(std::move(made)),
-      block_locks_(new std::shared_mutex[num_blocks_]) {}
+      block_locks_(new std::shared_mutex[num_blocks_]),
+      copy_limit_(opts.snapshot_copy_limit_bytes) {}
 
 Status Model::CheckRange(uint64_t offset, uint64_t len) const {
   if (offset > size_bytes_ || len > size_bytes_ - offset) {
@@ -264,7 +265,7 @@ void Model::ApplyAverageLocked(uint64_t block, uint32_t given) {
   float* __restrict acc = accumulator_.as<float>() + first;
   // Divide, not multiply by 1/given: the average of integer gradients over
   // 2^k learners stays exact, as a sequential reference computes it.
-  PreserveLocked(block);
+  PreserveLocked(block, false);
   const float count = static_cast<float>(given);
   for (uint64_t i = 0; i < n; ++i) acc[i] /= count;
   rule_->Apply(first, weights_ + first, acc, n);
@@ -365,6 +366,7 @@ std::vector<Model::Array> Model::Arrays() {
 
 std::unique_ptr<Model::Snapshot> Model::TakeSnapshot(const std::function<void()>& at_instant) {
   std::unique_ptr<Snapshot> snap(new Snapshot(this));
+  copy_held_.store(0, std::memory_order_relaxed);
   snap->arrays_ = Arrays();
   snap->parts_.resize(num_blocks_ * snap->arrays_.size());
   snap->whole_.resize(snap->arrays_.size());
@@ -385,9 +387,17 @@ std::unique_ptr<Model::Snapshot> Model::TakeSnapshot(const std::function<void()>
   return snap;
 }
 
-void Model::PreserveLocked(uint64_t block) {
+bool Model::PreserveLocked(uint64_t block, bool limited) {
   Snapshot* snap = snapshot_.load(std::memory_order_acquire);
-  if (snap != nullptr) snap->CopyLocked(block);
+  return snap == nullptr || snap->CopyLocked(block, limited && copy_limit_ != 0);
+}
+
+void Model::WaitForCopyRoom() {
+  std::unique_lock<std::mutex> lock(copy_room_mu_);
+  copy_room_cv_.wait(lock, [&] {
+    return snapshot_.load(std::memory_order_acquire) == nullptr ||
+           copy_held_.load(std::memory_order_acquire) < copy_limit_;
+  });
 }
 
 Model::Snapshot::~Snapshot() {
@@ -397,9 +407,28 @@ Model::Snapshot::~Snapshot() {
   for (uint64_t b = 0; b < model_->num_blocks_; ++b) {
     std::unique_lock<std::shared_mutex> lock(model_->block_locks_[b]);
   }
+  // Writers waiting for room see the snapshot gone.
+  std::lock_guard<std::mutex> lock(model_->copy_room_mu_);
+  model_->copy_room_cv_.notify_all();
 }
 
-void Model::Snapshot::CopyLocked(uint64_t block) {
+bool Model::Snapshot::CopyLocked(uint64_t block, bool limited) {
+  uint64_t need = 0;
+  for (size_t k = 0; k < arrays_.size(); ++k) {
+    if (arrays_[k].elem_bytes == 0) continue;
+    const Part& p = PartOf(k, block);
+    if (!p.before && p.read != PartBytes(k, block)) need += PartBytes(k, block);
+  }
+  if (need == 0) return true;
+  // Reserve the room first: writers of other blocks copy at the same time.
+  const uint64_t held = model_->copy_held_.fetch_add(need, std::memory_order_acq_rel);
+  if (limited && held != 0 && held + need > model_->copy_limit_) {
+    Freed(need);  // the reservation: another writer may have been refused for it
+    return false;
+  }
+  uint64_t peak = peak_held_.load(std::memory_order_relaxed);
+  while (held + need > peak && !peak_held_.compare_exchange_weak(peak, held + need, std::memory_order_relaxed)) {
+  }
   for (size_t k = 0; k < arrays_.size(); ++k) {
     if (arrays_[k].elem_bytes == 0) continue;
     Part& p = PartOf(k, block);
@@ -409,6 +438,14 @@ void Model::Snapshot::CopyLocked(uint64_t block) {
     std::memcpy(p.before.get(), static_cast<const char*>(arrays_[k].data) + PartOffset(k, block), bytes);
     bytes_copied_.fetch_add(bytes, std::memory_order_relaxed);
   }
+  return true;
+}
+
+void Model::Snapshot::Freed(uint64_t bytes) {
+  model_->copy_held_.fetch_sub(bytes, std::memory_order_acq_rel);
+  if (model_->copy_limit_ == 0) return;
+  std::lock_guard<std::mutex> lock(model_->copy_room_mu_);
+  model_->copy_room_cv_.notify_all();
 }
 
 void Model::Snapshot::Read(size_t k, uint64_t offset, uint64_t len, void* out) {
@@ -429,13 +466,18 @@ void Model::Snapshot::Read(size_t k, uint64_t offset, uint64_t len, void* out) {
     Part& p = PartOf(k, block);
     const char* live = static_cast<const char*>(a.data);
     if (!p.before && (pos != part_start || stop != part_start + part_bytes)) {
-      // Read in pieces: keep the part as it is now for the pieces to come.
+      // Read in pieces: keep the part as it is now for the pieces to come
+      // (counted as held, never refused: the reader frees copies).
+      model_->copy_held_.fetch_add(part_bytes, std::memory_order_acq_rel);
       p.before.reset(new char[part_bytes]);
       std::memcpy(p.before.get(), live + part_start, part_bytes);
     }
     std::memcpy(dst + (pos - offset), p.before ? p.before.get() + (pos - part_start) : live + pos, stop - pos);
     p.read += stop - pos;
-    if (p.read == part_bytes) p.before.reset();
+    if (p.read == part_bytes && p.before) {
+      p.before.reset();
+      Freed(part_bytes);
+    }
     pos = stop;
   }
 }

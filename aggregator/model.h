@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -79,6 +80,9 @@ struct ModelOptions {
                                               // row's bytes in a table
   uint64_t memory_limit_bytes = 0;            // the memory check's bound; 0:
                                               // MemAvailable (bsopts memory=)
+  uint64_t snapshot_copy_limit_bytes = 0;     // the most a Snapshot's copies
+                                              // hold at once; 0: no limit
+                                              // (bsopts checkpoint_memory=)
   RuleOptions rule;
   InitSpec init;
   bool initialize = true;    // false: weights stay zero (a checkpoint is
@@ -190,7 +194,11 @@ class Model {
   // checkpoint. Snapshot::Read() gives each array's bytes as at the instant:
   // the copy if one was made, else the live bytes under the block's read
   // lock. Extra memory: the copies of blocks changed before the snapshot
-  // read them, each freed when read (at most the arrays' size).
+  // read them, each freed when read (at most the arrays' size). With
+  // opts.snapshot_copy_limit_bytes, the copies hold at most that much (or
+  // one block's parts, if larger): a write that would copy past it waits,
+  // holding no block lock, until Read() frees copies or the snapshot ends.
+  // A bsp round finished when a dead learner is dropped copies regardless.
   // One snapshot at a time; destroy it before the Model.
   class Snapshot;
   std::unique_ptr<Snapshot> TakeSnapshot(const std::function<void()>& at_instant);
@@ -239,15 +247,24 @@ class Model {
       const uint64_t block = i / params_per_block_;
       const uint64_t stop = std::min(end, (block + 1) * params_per_block_);
       std::unique_lock<std::shared_mutex> lock = LockBlock(block);
-      PreserveLocked(block);
+      while (!PreserveLocked(block, true)) {
+        lock.unlock();  // the snapshot's reader needs it to free copies
+        WaitForCopyRoom();
+        lock.lock();
+      }
       piece(block, i, stop - i);
       i = stop;
     }
   }
 
   // A snapshot is being read: block `block` is about to change; its parts
-  // the snapshot still needs are copied first. REQUIRES: its write lock.
-  void PreserveLocked(uint64_t block);
+  // the snapshot still needs are copied first. With `limited`, returns false
+  // and copies nothing if that would take the copies past the limit.
+  // REQUIRES: its write lock.
+  bool PreserveLocked(uint64_t block, bool limited);
+  // Waits until the snapshot's copies are below the limit or it has ended.
+  // REQUIRES: no block lock held.
+  void WaitForCopyRoom();
 
   const uint64_t num_params_;
   const uint64_t block_bytes_;
@@ -265,6 +282,12 @@ class Model {
   // The snapshot being read, if any: set and cleared with every block's
   // lock taken (see Snapshot), read under one.
   std::atomic<Snapshot*> snapshot_{nullptr};
+  // The snapshot's copies: their bytes now (reserved before a copy, given
+  // back when freed) and the limit; writers wait for room on copy_room_cv_.
+  const uint64_t copy_limit_;
+  std::atomic<uint64_t> copy_held_{0};
+  std::mutex copy_room_mu_;
+  std::condition_variable copy_room_cv_;
 };
 
 class Model::Snapshot {
@@ -279,8 +302,10 @@ class Model::Snapshot {
   // instant into out. Each byte is read at most once (a block's copy is
   // freed when all of it has been read).
   void Read(size_t k, uint64_t offset, uint64_t len, void* out);
-  // Bytes the model's writes have copied for this snapshot so far.
+  // Bytes the model's writes have copied for this snapshot so far, and the
+  // most its copies held at once.
   uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
+  uint64_t peak_bytes_held() const { return peak_held_.load(std::memory_order_relaxed); }
 
  private:
   friend class Model;
@@ -295,15 +320,20 @@ class Model::Snapshot {
   }
   uint64_t PartBytes(size_t k, uint64_t block) const { return model_->BlockParams(block) * arrays_[k].elem_bytes; }
   Part& PartOf(size_t k, uint64_t block) { return parts_[block * arrays_.size() + k]; }
-  // Copies the block's parts that are not yet read or copied.
+  // Copies the block's parts that are not yet read or copied; with
+  // `limited`, returns false and copies nothing if the copies would pass the
+  // model's limit (unless they hold nothing now).
   // REQUIRES: a lock of the block (its write lock, or Read()'s read lock).
-  void CopyLocked(uint64_t block);
+  bool CopyLocked(uint64_t block, bool limited);
+  // A copy of `bytes` was freed: gives its room back to waiting writers.
+  void Freed(uint64_t bytes);
 
   Model* const model_;
   std::vector<Array> arrays_;
   std::vector<std::vector<char>> whole_;  // arrays not per parameter, copied at the instant
   std::vector<Part> parts_;               // guarded by their block's lock
   std::atomic<uint64_t> bytes_copied_{0};
+  std::atomic<uint64_t> peak_held_{0};
 };
 
 }  // namespace blkps::server

@@ -225,6 +225,16 @@ const LuOptionKey kLuOptionTable[] = {
        }
        return Status::OK();
      }},
+    {"checkpoint_memory",
+     "<bytes>: the most memory a checkpoint's copy-on-write copies may hold; a write that needs more waits for "
+     "the checkpoint to write blocks out; K/M/G suffixes (default: no limit, at most the model and its state again)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (!ParseSize(value, true, &p->opts.job.model.snapshot_copy_limit_bytes) ||
+           p->opts.job.model.snapshot_copy_limit_bytes == 0) {
+         return Bad(key, "a positive size in bytes (K/M/G suffix allowed)", value);
+       }
+       return Status::OK();
+     }},
     {"role",
      "control: this LUN is the status and control LUN of the model its --backing-store names (no other key but "
      "access). Whoever reaches it may write commands and weights: serve it only on a target that admits operators "
@@ -318,6 +328,9 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   }
   if (opts.job.checkpoint_every_s > 0 && opts.job.checkpoint.empty()) {
     return Status::InvalidArgument("checkpoint_every: needs checkpoint=<path>");
+  }
+  if (opts.job.model.snapshot_copy_limit_bytes != 0 && opts.job.checkpoint.empty()) {
+    return Status::InvalidArgument("checkpoint_memory: needs checkpoint=<path>");
   }
   TableShape& table = opts.job.model.table;
   if (table.is_table()) {

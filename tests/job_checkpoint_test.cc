@@ -16,6 +16,7 @@
 
 #include "checkpoint_file.h"
 #include "job.h"
+#include "model.h"
 
 namespace blkps::server {
 namespace {
@@ -169,6 +170,42 @@ INSTANTIATE_TEST_SUITE_P(Rules, JobSnapshot,
                                            Case{"momentum_bsp", "momentum", "bsp", false},
                                            Case{"adagrad_table", "adagrad", "async", true}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// checkpoint_memory=: a snapshot's copies never hold more than the limit.
+// A writer pushes to every block while the snapshot has read none; with a
+// 2-block limit it copies two blocks and then waits, holding no lock, until
+// the reader frees copies. The snapshot is still the instant exactly, and
+// every gradient is applied once.
+TEST(ModelSnapshot, CopiesStayWithinTheLimit) {
+  constexpr uint64_t kBlock = 1 << 20, kBlocks = 10, kN = kBlocks * kBlock / 4;
+  ModelOptions o;
+  o.num_params = kN;
+  o.block_bytes = kBlock;
+  o.rule.name = "sum";
+  o.init.kind = InitSpec::Kind::kNormal;
+  o.init.scale = 0.1;
+  o.snapshot_copy_limit_bytes = 2 * kBlock;
+  std::unique_ptr<Model> model;
+  ASSERT_TRUE(Model::Create(o, &model).ok());
+  std::vector<float> instant(kN), g(kN, 0.5f), out(kN), after(kN);
+  ASSERT_TRUE(model->Read(0, instant.data(), kN * 4).ok());
+
+  std::unique_ptr<Model::Snapshot> snap = model->TakeSnapshot(nullptr);
+  std::future<Status> writer =
+      std::async(std::launch::async, [&] { return model->ApplyGradient(0, g.data(), kN * 4); });
+  // Not a timing assertion: time for a writer that ignores the limit to copy
+  // every block (and fail below); a correct one waits here either way.
+  writer.wait_for(std::chrono::seconds(2));
+  for (uint64_t b = 0; b < kBlocks; ++b) snap->Read(0, b * kBlock, kBlock, out.data() + b * kBlock / 4);
+  ASSERT_TRUE(writer.get().ok());
+  EXPECT_LE(snap->peak_bytes_held(), 2 * kBlock);
+  EXPECT_GE(snap->bytes_copied(), 2 * kBlock);  // the writer did run ahead of the reader
+  snap.reset();
+
+  EXPECT_TRUE(out == instant) << "the snapshot is not the instant";
+  ASSERT_TRUE(model->Read(0, after.data(), kN * 4).ok());
+  for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(after[i], instant[i] + 0.5f) << "parameter " << i;
+}
 
 // Random initialisation is filled in parallel pieces: the same seed gives
 // the same values, and a smaller model's are the first of a larger one's.

@@ -90,6 +90,8 @@ TEST(LuOptions, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("params=10;max_dead=x").rfind("max_dead:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;checkpoint=rel/path").rfind("checkpoint:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;checkpoint_every=5").rfind("checkpoint_every:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;checkpoint_memory=64M").rfind("checkpoint_memory:", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=10;checkpoint=/tmp/m.ckpt;checkpoint_memory=0").rfind("checkpoint_memory:", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;role=learner").rfind("role:", 0), 0u);
   EXPECT_EQ(ErrorOf("role=control;params=10").rfind("role:", 0), 0u);
 }
@@ -97,7 +99,7 @@ TEST(LuOptions, ErrorsNameTheKey) {
 TEST(LuOptions, ServerSemanticsKeys) {
   LuOptions o;
   ASSERT_TRUE(ParseLuOptions("params=10;mode=ssp:3;dead_after=2.5;hold_limit=5;max_dead=2;"
-                             "checkpoint=/tmp/m.ckpt;checkpoint_every=60",
+                             "checkpoint=/tmp/m.ckpt;checkpoint_every=60;checkpoint_memory=64M",
                              &o)
                   .ok());
   EXPECT_EQ(o.job.consistency.mode, ConsistencyMode::kSsp);
@@ -107,6 +109,7 @@ TEST(LuOptions, ServerSemanticsKeys) {
   EXPECT_EQ(o.job.max_dead, 2u);
   EXPECT_EQ(o.job.checkpoint, "/tmp/m.ckpt");
   EXPECT_DOUBLE_EQ(o.job.checkpoint_every_s, 60);
+  EXPECT_EQ(o.job.model.snapshot_copy_limit_bytes, 64u << 20);
   EXPECT_FALSE(o.control);
   ASSERT_TRUE(ParseLuOptions("mode=bsp;params=10", &o).ok());
   EXPECT_EQ(o.job.consistency.mode, ConsistencyMode::kBsp);
