@@ -93,10 +93,12 @@ TEST(Exchange, EqualsPushThenPullAtEveryQueueDepthAndDtype) {
 // each learner a layout over its LUNs. Both exchange the whole model at once,
 // round after round: every read waits for the other learner's push of its
 // block, and each learner ends every round holding that round's average
-// step (-(2 + 4) / 2 per round). A deadlock would fail at hold_limit.
+// step (-(2 + 4) / 2 per round). Queue depth 2: a device that started a
+// read before its own write of that block would fill both slots with reads
+// the server holds for writes that cannot start, and fail at hold_limit.
 TEST(Exchange, BspLearnersExchangingAtOnceOverTwoShardsEachGetTheRound) {
   constexpr uint64_t kParams = 8192, kShardParams = 4096;  // 8 stripe units of 4 KiB
-  const std::string bsopts = "params=" + std::to_string(kShardParams) + ";lr=1;block=4K;mode=bsp;hold_limit=20";
+  const std::string bsopts = "params=" + std::to_string(kShardParams) + ";lr=1;block=4K;mode=bsp;hold_limit=10";
   TargetProcess shard0(bsopts, "--luns 2"), shard1(bsopts, "--luns 2");
   ASSERT_TRUE(shard0.ok()) << shard0.start_output();
   ASSERT_TRUE(shard1.ok()) << shard1.start_output();
@@ -111,7 +113,7 @@ TEST(Exchange, BspLearnersExchangingAtOnceOverTwoShardsEachGetTheRound) {
   std::vector<float> got[2];
   std::string errors[2];
   auto learn = [&](int learner) {
-    Learner l("layout:" + layouts[learner], nullptr, 16, 4096);
+    Learner l("layout:" + layouts[learner], nullptr, 2, 4096);
     if (l.m == nullptr) {
       errors[learner] = l.error;
       return;
