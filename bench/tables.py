@@ -143,6 +143,8 @@ def f32_vs_ddp():
 LINKRATE_LABELS = {
     "blkps-async": "blkps async, push then pull (`Model`)",
     "blkps-bsp": "blkps bsp, push then pull (`Model`)",
+    "blkps-async-exchange": "blkps async, pipelined exchange (`Model.exchange`; share: each direction)",
+    "blkps-bsp-exchange": "blkps bsp, pipelined exchange (`Model.exchange`; share: each direction)",
     "mpi": "MPI_Allreduce float32 (ring)",
 }
 

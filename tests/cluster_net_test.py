@@ -135,6 +135,9 @@ def report_goals():
                record("blkps-async", "bfloat16", 3500, 3.0e8),
                dict(record("blkps-async-engine", "float32", 4000, 6.7e8), late_start_s=1.5),
                record("mpi", "float32", 7000, 6.0e8, placement="peer-to-peer"),
+               # a pipelined exchange has no phases timed apart
+               {k: v for k, v in record("blkps-async-exchange", "float32", 5400, 6.0e8).items()
+                if k not in ("ms_per_push", "ms_per_pull")},
                record("ddp", "float32", 5000, 6.5e8, placement="peer-to-peer"),
                record("ddp", "float16", 4000, 3.5e8, placement="peer-to-peer")]
     with tempfile.TemporaryDirectory() as out:
@@ -148,6 +151,10 @@ def report_goals():
                  "| blkps-async, drop 0.99 | co-located | float32 | 3000 |",
                  "| blkps-async-engine | co-located | float32 | 4000 | 0.57 | 0.80 | ~670 |  |",
                  "(push and next pull at once) / DDP float32 <= 1.0 | 0.80 | met |",
+                 "| blkps float32 pipelined exchange (Model.exchange) / MPI float32 <= 1.0 | 0.77 | met |",
+                 # each direction carries 2 x 300 MB: 4800 ms at 1 Gbit/s, in an exchange of 5400 ms
+                 "The pipelined exchange (async): 5400 ms per exchange; push and pull pipelined, each direction "
+                 "of a host's link carried its payload at 89% of the link over the exchange",
                  "blkps-async-engine float32: a learner opened 1.5 s after the common start",
                  "Gradient dropping (ratio 0.99, async", "3000 ms per exchange",
                  "a host's link sent 310.0 MB and received 311.0 MB per exchange",

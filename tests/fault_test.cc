@@ -152,6 +152,32 @@ void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
 
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
 
+// Exchanges through cuts (doc/libblkps.md "Exchange"): a write in flight at a
+// cut is resent only if the receipt lacks it, and its read, held back until
+// the write is done, starts after the reconnect either way; reads in flight
+// are resent. Every exchange returns exactly the model with its own push,
+// 100 times through 16 cuts.
+TEST(CutConnections, ExchangeReturnsExactWeightsAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  constexpr int kExchanges = 100, kCuts = 16;
+  proxy.CutAt(RandomCuts(16, kCuts, kExchanges * kModelBytes));  // learner-to-target bytes
+  std::string error;
+  auto m = Open(ViaPort(target.url(), proxy.port()), "learner", &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kParams, 1.0f);
+  std::vector<float> w(kParams);
+  for (int t = 1; t <= kExchanges; ++t) {
+    ASSERT_EQ(m->Exchange(0, ones.data(), w.data(), kParams), 0) << "exchange " << t << ": " << m->last_error();
+    ASSERT_EQ(CountWrong(w, static_cast<float>(t)), "") << "exchange " << t;
+  }
+  m.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kExchanges), "");
+}
+
 // With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
 // credentials) and the learners' control LUN restricted to what learners
 // send (--operator), a learner's own fence= after each reconnect is still

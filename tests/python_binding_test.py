@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The Python binding (learner/python/blkps/) against a real tgtd: Model's
-push/pull/read/write round trip, Engine's double-buffered loop giving exact
+push/pull/exchange/read/write round trip, Engine's double-buffered loop giving exact
 weights, and its errors (OSError with libblkps's message; ValueError after
 close); blkps.control's status, counters, commands and weights window;
 Model and Engine on bfloat16 and float16 LUNs (exact small-integer sums).
@@ -34,7 +34,20 @@ def test_model(url):
             check(False, "a pull past the end did not raise")
         except OSError as e:
             check(e.errno != 0 and "blkps" in e.strerror, f"unclear error: {e}")
-        model.push(0, -grad)  # back to zeros for the engine test
+        # exchange = push then pull, per request (doc/libblkps.md "Exchange"),
+        # into a new array or in place; an out that overlaps grad otherwise
+        # is refused before anything is sent.
+        check(np.array_equal(model.exchange(0, grad), -2 * grad), "exchange did not return push-then-pull")
+        inplace = grad.copy()
+        check(model.exchange(0, inplace, out=inplace) is inplace and np.array_equal(inplace, -3 * grad),
+              "exchange in place did not return push-then-pull in grad's array")
+        both = np.zeros(20, dtype=np.float32)
+        try:
+            model.exchange(0, both[:10], out=both[5:15])
+            check(False, "an out overlapping grad did not raise")
+        except ValueError as e:
+            check("overlaps" in str(e), f"unclear error: {e}")
+        model.push(0, -3 * grad)  # back to zeros for the engine test
     try:
         model.pull(0, 1)
         check(False, "a closed Model did not raise")

@@ -339,6 +339,30 @@ TEST_F(StripedFilesTest, PushAndPullOfParametersGoThroughTheStripes) {
   EXPECT_EQ(model->Sync(), 0) << model->last_error();
 }
 
+// An exchange over a layout splits its pushes and pulls alike per shard and
+// pairs them (doc/libblkps.md "Exchange"); over files, which store what is
+// written, each pulled range returns the push, in place too.
+TEST_F(StripedFilesTest, ExchangeOverShardsPullsWhatItPushed) {
+  WriteFile("a", std::string(8192, '\0'));
+  WriteFile("b", std::string(8192, '\0'));
+  WriteFile("c", std::string(4096, '\0'));
+  const std::string layout = WriteFile("m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n");
+  std::string error;
+  auto model = Open(layout, &error);
+  ASSERT_NE(model, nullptr) << error;
+  std::vector<float> g(3500), out(3500, -1.0f);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.5f + static_cast<float>(i);
+  ASSERT_EQ(model->Exchange(1000, g.data(), out.data(), g.size()), 0) << model->last_error();  // not aligned
+  EXPECT_EQ(out, g);
+  for (float& x : g) x = -x;
+  const std::vector<float> sent = g;
+  ASSERT_EQ(model->Exchange(1000, g.data(), g.data(), g.size()), 0) << model->last_error();
+  EXPECT_EQ(g, sent);
+  std::vector<float> w(3500);
+  ASSERT_EQ(model->Pull(1000, w.data(), w.size()), 0) << model->last_error();
+  EXPECT_EQ(w, sent);
+}
+
 TEST_F(StripedFilesTest, ShardOfTheWrongSizeIsRefusedWithTheSizeItNeeds) {
   // 5 units of 1 KiB over 3 shards: 2, 2 and 1 units. The layout names the
   // 1-unit file second, where 2 units belong.

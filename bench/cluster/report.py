@@ -163,6 +163,9 @@ def _goals(records, trainings):
               ("blkps bfloat16 / MPI float32", blkps16, mpi, 0.6), ("blkps bfloat16 / DDP fp16", blkps16, ddp16, 1.0)]
     if engine:  # not one of the issue's goals: the same goal, exchanging as the engine trains
         checks.append(("blkps float32 with the engine (push and next pull at once) / DDP float32", engine, ddp, 1.0))
+    exchange = _find(rows, system="blkps-async-exchange", placement="co-located", dtype="float32")
+    if exchange:  # issue 24 item 5's goal, with each request's pull following its push
+        checks.append(("blkps float32 pipelined exchange (Model.exchange) / MPI float32", exchange, mpi, 1.0))
     lines = [f"## Goals ({params / 1e6:.0f}M parameters, {hosts} hosts, co-located)", "",
              "| goal | measured | |", "|---|---:|---|"]
     for what, ours, peer, limit in checks:
@@ -189,6 +192,10 @@ def _goals(records, trainings):
                   f"{_ms(blkps.get('cpu_ms_per_exchange'))} ms of CPU and each host's tgtd "
                   f"{blkps.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms (and a host's learner and tgtd share the "
                   f"machine's 2 cores with every other host){_phases(blkps)}."]
+    if exchange:
+        lines += ["", f"The pipelined exchange (async): {exchange['ms_per_exchange']:.0f} ms per exchange"
+                  f"{_phases(exchange)}; a host's link sent {exchange['wire_bytes_per_host'] / 1e6:.1f} MB and "
+                  f"received {exchange['wire_rx_bytes_per_host'] / 1e6:.1f} MB per exchange."]
     if dropping:
         lines += ["", f"Gradient dropping (ratio {dropping['drop_ratio']:g}, async; the engine pushes the largest "
                   f"runs and pulls the whole model): {dropping['ms_per_exchange']:.0f} ms per exchange"
@@ -207,10 +214,13 @@ def _drop_ratio(rows):
 
 def _phases(r):
     """The push's and the pull's median ms of an exchange, as a clause, where the run has them."""
+    share = phase_link_share(r)
+    if r["system"].endswith("-exchange") and share:
+        return (f"; push and pull pipelined, each direction of a host's link carried its payload at "
+                f"{100 * share[0]:.0f}% of the link over the exchange")
     if "ms_per_push" not in r:
         return ""
     text = f"; of an exchange, the push took {r['ms_per_push']:.0f} ms and the pull {r['ms_per_pull']:.0f} ms (medians)"
-    share = phase_link_share(r)
     if share:
         text += f", {100 * share[0]:.0f}% and {100 * share[1]:.0f}% of the link"
     if "phase_alignment" in r:
@@ -225,12 +235,21 @@ def phase_link_share(r):
     model co-located, all of it from dedicated servers), or None where a
     phase moves less than the whole model (dropping) or overlaps the other
     (the engine). Payload only: with 1500-byte frames TCP's and Ethernet's
-    headers take 4.4% of the link, so 0.956 is the ceiling."""
-    if r.get("drop_ratio") or r["system"].endswith("-engine") or "ms_per_push" not in r:
+    headers take 4.4% of the link, so 0.956 is the ceiling.
+    A pipelined exchange (-exchange) has no phases: its push and pull run at
+    once, so each direction of a co-located host's link carries both
+    payloads (its push out and others' pushes in; its shard's weights out
+    and its pull in) within the median exchange: the same share both ways."""
+    if r.get("drop_ratio") or r["system"].endswith("-engine"):
         return None
     model = r["params"] * (4 if r["dtype"] == "float32" else 2)
     payload = model if r.get("servers") else model * (r["hosts"] - 1) / r["hosts"]
     seconds = payload * 8 / _bits(r["link"])
+    if r["system"].endswith("-exchange"):
+        both = (1 if r.get("servers") else 2) * seconds * 1e3 / r["ms_per_exchange"]
+        return both, both
+    if "ms_per_push" not in r:
+        return None
     return seconds * 1e3 / r["ms_per_push"], seconds * 1e3 / r["ms_per_pull"]
 
 

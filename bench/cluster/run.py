@@ -80,6 +80,8 @@ DDP_PORT = 29500
 TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
 # The training comparison: blkps's modes against the peers' all-reduce;
 # "-engine": the learner uses blkps.Engine (pull and push overlap compute).
+# "-exchange": one Model.exchange per exchange (each request's pull follows
+# its push on the same connection: doc/data-path.md "Phases at link rate").
 # "-bf16": the shards' LUNs are bfloat16 (dtype=bfloat16); "-drop": the
 # engine with gradient dropping (--drop-ratio).
 TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-async-bf16", "blkps-async-drop", "blkps-ssp:2",
@@ -111,6 +113,8 @@ def cases(quick, servers, drop_ratio):
            Case("ddp", "peer-to-peer", "float16", "fp16")]
     if not quick:
         out += [Case("blkps-bsp", "co-located", "float32"),
+                Case("blkps-async-exchange", "co-located", "float32"),
+                Case("blkps-bsp-exchange", "co-located", "float32"),
                 Case("blkps-async", f"dedicated-{servers}", "float32")]
     return out
 
@@ -276,6 +280,7 @@ class Runner:
                 PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
                 *self.common(params), "--dtype", case.dtype, "--drop-ratio", str(case.drop_ratio),
                 *(["--overlap"] if case.system.endswith("-engine") else []),
+                *(["--pipelined"] if case.system.endswith("-exchange") else []),
                 "--ready", ready[slot], "--go", go,
                 "--result", self.out(tag, f"{slot}.json")],
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))

@@ -6,7 +6,7 @@ counterpart of one all_reduce of the same vector.
 
   blkps_exchange.py --target URL --params P --iterations I --warmup W
                     --start-at T --result FILE [--dtype D] [--drop-ratio R]
-                    [--overlap]
+                    [--overlap | --pipelined]
 
 It opens the device, waits until wall-clock second T (so that the learners
 start together; with --ready R --go G instead it makes file R once open
@@ -21,7 +21,11 @@ it opens): with --drop-ratio R a step pushes the largest 1 - R of the
 gradient's runs (the rest kept as the residual), then pulls the whole model;
 with --overlap (double buffering) the push of a gradient and the pull of the
 next weights run at once on their own connections, so the weights are one
-push behind, as when the engine trains.
+push behind, as when the engine trains. With --pipelined an exchange is one
+blkps.Model.exchange (doc/libblkps.md "Exchange"): each request's pull
+follows its push on the same connection while later pushes are in flight,
+so push and pull are not timed apart (the result's push and pull lists stay
+empty).
 """
 import argparse
 import json
@@ -53,10 +57,18 @@ def main():
     ap.add_argument("--result", required=True)
     ap.add_argument("--dtype", help="the LUN's dtype: float32 (default), bfloat16 or float16")
     ap.add_argument("--drop-ratio", type=float, default=0.0, help="gradient runs dropped per push, in [0, 1)")
-    ap.add_argument("--overlap", action="store_true", help="push and pull at once (blkps.Engine, double buffering)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--overlap", action="store_true", help="push and pull at once (blkps.Engine, double buffering)")
+    mode.add_argument("--pipelined", action="store_true", help="one Model.exchange: each request's pull follows "
+                      "its push")
     args = ap.parse_args()
+    if args.pipelined and args.drop_ratio > 0:
+        sys.exit("blkps_exchange: --pipelined exchanges the whole gradient; it does not drop (--drop-ratio)")
     try:
-        exchange = EngineExchange(args) if args.drop_ratio > 0 or args.overlap else ModelExchange(args)
+        if args.drop_ratio > 0 or args.overlap:
+            exchange = EngineExchange(args)
+        else:
+            exchange = PipelinedExchange(args) if args.pipelined else ModelExchange(args)
     except OSError as e:
         sys.exit(f"blkps_exchange: {e.strerror or e}")
     times, pushes, pulls, starts, cpu = [], [], [], [], 0.0
@@ -73,9 +85,10 @@ def main():
             push_s, pull_s = exchange.step()
             if it >= 0:
                 times.append(time.perf_counter() - t0)
-                pushes.append(push_s)
-                pulls.append(pull_s)
-                starts.append(start)
+                if push_s is not None:
+                    pushes.append(push_s)
+                    pulls.append(pull_s)
+                    starts.append(start)
         cpu = cpu_seconds() - cpu
         pushed = exchange.params_pushed()
     with open(args.result, "w") as f:
@@ -117,6 +130,17 @@ class ModelExchange:
 
     def params_pushed(self):
         return self.pushed
+
+
+class PipelinedExchange(ModelExchange):
+    """blkps.Model.exchange: push and pull of each request pipelined on one
+    connection; the phases are not timed apart."""
+
+    def step(self):
+        """One exchange; returns (None, None): no separate phases."""
+        self.handle.exchange(0, self.grad, self.weights)
+        self.pushed += self.grad.size
+        return None, None
 
 
 class EngineExchange:

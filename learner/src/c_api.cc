@@ -95,6 +95,10 @@ int blkps_pull(blkps_model* m, uint64_t first_param, float* weights, uint64_t co
   return m->model->Pull(first_param, weights, count);
 }
 
+int blkps_exchange(blkps_model* m, uint64_t first_param, const float* grad, float* out, uint64_t count) {
+  return m->model->Exchange(first_param, grad, out, count);
+}
+
 int blkps_push16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint64_t count) {
   return m->model->Push16(first_param, grad, count);
 }

@@ -20,6 +20,14 @@ Status Device::ReadConsuming(const std::vector<IoRequest>& requests, uint32_t qu
   return status;
 }
 
+Status Device::Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads, uint32_t queue_depth,
+                        const ConsumeFn* consume) {
+  Status status = Transfer(Direction::kWrite, writes, queue_depth);
+  if (!status.ok()) return status;
+  return consume != nullptr ? ReadConsuming(reads, queue_depth, *consume)
+                            : Transfer(Direction::kRead, reads, queue_depth);
+}
+
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status) {
   if (target.rfind("iscsi://", 0) == 0 || target.rfind("iser://", 0) == 0) {
     return OpenIscsiDevice(target, initiator_name, status);

@@ -82,6 +82,25 @@ class Device {
   using ConsumeFn = std::function<void(size_t index)>;
   virtual Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume);
 
+  // An exchange: writes[k] then reads[k] for every k, pipelined. Read k is
+  // started only after write k has completed GOOD, while later writes may
+  // still be in flight, so one connection carries writes and reads at once
+  // (doc/data-path.md "Phases at link rate"). Each block is still written
+  // before it is read: a read returns the weights after this device's own
+  // write of that range. At most `queue_depth` requests (writes and reads
+  // together) are in flight on a device that mixes them; this default runs
+  // Transfer(kWrite, writes) and then the reads, for devices that cannot.
+  // `consume`, if not null, is handed read k as in ReadConsuming.
+  // REQUIRES: writes.size() == reads.size(); writes[k] and reads[k] cover the
+  // same device range (TransferPlans of one range in both directions do);
+  // each as for Transfer. reads[k]'s memory may be writes[k]'s (an exchange
+  // in place): read k starts only once write k is done with it.
+  // Failure as Transfer: the first failure is returned and no request is
+  // started after it; the read of a failed or unstarted write is never
+  // started.
+  virtual Status Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads,
+                          uint32_t queue_depth, const ConsumeFn* consume);
+
   // Makes every completed write durable (fsync / SYNCHRONIZE CACHE); on the
   // blkps server this checkpoints the model.
   virtual Status Sync() = 0;

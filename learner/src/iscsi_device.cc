@@ -89,6 +89,28 @@ Status IscsiDevice::RunRequests(Direction direction, const std::vector<IoRequest
                      direction == Direction::kWrite ? &requests : nullptr, consume);
 }
 
+Status IscsiDevice::Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads,
+                             uint32_t queue_depth, const ConsumeFn* consume) {
+  const size_t n = writes.size();
+  auto start = [&](size_t index, Command* command) {
+    const bool write = index < n;
+    const IoRequest& request = write ? writes[index] : reads[index - n];
+    const uint64_t lba = request.offset / block_size_;
+    const uint32_t length = static_cast<uint32_t>(request.length);
+    scsi_iovec* iov = reinterpret_cast<scsi_iovec*>(request.iov);
+    return write ? iscsi_write16_iov_task(iscsi_, lun_, lba, nullptr, length, block_size_, 0, 0, 0, 0, 0, OnCommandDone,
+                                          command, iov, request.iovcnt)
+                 : iscsi_read16_iov_task(iscsi_, lun_, lba, length, block_size_, 0, 0, 0, 0, 0, OnCommandDone, command,
+                                         iov, request.iovcnt);
+  };
+  auto describe = [&](size_t index) {
+    const bool write = index < n;
+    return std::string(write ? "exchange's write" : "exchange's read") + " at offset " +
+           std::to_string(write ? writes[index].offset : reads[index - n].offset) + " on " + name_;
+  };
+  return RunCommands(2 * n, queue_depth, start, describe, &writes, consume, true);
+}
+
 Status IscsiDevice::Sync() {
   auto start = [&](size_t, Command* command) {
     return iscsi_synchronizecache10_task(iscsi_, lun_, 0, 0, 0, 0, OnCommandDone, command);
@@ -98,28 +120,37 @@ Status IscsiDevice::Sync() {
 }
 
 Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
-                                const std::vector<IoRequest>* writes, const ConsumeFn* consume) {
+                                const std::vector<IoRequest>* writes, const ConsumeFn* consume, bool exchange) {
   if (!lost_.ok()) return lost_;
   // No command is in flight between batches, so the slots may move.
   if (spec_.iser) queue_depth = std::min(queue_depth, kIserMaxInFlight);
   commands_.assign(std::min<size_t>(std::max<uint32_t>(queue_depth, 1), count), Command());
   Status result;
+  const size_t write_count = writes != nullptr ? writes->size() : 0;
+  const size_t first_read = exchange ? write_count : 0;
   std::deque<size_t> pending;  // commands to start, in order
-  for (size_t i = 0; i < count; ++i) pending.push_back(i);
+  for (size_t i = 0; i < (exchange ? write_count : count); ++i) pending.push_back(i);
+  // An exchange's reads whose writes are done, in the order those ended;
+  // they start ahead of `pending`, so reads follow writes closely.
+  std::deque<size_t> reads_ready;
+  auto write_done = [&](size_t index) {
+    if (exchange && result.ok()) reads_ready.push_back(write_count + index);
+  };
   size_t in_flight = 0;
   auto start_more = [&] {
     for (Command& command : commands_) {
-      if (!result.ok() || pending.empty()) return;
+      if (!result.ok() || (pending.empty() && reads_ready.empty())) return;
       if (command.task != nullptr) continue;
+      std::deque<size_t>& next = reads_ready.empty() ? pending : reads_ready;
       command = Command();
-      command.index = pending.front();
+      command.index = next.front();
       command.task = start(command.index, &command);
       if (command.task == nullptr) {
         result = Status::Error(EIO, "%s: cannot queue the command: %s", describe(command.index).c_str(),
                                LastError(iscsi_).c_str());
         return;
       }
-      pending.pop_front();
+      next.pop_front();
       ++in_flight;
     }
   };
@@ -143,13 +174,16 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
         ended_with_session.push_back(command.index);
       } else if (command.status != SCSI_STATUS_GOOD) {
         if (result.ok()) result = CommandError(describe(command.index), command);
-      } else if (writes != nullptr && !expected_.empty()) {
-        const IoRequest& write = (*writes)[command.index];
-        ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
-        write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] =
-            write.length - write.padding_head - write.padding_tail;
+      } else if (command.index < write_count) {
+        if (!expected_.empty()) {
+          const IoRequest& write = (*writes)[command.index];
+          ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
+          write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] =
+              write.length - write.padding_head - write.padding_tail;
+        }
+        write_done(command.index);
       } else if (consume != nullptr) {
-        (*consume)(command.index);
+        (*consume)(command.index - first_read);
       }
       scsi_free_scsi_task(command.task);
       command = Command();
@@ -163,6 +197,12 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
         return s;
       }
       pending.insert(pending.begin(), resend.begin(), resend.end());
+      // A write the receipt shows applied is done: its read may start.
+      for (size_t index : ended_with_session) {
+        if (index < write_count && std::find(resend.begin(), resend.end(), index) == resend.end()) {
+          write_done(index);
+        }
+      }
     }
     start_more();
   }

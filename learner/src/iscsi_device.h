@@ -82,6 +82,11 @@ class IscsiDevice : public Device {
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
+  // Writes and reads share the queue_depth slots: read k is queued (ahead
+  // of the writes not yet started) when write k ends GOOD, or when a
+  // reconnect finds write k applied.
+  Status Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads, uint32_t queue_depth,
+                  const ConsumeFn* consume) override;
   Status Sync() override;
 
   // Reads this session's receipt into *counts (one per unit of the device).
@@ -97,18 +102,22 @@ class IscsiDevice : public Device {
   // Names command `index` for messages.
   using DescribeFn = std::function<std::string(size_t index)>;
 
-  // `writes`: the batch's requests when its commands are writes, else null.
-  // `consume`: called with each command's index as it ends GOOD, or null.
+  // `writes`: the batch's write requests, or null when it has none; commands
+  // [0, writes->size()) are writes. With `exchange`, the batch is an
+  // Exchange: commands [N, 2N) (N = writes->size()) are reads, command N + k
+  // started only after write k ended GOOD (or was found applied by a
+  // reconnect). `consume`: called with read k's index among the reads as it
+  // ends GOOD, or null.
   Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
-                     const std::vector<IoRequest>* writes, const ConsumeFn* consume = nullptr);
+                     const std::vector<IoRequest>* writes, const ConsumeFn* consume = nullptr, bool exchange = false);
   // Transfer and ReadConsuming (`consume` null for Transfer).
   Status RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
                      const ConsumeFn* consume);
   Status Service();
   // The session dropped and every command of it has ended; `dropped` lists
   // the batch's commands that were in flight. Logs in again and stores in
-  // *resend those to send again: all of them, except writes that the
-  // receipt shows applied.
+  // *resend those to send again: all of them, except writes (commands
+  // [0, writes->size())) that the receipt shows applied.
   Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
                    std::vector<size_t>* resend);
   // Fences this initiator's writes on the server and waits until none is in

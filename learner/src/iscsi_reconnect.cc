@@ -103,8 +103,9 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   for (size_t index : dropped) {
     // Reads and syncs are resent; a write only if the receipt does not count
     // it (applied, it is one more than was expected before it).
-    const uint64_t u = writes != nullptr ? (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT : 0;
-    const bool applied = writes != nullptr && counts[u] - expected_[u] == 1u;
+    const bool write = writes != nullptr && index < writes->size();
+    const uint64_t u = write ? (*writes)[index].offset / BLKPS_CONTROL_RECEIPT_UNIT : 0;
+    const bool applied = write && counts[u] - expected_[u] == 1u;
     if (!applied) resend->push_back(index);
   }
   if (lost > 0) {

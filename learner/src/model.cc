@@ -171,21 +171,66 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
     return Record(
         Transfer(*device_, Direction::kWrite, offset, const_cast<float*>(grad), length, request_bytes_, queue_depth_));
   }
+  status = Narrow("push", first_param, grad, count);
+  if (!status.ok()) return Record(status);
+  return Record(
+      Transfer(*device_, Direction::kWrite, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_));
+}
+
+Status Model::Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count) {
   try {
     wire_buffer_.resize(count);
   } catch (const std::bad_alloc&) {
-    return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
+    return Status::Error(ENOMEM, "%s: out of memory for %llu %s values", operation, static_cast<ull>(count), dtype());
   }
   const uint64_t bad = wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
-  if (bad != count) {
-    return Record(Status::Error(EINVAL,
-                                "push: gradient for parameter %llu is %g, which is %s in %s; "
-                                "nothing was sent",
-                                static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
-                                grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
+  if (bad == count) return Status();
+  return Status::Error(EINVAL, "%s: gradient for parameter %llu is %g, which is %s in %s; nothing was sent", operation,
+                       static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
+                       grad[bad] != grad[bad] ? "NaN" : "infinite", dtype());
+}
+
+// One plan per direction over the same range cuts it into the same
+// requests, which Device::Exchange pairs. On a 16-bit device the pull lands
+// in the wire buffer the push was sent from (read k overwrites write k's
+// values only once write k is done) and is widened per request as in
+// PullWidening.
+int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = ParamsToBytes("exchange", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
+  if (!status.ok()) return Record(status);
+  if (length == 0) return 0;
+  const bool wide = dtype_ == wire::Dtype::kFloat32;
+  if (!wide) {
+    status = Narrow("exchange", first_param, grad, count);
+    if (!status.ok()) return Record(status);
   }
-  return Record(
-      Transfer(*device_, Direction::kWrite, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_));
+  try {
+    const uint32_t block = device_->logical_block_size();
+    // A write only reads the buffer; TransferPlan's iovecs are not const.
+    void* const sent = wide ? const_cast<float*>(grad) : static_cast<void*>(wire_buffer_.data());
+    void* const received = wide ? static_cast<void*>(out) : static_cast<void*>(wire_buffer_.data());
+    TransferPlan push(Direction::kWrite, offset, sent, length, block, request_bytes_);
+    TransferPlan pull(Direction::kRead, offset, received, length, block, request_bytes_);
+    const std::vector<IoRequest>& reads = pull.requests();
+    auto widen = [&](uint64_t from, uint64_t to) {  // device bytes, clipped to the range
+      from = std::max(from, offset);
+      to = std::min(to, offset + length);
+      if (from < to)
+        wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], out + (from - offset) / 2, (to - from) / 2);
+    };
+    const Device::ConsumeFn consume = [&](size_t k) { widen(reads[k].offset, reads[k].offset + reads[k].length); };
+    status = device_->Exchange(push.requests(), reads, queue_depth_, wide ? nullptr : &consume);
+    if (!status.ok()) return Record(status);
+    pull.FinishRead();
+    if (!wide) {  // the partial first and last blocks arrived by FinishRead
+      widen(offset, offset + block);
+      widen(offset + length - std::min<uint64_t>(length, block), offset + length);
+    }
+    return 0;
+  } catch (const std::bad_alloc&) {
+    return Record(Status::Error(ENOMEM, "exchange: out of memory planning %llu bytes", static_cast<ull>(length)));
+  }
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {

@@ -187,7 +187,7 @@ Status StripedDevice::RunOnShards(const std::vector<bool>& busy, const std::func
   return Status();
 }
 
-Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
+void StripedDevice::SplitByShard(const std::vector<IoRequest>& requests, ShardBatch* batch) const {
   const uint32_t count = static_cast<uint32_t>(shards_.size());
   // A shard request under construction: its iovecs are the last `iovcnt`
   // entries of its shard's iovec list until it is closed.
@@ -198,74 +198,117 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
     size_t request;                       // index of the caller's request it came from
     uint64_t padding_head, padding_tail;  // IoRequest's
   };
+  std::vector<std::vector<ShardRequest>> parts(count);
+  std::vector<std::vector<iovec>>& iovecs = batch->iovecs;
+  iovecs.assign(count, {});
+  std::vector<StripePiece> pieces;
+  const uint64_t max_bytes = max_request_bytes();
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const IoRequest& request = requests[r];
+    pieces.clear();
+    map_.Map(request.offset, request.length, &pieces);
+    int iov_index = 0;
+    uint64_t iov_used = 0;  // bytes of request.iov[iov_index] consumed
+    uint64_t at = 0;        // where the piece starts in the request
+    for (const StripePiece& piece : pieces) {
+      std::vector<ShardRequest>& shard_parts = parts[piece.shard];
+      std::vector<iovec>& shard_iovecs = iovecs[piece.shard];
+      bool extend = false;
+      if (!shard_parts.empty()) {
+        const ShardRequest& last = shard_parts.back();
+        extend = last.request == r && last.offset + last.length == piece.shard_offset &&
+                 last.length + piece.length <= max_bytes &&
+                 shard_iovecs.size() - last.first_iov + static_cast<size_t>(request.iovcnt) <=
+                     static_cast<size_t>(kMaxIovecs);
+      }
+      if (!extend) {
+        shard_parts.push_back({piece.shard_offset, 0, shard_iovecs.size(), r, 0, 0});
+      }
+      // Take piece.length bytes of the caller's iovecs, in order.
+      uint64_t left = piece.length;
+      while (left > 0) {
+        const iovec& source = request.iov[iov_index];
+        const uint64_t take = std::min<uint64_t>(left, source.iov_len - iov_used);
+        if (take > 0) {
+          shard_iovecs.push_back({static_cast<uint8_t*>(source.iov_base) + iov_used, take});
+        }
+        iov_used += take;
+        left -= take;
+        if (iov_used == source.iov_len) {
+          ++iov_index;
+          iov_used = 0;
+        }
+      }
+      shard_parts.back().length += piece.length;
+      // The request's padding: [0, head) and [length - tail, length). It
+      // is less than a block, so it starts (head) or ends (tail) a part.
+      const uint64_t tail_from = request.length - request.padding_tail;
+      shard_parts.back().padding_head +=
+          request.padding_head > at ? std::min(piece.length, request.padding_head - at) : 0;
+      shard_parts.back().padding_tail +=
+          at + piece.length > tail_from ? at + piece.length - std::max(at, tail_from) : 0;
+      at += piece.length;
+    }
+  }
+  // The iovec lists are complete: point the shard requests into them.
+  batch->requests.assign(count, {});
+  for (uint32_t s = 0; s < count; ++s) {
+    for (size_t i = 0; i < parts[s].size(); ++i) {
+      const ShardRequest& part = parts[s][i];
+      const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov : iovecs[s].size();
+      batch->requests[s].push_back({part.offset, part.length, iovecs[s].data() + part.first_iov,
+                                    static_cast<int>(end - part.first_iov), part.padding_head, part.padding_tail});
+    }
+  }
+}
+
+Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
+  const uint32_t count = static_cast<uint32_t>(shards_.size());
   try {
-    std::vector<std::vector<ShardRequest>> parts(count);
-    std::vector<std::vector<iovec>> iovecs(count);
-    std::vector<StripePiece> pieces;
-    const uint64_t max_bytes = max_request_bytes();
-    for (size_t r = 0; r < requests.size(); ++r) {
-      const IoRequest& request = requests[r];
-      pieces.clear();
-      map_.Map(request.offset, request.length, &pieces);
-      int iov_index = 0;
-      uint64_t iov_used = 0;  // bytes of request.iov[iov_index] consumed
-      uint64_t at = 0;        // where the piece starts in the request
-      for (const StripePiece& piece : pieces) {
-        std::vector<ShardRequest>& shard_parts = parts[piece.shard];
-        std::vector<iovec>& shard_iovecs = iovecs[piece.shard];
-        bool extend = false;
-        if (!shard_parts.empty()) {
-          const ShardRequest& last = shard_parts.back();
-          extend = last.request == r && last.offset + last.length == piece.shard_offset &&
-                   last.length + piece.length <= max_bytes &&
-                   shard_iovecs.size() - last.first_iov + static_cast<size_t>(request.iovcnt) <=
-                       static_cast<size_t>(kMaxIovecs);
-        }
-        if (!extend) {
-          shard_parts.push_back({piece.shard_offset, 0, shard_iovecs.size(), r, 0, 0});
-        }
-        // Take piece.length bytes of the caller's iovecs, in order.
-        uint64_t left = piece.length;
-        while (left > 0) {
-          const iovec& source = request.iov[iov_index];
-          const uint64_t take = std::min<uint64_t>(left, source.iov_len - iov_used);
-          if (take > 0) {
-            shard_iovecs.push_back({static_cast<uint8_t*>(source.iov_base) + iov_used, take});
-          }
-          iov_used += take;
-          left -= take;
-          if (iov_used == source.iov_len) {
-            ++iov_index;
-            iov_used = 0;
-          }
-        }
-        shard_parts.back().length += piece.length;
-        // The request's padding: [0, head) and [length - tail, length). It
-        // is less than a block, so it starts (head) or ends (tail) a part.
-        const uint64_t tail_from = request.length - request.padding_tail;
-        shard_parts.back().padding_head +=
-            request.padding_head > at ? std::min(piece.length, request.padding_head - at) : 0;
-        shard_parts.back().padding_tail +=
-            at + piece.length > tail_from ? at + piece.length - std::max(at, tail_from) : 0;
-        at += piece.length;
-      }
-    }
-    // The iovec lists are complete: point the shard requests into them.
-    std::vector<std::vector<IoRequest>> shard_requests(count);
+    ShardBatch batch;
+    SplitByShard(requests, &batch);
     std::vector<bool> busy(count, false);
-    for (uint32_t s = 0; s < count; ++s) {
-      for (size_t i = 0; i < parts[s].size(); ++i) {
-        const ShardRequest& part = parts[s][i];
-        const size_t end = i + 1 < parts[s].size() ? parts[s][i + 1].first_iov : iovecs[s].size();
-        shard_requests[s].push_back({part.offset, part.length, iovecs[s].data() + part.first_iov,
-                                     static_cast<int>(end - part.first_iov), part.padding_head, part.padding_tail});
-      }
-      busy[s] = !shard_requests[s].empty();
-    }
+    for (uint32_t s = 0; s < count; ++s) busy[s] = !batch.requests[s].empty();
     return RunOnShards(busy,
-                       [&](uint32_t s) { return shards_[s]->Transfer(direction, shard_requests[s], queue_depth); });
+                       [&](uint32_t s) { return shards_[s]->Transfer(direction, batch.requests[s], queue_depth); });
   } catch (const std::bad_alloc&) {
     return Status::Error(ENOMEM, "out of memory splitting a %s over %u shards", DirectionName(direction), count);
+  }
+}
+
+Status StripedDevice::Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads,
+                               uint32_t queue_depth, const ConsumeFn* consume) {
+  const uint32_t count = static_cast<uint32_t>(shards_.size());
+  try {
+    ShardBatch write_batch, read_batch;
+    SplitByShard(writes, &write_batch);
+    SplitByShard(reads, &read_batch);
+    // Shard write j and shard read j cover the same shard range when the
+    // caller's pairs do and their iovecs split alike (always, short of
+    // IOV_MAX iovecs per request); else pair nothing and run the default.
+    std::vector<bool> busy(count, false);
+    for (uint32_t s = 0; s < count; ++s) {
+      const std::vector<IoRequest>& w = write_batch.requests[s];
+      const std::vector<IoRequest>& r = read_batch.requests[s];
+      if (w.size() != r.size()) return Device::Exchange(writes, reads, queue_depth, consume);
+      for (size_t j = 0; j < w.size(); ++j) {
+        if (w[j].offset != r[j].offset || w[j].length != r[j].length) {
+          return Device::Exchange(writes, reads, queue_depth, consume);
+        }
+      }
+      busy[s] = !w.empty();
+    }
+    // `consume` runs on this thread, so it is handed every read at the end
+    // (as ReadConsuming's default does).
+    Status status = RunOnShards(busy, [&](uint32_t s) {
+      return shards_[s]->Exchange(write_batch.requests[s], read_batch.requests[s], queue_depth, nullptr);
+    });
+    if (status.ok() && consume != nullptr) {
+      for (size_t k = 0; k < reads.size(); ++k) (*consume)(k);
+    }
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "out of memory splitting an exchange over %u shards", count);
   }
 }
 

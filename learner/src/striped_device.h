@@ -56,6 +56,13 @@ class StripedDevice : public Device {
   // other shards finish their part first.
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
 
+  // Splits writes and reads alike and runs each shard's pairs as that
+  // shard's Exchange, all shards at once: on each shard's connection its
+  // reads follow its writes. `consume` is handed every read once all
+  // shards are done. Failure as Transfer.
+  Status Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads, uint32_t queue_depth,
+                  const ConsumeFn* consume) override;
+
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
   uint64_t pushed_bytes_lost() const override;
@@ -65,6 +72,17 @@ class StripedDevice : public Device {
 
   StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
                 std::vector<std::string> names);
+
+  // The caller's requests cut per shard: requests[s] for shard s, whose
+  // iovecs point into iovecs[s].
+  struct ShardBatch {
+    std::vector<std::vector<IoRequest>> requests;
+    std::vector<std::vector<iovec>> iovecs;
+  };
+  // Cuts `requests` by shard: a request's pieces on one shard that are
+  // contiguous there become one shard request of several iovecs. Throws
+  // std::bad_alloc.
+  void SplitByShard(const std::vector<IoRequest>& requests, ShardBatch* batch) const;
 
   // Runs job(s) for every shard s with busy[s], all at once; returns the
   // first failure in shard order.

@@ -97,6 +97,15 @@ BLKPS_EXPORT int blkps_push(blkps_model *m, uint64_t first_param, const float *g
  * `weights`. Same range rules as blkps_push. */
 BLKPS_EXPORT int blkps_pull(blkps_model *m, uint64_t first_param, float *weights, uint64_t count);
 
+/* blkps_push(grad) then blkps_pull(out) of the same range, pipelined: each
+ * request's pull starts as soon as its push has completed, while later
+ * pushes are in flight, so the connection carries both directions at once
+ * (doc/libblkps.md "Exchange"). The weights include this push; under bsp a
+ * pull waits for the round as blkps_pull does. `out` may be `grad`; no other
+ * overlap. Same range rules and return values as blkps_push; after an I/O
+ * error `out` is unspecified and no pull follows a push that failed. */
+BLKPS_EXPORT int blkps_exchange(blkps_model *m, uint64_t first_param, const float *grad, float *out, uint64_t count);
+
 /* On a 16-bit device (dtype bfloat16 or float16): the 16-bit values as they
  * travel, no conversion (a GPU's .to(bfloat16/float16) rounds as
  * blkps/wire_dtype.hpp does). Same range rules as blkps_push/blkps_pull;

@@ -100,6 +100,20 @@ class BLKPS_EXPORT Model {
   // requested part copied out. Same return values as Push().
   int Pull(uint64_t first_param, float* weights, uint64_t count);
 
+  // Push(first_param, grad, count) then Pull(first_param, out, count), one
+  // request at a time: the pull of each request's range starts as soon as
+  // its push has completed, while later pushes are still in flight, so the
+  // connection carries gradients and weights at once (doc/libblkps.md
+  // "Exchange"). Every block is pushed before it is pulled: the weights
+  // include this learner's own gradient, and under bsp a pull waits for the
+  // round as Pull() does. `out` may be `grad` (in place); no other overlap.
+  // Same range rules and return values as Push(): -ERANGE or -EINVAL (a
+  // 16-bit device: a gradient NaN or infinite in its type) send nothing.
+  // After an I/O error no further request is started, the pull of a push
+  // that failed or never started is not started, and which parts of the
+  // range reached the server is unspecified; `out` is then unspecified.
+  int Exchange(uint64_t first_param, const float* grad, float* out, uint64_t count);
+
   // On a 16-bit device: the values as they travel, no conversion. `grad`
   // holds 16-bit values of the device's dtype (bfloat16 or float16 bit
   // patterns, e.g. a GPU's .to(torch.bfloat16), whose rounding equals
@@ -180,6 +194,9 @@ class BLKPS_EXPORT Model {
   int Record(const Status& status);
   // Pull's 16-bit transfer into wire_buffer_, widened into `weights`.
   Status PullWidening(uint64_t offset, float* weights, uint64_t count);
+  // Narrows `grad` into wire_buffer_; -EINVAL naming the first value that is
+  // not finite in the device's type. `operation` names the call.
+  Status Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count);
 
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;

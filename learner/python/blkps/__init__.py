@@ -114,6 +114,8 @@ def _declare(lib):
     lib.blkps_push.restype = ctypes.c_int
     lib.blkps_pull.argtypes = [handle, ctypes.c_uint64, _FLOAT_P, ctypes.c_uint64]
     lib.blkps_pull.restype = ctypes.c_int
+    lib.blkps_exchange.argtypes = [handle, ctypes.c_uint64, _FLOAT_P, _FLOAT_P, ctypes.c_uint64]
+    lib.blkps_exchange.restype = ctypes.c_int
     lib.blkps_push16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_push16.restype = ctypes.c_int
     lib.blkps_pull16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
@@ -316,6 +318,29 @@ class Model(_Handle):
                              "float32 numpy array")
         self._check(self._lib.blkps_pull(self._open_handle(), first_param,
                                          out.ctypes.data_as(_FLOAT_P), out.size))
+        return out
+
+    def exchange(self, first_param, grad, out=None):
+        """push(first_param, grad) then pull_into(first_param, out), pipelined:
+        each request's pull starts once its push has completed, while later
+        pushes are in flight (doc/libblkps.md "Exchange"). The weights include
+        this push. `out`: a writable C-contiguous float32 array of grad's size
+        (grad itself is allowed: in place), or None for a new one; returns
+        out."""
+        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        if out is None:
+            out = np.empty(grad.size, dtype=np.float32)
+        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
+                or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError("blkps: exchange needs `out` as a writable C-contiguous "
+                             "float32 numpy array")
+        if out.size != grad.size:
+            raise ValueError("blkps: exchange: out holds %d values, grad %d" % (out.size, grad.size))
+        if out.ctypes.data != grad.ctypes.data and np.may_share_memory(out, grad):
+            raise ValueError("blkps: exchange: out overlaps grad; pass grad itself or a separate array")
+        self._check(self._lib.blkps_exchange(self._open_handle(), first_param,
+                                             grad.ctypes.data_as(_FLOAT_P),
+                                             out.ctypes.data_as(_FLOAT_P), grad.size))
         return out
 
     def push16(self, first_param, grad):
