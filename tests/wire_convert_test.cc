@@ -218,28 +218,6 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(blkps::wire::KernelName(info.param.kernel)) + "_" + blkps::wire::DtypeName(info.param.dtype);
     });
 
-// A push's check before it narrows anything: the same verdict as
-// narrowing, value by value, over the sweep (the overflow thresholds, their
-// neighbours, NaNs, Infs), and the first index anywhere in a long array.
-TEST(WireConvertCheck, FirstNonFiniteNarrowedAgreesWithNarrowing) {
-  for (Dtype t : {Dtype::kBfloat16, Dtype::kFloat16}) {
-    const std::vector<float> sweep = Float32Sweep(t);
-    for (const float& x : sweep) {
-      const size_t want = blkps::wire::IsNonFinite16(t, Narrow1(t, x)) ? 0 : 1;
-      ASSERT_EQ(blkps::wire::FirstNonFiniteNarrowed(t, &x, 1), want)
-          << blkps::wire::DtypeName(t) << " float32 bits 0x" << std::hex << FloatBits(x);
-    }
-    const size_t n = 3 * 4096 + 21;
-    for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9000}, n - 1}) {
-      std::vector<float> in(n, -0.5f);
-      in[at] = -INFINITY;
-      if (at + 3 < n) in[at + 3] = std::nanf("");
-      EXPECT_EQ(blkps::wire::FirstNonFiniteNarrowed(t, in.data(), n), at) << "at " << at;
-      EXPECT_EQ(blkps::wire::FirstNonFiniteNarrowed(t, in.data(), at), at) << "stops at n";
-    }
-  }
-}
-
 TEST(WireConvertChoice, TheActiveKernelRunsOnThisCpu) {
   EXPECT_TRUE(blkps::wire::KernelSupported(blkps::wire::ActiveKernel()));
   EXPECT_TRUE(blkps::wire::KernelSupported(Kernel::kScalar));

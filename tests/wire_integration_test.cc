@@ -258,11 +258,11 @@ TEST(WireDtype, PullsOfManyRequestsWidenEveryValueOnce) {
   }
 }
 
-// A push of many requests, from and to the middle of a logical block: libblkps
-// narrows each request's values just before it sends that request (and the
-// partial first and last blocks before the plan is made); the sum rule adds
-// exactly the narrowed values, each once (doc/data-path.md "A 16-bit push
-// widens as the rule runs").
+// A push of many requests, from and to the middle of a logical block, over
+// many model blocks: the plugin checks each WRITE's 16-bit values and widens
+// them piece by piece as the rule runs; the sum rule adds exactly the
+// narrowed values, each once (doc/data-path.md "A 16-bit push widens as the
+// rule runs").
 TEST(WireDtype, PushesOfManyRequestsNarrowEveryValueOnce) {
   constexpr uint64_t kMany = 20000;
   TargetProcess target("params=" + std::to_string(kMany) + ";rule=sum;block=1K");

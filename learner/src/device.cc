@@ -20,11 +20,6 @@ Status Device::ReadConsuming(const std::vector<IoRequest>& requests, uint32_t qu
   return status;
 }
 
-Status Device::WriteProducing(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ProduceFn& produce) {
-  for (size_t k = 0; k < requests.size(); ++k) produce(k);
-  return Transfer(Direction::kWrite, requests, queue_depth);
-}
-
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status) {
   if (target.rfind("iscsi://", 0) == 0 || target.rfind("iser://", 0) == 0) {
     return OpenIscsiDevice(target, initiator_name, status);

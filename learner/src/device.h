@@ -82,16 +82,6 @@ class Device {
   using ConsumeFn = std::function<void(size_t index)>;
   virtual Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume);
 
-  // Transfer(kWrite, ...) that calls produce(k), on this thread, before
-  // request k is first sent, while earlier requests may be in flight: the
-  // caller fills each piece's bytes just in time, and the kernel copies
-  // them from cache (the 16-bit wire's narrowing). Requests are produced in
-  // order, each at most once (a request sent again after a reconnect is
-  // not produced again); after a failure some are not produced. This
-  // default produces them all, then calls Transfer().
-  using ProduceFn = std::function<void(size_t index)>;
-  virtual Status WriteProducing(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ProduceFn& produce);
-
   // Makes every completed write durable (fsync / SYNCHRONIZE CACHE); on the
   // blkps server this checkpoints the model.
   virtual Status Sync() = 0;

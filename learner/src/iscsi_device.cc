@@ -69,17 +69,9 @@ Status IscsiDevice::ReadConsuming(const std::vector<IoRequest>& requests, uint32
   return RunRequests(Direction::kRead, requests, queue_depth, &consume);
 }
 
-Status IscsiDevice::WriteProducing(const std::vector<IoRequest>& requests, uint32_t queue_depth,
-                                   const ProduceFn& produce) {
-  return RunRequests(Direction::kWrite, requests, queue_depth, &produce);
-}
-
 Status IscsiDevice::RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
-                                const std::function<void(size_t index)>* each) {
-  const ProduceFn* produce = direction == Direction::kWrite ? each : nullptr;
-  size_t produced = 0;  // writes [0, produced) are filled; commands start in order, resends below it
+                                const ConsumeFn* consume) {
   auto start = [&](size_t index, Command* command) {
-    for (; produce != nullptr && produced <= index; ++produced) (*produce)(produced);
     const IoRequest& request = requests[index];
     const uint64_t lba = request.offset / block_size_;
     const uint32_t length = static_cast<uint32_t>(request.length);
@@ -94,8 +86,7 @@ Status IscsiDevice::RunRequests(Direction direction, const std::vector<IoRequest
            name_;
   };
   return RunCommands(requests.size(), queue_depth, start, describe,
-                     direction == Direction::kWrite ? &requests : nullptr,
-                     direction == Direction::kRead ? each : nullptr);
+                     direction == Direction::kWrite ? &requests : nullptr, consume);
 }
 
 Status IscsiDevice::Sync() {

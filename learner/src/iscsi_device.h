@@ -82,8 +82,6 @@ class IscsiDevice : public Device {
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
-  Status WriteProducing(const std::vector<IoRequest>& requests, uint32_t queue_depth,
-                        const ProduceFn& produce) override;
   Status Sync() override;
 
   // Reads this session's receipt into *counts (one per unit of the device).
@@ -103,10 +101,9 @@ class IscsiDevice : public Device {
   // `consume`: called with each command's index as it ends GOOD, or null.
   Status RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
                      const std::vector<IoRequest>* writes, const ConsumeFn* consume = nullptr);
-  // Transfer, ReadConsuming and WriteProducing: `each` is a read's consume
-  // or a write's produce, null for Transfer.
+  // Transfer and ReadConsuming (`consume` null for Transfer).
   Status RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
-                     const std::function<void(size_t index)>* each);
+                     const ConsumeFn* consume);
   Status Service();
   // The session dropped and every command of it has ended; `dropped` lists
   // the batch's commands that were in flight. Logs in again and stores in

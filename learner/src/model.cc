@@ -176,8 +176,7 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
   } catch (const std::bad_alloc&) {
     return Record(Status::Error(ENOMEM, "push: out of memory for %llu %s values", static_cast<ull>(count), dtype()));
   }
-  // Checked whole, reading only, before any piece is narrowed or sent.
-  const uint64_t bad = wire::FirstNonFiniteNarrowed(dtype_, grad, count);
+  const uint64_t bad = wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
   if (bad != count) {
     return Record(Status::Error(EINVAL,
                                 "push: gradient for parameter %llu is %g, which is %s in %s; "
@@ -185,34 +184,8 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
                                 static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
                                 grad[bad] != grad[bad] ? "NaN" : "infinite", dtype()));
   }
-  return Record(PushNarrowing(offset, grad, count));
-}
-
-// A 16-bit push narrows each request's values just before that request is
-// sent, while earlier ones are in flight: the kernel copies them from
-// cache, not from a whole narrowed array in memory. The plan copies a
-// partial first or last block into its bounce block when it is made: the
-// first and last block's worth of values are narrowed before it.
-Status Model::PushNarrowing(uint64_t offset, const float* grad, uint64_t count) {
-  const uint64_t length = count * 2;
-  if (length == 0) return Status();
-  auto narrow = [&](uint64_t from, uint64_t to) {  // device bytes, clipped to the push
-    from = std::max(from, offset);
-    to = std::min(to, offset + length);
-    if (from < to)
-      (void)wire::Narrow(dtype_, grad + (from - offset) / 2, &wire_buffer_[(from - offset) / 2], (to - from) / 2);
-  };
-  const uint64_t block = device_->logical_block_size();
-  narrow(offset, offset + block);
-  narrow(offset + length - std::min(length, block), offset + length);
-  try {
-    TransferPlan plan(Direction::kWrite, offset, wire_buffer_.data(), length, block, request_bytes_);
-    const std::vector<IoRequest>& requests = plan.requests();
-    return device_->WriteProducing(
-        requests, queue_depth_, [&](size_t k) { narrow(requests[k].offset, requests[k].offset + requests[k].length); });
-  } catch (const std::bad_alloc&) {
-    return Status::Error(ENOMEM, "out of memory planning a write of %llu bytes", static_cast<ull>(length));
-  }
+  return Record(
+      Transfer(*device_, Direction::kWrite, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_));
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {

@@ -49,26 +49,6 @@ size_t FirstNonFiniteScalar(Dtype t, const uint16_t* v, size_t n) {
 
 namespace {
 
-// Index of the first bit pattern in bits[0..n) whose magnitude is at least
-// `limit`, or n. Branch-free within a check block, so that it vectorises.
-#if !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-size_t
-FirstAtLeast(const uint32_t* bits, uint32_t limit, size_t n) {
-  for (size_t start = 0; start < n; start += kernels::kCheckBlock) {
-    const size_t end = n - start < kernels::kCheckBlock ? n : start + kernels::kCheckBlock;
-    unsigned bad = 0;
-    for (size_t i = start; i < end; ++i) bad |= (bits[i] & 0x7fffffffu) >= limit;
-    if (bad) {
-      for (size_t i = start; i < end; ++i) {
-        if ((bits[i] & 0x7fffffffu) >= limit) return i;
-      }
-    }
-  }
-  return n;
-}
-
 Kernel Best() {
 #if defined(__x86_64__)
   if (KernelSupported(Kernel::kAvx512)) return Kernel::kAvx512;
@@ -139,16 +119,6 @@ void WidenWith(Kernel k, Dtype t, const uint16_t* src, float* dst, size_t n) {
 size_t Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) { return NarrowWith(ActiveKernel(), t, src, dst, n); }
 
 void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) { WidenWith(ActiveKernel(), t, src, dst, n); }
-
-// A float32 narrows to NaN or Inf exactly when its magnitude's bits are at
-// least the first value that rounds past the type's largest finite one
-// (round to nearest even: the tie above it rounds away, as its last bit is
-// odd); NaN and Inf lie above both. bfloat16: 0x7f7f8000, halfway between
-// 0x7f7f0000 and Inf. float16: 65520, halfway between 65504 and 65536.
-size_t FirstNonFiniteNarrowed(Dtype t, const float* src, size_t n) {
-  const uint32_t limit = t == Dtype::kBfloat16 ? 0x7f7f8000u : 0x477ff000u;
-  return FirstAtLeast(reinterpret_cast<const uint32_t*>(src), limit, n);
-}
 
 size_t FirstNonFinite16With(Kernel k, Dtype t, const uint16_t* v, size_t n) {
   switch (k) {

@@ -180,9 +180,6 @@ class BLKPS_EXPORT Model {
   int Record(const Status& status);
   // Pull's 16-bit transfer into wire_buffer_, widened into `weights`.
   Status PullWidening(uint64_t offset, float* weights, uint64_t count);
-  // Push's 16-bit transfer of `grad`, narrowed into wire_buffer_ a request
-  // at a time. REQUIRES: grad narrows to finite values (checked before).
-  Status PushNarrowing(uint64_t offset, const float* grad, uint64_t count);
 
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;

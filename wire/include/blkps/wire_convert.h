@@ -51,14 +51,6 @@ void Widen(Dtype t, const uint16_t* src, float* dst, size_t n);
 // any of it; libblkps checks a Push16 with it. REQUIRES: t != kFloat32.
 size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n);
 
-// Index of the first value in src[0..n) that Narrow would make NaN or
-// infinite in type t (a NaN or Inf, or a value that rounds past t's largest
-// finite one), or n if there is none; reads src only, writes nothing. A
-// push checks the whole gradient with it, then narrows and sends it a
-// request at a time. One compiled loop (clones for AVX-512 and AVX2 picked
-// at load time), not a kernel per instruction set. REQUIRES: t != kFloat32.
-size_t FirstNonFiniteNarrowed(Dtype t, const float* src, size_t n);
-
 // The same with a chosen kernel, for tests and benchmarks.
 // REQUIRES: KernelSupported(k).
 size_t NarrowWith(Kernel k, Dtype t, const float* src, uint16_t* dst, size_t n);
