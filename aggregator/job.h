@@ -177,10 +177,12 @@ class Job {
     return Write(slot, offset, src, len, initiator, offset);
   }
   // The same, for a LUN whose device bytes are not the model's float32 bytes
-  // (a 16-bit wire LUN): the receipt counts the write at `device_offset`,
-  // where the learner's write started on its own device.
+  // (a 16-bit wire LUN): offset and len are the model's float32 device
+  // bytes, src holds the gradient as `values` (Model::ApplyGradient), and
+  // the receipt counts the write at `device_offset`, where the learner's
+  // write started on its own device.
   Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
-               uint64_t device_offset);
+               uint64_t device_offset, wire::Dtype values = wire::Dtype::kFloat32);
   // Durable checkpoint; OK and nothing written if no file is configured.
   Status Checkpoint();
 
@@ -281,7 +283,7 @@ class Job {
   Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
   Status LoadCheckpoint();
   // Write() without the gate and the receipt.
-  Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len);
+  Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
   std::vector<uint64_t> SaveReceiptsLocked() const;
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);

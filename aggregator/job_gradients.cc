@@ -25,9 +25,9 @@ Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights&
 }
 
 Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
-                  uint64_t device_offset) {
+                  uint64_t device_offset, wire::Dtype values) {
   EnterWriteGate();
-  Status s = ApplyWrite(slot, offset, src, len);
+  Status s = ApplyWrite(slot, offset, src, len, values);
   // Counted inside the gate: a checkpoint holds both the gradient and its
   // count, or neither.
   FinishWrite(slot, initiator, device_offset, s.ok());
@@ -35,7 +35,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   return s;
 }
 
-Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len) {
+Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values) {
   if (failed_.load()) {
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);
@@ -60,7 +60,7 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
           ReleaseLocked();  // ssp: the slowest may have moved
         }
       },
-      staleness);
+      staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
 }

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "blkps/wire_convert.h"
+
 namespace blkps::server {
 namespace {
 
@@ -53,6 +55,31 @@ FirstNonFinite(const float* g, size_t n) {
     }
   }
   return n;
+}
+
+// Hands the gradient of parameters [at, at + n) of a write whose values src
+// holds as `values` to piece(g, done, m), in order, as float32 g[0..m) for
+// parameters [at + done, at + done + m): a float32 gradient in one piece, as
+// it lies; a 16-bit one widened Model::kWidenChunk values at a time into a
+// buffer on the stack, each piece used while it is in L1 (whole: in one
+// piece, widened into a per-thread buffer, for a table, whose row parts are
+// applied or skipped whole).
+template <typename Piece>
+void ForEachFloatPiece(wire::Dtype values, const void* src, uint64_t at, uint64_t n, bool whole, Piece piece) {
+  if (values == wire::Dtype::kFloat32) return piece(static_cast<const float*>(src) + at, 0, n);
+  const uint16_t* h = static_cast<const uint16_t*>(src) + at;
+  if (whole) {
+    thread_local std::vector<float> wide;
+    if (wide.size() < n) wide.resize(n);
+    wire::Widen(values, h, wide.data(), n);
+    return piece(wide.data(), 0, n);
+  }
+  alignas(64) float chunk[Model::kWidenChunk];
+  for (uint64_t done = 0; done < n; done += Model::kWidenChunk) {
+    const uint64_t m = std::min(Model::kWidenChunk, n - done);
+    wire::Widen(values, h + done, chunk, m);
+    piece(chunk, done, m);
+  }
 }
 
 }  // namespace
@@ -212,7 +239,8 @@ Status Model::ReadParams(uint64_t first, uint64_t count, const TakeWeights& take
   return Status::OK();
 }
 
-Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const {
+Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range,
+                          wire::Dtype values) const {
   Status s = CheckRange(offset, len);
   if (!s.ok()) return s;
   if (offset % sizeof(float) != 0 || len % sizeof(float) != 0) {
@@ -221,34 +249,48 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
   }
   const uint64_t first = offset / sizeof(float);
   const uint64_t count = std::min<uint64_t>(len / sizeof(float), num_params_ > first ? num_params_ - first : 0);
-  const float* g = static_cast<const float*>(src);
-  const size_t bad = FirstNonFinite(g, count);
+  size_t bad = count;
+  bool nan = false;
+  if (values == wire::Dtype::kFloat32) {
+    const float* g = static_cast<const float*>(src);
+    bad = FirstNonFinite(g, count);
+    nan = bad != count && std::isnan(g[bad]);
+  } else {  // on the 16-bit values themselves, half the bytes, none widened yet
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    bad = wire::FirstNonFinite16(values, h, count);
+    nan = bad != count &&
+          std::isnan(values == wire::Dtype::kBfloat16 ? wire::Bfloat16ToFloat(h[bad]) : wire::Float16ToFloat(h[bad]));
+  }
   if (bad != count) {
     return Status::InvalidArgument(std::string(what) + " for parameter " + std::to_string(first + bad) + " is " +
-                                   (std::isnan(g[bad]) ? "NaN" : "infinite") + "; the whole write was rejected");
+                                   (nan ? "NaN" : "infinite") + "; the whole write was rejected");
   }
   *range = ParamRange{first, count};
   return Status::OK();
 }
 
 Status Model::ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied,
-                            const BlockStaleness& staleness) {
+                            const BlockStaleness& staleness, wire::Dtype values) {
   ParamRange range;
-  Status s = CheckValues(offset, src, len, "gradient", &range);
+  Status s = CheckValues(offset, src, len, "gradient", &range, values);
   if (!s.ok()) return s;
-  // Parameter i's gradient is g[i - range.first]. (Not a pointer biased by
-  // -range.first: that is undefined, and UBSan stopped tgtd on it for a
-  // zero-length WRITE, whose buffer is null.)
-  const float* g = static_cast<const float*>(src);
+  // Parameter i's gradient is value i - range.first of src. (Not a pointer
+  // biased by -range.first: that is undefined, and UBSan stopped tgtd on it
+  // for a zero-length WRITE, whose buffer is null.)
   const bool bsp = has_accumulator();
+  const bool table = table_.is_table();
   ForEachBlockLocked(range, [&](uint64_t block, uint64_t first, uint64_t n) {
-    if (bsp) {
-      AccumulateLocked(first, g + (first - range.first), n);
-    } else if (table_.is_table()) {
-      ApplyTableLocked(first, g + (first - range.first), n);
-    } else {
-      rule_->ApplyStale(first, weights_ + first, g + (first - range.first), n, staleness ? staleness(block) : 0);
-    }
+    // Once per block part, however many pieces: the job counts staleness.
+    const uint64_t tau = bsp || table || !staleness ? 0 : staleness(block);
+    ForEachFloatPiece(values, src, first - range.first, n, table, [&](const float* g, uint64_t done, uint64_t m) {
+      if (bsp) {
+        AccumulateLocked(first + done, g, m);
+      } else if (table) {
+        ApplyTableLocked(first + done, g, m);
+      } else {
+        rule_->ApplyStale(first + done, weights_ + first + done, g, m, tau);
+      }
+    });
     if (applied) applied(block, n);
   });
   return Status::OK();

@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "blkps/wire_dtype.hpp"
 #include "initializer.h"
 #include "page_buffer.h"
 #include "status.h"
@@ -126,8 +127,13 @@ class Model {
   using TakeWeights = std::function<void(const float* weights, uint64_t n, uint64_t done)>;
   Status ReadParams(uint64_t first, uint64_t count, const TakeWeights& take) const;
 
-  // Applies the gradient held in device bytes [offset, offset + len) of src,
-  // block by block under each block's write lock: with the update rule, or,
+  // Applies the gradient for device bytes [offset, offset + len), held in src
+  // as `values`: float32 (len bytes, as the device holds them), or a 16-bit
+  // LUN's bfloat16 or float16 (len / 2 bytes, blkps/wire_dtype.hpp), widened
+  // exactly, kWidenChunk values at a time, as each piece is applied: a
+  // 16-bit gradient has no float32 copy and gives the same bits as its
+  // widened float32 values would. Block by block under each block's write
+  // lock: with the update rule, or,
   // with an accumulator (bsp), by adding it to the round's sum, which
   // ApplyAverageLocked() applies when the round is complete. After each
   // block's part, still under that block's lock, calls applied(block, n)
@@ -136,7 +142,8 @@ class Model {
   //   OutOfRange       if the range passes size_bytes();
   //   InvalidArgument  if offset or len is not a multiple of 4, or a gradient
   //                    value is NaN or infinite (the message names the first
-  //                    such parameter).
+  //                    such parameter; a 16-bit gradient is checked on its
+  //                    16-bit values, before any is widened).
   //
   // `staleness` (async and ssp, if set): called under each block's write
   // lock before that block's part is applied; the part is applied with
@@ -144,7 +151,10 @@ class Model {
   using BlockApplied = std::function<void(uint64_t block, uint64_t n)>;
   using BlockStaleness = std::function<uint64_t(uint64_t block)>;
   Status ApplyGradient(uint64_t offset, const void* src, size_t len, const BlockApplied& applied = nullptr,
-                       const BlockStaleness& staleness = nullptr);
+                       const BlockStaleness& staleness = nullptr, wire::Dtype values = wire::Dtype::kFloat32);
+  // Values a 16-bit gradient is widened by at a time, into a buffer on the
+  // stack: 8 KiB of float32, which stays in L1 while the rule reads it.
+  static constexpr uint64_t kWidenChunk = 2048;
 
   // Block `block`'s write lock, for ApplyAverageLocked().
   std::unique_lock<std::shared_mutex> LockBlock(uint64_t block) {
@@ -236,7 +246,8 @@ class Model {
   void AccumulateLocked(uint64_t first, const float* g, uint64_t n);
   // Checks a gradient or weights write (errors as ApplyGradient; messages
   // call the values `what`) and stores its range in *range.
-  Status CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range) const;
+  Status CheckValues(uint64_t offset, const void* src, size_t len, const char* what, ParamRange* range,
+                     wire::Dtype values = wire::Dtype::kFloat32) const;
   // Calls piece(block, first, n) for each model block holding parameters of
   // `range`, in order, with that block's write lock held; [first, first + n)
   // is the part of the range in the block.

@@ -1,12 +1,14 @@
 // The 16-bit wire (--bsopts dtype=bfloat16|float16): a 16-bit learner LUN
 // is a view of the float32 model, device byte 2*i holding parameter i. Its
-// READ and WRITE are converted here, at the LUN boundary, and go on to the job
-// as float32 (blkps/wire_dtype.hpp says how values round); admission, clocks
-// and the rule never see 16-bit values. Contract in lu_core.h.
+// READ is narrowed here, straight out of the model; its WRITE goes to the
+// job as the model's float32 range with its 16-bit values, which the model
+// checks as they are and widens piece by piece as it applies them
+// (Model::ApplyGradient; blkps/wire_dtype.hpp says how values round).
+// Admission, clocks and receipts count it as a float32 write of the same
+// parameters. Contract in lu_core.h.
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "blkps/wire_convert.h"
 #include "blkps/wire_dtype.hpp"
@@ -47,13 +49,6 @@ server::Status ToWireRange(const blkps_lu& lu, uint64_t offset, uint64_t len, Wi
   return server::Status::OK();
 }
 
-// Per worker thread: the float32 side of a 16-bit WRITE.
-std::vector<float>& WideScratch(uint64_t count) {
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < count) scratch.resize(count);
-  return scratch;
-}
-
 }  // namespace
 
 // One pass: each block's weights are narrowed straight into tgt's buffer
@@ -73,15 +68,16 @@ server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) 
   return server::Status::OK();
 }
 
-// Widening is exact and keeps NaN and Inf, so the job's own check refuses
-// such a gradient whole (and counts it) as it does a float32 one.
+// No float32 copy: the model refuses a gradient with a NaN or Inf in the
+// 16-bit type whole (and the job counts it) as it does a float32 one, then
+// widens it exactly as it applies it, so the rule's bits are those of the
+// widened values written to a float32 LUN.
 server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator) {
   WireRange r;
   server::Status s = ToWireRange(*lu, offset, len, &r);
   if (!s.ok()) return s;
-  std::vector<float>& wide = WideScratch(r.count);
-  blkps::wire::Widen(lu->options.dtype, static_cast<const uint16_t*>(buf), wide.data(), r.count);
-  return lu->job->Write(lu->slot, r.first * sizeof(float), wide.data(), r.count * sizeof(float), initiator, offset);
+  return lu->job->Write(lu->slot, r.first * sizeof(float), buf, r.count * sizeof(float), initiator, offset,
+                        lu->options.dtype);
 }
 
 }  // namespace blkps::server::lu_core

@@ -154,6 +154,38 @@ TEST_P(WireConvert, ReportsTheFirstNonFiniteResultAnywhere) {
   }
 }
 
+// The 16-bit check a WRITE of a 16-bit LUN gets before any of it is widened:
+// every pattern, at a position that moves with it, in arrays of lengths
+// that end in every tail, against IsNonFinite16.
+TEST_P(WireConvert, FindsEveryNonFinite16BitPatternAsTheReference) {
+  const uint16_t one = dtype() == Dtype::kBfloat16 ? 0x3f80 : 0x3c00;
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const size_t n = 1 + h % 70, at = h % n;
+    std::vector<uint16_t> v(n, one);
+    v[at] = static_cast<uint16_t>(h);
+    const size_t want = blkps::wire::IsNonFinite16(dtype(), v[at]) ? at : n;
+    ASSERT_EQ(blkps::wire::FirstNonFinite16With(kernel(), dtype(), v.data(), n), want) << std::hex << "0x" << h;
+  }
+}
+
+TEST_P(WireConvert, Finds16BitNonFiniteInEveryCheckBlockAndTail) {
+  const uint16_t one = dtype() == Dtype::kBfloat16 ? 0x3f80 : 0x3c00;
+  const uint16_t inf = dtype() == Dtype::kBfloat16 ? 0x7f80 : 0x7c00;
+  const size_t n = 3 * 4096 + 21;
+  for (size_t offset = 0; offset < 3; ++offset) {
+    for (size_t at : {size_t{0}, size_t{15}, size_t{4095}, size_t{4096}, size_t{9000}, n - 5, n - 1}) {
+      for (uint16_t poison : {inf, static_cast<uint16_t>(inf | 0x8001), static_cast<uint16_t>(inf | 0x8000)}) {
+        std::vector<uint16_t> v(offset + n, one);
+        v[offset + at] = poison;
+        if (at + 3 < n) v[offset + at + 3] = inf;  // a later one does not count
+        EXPECT_EQ(blkps::wire::FirstNonFinite16With(kernel(), dtype(), v.data() + offset, n), at)
+            << "at " << at << " offset " << offset << " poison 0x" << std::hex << poison;
+        EXPECT_EQ(blkps::wire::FirstNonFinite16With(kernel(), dtype(), v.data() + offset, at), at) << "stops at n";
+      }
+    }
+  }
+}
+
 #if defined(__x86_64__)
 // PyTorch and others may set FTZ and DAZ (torch.set_flush_denormal): the
 // wire's results must not change.

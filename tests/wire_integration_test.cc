@@ -258,6 +258,45 @@ TEST(WireDtype, PullsOfManyRequestsWidenEveryValueOnce) {
   }
 }
 
+// A push of many requests, from and to the middle of a logical block, over
+// many model blocks: the plugin checks each WRITE's 16-bit values and widens
+// them piece by piece as the rule runs; the sum rule adds exactly the
+// narrowed values, each once (doc/data-path.md "A 16-bit push widens as the
+// rule runs").
+TEST(WireDtype, PushesOfManyRequestsNarrowEveryValueOnce) {
+  constexpr uint64_t kMany = 20000;
+  TargetProcess target("params=" + std::to_string(kMany) + ";rule=sum;block=1K");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_EQ(AddLun(target, 5, "params=20000;rule=sum;block=1K;dtype=bfloat16"), 0) << target.Log();
+  ASSERT_EQ(AddLun(target, 6, "params=20000;rule=sum;block=1K;dtype=float16"), 0) << target.Log();
+  ModelHandle f32(target.url(1), nullptr);
+  ASSERT_NE(f32.m, nullptr) << f32.error;
+  std::vector<float> g(kMany), want(kMany, 0.0f), got(kMany);
+  for (uint64_t i = 0; i < kMany; ++i) g[i] = static_cast<float>(i) * 0.3701f - 3000.0f;  // rounds in both types
+  for (Dtype t : {Dtype::kBfloat16, Dtype::kFloat16}) {
+    blkps_open_options o{};
+    o.dtype = blkps::wire::DtypeName(t);
+    o.request_bytes = 1024;  // 512 values a request
+    o.queue_depth = 4;
+    blkps_model* m = nullptr;
+    char err[512] = "";
+    ASSERT_EQ(blkps_open(target.url(t == Dtype::kBfloat16 ? 5 : 6).c_str(), &o, &m, err, sizeof err), 0) << err;
+    const struct { uint64_t first, count; } pushes[] = {{3, kMany - 13}, {0, kMany}, {300, 7}, {255, 2}};
+    for (const auto& p : pushes) {
+      ASSERT_EQ(blkps_push(m, p.first, g.data() + p.first, p.count), 0) << blkps_last_error(m);
+      for (uint64_t i = p.first; i < p.first + p.count; ++i) {
+        want[i] += t == Dtype::kBfloat16 ? blkps::wire::Bfloat16ToFloat(blkps::wire::FloatToBfloat16(g[i]))
+                                         : blkps::wire::Float16ToFloat(blkps::wire::FloatToFloat16(g[i]));
+      }
+      ASSERT_EQ(blkps_pull(f32.m, 0, got.data(), kMany), 0) << blkps_last_error(f32.m);
+      for (uint64_t i = 0; i < kMany; ++i) {
+        ASSERT_EQ(got[i], want[i]) << o.dtype << " push from " << p.first << ": parameter " << i;
+      }
+    }
+    blkps_close(m);
+  }
+}
+
 TEST(WireDtype, LunsOfOneModelMayDifferInDtypeOnly) {
   TargetProcess target("params=1000;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();

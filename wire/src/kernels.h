@@ -25,6 +25,9 @@ size_t FirstNonFiniteScalar(Dtype t, const uint16_t* v, size_t n);
 // AVX2 and F16C.
 size_t NarrowAvx2(Dtype t, const float* src, uint16_t* dst, size_t n);
 void WidenAvx2(Dtype t, const uint16_t* src, float* dst, size_t n);
+// Also the avx512 kernel's: AVX-512F has no 16-bit compares (that is
+// AVX-512BW), and the check is one read of the data, bound by memory.
+size_t FirstNonFinite16Avx2(Dtype t, const uint16_t* v, size_t n);
 
 // AVX-512F (with AVX2 and F16C, which every AVX-512 CPU has).
 size_t NarrowAvx512(Dtype t, const float* src, uint16_t* dst, size_t n);

@@ -105,6 +105,24 @@ BLKPS_AVX2 void Widen(const uint16_t* src, float* dst, size_t n) {
 
 }  // namespace
 
+// 16 values a step: a value is not finite where its exponent bits are all
+// ones (0x7f80 bfloat16, 0x7c00 float16). Collected over a check block, then
+// the scalar loop finds the first in the block that has one.
+BLKPS_AVX2 size_t FirstNonFinite16Avx2(Dtype t, const uint16_t* v, size_t n) {
+  const __m256i exponent = _mm256_set1_epi16(static_cast<int16_t>(t == Dtype::kBfloat16 ? 0x7f80 : 0x7c00));
+  size_t i = 0;
+  while (n - i >= 16) {
+    const size_t start = i, end = i + std::min(kCheckBlock, (n - i) / 16 * 16);
+    __m256i bad = _mm256_setzero_si256();
+    for (; i < end; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(h, exponent), exponent));
+    }
+    if (!_mm256_testz_si256(bad, bad)) return start + FirstNonFiniteScalar(t, v + start, end - start);
+  }
+  return i + FirstNonFiniteScalar(t, v + i, n - i);
+}
+
 size_t NarrowAvx2(Dtype t, const float* src, uint16_t* dst, size_t n) {
   return t == Dtype::kBfloat16 ? Narrow<Dtype::kBfloat16>(src, dst, n) : Narrow<Dtype::kFloat16>(src, dst, n);
 }

@@ -120,6 +120,16 @@ size_t Narrow(Dtype t, const float* src, uint16_t* dst, size_t n) { return Narro
 
 void Widen(Dtype t, const uint16_t* src, float* dst, size_t n) { WidenWith(ActiveKernel(), t, src, dst, n); }
 
-size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) { return kernels::FirstNonFiniteScalar(t, v, n); }
+size_t FirstNonFinite16With(Kernel k, Dtype t, const uint16_t* v, size_t n) {
+  switch (k) {
+#if defined(__x86_64__)
+    case Kernel::kAvx2:
+    case Kernel::kAvx512: return kernels::FirstNonFinite16Avx2(t, v, n);
+#endif
+    default: return kernels::FirstNonFiniteScalar(t, v, n);
+  }
+}
+
+size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) { return FirstNonFinite16With(ActiveKernel(), t, v, n); }
 
 }  // namespace blkps::wire

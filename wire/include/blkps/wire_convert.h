@@ -30,7 +30,7 @@ enum class Kernel { kScalar, kAvx2, kAvx512 };
 const char* KernelName(Kernel k);
 // Whether this CPU (and OS) can run kernel k; kScalar always.
 bool KernelSupported(Kernel k);
-// The kernel Narrow and Widen use in this process.
+// The kernel Narrow, Widen and FirstNonFinite16 use in this process.
 Kernel ActiveKernel();
 
 // n float32 values to the 16-bit type t, rounded as wire_dtype.hpp says.
@@ -44,15 +44,18 @@ size_t Narrow(Dtype t, const float* src, uint16_t* dst, size_t n);
 // src and dst do not overlap.
 void Widen(Dtype t, const uint16_t* src, float* dst, size_t n);
 
-// Index of the first value in v[0..n) that is NaN or infinite in type t, or
-// n if there is none (scalar: Narrow finds this itself, in the same pass).
-// REQUIRES: t != kFloat32.
+// Index of the first value in v[0..n) that is NaN or infinite in type t (its
+// exponent bits all ones), or n if there is none: a check of 16-bit values
+// themselves, half the bytes of their float32 (Narrow finds this itself, in
+// the same pass). The plugin refuses a 16-bit WRITE with it before widening
+// any of it; libblkps checks a Push16 with it. REQUIRES: t != kFloat32.
 size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n);
 
 // The same with a chosen kernel, for tests and benchmarks.
 // REQUIRES: KernelSupported(k).
 size_t NarrowWith(Kernel k, Dtype t, const float* src, uint16_t* dst, size_t n);
 void WidenWith(Kernel k, Dtype t, const uint16_t* src, float* dst, size_t n);
+size_t FirstNonFinite16With(Kernel k, Dtype t, const uint16_t* v, size_t n);
 
 }  // namespace blkps::wire
 
