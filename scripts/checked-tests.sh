@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The checked builds, each in its own folder beside build/cmake, and the
-# tests each runs (doc/development.md, "Fuzzing and sanitizers"):
-#   fuzz  build/fuzz, clang, -DBLKPS_FUZZ=ON: every libFuzzer harness for a
-#         short time (ctest -L fuzz)
-#   asan  build/asan, -DBLKPS_SANITIZE=address,undefined: the unit tests
+# The checked builds, in folders beside build/cmake, and the tests each
+# stage runs (doc/development.md, "Fuzzing and sanitizers"):
+#   fuzz  build/fuzz, clang, -DBLKPS_FUZZ=ON (ASan+UBSan): every libFuzzer
+#         harness for a short time (ctest -L fuzz)
+#   asan  the same build/fuzz (its libraries are compiled once for both
+#         stages): the unit tests under ASan+UBSan
 #         (not the node scripts' shell checks: nothing of ours to instrument;
 #         not the Python ones that load libblkps.so: an ASan library does
 #         not load into an uninstrumented python3)
@@ -30,18 +31,19 @@ unit_targets=(aggregator_test update_rule_test checkpoint_file_test crc32c_test 
 # Unit tests that run no code of this build, left to the normal unit stage:
 # the Python and shell ones (an ASan libblkps.so does not load into python3).
 uninstrumented="NodeScripts|Cli\\.|Labels\\.|PythonBinding\\.|Gpu\\.|Format\\.|Docs\\.|ClusterNet\\.|Torch\\.|Horovod\\."
+fuzz_options=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DBLKPS_FUZZ=ON)
 for stage in "${stages[@]}"; do
-  dir="$top/build/$stage"
   case "$stage" in
-    fuzz) options=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DBLKPS_FUZZ=ON)
+    fuzz) folder=fuzz options=("${fuzz_options[@]}")
           targets=(fuzz_harnesses) tests=(-L fuzz) ;;
-    asan) options=("-DBLKPS_SANITIZE=address,undefined")
+    asan) folder=fuzz options=("${fuzz_options[@]}")
           targets=("${unit_targets[@]}") tests=(-L unit -E "_NOT_BUILT|$uninstrumented") ;;
-    tsan) options=(-DBLKPS_SANITIZE=thread)
+    tsan) folder=tsan options=(-DBLKPS_SANITIZE=thread)
           targets=(aggregator_test) tests=(-R "^(Rules/)?(Model|Job|JobCheckpoint|JobSnapshot|LearnerClocks|LuOptions)\.") ;;
   esac
-  log="$dir.log"
-  echo "checked-tests: $stage: building into build/$stage (log: build/$stage.log)"
+  dir="$top/build/$folder"
+  log="$top/build/$stage.log"
+  echo "checked-tests: $stage: building into build/$folder (log: build/$stage.log)"
   if ! { cmake -S "$top" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${options[@]}" &&
          cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"; } > "$log" 2>&1; then
     grep -E "error|Error" "$log" | head -n 20 >&2 || tail -n 20 "$log" >&2
