@@ -27,9 +27,12 @@ struct ModelHandle {
   blkps_model* m = nullptr;
   std::string error;
   int rc = 0;
-  ModelHandle(const std::string& url, const char* dtype) {
+  // request_bytes, queue_depth: 0 for libblkps's defaults.
+  ModelHandle(const std::string& url, const char* dtype, uint64_t request_bytes = 0, uint32_t queue_depth = 0) {
     blkps_open_options o{};
     o.dtype = dtype;
+    o.request_bytes = request_bytes;
+    o.queue_depth = queue_depth;
     char err[512] = "";
     rc = blkps_open(url.c_str(), &o, &m, err, sizeof err);
     if (rc != 0) error = err;
@@ -236,13 +239,10 @@ TEST(WireDtype, PullsOfManyRequestsWidenEveryValueOnce) {
     ASSERT_EQ(blkps_push(h.m, 0, w.data(), kMany), 0) << blkps_last_error(h.m);
   }
   for (Dtype t : {Dtype::kBfloat16, Dtype::kFloat16}) {
-    blkps_open_options o{};
-    o.dtype = blkps::wire::DtypeName(t);
-    o.request_bytes = 1024;  // 512 values a request
-    o.queue_depth = 4;
-    blkps_model* m = nullptr;
-    char err[512] = "";
-    ASSERT_EQ(blkps_open(target.url(t == Dtype::kBfloat16 ? 5 : 6).c_str(), &o, &m, err, sizeof err), 0) << err;
+    const char* dtype = blkps::wire::DtypeName(t);
+    ModelHandle h(target.url(t == Dtype::kBfloat16 ? 5 : 6), dtype, 1024, 4);  // 512 values a request
+    ASSERT_NE(h.m, nullptr) << h.error;
+    blkps_model* const m = h.m;
     const struct { uint64_t first, count; } pulls[] = {{3, kMany - 13}, {0, kMany}, {300, 7}, {255, 2}};
     for (const auto& p : pulls) {
       std::vector<float> got(p.count, -1.0f);
@@ -251,10 +251,9 @@ TEST(WireDtype, PullsOfManyRequestsWidenEveryValueOnce) {
         const float x = w[p.first + i];
         const float want = t == Dtype::kBfloat16 ? blkps::wire::Bfloat16ToFloat(blkps::wire::FloatToBfloat16(x))
                                                  : blkps::wire::Float16ToFloat(blkps::wire::FloatToFloat16(x));
-        ASSERT_EQ(got[i], want) << o.dtype << " pull from " << p.first << ": parameter " << p.first + i;
+        ASSERT_EQ(got[i], want) << dtype << " pull from " << p.first << ": parameter " << p.first + i;
       }
     }
-    blkps_close(m);
   }
 }
 
@@ -274,13 +273,10 @@ TEST(WireDtype, PushesOfManyRequestsNarrowEveryValueOnce) {
   std::vector<float> g(kMany), want(kMany, 0.0f), got(kMany);
   for (uint64_t i = 0; i < kMany; ++i) g[i] = static_cast<float>(i) * 0.3701f - 3000.0f;  // rounds in both types
   for (Dtype t : {Dtype::kBfloat16, Dtype::kFloat16}) {
-    blkps_open_options o{};
-    o.dtype = blkps::wire::DtypeName(t);
-    o.request_bytes = 1024;  // 512 values a request
-    o.queue_depth = 4;
-    blkps_model* m = nullptr;
-    char err[512] = "";
-    ASSERT_EQ(blkps_open(target.url(t == Dtype::kBfloat16 ? 5 : 6).c_str(), &o, &m, err, sizeof err), 0) << err;
+    const char* dtype = blkps::wire::DtypeName(t);
+    ModelHandle h(target.url(t == Dtype::kBfloat16 ? 5 : 6), dtype, 1024, 4);  // 512 values a request
+    ASSERT_NE(h.m, nullptr) << h.error;
+    blkps_model* const m = h.m;
     const struct { uint64_t first, count; } pushes[] = {{3, kMany - 13}, {0, kMany}, {300, 7}, {255, 2}};
     for (const auto& p : pushes) {
       ASSERT_EQ(blkps_push(m, p.first, g.data() + p.first, p.count), 0) << blkps_last_error(m);
@@ -290,10 +286,9 @@ TEST(WireDtype, PushesOfManyRequestsNarrowEveryValueOnce) {
       }
       ASSERT_EQ(blkps_pull(f32.m, 0, got.data(), kMany), 0) << blkps_last_error(f32.m);
       for (uint64_t i = 0; i < kMany; ++i) {
-        ASSERT_EQ(got[i], want[i]) << o.dtype << " push from " << p.first << ": parameter " << i;
+        ASSERT_EQ(got[i], want[i]) << dtype << " push from " << p.first << ": parameter " << i;
       }
     }
-    blkps_close(m);
   }
 }
 

@@ -213,12 +213,7 @@ int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_
     TransferPlan push(Direction::kWrite, offset, sent, length, block, request_bytes_);
     TransferPlan pull(Direction::kRead, offset, received, length, block, request_bytes_);
     const std::vector<IoRequest>& reads = pull.requests();
-    auto widen = [&](uint64_t from, uint64_t to) {  // device bytes, clipped to the range
-      from = std::max(from, offset);
-      to = std::min(to, offset + length);
-      if (from < to)
-        wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], out + (from - offset) / 2, (to - from) / 2);
-    };
+    auto widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, out, from, to); };
     const Device::ConsumeFn consume = [&](size_t k) { widen(reads[k].offset, reads[k].offset + reads[k].length); };
     status = device_->Exchange(push.requests(), reads, queue_depth_, wide ? nullptr : &consume);
     if (!status.ok()) return Record(status);
@@ -261,12 +256,7 @@ Status Model::PullWidening(uint64_t offset, float* weights, uint64_t count) {
     TransferPlan plan(Direction::kRead, offset, wire_buffer_.data(), length, device_->logical_block_size(),
                       request_bytes_);
     const std::vector<IoRequest>& requests = plan.requests();
-    auto widen = [&](uint64_t from, uint64_t to) {  // device bytes, clipped to the pull
-      from = std::max(from, offset);
-      to = std::min(to, offset + length);
-      if (from < to)
-        wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], weights + (from - offset) / 2, (to - from) / 2);
-    };
+    auto widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, weights, from, to); };
     Status status = device_->ReadConsuming(
         requests, queue_depth_, [&](size_t k) { widen(requests[k].offset, requests[k].offset + requests[k].length); });
     if (!status.ok()) return status;
@@ -278,6 +268,12 @@ Status Model::PullWidening(uint64_t offset, float* weights, uint64_t count) {
   } catch (const std::bad_alloc&) {
     return Status::Error(ENOMEM, "out of memory planning a read of %llu bytes", static_cast<ull>(length));
   }
+}
+
+void Model::WidenPart(uint64_t offset, uint64_t length, float* out, uint64_t from, uint64_t to) {
+  from = std::max(from, offset);
+  to = std::min(to, offset + length);
+  if (from < to) wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], out + (from - offset) / 2, (to - from) / 2);
 }
 
 // The device must be 16-bit for Push16/Pull16.

@@ -194,6 +194,10 @@ class BLKPS_EXPORT Model {
   int Record(const Status& status);
   // Pull's 16-bit transfer into wire_buffer_, widened into `weights`.
   Status PullWidening(uint64_t offset, float* weights, uint64_t count);
+  // Widens wire_buffer_'s values of device bytes [from, to), clipped to a
+  // 16-bit transfer of `length` bytes at device byte `offset` whose values
+  // go to out (out[0]: the value at `offset`).
+  void WidenPart(uint64_t offset, uint64_t length, float* out, uint64_t from, uint64_t to);
   // Narrows `grad` into wire_buffer_; -EINVAL naming the first value that is
   // not finite in the device's type. `operation` names the call.
   Status Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count);
