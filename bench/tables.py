@@ -290,6 +290,55 @@ def checkpoint(prefix=""):
     return _render(rows)
 
 
+def readme_performance():
+    """README's "Performance": one line per data-path goal of the 2-core
+    machine, each figure beside its ceiling or peer from the same run, from
+    the committed quiet runs: bench/results/cluster-linkrate (the cluster),
+    data-path-2core/server-cpu-quiet.json (the 16-bit wire, reads against
+    `null`, CPU per GB) and checkpoint/quiet-*.jsonl."""
+    import report  # bench/cluster/report.py
+    with open(os.path.join(RESULTS, "cluster-linkrate", "cluster.json"), encoding="utf-8") as f:
+        cluster = {r["system"]: r for r in report.measured(json.load(f)) if r["dtype"] == "float32"}
+    mpi = cluster["mpi"]["ms_per_exchange"]
+    with open(os.path.join(RESULTS, "data-path-2core", "server-cpu-quiet.json"), encoding="utf-8") as f:
+        cpu = {(r["op"], r["store"], r["dtype"]): r for r in json.load(f)}
+    def per_gb(op, store):
+        r = cpu[(op, store, "float32")]
+        return (r["learner_user_s_per_GB"] + r["learner_sys_s_per_GB"],
+                r["tgtd_user_s_per_GB"] + r["tgtd_sys_s_per_GB"])
+    def ckpt(name):
+        lines = _read("checkpoint", name).split("\n")
+        return max((json.loads(line) for line in lines if line.strip()), key=lambda r: r["params"])
+    before, after = ckpt("quiet-before.jsonl"), ckpt("quiet-after.jsonl")
+    rows = [["what", "measured", "against, in the same run", "goal"]]
+    for system, label in (("blkps-async-exchange", "pipelined `exchange`, async"),
+                          ("blkps-bsp-exchange", "pipelined `exchange`, bsp"),
+                          ("blkps-async", "push, then pull, async")):
+        r = cluster[system]
+        share = report.phase_link_share(r)
+        shares = (f"{100 * share[0]:.0f}% of the link each way" if share[0] == share[1]
+                  else f"push {100 * share[0]:.0f}%, pull {100 * share[1]:.0f}% of the link")
+        rows.append([f"model exchange, {r['params'] / 1e6:.0f}M float32, {r['hosts']} hosts, {r['link']} links: "
+                     + label, f"{r['ms_per_exchange']:,.0f} ms; {shares}",
+                     f"MPI_Allreduce {mpi:,.0f} ms: {r['ms_per_exchange'] / mpi:.2f}×", "≤ 1.0× MPI; ≥ 90% each way"])
+    for dtype in ("bfloat16", "float16"):
+        rows.append([f"{dtype} LUN, wall time of a push · a pull", f"{cpu[('push', 'blkps', dtype)]['wall_to_float32']:.2f}"
+                     f" · {cpu[('pull', 'blkps', dtype)]['wall_to_float32']:.2f}", "a float32 LUN: 1", "≤ 0.6"])
+    rows.append(["reads (pulls), 1 MiB × QD16", f"{cpu[('pull', 'blkps', 'float32')]['ratio_to_null']:.2f}",
+                 "tgt's `null` store: 1", "≥ 0.95"])
+    for op, verb in (("push", "pushed"), ("pull", "pulled")):
+        mine, null = per_gb(op, "blkps"), per_gb(op, "null")
+        rows.append([f"CPU per GB {verb}, learner · tgtd", f"{mine[0]:.2f} · {mine[1]:.2f} s",
+                     f"`null` store: {null[0]:.2f} · {null[1]:.2f} s", "≤ 0.15 · 0.25 s"])
+    gb = after["params"] * 4 / 1e9
+    rows.append([f"{gb:g} GB model: longest push wait during a checkpoint", f"{after['stall_s']:.2f} s",
+                 f"before copy-on-write: {before['stall_s']:.1f} s", "well under 1 s"])
+    rows.append([f"{gb:g} GB model: start · restart from the file (cached)",
+                 f"{after['start_s']:.1f} · {after['restart_cached_s']:.1f} s",
+                 f"before: {before['start_s']:.1f} · {before['restart_cached_s']:.1f} s", "disk and memory speed"])
+    return _render(rows)
+
+
 def _embeddings():
     with open(os.path.join(RESULTS, "embeddings", "embeddings.json"), encoding="utf-8") as f:
         return json.load(f)
@@ -427,6 +476,7 @@ TABLES = {
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
     "checkpoint-quiet": (lambda: checkpoint("quiet-"), "bench/results/checkpoint"),
+    "readme-performance": (readme_performance, "bench/results (cluster-linkrate, data-path-2core, checkpoint)"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
     "embeddings-sweep": (embeddings_sweep, "bench/results/embeddings-sweep"),
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
