@@ -286,6 +286,15 @@ class StripedFilesTest : public ::testing::Test {
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
 
+  // Three zeroed file shards (8, 8 and 4 KiB) striped in 4 KiB units: a
+  // model of 5120 parameters.
+  std::unique_ptr<Model> OpenThreeShards(std::string* error) {
+    WriteFile("a", std::string(8192, '\0'));
+    WriteFile("b", std::string(8192, '\0'));
+    WriteFile("c", std::string(4096, '\0'));
+    return Open(WriteFile("m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n"), error);
+  }
+
   std::unique_ptr<Model> Open(const std::string& layout, std::string* error) {
     OpenOptions options;
     options.request_bytes = 4096;  // several requests, each over both shards
@@ -320,12 +329,8 @@ TEST_F(StripedFilesTest, BytesLandOnTheShardsTheLayoutSays) {
 }
 
 TEST_F(StripedFilesTest, PushAndPullOfParametersGoThroughTheStripes) {
-  WriteFile("a", std::string(8192, '\0'));
-  WriteFile("b", std::string(8192, '\0'));
-  WriteFile("c", std::string(4096, '\0'));
-  const std::string layout = WriteFile("m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n");
   std::string error;
-  auto model = Open(layout, &error);
+  auto model = OpenThreeShards(&error);
   ASSERT_NE(model, nullptr) << error;
   const uint64_t n = model->size_bytes() / 4;
   ASSERT_EQ(n, 5120u);
@@ -343,12 +348,8 @@ TEST_F(StripedFilesTest, PushAndPullOfParametersGoThroughTheStripes) {
 // pairs them (doc/libblkps.md "Exchange"); over files, which store what is
 // written, each pulled range returns the push, in place too.
 TEST_F(StripedFilesTest, ExchangeOverShardsPullsWhatItPushed) {
-  WriteFile("a", std::string(8192, '\0'));
-  WriteFile("b", std::string(8192, '\0'));
-  WriteFile("c", std::string(4096, '\0'));
-  const std::string layout = WriteFile("m.layout", "stripe_unit = 4096\nshard = a\nshard = b\nshard = c\n");
   std::string error;
-  auto model = Open(layout, &error);
+  auto model = OpenThreeShards(&error);
   ASSERT_NE(model, nullptr) << error;
   std::vector<float> g(3500), out(3500, -1.0f);
   for (size_t i = 0; i < g.size(); ++i) g[i] = 0.5f + static_cast<float>(i);
