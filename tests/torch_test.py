@@ -87,6 +87,16 @@ def learner(config):
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"))
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
+    if config.get("late_pull_rank") == bps.rank():
+        # This learner pulls the broadcast weights a second late: a learner
+        # that stepped before everyone had pulled would move them first.
+        pull_all = opt.flat.pull_all
+
+        def late_pull_all(*args, **kwargs):
+            time.sleep(1.0)
+            opt.flat.pull_all = pull_all
+            return pull_all(*args, **kwargs)
+        opt.flat.pull_all = late_pull_all
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")
@@ -201,12 +211,15 @@ def case_delta_async():
     """Delta mode in async pushes 1/size of each local step (the server's
     sum stays exact): two learners' first steps, taken from the same
     weights, move the server by their average, as one process on both
-    batches would; one learner pushes its whole step, exactly as before."""
+    batches would (even when one pulls the broadcast weights late: nobody
+    steps before all have pulled); one learner pushes its whole step,
+    exactly as before."""
     lr = 0.1
     count = params_of("mlp")
 
     def two_learners(server):
-        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": 1, "seed": 0}
+        config = {"model": "mlp", "optimizer": "delta", "lr": lr, "steps": 1, "seed": 0,
+                  "late_pull_rank": 1}
         reports = server.run_learners(config, 2)
         check(all(r["look_ahead"] == 0.5 for r in reports), "2 async learners: look_ahead is not 1/2 by default")
         diff = check_close(server.weights(count), reference("mlp", 2, 1, lr), "2 learners, async: the server")

@@ -902,6 +902,11 @@ class _DistributedOptimizer:
                                  f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
         self.flat.forget_pulls()  # the broadcast is no move of the model (look_ahead)
         self.flat.pull_all(self.device)
+        if job.size > 1:
+            # Nobody steps before everyone has pulled: in async a quick
+            # learner's first push would otherwise reach a slower learner's
+            # pull, and that learner would not start from root's weights.
+            _exchange().exchange(f"broadcast_parameters:{tag}:pulled", b"")
 
     def pull_server_weights(self):
         """Makes the parameters the server's current weights, without the
@@ -992,10 +997,12 @@ def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
     (model.state_dict() or model.named_parameters()), before or after
     DistributedOptimizer. After it: root writes the model's parameters
     through the control LUN and marks the model's tag; once every learner
-    has joined (a collective round) they all pull them: the server and
-    every learner hold root's weights. Before it: every tensor of `params`
-    (buffers too) is broadcast through the collectives, and the server gets
-    root's parameters when DistributedOptimizer is created. Afterwards,
+    has joined (a collective round) they all pull them, and return once
+    all have (a second round): the server and every learner hold root's
+    weights, even in async, where the first pushes follow at once. Before
+    it: every tensor of `params` (buffers too) is broadcast through the
+    collectives, and the server gets root's parameters when
+    DistributedOptimizer is created. Afterwards,
     entries that are not the model's parameters (buffers) are broadcast
     through the collectives too (as Horovod does). timeout_s bounds the
     wait for the others."""
