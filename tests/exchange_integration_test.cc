@@ -2,8 +2,10 @@
 // built plugin; the exchange must equal a push followed by a pull of the same
 // range, whatever the request count, queue depth, dtype or alignment; under
 // bsp two learners exchanging at once over two shards both end each round
-// with the round's result; a write the target refuses starts no read.
+// with the round's result; a write the target refuses starts no read; on
+// iscsi:// an exchange's requests fit the session's first burst.
 #include <blkps/blkps.h>
+#include <blkps/model.hpp>
 
 #include <gtest/gtest.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -196,6 +199,45 @@ TEST(Exchange, RangeOrSixteenBitRefusalSendsNothing) {
   std::vector<float> w(2000, kUntouched);
   ASSERT_EQ(blkps_pull(f32.m, 0, w.data(), 2000), 0) << blkps_last_error(f32.m);
   for (float x : w) ASSERT_EQ(x, 0.0f);
+}
+
+// On iscsi:// an exchange's requests default to the first burst (256 KiB),
+// so no write waits for an R2T behind the reads' data on its connection
+// (doc/data-path.md "Phases at link rate"); a push's and a pull's stay at
+// 1 MiB, a chosen size applies to all, and a file keeps 1 MiB. A default
+// exchange of the whole model (several requests) equals push then pull.
+TEST(Exchange, RequestsFitTheFirstBurstOnIscsi) {
+  constexpr uint64_t kParams = 1 << 20;  // 4 MiB: 16 requests of 256 KiB
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  std::string error;
+  std::unique_ptr<blkps::Model> plain = blkps::Model::Open(target.url(1), blkps::OpenOptions(), &error);
+  ASSERT_NE(plain, nullptr) << error;
+  EXPECT_EQ(plain->request_bytes(), 1u << 20);
+  EXPECT_EQ(plain->exchange_request_bytes(), 256u << 10);
+  std::vector<float> g(kParams), out(kParams, kUntouched), w(kParams, kUntouched);
+  for (uint64_t i = 0; i < kParams; ++i) g[i] = SmallInteger(1, i);
+  ASSERT_EQ(plain->Exchange(0, g.data(), out.data(), kParams), 0) << plain->last_error();
+  ASSERT_EQ(plain->Pull(0, w.data(), kParams), 0) << plain->last_error();
+  for (uint64_t i = 0; i < kParams; ++i) {
+    ASSERT_EQ(out[i], g[i]) << "parameter " << i;
+    ASSERT_EQ(w[i], g[i]) << "parameter " << i;
+  }
+  plain.reset();
+
+  blkps::OpenOptions chosen;
+  chosen.request_bytes = 1 << 20;
+  std::unique_ptr<blkps::Model> sized = blkps::Model::Open(target.url(1), chosen, &error);
+  ASSERT_NE(sized, nullptr) << error;
+  EXPECT_EQ(sized->exchange_request_bytes(), 1u << 20);
+  sized.reset();
+
+  TempDir dir;
+  const std::string file = dir.path + "/model.bin";
+  std::ofstream(file).write(std::string(4 << 20, '\0').data(), 4 << 20);
+  std::unique_ptr<blkps::Model> local = blkps::Model::Open(file, blkps::OpenOptions(), &error);
+  ASSERT_NE(local, nullptr) << error;
+  EXPECT_EQ(local->exchange_request_bytes(), local->request_bytes());
 }
 
 }  // namespace

@@ -64,6 +64,11 @@ class Device {
   // device accepts; both multiples of the block size.
   virtual uint64_t default_request_bytes() const = 0;
   virtual uint64_t max_request_bytes() const = 0;
+  // Request size of an Exchange when the user asks for none: its writes
+  // and reads share each connection, so a write's transfer must not wait
+  // for the target behind the reads' data (doc/data-path.md "Phases at
+  // link rate"). A multiple of the block size.
+  virtual uint64_t default_exchange_request_bytes() const { return default_request_bytes(); }
 
   // Runs every request, keeping up to `queue_depth` (>= 1) in flight.
   // REQUIRES: each request lies within [0, size_bytes()) and is no longer than

@@ -60,6 +60,11 @@ Status CommandError(const std::string& what, const Command& command) {
 
 }  // namespace
 
+uint64_t IscsiDevice::default_exchange_request_bytes() const {
+  const uint64_t bytes = spec_.iser ? default_request_bytes() : std::min(default_request_bytes(), kTcpFirstBurstBytes);
+  return std::max<uint64_t>(bytes / block_size_ * block_size_, block_size_);
+}
+
 Status IscsiDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
   return RunRequests(direction, requests, queue_depth, nullptr);
 }

@@ -78,6 +78,10 @@ class IscsiDevice : public Device {
   uint32_t logical_block_size() const override { return block_size_; }
   uint64_t default_request_bytes() const override { return std::min(default_request_bytes_, max_request_bytes_); }
   uint64_t max_request_bytes() const override { return max_request_bytes_; }
+  // Over TCP, no larger than the first burst: such a write goes whole as
+  // immediate data and never waits for an R2T queued behind the Data-In of
+  // the reads on the same connection. (iSER moves all data by RDMA reads.)
+  uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;

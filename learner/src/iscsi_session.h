@@ -33,6 +33,11 @@ constexpr uint64_t kIserMaxRequestBytes = 256 << 10;
 // descriptors (NUM_MRS) and takes one per command without checking, and does
 // not hold commands back for the target's CmdSN window (tgt's is 128).
 constexpr uint32_t kIserMaxInFlight = 128;
+// The first burst of an iscsi:// session: libiscsi 1.19 offers
+// FirstBurstLength=262144 (lib/init.c; no call changes it) and the session
+// takes the lesser of both ends' (blkps targets offer the same: scripts/
+// blkps_cli/session.py). A write up to this size is sent whole, unsolicited.
+constexpr uint64_t kTcpFirstBurstBytes = 256 << 10;
 // libiscsi sends commands from the poll loop; wake it at least this often so
 // that its timeouts and reconnect attempts run.
 constexpr int kPollTimeoutMs = 1000;

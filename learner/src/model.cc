@@ -129,11 +129,16 @@ std::unique_ptr<Model> Model::Open(const std::string& target, const OpenOptions&
       return nullptr;
     }
     const uint64_t block = device->logical_block_size();
-    uint64_t request_bytes = options.request_bytes != 0 ? options.request_bytes : device->default_request_bytes();
-    request_bytes = std::min(request_bytes, device->max_request_bytes());
-    request_bytes = std::max(request_bytes / block * block, block);
+    // At most the device's largest request, whole blocks, at least one.
+    auto usable = [&](uint64_t bytes) {
+      return std::max(std::min(bytes, device->max_request_bytes()) / block * block, block);
+    };
+    const bool chosen = options.request_bytes != 0;
+    const uint64_t request_bytes = usable(chosen ? options.request_bytes : device->default_request_bytes());
+    const uint64_t exchange_request_bytes = chosen ? request_bytes : usable(device->default_exchange_request_bytes());
     const uint32_t queue_depth = options.queue_depth != 0 ? options.queue_depth : kDefaultQueueDepth;
-    return std::unique_ptr<Model>(new Model(std::move(device), request_bytes, queue_depth, dtype));
+    return std::unique_ptr<Model>(
+        new Model(std::move(device), request_bytes, exchange_request_bytes, queue_depth, dtype));
   } catch (const std::bad_alloc&) {
     *error = "blkps: out of memory opening " + target;
     if (error_code != nullptr) *error_code = -ENOMEM;
@@ -141,8 +146,13 @@ std::unique_ptr<Model> Model::Open(const std::string& target, const OpenOptions&
   }
 }
 
-Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint32_t queue_depth, wire::Dtype dtype)
-    : device_(std::move(device)), request_bytes_(request_bytes), queue_depth_(queue_depth), dtype_(dtype) {}
+Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint64_t exchange_request_bytes,
+             uint32_t queue_depth, wire::Dtype dtype)
+    : device_(std::move(device)),
+      request_bytes_(request_bytes),
+      exchange_request_bytes_(exchange_request_bytes),
+      queue_depth_(queue_depth),
+      dtype_(dtype) {}
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
@@ -210,8 +220,8 @@ int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_
     // A write only reads the buffer; TransferPlan's iovecs are not const.
     void* const sent = wide ? const_cast<float*>(grad) : static_cast<void*>(wire_buffer_.data());
     void* const received = wide ? static_cast<void*>(out) : static_cast<void*>(wire_buffer_.data());
-    TransferPlan push(Direction::kWrite, offset, sent, length, block, request_bytes_);
-    TransferPlan pull(Direction::kRead, offset, received, length, block, request_bytes_);
+    TransferPlan push(Direction::kWrite, offset, sent, length, block, exchange_request_bytes_);
+    TransferPlan pull(Direction::kRead, offset, received, length, block, exchange_request_bytes_);
     const std::vector<IoRequest>& reads = pull.requests();
     auto widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, out, from, to); };
     const Device::ConsumeFn consume = [&](size_t k) { widen(reads[k].offset, reads[k].offset + reads[k].length); };

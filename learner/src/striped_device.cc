@@ -152,6 +152,14 @@ uint64_t StripedDevice::default_request_bytes() const {
   return bytes;
 }
 
+uint64_t StripedDevice::default_exchange_request_bytes() const {
+  uint64_t bytes = shards_[0]->default_exchange_request_bytes();
+  for (const auto& shard : shards_) {
+    bytes = std::min(bytes, shard->default_exchange_request_bytes());
+  }
+  return bytes;
+}
+
 uint64_t StripedDevice::max_request_bytes() const {
   uint64_t bytes = shards_[0]->max_request_bytes();
   for (const auto& shard : shards_) {

@@ -47,6 +47,7 @@ class StripedDevice : public Device {
   // The smallest over the shards: every per-shard request of a request this
   // size fits the shard.
   uint64_t default_request_bytes() const override;
+  uint64_t default_exchange_request_bytes() const override;
   uint64_t max_request_bytes() const override;
 
   // Splits the requests by shard (a request's pieces on one shard that are

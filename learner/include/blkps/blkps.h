@@ -41,7 +41,9 @@ typedef struct blkps_model blkps_model;
 typedef struct blkps_open_options {
   /* Bytes per I/O request, rounded down to whole logical blocks (at least
    * one); 0 = default: 1 MiB, or 256 KiB for iser:// (libiscsi 1.19's iSER
-   * stages a command's data in a 256 KiB buffer; tgt's takes 512 KiB).
+   * stages a command's data in a 256 KiB buffer; tgt's takes 512 KiB),
+   * and 256 KiB for blkps_exchange on iscsi:// (the session's first burst:
+   * no write waits for an R2T behind the pull's data on its connection).
    * Capped at the largest transfer the device accepts (256 KiB on
    * iser://). */
   uint32_t request_bytes;

@@ -48,7 +48,9 @@ class Status;
 
 struct OpenOptions {
   // Bytes per I/O request, rounded down to whole logical blocks (at least
-  // one); 0 = 1 MiB, or 256 KiB for iser:// (libiscsi 1.19's iSER limit).
+  // one); 0 = 1 MiB, or 256 KiB for iser:// (libiscsi 1.19's iSER limit),
+  // and 256 KiB for Exchange on iscsi:// (the session's first burst: no
+  // write waits for an R2T behind the pull's data on its connection).
   // Capped at the largest transfer the device accepts (256 KiB on iser://).
   uint32_t request_bytes = 0;
   // Requests in flight; 0 = 16. Files and block devices use libaio with
@@ -179,8 +181,10 @@ class BLKPS_EXPORT Model {
   uint64_t param_capacity() const;
   // The dtype in effect: "float32", "bfloat16" or "float16".
   const char* dtype() const;
-  // The request size and queue depth in effect, after defaults and caps.
+  // The request size and queue depth in effect, after defaults and caps;
+  // Exchange's request size (OpenOptions::request_bytes).
   uint64_t request_bytes() const { return request_bytes_; }
+  uint64_t exchange_request_bytes() const { return exchange_request_bytes_; }
   uint32_t queue_depth() const { return queue_depth_; }
 
   // Message of the last failed call (successful calls leave it); empty if
@@ -188,7 +192,8 @@ class BLKPS_EXPORT Model {
   const std::string& last_error() const { return last_error_; }
 
  private:
-  Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint32_t queue_depth, wire::Dtype dtype);
+  Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint64_t exchange_request_bytes, uint32_t queue_depth,
+        wire::Dtype dtype);
 
   // Records a failure in last_error_; returns 0 or the negative errno.
   int Record(const Status& status);
@@ -204,6 +209,7 @@ class BLKPS_EXPORT Model {
 
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;
+  uint64_t exchange_request_bytes_;  // Exchange's; request_bytes_ when the user chose one
   uint32_t queue_depth_;
   wire::Dtype dtype_;
   std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
