@@ -3,7 +3,8 @@
 // range, whatever the request count, queue depth, dtype or alignment; under
 // bsp two learners exchanging at once over two shards both end each round
 // with the round's result; a write the target refuses starts no read; on
-// iscsi:// an exchange's requests fit the session's first burst.
+// iscsi:// an exchange's requests fit the session's first burst; the
+// 16-bit exchange moves a 16-bit LUN's values as they are.
 #include <blkps/blkps.h>
 #include <blkps/model.hpp>
 
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -199,6 +201,47 @@ TEST(Exchange, RangeOrSixteenBitRefusalSendsNothing) {
   std::vector<float> w(2000, kUntouched);
   ASSERT_EQ(blkps_pull(f32.m, 0, w.data(), 2000), 0) << blkps_last_error(f32.m);
   for (float x : w) ASSERT_EQ(x, 0.0f);
+}
+
+// blkps_exchange16 moves a bfloat16 LUN's own values both ways: it equals
+// blkps_push16 then blkps_pull16 (in place too); a NaN sends nothing, and
+// a float32 LUN refuses it.
+TEST(Exchange, SixteenBitValuesEqualPush16ThenPull16) {
+  constexpr uint64_t kParams = 3000;
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;block=1K");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  ASSERT_EQ(AddLun(target, 5, "params=3000;rule=sum;block=1K;dtype=bfloat16"), 0) << target.Log();
+  Learner bf16(target.url(5), "bfloat16", 4), f32(target.url(1), nullptr, 4);
+  ASSERT_NE(bf16.m, nullptr) << bf16.error;
+  ASSERT_NE(f32.m, nullptr) << f32.error;
+  auto bits = [](float x) {  // a small integer's bfloat16: its float32's high half
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  std::vector<float> model(kParams, 0.0f);
+  for (int round = 1; round <= 2; ++round) {
+    const bool in_place = round == 2;
+    std::vector<uint16_t> g(kParams), out(kParams, 0xffff);
+    for (uint64_t i = 0; i < kParams; ++i) {
+      const float x = SmallInteger(round, i);
+      g[i] = bits(x);
+      model[i] += x;
+    }
+    uint16_t* into = in_place ? g.data() : out.data();
+    ASSERT_EQ(blkps_exchange16(bf16.m, 0, g.data(), into, kParams), 0) << blkps_last_error(bf16.m);
+    for (uint64_t i = 0; i < kParams; ++i) ASSERT_EQ(into[i], bits(model[i])) << "round " << round << ", " << i;
+  }
+  std::vector<uint16_t> nan(kParams, bits(1.0f)), out(kParams, 0xffff);
+  nan[2500] = 0x7fc0;
+  EXPECT_EQ(blkps_exchange16(bf16.m, 0, nan.data(), out.data(), kParams), -EINVAL);
+  EXPECT_NE(std::string(blkps_last_error(bf16.m)).find("parameter 2500"), std::string::npos)
+      << blkps_last_error(bf16.m);
+  std::vector<uint16_t> pulled(kParams);
+  ASSERT_EQ(blkps_pull16(bf16.m, 0, pulled.data(), kParams), 0) << blkps_last_error(bf16.m);
+  for (uint64_t i = 0; i < kParams; ++i) ASSERT_EQ(pulled[i], bits(model[i])) << "the NaN exchange sent " << i;
+  EXPECT_EQ(blkps_exchange16(f32.m, 0, nan.data(), out.data(), 10), -EINVAL);
+  EXPECT_NE(std::string(blkps_last_error(f32.m)).find("float32"), std::string::npos) << blkps_last_error(f32.m);
 }
 
 // On iscsi:// an exchange's requests default to the first burst (256 KiB),

@@ -47,6 +47,14 @@ def test_model(url):
             check(False, "an out overlapping grad did not raise")
         except ValueError as e:
             check("overlaps" in str(e), f"unclear error: {e}")
+        # exchange16 takes a 16-bit LUN's own values: refused on this float32
+        # one, and refused before anything is sent when grad is not uint16.
+        for wrong, error in ((np.zeros(4, np.uint16), OSError), (np.zeros(4, np.float32), ValueError)):
+            try:
+                model.exchange16(0, wrong)
+                check(False, f"exchange16 of {wrong.dtype} to a float32 LUN did not raise")
+            except error as e:
+                check("float32" in str(e) or "uint16" in str(e), f"unclear error: {e}")
         model.push(0, -3 * grad)  # back to zeros for the engine test
     try:
         model.pull(0, 1)

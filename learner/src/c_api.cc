@@ -107,6 +107,10 @@ int blkps_pull16(blkps_model* m, uint64_t first_param, uint16_t* weights, uint64
   return m->model->Pull16(first_param, weights, count);
 }
 
+int blkps_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count) {
+  return m->model->Exchange16(first_param, grad, out, count);
+}
+
 int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf, uint64_t len) {
   return m->model->WriteBytes(offset, buf, len);
 }

@@ -201,41 +201,44 @@ Status Model::Narrow(const char* operation, uint64_t first_param, const float* g
 }
 
 // One plan per direction over the same range cuts it into the same
-// requests, which Device::Exchange pairs. On a 16-bit device the pull lands
-// in the wire buffer the push was sent from (read k overwrites write k's
-// values only once write k is done) and is widened per request as in
-// PullWidening.
+// requests, which Device::Exchange pairs.
+Status Model::ExchangeBytes(uint64_t offset, uint64_t length, void* sent, void* received, const RangeFn* arrived) {
+  try {
+    const uint32_t block = device_->logical_block_size();
+    TransferPlan push(Direction::kWrite, offset, sent, length, block, exchange_request_bytes_);
+    TransferPlan pull(Direction::kRead, offset, received, length, block, exchange_request_bytes_);
+    const std::vector<IoRequest>& reads = pull.requests();
+    const Device::ConsumeFn consume = [&](size_t k) { (*arrived)(reads[k].offset, reads[k].offset + reads[k].length); };
+    Status status = device_->Exchange(push.requests(), reads, queue_depth_, arrived != nullptr ? &consume : nullptr);
+    if (status.ok()) pull.FinishRead();
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "exchange: out of memory planning %llu bytes", static_cast<ull>(length));
+  }
+}
+
+// On a 16-bit device the pull lands in the wire buffer the push was sent
+// from (read k overwrites write k's values only once write k is done) and
+// is widened per request as in PullWidening.
 int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_t count) {
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("exchange", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
   if (length == 0) return 0;
-  const bool wide = dtype_ == wire::Dtype::kFloat32;
-  if (!wide) {
-    status = Narrow("exchange", first_param, grad, count);
-    if (!status.ok()) return Record(status);
-  }
-  try {
-    const uint32_t block = device_->logical_block_size();
+  if (dtype_ == wire::Dtype::kFloat32) {
     // A write only reads the buffer; TransferPlan's iovecs are not const.
-    void* const sent = wide ? const_cast<float*>(grad) : static_cast<void*>(wire_buffer_.data());
-    void* const received = wide ? static_cast<void*>(out) : static_cast<void*>(wire_buffer_.data());
-    TransferPlan push(Direction::kWrite, offset, sent, length, block, exchange_request_bytes_);
-    TransferPlan pull(Direction::kRead, offset, received, length, block, exchange_request_bytes_);
-    const std::vector<IoRequest>& reads = pull.requests();
-    auto widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, out, from, to); };
-    const Device::ConsumeFn consume = [&](size_t k) { widen(reads[k].offset, reads[k].offset + reads[k].length); };
-    status = device_->Exchange(push.requests(), reads, queue_depth_, wide ? nullptr : &consume);
-    if (!status.ok()) return Record(status);
-    pull.FinishRead();
-    if (!wide) {  // the partial first and last blocks arrived by FinishRead
-      widen(offset, offset + block);
-      widen(offset + length - std::min<uint64_t>(length, block), offset + length);
-    }
-    return 0;
-  } catch (const std::bad_alloc&) {
-    return Record(Status::Error(ENOMEM, "exchange: out of memory planning %llu bytes", static_cast<ull>(length)));
+    return Record(ExchangeBytes(offset, length, const_cast<float*>(grad), out, nullptr));
   }
+  status = Narrow("exchange", first_param, grad, count);
+  if (!status.ok()) return Record(status);
+  const RangeFn widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, out, from, to); };
+  status = ExchangeBytes(offset, length, wire_buffer_.data(), wire_buffer_.data(), &widen);
+  if (!status.ok()) return Record(status);
+  // The partial first and last blocks arrived by FinishRead.
+  const uint64_t block = device_->logical_block_size();
+  widen(offset, offset + block);
+  widen(offset + length - std::min<uint64_t>(length, block), offset + length);
+  return 0;
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
@@ -301,15 +304,31 @@ int Model::Push16(uint64_t first_param, const uint16_t* grad, uint64_t count) {
   if (status.ok())
     status = ParamsToBytes("push16", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
-  const uint64_t bad = wire::FirstNonFinite16(dtype_, grad, count);
-  if (bad != count) {
-    return Record(Status::Error(EINVAL, "push16: gradient for parameter %llu is %s in %s; nothing was sent",
-                                static_cast<ull>(first_param + bad),
-                                (grad[bad] & (dtype_ == wire::Dtype::kBfloat16 ? 0x7fu : 0x3ffu)) ? "NaN" : "infinite",
-                                dtype()));
-  }
+  status = CheckFinite16("push16", first_param, grad, count);
+  if (!status.ok()) return Record(status);
   return Record(
       Transfer(*device_, Direction::kWrite, offset, const_cast<uint16_t*>(grad), length, request_bytes_, queue_depth_));
+}
+
+Status Model::CheckFinite16(const char* operation, uint64_t first_param, const uint16_t* grad, uint64_t count) const {
+  const uint64_t bad = wire::FirstNonFinite16(dtype_, grad, count);
+  if (bad == count) return Status();
+  return Status::Error(EINVAL, "%s: gradient for parameter %llu is %s in %s; nothing was sent", operation,
+                       static_cast<ull>(first_param + bad),
+                       (grad[bad] & (dtype_ == wire::Dtype::kBfloat16 ? 0x7fu : 0x3ffu)) ? "NaN" : "infinite",
+                       dtype());
+}
+
+int Model::Exchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count) {
+  uint64_t offset = 0, length = 0;
+  Status status = Check16("exchange16", dtype_);
+  if (status.ok())
+    status = ParamsToBytes("exchange16", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
+  if (status.ok()) status = CheckFinite16("exchange16", first_param, grad, count);
+  if (!status.ok()) return Record(status);
+  if (length == 0) return 0;
+  // A write only reads the buffer; TransferPlan's iovecs are not const.
+  return Record(ExchangeBytes(offset, length, const_cast<uint16_t*>(grad), out, nullptr));
 }
 
 int Model::Pull16(uint64_t first_param, uint16_t* weights, uint64_t count) {

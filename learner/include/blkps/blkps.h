@@ -111,10 +111,13 @@ BLKPS_EXPORT int blkps_exchange(blkps_model *m, uint64_t first_param, const floa
 /* On a 16-bit device (dtype bfloat16 or float16): the 16-bit values as they
  * travel, no conversion (a GPU's .to(bfloat16/float16) rounds as
  * blkps/wire_dtype.hpp does). Same range rules as blkps_push/blkps_pull;
- * -EINVAL on a float32 device, and from blkps_push16 when a value is NaN or
- * infinite (nothing sent). */
+ * -EINVAL on a float32 device, and from blkps_push16 and blkps_exchange16
+ * when a value is NaN or infinite (nothing sent). blkps_exchange16 is
+ * blkps_exchange in these values (`out` may be `grad`). */
 BLKPS_EXPORT int blkps_push16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint64_t count);
 BLKPS_EXPORT int blkps_pull16(blkps_model *m, uint64_t first_param, uint16_t *weights, uint64_t count);
+BLKPS_EXPORT int blkps_exchange16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint16_t *out,
+                                  uint64_t count);
 
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else

@@ -33,6 +33,7 @@
 #define BLKPS_MODEL_HPP_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,8 +123,11 @@ class BLKPS_EXPORT Model {
   // blkps/wire_dtype.hpp's); Pull16 stores the device's 16-bit values.
   // Same range rules and return values as Push/Pull; -EINVAL on a float32
   // device, and from Push16 when a value is NaN or infinite (nothing sent).
+  // Exchange16 is Exchange's pipelined push and pull in those values (`out`
+  // may be `grad`), and returns what Push16 returns on bad input.
   int Push16(uint64_t first_param, const uint16_t* grad, uint64_t count);
   int Pull16(uint64_t first_param, uint16_t* weights, uint64_t count);
+  int Exchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count);
 
   // Raw transfers of `length` bytes at device byte `offset`.
   // Returns -EINVAL unless offset and length are multiples of
@@ -199,6 +203,14 @@ class BLKPS_EXPORT Model {
   int Record(const Status& status);
   // Pull's 16-bit transfer into wire_buffer_, widened into `weights`.
   Status PullWidening(uint64_t offset, float* weights, uint64_t count);
+  // Exchange's transfer of `length` device bytes at `offset`: pushes from
+  // `sent` and pulls into `received` (which may be `sent`), in requests of
+  // exchange_request_bytes_; `arrived` (may be null) gets each pull
+  // request's device byte range [from, to) as it completes, on this thread.
+  using RangeFn = std::function<void(uint64_t from, uint64_t to)>;
+  Status ExchangeBytes(uint64_t offset, uint64_t length, void* sent, void* received, const RangeFn* arrived);
+  // -EINVAL naming the first of `grad`'s 16-bit values that is not finite.
+  Status CheckFinite16(const char* operation, uint64_t first_param, const uint16_t* grad, uint64_t count) const;
   // Widens wire_buffer_'s values of device bytes [from, to), clipped to a
   // 16-bit transfer of `length` bytes at device byte `offset` whose values
   // go to out (out[0]: the value at `offset`).

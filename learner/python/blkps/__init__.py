@@ -120,6 +120,8 @@ def _declare(lib):
     lib.blkps_push16.restype = ctypes.c_int
     lib.blkps_pull16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_pull16.restype = ctypes.c_int
+    lib.blkps_exchange16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
+    lib.blkps_exchange16.restype = ctypes.c_int
     _U64_P = ctypes.POINTER(ctypes.c_uint64)
     lib.blkps_pull_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
     lib.blkps_pull_rows.restype = ctypes.c_int
@@ -263,6 +265,22 @@ class _Handle:
             raise OSError(-rc, message.decode(errors="replace"))
 
 
+
+def _exchange_out(what, grad, out):
+    """`out` for an exchange of `grad` (None: a new array of grad's dtype),
+    checked: writable, C-contiguous, grad's dtype and size, and either grad
+    itself or apart from it."""
+    if out is None:
+        out = np.empty(grad.size, dtype=grad.dtype)
+    if (not isinstance(out, np.ndarray) or out.dtype != grad.dtype
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"blkps: {what} needs `out` as a writable C-contiguous {grad.dtype} numpy array")
+    if out.size != grad.size:
+        raise ValueError(f"blkps: {what}: out holds {out.size} values, grad {grad.size}")
+    if out.ctypes.data != grad.ctypes.data and np.may_share_memory(out, grad):
+        raise ValueError(f"blkps: {what}: out overlaps grad; pass grad itself or a separate array")
+    return out
+
 class Model(_Handle):
     """An open model device. Close it with close() or a with-block (which
     closes the device and logs out of its iSCSI session)."""
@@ -328,19 +346,23 @@ class Model(_Handle):
         (grad itself is allowed: in place), or None for a new one; returns
         out."""
         grad = np.ascontiguousarray(grad, dtype=np.float32)
-        if out is None:
-            out = np.empty(grad.size, dtype=np.float32)
-        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
-                or not out.flags.c_contiguous or not out.flags.writeable):
-            raise ValueError("blkps: exchange needs `out` as a writable C-contiguous "
-                             "float32 numpy array")
-        if out.size != grad.size:
-            raise ValueError("blkps: exchange: out holds %d values, grad %d" % (out.size, grad.size))
-        if out.ctypes.data != grad.ctypes.data and np.may_share_memory(out, grad):
-            raise ValueError("blkps: exchange: out overlaps grad; pass grad itself or a separate array")
+        out = _exchange_out("exchange", grad, out)
         self._check(self._lib.blkps_exchange(self._open_handle(), first_param,
                                              grad.ctypes.data_as(_FLOAT_P),
                                              out.ctypes.data_as(_FLOAT_P), grad.size))
+        return out
+
+    def exchange16(self, first_param, grad, out=None):
+        """On a 16-bit device: exchange() in the device dtype's bit patterns,
+        as push16 and pull16_into take them: `grad` a C-contiguous uint16
+        array, `out` a writable C-contiguous uint16 array of its size (grad
+        itself is allowed) or None for a new one; returns out. Raises on a
+        float32 device or a NaN/infinite value (nothing sent)."""
+        if not isinstance(grad, np.ndarray) or grad.dtype != np.uint16 or not grad.flags.c_contiguous:
+            raise ValueError("blkps: exchange16 needs `grad` as a C-contiguous uint16 numpy array")
+        out = _exchange_out("exchange16", grad, out)
+        self._check(self._lib.blkps_exchange16(self._open_handle(), first_param, grad.ctypes.data,
+                                               out.ctypes.data, grad.size))
         return out
 
     def push16(self, first_param, grad):

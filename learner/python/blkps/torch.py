@@ -535,7 +535,7 @@ class _DistributedOptimizer:
         # thread's wait for a bucket's copy to the host (and its narrowing on
         # the CPU), its pushes, its pulls (with the copy back queued), and the
         # training thread's waits for weights still arriving.
-        self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "weights_wait": 0.0}
+        self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "exchange": 0.0, "weights_wait": 0.0}
         self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
         self._hooks = []
         self._push_device = None
@@ -668,9 +668,9 @@ class _DistributedOptimizer:
         self._work.put(("pull", bucket, False))
 
     def _communicate(self):
-        """The communication thread: pushes queued buckets (and pulls their
-        weights when pull_during_backward) on its own device connection;
-        pulls queued alone."""
+        """The communication thread: pushes queued buckets on its own device
+        connection (with pull_during_backward, each push and the pull of its
+        weights as one exchange); pulls queued alone."""
         device = None
         while True:
             item = self._work.get()
@@ -683,10 +683,13 @@ class _DistributedOptimizer:
                         device = blkps.Model(_the_job().target, dtype=self._wire)
                     if kind == "push":
                         overlapped = not self._backward_done
-                        self._push_bucket(device, bucket, zero)
+                        if self.pull_during_backward:
+                            self._exchange_bucket(device, bucket, zero)
+                        else:
+                            self._push_bucket(device, bucket, zero)
                         self.pushes += 1
                         self.overlapped += overlapped
-                    if kind == "pull" or self.pull_during_backward:
+                    else:
                         self._pull_bucket(device, bucket)
             except Exception as e:  # reported by step() or the next forward
                 self._error = e
@@ -699,16 +702,33 @@ class _DistributedOptimizer:
         if device is not None:
             device.close()
 
-    def _push_bucket(self, device, bucket, zero):
+    def _stage_push(self, bucket, zero):
+        """The host array of the bucket's push: its gradient, or zeros."""
         start = time.perf_counter()
         if zero:
             host = self.flat.host_zeros(bucket.first, bucket.end)
         else:
             host = self.flat.host_gradient(bucket.first, bucket.end, self.push_scale)
-        staged = time.perf_counter()
+        self.seconds["copy_out"] += time.perf_counter() - start
+        return host
+
+    def _push_bucket(self, device, bucket, zero):
+        host = self._stage_push(bucket, zero)
+        start = time.perf_counter()
         (device.push16 if self.flat.sixteen else device.push)(bucket.first, host)
-        self.seconds["copy_out"] += staged - start
-        self.seconds["push"] += time.perf_counter() - staged
+        self.seconds["push"] += time.perf_counter() - start
+
+    def _exchange_bucket(self, device, bucket, zero):
+        """The bucket's push and the pull of its weights as one exchange:
+        each request's pull starts once its push has completed, while later
+        pushes are in flight, so the connection carries both directions at
+        once (doc/libblkps.md "Exchange")."""
+        host = self._stage_push(bucket, zero)
+        start = time.perf_counter()
+        into = self.flat.host_weights(bucket.first, bucket.end)
+        (device.exchange16 if self.flat.sixteen else device.exchange)(bucket.first, host, into)
+        self.flat.weights_arrived(bucket.first, bucket.end)
+        self.seconds["exchange"] += time.perf_counter() - start
 
     def _pull_bucket(self, device, bucket):
         start = time.perf_counter()
