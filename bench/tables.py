@@ -255,18 +255,23 @@ def async_summary():
 
 
 def straggler():
-    """bench/torch-fashion.sh --straggler: blkps against DDP with one of the
-    learners at half speed: final accuracy, training seconds to 85%
-    held-out accuracy (the first evaluation at or above it), and in all."""
-    with open(os.path.join(RESULTS, "torch-fashion-async", "straggler-4-quiet.json"), encoding="utf-8") as f:
-        runs = json.load(f)
-    rows = [["learners", "system", "final accuracy", "training s to 85%", "training s", "samples/s"]]
-    for e in runs:
-        r = e["result"]
-        to85 = next((f"{t:.1f}" for t, _, acc, _ in r["curve"] if acc >= 0.85), "not reached")
-        rows.append([str(e["learners"]), e["system"], f"{r['accuracy']:.4f}", to85, f"{r['train_s']:.1f}",
-                     f"{r['samples_per_s']:,.0f}"])
-    return _right(rows, left=2)
+    """bench/torch-fashion.sh with and without --straggler: blkps against
+    DDP with one of the learners at half speed, and with none: final
+    accuracy, training seconds to 85% held-out accuracy (the first
+    evaluation at or above it), and in all (the one-process reference of
+    the run without left out)."""
+    rows = [["learners", "system", "straggler", "final accuracy", "training s to 85%", "training s", "samples/s"]]
+    for name, straggler in (("straggler-4-quiet.json", "one at half speed"), ("no-straggler-4-quiet.json", "none")):
+        with open(os.path.join(RESULTS, "torch-fashion-async", name), encoding="utf-8") as f:
+            runs = json.load(f)
+        for e in runs:
+            if e["system"].startswith("one process"):
+                continue
+            r = e["result"]
+            to85 = next((f"{t:.1f}" for t, _, acc, _ in r["curve"] if acc >= 0.85), "not reached")
+            rows.append([str(e["learners"]), e["system"], straggler, f"{r['accuracy']:.4f}", to85,
+                         f"{r['train_s']:.1f}", f"{r['samples_per_s']:,.0f}"])
+    return _right(rows, left=3)
 
 
 def checkpoint(prefix=""):
@@ -473,7 +478,7 @@ TABLES = {
     "soak": (soak, "bench/results/soak/soak.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
-    "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json"),
+    "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json, no-straggler-4-quiet.json"),
     "checkpoint": (checkpoint, "bench/results/checkpoint"),
     "checkpoint-quiet": (lambda: checkpoint("quiet-"), "bench/results/checkpoint"),
     "readme-performance": (readme_performance, "bench/results (cluster-linkrate, data-path-2core, checkpoint)"),
