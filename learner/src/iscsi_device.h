@@ -80,7 +80,7 @@ class IscsiDevice : public Device {
   uint64_t max_request_bytes() const override { return max_request_bytes_; }
   // Over TCP, no larger than the first burst: such a write goes whole as
   // immediate data and never waits for an R2T queued behind the Data-In of
-  // the reads on the same connection. (iSER moves all data by RDMA reads.)
+  // the reads on the same connection. (iSER moves all data by RDMA.)
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
 

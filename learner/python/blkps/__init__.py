@@ -265,7 +265,6 @@ class _Handle:
             raise OSError(-rc, message.decode(errors="replace"))
 
 
-
 def _exchange_out(what, grad, out):
     """`out` for an exchange of `grad` (None: a new array of grad's dtype),
     checked: writable, C-contiguous, grad's dtype and size, and either grad
@@ -280,6 +279,7 @@ def _exchange_out(what, grad, out):
     if out.ctypes.data != grad.ctypes.data and np.may_share_memory(out, grad):
         raise ValueError(f"blkps: {what}: out overlaps grad; pass grad itself or a separate array")
     return out
+
 
 class Model(_Handle):
     """An open model device. Close it with close() or a with-block (which
