@@ -315,8 +315,7 @@ Status Model::CheckFinite16(const char* operation, uint64_t first_param, const u
   if (bad == count) return Status();
   return Status::Error(EINVAL, "%s: gradient for parameter %llu is %s in %s; nothing was sent", operation,
                        static_cast<ull>(first_param + bad),
-                       (grad[bad] & (dtype_ == wire::Dtype::kBfloat16 ? 0x7fu : 0x3ffu)) ? "NaN" : "infinite",
-                       dtype());
+                       (grad[bad] & (dtype_ == wire::Dtype::kBfloat16 ? 0x7fu : 0x3ffu)) ? "NaN" : "infinite", dtype());
 }
 
 int Model::Exchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count) {
