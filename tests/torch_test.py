@@ -97,6 +97,15 @@ def learner(config):
             opt.flat.pull_all = pull_all
             return pull_all(*args, **kwargs)
         opt.flat.pull_all = late_pull_all
+    if config.get("slow_exchanges"):
+        # Each exchange takes 0.2 s longer, so the buckets that backward
+        # finishes meanwhile queue up behind it.
+        exchange_buckets = opt._exchange_buckets
+
+        def slow_exchange_buckets(*args):
+            time.sleep(0.2)
+            return exchange_buckets(*args)
+        opt._exchange_buckets = slow_exchange_buckets
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")
@@ -122,7 +131,7 @@ def learner(config):
         x, y = batch(t, bps.rank())
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    out.update(pushes=opt.pushes, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
+    out.update(pushes=opt.pushes, exchanges=opt.exchanges, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
                weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
@@ -246,7 +255,10 @@ def case_look_ahead():
     in delta mode (server sum, the local SGD step pushed) and in gradient
     mode (server sgd, the gradient pushed in 1024-float buckets, pulled
     during backward), against the same in one process: both take
-    w -= lr·(gradient at the look-ahead point)."""
+    w -= lr·(gradient at the look-ahead point). Gradient mode once more
+    with slow exchanges: the buckets queued meanwhile go in one exchange
+    (fewer exchanges than pushes, which need not hold without), with the
+    same result."""
     lr, k = 0.1, 0.5
     count = params_of("mlp")
     model = MODELS["mlp"](0)
@@ -267,12 +279,17 @@ def case_look_ahead():
             torch.nn.utils.vector_to_parameters(ahead.clone(), model.parameters())
     want_learner = flat(model)
 
-    for optimizer, rule in (("delta", "sum"), ("gradient", f"sgd;lr={lr}")):
+    for optimizer, rule, slow in (("delta", "sum", False), ("gradient", f"sgd;lr={lr}", False),
+                                  ("gradient", f"sgd;lr={lr}", True)):
         def body(server):
             config = {"model": "mlp", "optimizer": optimizer, "lr": lr, "steps": STEPS, "seed": 0,
-                      "look_ahead": k}
+                      "look_ahead": k, "slow_exchanges": slow}
             r = server.run_learners(config, 1)[0]
             check(r["look_ahead"] == k, f"{optimizer} mode: look_ahead {r['look_ahead']}, asked for {k}")
+            if optimizer == "gradient":
+                check(r["pushes"] == STEPS * r["buckets"], f"{r['pushes']} pushes of {r['buckets']} buckets")
+                check(r["exchanges"] < r["pushes"] or not slow,
+                      f"slow exchanges: {r['exchanges']} exchanges for {r['pushes']} pushes, none merged")
             diff = check_close(server.weights(count), server_w, f"{optimizer} mode: the server's weights")
             check_close(r["weights"], want_learner,
                         f"{optimizer} mode: the learner's parameters (the look-ahead point)")

@@ -164,6 +164,12 @@ class FlatModel:
                 self.host_gradient_all[first:end].copy_(grad)
         return self._np_gradient[first:end]
 
+    def host_pushed(self, first, end):
+        """The host array of [first, end) as host_gradient() and
+        host_zeros() of its buckets left it (communication thread): one
+        push of several adjacent buckets."""
+        return self._np_gradient[first:end]
+
     def host_zeros(self, first, end):
         """A zeroed host array of [first, end) to push instead of the
         gradient (a skipped step; communication thread)."""

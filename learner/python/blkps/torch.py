@@ -529,6 +529,7 @@ class _DistributedOptimizer:
         self.steps = 0
         self.pushes = 0         # bucket pushes (gradient mode) or whole-model pushes (delta)
         self.overlapped = 0     # gradient mode: buckets pushed while backward still ran
+        self.exchanges = 0      # pull_during_backward: exchanges, each of one or more adjacent buckets
         self.skipped_steps = 0  # steps with non-finite gradients, not pushed (skip_nonfinite)
         self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
         # Gradient mode, where the time goes (seconds, summed): the communication
@@ -669,14 +670,19 @@ class _DistributedOptimizer:
 
     def _communicate(self):
         """The communication thread: pushes queued buckets on its own device
-        connection (with pull_during_backward, each push and the pull of its
-        weights as one exchange); pulls queued alone."""
+        connection; with pull_during_backward, a push and the pull of its
+        weights are one exchange, which also takes the buckets queued
+        meanwhile that continue its range (one call does not drain the
+        connections between them: doc/data-path.md "Phases at link rate");
+        pulls queued alone."""
         device = None
-        while True:
-            item = self._work.get()
-            if item is None:
-                break
+        item = self._work.get()
+        while item is not None:
             kind, bucket, zero = item
+            batch = [(bucket, zero)]
+            following = _NOTHING  # or an item taken from the queue for the next round
+            if kind == "push" and self.pull_during_backward:
+                following = self._take_adjacent(batch)
             try:
                 if self._error is None:
                     if device is None:
@@ -684,23 +690,41 @@ class _DistributedOptimizer:
                     if kind == "push":
                         overlapped = not self._backward_done
                         if self.pull_during_backward:
-                            self._exchange_bucket(device, bucket, zero)
+                            self._exchange_buckets(device, batch)
                         else:
                             self._push_bucket(device, bucket, zero)
-                        self.pushes += 1
-                        self.overlapped += overlapped
+                        self.pushes += len(batch)
+                        self.overlapped += overlapped * len(batch)
                     else:
                         self._pull_bucket(device, bucket)
             except Exception as e:  # reported by step() or the next forward
                 self._error = e
-            if kind == "pull" or self.pull_during_backward:
-                bucket.arrived.set()
-            if kind == "push":
-                with self._idle:
-                    self._pushes_in_flight -= 1
-                    self._idle.notify_all()
+            for b, _ in batch:
+                if kind == "pull" or self.pull_during_backward:
+                    b.arrived.set()
+                if kind == "push":
+                    with self._idle:
+                        self._pushes_in_flight -= 1
+                        self._idle.notify_all()
+            item = self._work.get() if following is _NOTHING else following
         if device is not None:
             device.close()
+
+    def _take_adjacent(self, batch):
+        """Adds to `batch` ((bucket, zero) pairs, one to start) the pushes
+        already queued whose buckets extend its range on either side, in
+        queue order; returns the first queued item that does not (it runs
+        next; None is the end), or _NOTHING when the queue ran empty."""
+        first, end = batch[0][0].first, batch[0][0].end
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                return _NOTHING
+            if item is None or item[0] != "push" or not (item[1].end == first or item[1].first == end):
+                return item
+            batch.append((item[1], item[2]))
+            first, end = min(first, item[1].first), max(end, item[1].end)
 
     def _stage_push(self, bucket, zero):
         """The host array of the bucket's push: its gradient, or zeros."""
@@ -718,17 +742,22 @@ class _DistributedOptimizer:
         (device.push16 if self.flat.sixteen else device.push)(bucket.first, host)
         self.seconds["push"] += time.perf_counter() - start
 
-    def _exchange_bucket(self, device, bucket, zero):
-        """The bucket's push and the pull of its weights as one exchange:
-        each request's pull starts once its push has completed, while later
+    def _exchange_buckets(self, device, batch):
+        """The push of the adjacent buckets of `batch` ((bucket, zero)
+        pairs) and the pull of their weights as one exchange: each
+        request's pull starts once its push has completed, while later
         pushes are in flight, so the connection carries both directions at
         once (doc/libblkps.md "Exchange")."""
-        host = self._stage_push(bucket, zero)
+        for bucket, zero in batch:
+            self._stage_push(bucket, zero)
+        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
         start = time.perf_counter()
-        into = self.flat.host_weights(bucket.first, bucket.end)
-        (device.exchange16 if self.flat.sixteen else device.exchange)(bucket.first, host, into)
-        self.flat.weights_arrived(bucket.first, bucket.end)
+        host, into = self.flat.host_pushed(first, end), self.flat.host_weights(first, end)
+        (device.exchange16 if self.flat.sixteen else device.exchange)(first, host, into)
+        for bucket, _ in batch:
+            self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["exchange"] += time.perf_counter() - start
+        self.exchanges += 1
 
     def _pull_bucket(self, device, bucket):
         start = time.perf_counter()
@@ -950,6 +979,7 @@ class _DistributedOptimizer:
                 conn.close()
 
 
+_NOTHING = object()  # _take_adjacent: the queue ran empty
 _optimizer = None
 _pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
 
