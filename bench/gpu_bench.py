@@ -4,19 +4,25 @@
 built from torch.nn with synthetic data, bf16 autocast. For each: the step
 time alone on the GPU; then blkps.torch gradient mode through co-located
 shards (`blkps shards start`, one tgtd each, stripe 1 MiB, async, server
-rule sgd) with float32 and bfloat16 LUNs, 1 learner and 2 learners sharing
-the GPU (half batch each). Writes OUT/gpu.json (one record per run: model,
-params, batch, wire_dtype, shards, learners, step_ms, standalone_step_ms,
-ratio, learner_cpu_s_per_step, tgtd_cpu_s_per_step, gpu; and where rank 0's
-time goes: rank0_ms_per_step copy_out, push, pull, weights_wait, from the
-optimizer's seconds) and OUT/gpu.md.
+rule sgd; the layout's control LUNs are the job's control, rank 0
+broadcasts its weights) with float32 and bfloat16 LUNs, 1 learner and 2
+learners sharing the GPU (half batch each). Writes OUT/gpu.json (one record
+per run: model, params, batch, wire_dtype, shards, learners, step_ms,
+standalone_step_ms, ratio, learner_cpu_s_per_step, tgtd_cpu_s_per_step,
+gpu; where rank 0's time goes: rank0_ms_per_step copy_out, exchange, push,
+pull, weights_wait, from the optimizer's seconds; rank0_exchanges) and
+OUT/gpu.md, both rewritten after every run. A run that fails or passes
+--run-timeout is a record with "failed": the reason; the others still run.
 
   bench/gpu.sh --out DIR [--models resnet50,gpt2] [--shards 8] [--steps 30] [--build DIR]
+               [--run-timeout 300] [--device cpu --batch N]
   bench/gpu.sh --check [--build DIR]   tests/gpu_test.py's cases (the CUDA one
                                        needs a GPU; skipped without one)
 
 Without a CUDA device the measurement says so in one line and exits 1: no
-GPU figure is ever estimated.
+GPU figure is ever estimated. --device cpu runs the same bench on the CPU
+(with --batch, a smaller batch) to try its machinery: its records say
+"gpu": "cpu (not a GPU figure)".
 """
 import argparse
 import json
@@ -34,6 +40,7 @@ CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skippe
 SKIP = 77
 LR = 0.01
 MODELS = {"resnet50": 128, "gpt2": 16}  # model: batch
+CPU_LABEL = "cpu (not a GPU figure)"  # --device cpu's records
 
 
 # ---- the models, from torch.nn only ----
@@ -137,10 +144,10 @@ def train(cfg):
         import blkps.torch as bps
         bps.init()
         compression = bps.Compression.bf16 if cfg["wire_dtype"] == "bfloat16" else bps.Compression.none
-        # Shards have no whole-model control LUN: the server is async (pull each
-        # bucket after its push) and starts from init=normal.
-        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression,
-                                       pull_during_backward=True)
+        # The layout's control LUNs are the job's control: the mode (async:
+        # each bucket pulled after its push) and the broadcast, as in training.
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression)
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
     for t in range(cfg["warmup"] + cfg["steps"]):
@@ -154,13 +161,15 @@ def train(cfg):
         opt.wait_weights()
     sync(torch, device)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    steps, spent = cfg["steps"], {}
+    steps, spent, exchanges = cfg["steps"], {}, 0
     if cfg["blkps"]:  # where the time goes, ms per step (warm-up included, as the counters are)
         spent = {k: round(1000 * v / (steps + cfg["warmup"]), 2) for k, v in opt.seconds.items()}
+        exchanges = opt.exchanges
         opt.close()
     print(json.dumps({"step_ms": 1000 * wall / steps, "cpu_s_per_step": cpu / steps, "ms_per_step": spent,
+                      "exchanges": exchanges,
                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
-                      "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "none"}), flush=True)
+                      "gpu": torch.cuda.get_device_name(0) if device == "cuda" else CPU_LABEL}), flush=True)
 
 
 def sync(torch, device):
@@ -168,12 +177,31 @@ def sync(torch, device):
         torch.cuda.synchronize()
 
 
-def run_train(cfg, env=None):
-    out = subprocess.run([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
-                         stdout=subprocess.PIPE, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"gpu bench: {cfg['model']} run failed ({out.returncode})")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_learners(cfg, envs, timeout):
+    """Runs one training process of `cfg` per environment in `envs` (None:
+    this one's) and returns their results. Raises RuntimeError naming the
+    first that exits non-zero, or any still running after `timeout`
+    seconds; every process it started has ended by then."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
+                              stdout=subprocess.PIPE, text=True) for env in envs]
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = next((rank for rank, code in enumerate(codes) if code not in (None, 0)), None)
+            if bad is not None:
+                raise RuntimeError(f"rank {bad} exited with status {codes[bad]} (its stderr is above)")
+            if all(code == 0 for code in codes):
+                return [json.loads(p.stdout.read().strip().splitlines()[-1]) for p in procs]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"still running after {timeout:g} s (--run-timeout): ended")
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            p.stdout.close()
 
 
 # ---- the bench ----
@@ -193,62 +221,71 @@ def tgtd_cpu_s(folder):
     return total
 
 
-def measure(args, name, standalone, params, batch=None):
-    batch = batch or MODELS[name]
-    rows = []
+def measure(args, name, batch, alone, record):
+    """blkps.torch through co-located shards, each wire and learner count;
+    hands each run's record to record()."""
+    params = alone["params"]
     for wire in ("float32", "bfloat16"):
         for learners in (1, 2):
+            row = {"model": name, "params": params, "batch": batch, "wire_dtype": wire, "shards": args.shards,
+                   "learners": learners}
             folder = tempfile.mkdtemp(prefix="blkps-gpu-bench-")
-            bsopts = (f"params={params};rule=sgd;lr={LR};mode=async;init=normal:0.02"
-                      + (f";dtype={wire}" if wire != "float32" else ""))
-            subprocess.run([BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
-                            "--stripe-unit", "1M", "--luns", str(learners), "--owner-pid", str(os.getpid()),
-                            "--bsopts", bsopts, "--plugin", os.path.join(args.build, "target-plugin", "bs_blkps.so")],
-                           check=True, stdout=subprocess.DEVNULL)
             try:
+                dtype = f";dtype={wire}" if wire != "float32" else ""
+                bsopts = f"params={params};rule=sgd;lr={LR};mode=async{dtype}"
+                plugin = os.path.join(args.build, "target-plugin", "bs_blkps.so")
+                subprocess.run([BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
+                                "--stripe-unit", "1M", "--luns", str(learners), "--owner-pid", str(os.getpid()),
+                                "--bsopts", bsopts, "--plugin", plugin], check=True, stdout=subprocess.DEVNULL)
                 before = tgtd_cpu_s(folder)
                 cfg = {"model": name, "batch": batch // learners, "blkps": True, "wire_dtype": wire,
-                       "steps": args.steps, "warmup": args.warmup, "device": getattr(args, "device", "cuda")}
-                procs = []
+                       "steps": args.steps, "warmup": args.warmup, "device": args.device}
+                envs = []
                 for rank in range(learners):
                     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
                                BLKPS_TARGET=f"layout:{folder}/slot-{{slot}}.layout")
-                    env.pop("BLKPS_CONTROL", None)
-                    procs.append(subprocess.Popen([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
-                                                  stdout=subprocess.PIPE, text=True))
-                outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                    env.pop("BLKPS_CONTROL", None)  # the layout's control lines are the job's control
+                    envs.append(env)
+                outs = run_learners(cfg, envs, args.run_timeout)
                 tgtd = tgtd_cpu_s(folder) - before
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                record(dict(row, failed=str(e)))
+                continue
             finally:
                 subprocess.run([BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
                 shutil.rmtree(folder, ignore_errors=True)
             step_ms = max(o["step_ms"] for o in outs)
-            steps = args.warmup + args.steps
-            rows.append({"model": name, "params": params, "batch": batch, "wire_dtype": wire, "shards": args.shards,
-                         "learners": learners, "step_ms": round(step_ms, 2),
-                         "standalone_step_ms": round(standalone, 2), "ratio": round(standalone / step_ms, 3),
-                         "learner_cpu_s_per_step": round(sum(o["cpu_s_per_step"] for o in outs), 4),
-                         "tgtd_cpu_s_per_step": round(tgtd / steps, 4), "gpu": outs[0]["gpu"],
-                         "rank0_ms_per_step": outs[0]["ms_per_step"]})
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+            record(dict(row, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
+                        ratio=round(alone["step_ms"] / step_ms, 3),
+                        learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
+                        tgtd_cpu_s_per_step=round(tgtd / (args.warmup + args.steps), 4), gpu=outs[0]["gpu"],
+                        rank0_ms_per_step=outs[0]["ms_per_step"], rank0_exchanges=outs[0]["exchanges"]))
 
 
 def write(out, rows):
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "gpu.json"), "w") as f:
+    with open(os.path.join(out, "gpu.json.tmp"), "w") as f:
         json.dump(rows, f, indent=1)
+    os.replace(os.path.join(out, "gpu.json.tmp"), os.path.join(out, "gpu.json"))
+    gpu = next((r["gpu"] for r in rows if "gpu" in r), "no run finished")
     with open(os.path.join(out, "gpu.md"), "w") as f:
-        f.write(f"# GPU learners through blkps ({rows[0]['gpu']})\n\nWritten by `bench/gpu.sh`; a step's time, "
-                "with the GPU's own step time alone beside it (ratio = alone / through blkps).\n\n"
+        f.write(f"# GPU learners through blkps ({gpu})\n\nWritten by `bench/gpu.sh`; a step's time, "
+                "with the GPU's own step time alone beside it (ratio = alone / through blkps). Rank 0's "
+                "time per step: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").\n\n"
                 "| model | params | batch | wire | shards | learners | step ms | alone ms | ratio | "
-                "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, push, pull, weights wait |\n"
+                "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, exchange, push, pull, "
+                "weights wait |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
+            head = f"| {r['model']} | {r.get('params', 0):,} | {r.get('batch', '')} | {r.get('wire_dtype', '')} | "
+            if "failed" in r:
+                f.write(head + f"{r.get('shards', '')} | {r.get('learners', '')} | failed: {r['failed']} "
+                        "| | | | | |\n")
+                continue
             t = r["rank0_ms_per_step"]
-            f.write(f"| {r['model']} | {r['params']:,} | {r['batch']} | {r['wire_dtype']} | {r['shards']} | "
-                    f"{r['learners']} | {r['step_ms']} | {r['standalone_step_ms']} | {r['ratio']} | "
-                    f"{r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
-                    f"{t['copy_out']}, {t['push']}, {t['pull']}, {t['weights_wait']} |\n")
+            f.write(head + f"{r['shards']} | {r['learners']} | {r['step_ms']} | {r['standalone_step_ms']} | "
+                    f"{r['ratio']} | {r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
+                    f"{t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, {t['weights_wait']} |\n")
 
 
 def check(args):
@@ -271,6 +308,11 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--build", default=os.path.join(TOP, "build", "cmake"))
+    p.add_argument("--run-timeout", type=float, default=300.0,
+                   help="seconds a run may take; past it the run is a failed record (default 300)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: try the bench's machinery on the CPU (its records are not GPU figures)")
+    p.add_argument("--batch", type=int, help="each model's batch instead of its own (with --device cpu)")
     p.add_argument("--train", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("BLKPS_LIB", os.path.join(args.build, "learner", "libblkps.so"))
@@ -282,20 +324,34 @@ def main():
     if not args.out:
         p.error("give --out DIR (or --check)")
     import torch
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu bench: no CUDA device here (torch.cuda.is_available() is False): run it on a GPU host; "
               "no figure is recorded", file=sys.stderr)
         return 1
-    rows = []
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    for name in names:
         if name not in MODELS:
             p.error(f"--models: {name} is not one of {', '.join(MODELS)}")
-        alone = run_train({"model": name, "batch": MODELS[name], "blkps": False, "wire_dtype": "float32",
-                           "steps": args.steps, "warmup": args.warmup})
-        rows += measure(args, name, alone["step_ms"], alone["params"])
-    write(args.out, rows)
-    print(f"gpu bench: {len(rows)} runs in {args.out}/gpu.json and gpu.md")
-    return 0
+    rows = []
+
+    def record(row):  # every run's record is on disk as soon as it ends
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        write(args.out, rows)
+
+    for name in names:
+        batch = args.batch or MODELS[name]
+        cfg = {"model": name, "batch": batch, "blkps": False, "wire_dtype": "float32", "steps": args.steps,
+               "warmup": args.warmup, "device": args.device}
+        try:
+            alone = run_learners(cfg, [None], args.run_timeout)[0]
+        except RuntimeError as e:
+            record({"model": name, "batch": batch, "failed": f"alone: {e}"})
+            continue
+        measure(args, name, batch, alone, record)
+    failed = sum("failed" in r for r in rows)
+    print(f"gpu bench: {len(rows)} runs ({failed} failed) in {args.out}/gpu.json and gpu.md")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

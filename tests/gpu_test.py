@@ -22,9 +22,15 @@ Cases:
   cuda           gradient and delta mode on a CUDA model equal a CPU
                  single-process reference (2 learners, bsp); exits 77
                  (skipped) without a CUDA device.
+  bench          bench/gpu.sh's whole measurement on the CPU (--device cpu,
+                 ResNet-50 at batch 2, 2 shards): a record per run with
+                 every field, learners that exchanged every step, no shard
+                 left; and a run past --run-timeout is a failed record.
 """
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -388,6 +394,55 @@ def case_cuda():
         with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
 
 
+def case_bench():
+    """bench/gpu.sh on the CPU: the same processes, shards and records as on
+    a GPU host, so a GPU host's one run does not fail on the bench itself."""
+    def run(out, *options):
+        # TMPDIR: the bench's shard folders, which must all be gone after it.
+        tmp = tempfile.mkdtemp(prefix="blkps-gpu-bench-test-")
+        env = dict(os.environ, TMPDIR=tmp)
+        rc = subprocess.run([os.path.join(top, "bench", "gpu.sh"), "--out", out, "--build", build, "--device", "cpu",
+                             "--models", "resnet50", "--batch", "2", "--shards", "2", *options], env=env,
+                            stdout=subprocess.DEVNULL).returncode
+        left = os.listdir(tmp)
+        check(not left, f"the bench left {left} in its TMPDIR")
+        os.rmdir(tmp)
+        with open(os.path.join(out, "gpu.json")) as f:
+            rows = json.load(f)
+        with open(os.path.join(out, "gpu.md")) as f:
+            table = [line for line in f if line.startswith("| resnet50 ")]
+        check(len(table) == len(rows), f"gpu.md has {len(table)} rows for {len(rows)} records")
+        return rc, rows
+
+    out = tempfile.mkdtemp(prefix="blkps-gpu-bench-out-")
+    try:
+        steps, warmup = 2, 1
+        rc, rows = run(out, "--steps", str(steps), "--warmup", str(warmup))
+        check(rc == 0, f"bench/gpu.sh --device cpu exited with {rc}: {[r.get('failed') for r in rows]}")
+        runs = sorted((r["wire_dtype"], r["learners"]) for r in rows)
+        check(runs == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)], f"runs {runs}")
+        fields = {"model", "params", "batch", "wire_dtype", "shards", "learners", "step_ms", "standalone_step_ms",
+                  "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu", "rank0_ms_per_step",
+                  "rank0_exchanges"}
+        for r in rows:
+            check(fields <= set(r), f"a record lacks {sorted(fields - set(r))}")
+            check(r["gpu"] == "cpu (not a GPU figure)", f"a CPU run is labelled {r['gpu']!r}")
+            check(r["params"] == 25557032 and r["step_ms"] > 0, f"record {r}")
+            check(abs(r["ratio"] - r["standalone_step_ms"] / r["step_ms"]) < 2e-3, f"ratio of {r}")
+            # Async shards: each step's buckets are exchanged during backward.
+            check(r["rank0_exchanges"] >= steps + warmup and r["rank0_ms_per_step"]["exchange"] > 0,
+                  f"rank 0 made {r['rank0_exchanges']} exchanges in {steps + warmup} steps")
+            check(r["tgtd_cpu_s_per_step"] > 0, "the shards' tgtd used no CPU")
+        exchanges = [r["rank0_exchanges"] for r in rows]
+        rc, rows = run(out, "--steps", "1", "--warmup", "0", "--run-timeout", "0.5")
+        check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),
+              f"a run past --run-timeout: exit {rc}, records {rows}")
+        print(f"bench: 4 runs on the CPU, rank 0 made {exchanges} exchanges; a run past --run-timeout is a "
+              "failed record")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 CASES = {
     "wire-patterns": case_wire_patterns,
     "staging": case_staging,
@@ -395,6 +450,7 @@ CASES = {
     "skipped": case_skipped,
     "overlap-server": case_overlap_server,
     "cuda": case_cuda,
+    "bench": case_bench,
 }
 
 if __name__ == "__main__":
