@@ -14,7 +14,9 @@ Cases:
   staging        the flat buffers and host staging: allocated once, the
                  parameters stay views, a 16-bit wire narrows with torch.
   pipeline       overlap_pull gives the same weights as waiting in step();
-                 each module's forward waits for its own buckets only.
+                 each module's forward waits for its own buckets only, and
+                 nn.MultiheadAttention for its out_proj's too, which it reads
+                 without calling out_proj (with slow pulls: same outputs).
   overlap-server overlap_pull against a tgtd: bsp (2 learners) and async (1)
                  equal the single-process reference.
   skipped        a step with inf gradients, or one GradScaler skipped, is
@@ -33,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -231,8 +234,25 @@ def case_staging():
 
 # ---- pipeline ----
 
-def train_on_file(overlap, steps=4, log=False):
-    model = mlp(0)
+class Attention(torch.nn.Module):
+    """nn.MultiheadAttention reads its out_proj's parameters in its own
+    forward: out_proj's forward never runs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = torch.nn.Linear(20, 32), torch.nn.Linear(32, 10)
+        self.attn = torch.nn.MultiheadAttention(32, 4)
+
+    def forward(self, x):
+        h = self.inp(x).unsqueeze(0)  # a sequence of 1 per sample
+        return self.out(self.attn(h, h, h, need_weights=False)[0].squeeze(0))
+
+
+def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pulls=0.0):
+    """slow_pulls: seconds each bucket's pull waits first, so that the next
+    forward reaches layers whose weights are still arriving."""
+    model = model_fn()
     n = bps.param_count(model)
     path = file_device(n)
     try:
@@ -242,6 +262,13 @@ def train_on_file(overlap, steps=4, log=False):
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
                                        bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
         opt.log_forward_waits = log
+        if slow_pulls:
+            pull_bucket = opt._pull_bucket
+
+            def slow_pull_bucket(*args):
+                time.sleep(slow_pulls)
+                pull_bucket(*args)
+            opt._pull_bucket = slow_pull_bucket
         outputs = []
         for t in range(steps):
             opt.zero_grad()
@@ -276,6 +303,18 @@ def case_pipeline():
         check(len(indices) < len(opt.buckets), f"{module} waited for the whole model")
     print(f"pipeline: same outputs and weights; per-module waits {[i for _, i in waited[:3]]}, "
           f"{opt.forward_waits} forward waits")
+    # A module that reads a child's parameters in its own forward (nn.MultiheadAttention
+    # and its out_proj) waits for the child's buckets too, even while they arrive slowly.
+    plain, plain_w, _, _ = train_on_file(False, model_fn=Attention)
+    piped, piped_w, opt, waited = train_on_file(True, log=True, model_fn=Attention, slow_pulls=0.05)
+    check(all(torch.equal(a, b) for a, b in zip(plain, piped)),
+          "attention: forward outputs differ between overlap_pull and waiting in step()")
+    check(np.array_equal(plain_w, piped_w), "attention: final weights differ with overlap_pull")
+    attn = [set(i) for m, i in waited if isinstance(m, torch.nn.MultiheadAttention)]
+    out_proj = {opt.buckets.index(b) for k, (name, _) in enumerate(opt.layout.named) if "out_proj" in name
+                for b in opt._buckets_of[k]}
+    check(attn and all(out_proj <= i for i in attn), f"attention waited for {attn}, out_proj lies in {out_proj}")
+    print(f"pipeline attention: same outputs with slow pulls; attention waits for out_proj's buckets {out_proj}")
 
 
 # ---- with a server ----

@@ -457,6 +457,18 @@ class _Bucket:
         self.queued = False
 
 
+def _params_read(module, ran):
+    """The parameters `module`'s forward reads, as far as modules tell: its
+    own, and those of its descendants whose forward is not in `ran` (the
+    modules whose forward ran): a module may read a child's parameters
+    without calling it, as nn.MultiheadAttention reads its out_proj's."""
+    params = list(module.parameters(recurse=False))
+    for child in module.children():
+        if child not in ran:
+            params += _params_read(child, ran)
+    return params
+
+
 def _cut_buckets(layout, bucket_floats):
     """Buckets in reverse layout order (backward produces the last layers'
     gradients first), each `bucket_floats` long but the first, cut at
@@ -574,20 +586,50 @@ class _DistributedOptimizer:
         if self.overlap_pull:
             self._param_index = {id(p): k for k, (_, p) in enumerate(self.layout.named)}
             self._buckets_of_module = weakref.WeakKeyDictionary()
+            # Until the first step() the forwards that run are recorded, and
+            # each waits for the whole model (nothing is in flight then).
+            self._ran = weakref.WeakSet()
+            self._learning = True
+            self._unread_buckets = []  # of parameters no module that ran reads: waited for first
+            self._unread_due = False
             self.waited = []  # (module, [bucket indices]) of the last forward_log_steps
             self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
 
     def _before_forward(self, module, _inputs):
-        """Every module's forward starts here: wait for the weights of this
-        module's own parameters only (their buckets' pulls), so the first
-        layers run while the last ones still arrive."""
+        """Every module's forward starts here: wait for the weights this
+        module's forward reads (_params_read: its own parameters' buckets
+        and those of children read through it), so the first layers run
+        while the last ones still arrive. The first forward after step()
+        waits first for the parameters no module's forward reads."""
+        if self._learning:
+            self._ran.add(module)
+            self.wait_weights()
+            return
+        if self._unread_due:
+            self._unread_due = False
+            self._wait_buckets(self._unread_buckets)
         buckets = self._buckets_of_module.get(module)
         if buckets is None:
-            ks = [self._param_index[id(p)] for p in module.parameters(recurse=False) if id(p) in self._param_index]
-            buckets = sorted({id(b): b for k in ks for b in self._buckets_of[k]}.values(), key=lambda b: b.first)
+            buckets = self._buckets_of_params(_params_read(module, self._ran))
             self._buckets_of_module[module] = buckets
         if self.log_forward_waits and buckets:
             self.waited.append((module, [self.buckets.index(b) for b in buckets]))
+        self._wait_buckets(buckets)
+
+    def _buckets_of_params(self, params):
+        """The buckets that this optimizer's parameters among `params` lie in, in layout order."""
+        ks = [self._param_index[id(p)] for p in params if id(p) in self._param_index]
+        return sorted({id(b): b for k in ks for b in self._buckets_of[k]}.values(), key=lambda b: b.first)
+
+    def _learnt(self):
+        """The first step(): which modules' forwards run is known. The
+        parameters that none of them reads (_params_read) are waited for
+        at the start of each forward."""
+        self._learning = False
+        read = {id(p) for m in self._ran for p in _params_read(m, self._ran)}
+        self._unread_buckets = self._buckets_of_params(p for _, p in self.layout.named if id(p) not in read)
+
+    def _wait_buckets(self, buckets):
         for b in buckets:
             self._wait_arrived(b)
             self.flat.wait_weights(b.first, b.end)
@@ -610,9 +652,7 @@ class _DistributedOptimizer:
         """Waits until every weight of the last step() is in the parameters
         (overlap_pull: step() returns before; forward waits by layer)."""
         if self.optimizer is None:
-            for b in self.buckets:
-                self._wait_arrived(b)
-                self.flat.wait_weights(b.first, b.end)
+            self._wait_buckets(self.buckets)
 
     def _make_hook(self, k):
         def hook(*_):
@@ -802,6 +842,9 @@ class _DistributedOptimizer:
         self._backward_done = False
         if not self.overlap_pull:
             self.wait_weights()
+        elif self._learning:
+            self._learnt()
+        self._unread_due = self.overlap_pull
         if self._misuse is not None:
             misuse, self._misuse = self._misuse, None
             raise RuntimeError(misuse)
