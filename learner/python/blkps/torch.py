@@ -546,9 +546,12 @@ class _DistributedOptimizer:
         self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
         # Gradient mode, where the time goes (seconds, summed): the communication
         # thread's wait for a bucket's copy to the host (and its narrowing on
-        # the CPU), its pushes, its pulls (with the copy back queued), and the
-        # training thread's waits for weights still arriving.
-        self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "exchange": 0.0, "weights_wait": 0.0}
+        # the CPU), its pushes, its pulls (with the copy back queued), its
+        # exchanges (a push and the pull after it); the training thread's
+        # waits in step() for the pushes still running once backward is done,
+        # and in forwards for weights still arriving.
+        self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "exchange": 0.0, "step_wait": 0.0,
+                        "weights_wait": 0.0}
         self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
         self._hooks = []
         self._push_device = None
@@ -822,8 +825,10 @@ class _DistributedOptimizer:
                     b.queued = True  # async counts no writes: a skipped step sends nothing
                 else:
                     self._queue(b, zero=skipped)
+        start = time.perf_counter()
         with self._idle:
             self._idle.wait_for(lambda: self._pushes_in_flight == 0)
+        self.seconds["step_wait"] += time.perf_counter() - start
         self._raise_error()
 
     def _gradient_step(self, skipped=False):
