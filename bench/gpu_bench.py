@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -319,6 +320,8 @@ def main():
     p.add_argument("--batch", type=int, help="each model's batch instead of its own (with --device cpu)")
     p.add_argument("--train", help=argparse.SUPPRESS)
     args = p.parse_args()
+    # A stop (kill PID) ends the runs and the servers as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("BLKPS_LIB", os.path.join(args.build, "learner", "libblkps.so"))
     if args.train:
         train(json.loads(args.train))

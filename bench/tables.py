@@ -468,6 +468,20 @@ def cluster_table():
     ])
 
 
+def overlap():
+    """bench/overlap.py's run: blkps.torch and DDP on models whose layers
+    sleep for their compute, each step beside the step alone."""
+    rows = [["model", "system", "wire", "learners", "step ms", "alone / step", "exchange alone ms",
+             "rank 0 step wait ms", "rank 0 weights wait ms"]]
+    for r in json.loads(_read("overlap-2core", "overlap.json")):
+        t = r.get("rank0_ms_per_step", {})
+        system = f"alone ({r['compute_ms']:.0f} ms asleep)" if r["system"] == "alone" else r["system"]
+        rows.append([r["model"], system, r["wire_dtype"] or "–", str(r["learners"]), f"{r['step_ms']:.0f}",
+                     f"{r['ratio']:.2f}", f"{r['exchange_ms']:.0f}" if "exchange_ms" in r else "–",
+                     f"{t['step_wait']:.0f}" if t else "–", f"{t['weights_wait']:.0f}" if t else "–"])
+    return _right(rows, left=3)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -488,6 +502,7 @@ TABLES = {
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),
     "cluster-table": (cluster_table, "bench/results/cluster-table"),
+    "overlap": (overlap, "bench/results/overlap-2core"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
