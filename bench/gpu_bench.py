@@ -181,12 +181,17 @@ def sync(torch, device):
 
 
 def run_learners(cfg, envs, timeout):
-    """Runs one training process of `cfg` per environment in `envs` (None:
-    this one's) and returns their results. Raises RuntimeError naming the
-    first that exits non-zero, or any still running after `timeout`
-    seconds; every process it started has ended by then."""
-    procs = [subprocess.Popen([sys.executable, __file__, "--train", json.dumps(cfg)], env=env,
-                              stdout=subprocess.PIPE, text=True) for env in envs]
+    """One training process of `cfg` per environment in `envs`: see run_ranks."""
+    return run_ranks([sys.executable, __file__, "--train", json.dumps(cfg)], envs, timeout)
+
+
+def run_ranks(argv, envs, timeout):
+    """Runs `argv` once per environment in `envs` (None: this one's), each
+    printing its result as its last line of JSON, and returns the results
+    by rank. Raises RuntimeError naming the first that exits non-zero, or
+    any still running after `timeout` seconds; every process it started has
+    ended by then."""
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True) for env in envs]
     deadline = time.monotonic() + timeout
     try:
         while True:

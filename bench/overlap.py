@@ -36,7 +36,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -193,22 +192,12 @@ def child(cfg):
 
 def run(cfg, learners=1, env=None, timeout=600):
     """Runs `learners` child processes of cfg; their results by rank."""
-    procs = []
-    for rank in range(learners):
-        e = dict(env or os.environ, RANK=str(rank), WORLD_SIZE=str(learners))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--child", json.dumps(cfg)], env=e,
-                                      stdout=subprocess.PIPE, text=True))
+    import gpu_bench
+    envs = [dict(env or os.environ, RANK=str(rank), WORLD_SIZE=str(learners)) for rank in range(learners)]
     try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        if p.returncode != 0:
-            raise RuntimeError(f"overlap: {cfg['system']} rank {rank} exited with {p.returncode}")
-    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+        return gpu_bench.run_ranks([sys.executable, __file__, "--child", json.dumps(cfg)], envs, timeout)
+    except RuntimeError as e:
+        raise RuntimeError(f"overlap: {cfg['system']}: {e}") from None
 
 
 def free_port():
