@@ -10,7 +10,9 @@ learners sharing the GPU (half batch each). Writes OUT/gpu.json (one record
 per run: model, params, batch, wire_dtype, shards, learners, step_ms,
 standalone_step_ms, ratio, learner_cpu_s_per_step, tgtd_cpu_s_per_step,
 gpu; where rank 0's time goes: rank0_ms_per_step copy_out, exchange, push,
-pull, step_wait, weights_wait, from the optimizer's seconds; rank0_exchanges) and
+pull, step_wait, weights_wait, from the optimizer's seconds; rank0_exchanges;
+rank0_memory: the GPU's peak allocation through blkps and alone, the GPU and
+host staging (page-locked on a GPU) blkps.torch added, in MB) and
 OUT/gpu.md, both rewritten after every run. A run that fails or passes
 --run-timeout is a record with "failed": the reason; the others still run.
 
@@ -164,13 +166,17 @@ def train(cfg):
         opt.wait_weights()
     sync(torch, device)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    steps, spent, exchanges = cfg["steps"], {}, 0
+    steps, spent, exchanges, memory = cfg["steps"], {}, 0, {}
+    if device == "cuda":  # the peak over the run: the model, its activations and what blkps adds
+        memory["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     if cfg["blkps"]:  # where the time goes, ms per step (warm-up included, as the counters are)
         spent = {k: round(1000 * v / (steps + cfg["warmup"]), 2) for k, v in opt.seconds.items()}
         exchanges = opt.exchanges
+        memory.update(blkps_gpu_mb=round(opt.flat.device_bytes() / 1e6, 1),
+                      host_staging_mb=round(opt.flat.host_bytes() / 1e6, 1))
         opt.close()
     print(json.dumps({"step_ms": 1000 * wall / steps, "cpu_s_per_step": cpu / steps, "ms_per_step": spent,
-                      "exchanges": exchanges,
+                      "exchanges": exchanges, "memory": memory,
                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
                       "gpu": torch.cuda.get_device_name(0) if device == "cuda" else CPU_LABEL}), flush=True)
 
@@ -267,7 +273,8 @@ def measure(args, name, batch, alone, record):
                         ratio=round(alone["step_ms"] / step_ms, 3),
                         learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
                         tgtd_cpu_s_per_step=round(tgtd / (args.warmup + args.steps), 4), gpu=outs[0]["gpu"],
-                        rank0_ms_per_step=outs[0]["ms_per_step"], rank0_exchanges=outs[0]["exchanges"]))
+                        rank0_ms_per_step=outs[0]["ms_per_step"], rank0_exchanges=outs[0]["exchanges"],
+                        rank0_memory=dict(outs[0]["memory"], alone_gpu_peak_mb=alone["memory"].get("gpu_peak_mb"))))
 
 
 def write(out, rows):
@@ -282,19 +289,20 @@ def write(out, rows):
                 "time per step: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").\n\n"
                 "| model | params | batch | wire | shards | learners | step ms | alone ms | ratio | "
                 "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, exchange, push, pull, "
-                "step wait, weights wait |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "step wait, weights wait | rank 0 MB: GPU peak (alone), blkps's GPU, host staging |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             head = f"| {r['model']} | {r.get('params', 0):,} | {r.get('batch', '')} | {r.get('wire_dtype', '')} | "
             if "failed" in r:
                 f.write(head + f"{r.get('shards', '')} | {r.get('learners', '')} | failed: {r['failed']} "
-                        "| | | | | |\n")
+                        "| | | | | | |\n")
                 continue
-            t = r["rank0_ms_per_step"]
+            t, m = r["rank0_ms_per_step"], r["rank0_memory"]
             f.write(head + f"{r['shards']} | {r['learners']} | {r['step_ms']} | {r['standalone_step_ms']} | "
                     f"{r['ratio']} | {r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
                     f"{t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, {t['step_wait']}, "
-                    f"{t['weights_wait']} |\n")
+                    f"{t['weights_wait']} | {m.get('gpu_peak_mb', '–')} ({m.get('alone_gpu_peak_mb') or '–'}), "
+                    f"{m['blkps_gpu_mb']}, {m['host_staging_mb']} |\n")
 
 
 def check(args):

@@ -224,6 +224,19 @@ def case_staging():
         finally:
             staging_module.LOOK_AHEAD_CHUNK = saved
     check(torch.equal(results[0], results[1]), "the chunked look-ahead step differs from the one-piece step")
+    # On a 16-bit wire the last pull is kept in the wire's type (half the
+    # memory): the pulled values came in it, so the steps are float32's.
+    fm = staging_module.FlatModel(10, "cpu", "bfloat16", (), 0.75)
+    check(fm._last_pull.dtype == torch.bfloat16, f"a bfloat16 wire keeps the last pull in {fm._last_pull.dtype}")
+    pulls, last = torch.Generator().manual_seed(2), None
+    for _ in range(3):
+        pulled = torch.randn(10, generator=pulls).to(torch.bfloat16)
+        fm.host_weights(0, 10)[:] = bits16(pulled)
+        fm.weights_arrived(0, 10)
+        now = pulled.float()
+        want = now if last is None else now.clone().add_(now - last, alpha=0.75)
+        check(torch.equal(fm.weights, want), "a bfloat16 wire's look-ahead step differs from float32's")
+        last = now
     try:
         bad = torch.nn.Linear(2, 2).to(torch.float64)
         bps.DistributedOptimizer(None, named_parameters=bad.named_parameters())
@@ -325,9 +338,13 @@ def learner(config):
     device = config.get("device", "cpu")
     model = mlp(config["seed"] + bps.rank(), device)
     local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
+    if config.get("wire_chunk"):  # a 16-bit wire's pieces on a GPU: several per bucket
+        import blkps.staging
+        blkps.staging.WIRE_CHUNK = config["wire_chunk"]
+    compression = bps.Compression.bf16 if config.get("wire") == "bfloat16" else bps.Compression.none
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
                                    skip_nonfinite=config.get("skip_nonfinite", False),
-                                   overlap_pull=config.get("overlap_pull"))
+                                   overlap_pull=config.get("overlap_pull"), compression=compression)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     for t in range(config["steps"]):
         opt.zero_grad()
@@ -431,6 +448,19 @@ def case_cuda():
                 check(diff <= 1e-5, f"{optimizer} mode on CUDA: learner {rank} differs by {diff:g}")
             print(f"cuda {optimizer} mode: 2 learners, bsp, equal to the CPU reference")
         with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
+    # A bfloat16 wire: narrowed and widened on the GPU, a piece of 300 values
+    # at a time, against the same learners on the CPU (torch's rounding on
+    # both; the gradients differ by the devices' arithmetic only).
+    runs = {}
+    for device in ("cpu", "cuda"):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": device,
+                      "wire": "bfloat16", "wire_chunk": 300}
+            runs[device] = [np.asarray(r["weights"], np.float32) for r in server.run_learners(config, 2)]
+        with_server(f"params={count};rule=sgd;lr={lr};mode=bsp;dtype=bfloat16", 2, body)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(runs["cpu"], runs["cuda"]))
+    check(diff <= 2e-2, f"bfloat16 wire on CUDA differs from the CPU by {diff:g}")
+    print(f"cuda bfloat16 wire: 2 learners, bsp, within {diff:g} of the same run on the CPU")
 
 
 def case_bench():
@@ -462,7 +492,7 @@ def case_bench():
         check(runs == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)], f"runs {runs}")
         fields = {"model", "params", "batch", "wire_dtype", "shards", "learners", "step_ms", "standalone_step_ms",
                   "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu", "rank0_ms_per_step",
-                  "rank0_exchanges"}
+                  "rank0_exchanges", "rank0_memory"}
         for r in rows:
             check(fields <= set(r), f"a record lacks {sorted(fields - set(r))}")
             check(r["gpu"] == "cpu (not a GPU figure)", f"a CPU run is labelled {r['gpu']!r}")
@@ -472,6 +502,8 @@ def case_bench():
             check(r["rank0_exchanges"] >= steps + warmup and r["rank0_ms_per_step"]["exchange"] > 0,
                   f"rank 0 made {r['rank0_exchanges']} exchanges in {steps + warmup} steps")
             check(r["tgtd_cpu_s_per_step"] > 0, "the shards' tgtd used no CPU")
+            staged = 0 if r["wire_dtype"] == "float32" else 2 * 2 * r["params"]  # a CPU model's staging
+            check(round(staged / 1e6, 1) == r["rank0_memory"]["host_staging_mb"], f"memory of {r}")
         exchanges = [r["rank0_exchanges"] for r in rows]
         rc, rows = run(out, "--steps", "1", "--warmup", "0", "--run-timeout", "0.5")
         check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),

@@ -55,6 +55,8 @@ def as_numpy(host):
 
 # Values per piece of the look-ahead step's scratch (4 MiB of float32).
 LOOK_AHEAD_CHUNK = 1 << 20
+# Values per piece of a 16-bit wire's conversion on a GPU (2 MiB scratches).
+WIRE_CHUNK = 1 << 20
 
 
 class FlatModel:
@@ -84,11 +86,13 @@ class FlatModel:
         self._np_gradient = as_numpy(self.host_gradient_all)
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(device=self.device)
-            # 16-bit wire: the narrowed gradient and the pulled weights on the GPU.
-            self._wire_gradient = (torch.zeros(count, dtype=wire_dtype, device=self.device)
-                                   if self.sixteen else None)
-            self._wire_weights = (torch.zeros(count, dtype=wire_dtype, device=self.device)
-                                  if self.sixteen else None)
+            # 16-bit wire: a range's narrowed gradient, and its pulled weights,
+            # pass through the GPU a piece at a time, each piece through a
+            # scratch that the next reuses: the copy stream runs them in order.
+            # One scratch per direction, as two threads queue them.
+            self._wire_gradient, self._wire_weights = (
+                [torch.zeros(min(count, WIRE_CHUNK), dtype=wire_dtype, device=self.device) for _ in range(2)]
+                if self.sixteen else (None, None))
             self._ready, self._copied, self._arrived = {}, {}, {}
             for first, end in [(0, count)] + [(b.first, b.end) for b in buckets]:
                 self._ready[(first, end)] = torch.cuda.Event()
@@ -101,9 +105,11 @@ class FlatModel:
         self._pulled_before = False
         # The move is formed a chunk at a time in a scratch of at most
         # LOOK_AHEAD_CHUNK values, so look-ahead costs one copy of the
-        # weights (the last pull) on the model's device, not two.
+        # weights (the last pull) on the model's device, not two. On a 16-bit
+        # wire the last pull is kept in the wire's type: its values came in
+        # that type, so nothing is lost, and the copy is half a float32 one.
         if self.look_ahead:
-            self._last_pull = torch.zeros_like(self.weights)
+            self._last_pull = torch.zeros(count, dtype=wire_dtype, device=self.device)
             self._moved = torch.zeros(min(self.count, LOOK_AHEAD_CHUNK), dtype=self.weights.dtype,
                                       device=self.device)
 
@@ -115,11 +121,14 @@ class FlatModel:
         return 2 * self.count * self.host_weights_all.element_size()
 
     def device_bytes(self):
-        """Device memory beyond the parameters and gradients themselves (the
-        flat buffers replace their own storage): the 16-bit copies on a GPU."""
-        if not self.cuda or not self.sixteen:
+        """GPU memory beyond the parameters and gradients themselves (the
+        flat buffers replace their own storage): the 16-bit wire's scratches,
+        the look-ahead's last pull and its scratch. 0 for a CPU model."""
+        if not self.cuda:
             return 0
-        return 2 * self.count * self._wire_gradient.element_size()
+        extra = [self._wire_gradient, self._wire_weights] if self.sixteen else []
+        extra += [self._last_pull, self._moved] if self.look_ahead else []
+        return sum(t.numel() * t.element_size() for t in extra)
 
     # ---- gradients: device -> host ----
 
@@ -137,9 +146,13 @@ class FlatModel:
             if scale != 1.0:
                 grad.mul_(scale)
             if self.sixteen:
-                self._wire_gradient[first:end].copy_(grad)
-                grad = self._wire_gradient[first:end]
-            self.host_gradient_all[first:end].copy_(grad, non_blocking=True)
+                for lo in range(first, end, WIRE_CHUNK):
+                    hi = min(end, lo + WIRE_CHUNK)
+                    wire = self._wire_gradient[:hi - lo]
+                    wire.copy_(self.gradient[lo:hi])
+                    self.host_gradient_all[lo:hi].copy_(wire, non_blocking=True)
+            else:
+                self.host_gradient_all[first:end].copy_(grad, non_blocking=True)
             self._copied[(first, end)].record(self.copy_stream)
 
     def after_compute(self):
@@ -196,12 +209,14 @@ class FlatModel:
         the look-ahead step unless `look_ahead` is False."""
         if self.cuda:
             with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
-                host = self.host_weights_all[first:end]
                 if self.sixteen:
-                    self._wire_weights[first:end].copy_(host, non_blocking=True)
-                    self.weights[first:end].copy_(self._wire_weights[first:end])
+                    for lo in range(first, end, WIRE_CHUNK):
+                        hi = min(end, lo + WIRE_CHUNK)
+                        wire = self._wire_weights[:hi - lo]
+                        wire.copy_(self.host_weights_all[lo:hi], non_blocking=True)
+                        self.weights[lo:hi].copy_(wire)
                 else:
-                    self.weights[first:end].copy_(host, non_blocking=True)
+                    self.weights[first:end].copy_(self.host_weights_all[first:end], non_blocking=True)
                 if look_ahead:
                     self._look_ahead(first, end)
                 self._arrived[(first, end)].record(self.copy_stream)
