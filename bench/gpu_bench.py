@@ -39,7 +39,7 @@ import time
 TOP = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 BLKPS = os.path.join(TOP, "scripts", "blkps")
 sys.path.insert(0, os.path.join(TOP, "learner", "python"))
-CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skipped", "cuda"]
+CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skipped", "layout", "cuda"]
 SKIP = 77
 LR = 0.01
 MODELS = {"resnet50": 128, "gpt2": 16}  # model: batch

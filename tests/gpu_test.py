@@ -21,6 +21,9 @@ Cases:
                  equal the single-process reference.
   skipped        a step with inf gradients, or one GradScaler skipped, is
                  not pushed; bsp still counts a write of every parameter.
+  layout         a channels_last convolution keeps its layout in the flat
+                 buffers (and the fingerprint says so); 2 learners equal the
+                 single-process reference.
   cuda           gradient and delta mode on a CUDA model equal a CPU
                  single-process reference (2 learners, bsp); exits 77
                  (skipped) without a CUDA device.
@@ -58,6 +61,17 @@ def mlp(seed, device="cpu"):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
+
+
+def cnn(seed, device="cpu"):
+    """A convolution kept channels_last (its weight's channels innermost)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 18), torch.nn.Unflatten(1, (2, 3, 3)), torch.nn.Conv2d(2, 4, 3),
+                               torch.nn.Flatten(), torch.nn.ReLU(), torch.nn.Linear(4, 10)).to(
+        device, memory_format=torch.channels_last)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn}
 
 
 def batch(step, rank, device="cpu"):
@@ -336,7 +350,7 @@ def learner(config):
     """Trains as rank $RANK; prints one JSON line."""
     bps.init()
     device = config.get("device", "cpu")
-    model = mlp(config["seed"] + bps.rank(), device)
+    model = MODELS[config.get("model", "mlp")](config["seed"] + bps.rank(), device)
     local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
     if config.get("wire_chunk"):  # a 16-bit wire's pieces on a GPU: several per bucket
         import blkps.staging
@@ -364,10 +378,10 @@ def learner(config):
     opt.close()
 
 
-def reference(learners, steps, lr, skipped=()):
+def reference(learners, steps, lr, skipped=(), model_fn=mlp):
     """One process: each step SGD on the mean of the learners' gradients,
     a skipped (rank, step) counting as a zero gradient."""
-    model = mlp(0)
+    model = model_fn(0)
     for t in range(steps):
         grads = []
         for r in range(learners):
@@ -429,6 +443,46 @@ def case_overlap_server():
             print(f"overlap_pull {mode}, {learners} learner(s): equal to the reference "
                   f"(forward waits {[r['forward_waits'] for r in reports]})")
         with_server(f"params={count};rule=sgd;lr={lr};mode={mode}", learners, body)
+
+
+def case_layout():
+    """A channels_last convolution keeps its layout: its weight and gradient
+    are channels_last views into the flat buffers, its values there in that
+    memory order, which the fingerprint names; 2 learners (bsp, different
+    initial weights, broadcast_parameters) equal the single-process
+    reference."""
+    lr, steps = 0.1, 6
+    model = cnn(0)
+    conv = model[2].weight
+    check(conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous(), "the test's layout")
+    check(bps.fingerprint(model) != bps.fingerprint(cnn(0).to(memory_format=torch.contiguous_format)),
+          "the fingerprint does not tell channels_last from contiguous")
+    n = bps.param_count(model)
+    path = file_device(n)
+    try:
+        bps.init(target=path, env={})
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters())
+        at = dict(zip((name for name, _ in opt.layout.named), opt.layout.offsets))["2.weight"]
+        check(conv.is_contiguous(memory_format=torch.channels_last), "the conv weight lost channels_last")
+        check(conv.data_ptr() == opt.weights.data_ptr() + 4 * at, "the conv weight is not a view of the flat weights")
+        torch.nn.functional.cross_entropy(model(batch(0, 0)[0]), batch(0, 0)[1]).backward()
+        check(conv.grad.is_contiguous(memory_format=torch.channels_last)
+              and conv.grad.data_ptr() == opt.gradient.data_ptr() + 4 * at, "the conv gradient left its place")
+        memory_order = conv.detach().permute(0, 2, 3, 1).reshape(-1)  # channels innermost
+        check(torch.equal(opt.weights[at:at + conv.numel()], memory_order), "the flat weights are not in memory order")
+        opt.close()
+    finally:
+        os.unlink(path)
+
+    def body(server):
+        config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "model": "cnn"}
+        reports = server.run_learners(config, 2)
+        want = reference(2, steps, lr, model_fn=cnn)
+        for rank, r in enumerate(reports):
+            diff = float(np.max(np.abs(np.asarray(r["weights"], np.float32) - want)))
+            check(diff <= 1e-5, f"learner {rank} differs from the reference by {diff:g}")
+        print(f"layout: channels_last kept; 2 learners equal the reference ({diff:g})")
+    with_server(f"params={n};rule=sgd;lr={lr};mode=bsp", 2, body)
 
 
 def case_cuda():
@@ -520,6 +574,7 @@ CASES = {
     "pipeline": case_pipeline,
     "skipped": case_skipped,
     "overlap-server": case_overlap_server,
+    "layout": case_layout,
     "cuda": case_cuda,
     "bench": case_bench,
 }

@@ -352,16 +352,33 @@ def param_count(model):
 
 
 def fingerprint(model):
-    """A short hash of the parameters' names and shapes in device order (an
+    """A short hash of the parameters' names and shapes in device order, and
+    of the memory order of those kept channels_last (_memory_strides), (an
     nn.Module or its named_parameters()): what the model keeps in its tag."""
     named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
-    text = ";".join(f"{name}:{tuple(p.shape)}" for name, p in _unique_parameters(named))
+    text = ";".join(f"{name}:{tuple(p.shape)}" + ("" if _memory_strides(p) is None else ":channels_last")
+                    for name, p in _unique_parameters(named))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _memory_strides(p):
+    """The strides of a parameter kept channels_last (a 4-D or 5-D tensor
+    whose channels are innermost, as model.to(memory_format=...) leaves a
+    convolution's weight), else None: the parameter is, or becomes, a
+    contiguous view."""
+    if p.is_contiguous():
+        return None
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    if p.dim() in formats and p.is_contiguous(memory_format=formats[p.dim()]):
+        return p.stride()
+    return None
 
 
 class _Layout:
     """The device's layout of a model: parameter k at [offsets[k], offsets[k]
-    + numel) of the flat vector, in named_parameters order."""
+    + numel) of the flat vector, in named_parameters order, its values in
+    its own memory order (a channels_last parameter keeps its layout, so
+    its convolutions need no conversion; the fingerprint says so)."""
 
     def __init__(self, named_parameters):
         self.named = _unique_parameters(named_parameters)
@@ -378,12 +395,15 @@ class _Layout:
             self.offsets.append(at)
             at += p.numel()
         self.count = at
+        self.strides = [_memory_strides(p) for _, p in self.named]
         self.fingerprint = fingerprint(self.named)
 
     def views(self, flat):
-        """Each parameter's view into the flat float32 tensor `flat`."""
-        base = flat
-        return [base[at:at + p.numel()].view(p.shape) for (_, p), at in zip(self.named, self.offsets)]
+        """Each parameter's view into the flat float32 tensor `flat`, with
+        the parameter's own strides."""
+        return [flat[at:at + p.numel()].view(p.shape) if strides is None
+                else flat[at:at + p.numel()].as_strided(p.shape, strides)
+                for (_, p), at, strides in zip(self.named, self.offsets, self.strides)]
 
 
 def _lun_dtype(status, target_):
@@ -982,11 +1002,12 @@ class _DistributedOptimizer:
         self._wait_idle()
         tag = _TAG_PREFIX + self.layout.fingerprint
         if job.rank == root_rank:
-            flat = self.weights.detach().to("cpu", copy=True).numpy()
-            for (name, _), at, v in zip(self.layout.named, self.layout.offsets, values):
-                flat[at:at + v.numel()] = v.detach().reshape(-1).to("cpu", torch.float32).numpy()
+            flat = self.weights.detach().to("cpu", copy=True)
+            with torch.no_grad():
+                for view, v in zip(self.layout.views(flat), values):
+                    view.copy_(v.detach())  # in the parameter's own memory order
             self._ctl.command(f"tag={tag}")  # clear the mark while the weights change
-            self._ctl.write_weights(flat)
+            self._ctl.write_weights(flat.numpy())
             self._ctl.command(f"tag={tag}{_BROADCAST_MARK}")
         if job.size > 1:
             # Root has written the weights before it joins: after this round
@@ -1075,7 +1096,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     wait_weights(), pull_server_weights(), param_groups, state_dict(),
     close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
-    mode: copy_out, push, pull, weights_wait)."""
+    mode: copy_out, push, pull, exchange, step_wait, weights_wait)."""
     global _optimizer, _pending_broadcast
     options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
