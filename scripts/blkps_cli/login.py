@@ -35,7 +35,10 @@ from .errors import UserError
 # blkps holds a bsp/ssp command up to hold_limit, at most this many seconds
 # (doc/server.md, "--bsopts reference"): a disk's command timeout must be longer.
 HOLD_LIMIT_MAX_S = 25
-DISCOVERY_TRIES, DISCOVERY_PAUSE_S = 3, 2
+# Discoveries before a login gives up: over soft-RoCE in a guest on a busy
+# 2-core host, three in a row have timed out (each waits for iscsiadm's
+# PDU timeout; a refused connection fails at once).
+DISCOVERY_TRIES, DISCOVERY_PAUSE_S = 5, 2
 _URL = re.compile(r"(iscsi|iser)://([^/:@]+)(?::([0-9]+))?/([^/]+)/([0-9]+)")
 _BARE = re.compile(r"[A-Za-z0-9_./:=@%+,-]+")
 _PACKAGES = {"iscsiadm": "open-iscsi", "dmsetup": "dmsetup", "mdadm": "mdadm", "udevadm": "udev",
