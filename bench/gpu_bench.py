@@ -37,7 +37,9 @@ import tempfile
 import time
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-BLKPS = os.path.join(TOP, "scripts", "blkps")
+# The CLI through this interpreter: a GPU host's /usr/bin/python3 (what
+# scripts/blkps runs) may lack what the CLI's subcommands load.
+BLKPS = [sys.executable, os.path.join(TOP, "scripts", "blkps_cli", "__main__.py")]
 sys.path.insert(0, os.path.join(TOP, "learner", "python"))
 CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skipped", "layout", "cuda"]
 SKIP = 77
@@ -227,7 +229,7 @@ def tgtd_cpu_s(folder):
         env = os.path.join(folder, shard, "target.env")
         if not os.path.exists(env):
             continue
-        pid = subprocess.run([BLKPS, "target", "show", "--dir", os.path.join(folder, shard), "--get", "PID"],
+        pid = subprocess.run([*BLKPS, "target", "show", "--dir", os.path.join(folder, shard), "--get", "PID"],
                              capture_output=True, text=True).stdout.strip()
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -248,7 +250,7 @@ def measure(args, name, batch, alone, record):
                 dtype = f";dtype={wire}" if wire != "float32" else ""
                 bsopts = f"params={params};rule=sgd;lr={LR};mode=async{dtype}"
                 plugin = os.path.join(args.build, "target-plugin", "bs_blkps.so")
-                subprocess.run([BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
+                subprocess.run([*BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
                                 "--stripe-unit", "1M", "--luns", str(learners), "--owner-pid", str(os.getpid()),
                                 "--bsopts", bsopts, "--plugin", plugin], check=True, stdout=subprocess.DEVNULL)
                 before = tgtd_cpu_s(folder)
@@ -266,7 +268,7 @@ def measure(args, name, batch, alone, record):
                 record(dict(row, failed=str(e)))
                 continue
             finally:
-                subprocess.run([BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
+                subprocess.run([*BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
                 shutil.rmtree(folder, ignore_errors=True)
             step_ms = max(o["step_ms"] for o in outs)
             record(dict(row, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
