@@ -10,15 +10,18 @@ learners sharing the GPU (half batch each). Writes OUT/gpu.json (one record
 per run: model, params, batch, wire_dtype, shards, learners, step_ms,
 standalone_step_ms, ratio, learner_cpu_s_per_step, tgtd_cpu_s_per_step,
 gpu; where rank 0's time goes: rank0_ms_per_step copy_out, exchange, push,
-pull, step_wait, weights_wait, from the optimizer's seconds; rank0_exchanges;
+pull, step_wait, weights_wait, from the optimizer's seconds; rank0_transfers;
 rank0_memory: the GPU's peak allocation through blkps and alone, the GPU and
 host staging (page-locked on a GPU) blkps.torch added, in MB) and
 OUT/gpu.md, both rewritten after every run. A run that fails or passes
 --run-timeout is a record with "failed": the reason; the others still run.
 
   bench/gpu.sh --out DIR [--models resnet50,gpt2] [--shards 8] [--steps 30] [--build DIR]
-               [--run-timeout 300] [--device cpu --batch N]
-  bench/gpu.sh --check [--build DIR]   tests/gpu_test.py's cases (the CUDA one
+               [--run-timeout 300] [--device cpu --batch N] [--learners 1,2]
+               [--pull-during-backward default,yes,no] [--stripe-unit 1M]
+               [--switch-interval SECONDS]
+  bench/gpu.sh --check [--build DIR] [--run-timeout 300]
+                                       tests/gpu_test.py's cases (the CUDA one
                                        needs a GPU; skipped without one)
 
 Without a CUDA device the measurement says so in one line and exits 1: no
@@ -140,6 +143,8 @@ def train(cfg):
     """Runs cfg["steps"] timed steps after cfg["warmup"]; prints one JSON line."""
     import torch
     torch.backends.cudnn.benchmark = True
+    if cfg.get("switch_interval"):
+        sys.setswitchinterval(cfg["switch_interval"])
     name, device = cfg["model"], cfg.get("device", "cuda")  # "cpu": only to try the machinery
     model = build_model(torch, name).to(device)
     if name == "resnet50":
@@ -153,7 +158,7 @@ def train(cfg):
         # each bucket pulled after its push) and the broadcast, as in training.
         # overlap_pull is a CUDA model's default; on the CPU it takes the same path.
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression,
-                                       overlap_pull=True)
+                                       overlap_pull=True, pull_during_backward=cfg.get("pull_during_backward"))
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -168,17 +173,18 @@ def train(cfg):
         opt.wait_weights()
     sync(torch, device)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    steps, spent, exchanges, memory = cfg["steps"], {}, 0, {}
+    steps, spent, transfers, memory, schedule = cfg["steps"], {}, 0, {}, {}
     if device == "cuda":  # the peak over the run: the model, its activations and what blkps adds
         memory["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     if cfg["blkps"]:  # where the time goes, ms per step (warm-up included, as the counters are)
         spent = {k: round(1000 * v / (steps + cfg["warmup"]), 2) for k, v in opt.seconds.items()}
-        exchanges = opt.exchanges
+        transfers = opt.transfers
+        schedule = {"pull_during_backward": opt.pull_during_backward}
         memory.update(blkps_gpu_mb=round(opt.flat.device_bytes() / 1e6, 1),
                       host_staging_mb=round(opt.flat.host_bytes() / 1e6, 1))
         opt.close()
     print(json.dumps({"step_ms": 1000 * wall / steps, "cpu_s_per_step": cpu / steps, "ms_per_step": spent,
-                      "exchanges": exchanges, "memory": memory,
+                      "transfers": transfers, "memory": memory, **schedule,
                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
                       "gpu": torch.cuda.get_device_name(0) if device == "cuda" else CPU_LABEL}), flush=True)
 
@@ -186,6 +192,37 @@ def train(cfg):
 def sync(torch, device):
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def transfers(cfg):
+    """The transfers alone, no GPU: the whole model pushed, pulled and
+    exchanged as one call each, then pushed and pulled a bucket per call
+    (blkps.torch's default bucket), through the layout's first learner LUN
+    in its wire type (16-bit as is, as blkps.torch sends it); the mean ms of
+    cfg["reps"] of each. Prints one JSON line."""
+    import numpy as np
+    import blkps
+    import blkps.torch as bps
+    sixteen = cfg["wire_dtype"] != "float32"
+    n, bucket = cfg["params"], bps.DEFAULT_BUCKET_BYTES // 4
+    grad = np.zeros(n, np.uint16 if sixteen else np.float32)
+    into = np.empty_like(grad)
+    target = os.environ["BLKPS_TARGET"].replace("{slot}", "1")
+    with blkps.Model(target, dtype=cfg["wire_dtype"] if sixteen else None) as device:
+        push, pull, exchange = ((device.push16, device.pull16_into, device.exchange16) if sixteen
+                                else (device.push, device.pull_into, device.exchange))
+        calls = {"push": lambda: push(0, grad), "pull": lambda: pull(0, into),
+                 "exchange": lambda: exchange(0, grad, into),
+                 "bucket_push": lambda: [push(f, grad[f:f + bucket]) for f in range(0, n, bucket)],
+                 "bucket_pull": lambda: [pull(f, into[f:f + bucket]) for f in range(0, n, bucket)]}
+        spent = {}
+        for name, call in calls.items():
+            call()  # warm
+            start = time.perf_counter()
+            for _ in range(cfg["reps"]):
+                call()
+            spent[name] = round(1000 * (time.perf_counter() - start) / cfg["reps"], 2)
+    print(json.dumps(spent), flush=True)
 
 
 def run_learners(cfg, envs, timeout):
@@ -238,45 +275,56 @@ def tgtd_cpu_s(folder):
 
 
 def measure(args, name, batch, alone, record):
-    """blkps.torch through co-located shards, each wire and learner count;
-    hands each run's record to record()."""
+    """blkps.torch through co-located shards, each schedule, wire and
+    learner count; hands each run's record to record()."""
     params = alone["params"]
-    for wire in ("float32", "bfloat16"):
-        for learners in (1, 2):
-            row = {"model": name, "params": params, "batch": batch, "wire_dtype": wire, "shards": args.shards,
-                   "learners": learners}
-            folder = tempfile.mkdtemp(prefix="blkps-gpu-bench-")
-            try:
-                dtype = f";dtype={wire}" if wire != "float32" else ""
-                bsopts = f"params={params};rule=sgd;lr={LR};mode=async{dtype}"
-                plugin = os.path.join(args.build, "target-plugin", "bs_blkps.so")
-                subprocess.run([*BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
-                                "--stripe-unit", "1M", "--luns", str(learners), "--owner-pid", str(os.getpid()),
-                                "--bsopts", bsopts, "--plugin", plugin], check=True, stdout=subprocess.DEVNULL)
-                before = tgtd_cpu_s(folder)
-                cfg = {"model": name, "batch": batch // learners, "blkps": True, "wire_dtype": wire,
-                       "steps": args.steps, "warmup": args.warmup, "device": args.device}
-                envs = []
-                for rank in range(learners):
-                    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
-                               BLKPS_TARGET=f"layout:{folder}/slot-{{slot}}.layout")
-                    env.pop("BLKPS_CONTROL", None)  # the layout's control lines are the job's control
-                    envs.append(env)
-                outs = run_learners(cfg, envs, args.run_timeout)
-                tgtd = tgtd_cpu_s(folder) - before
-            except (RuntimeError, subprocess.CalledProcessError) as e:
-                record(dict(row, failed=str(e)))
-                continue
-            finally:
-                subprocess.run([*BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
-                shutil.rmtree(folder, ignore_errors=True)
-            step_ms = max(o["step_ms"] for o in outs)
-            record(dict(row, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
-                        ratio=round(alone["step_ms"] / step_ms, 3),
-                        learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
-                        tgtd_cpu_s_per_step=round(tgtd / (args.warmup + args.steps), 4), gpu=outs[0]["gpu"],
-                        rank0_ms_per_step=outs[0]["ms_per_step"], rank0_exchanges=outs[0]["exchanges"],
-                        rank0_memory=dict(outs[0]["memory"], alone_gpu_peak_mb=alone["memory"].get("gpu_peak_mb"))))
+    runs = [(during, wire, learners) for during in args.pull_during_backward.split(",")
+            for wire in ("float32", "bfloat16") for learners in map(int, args.learners.split(","))]
+    for during, wire, learners in runs:
+        row = {"model": name, "params": params, "batch": batch, "wire_dtype": wire, "shards": args.shards,
+               "learners": learners, "steps": args.steps, "warmup": args.warmup}
+        folder = tempfile.mkdtemp(prefix="blkps-gpu-bench-")
+        try:
+            dtype = f";dtype={wire}" if wire != "float32" else ""
+            bsopts = f"params={params};rule=sgd;lr={LR};mode=async{dtype}"
+            plugin = os.path.join(args.build, "target-plugin", "bs_blkps.so")
+            subprocess.run([*BLKPS, "shards", "start", "--dir", folder, "--shards", str(args.shards),
+                            "--stripe-unit", args.stripe_unit, "--luns", str(learners),
+                            "--owner-pid", str(os.getpid()), "--bsopts", bsopts, "--plugin", plugin],
+                           check=True, stdout=subprocess.DEVNULL)
+            before = tgtd_cpu_s(folder)
+            cfg = {"model": name, "batch": batch // learners, "blkps": True, "wire_dtype": wire,
+                   "steps": args.steps, "warmup": args.warmup, "device": args.device,
+                   "pull_during_backward": {"yes": True, "no": False}.get(during),
+                   "switch_interval": args.switch_interval}
+            envs = []
+            for rank in range(learners):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(learners),
+                           BLKPS_TARGET=f"layout:{folder}/slot-{{slot}}.layout")
+                env.pop("BLKPS_CONTROL", None)  # the layout's control lines are the job's control
+                envs.append(env)
+            if learners == 1:  # the ceiling: the same transfers with no GPU, on this shard set
+                reps = min(5, args.steps)  # each after one to warm up
+                alone_ms = run_ranks([sys.executable, __file__, "--transfers", json.dumps(
+                    {"params": params, "wire_dtype": wire, "reps": reps})], envs, args.run_timeout)[0]
+                row["transfers_alone_ms"] = alone_ms
+            outs = run_learners(cfg, envs, args.run_timeout)
+            tgtd = tgtd_cpu_s(folder) - before
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            record(dict(row, failed=str(e)))
+            continue
+        finally:
+            subprocess.run([*BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
+            shutil.rmtree(folder, ignore_errors=True)
+        step_ms = max(o["step_ms"] for o in outs)
+        record(dict(row, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
+                    ratio=round(alone["step_ms"] / step_ms, 3),
+                    learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
+                    tgtd_cpu_s_per_step=round(tgtd / (args.warmup + args.steps), 4), gpu=outs[0]["gpu"],
+                    pull_during_backward=outs[0]["pull_during_backward"], stripe_unit=args.stripe_unit,
+                    **({"switch_interval": args.switch_interval} if args.switch_interval else {}),
+                    rank0_ms_per_step=outs[0]["ms_per_step"], rank0_transfers=outs[0]["transfers"],
+                    rank0_memory=dict(outs[0]["memory"], alone_gpu_peak_mb=alone["memory"].get("gpu_peak_mb"))))
 
 
 def write(out, rows):
@@ -287,34 +335,58 @@ def write(out, rows):
     gpu = next((r["gpu"] for r in rows if "gpu" in r), "no run finished")
     with open(os.path.join(out, "gpu.md"), "w") as f:
         f.write(f"# GPU learners through blkps ({gpu})\n\nWritten by `bench/gpu.sh`; a step's time, "
-                "with the GPU's own step time alone beside it (ratio = alone / through blkps). Rank 0's "
-                "time per step: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").\n\n"
-                "| model | params | batch | wire | shards | learners | step ms | alone ms | ratio | "
+                "with the GPU's own step time alone beside it (ratio = alone / through blkps). Pulls: each "
+                "bucket's right after its push (during backward) or all after step(). Rank 0's time per "
+                "step: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").\n\n"
+                "| model | params | batch | wire | shards | learners | pulls | step ms | alone ms | ratio | "
                 "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, exchange, push, pull, "
                 "step wait, weights wait | rank 0 MB: GPU peak (alone), blkps's GPU, host staging |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             head = f"| {r['model']} | {r.get('params', 0):,} | {r.get('batch', '')} | {r.get('wire_dtype', '')} | "
             if "failed" in r:
-                f.write(head + f"{r.get('shards', '')} | {r.get('learners', '')} | failed: {r['failed']} "
+                f.write(head + f"{r.get('shards', '')} | {r.get('learners', '')} | | failed: {r['failed']} "
                         "| | | | | | |\n")
                 continue
             t, m = r["rank0_ms_per_step"], r["rank0_memory"]
-            f.write(head + f"{r['shards']} | {r['learners']} | {r['step_ms']} | {r['standalone_step_ms']} | "
-                    f"{r['ratio']} | {r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
-                    f"{t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, {t['step_wait']}, "
-                    f"{t['weights_wait']} | {m.get('gpu_peak_mb', '–')} ({m.get('alone_gpu_peak_mb') or '–'}), "
-                    f"{m['blkps_gpu_mb']}, {m['host_staging_mb']} |\n")
+            pulls = "during backward" if r.get("pull_during_backward", True) else "after step"
+            if r.get("switch_interval"):
+                pulls += f" (switch interval {r['switch_interval'] * 1000:g} ms)"
+            f.write(head + f"{r['shards']} | {r['learners']} | {pulls} | {r['step_ms']} | "
+                    f"{r['standalone_step_ms']} | {r['ratio']} | {r['learner_cpu_s_per_step']} | "
+                    f"{r['tgtd_cpu_s_per_step']} | {t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, "
+                    f"{t['step_wait']}, {t['weights_wait']} | {m.get('gpu_peak_mb', '–')} "
+                    f"({m.get('alone_gpu_peak_mb') or '–'}), {m['blkps_gpu_mb']}, {m['host_staging_mb']} |\n")
+        alone = [r for r in rows if "transfers_alone_ms" in r]
+        if alone:
+            f.write("\nThe transfers alone (no GPU, one learner, the same shards), ms: the whole model as one "
+                    "call, then one of blkps.torch's default buckets (1,048,576 parameters) per call.\n\n| model | wire | push | pull | exchange | "
+                    "push by bucket | pull by bucket |\n|---|---|---|---|---|---|---|\n")
+            for r in alone:
+                a = r["transfers_alone_ms"]
+                f.write(f"| {r['model']} | {r['wire_dtype']} | {a['push']} | {a['pull']} | {a['exchange']} | "
+                        f"{a['bucket_push']} | {a['bucket_pull']} |\n")
 
 
 def check(args):
-    """tests/gpu_test.py's cases; the CUDA case needs a GPU."""
+    """tests/gpu_test.py's cases; the CUDA case needs a GPU. Each case runs
+    in a process group of its own, ended whole past --run-timeout or on a
+    stop (its servers stop with it: --owner-pid)."""
     failed = 0
     for case in CHECK_CASES:
         test = os.path.join(TOP, "tests", "gpu_test.py")
-        rc = subprocess.run([sys.executable, test, TOP, args.build, case]).returncode
-        print(f"gpu check {case}: {'passed' if rc == 0 else 'skipped' if rc == SKIP else f'FAILED ({rc})'}",
-              flush=True)
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, test, TOP, args.build, case], start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.run_timeout)
+            result = "passed" if rc == 0 else "skipped" if rc == SKIP else f"FAILED ({rc})"
+        except subprocess.TimeoutExpired:
+            rc, result = None, f"FAILED (still running after {args.run_timeout:g} s, --run-timeout: ended)"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        print(f"gpu check {case}: {result} in {time.monotonic() - start:.0f} s", flush=True)
         failed += rc not in (0, SKIP)
     return 1 if failed else 0
 
@@ -329,17 +401,32 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--build", default=os.path.join(TOP, "build", "cmake"))
     p.add_argument("--run-timeout", type=float, default=300.0,
-                   help="seconds a run may take; past it the run is a failed record (default 300)")
+                   help="seconds a run (or a --check case) may take; past it the run is a failed record (default 300)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: try the bench's machinery on the CPU (its records are not GPU figures)")
     p.add_argument("--batch", type=int, help="each model's batch instead of its own (with --device cpu)")
+    p.add_argument("--stripe-unit", default="1M", help="the shards' stripe unit (blkps shards start)")
+    p.add_argument("--pull-during-backward", default="default",
+                   help="blkps.torch's schedules to run, a list of: yes (each bucket pulled right after its "
+                        "push, an exchange), no (every bucket pulled after step()), default (blkps.torch's)")
+    p.add_argument("--learners", default="1,2", help="learner counts to run (they share the GPU)")
+    p.add_argument("--switch-interval", type=float,
+                   help="the learners' Python switch interval in seconds (sys.setswitchinterval)")
     p.add_argument("--train", help=argparse.SUPPRESS)
+    p.add_argument("--transfers", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if not set(args.pull_during_backward.split(",")) <= {"yes", "no", "default"}:
+        p.error(f"--pull-during-backward: {args.pull_during_backward} is not a list of yes, no, default")
+    if not all(n.isdigit() and int(n) > 0 for n in args.learners.split(",")):
+        p.error(f"--learners: {args.learners} is not a list of learner counts")
     # A stop (kill PID) ends the runs and the servers as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("BLKPS_LIB", os.path.join(args.build, "learner", "libblkps.so"))
     if args.train:
         train(json.loads(args.train))
+        return 0
+    if args.transfers:
+        transfers(json.loads(args.transfers))
         return 0
     if args.check:
         return check(args)

@@ -29,7 +29,7 @@ No run takes an optimizer step on the learner (blkps's server applies the
 gradient; DDP's step is left out alike). Writes DIR/overlap.json (a record
 per run: model, params, system, wire_dtype, learners, step_ms, alone_ms,
 exchange_ms, ratio = alone / step, rank 0's ms per step by the optimizer's
-seconds, exchanges and forward waits) and DIR/overlap.md.
+seconds, transfers and forward waits) and DIR/overlap.md.
 """
 import argparse
 import json
@@ -183,7 +183,7 @@ def child(cfg):
     wall = time.perf_counter() - start
     if opt is not None:
         extra = {"ms_per_step": {k: round(1000 * v / (steps + warmup), 2) for k, v in opt.seconds.items()},
-                 "exchanges": opt.exchanges, "forward_waits": opt.forward_waits}
+                 "transfers": opt.transfers, "forward_waits": opt.forward_waits}
         opt.close()
     print(json.dumps({"step_ms": 1000 * wall / steps, **extra}), flush=True)
     if cfg["system"] == "ddp":
@@ -234,7 +234,7 @@ def measure(args, name, record):
                 step = max(o["step_ms"] for o in outs)
                 record(dict(row, system="blkps.torch", wire_dtype=wire, learners=learners, step_ms=round(step, 1),
                             exchange_ms=round(exchange[wire], 1), ratio=round(alone / step, 3),
-                            rank0_ms_per_step=outs[0]["ms_per_step"], rank0_exchanges=outs[0]["exchanges"],
+                            rank0_ms_per_step=outs[0]["ms_per_step"], rank0_transfers=outs[0]["transfers"],
                             rank0_forward_waits=outs[0]["forward_waits"]))
         outs = run(dict(base, system="ddp", wire="float32", init=f"tcp://127.0.0.1:{free_port()}"), 2)
         step = max(o["step_ms"] for o in outs)
@@ -254,12 +254,12 @@ def write(out, rows):
                 "step's compute (no GPU); ratio = the step alone / the step with its transfers (1: all hidden). "
                 "Rank 0's ms per step: the optimizer's `seconds`.\n\n"
                 "| model | params | system | wire | learners | compute ms | step ms | ratio | exchange alone ms | "
-                "rank 0 ms: copy out, exchange, step wait, weights wait; exchanges; forward waits |\n"
+                "rank 0 ms: copy out, exchange, step wait, weights wait; transfers; forward waits |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             t = r.get("rank0_ms_per_step")
             spent = (f"{t['copy_out']}, {t['exchange']}, {t['step_wait']}, {t['weights_wait']}; "
-                     f"{r['rank0_exchanges']}; {r['rank0_forward_waits']}" if t else "")
+                     f"{r['rank0_transfers']}; {r['rank0_forward_waits']}" if t else "")
             f.write(f"| {r['model']} | {r['params']:,} | {r['system']} | {r['wire_dtype']} | {r['learners']} | "
                     f"{r['compute_ms']} | {r['step_ms']} | {r['ratio']} | {r.get('exchange_ms', '')} | {spent} |\n")
 

@@ -277,8 +277,8 @@ class Attention(torch.nn.Module):
 
 
 def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pulls=0.0):
-    """slow_pulls: seconds each bucket's pull waits first, so that the next
-    forward reaches layers whose weights are still arriving."""
+    """slow_pulls: seconds each pull waits first, so that the next forward
+    reaches layers whose weights are still arriving."""
     model = model_fn()
     n = bps.param_count(model)
     path = file_device(n)
@@ -290,12 +290,12 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
                                        bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
         opt.log_forward_waits = log
         if slow_pulls:
-            pull_bucket = opt._pull_bucket
+            pull_buckets = opt._pull_buckets
 
-            def slow_pull_bucket(*args):
+            def slow_pull_buckets(*args):
                 time.sleep(slow_pulls)
-                pull_bucket(*args)
-            opt._pull_bucket = slow_pull_bucket
+                pull_buckets(*args)
+            opt._pull_buckets = slow_pull_buckets
         outputs = []
         for t in range(steps):
             opt.zero_grad()
@@ -533,36 +533,44 @@ def case_bench():
         with open(os.path.join(out, "gpu.json")) as f:
             rows = json.load(f)
         with open(os.path.join(out, "gpu.md")) as f:
-            table = [line for line in f if line.startswith("| resnet50 ")]
-        check(len(table) == len(rows), f"gpu.md has {len(table)} rows for {len(rows)} records")
+            runs, _, alone = f.read().partition("\nThe transfers alone")
+        for text, want in ((runs, rows), (alone, [r for r in rows if "transfers_alone_ms" in r])):
+            table = [line for line in text.splitlines() if line.startswith("| resnet50 ")]
+            check(len(table) == len(want), f"a table of gpu.md has {len(table)} rows for {len(want)} records")
         return rc, rows
 
     out = tempfile.mkdtemp(prefix="blkps-gpu-bench-out-")
     try:
         steps, warmup = 2, 1
-        rc, rows = run(out, "--steps", str(steps), "--warmup", str(warmup))
+        rc, rows = run(out, "--steps", str(steps), "--warmup", str(warmup), "--pull-during-backward", "no")
         check(rc == 0, f"bench/gpu.sh --device cpu exited with {rc}: {[r.get('failed') for r in rows]}")
         runs = sorted((r["wire_dtype"], r["learners"]) for r in rows)
         check(runs == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)], f"runs {runs}")
         fields = {"model", "params", "batch", "wire_dtype", "shards", "learners", "step_ms", "standalone_step_ms",
                   "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu", "rank0_ms_per_step",
-                  "rank0_exchanges", "rank0_memory"}
+                  "rank0_transfers", "rank0_memory", "pull_during_backward", "stripe_unit"}
         for r in rows:
             check(fields <= set(r), f"a record lacks {sorted(fields - set(r))}")
             check(r["gpu"] == "cpu (not a GPU figure)", f"a CPU run is labelled {r['gpu']!r}")
             check(r["params"] == 25557032 and r["step_ms"] > 0, f"record {r}")
             check(abs(r["ratio"] - r["standalone_step_ms"] / r["step_ms"]) < 2e-3, f"ratio of {r}")
-            # Async shards: each step's buckets are exchanged during backward.
-            check(r["rank0_exchanges"] >= steps + warmup and r["rank0_ms_per_step"]["exchange"] > 0,
-                  f"rank 0 made {r['rank0_exchanges']} exchanges in {steps + warmup} steps")
+            # Pulled after step(): each step's buckets are pushed, then pulled.
+            t = r["rank0_ms_per_step"]
+            check(r["pull_during_backward"] is False and t["push"] > 0 and t["pull"] > 0 and t["exchange"] == 0,
+                  f"--pull-during-backward no: {r['pull_during_backward']}, {t}")
+            check(r["rank0_transfers"] >= 2 * (steps + warmup),
+                  f"rank 0 made {r['rank0_transfers']} transfers in {steps + warmup} steps")
+            if r["learners"] == 1:  # the ceiling, measured on the same shards
+                check(set(r["transfers_alone_ms"]) == {"push", "pull", "exchange", "bucket_push", "bucket_pull"}
+                      and min(r["transfers_alone_ms"].values()) > 0, f"transfers alone {r.get('transfers_alone_ms')}")
             check(r["tgtd_cpu_s_per_step"] > 0, "the shards' tgtd used no CPU")
             staged = 0 if r["wire_dtype"] == "float32" else 2 * 2 * r["params"]  # a CPU model's staging
             check(round(staged / 1e6, 1) == r["rank0_memory"]["host_staging_mb"], f"memory of {r}")
-        exchanges = [r["rank0_exchanges"] for r in rows]
+        transfers = [r["rank0_transfers"] for r in rows]
         rc, rows = run(out, "--steps", "1", "--warmup", "0", "--run-timeout", "0.5")
         check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),
               f"a run past --run-timeout: exit {rc}, records {rows}")
-        print(f"bench: 4 runs on the CPU, rank 0 made {exchanges} exchanges; a run past --run-timeout is a "
+        print(f"bench: 4 runs on the CPU, rank 0 made {transfers} transfers; a run past --run-timeout is a "
               "failed record")
     finally:
         shutil.rmtree(out, ignore_errors=True)

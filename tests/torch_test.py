@@ -85,7 +85,8 @@ def learner(config):
              if config["optimizer"] == "delta" else None)
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
-                                   look_ahead=config.get("look_ahead"))
+                                   look_ahead=config.get("look_ahead"),
+                                   pull_during_backward=config.get("pull_during_backward"))
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     if config.get("late_pull_rank") == bps.rank():
         # This learner pulls the broadcast weights a second late: a learner
@@ -98,14 +99,14 @@ def learner(config):
             return pull_all(*args, **kwargs)
         opt.flat.pull_all = late_pull_all
     if config.get("slow_exchanges"):
-        # Each exchange takes 0.2 s longer, so the buckets that backward
-        # finishes meanwhile queue up behind it.
-        exchange_buckets = opt._exchange_buckets
-
-        def slow_exchange_buckets(*args):
-            time.sleep(0.2)
-            return exchange_buckets(*args)
-        opt._exchange_buckets = slow_exchange_buckets
+        # Each exchange, or push, takes 0.2 s longer, so the buckets that
+        # backward finishes meanwhile queue up behind it.
+        def slowed(transfer):
+            def slow(*args):
+                time.sleep(0.2)
+                return transfer(*args)
+            return slow
+        opt._exchange_buckets, opt._push_buckets = slowed(opt._exchange_buckets), slowed(opt._push_buckets)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")
@@ -131,7 +132,7 @@ def learner(config):
         x, y = batch(t, bps.rank())
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    out.update(pushes=opt.pushes, exchanges=opt.exchanges, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
+    out.update(pushes=opt.pushes, transfers=opt.transfers, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
                weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
@@ -258,7 +259,10 @@ def case_look_ahead():
     w -= lr·(gradient at the look-ahead point). Gradient mode once more
     with slow exchanges: the buckets queued meanwhile go in one exchange
     (fewer exchanges than pushes, which need not hold without), with the
-    same result."""
+    same result; and once with slow pushes, pulling after step(): the
+    pushes queued meanwhile go in one, and a step's pulls in batches that
+    double from one bucket (fewer transfers than a push and a pull per
+    bucket), with the same result."""
     lr, k = 0.1, 0.5
     count = params_of("mlp")
     model = MODELS["mlp"](0)
@@ -279,24 +283,27 @@ def case_look_ahead():
             torch.nn.utils.vector_to_parameters(ahead.clone(), model.parameters())
     want_learner = flat(model)
 
-    for optimizer, rule, slow in (("delta", "sum", False), ("gradient", f"sgd;lr={lr}", False),
-                                  ("gradient", f"sgd;lr={lr}", True)):
+    for optimizer, rule, slow, during in (("delta", "sum", False, None), ("gradient", f"sgd;lr={lr}", False, None),
+                                          ("gradient", f"sgd;lr={lr}", True, None),
+                                          ("gradient", f"sgd;lr={lr}", True, False)):
         def body(server):
             config = {"model": "mlp", "optimizer": optimizer, "lr": lr, "steps": STEPS, "seed": 0,
-                      "look_ahead": k, "slow_exchanges": slow}
+                      "look_ahead": k, "slow_exchanges": slow, "pull_during_backward": during}
             r = server.run_learners(config, 1)[0]
             check(r["look_ahead"] == k, f"{optimizer} mode: look_ahead {r['look_ahead']}, asked for {k}")
             if optimizer == "gradient":
                 check(r["pushes"] == STEPS * r["buckets"], f"{r['pushes']} pushes of {r['buckets']} buckets")
-                check(r["exchanges"] < r["pushes"] or not slow,
-                      f"slow exchanges: {r['exchanges']} exchanges for {r['pushes']} pushes, none merged")
+                unmerged = r["pushes"] * (1 if during is None else 2)  # a call per bucket and direction
+                check(r["transfers"] < unmerged or not slow,
+                      f"slow transfers: {r['transfers']} device calls for {r['pushes']} pushes, none merged")
             diff = check_close(server.weights(count), server_w, f"{optimizer} mode: the server's weights")
             check_close(r["weights"], want_learner,
                         f"{optimizer} mode: the learner's parameters (the look-ahead point)")
             moved = float(np.max(np.abs(want_learner - server_w)))
             check(moved > 100 * TOLERANCE, f"the look-ahead point is the server's weights (moved {moved:g})")
-            print(f"{optimizer} mode, look-ahead {k}: {STEPS} steps, server and parameters as in one process "
-                  f"(max difference {diff:g})")
+            schedule = "" if during is None else ", pulled after step()"
+            print(f"{optimizer} mode{schedule}, look-ahead {k}: {STEPS} steps, server and parameters as in one "
+                  f"process (max difference {diff:g})")
         with_server(f"params={count};rule={rule};mode=async", 1, body)
 
 

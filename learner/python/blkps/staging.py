@@ -164,6 +164,11 @@ class FlatModel:
         if self.cuda:
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
 
+    def gradient_copied(self, first, end):
+        """Whether gradient_ready()'s copy of [first, end) to the host has
+        finished (on the CPU there is none to wait for); does not wait."""
+        return not self.cuda or self._copied[(first, end)].query()
+
     def host_gradient(self, first, end, scale=1.0):
         """The host array of [first, end) to push, in the wire's type
         (communication thread), once gradient_ready() has been called for it."""

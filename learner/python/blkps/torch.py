@@ -561,7 +561,7 @@ class _DistributedOptimizer:
         self.steps = 0
         self.pushes = 0         # bucket pushes (gradient mode) or whole-model pushes (delta)
         self.overlapped = 0     # gradient mode: buckets pushed while backward still ran
-        self.exchanges = 0      # pull_during_backward: exchanges, each of one or more adjacent buckets
+        self.transfers = 0      # gradient mode: device calls (a push, pull or exchange of adjacent buckets)
         self.skipped_steps = 0  # steps with non-finite gradients, not pushed (skip_nonfinite)
         self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
         # Gradient mode, where the time goes (seconds, summed): the communication
@@ -591,6 +591,7 @@ class _DistributedOptimizer:
         self._work = queue.Queue()
         self._idle = threading.Condition()
         self._pushes_in_flight = 0
+        self._pull_batch = 1  # buckets the next pull may take (_communicate)
         self._passes = [0] * len(self.layout.named)  # backward passes this step, by parameter
         for b in self.buckets:
             b.arrived = threading.Event()  # its weights of this step are in the parameters
@@ -743,9 +744,11 @@ class _DistributedOptimizer:
         while item is not None:
             kind, bucket, zero = item
             batch = [(bucket, zero)]
-            following = _NOTHING  # or an item taken from the queue for the next round
-            if kind == "push" and self.pull_during_backward:
-                following = self._take_adjacent(batch)
+            # Adjacent buckets queued meanwhile join this call (fewer, larger
+            # transfers); a step's pulls join in batches that double from one
+            # bucket, so the first layers' weights arrive first and early.
+            limit = len(self.buckets) if kind == "push" else self._pull_batch
+            following = self._take_adjacent(batch, kind, limit)
             try:
                 if self._error is None:
                     if device is None:
@@ -755,11 +758,12 @@ class _DistributedOptimizer:
                         if self.pull_during_backward:
                             self._exchange_buckets(device, batch)
                         else:
-                            self._push_bucket(device, bucket, zero)
+                            self._push_buckets(device, batch)
                         self.pushes += len(batch)
                         self.overlapped += overlapped * len(batch)
                     else:
-                        self._pull_bucket(device, bucket)
+                        self._pull_buckets(device, [b for b, _ in batch])
+                        self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
             except Exception as e:  # reported by step() or the next forward
                 self._error = e
             for b, _ in batch:
@@ -773,21 +777,27 @@ class _DistributedOptimizer:
         if device is not None:
             device.close()
 
-    def _take_adjacent(self, batch):
-        """Adds to `batch` ((bucket, zero) pairs, one to start) the pushes
-        already queued whose buckets extend its range on either side, in
-        queue order; returns the first queued item that does not (it runs
-        next; None is the end), or _NOTHING when the queue ran empty."""
+    def _take_adjacent(self, batch, kind, limit):
+        """Adds to `batch` ((bucket, zero) pairs, one to start) the items of
+        `kind` already queued whose buckets extend its range on either side,
+        in queue order, up to `limit` buckets in all; a push joins only once
+        its gradient is on the host (on a GPU, the training thread queues
+        buckets ahead of the backward kernels that finish them: waiting for
+        those would hold back the pushes ready now). Returns the first
+        queued item that does not join (it runs next; None is the end), or
+        _NOTHING when none was taken from the queue."""
         first, end = batch[0][0].first, batch[0][0].end
-        while True:
+        while len(batch) < limit:
             try:
                 item = self._work.get_nowait()
             except queue.Empty:
                 return _NOTHING
-            if item is None or item[0] != "push" or not (item[1].end == first or item[1].first == end):
+            if (item is None or item[0] != kind or not (item[1].end == first or item[1].first == end)
+                    or (kind == "push" and not item[2] and not self.flat.gradient_copied(item[1].first, item[1].end))):
                 return item
             batch.append((item[1], item[2]))
             first, end = min(first, item[1].first), max(end, item[1].end)
+        return _NOTHING
 
     def _stage_push(self, bucket, zero):
         """The host array of the bucket's push: its gradient, or zeros."""
@@ -799,11 +809,15 @@ class _DistributedOptimizer:
         self.seconds["copy_out"] += time.perf_counter() - start
         return host
 
-    def _push_bucket(self, device, bucket, zero):
-        host = self._stage_push(bucket, zero)
+    def _push_buckets(self, device, batch):
+        """One push of the adjacent buckets of `batch` ((bucket, zero) pairs)."""
+        for bucket, zero in batch:
+            self._stage_push(bucket, zero)
+        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
         start = time.perf_counter()
-        (device.push16 if self.flat.sixteen else device.push)(bucket.first, host)
+        (device.push16 if self.flat.sixteen else device.push)(first, self.flat.host_pushed(first, end))
         self.seconds["push"] += time.perf_counter() - start
+        self.transfers += 1
 
     def _exchange_buckets(self, device, batch):
         """The push of the adjacent buckets of `batch` ((bucket, zero)
@@ -820,14 +834,17 @@ class _DistributedOptimizer:
         for bucket, _ in batch:
             self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["exchange"] += time.perf_counter() - start
-        self.exchanges += 1
+        self.transfers += 1
 
-    def _pull_bucket(self, device, bucket):
+    def _pull_buckets(self, device, buckets):
+        """One pull of the adjacent `buckets`."""
+        first, end = min(b.first for b in buckets), max(b.end for b in buckets)
         start = time.perf_counter()
-        host = self.flat.host_weights(bucket.first, bucket.end)
-        (device.pull16_into if self.flat.sixteen else device.pull_into)(bucket.first, host)
-        self.flat.weights_arrived(bucket.first, bucket.end)
+        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, self.flat.host_weights(first, end))
+        for bucket in buckets:
+            self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["pull"] += time.perf_counter() - start
+        self.transfers += 1
 
     def _raise_error(self):
         if self._error is not None:
@@ -858,6 +875,7 @@ class _DistributedOptimizer:
         self._push_remaining(skipped)
         if not self.pull_during_backward or (skipped and self.mode == "async"):
             self.flat.after_compute()
+            self._pull_batch = 1  # the step's first pull: one bucket, the first layers'
             for b in reversed(self.buckets):  # the first layers' weights first
                 self._queue_pull(b)
         self.gradient.zero_()
@@ -1076,7 +1094,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     step); num_groups, groups, sparse_as_dense are accepted and change
     nothing (buckets are blkps's grouping). bucket_bytes: gradient mode's
     push size; pull_during_backward: None (yes unless the server's mode is
-    bsp or there is no control LUN to ask), True or False. The model may
+    bsp or there is no control LUN to ask), True (each bucket's pull goes
+    with its push, an exchange) or False (every pull after the step's
+    pushes, the first layers' first: doc/pytorch.md "PyTorch"). The model may
     be on the CPU or a CUDA device (doc/gpu.md): the flat buffers live on
     its device, the host copies are staged through page-locked memory.
     overlap_pull (gradient mode; default: True for a CUDA model): step()
