@@ -482,6 +482,48 @@ def overlap():
     return _right(rows, left=3)
 
 
+def gpu():
+    """bench/gpu.sh on a GPU host: each model alone and through blkps.torch,
+    with where rank 0's time goes."""
+    rows = [["model", "wire", "learners", "step ms", "alone ms", "alone / step", "rank 0 copy out ms",
+             "rank 0 exchange ms", "rank 0 step wait ms", "rank 0 transfers a step", "learners' CPU s",
+             "tgtd CPU s"]]
+    for r in json.loads(_read("h100-80gb-hbm3", "gpu.json")):
+        t = r["rank0_ms_per_step"]
+        calls = r.get("rank0_transfers", r.get("rank0_exchanges"))  # the counter's name before 2026-11-26
+        counted = r.get("steps", 30) + r.get("warmup", 5)  # rank 0's counters include the warm-up (defaults)
+        rows.append([r["model"], r["wire_dtype"], str(r["learners"]), f"{r['step_ms']:.1f}",
+                     f"{r['standalone_step_ms']:.1f}", f"{r['ratio']:.2f}", f"{t['copy_out']:.1f}",
+                     f"{t['exchange'] + t['push'] + t['pull']:.1f}", f"{t['step_wait']:.1f}",
+                     f"{calls / counted:.1f}", f"{r['learner_cpu_s_per_step']:.2f}", f"{r['tgtd_cpu_s_per_step']:.2f}"])
+    return _right(rows, left=2)
+
+
+def gpu_readme():
+    """README's GPU summary: one learner's step through each wire beside
+    the step alone."""
+    label = {"resnet50": "ResNet-50 (128, bf16 autocast, channels_last)",
+             "gpt2": "GPT-2-shaped 124M transformer (16 × 1024 tokens, bf16 autocast)"}
+    runs = [r for r in json.loads(_read("h100-80gb-hbm3", "gpu.json")) if r["learners"] == 1]
+    rows = [["model (batch)", "alone", "float32 wire", "bfloat16 wire"]]
+    for name in dict.fromkeys(r["model"] for r in runs):
+        wire = {r["wire_dtype"]: r for r in runs if r["model"] == name}
+        rows.append([label[name], f"{wire['float32']['standalone_step_ms']:.1f} ms"]
+                    + [f"{wire[w]['step_ms']:.1f} ms: {wire[w]['ratio']:.2f}" for w in ("float32", "bfloat16")])
+    return _right(rows)
+
+
+def gpu_memory():
+    """bench/gpu.sh's memory records (rank 0) on the GPU host."""
+    rows = [["model", "wire", "learners", "GPU peak MB, through blkps", "GPU peak MB, alone",
+             "blkps's GPU MB", "host staging MB (page-locked)"]]
+    for r in json.loads(_read("h100-80gb-hbm3", "gpu.json")):
+        m = r["rank0_memory"]
+        rows.append([r["model"], r["wire_dtype"], str(r["learners"]), f"{m['gpu_peak_mb']:,.0f}",
+                     f"{m['alone_gpu_peak_mb']:,.0f}", f"{m['blkps_gpu_mb']:.1f}", f"{m['host_staging_mb']:.1f}"])
+    return _right(rows, left=2)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -503,6 +545,9 @@ TABLES = {
     "clicks": (clicks, "bench/results/clicks"),
     "cluster-table": (cluster_table, "bench/results/cluster-table"),
     "overlap": (overlap, "bench/results/overlap-2core"),
+    "gpu": (gpu, "bench/results/h100-80gb-hbm3"),
+    "gpu-readme": (gpu_readme, "bench/results/h100-80gb-hbm3"),
+    "gpu-memory": (gpu_memory, "bench/results/h100-80gb-hbm3"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
