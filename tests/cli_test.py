@@ -325,6 +325,36 @@ def test_owner_pid_watchdog():
 
 
 
+def test_stop_during_start():
+    # A start stopped half-way (SIGTERM: kill, timeout(1), the end of its
+    # process group) stops the tgtd it started: none is left running.
+    owner = subprocess.Popen(["sleep", "600"])
+    folder = target_dir()
+    pid_file = os.path.join(folder, "tgtd.pid")
+    try:
+        start = subprocess.Popen([BLKPS, "target", "start", "--dir", folder, "--plugin", PLUGIN,
+                                  "--owner-pid", str(owner.pid), "--bsopts", "params=1000"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
+        while not os.path.exists(pid_file) and start.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if start.poll() is not None:
+            fail(f"the start ended before tgtd's pid was written (exit {start.returncode}); nothing to stop")
+        with open(pid_file) as f:
+            tgtd = int(f.read() or 0)
+        start.terminate()
+        rc = start.wait()
+        if rc == 0:
+            fail("the start went on after SIGTERM")
+        if running(tgtd) or os.path.exists(pid_file):
+            fail(f"tgtd {tgtd} still runs after its start was stopped (exit {rc}: {start.stderr.read()!r})")
+    finally:
+        owner.kill()
+        owner.wait()
+        blkps("target", "stop", "--dir", folder)
+        subprocess.run(["rm", "-rf", folder])
+
+
 def test_no_numpy():
     """Before scripts/setup.sh ran (issue 20): a python3 without numpy runs
     the command's help and one-line errors, and a command that needs the

@@ -3,6 +3,7 @@ person runs, one way of printing errors (errors.py)."""
 
 import argparse
 import os
+import signal
 import sys
 
 from . import control, demo, login, node, shards, target
@@ -35,8 +36,15 @@ def parser():
     return p
 
 
+def _terminated(*_):
+    """SIGTERM (kill PID, timeout(1), a process group's end) unwinds as
+    Ctrl-C does, so that a start stopped half-way stops what it started."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     command = None  # named in an unexpected OSError's line once known
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         args = parser().parse_args(argv)
         command = args.command

@@ -108,13 +108,12 @@ def start(a, what="shards start", name="shard", model=None):
             argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
             argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
             argv += ["--chap-file", a.chap_file] if a.chap_file else []
+            argv += ["--owner-pid", str(a.owner_pid)] if a.owner_pid else []
             shard = target.Target(d)
             try:
                 envs.append(shard.start(target.start_options(argv)))
             except UserError as e:
                 raise UserError(what, f"shard {k}: {str(e).split(': ', 1)[-1]}") from None
-            if a.owner_pid:
-                shard.start_watchdog(a.owner_pid)
         layouts = write_layouts(folder, envs, a.luns, unit, params, model["dtype"])
     except BaseException:
         stop(folder)

@@ -208,8 +208,11 @@ class Target:
             # named from its own folder, tgtd's (a checkout may be anywhere).
             env["LD_PRELOAD"] = "./" + os.path.basename(plugin)
             tgtd_cwd = os.path.dirname(plugin)
-        try:  # from here on, any failure (Ctrl-C too) leaves no tgtd
-            return self._configure(a, credentials, self._start_tgtd(a, env, tgtd_cwd))
+        try:  # from here on, any failure (Ctrl-C or SIGTERM too) leaves no tgtd
+            values = self._configure(a, credentials, self._start_tgtd(a, env, tgtd_cwd))
+            if a.owner_pid:
+                self.start_watchdog(a.owner_pid)  # before returning: never a tgtd the owner leaves behind
+            return values
         except BaseException:
             self.stop()
             raise
@@ -482,8 +485,6 @@ def command_start(a):
     else:
         target = Target(a.dir)
         env = target.start(a)
-        if a.owner_pid:
-            target.start_watchdog(a.owner_pid)
         print("\n".join(labelled_urls(env)))
     print(f"admits: {env['ALLOW']} (--allow)")
     return 0
