@@ -194,7 +194,7 @@ def sync(torch, device):
         torch.cuda.synchronize()
 
 
-def transfers(cfg):
+def transfers_alone(cfg):
     """The transfers alone, no GPU: the whole model pushed, pulled and
     exchanged as one call each, then pushed and pulled a bucket per call
     (blkps.torch's default bucket), through the layout's first learner LUN
@@ -426,7 +426,7 @@ def main():
         train(json.loads(args.train))
         return 0
     if args.transfers:
-        transfers(json.loads(args.transfers))
+        transfers_alone(json.loads(args.transfers))
         return 0
     if args.check:
         return check(args)
