@@ -160,6 +160,7 @@ def train(cfg):
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression,
                                        overlap_pull=True, pull_during_backward=cfg.get("pull_during_backward"))
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
+        stalls = time_weight_waits(torch, opt) if device == "cuda" else []
     else:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
     for t in range(cfg["warmup"] + cfg["steps"]):
@@ -178,6 +179,8 @@ def train(cfg):
         memory["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     if cfg["blkps"]:  # where the time goes, ms per step (warm-up included, as the counters are)
         spent = {k: round(1000 * v / (steps + cfg["warmup"]), 2) for k, v in opt.seconds.items()}
+        if stalls:  # synchronized above: every event has run
+            spent["gpu_weights_wait"] = round(sum(a.elapsed_time(b) for a, b in stalls) / (steps + cfg["warmup"]), 2)
         transfers = opt.transfers
         schedule = {"pull_during_backward": opt.pull_during_backward}
         memory.update(blkps_gpu_mb=round(opt.flat.device_bytes() / 1e6, 1),
@@ -187,6 +190,28 @@ def train(cfg):
                       "transfers": transfers, "memory": memory, **schedule,
                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
                       "gpu": torch.cuda.get_device_name(0) if device == "cuda" else CPU_LABEL}), flush=True)
+
+
+def time_weight_waits(torch, opt):
+    """Times the compute stream's waits for weights still arriving (a
+    forward's wait on a bucket's event stalls the GPU, not the CPU, so no
+    CPU clock sees it): a pair of timing events around each wait whose copy
+    had not landed when it was queued, appended to the list returned, read
+    once the run has synchronized."""
+    flat, stalls = opt.flat, []
+    wait = flat.wait_weights
+
+    def timed(first, end):
+        if flat.weights_landed(first, end):
+            return wait(first, end)  # nothing to stall on: no events, no cost
+        stream = torch.cuda.current_stream(flat.device)
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(stream)
+        wait(first, end)
+        after.record(stream)
+        stalls.append((before, after))
+    flat.wait_weights = timed
+    return stalls
 
 
 def sync(torch, device):
@@ -340,7 +365,7 @@ def write(out, rows):
                 "step: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").\n\n"
                 "| model | params | batch | wire | shards | learners | pulls | step ms | alone ms | ratio | "
                 "learner CPU s/step | tgtd CPU s/step | rank 0 ms/step: copy out, exchange, push, pull, "
-                "step wait, weights wait | rank 0 MB: GPU peak (alone), blkps's GPU, host staging |\n"
+                "step wait, weights wait (on the GPU) | rank 0 MB: GPU peak (alone), blkps's GPU, host staging |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             head = f"| {r['model']} | {r.get('params', 0):,} | {r.get('batch', '')} | {r.get('wire_dtype', '')} | "
@@ -355,7 +380,8 @@ def write(out, rows):
             f.write(head + f"{r['shards']} | {r['learners']} | {pulls} | {r['step_ms']} | "
                     f"{r['standalone_step_ms']} | {r['ratio']} | {r['learner_cpu_s_per_step']} | "
                     f"{r['tgtd_cpu_s_per_step']} | {t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, "
-                    f"{t['step_wait']}, {t['weights_wait']} | {m.get('gpu_peak_mb', '–')} "
+                    f"{t['step_wait']}, {t['weights_wait']} ({t.get('gpu_weights_wait', '–')}) | "
+                    f"{m.get('gpu_peak_mb', '–')} "
                     f"({m.get('alone_gpu_peak_mb') or '–'}), {m['blkps_gpu_mb']}, {m['host_staging_mb']} |\n")
         alone = [r for r in rows if "transfers_alone_ms" in r]
         if alone:

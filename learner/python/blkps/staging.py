@@ -254,6 +254,11 @@ class FlatModel:
         (a broadcast): the next pull takes no look-ahead step."""
         self._pulled_before = False
 
+    def weights_landed(self, first, end):
+        """Whether weights_arrived()'s copy of [first, end) has finished (on
+        the CPU there is none); does not wait."""
+        return not self.cuda or self._arrived[(first, end)].query()
+
     def wait_weights(self, first, end):
         """Makes the compute stream wait for weights_arrived(first, end)'s
         copy (training thread; nothing to do on the CPU)."""
