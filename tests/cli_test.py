@@ -336,12 +336,17 @@ def test_stop_during_start():
                                   "--owner-pid", str(owner.pid), "--bsopts", "params=1000"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
-        while not os.path.exists(pid_file) and start.poll() is None and time.monotonic() < deadline:
+        def written_pid():
+            try:
+                with open(pid_file) as f:
+                    return int(f.read())
+            except (OSError, ValueError):  # not there yet, or not written out yet
+                return None
+        while written_pid() is None and start.poll() is None and time.monotonic() < deadline:
             time.sleep(0.001)
-        if start.poll() is not None:
+        tgtd = written_pid()
+        if start.poll() is not None or tgtd is None:
             fail(f"the start ended before tgtd's pid was written (exit {start.returncode}); nothing to stop")
-        with open(pid_file) as f:
-            tgtd = int(f.read() or 0)
         start.terminate()
         rc = start.wait()
         if rc == 0:
