@@ -11,13 +11,19 @@ learner LUN's dtype: float32, bfloat16 or float16). So:
 - CPU model, 16-bit wire: two host buffers of the wire type; a push narrows
   the gradient into one with torch's conversion, a pull widens the other
   into the weights.
-- CUDA model: two page-locked host buffers of the wire type. A bucket's
-  device-to-host copy (narrowed on the GPU first on a 16-bit wire) runs on a
-  copy stream behind an event of the compute stream taken when the bucket's
-  gradients were complete; the communication thread waits for that copy
-  only. A pull's host-to-device copy (widened on the GPU) runs on the copy
-  stream too and records an event that the compute stream waits for before
-  the layers that read those weights.
+- CUDA model: two page-locked host buffers of the wire type, and a copy
+  stream for each direction, so that the two directions overlap (PCIe and
+  the GPU's copy engines are full duplex) and neither waits behind the
+  other. A bucket's device-to-host copy (narrowed on the GPU first on a
+  16-bit wire) runs on the copy-out stream behind an event of the compute
+  stream taken when the bucket's gradients were complete; the
+  communication thread waits for that copy only. A pull's host-to-device
+  copy (widened on the GPU) runs on the copy-in stream behind the same
+  event of its range (backward has read those weights by then: a node
+  that reads a weight also computes its gradient) or, for a range pulled
+  with no gradient of this step, behind all the compute queued before
+  (after_compute()); it records an event that the compute stream waits for
+  before the layers that read those weights.
 
 Everything is allocated once, at construction: no allocation per step.
 torch's narrowing rounds to nearest, ties to even, exactly as
@@ -85,11 +91,12 @@ class FlatModel:
         self._np_weights = as_numpy(self.host_weights_all)
         self._np_gradient = as_numpy(self.host_gradient_all)
         if self.cuda:
-            self.copy_stream = torch.cuda.Stream(device=self.device)
+            self.copy_out = torch.cuda.Stream(device=self.device)
+            self.copy_in = torch.cuda.Stream(device=self.device)
             # 16-bit wire: a range's narrowed gradient, and its pulled weights,
             # pass through the GPU a piece at a time, each piece through a
-            # scratch that the next reuses: the copy stream runs them in order.
-            # One scratch per direction, as two threads queue them.
+            # scratch that the next reuses: each direction's stream runs its
+            # pieces in order, through its own scratch.
             self._wire_gradient, self._wire_weights = (
                 [torch.zeros(min(count, WIRE_CHUNK), dtype=wire_dtype, device=self.device) for _ in range(2)]
                 if self.sixteen else (None, None))
@@ -134,14 +141,14 @@ class FlatModel:
 
     def gradient_ready(self, first, end, scale=1.0):
         """The gradient of [first, end) is complete (training thread). On a
-        GPU: queue its scaling, narrowing and device-to-host copy on the copy
-        stream behind the compute stream's work so far."""
+        GPU: queue its scaling, narrowing and device-to-host copy on the
+        copy-out stream behind the compute stream's work so far."""
         if not self.cuda:
             return
         ready = self._ready[(first, end)]
         ready.record(torch.cuda.current_stream(self.device))
-        with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_event(ready)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.copy_out):
+            self.copy_out.wait_event(ready)
             grad = self.gradient[first:end]
             if scale != 1.0:
                 grad.mul_(scale)
@@ -153,16 +160,17 @@ class FlatModel:
                     self.host_gradient_all[lo:hi].copy_(wire, non_blocking=True)
             else:
                 self.host_gradient_all[first:end].copy_(grad, non_blocking=True)
-            self._copied[(first, end)].record(self.copy_stream)
+            self._copied[(first, end)].record(self.copy_out)
 
     def after_compute(self):
-        """Orders the copy stream's later work (a pull's copy into the
+        """Orders the copy-in stream's later work (a pull's copy into the
         weights) after everything queued on the compute stream so far, such
         as the backward kernels that still read the weights (training
-        thread; nothing to do on the CPU). gradient_ready() does this for its
-        own range; a pull with no push before it needs it."""
+        thread; nothing to do on the CPU). A pull of a range whose gradient
+        went out this step waits for that gradient instead
+        (weights_arrived()); a pull with no push before it needs this."""
         if self.cuda:
-            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            self.copy_in.wait_stream(torch.cuda.current_stream(self.device))
 
     def gradient_copied(self, first, end):
         """Whether gradient_ready()'s copy of [first, end) to the host has
@@ -196,9 +204,9 @@ class FlatModel:
 
     def gradient_finite(self):
         """Whether every gradient value is finite (one reduction on the
-        model's device, after the copy stream's scaling; waits for it)."""
+        model's device, after the copy-out stream's scaling; waits for it)."""
         if self.cuda:
-            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_out)
         return bool(torch.isfinite(self.gradient).all())
 
     # ---- weights: host -> device ----
@@ -209,11 +217,18 @@ class FlatModel:
 
     def weights_arrived(self, first, end, look_ahead=True):
         """A pull of [first, end) landed in host_weights(): make it the
-        parameters' (widened; on a GPU queued on the copy stream, with an
-        event that wait_weights() hands to the compute stream), then take
-        the look-ahead step unless `look_ahead` is False."""
+        parameters' (widened; on a GPU queued on the copy-in stream behind
+        the range's gradient_ready() event, with an event that
+        wait_weights() hands to the compute stream), then take the
+        look-ahead step unless `look_ahead` is False. A range must be one
+        that gradient_ready() or a pull knows (the whole model or a
+        bucket)."""
         if self.cuda:
-            with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
+            with torch.cuda.device(self.device), torch.cuda.stream(self.copy_in):
+                # Backward is done reading these weights once their gradient
+                # is complete. An event recorded in an earlier step, or never,
+                # is already complete: a pull after_compute() ordered.
+                self.copy_in.wait_event(self._ready[(first, end)])
                 if self.sixteen:
                     for lo in range(first, end, WIRE_CHUNK):
                         hi = min(end, lo + WIRE_CHUNK)
@@ -224,7 +239,7 @@ class FlatModel:
                     self.weights[first:end].copy_(self.host_weights_all[first:end], non_blocking=True)
                 if look_ahead:
                     self._look_ahead(first, end)
-                self._arrived[(first, end)].record(self.copy_stream)
+                self._arrived[(first, end)].record(self.copy_in)
             return
         if self.sixteen:
             self.weights[first:end].copy_(self.host_weights_all[first:end])

@@ -34,7 +34,8 @@ layout, on the model's own device (CPU or CUDA): each parameter's ``.data``
 and ``.grad`` are views into them, so a pull lands in the parameters and
 autograd accumulates straight into the buffer that is pushed. On the CPU
 libblkps reads and writes them directly (page aligned); a CUDA model's
-buckets go through page-locked host staging on a copy stream, narrowed to
+buckets go through page-locked host staging on a copy stream for each
+direction, narrowed to
 a 16-bit wire on the GPU (blkps.staging, doc/gpu.md). In gradient mode a hook on each parameter's
 gradient accumulator marks it done; a bucket (a range of the flat gradient,
 ``bucket_bytes``, cut at 4 KiB boundaries so that every push is whole 512-byte
