@@ -25,8 +25,9 @@ Cases:
                  buffers (and the fingerprint says so); 2 learners equal the
                  single-process reference.
   cuda           gradient and delta mode on a CUDA model equal a CPU
-                 single-process reference (2 learners, bsp); exits 77
-                 (skipped) without a CUDA device.
+                 single-process reference (2 learners, bsp), and so does
+                 async with 1 learner pulling during backward or after
+                 step(); exits 77 (skipped) without a CUDA device.
   bench          bench/gpu.sh's whole measurement on the CPU (--device cpu,
                  ResNet-50 at batch 2, 2 shards): a record per run with
                  every field, learners that exchanged every step, no shard
@@ -358,7 +359,8 @@ def learner(config):
     compression = bps.Compression.bf16 if config.get("wire") == "bfloat16" else bps.Compression.none
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
                                    skip_nonfinite=config.get("skip_nonfinite", False),
-                                   overlap_pull=config.get("overlap_pull"), compression=compression)
+                                   overlap_pull=config.get("overlap_pull"), compression=compression,
+                                   pull_during_backward=config.get("pull_during_backward"))
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     for t in range(config["steps"]):
         opt.zero_grad()
@@ -502,6 +504,19 @@ def case_cuda():
                 check(diff <= 1e-5, f"{optimizer} mode on CUDA: learner {rank} differs by {diff:g}")
             print(f"cuda {optimizer} mode: 2 learners, bsp, equal to the CPU reference")
         with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
+    # Async, one learner: each bucket's weights come back while backward
+    # goes on (copied to the GPU behind that bucket's own gradient event),
+    # or after step(); the next forward waits by layer. Either way the
+    # weights of the single-process reference.
+    for during in (True, False):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": "cuda",
+                      "pull_during_backward": during}
+            diff = float(np.max(np.abs(np.asarray(server.run_learners(config, 1)[0]["weights"], np.float32)
+                                       - reference(1, steps, lr))))
+            check(diff <= 1e-5, f"async on CUDA, pull_during_backward={during}: differs by {diff:g}")
+            print(f"cuda async, pull_during_backward={during}: 1 learner, equal to the CPU reference")
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
     # A bfloat16 wire: narrowed and widened on the GPU, a piece of 300 values
     # at a time, against the same learners on the CPU (torch's rounding on
     # both; the gradients differ by the devices' arithmetic only).
