@@ -36,10 +36,14 @@ def parser():
     return p
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (kill PID, timeout(1), a process group's end): unwinds as
+    Ctrl-C does, so that a start stopped half-way stops what it started,
+    and exits 143 (128 + SIGTERM) where Ctrl-C exits 130."""
+
+
 def _terminated(*_):
-    """SIGTERM (kill PID, timeout(1), a process group's end) unwinds as
-    Ctrl-C does, so that a start stopped half-way stops what it started."""
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def main(argv=None):
@@ -56,8 +60,8 @@ def main(argv=None):
         return 0
     except OSError as e:  # libblkps's messages start with "blkps: " too
         return report(UserError(command, (e.strerror or str(e)).removeprefix("blkps: ")))
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
 
 if __name__ == "__main__":
     sys.exit(main())
