@@ -44,7 +44,7 @@ TOP = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 # scripts/blkps runs) may lack what the CLI's subcommands load.
 BLKPS = [sys.executable, os.path.join(TOP, "scripts", "blkps_cli", "__main__.py")]
 sys.path.insert(0, os.path.join(TOP, "learner", "python"))
-CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skipped", "layout", "cuda"]
+CHECK_CASES = ["wire-patterns", "staging", "pipeline", "overlap-server", "skipped", "layout", "cuda", "cuda-async"]
 SKIP = 77
 LR = 0.01
 MODELS = {"resnet50": 128, "gpt2": 16}  # model: batch

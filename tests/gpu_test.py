@@ -25,9 +25,10 @@ Cases:
                  buffers (and the fingerprint says so); 2 learners equal the
                  single-process reference.
   cuda           gradient and delta mode on a CUDA model equal a CPU
-                 single-process reference (2 learners, bsp), and so does
-                 async with 1 learner pulling during backward or after
-                 step(); exits 77 (skipped) without a CUDA device.
+                 single-process reference (2 learners, bsp); exits 77
+                 (skipped) without a CUDA device.
+  cuda-async     async with 1 learner on CUDA, pulling during backward or
+                 after step(), equals the reference; 77 without CUDA.
   bench          bench/gpu.sh's whole measurement on the CPU (--device cpu,
                  ResNet-50 at batch 2, 2 shards): a record per run with
                  every field, learners that exchanged every step, no shard
@@ -487,11 +488,15 @@ def case_layout():
     with_server(f"params={n};rule=sgd;lr={lr};mode=bsp", 2, body)
 
 
-def case_cuda():
+def needs_cuda():
     if not torch.cuda.is_available():
         print("skipped: no CUDA device (torch.cuda.is_available() is False); bench/gpu.sh --check runs this "
               "on a GPU host")
         sys.exit(SKIP)
+
+
+def case_cuda():
+    needs_cuda()
     lr, steps = 0.1, 6
     count = bps.param_count(mlp(0))
     for optimizer, rule in (("gradient", "sgd"), ("delta", "sum")):
@@ -504,19 +509,6 @@ def case_cuda():
                 check(diff <= 1e-5, f"{optimizer} mode on CUDA: learner {rank} differs by {diff:g}")
             print(f"cuda {optimizer} mode: 2 learners, bsp, equal to the CPU reference")
         with_server(f"params={count};rule={rule};lr={lr};mode=bsp", 2, body)
-    # Async, one learner: each bucket's weights come back while backward
-    # goes on (copied to the GPU behind that bucket's own gradient event),
-    # or after step(); the next forward waits by layer. Either way the
-    # weights of the single-process reference.
-    for during in (True, False):
-        def body(server):
-            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": "cuda",
-                      "pull_during_backward": during}
-            diff = float(np.max(np.abs(np.asarray(server.run_learners(config, 1)[0]["weights"], np.float32)
-                                       - reference(1, steps, lr))))
-            check(diff <= 1e-5, f"async on CUDA, pull_during_backward={during}: differs by {diff:g}")
-            print(f"cuda async, pull_during_backward={during}: 1 learner, equal to the CPU reference")
-        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
     # A bfloat16 wire: narrowed and widened on the GPU, a piece of 300 values
     # at a time, against the same learners on the CPU (torch's rounding on
     # both; the gradients differ by the devices' arithmetic only).
@@ -530,6 +522,25 @@ def case_cuda():
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(runs["cpu"], runs["cuda"]))
     check(diff <= 2e-2, f"bfloat16 wire on CUDA differs from the CPU by {diff:g}")
     print(f"cuda bfloat16 wire: 2 learners, bsp, within {diff:g} of the same run on the CPU")
+
+
+def case_cuda_async():
+    """Async, one learner, on CUDA: each bucket's weights come back while
+    backward goes on (copied to the GPU behind that bucket's own gradient
+    event), or after step(); the next forward waits by layer. Either way
+    the weights of the single-process reference."""
+    needs_cuda()
+    lr, steps = 0.1, 6
+    count = bps.param_count(mlp(0))
+    for during in (True, False):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": "cuda",
+                      "pull_during_backward": during}
+            diff = float(np.max(np.abs(np.asarray(server.run_learners(config, 1)[0]["weights"], np.float32)
+                                       - reference(1, steps, lr))))
+            check(diff <= 1e-5, f"async on CUDA, pull_during_backward={during}: differs by {diff:g}")
+            print(f"cuda async, pull_during_backward={during}: 1 learner, equal to the CPU reference")
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
 
 
 def case_bench():
@@ -599,6 +610,7 @@ CASES = {
     "overlap-server": case_overlap_server,
     "layout": case_layout,
     "cuda": case_cuda,
+    "cuda-async": case_cuda_async,
     "bench": case_bench,
 }
 
