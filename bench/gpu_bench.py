@@ -221,8 +221,8 @@ def sync(torch, device):
 
 def transfers_alone(cfg):
     """The transfers alone, no GPU: the whole model pushed, pulled and
-    exchanged as one call each, then pushed and pulled a bucket per call
-    (blkps.torch's default bucket), through the layout's first learner LUN
+    exchanged as one call each, then pushed, pulled and exchanged a bucket
+    per call (blkps.torch's default bucket), through the layout's first learner LUN
     in its wire type (16-bit as is, as blkps.torch sends it); the mean ms of
     cfg["reps"] of each. Prints one JSON line."""
     import numpy as np
@@ -239,7 +239,9 @@ def transfers_alone(cfg):
         calls = {"push": lambda: push(0, grad), "pull": lambda: pull(0, into),
                  "exchange": lambda: exchange(0, grad, into),
                  "bucket_push": lambda: [push(f, grad[f:f + bucket]) for f in range(0, n, bucket)],
-                 "bucket_pull": lambda: [pull(f, into[f:f + bucket]) for f in range(0, n, bucket)]}
+                 "bucket_pull": lambda: [pull(f, into[f:f + bucket]) for f in range(0, n, bucket)],
+                 "bucket_exchange": lambda: [exchange(f, grad[f:f + bucket], into[f:f + bucket])
+                                             for f in range(0, n, bucket)]}
         spent = {}
         for name, call in calls.items():
             call()  # warm
@@ -387,11 +389,11 @@ def write(out, rows):
         if alone:
             f.write("\nThe transfers alone (no GPU, one learner, the same shards), ms: the whole model as one "
                     "call, then one of blkps.torch's default buckets (1,048,576 parameters) per call.\n\n| model | wire | push | pull | exchange | "
-                    "push by bucket | pull by bucket |\n|---|---|---|---|---|---|---|\n")
+                    "push by bucket | pull by bucket | exchange by bucket |\n|---|---|---|---|---|---|---|---|\n")
             for r in alone:
                 a = r["transfers_alone_ms"]
                 f.write(f"| {r['model']} | {r['wire_dtype']} | {a['push']} | {a['pull']} | {a['exchange']} | "
-                        f"{a['bucket_push']} | {a['bucket_pull']} |\n")
+                        f"{a['bucket_push']} | {a['bucket_pull']} | {a.get('bucket_exchange', '–')} |\n")
 
 
 def check(args):
