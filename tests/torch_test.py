@@ -77,12 +77,39 @@ def reference(model_name, learners, steps, lr):
 
 # ---- the learner process ----
 
+def late_stamps():
+    """The learners start together; root builds its optimizer half a second
+    later, and the others, which have read the model's tag before that (none
+    yet), stamp it two seconds after: after root's broadcast mark, unless
+    root waits for every learner before it marks."""
+    bps.barrier()
+    if bps.rank() == 0:
+        time.sleep(0.5)
+        return
+    check_device = bps._check_device
+
+    def stamp_late(layout, device, ctl, *args):
+        command = ctl.command
+
+        def slow(*lines):
+            time.sleep(2.0)
+            return command(*lines)
+        ctl.command = slow
+        try:
+            return check_device(layout, device, ctl, *args)
+        finally:
+            del ctl.command
+    bps._check_device = stamp_late
+
+
 def learner(config):
     """Trains as rank $RANK; prints one JSON line of what it saw."""
     bps.init()
     model = MODELS[config["model"]](config["seed"] + bps.rank())  # root's seed is config's
     local = (torch.optim.SGD(model.parameters(), lr=config["lr"])
              if config["optimizer"] == "delta" else None)
+    if config.get("late_stamps"):
+        late_stamps()
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
@@ -364,7 +391,7 @@ def case_broadcast():
 
     def body(server):
         config = {"model": "mlp", "optimizer": "gradient", "lr": 0.1, "steps": 0, "seed": 5,
-                  "report_initial": True}
+                  "report_initial": True, "late_stamps": True}
         reports = server.run_learners(config, 3)
         root = np.asarray(reports[0]["initial"], np.float32)
         check(not np.array_equal(np.asarray(reports[1]["initial"], np.float32), root),

@@ -1020,6 +1020,13 @@ class _DistributedOptimizer:
                              "(init(control=...) or BLKPS_CONTROL)")
         self._wait_idle()
         tag = _TAG_PREFIX + self.layout.fingerprint
+        if job.size > 1:
+            # Every learner has stamped the model's tag (_check_device, when
+            # it found none) before root marks it: a stamp read before
+            # root's and written after its mark would clear the mark. The
+            # fingerprint is in the label, so learners of different models
+            # fail here naming both.
+            _exchange().exchange(f"broadcast_parameters:{tag}:root{root_rank}", b"")
         if job.rank == root_rank:
             flat = self.weights.detach().to("cpu", copy=True)
             with torch.no_grad():
@@ -1030,9 +1037,8 @@ class _DistributedOptimizer:
             self._ctl.command(f"tag={tag}{_BROADCAST_MARK}")
         if job.size > 1:
             # Root has written the weights before it joins: after this round
-            # every learner reads them (the fingerprint is in the label, so
-            # learners of different models fail here naming both).
-            _exchange().exchange(f"broadcast_parameters:{tag}:root{root_rank}", b"")
+            # every learner reads them.
+            _exchange().exchange(f"broadcast_parameters:{tag}:written", b"")
             seen = self._ctl.status().get("tag", "")
             if seen != tag + _BROADCAST_MARK:
                 raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
@@ -1135,10 +1141,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
 def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
     """Every learner gets root_rank's values of `params`
     (model.state_dict() or model.named_parameters()), before or after
-    DistributedOptimizer. After it: root writes the model's parameters
-    through the control LUN and marks the model's tag; once every learner
-    has joined (a collective round) they all pull them, and return once
-    all have (a second round): the server and every learner hold root's
+    DistributedOptimizer. After it: once every learner has joined (a
+    collective round), root writes the model's parameters through the
+    control LUN and marks the model's tag; after a second round they all
+    pull them, and return once all have (a third): the server and every learner hold root's
     weights, even in async, where the first pushes follow at once. Before
     it: every tensor of `params` (buffers too) is broadcast through the
     collectives, and the server gets root's parameters when
