@@ -1144,14 +1144,14 @@ def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
     DistributedOptimizer. After it: once every learner has joined (a
     collective round), root writes the model's parameters through the
     control LUN and marks the model's tag; after a second round they all
-    pull them, and return once all have (a third): the server and every learner hold root's
-    weights, even in async, where the first pushes follow at once. Before
-    it: every tensor of `params` (buffers too) is broadcast through the
-    collectives, and the server gets root's parameters when
-    DistributedOptimizer is created. Afterwards,
-    entries that are not the model's parameters (buffers) are broadcast
-    through the collectives too (as Horovod does). timeout_s bounds the
-    wait for the others."""
+    pull them, and return once all have (a third): the server and every
+    learner hold root's weights, even in async, where the first pushes
+    follow at once. Before it: every tensor of `params` (buffers too) is
+    broadcast through the collectives, and the server gets root's
+    parameters when DistributedOptimizer is created. Afterwards, entries
+    that are not the model's parameters (buffers) are broadcast through the
+    collectives too (as Horovod does). timeout_s bounds the wait for the
+    others."""
     global _pending_broadcast
     items = list(params.items() if hasattr(params, "items") else params)
     if _optimizer is None:
