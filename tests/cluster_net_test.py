@@ -108,6 +108,7 @@ def rates_and_targets():
             if "such as 1gbit" not in str(e):
                 fail(f"'{bad}': the error does not say what is expected: {e}")
     sys.path.insert(0, os.path.join(top, "scripts"))
+    import results  # noqa: E402  (bench/cluster/results.py)
     import run  # noqa: E402  (bench/cluster/run.py)
     samples = [(1.0, 6.0), (2.0, 4.0), (3.0, 2.0), (4.0, 2.0), (5.0, 1.0)]
     if run.time_to_loss(samples, 3.0, 2) != 3.0:
@@ -116,9 +117,9 @@ def rates_and_targets():
         fail("time_to_loss: a target never reached gave a time")
     # Learner 1 starts half a push late: of the 3 s the two overlap, 2 s in the same phase.
     spans = [(0, "push", 0.0, 2.0), (0, "pull", 2.0, 4.0), (1, "push", 1.0, 3.0), (1, "pull", 3.0, 5.0)]
-    if abs(run.phase_alignment(spans) - 2 / 3) > 1e-9:
-        fail(f"phase_alignment: expected 2/3 for learners half a phase apart, got {run.phase_alignment(spans)}")
-    if run.phase_alignment(spans[:2] + [(1, "push", 0.0, 2.0), (1, "pull", 2.0, 4.0)]) != 1.0:
+    if abs(results.phase_alignment(spans) - 2 / 3) > 1e-9:
+        fail(f"phase_alignment: expected 2/3 for learners half a phase apart, got {results.phase_alignment(spans)}")
+    if results.phase_alignment(spans[:2] + [(1, "push", 0.0, 2.0), (1, "pull", 2.0, 4.0)]) != 1.0:
         fail("phase_alignment: learners in step did not give 1.0")
 
 

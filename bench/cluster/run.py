@@ -70,6 +70,7 @@ from blkps_cli import shards, state, tools  # noqa: E402
 from net import Cluster, link_bits_per_s  # noqa: E402
 
 import report  # noqa: E402
+import results  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 BLKPS = os.path.join(TOP, "scripts", "blkps")
@@ -165,28 +166,10 @@ class Runner:
                 "iterations": self.args.iterations, "warmup": self.args.warmup, **cpu}
 
     def read_results(self, tag, processes):
-        """(every timed exchange's seconds, the processes' mean CPU ms per
-        timed exchange) from the result files tag.K.json."""
-        times, cpu, phases, late, spans = [], [], {"push": [], "pull": []}, [], []
-        for k in range(processes):
-            with open(self.out(tag, f"{k}.json")) as f:
-                result = json.load(f)
-            times += result["times"]
-            cpu.append(result["cpu"])
-            late.append(result.get("late_s", 0.0))
-            for phase, seconds in phases.items():
-                seconds += result.get(f"{phase}_times", [])
-            for start, push, pull in zip(result.get("starts", []), result["push_times"], result["pull_times"]):
-                spans += [(k, "push", start, start + push), (k, "pull", start + push, start + push + pull)]
-        out = {"cpu_ms_per_exchange": 1e3 * statistics.mean(cpu) / self.args.iterations}
-        if max(late) > 0:  # a blkps learner opened after the common start: its opening is in the counters
-            out["late_start_s"] = max(late)
-        for phase, seconds in phases.items():  # blkps's exchanges: a push, then a pull
-            if seconds:
-                out[f"ms_per_{phase}"] = 1e3 * statistics.median(seconds)
-        if spans:
-            out["phase_alignment"] = phase_alignment(spans)
-        return times, out
+        """(every timed exchange's seconds, figures) from the ranks' result
+        files tag.K.json (results.exchanges)."""
+        return results.exchanges([results.load(self.out(tag, f"{k}.json")) for k in range(processes)],
+                                 self.args.iterations)
 
     def common(self, params):
         return ["--params", str(params), "--iterations", str(self.args.iterations),
@@ -354,20 +337,12 @@ class Runner:
                         for h, f in zip(server_hosts, folders)]
             finally:
                 self.stop_targets()
-        results = []
-        for slot in range(hosts):
-            with open(self.out(tag, f"{slot}.json")) as f:
-                results.append(json.load(f))
+        learner_results = [results.load(self.out(tag, f"{slot}.json")) for slot in range(hosts)]
         return {"rows": rows, "width": width, "table_bytes": rows * width * 4, "memory": a.table_memory,
                 "servers": servers, "learners": hosts, "stripe_unit": unit, "link": a.link,
                 "batches": a.table_batches, "batch": a.table_batch, "one_server_refused": refusal,
                 "shard_tables": made, **json.loads(checked.stdout),
-                # each learner's rate over its own seconds, summed: the learners ran at once
-                "pull_ids_per_s": sum(r["ids"] / r["pull_s"] for r in results),
-                "push_ids_per_s": sum(r["ids"] / r["push_s"] for r in results),
-                "pull_rows_per_s": sum(r["distinct"] / r["pull_s"] for r in results),
-                "push_rows_per_s": sum(r["distinct"] / r["push_s"] for r in results),
-                "learner_results": results, "load": os.getloadavg()[0]}
+                **results.rows(learner_results), "learner_results": learner_results, "load": os.getloadavg()[0]}
 
     # --- training -------------------------------------------------------------
 
@@ -403,17 +378,12 @@ class Runner:
                 self.wait_all(procs, tag, tag)
             finally:
                 self.stop_targets()
-        results = []
-        for h in range(hosts):
-            with open(self.out(tag, f"{h}.json")) as f:
-                results.append(json.load(f))
-        base = min(r["start"] for r in results)
-        samples = sorted((r["start"] - base + t, loss) for r in results for t, loss in zip(r["times"], r["losses"]))
+        samples, seconds = results.training([results.load(self.out(tag, f"{h}.json")) for h in range(hosts)])
         return {"system": system, "placement": "co-located" if system.startswith("blkps") else "peer-to-peer",
                 "hosts": hosts, "link": a.link, "params": params, "dtype": dtype,
                 "drop_ratio": a.drop_ratio if system.endswith("-drop") else 0.0, "straggler": straggler,
                 "target_loss": a.target_loss, "seconds_to_target": time_to_loss(samples, a.target_loss, 5 * hosts),
-                "seconds": max(r["start"] - base + r["seconds"] for r in results),
+                "seconds": seconds,
                 "iterations": a.train_iterations, "final_loss": statistics.mean(l for _, l in samples[-5 * hosts:])}
 
     # --- peers ---------------------------------------------------------------------
@@ -444,10 +414,7 @@ class Runner:
         with open(self.out(tag, "json"), "w") as out:
             p = cluster.popen(0, argv, env=env, stdout=out, stderr=open(self.out(tag, "err"), "w"))
             self.wait_all([p], case.name, tag)
-        with open(self.out(tag, "json")) as f:
-            result = json.load(f)
-        return ([t for rank in result["times"] for t in rank],
-                {"cpu_ms_per_exchange": 1e3 * statistics.mean(result["cpu"]) / self.args.iterations})
+        return results.mpi(results.load(self.out(tag, "json")), self.args.iterations)
 
     def run_ddp(self, cluster, case, hosts, params, tag):
         init = f"tcp://{cluster.address(0)}:{DDP_PORT}"
@@ -506,27 +473,6 @@ def time_to_loss(samples, target, window):
         if statistics.mean(loss for _, loss in samples[i - window:i]) <= target:
             return samples[i - 1][0]
     return None
-
-
-def phase_alignment(spans):
-    """Of the time the learners spent in their phases while another learner
-    was in one too, the share in which both were in the same phase (both
-    pushing or both pulling). spans: (learner, "push"|"pull", start, end) in
-    wall-clock seconds. 1.0: the learners moved in step, so a push had every
-    link's both directions to itself (each host's uplink sends its learner's
-    push, its downlink takes its shard's pushes); lower: a learner pushed while
-    another pulled, and a host's link carried both in one direction while
-    the other direction idled (doc/data-path.md "Phases at link rate")."""
-    same = other = 0.0
-    for k, phase, start, end in spans:
-        for k2, phase2, start2, end2 in spans:
-            overlap = min(end, end2) - max(start, start2)
-            if k2 != k and overlap > 0:
-                if phase2 == phase:
-                    same += overlap
-                else:
-                    other += overlap
-    return same / (same + other) if same + other > 0 else 1.0
 
 
 def cpu_seconds(pid):
