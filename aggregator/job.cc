@@ -23,11 +23,31 @@ Status CheckTableJob(const JobOptions& opts) {
   return Status::OK();
 }
 
+namespace {
+
+// The model's options as the job's mode needs them: bsp sums a round in an
+// accumulator.
+ModelOptions ModelOptionsOf(const JobOptions& opts) {
+  ModelOptions model = opts.model;
+  model.accumulator = opts.consistency.mode == ConsistencyMode::kBsp;
+  return model;
+}
+
+}  // namespace
+
+Status Job::MemoryBytes(const JobOptions& opts, uint64_t* out) {
+  std::unique_ptr<UpdateRule> rule;
+  Status s = MakeUpdateRule(opts.model.rule, 0, &rule);
+  if (!s.ok()) return s;
+  *out = Model::MemoryBytes(ModelOptionsOf(opts), *rule);
+  return Status::OK();
+}
+
 Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out) {
   Status s = CheckTableJob(opts);
   if (!s.ok()) return s;
   JobOptions o = opts;
-  o.model.accumulator = o.consistency.mode == ConsistencyMode::kBsp;
+  o.model = ModelOptionsOf(opts);
   // A checkpoint replaces every weight: initialising them first would only
   // double the start (LoadCheckpoint fails Create if it cannot load it).
   CheckpointHeader existing;

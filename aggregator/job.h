@@ -132,6 +132,12 @@ class Job {
   // limit hit, checkpoint written). On failure returns non-OK with a one-line
   // reason and leaves *out untouched.
   static Status Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out);
+
+  // Bytes of memory the model of a job with `opts` needs (Model::MemoryBytes
+  // with the mode's accumulator): what Create() checks against the available
+  // memory. Tools ask it for co-located shards, which share one host's
+  // memory (blkps-bsopts). Non-OK with the reason for an unknown rule.
+  static Status MemoryBytes(const JobOptions& opts, uint64_t* out);
   ~Job();
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;

@@ -15,18 +15,6 @@ namespace {
 
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
-// MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
-uint64_t AvailableMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
 // Index of the first non-finite float in g[0..n), or n if all are finite.
@@ -83,6 +71,17 @@ void ForEachFloatPiece(wire::Dtype values, const void* src, uint64_t at, uint64_
 }
 
 }  // namespace
+
+uint64_t AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
 
 uint64_t Model::MemoryBytes(const ModelOptions& opts, const UpdateRule& rule) {
   const uint64_t accumulator = opts.accumulator ? sizeof(float) : 0;

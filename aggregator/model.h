@@ -93,6 +93,11 @@ struct ModelOptions {
                              // a round's gradients
 };
 
+// The host's available memory (MemAvailable from /proc/meminfo) in bytes,
+// or 0 if unknown: the bound of the memory check at Model::Create() unless
+// memory= gives one.
+uint64_t AvailableMemoryBytes();
+
 class Model {
  public:
   // Creates and initialises a model. On failure returns non-OK with a

@@ -6,11 +6,16 @@
 // On success prints one JSON object on stdout and exits 0:
 //   {"control": false, "params": 1000, "block_bytes": 1048576,
 //    "table_rows": 0, "table_width": 0,
-//    "dtype": "float32", "options": [["params", "1000"], ["lr", "0.1"]]}
+//    "dtype": "float32", "memory_bytes": 4000, "memory_available_bytes": ...,
+//    "options": [["params", "1000"], ["lr", "0.1"]]}
 // table_rows and table_width are a table's shape (table=ROWS:WIDTH), 0 for a
 // dense model.
 // `options` are the pairs as given (SplitLuOptions), for a tool that rewrites
-// some of them (blkps shards gives each shard its part). On failure prints
+// some of them (blkps shards gives each shard its part). memory_bytes is
+// what the model needs (Job::MemoryBytes) and memory_available_bytes the
+// host's available memory now (0 if unknown): co-located shards share it,
+// so blkps shards checks their sum before starting any (a control LUN's
+// are 0). On failure prints
 // "blkps: --bsopts: <reason>" on stderr, one line, and exits 1.
 
 #include <cstdio>
@@ -51,6 +56,8 @@ int main(int argc, char** argv) {
   blkps::server::LuOptionPairs pairs;
   blkps::server::Status s = blkps::server::ParseLuOptions(bsopts, &options);
   if (s.ok()) s = blkps::server::SplitLuOptions(bsopts, &pairs);
+  uint64_t memory = 0;
+  if (s.ok() && !options.control) s = blkps::server::Job::MemoryBytes(options.job, &memory);
   if (!s.ok()) {
     std::fprintf(stderr, "blkps: --bsopts: %s\n", s.message().c_str());
     return 1;
@@ -60,7 +67,9 @@ int main(int argc, char** argv) {
                     ", \"block_bytes\": " + std::to_string(options.job.model.block_bytes) +
                     ", \"table_rows\": " + std::to_string(options.job.model.table.rows) +
                     ", \"table_width\": " + std::to_string(options.job.model.table.width) +
-                    ", \"dtype\": " + JsonString(blkps::wire::DtypeName(options.dtype)) + ", \"options\": [";
+                    ", \"dtype\": " + JsonString(blkps::wire::DtypeName(options.dtype)) +
+                    ", \"memory_bytes\": " + std::to_string(memory) + ", \"memory_available_bytes\": " +
+                    std::to_string(options.control ? 0 : blkps::server::AvailableMemoryBytes()) + ", \"options\": [";
   for (size_t i = 0; i < pairs.size(); ++i) {
     out += (i ? ", [" : "[") + JsonString(pairs[i].first) + ", " + JsonString(pairs[i].second) + "]";
   }

@@ -6,9 +6,12 @@ happened first, labelled output, and the trips a new user reported (issue
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
-no-numpy, no-python3. Cases that start their
-own tgtd (label integration): start-labels-urls, set-shows-reason,
-model-too-large, owner-pid-watchdog, folder-with-space, status-shows-stale-pushes.
+no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused.
+Cases that start their own tgtd (label
+integration): start-labels-urls, set-shows-reason, model-too-large,
+owner-pid-watchdog, folder-with-space, status-shows-stale-pushes,
+concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
+colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys.
 """
 import io
 import os
@@ -484,6 +487,139 @@ def test_status_shows_stale_pushes():
         told = [line for line in out.splitlines() if line.startswith("learner at LUN")]
         if len(told) != 1 or not told[0].startswith("learner at LUN 1: 1 pushes more than the stale bound of 2"):
             fail(f"expected one line about LUN 1:\n{out}")
+
+
+# --- one job on one host (issue 35, item 4) -------------------------------------
+
+def tgtds_of(folder):
+    """The pids of the tgtds whose control socket lies under `folder`,
+    found by their environment: what is left running, whatever state
+    files say."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if comm == "tgtd" and running(int(entry)) and any(
+                v.startswith(b"TGT_IPC_SOCKET=" + folder.encode() + b"/") for v in env):
+            pids.append(int(entry))
+    return pids
+
+
+def concurrent_starts(tgtds, starts=6):
+    # Several starts on one --dir at once: one serves, each other is refused
+    # in one line, and after stop no tgtd of any is left. (Whether they
+    # overlap is up to the scheduler; without the lock they often all
+    # passed the "already running" check and each started tgtds.)
+    folder = target_dir()
+    argv = [BLKPS, "target", "start", "--dir", folder, "--plugin", PLUGIN, "--owner-pid", str(os.getpid()),
+            "--tgtd", str(tgtds), "--bsopts", "params=1000000"]
+    try:
+        procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for _ in range(starts)]
+        results = [(p.wait(), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stderr.close()
+        refusals = [err for rc, err in results if rc != 0]
+        if len(refusals) != starts - 1:
+            fail(f"expected one of {starts} starts to serve, got {results}")
+        for err in refusals:
+            lines = err.splitlines()
+            if len(lines) != 1 or not lines[0].startswith("blkps: target start: "):
+                fail(f"a refused start did not say why in one line: {err!r}")
+        if len(tgtds_of(folder)) != tgtds:
+            fail(f"{len(tgtds_of(folder))} tgtds run for one job of --tgtd {tgtds}")
+    finally:
+        blkps("target", "stop", "--dir", folder)
+        left = tgtds_of(folder)
+        subprocess.run(["rm", "-rf", folder])
+    if left:
+        fail(f"tgtds {left} outlived target stop")
+
+
+def test_concurrent_starts_one_serves():
+    concurrent_starts(1)
+
+
+def test_concurrent_scaled_starts_one_serves():
+    concurrent_starts(2)
+
+
+def available_memory():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def test_colocated_shards_share_memory():
+    # A model that one tgtd refuses (1.5 x the available memory) is refused
+    # for 2 co-located tgtds too, though each half would fit alone.
+    params = available_memory() * 3 // 2 // 4
+    with Target(f"params={params};rule=sgd", "--tgtd", "2") as t:
+        lines = t.err.splitlines()
+        if t.rc == 0 or len(lines) != 1:
+            fail(f"expected one line, got exit {t.rc}: {t.err}")
+        if not lines[0].startswith("blkps: target start: params: 2 co-located tgtds of a model of "
+                                   f"{params} parameters need "):
+            fail(f"the line does not say the shards share the host's memory: {lines[0]}")
+        if tgtds_of(t.dir):
+            fail(f"tgtds {tgtds_of(t.dir)} left running")
+
+
+def test_tgtd_above_cores_refused():
+    cores = len(os.sched_getaffinity(0))
+    with Target("params=10000000", "--tgtd", str(cores + 1)) as t:
+        lines = t.err.splitlines()
+        if t.rc == 0 or len(lines) != 1 or not lines[0].startswith(f"blkps: --tgtd: {cores + 1} tgtds on {cores} "
+                                                                     "cores"):
+            fail(f"expected one line refusing --tgtd {cores + 1}, got exit {t.rc}: {t.err}")
+        if tgtds_of(t.dir):
+            fail(f"tgtds {tgtds_of(t.dir)} left running")
+
+
+def test_tgtd_above_stripe_units_refused():
+    # 100 parameters fill one stripe unit of the least size (1024 bytes).
+    with Target("params=100", "--tgtd", "2") as t:
+        lines = t.err.splitlines()
+        if t.rc == 0 or len(lines) != 1 or not lines[0].startswith("blkps: --tgtd: a model of 100 parameters fills "
+                                                                     "fewer than 2 stripe units"):
+            fail(f"expected one line refusing --tgtd 2, got exit {t.rc}: {t.err}")
+
+
+def test_scaled_operator_keys():
+    # --operator over 2 tgtds: OPERATOR_URL and OPERATOR_CHAP_FILE name each
+    # shard's, shard 0 first, and show labels them by shard.
+    with Target("params=1000000", "--tgtd", "2", "--operator") as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        rc, out, err = blkps("target", "show", "--dir", t.dir, "--get", "OPERATOR_URL", "--get", "OPERATOR_CHAP_FILE")
+        lines = out.splitlines()
+        if rc != 0 or len(lines) != 2:
+            fail(f"show --get: exit {rc}: {out!r} {err!r}")
+        urls, files = lines[0].split(), lines[1].split()
+        if len(urls) != 2 or not all(re.match(r"iscsi://127\.0\.0\.1:\d+/iqn\.\S+\.operator/\d+$", u) for u in urls):
+            fail(f"OPERATOR_URL should name 2 operator LUNs: {lines[0]!r}")
+        if files != [os.path.join(t.dir, f"shard-{k}", "operator.chap") for k in range(2)] or \
+                not all(os.path.isfile(f) for f in files):
+            fail(f"OPERATOR_CHAP_FILE should name each shard's file: {lines[1]!r}")
+        _, shown, _ = blkps("target", "show", "--dir", t.dir)
+        if f"operator shard 1: {urls[1]} (CHAP: {files[1]})" not in shown.splitlines():
+            fail(f"show does not label shard 1's operator target:\n{shown}")
+
+
+def test_scaled_error_names_option():
+    # A shard's refusal of an option names the option, as one tgtd's does.
+    folder = target_dir()
+    try:
+        expect_one_line_error(["target", "start", "--dir", folder, "--plugin", PLUGIN, "--tgtd", "2",
+                               "--allow", "garbage", "--bsopts", "params=1000000"],
+                              "blkps: target start: shard 0: --allow: expected an address")
+    finally:
+        blkps("target", "stop", "--dir", folder)
+        subprocess.run(["rm", "-rf", folder])
 
 
 test = globals().get("test_" + case.replace("-", "_"))

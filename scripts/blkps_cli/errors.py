@@ -11,7 +11,8 @@ class UserError(Exception):
     do about it (optional)."""
 
     def __init__(self, what, why, remedy=None, status=1):
-        super().__init__((f"{what}: " if what else "") + why + (f"; {remedy}" if remedy else ""))
+        self.what, self.detail = what, why + (f"; {remedy}" if remedy else "")
+        super().__init__((f"{what}: " if what else "") + self.detail)
         self.status = status
 
     def line(self):

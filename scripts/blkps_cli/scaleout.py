@@ -8,10 +8,16 @@ instead of LUNs:
   CONTROL_URL   layout:DIR/slot-1.layout: the whole job's control
                 (blkps.control.open_control, blkps status --control)
   CONTROL_URLS  each shard's control LUN, shard 0 first
+  OPERATOR_URL, OPERATOR_CHAP_FILE  with --operator: each shard's operator
+                control LUN and its CHAP file, shard 0 first; else empty
   TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS, ALLOW, TRANSPORT
 
 and DIR/shards.env is `blkps shards`' own, so that status, set and stop
 reach every shard.
+
+The shards share the host: their models' memory together is checked
+against the host's available memory before any starts (shards.py), and an
+explicit --tgtd above the cores or the model's stripe units is refused.
 
 How many: auto is one tgtd per two cores, at most 8 (measured: 8 tgtds gave
 one learner 14.0 GB/s on a 16-core host against 3.5 through one; on a
@@ -32,10 +38,15 @@ MAX_AUTO_TGTDS = 8
 STRIPE_UNIT = 1 << 20  # the unit the GPU host's figures were measured with
 
 
+def host_cores():
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
 def host_tgtds():
     """--tgtd auto's count before the model is looked at: one per two cores
     this process may run on, at least 1, at most MAX_AUTO_TGTDS."""
-    return max(1, min(len(os.sched_getaffinity(0)) // 2, MAX_AUTO_TGTDS))
+    return max(1, min(host_cores() // 2, MAX_AUTO_TGTDS))
 
 
 def single_tgtd_features(a, model):
@@ -80,6 +91,10 @@ def tgtds_for(a, model):
         return max(1, min(host_tgtds(), -(-model["params"] * 4 // stripe_unit(model, 1))))
     if a.tgtd > 1 and single:
         raise UserError("--tgtd", f"{a.tgtd} tgtds cannot serve {single[0]}", "give --tgtd 1 (or leave --tgtd out)")
+    if a.tgtd > host_cores():
+        raise UserError("--tgtd", f"{a.tgtd} tgtds on {host_cores()} cores: each tgtd's data path runs on one "
+                        "thread, and more than the cores would only take turns",
+                        f"give at most --tgtd {host_cores()} (or leave --tgtd out)")
     if saved is not None and saved != a.tgtd:
         raise UserError("--tgtd", f"the checkpoint {dict(model['options'])['checkpoint']} was written by {saved} "
                         f"tgtd(s), not {a.tgtd}", f"give --tgtd {saved} (or leave --tgtd out)")
@@ -111,7 +126,8 @@ def start(a, model, tgtds):
     try:
         values = {"URL": "layout:" + layouts[0], "URLS": ["layout:" + p for p in layouts],
                   "CONTROL_URL": "layout:" + layouts[0], "CONTROL_URLS": [env["CONTROL_URL"] for env in envs],
-                  "NULL_URL": "", "RDWR_URL": "", "OPERATOR_URL": "", "OPERATOR_CHAP_FILE": "",
+                  "NULL_URL": "", "RDWR_URL": "", "OPERATOR_URL": [env["OPERATOR_URL"] for env in envs],
+                  "OPERATOR_CHAP_FILE": [env["OPERATOR_CHAP_FILE"] for env in envs],
                   "ALLOW": envs[0]["ALLOW"], "TRANSPORT": a.transport, "TGTD": tgtds, "STRIPE_UNIT": unit,
                   "SHARD_DIRS": [os.path.join(folder, f"shard-{k}") for k in range(tgtds)],
                   "PIDS": [env["PID"] for env in envs]}
@@ -136,6 +152,9 @@ def dead_tgtds(env):
 
 
 def labelled_urls(env):
-    """target.labelled_urls, then each shard's control LUN."""
-    return target.labelled_urls(env) + [f"control shard {k}: {url}"
-                                        for k, url in enumerate(env["CONTROL_URLS"].split())]
+    """target.labelled_urls, then each shard's control LUN, and with
+    --operator each shard's operator target."""
+    operators = zip(env.get("OPERATOR_URL", "").split(), env.get("OPERATOR_CHAP_FILE", "").split())
+    return (target.labelled_urls(dict(env, OPERATOR_URL="")) +
+            [f"control shard {k}: {url}" for k, url in enumerate(env["CONTROL_URLS"].split())] +
+            [f"operator shard {k}: {url} (CHAP: {path})" for k, (url, path) in enumerate(operators)])

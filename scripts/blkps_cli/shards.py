@@ -91,6 +91,8 @@ def start(a, what="shards start", name="shard", model=None):
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
                             f"stop it first: blkps shards stop --dir {a.dir}")
     dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
+    bsopts = [shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block) for k, d in enumerate(dirs)]
+    check_host_memory(what, params, bsopts)
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     try:
@@ -102,7 +104,7 @@ def start(a, what="shards start", name="shard", model=None):
         envs = []
         for k, d in enumerate(dirs):
             argv = ["--dir", d, "--name", f"{name}-{k}", "--luns", str(a.luns), "--address", a.address,
-                    "--bsopts", shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block)]
+                    "--bsopts", bsopts[k]]
             argv += ["--plugin", a.plugin] if a.plugin else []
             argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
             argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
@@ -112,8 +114,8 @@ def start(a, what="shards start", name="shard", model=None):
             shard = target.Target(d)
             try:
                 envs.append(shard.start(target.start_options(argv)))
-            except UserError as e:
-                raise UserError(what, f"shard {k}: {str(e).split(': ', 1)[-1]}") from None
+            except UserError as e:  # named by its option (--allow: ...), or by the shard alone
+                raise UserError(what, f"shard {k}: {e.detail if e.what == 'target start' else e}") from None
         layouts = write_layouts(folder, envs, a.luns, unit, params, model["dtype"])
     except BaseException:
         stop(folder)
@@ -123,6 +125,22 @@ def start(a, what="shards start", name="shard", model=None):
         "SHARD_DIRS": dirs, "LAYOUT": layouts[0], "LAYOUTS": layouts,
         "CONTROL_URLS": [env["CONTROL_URL"] for env in envs]})
     return layouts, envs
+
+
+def check_host_memory(what, params, bsopts):
+    """Refuses shards of one host whose models need more memory together
+    than the host has available: each tgtd checks only its own model
+    (doc/server.md "Memory"). `bsopts`: every shard's --bsopts."""
+    shards = [target.check_bsopts(b) for b in bsopts]
+    need, available = sum(s["memory_bytes"] for s in shards), shards[0]["memory_available_bytes"]
+    if available and need > available and len(shards) > 1:
+        raise UserError(what, f"params: {len(shards)} co-located tgtds of a model of {params} parameters need "
+                        f"{mib(need)} together but only {mib(available)} of this host's memory is available",
+                        "use fewer parameters, or serve the shards from several hosts (doc/data-path.md \"Scale-out\")")
+
+
+def mib(n):
+    return f"{-(-n // (1 << 20))} MiB"
 
 
 def write_layouts(folder, envs, luns, unit, params, dtype):

@@ -10,12 +10,15 @@ Process handling (each point was a bug once; keep them):
     and the --owner-pid watchdog may run together, and the second must not
     remove the control socket under the first one's tgtadm, which would then
     retry connect(2) forever. Every tgtadm call is bounded by a timeout.
-  - The lock's descriptor is never inherited by a tgtd or a watchdog started
+  - One start at a time per folder (flock on DIR/start.lock, not waited
+    for: a second concurrent start is refused).
+  - The locks' descriptors are never inherited by a tgtd or a watchdog started
     later (Python opens files close-on-exec).
   - tgtd ignores SIGTERM: stop deletes its targets, then asks it to exit
     (tgtadm --op delete --mode system), and kills it only if it does not.
 """
 
+import contextlib
 import fcntl
 import glob
 import ipaddress
@@ -470,6 +473,27 @@ def labelled_urls(env):
 
 
 def command_start(a):
+    with start_lock(a.dir):
+        return start_locked(a)
+
+
+@contextlib.contextmanager
+def start_lock(folder):
+    """One `target start` at a time per --dir: a second, while the first
+    still runs, is refused at once (a flock on DIR/start.lock, released when
+    the first exits however it exits). Without it both saw no target and
+    each started tgtds, and stop knew only the last one's."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "start.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError("target start", f"another blkps target start is running in {os.path.abspath(folder)}",
+                            f"let it finish, then blkps target show --dir {folder}") from None
+        yield
+
+
+def start_locked(a):
     from . import scaleout  # it starts Targets: imported here, not at the top
     if scaleout.running(a.dir):
         if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
