@@ -6,8 +6,8 @@ happened first, labelled output, and the trips a new user reported (issue
 Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
-no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused.
-Cases that start their own tgtd (label
+no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused,
+build-folder-from-environment. Cases that start their own tgtd (label
 integration): start-labels-urls, set-shows-reason, model-too-large,
 owner-pid-watchdog, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
@@ -620,6 +620,28 @@ def test_scaled_error_names_option():
     finally:
         blkps("target", "stop", "--dir", folder)
         subprocess.run(["rm", "-rf", folder])
+
+
+# --- where the command finds its programs (issue 35, item 7) ------------------
+
+def test_build_folder_from_environment():
+    # BLKPS_BUILD names the build the command runs: here one whose
+    # blkps-bsopts refuses everything with its own reason.
+    fake = tempfile.mkdtemp(prefix="blkps-cli-build-")
+    try:
+        os.makedirs(os.path.join(fake, "target-plugin"))
+        tool = os.path.join(fake, "target-plugin", "blkps-bsopts")
+        with open(tool, "w") as f:
+            f.write("#!/bin/sh\necho 'blkps: --bsopts: from the BLKPS_BUILD folder' >&2\nexit 1\n")
+        os.chmod(tool, 0o755)
+        rc, _, err = blkps("target", "start", "--dir", os.path.join(fake, "state"), "--bsopts", "params=1000",
+                           "--owner-pid", str(os.getpid()), env=dict(os.environ, BLKPS_BUILD=fake))
+        if rc == 0 or err.strip() != "blkps: --bsopts: from the BLKPS_BUILD folder; see doc/server.md, " \
+                                      "\"--bsopts reference\"":
+            fail(f"the command did not run BLKPS_BUILD's blkps-bsopts: exit {rc}: {err!r}")
+    finally:
+        blkps("target", "stop", "--dir", os.path.join(fake, "state"))
+        subprocess.run(["rm", "-rf", fake])
 
 
 test = globals().get("test_" + case.replace("-", "_"))

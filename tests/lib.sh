@@ -12,7 +12,8 @@
 py=/usr/bin/python3 # Debian's, with numpy and torch
 blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
-export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python"
+# BLKPS_BUILD: the checkout's blkps runs this build's programs, wherever it is.
+export BLKPS_LIB="$build/learner/libblkps.so" BLKPS_PY="$top/learner/python" BLKPS_BUILD="$build"
 targets=() shard_sets=()
 
 # scratch NAME: makes the test's private folder, $state

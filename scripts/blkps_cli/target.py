@@ -203,8 +203,9 @@ class Target:
                             f"stop it first: blkps target stop --dir {self.dir}")
         env = dict(os.environ, TGT_IPC_SOCKET=self.socket)
         tgtd_cwd = None
-        if a.plugin != "installed":
-            plugin = os.path.abspath(a.plugin or tools.built("bs_blkps.so"))
+        plugin = a.plugin or tools.built("bs_blkps.so")
+        if plugin != "installed" and not (a.plugin is None and tools.loaded_by_tgtd(plugin)):
+            plugin = os.path.abspath(plugin)
             if not os.path.isfile(plugin):
                 raise UserError(what, f"plugin {plugin} not found", "build first (scripts/build.sh), or --plugin installed")
             # ld.so splits LD_PRELOAD at spaces and colons: the plugin is
@@ -620,8 +621,8 @@ def add_start_arguments(s):
                         "may write the control LUN")
     chap.add_argument(s, "initiators must log in as user= with secret=; with target_user=, the target proves "
                       "itself with it to initiators that check (mutual CHAP)")
-    s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build tree's; "
-                   "'installed': tgt's plugin folder)")
+    s.add_argument("--plugin", help="bs_blkps.so to preload into tgtd (default: the build's, or the one installed "
+                   "beside this command; 'installed': none, tgtd loads tgt's plugin folder)")
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")
     s.add_argument("--rdwr-lun", metavar="FILE", help="also serve FILE through tgt's rdwr store (a plain-disk baseline)")
     s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop the target when process PID exits")

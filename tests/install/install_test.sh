@@ -11,6 +11,10 @@
 #     `import blkps` (through the blkps.pth that Debian's python3 reads in
 #     /usr/local/lib/python3.X/dist-packages) with neither PYTHONPATH nor
 #     LD_LIBRARY_PATH: both find the package and libblkps from where they are.
+#   install_test.sh <repo> <build dir> beside-itself
+#     the command installed in a prefix that is not on PATH, run with
+#     nothing set from outside the tree, starts and stops a target with the
+#     programs and the plugin installed beside it.
 #   install_test.sh <repo> <build dir> service
 #     the blkps-server unit template blkps@.service, installed with the rest
 #     into a root folder beside a copy of this host's units, passes
@@ -144,6 +148,25 @@ EOF
   )
 }
 
+# The installed command from a prefix that is not on PATH, run from outside
+# the tree with nothing set: it finds its programs beside itself (bin/,
+# the plugin under the prefix's lib/tgt/backing-store), not a build.
+beside_itself() {
+  local prefix="$tmp/opt/blkps" plain=/usr/sbin:/usr/bin:/sbin:/bin pid
+  cmake --install "$build" --prefix "$prefix" >/dev/null
+  prefix=$(realpath "$prefix")
+  installed() { (cd "$tmp" && env -u BLKPS_LIB -u BLKPS_BUILD -u PYTHONPATH -u LD_LIBRARY_PATH PATH=$plain \
+                   "$prefix/bin/blkps" "$@"); }
+  installed target start --dir "$tmp/state" --owner-pid $$ --tgtd 1 --bsopts "params=3000;rule=sgd" >/dev/null ||
+    fail "the installed blkps target start failed"
+  pid=$(cat "$tmp/state/tgtd.pid")
+  grep -q " $prefix/lib/tgt/backing-store/bs_blkps\.so$" "/proc/$pid/maps" ||
+    fail "tgtd $pid did not load the plugin installed in $prefix"
+  [ "$(installed layout bytes 1M)" = 1048576 ] || fail "the installed blkps layout did not run blkps-layout"
+  installed target stop --dir "$tmp/state" || fail "the installed blkps target stop failed"
+  ! running "$pid" || fail "tgtd $pid still runs after target stop"
+}
+
 # Whether process PID runs (a zombie, which nobody here may reap, does not).
 running() { [ -e "/proc/$1" ] && ! grep -qE '^[^)]*\) [ZX]' "/proc/$1/stat"; }
 
@@ -263,8 +286,9 @@ debs() {
 
 case "$part" in
   staged) staged ;;
+  beside-itself) beside_itself ;;
   service) service ;;
   debs) debs ;;
-  *) fail "unknown part '$part' (staged, debs)" ;;
+  *) fail "unknown part '$part' (staged, beside-itself, service, debs)" ;;
 esac
 echo "install_test: $part ok"

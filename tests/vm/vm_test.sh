@@ -498,7 +498,7 @@ PY
 # output goes to $state/out too.
 iser_guest() {
   # 2560 MiB: tgt's iSER registers a 1 GiB buffer pool per RDMA device.
-  "$guest" --rdma --mem 2560 -- env BLKPS_LIB="$BLKPS_LIB" BLKPS_PY="$BLKPS_PY" \
+  "$guest" --rdma --mem 2560 -- env BLKPS_LIB="$BLKPS_LIB" BLKPS_PY="$BLKPS_PY" BLKPS_BUILD="$BLKPS_BUILD" \
     "$top/tests/vm/iser_in_guest.sh" "$@" | tee "$state/out"
 }
 
