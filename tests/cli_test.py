@@ -11,7 +11,7 @@ build-folder-from-environment. Cases that start their own tgtd (label
 integration): start-labels-urls, set-shows-reason, model-too-large,
 owner-pid-watchdog, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
-colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys.
+concurrent-shards-starts-one-serves, colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys.
 """
 import io
 import os
@@ -510,14 +510,15 @@ def tgtds_of(folder):
     return pids
 
 
-def concurrent_starts(tgtds, starts=6):
-    # Several starts on one --dir at once: one serves, each other is refused
-    # in one line, and after stop no tgtd of any is left. (Whether they
-    # overlap is up to the scheduler; without the lock they often all
-    # passed the "already running" check and each started tgtds.)
+def concurrent_starts(command, tgtds, *options, starts=6):
+    # Several starts of `blkps COMMAND start` on one --dir at once: one
+    # serves, each other is refused in one line, and after stop no tgtd of
+    # any is left. (Whether they overlap is up to the scheduler; without the
+    # lock they often all passed the "already running" check and each
+    # started tgtds.)
     folder = target_dir()
-    argv = [BLKPS, "target", "start", "--dir", folder, "--plugin", PLUGIN, "--owner-pid", str(os.getpid()),
-            "--tgtd", str(tgtds), "--bsopts", "params=1000000"]
+    argv = [BLKPS, command, "start", "--dir", folder, "--plugin", PLUGIN, "--owner-pid", str(os.getpid()), *options,
+            "--bsopts", "params=1000000"]
     try:
         procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for _ in range(starts)]
@@ -529,24 +530,28 @@ def concurrent_starts(tgtds, starts=6):
             fail(f"expected one of {starts} starts to serve, got {results}")
         for err in refusals:
             lines = err.splitlines()
-            if len(lines) != 1 or not lines[0].startswith("blkps: target start: "):
+            if len(lines) != 1 or not lines[0].startswith(f"blkps: {command} start: "):
                 fail(f"a refused start did not say why in one line: {err!r}")
         if len(tgtds_of(folder)) != tgtds:
-            fail(f"{len(tgtds_of(folder))} tgtds run for one job of --tgtd {tgtds}")
+            fail(f"{len(tgtds_of(folder))} tgtds run for one job of {tgtds}")
     finally:
-        blkps("target", "stop", "--dir", folder)
+        blkps(command, "stop", "--dir", folder)
         left = tgtds_of(folder)
         subprocess.run(["rm", "-rf", folder])
     if left:
-        fail(f"tgtds {left} outlived target stop")
+        fail(f"tgtds {left} outlived {command} stop")
 
 
 def test_concurrent_starts_one_serves():
-    concurrent_starts(1)
+    concurrent_starts("target", 1, "--tgtd", "1")
 
 
 def test_concurrent_scaled_starts_one_serves():
-    concurrent_starts(2)
+    concurrent_starts("target", 2, "--tgtd", "2")
+
+
+def test_concurrent_shards_starts_one_serves():
+    concurrent_starts("shards", 2, "--shards", "2", "--stripe-unit", "1M")
 
 
 def available_memory():

@@ -163,7 +163,8 @@ def write_layouts(folder, envs, luns, unit, params, dtype):
 
 
 def command_start(a):
-    layouts, envs = start(a)
+    with target.start_lock(a.dir, "shards start"):
+        layouts, envs = start(a)
     for lun, path in enumerate(layouts, 1):
         print(f"learner {lun}: layout:{path}")
     for k, env in enumerate(envs):

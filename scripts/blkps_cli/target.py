@@ -474,23 +474,25 @@ def labelled_urls(env):
 
 
 def command_start(a):
-    with start_lock(a.dir):
+    with start_lock(a.dir, "target start"):
         return start_locked(a)
 
 
 @contextlib.contextmanager
-def start_lock(folder):
-    """One `target start` at a time per --dir: a second, while the first
-    still runs, is refused at once (a flock on DIR/start.lock, released when
-    the first exits however it exits). Without it both saw no target and
-    each started tgtds, and stop knew only the last one's."""
+def start_lock(folder, what):
+    """One start (`blkps target start`, `blkps shards start`) at a time per
+    --dir: a second, while the first still runs, is refused at once (a flock
+    on DIR/start.lock, released when the first exits however it exits).
+    Without it both saw no target and each started tgtds, and stop knew
+    only the last one's."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "start.lock"), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError("target start", f"another blkps target start is running in {os.path.abspath(folder)}",
-                            f"let it finish, then blkps target show --dir {folder}") from None
+            raise UserError(what, f"another start is running in {os.path.abspath(folder)}",
+                            "let it finish, then see what it started: blkps target show (or shards show) --dir "
+                            f"{folder}") from None
         yield
 
 
