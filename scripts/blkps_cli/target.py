@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from . import chap, session, state, tools
+from . import chap, metrics, session, state, tools
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -486,12 +486,20 @@ def command_start(a):
         target = Target(a.dir)
         env = target.start(a)
         print("\n".join(labelled_urls(env)))
+    if a.metrics:
+        try:
+            env = metrics.start(os.path.abspath(a.dir), *a.metrics, a.metrics_auth)
+        except BaseException:
+            command_stop(a)
+            raise
+        print(f"metrics: http://{env['METRICS']}/metrics")
     print(f"admits: {env['ALLOW']} (--allow)")
     return 0
 
 
 def command_stop(a):
     from . import scaleout
+    metrics.stop(os.path.abspath(a.dir))
     if scaleout.running(a.dir):
         scaleout.stop(os.path.abspath(a.dir))
     Target(a.dir).stop()
@@ -548,6 +556,7 @@ def add_parser(sub):
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
     add_tgtd_argument(s)
+    metrics.add_start_arguments(s)
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
     t.add_argument("--dir", required=True)

@@ -75,6 +75,7 @@ import torch
 import blkps
 from blkps.collectives import Exchange as _Exchange, session_of as _session_of
 from blkps.control import describe_layout as _describe_layout, open_control as _open_control
+from blkps import metrics as _metrics
 from blkps.staging import FlatModel as _FlatModel
 from blkps.torch_embedding import Embedding, EmbeddingBag
 
@@ -1071,6 +1072,10 @@ class _DistributedOptimizer:
         for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()
+        server, self.metrics_server = getattr(self, "metrics_server", None), None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 _NOTHING = object()  # _take_adjacent: the queue ran empty
@@ -1131,6 +1136,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         _optimizer = None
     _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options,
                                        overlap_pull, skip_nonfinite, look_ahead)
+    job = _the_job()  # BLKPS_METRICS_PORT: its counters over HTTP (doc/monitoring.md "Learner metrics")
+    _optimizer.metrics_server = _metrics.serve_optimizer(_optimizer, job.rank, job.local_rank)
     if _pending_broadcast is not None:
         root, _pending_broadcast = _pending_broadcast, None
         if _optimizer._ctl is not None or _the_job().size > 1:
