@@ -14,6 +14,9 @@ Cases that start their own tgtd (label integration):
                                  promtool passes every exposition fetched,
                                  every query of the dashboard returns a series
   metrics-need-basic-auth        --metrics-auth: 401 without, 200 with
+  metrics-through-operator       an --operator target's status, read
+  metrics-by-hand-for-shards     blkps metrics on a shards folder: every
+                                 shard, until the shards stop
   exporter-ends-with-target      target stop ends the exporter
   metrics-port-taken             one line, no tgtd left behind
   top-shows-every-shard          blkps top through a pipe: plain frames
@@ -379,6 +382,50 @@ def test_top_shows_every_shard():
                 fail(f"expected both shards and LUNs 1, 2 of each:\n{text}")
         if len(frames) != 2:
             fail(f"--count 2: expected 2 frames:\n{out.stdout}")
+
+
+def test_metrics_through_operator():
+    # On an --operator target the exporter reads the status through the
+    # operator's credential (DIR/operator.chap), as blkps status --dir does.
+    port = free_port()
+    with Target("params=1000", "--operator", "--metrics", str(port)):
+        status, body = get(f"http://127.0.0.1:{port}/metrics")
+        if status != 200 or 'blkps_updates_total{shard="0"} 0' not in body:
+            fail(f"the exporter of an --operator target answered {status}: {body[:500]}")
+
+
+def test_metrics_by_hand_for_shards():
+    # `blkps metrics --dir` of a `blkps shards` folder, run by hand (as to
+    # restart an exporter), serves every shard until the shards stop.
+    with tempfile.TemporaryDirectory() as d:
+        rc, _, err = blkps("shards", "start", "--dir", d, "--shards", "2", "--stripe-unit", "4096", "--plugin",
+                           PLUGIN, "--owner-pid", str(os.getpid()), "--bsopts", "params=4096;block=4096")
+        exporter = None
+        try:
+            if rc != 0:
+                fail(f"shards start: {err}")
+            port = free_port()
+            exporter = subprocess.Popen([BLKPS, "metrics", "--dir", d, "--listen", str(port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+            def page():
+                if exporter.poll() is not None:
+                    fail(f"blkps metrics exited with {exporter.returncode}: {exporter.stderr.read()}")
+                try:
+                    return get(f"http://127.0.0.1:{port}/metrics")
+                except OSError:
+                    return None
+            status, body = until("an answer from blkps metrics", page)
+            for shard in ("0", "1"):
+                if f'blkps_params{{shard="{shard}"}} 2048' not in body:
+                    fail(f"expected shard {shard} serving 2048 parameters:\n{body[:2000]}")
+            blkps("shards", "stop", "--dir", d)
+            until("end of blkps metrics after shards stop", lambda: exporter.poll() is not None)
+        finally:
+            if exporter is not None and exporter.poll() is None:
+                exporter.kill()
+                exporter.wait()
+            blkps("shards", "stop", "--dir", d)
 
 
 def test_metrics_need_basic_auth():

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 
 from . import chap, control, state, tools
@@ -79,6 +80,7 @@ class JobMetrics:
         self.folder = folder
         self.initiator = initiator
         self.controls = None
+        self.last_error = None
 
     def close(self):
         for _, device in self.controls or []:
@@ -105,9 +107,21 @@ class JobMetrics:
             raise
 
     def page(self):
-        """The exposition text of one scrape."""
+        """The exposition text of one scrape. A failure raises (the scrape
+        answers 503) and is logged once, when it first happens (stderr:
+        DIR/metrics.log of a detached exporter)."""
         out = exposition().Exposition()
-        for shard, s in self.statuses():
+        try:
+            statuses = self.statuses()
+        except (OSError, UserError) as e:
+            why = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).removeprefix("blkps: ")
+            if why != self.last_error:
+                print(f"blkps metrics: {time.strftime('%Y-%m-%d %H:%M:%S')}: cannot read the status: {why}",
+                      file=sys.stderr, flush=True)
+            self.last_error = why
+            raise
+        self.last_error = None
+        for shard, s in statuses:
             write_status(out, shard, s)
         for shard, pid in job_parts(self.folder):
             usage = process_usage(pid) if pid else None
@@ -200,9 +214,13 @@ def exposition():
 
 def serve(folder, sock, credentials, initiator=None):
     """Serves the job in `folder` on the listening socket `sock` until its
-    target.env goes away or SIGTERM."""
+    target.env (a shards folder's shards.env) goes away, or SIGTERM."""
     job = JobMetrics(folder, initiator)
+    # A target's folder (one tgtd or several) has target.env; a `blkps
+    # shards` folder only shards.env. Either goes at its stop.
     env_file = os.path.join(folder, state.TARGET_ENV)
+    if not os.path.exists(env_file):
+        env_file = os.path.join(folder, state.SHARDS_ENV)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     server = exposition().MetricsServer(sock, job.page, credentials and (credentials.user, credentials.secret))

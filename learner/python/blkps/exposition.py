@@ -135,7 +135,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             body = server.page()
         except Exception as e:  # noqa: BLE001 (the scrape fails, the exporter stays)
-            self._answer(503, f"blkps: {e}\n")
+            why = (e.strerror if isinstance(e, OSError) and e.strerror else str(e)).removeprefix("blkps: ")
+            self._answer(503, f"blkps: {why}\n")
             return
         self._answer(200, body, {"Content-Type": CONTENT_TYPE})
 
