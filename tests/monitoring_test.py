@@ -328,13 +328,15 @@ def dashboard_queries():
 
 def test_learner_serves_torch_counters():
     # BLKPS_METRICS_PORT=BASE: the learner of local rank 1 serves its
-    # blkps.torch counters on BASE + 1, writes its file-discovery entry, and
-    # the page passes promtool.
+    # blkps.torch counters on BASE + 1 (the model is one bucket: each push
+    # is the model's bytes),
+    # writes its file-discovery entry, and the page passes promtool.
     import torch
     import blkps.torch as bps
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    with Target(f"params={bps.param_count(model)};rule=sgd;lr=0.1") as t, \
+    count = bps.param_count(model)
+    with Target(f"params={count};rule=sgd;lr=0.1") as t, \
             tempfile.TemporaryDirectory() as sd:
         base = free_port() - 1  # base + 1 is the free one
         os.environ.update(BLKPS_METRICS_PORT=str(base), BLKPS_METRICS_SD_DIR=sd)
@@ -352,8 +354,12 @@ def test_learner_serves_torch_counters():
             if status != 200:
                 fail(f"the learner's exporter answered {status}: {text}")
             promtool_check_metrics(text)
+            if opt.pushes < 3:
+                fail(f"3 steps made {opt.pushes} pushes")
             for line in ('blkps_torch_steps_total{rank="0",local_rank="1"} 3',
-                         'blkps_torch_seconds_total{part="push",rank="0",local_rank="1"}'):
+                         'blkps_torch_seconds_total{part="push",rank="0",local_rank="1"}',
+                         f'blkps_torch_bytes_total{{direction="pushed",rank="0",local_rank="1"}} '
+                         f'{opt.pushes * 4 * count}'):
                 if line not in text:
                     fail(f"expected {line!r} in:\n{text}")
             with open(os.path.join(sd, "rank-0.json")) as f:

@@ -98,6 +98,9 @@ def optimizer_page(opt, rank, local_rank):
             opt.skipped_steps, **labels)
     out.add("blkps_torch_forward_waits_total", "counter", "Forwards that found a bucket's weights still arriving.",
             opt.forward_waits, **labels)
+    for direction, count in opt.bytes.items():
+        out.add("blkps_torch_bytes_total", "counter", "Bytes on the wire (gradient mode): pushed, pulled.", count,
+                direction=direction, **labels)
     for part, seconds in opt.seconds.items():
         out.add("blkps_torch_seconds_total", "counter", _SECONDS_HELP, seconds, part=part, **labels)
     return out.text()

@@ -564,6 +564,7 @@ class _DistributedOptimizer:
         self.pushes = 0         # bucket pushes (gradient mode) or whole-model pushes (delta)
         self.overlapped = 0     # gradient mode: buckets pushed while backward still ran
         self.transfers = 0      # gradient mode: device calls (a push, pull or exchange of adjacent buckets)
+        self.bytes = {"pushed": 0, "pulled": 0}  # gradient mode: bytes on the wire, by direction
         self.skipped_steps = 0  # steps with non-finite gradients, not pushed (skip_nonfinite)
         self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
         # Gradient mode, where the time goes (seconds, summed): the communication
@@ -817,9 +818,11 @@ class _DistributedOptimizer:
             self._stage_push(bucket, zero)
         first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
         start = time.perf_counter()
-        (device.push16 if self.flat.sixteen else device.push)(first, self.flat.host_pushed(first, end))
+        host = self.flat.host_pushed(first, end)
+        (device.push16 if self.flat.sixteen else device.push)(first, host)
         self.seconds["push"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pushed"] += host.nbytes
 
     def _exchange_buckets(self, device, batch):
         """The push of the adjacent buckets of `batch` ((bucket, zero)
@@ -837,16 +840,20 @@ class _DistributedOptimizer:
             self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["exchange"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pushed"] += host.nbytes
+        self.bytes["pulled"] += into.nbytes
 
     def _pull_buckets(self, device, buckets):
         """One pull of the adjacent `buckets`."""
         first, end = min(b.first for b in buckets), max(b.end for b in buckets)
         start = time.perf_counter()
-        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, self.flat.host_weights(first, end))
+        into = self.flat.host_weights(first, end)
+        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, into)
         for bucket in buckets:
             self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["pull"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pulled"] += into.nbytes
 
     def _raise_error(self):
         if self._error is not None:
@@ -1128,7 +1135,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     wait_weights(), pull_server_weights(), param_groups, state_dict(),
     close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
-    mode: copy_out, push, pull, exchange, step_wait, weights_wait)."""
+    mode: copy_out, push, pull, exchange, step_wait, weights_wait), bytes
+    (gradient mode: pushed, pulled on the wire)."""
     global _optimizer, _pending_broadcast
     options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
