@@ -453,9 +453,12 @@ def test_metrics_need_basic_auth():
         with tempfile.TemporaryDirectory() as d:
             rc, _, err = blkps("target", "start", "--dir", d, "--plugin", PLUGIN, "--bsopts", "params=1000",
                                "--metrics", str(free_port()), "--metrics-auth", auth)
+            started = os.path.exists(os.path.join(d, "tgtd.log"))  # stop leaves the log
             blkps("target", "stop", "--dir", d)
             if rc == 0 or len(err.splitlines()) != 1 or "chmod 600" not in err:
                 fail(f"a credentials file others can read: expected one line saying chmod 600, got {rc} {err!r}")
+            if started:
+                fail("a bad --metrics-auth should be refused before tgtd starts")
     finally:
         subprocess.run(["rm", "-rf", folder])
 

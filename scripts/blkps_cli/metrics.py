@@ -239,6 +239,15 @@ def bind(address, port, what="--metrics"):
                         "choose another port (or stop what holds it)") from None
 
 
+def check_start_options(a):
+    """Refuses `blkps target start`'s --metrics-auth without --metrics, or a
+    bad credentials file, before any tgtd starts."""
+    if a.metrics_auth and not a.metrics:
+        raise UserError("--metrics-auth", "is for the exporter, and no --metrics ADDR:PORT is given",
+                        "add --metrics ADDR:PORT")
+    chap.credentials(a.metrics_auth, "--metrics-auth")
+
+
 def start(folder, address, port, auth_file):
     """Starts the exporter of the target in `folder` detached, on
     address:port; adds METRICS and METRICS_PID to its target.env."""

@@ -471,6 +471,7 @@ def labelled_urls(env):
 
 def command_start(a):
     from . import scaleout  # it starts Targets: imported here, not at the top
+    metrics.check_start_options(a)
     if scaleout.running(a.dir):
         if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
             raise UserError("target start", f"a target is already running in {os.path.abspath(a.dir)}",
@@ -567,7 +568,7 @@ def add_parser(sub):
     how = w.add_mutually_exclusive_group()
     how.add_argument("--get", action="append", metavar="KEY", help="print this target.env value (URL, URLS, "
                      "CONTROL_URL, NULL_URL, RDWR_URL, OPERATOR_URL, OPERATOR_CHAP_FILE, PORT, IQN, TRANSPORT, PID, "
-                     "TGT_IPC_SOCKET, LOG; with several tgtds CONTROL_URLS, TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS "
+                     "TGT_IPC_SOCKET, LOG, with --metrics METRICS and METRICS_PID; with several tgtds CONTROL_URLS, TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS "
                      "instead of PORT, IQN, PID, TGT_IPC_SOCKET, LOG); repeatable")
     how.add_argument("--json", action="store_true", help="print target.env as JSON")
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
