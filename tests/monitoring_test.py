@@ -20,6 +20,7 @@ Cases that start their own tgtd (label integration):
   exporter-ends-with-target      target stop ends the exporter
   metrics-port-taken             one line, no tgtd left behind
   top-shows-every-shard          blkps top through a pipe: plain frames
+  top-redraws-on-a-terminal      blkps top on a pty: curses
   learner-serves-torch-counters  BLKPS_METRICS_PORT: blkps.torch's counters
                                  on base + local rank, a file-discovery entry
 """
@@ -432,6 +433,19 @@ def test_metrics_by_hand_for_shards():
                 exporter.kill()
                 exporter.wait()
             blkps("shards", "stop", "--dir", d)
+
+
+def test_top_redraws_on_a_terminal():
+    # On a terminal (a pty from script(1)) blkps top draws with curses in
+    # the alternate screen, which it leaves on its end, and shows the shard.
+    with Target("params=1000", "--luns", "2") as t:
+        command = f"{BLKPS} top --dir {t.dir} --count 2 --interval 0.1"
+        out = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True,
+                             env=dict(os.environ, TERM="xterm"))
+        if out.returncode != 0:
+            fail(f"blkps top on a terminal: {out.returncode} {out.stdout[-2000:]} {out.stderr}")
+        if "\x1b[?1049h" not in out.stdout or "\x1b[?1049l" not in out.stdout or "shard 0: updates" not in out.stdout:
+            fail(f"expected a curses screen with the shard's line: {out.stdout[-2000:]!r}")
 
 
 def test_metrics_need_basic_auth():
