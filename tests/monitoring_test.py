@@ -330,7 +330,7 @@ def dashboard_queries():
 def test_learner_serves_torch_counters():
     # BLKPS_METRICS_PORT=BASE: the learner of local rank 1 serves its
     # blkps.torch counters on BASE + 1 (the model is one bucket: each push
-    # is the model's bytes),
+    # is the model's bytes) and its EarlyStopping's decision,
     # writes its file-discovery entry, and the page passes promtool.
     import torch
     import blkps.torch as bps
@@ -351,6 +351,9 @@ def test_learner_serves_torch_counters():
                 model(torch.ones(4, 8)).sum().backward()
                 opt.step()
             opt.synchronize()
+            early = bps.EarlyStopping(patience=1)
+            early.step(1.0)
+            early.step(2.0)  # no better: stops at patience 1
             status, text = get(f"http://127.0.0.1:{base + 1}/metrics")
             if status != 200:
                 fail(f"the learner's exporter answered {status}: {text}")
@@ -360,7 +363,9 @@ def test_learner_serves_torch_counters():
             for line in ('blkps_torch_steps_total{rank="0",local_rank="1"} 3',
                          'blkps_torch_seconds_total{part="push",rank="0",local_rank="1"}',
                          f'blkps_torch_bytes_total{{direction="pushed",rank="0",local_rank="1"}} '
-                         f'{opt.pushes * 4 * count}'):
+                         f'{opt.pushes * 4 * count}',
+                         'blkps_torch_early_stopping_stopped{rank="0",local_rank="1"} 1',
+                         'blkps_torch_early_stopping_best{rank="0",local_rank="1"} 1.0'):
                 if line not in text:
                     fail(f"expected {line!r} in:\n{text}")
             with open(os.path.join(sd, "rank-0.json")) as f:

@@ -11,7 +11,7 @@
                           file_sd_configs: [{files: [DIR/*.json]}]
 
 blkps.torch's DistributedOptimizer serves its counters this way
-(serve_optimizer); a program on blkps.Engine serves its own with
+(serve_optimizer), with the decisions of the latest EarlyStopping; a program on blkps.Engine serves its own with
 serve(page) and an Exposition. The serving thread only reads the counters
 (plain numbers the training threads add to), so a scrape never waits for
 training nor training for a scrape. python3-prometheus-client is not used.
@@ -20,10 +20,11 @@ training nor training for a scrape. python3-prometheus-client is not used.
 import json
 import os
 import socket
+import weakref
 
 from .exposition import Exposition, MetricsServer, listening_socket
 
-__all__ = ["serve", "serve_optimizer", "endpoint", "write_discovery_entry"]
+__all__ = ["serve", "serve_optimizer", "endpoint", "write_discovery_entry", "watch_early_stopping"]
 
 PORT_ENV, ADDRESS_ENV, SD_DIR_ENV = "BLKPS_METRICS_PORT", "BLKPS_METRICS_ADDRESS", "BLKPS_METRICS_SD_DIR"
 
@@ -83,6 +84,32 @@ def write_discovery_entry(folder, rank, where):
     return path
 
 
+_early_stopping = None  # weakref to the latest blkps.torch.EarlyStopping
+
+
+def watch_early_stopping(early_stopping):
+    """Exports the decisions of `early_stopping` (blkps.torch.EarlyStopping,
+    which calls this when made; the latest one made is exported) with the
+    optimizer's counters."""
+    global _early_stopping
+    _early_stopping = weakref.ref(early_stopping)
+
+
+def _early_stopping_samples(out, labels):
+    es = _early_stopping() if _early_stopping is not None else None
+    if es is None:
+        return
+    nan = float("nan")
+    out.add("blkps_torch_early_stopping_last", "gauge", "EarlyStopping: the last metric averaged over the ranks.",
+            nan if es.last is None else es.last, **labels)
+    out.add("blkps_torch_early_stopping_best", "gauge", "EarlyStopping: the best averaged metric so far.",
+            nan if es.best is None else es.best, **labels)
+    out.add("blkps_torch_early_stopping_bad_evaluations", "gauge",
+            "EarlyStopping: evaluations in a row without improvement (it stops at patience).", es.bad_evals, **labels)
+    out.add("blkps_torch_early_stopping_stopped", "gauge", "EarlyStopping: 1 once it decided to stop.", es.stopped,
+            **labels)
+
+
 def optimizer_page(opt, rank, local_rank):
     """The exposition of a blkps.torch DistributedOptimizer's counters."""
     out = Exposition()
@@ -103,6 +130,7 @@ def optimizer_page(opt, rank, local_rank):
                 direction=direction, **labels)
     for part, seconds in opt.seconds.items():
         out.add("blkps_torch_seconds_total", "counter", _SECONDS_HELP, seconds, part=part, **labels)
+    _early_stopping_samples(out, labels)
     return out.text()
 
 

@@ -1602,6 +1602,7 @@ class EarlyStopping:
             raise ValueError("blkps.torch: EarlyStopping expects min_delta >= 0 and mode 'min' or 'max'")
         self.patience, self.min_delta, self.mode, self.stop_job = patience, min_delta, mode, stop_job
         self.best, self.bad_evals, self.stopped, self.last = None, 0, False, None
+        _metrics.watch_early_stopping(self)  # exported with the optimizer's counters (BLKPS_METRICS_PORT)
 
     def step(self, metric):
         """Takes this evaluation's metric; returns True when training stops."""
