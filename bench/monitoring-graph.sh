@@ -11,7 +11,7 @@
 # Usage: sudo bench/monitoring-graph.sh [--seconds S] [--out FILE.png] [--build DIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=SCRIPTDIR/lib.sh
+# shellcheck disable=SC1091  # bench/lib.sh
 . "$top/bench/lib.sh"
 seconds=60 out="$top/bench/results/monitoring/graph.png" build=$(default_build)
 while [ $# -gt 0 ]; do
