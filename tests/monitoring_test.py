@@ -262,7 +262,7 @@ def test_top_frame_rates():
     first = top.frame(None, before, 0)
     lines = top.frame(before, after, 2.0)
     if [l.split(":")[0] for l in lines if l.startswith("shard ")] != ["shard 0", "shard 1"]:
-        fail(f"expected a line for each shard:\n" + "\n".join(lines))
+        fail("expected a line for each shard:\n" + "\n".join(lines))
     rows = [l.split() for l in lines[lines.index(next(l for l in lines if "ITER/S" in l)) + 1:]]
     if len(rows) != 4:
         fail("expected a row for each of 2 learner slots on each of 2 shards:\n" + "\n".join(lines))

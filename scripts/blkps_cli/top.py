@@ -38,7 +38,7 @@ def frame(previous, current, seconds, title=""):
              f"{time.strftime('%H:%M:%S')}"]
     before = dict(previous or [])
     rows = [LEARNER_HEADER]
-    for k, (label, s) in enumerate(current):
+    for label, s in current:
         shard = label.split()[-1] if label else "0"
         old = before.get(label)
         c = s["checkpoint"]
