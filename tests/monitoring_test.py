@@ -27,6 +27,7 @@ Cases that start their own tgtd (label integration):
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,11 @@ DEADLINE_S = 120  # for anything awaited; a loaded 2-core machine is slow, never
 
 def fail(message):
     sys.exit(f"monitoring_test {case}: FAIL: {message}")
+
+
+def need(program):
+    if not shutil.which(program):
+        fail(f"{program} not found: run scripts/setup.sh as root (it installs Debian's prometheus)")
 
 
 def blkps(*args):
@@ -90,6 +96,7 @@ def until(what, condition):
 
 
 def promtool_check_metrics(text):
+    need("promtool")
     out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     if out.returncode != 0:
         fail(f"promtool check metrics refused an exposition: {out.stdout}{out.stderr}\n{text[:2000]}")
@@ -130,6 +137,7 @@ class Prometheus:
     pid) on leaving the with-block."""
 
     def __init__(self, target, folder, rules=()):
+        need("prometheus")
         self.folder = folder
         self.url = f"http://127.0.0.1:{free_port()}"
         config = os.path.join(folder, "prometheus.yml")
@@ -244,6 +252,7 @@ def test_exposition_passes_promtool():
 def test_rules_pass_promtool():
     # packaging/monitoring: promtool accepts the recording rules; the
     # dashboard is JSON with a query in every target of every panel.
+    need("promtool")
     out = subprocess.run(["promtool", "check", "rules", RULES], capture_output=True, text=True)
     if out.returncode != 0:
         fail(f"promtool check rules {RULES}: {out.stdout}{out.stderr}")
