@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import control, demo, login, node, shards, target
+from . import control, demo, login, metrics, node, shards, target, top
 from .errors import Parser, UserError, report
 
 DESCRIPTION = """\
@@ -16,6 +16,8 @@ server:        blkps target start|stop|show    one model served by a private tgt
                blkps shards start|stop|show    one model striped over several servers
                blkps status | blkps set        a running job's status and control LUN
                blkps control-layout            the control LUN's offsets, for scripts
+               blkps top                       a live view of a job, refreshed every second
+               blkps metrics                   a job's Prometheus exporter
 learner node:  blkps login|logout|node-status  the model as a local disk (open-iscsi)
                blkps mount                     the model as files (FUSE)
                blkps layout                    the stripe arithmetic of a sharded model
@@ -30,6 +32,8 @@ def parser():
     target.add_parser(sub)
     shards.add_parser(sub)
     control.add_parsers(sub)
+    metrics.add_parser(sub)
+    top.add_parser(sub)
     login.add_parsers(sub)
     node.add_parsers(sub)
     demo.add_parser(sub)

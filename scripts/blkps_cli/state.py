@@ -13,6 +13,8 @@ target.env:
   OPERATOR_URL, OPERATOR_CHAP_FILE  --operator: the operator's control LUN and
                 its CHAP credentials file (a BLKPS_CHAP_FILE); else empty
   PORT, IQN, TRANSPORT (iscsi|iser), PID (tgtd's), TGT_IPC_SOCKET, LOG (tgtd's log)
+  METRICS, METRICS_PID  with --metrics: the exporter's ADDR:PORT and pid
+                (blkps_cli/metrics.py); also in a --tgtd N target.env
 shards.env:
   SHARDS, STRIPE_UNIT (bytes), PARAMS (the whole model's), SHARD_PARAMS,
   SHARD_DIRS (each shard's --dir, holding its target.env), LAYOUT (slot 1's

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from . import chap, session, state, tools
+from . import chap, metrics, session, state, tools
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -498,6 +498,7 @@ def start_lock(folder, what):
 
 def start_locked(a):
     from . import scaleout  # it starts Targets: imported here, not at the top
+    metrics.check_start_options(a)
     if scaleout.running(a.dir):
         if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
             raise UserError("target start", f"a target is already running in {os.path.abspath(a.dir)}",
@@ -513,12 +514,20 @@ def start_locked(a):
         target = Target(a.dir)
         env = target.start(a)
         print("\n".join(labelled_urls(env)))
+    if a.metrics:
+        try:
+            env = metrics.start(os.path.abspath(a.dir), *a.metrics, a.metrics_auth)
+        except BaseException:
+            command_stop(a)
+            raise
+        print(f"metrics: http://{env['METRICS']}/metrics")
     print(f"admits: {env['ALLOW']} (--allow)")
     return 0
 
 
 def command_stop(a):
     from . import scaleout
+    metrics.stop(os.path.abspath(a.dir))
     if scaleout.running(a.dir):
         scaleout.stop(os.path.abspath(a.dir))
     Target(a.dir).stop()
@@ -575,6 +584,7 @@ def add_parser(sub):
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
     add_tgtd_argument(s)
+    metrics.add_start_arguments(s)
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
     t.add_argument("--dir", required=True)
@@ -585,7 +595,7 @@ def add_parser(sub):
     how = w.add_mutually_exclusive_group()
     how.add_argument("--get", action="append", metavar="KEY", help="print this target.env value (URL, URLS, "
                      "CONTROL_URL, NULL_URL, RDWR_URL, OPERATOR_URL, OPERATOR_CHAP_FILE, PORT, IQN, TRANSPORT, PID, "
-                     "TGT_IPC_SOCKET, LOG; with several tgtds CONTROL_URLS, TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS "
+                     "TGT_IPC_SOCKET, LOG, with --metrics METRICS and METRICS_PID; with several tgtds CONTROL_URLS, TGTD, STRIPE_UNIT, SHARD_DIRS, PIDS "
                      "instead of PORT, IQN, PID, TGT_IPC_SOCKET, LOG); repeatable")
     how.add_argument("--json", action="store_true", help="print target.env as JSON")
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")

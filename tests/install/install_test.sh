@@ -279,6 +279,8 @@ debs() {
   expect_line "blkps-server .deb" "$files" '/usr/lib/tgt/backing-store/bs_blkps\.so$'
   expect_line "blkps-server .deb" "$files" '/usr/bin/blkps-bsopts$'
   expect_line "blkps-server .deb" "$files" '/usr/lib/systemd/system/blkps@\.service$'
+  expect_line "blkps-server .deb" "$files" '/usr/share/blkps/monitoring/blkps\.rules\.yml$'
+  expect_line "blkps-server .deb" "$files" '/usr/share/blkps/monitoring/blkps-grafana\.json$'
   if grep -qE '/usr/bin/blkps(-mount|-layout)?$|libblkps' <<<"$files"; then
     fail "blkps-server .deb holds files of the blkps .deb:"$'\n'"$files"
   fi

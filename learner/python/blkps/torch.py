@@ -75,6 +75,7 @@ import torch
 import blkps
 from blkps.collectives import Exchange as _Exchange, session_of as _session_of
 from blkps.control import describe_layout as _describe_layout, open_control as _open_control
+from blkps import metrics as _metrics
 from blkps.staging import FlatModel as _FlatModel
 from blkps.torch_embedding import Embedding, EmbeddingBag
 
@@ -563,6 +564,7 @@ class _DistributedOptimizer:
         self.pushes = 0         # bucket pushes (gradient mode) or whole-model pushes (delta)
         self.overlapped = 0     # gradient mode: buckets pushed while backward still ran
         self.transfers = 0      # gradient mode: device calls (a push, pull or exchange of adjacent buckets)
+        self.bytes = {"pushed": 0, "pulled": 0}  # gradient mode: bytes on the wire, by direction
         self.skipped_steps = 0  # steps with non-finite gradients, not pushed (skip_nonfinite)
         self.forward_waits = 0  # forward pre-hooks that found a bucket's weights still arriving
         # Gradient mode, where the time goes (seconds, summed): the communication
@@ -816,9 +818,11 @@ class _DistributedOptimizer:
             self._stage_push(bucket, zero)
         first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
         start = time.perf_counter()
-        (device.push16 if self.flat.sixteen else device.push)(first, self.flat.host_pushed(first, end))
+        host = self.flat.host_pushed(first, end)
+        (device.push16 if self.flat.sixteen else device.push)(first, host)
         self.seconds["push"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pushed"] += host.nbytes
 
     def _exchange_buckets(self, device, batch):
         """The push of the adjacent buckets of `batch` ((bucket, zero)
@@ -836,16 +840,20 @@ class _DistributedOptimizer:
             self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["exchange"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pushed"] += host.nbytes
+        self.bytes["pulled"] += into.nbytes
 
     def _pull_buckets(self, device, buckets):
         """One pull of the adjacent `buckets`."""
         first, end = min(b.first for b in buckets), max(b.end for b in buckets)
         start = time.perf_counter()
-        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, self.flat.host_weights(first, end))
+        into = self.flat.host_weights(first, end)
+        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, into)
         for bucket in buckets:
             self.flat.weights_arrived(bucket.first, bucket.end)
         self.seconds["pull"] += time.perf_counter() - start
         self.transfers += 1
+        self.bytes["pulled"] += into.nbytes
 
     def _raise_error(self):
         if self._error is not None:
@@ -1071,6 +1079,10 @@ class _DistributedOptimizer:
         for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()
+        server, self.metrics_server = getattr(self, "metrics_server", None), None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 _NOTHING = object()  # _take_adjacent: the queue ran empty
@@ -1123,7 +1135,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     wait_weights(), pull_server_weights(), param_groups, state_dict(),
     close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
-    mode: copy_out, push, pull, exchange, step_wait, weights_wait)."""
+    mode: copy_out, push, pull, exchange, step_wait, weights_wait), bytes
+    (gradient mode: pushed, pulled on the wire)."""
     global _optimizer, _pending_broadcast
     options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
@@ -1131,6 +1144,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         _optimizer = None
     _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options,
                                        overlap_pull, skip_nonfinite, look_ahead)
+    job = _the_job()  # BLKPS_METRICS_PORT: its counters over HTTP (doc/monitoring.md "Learner metrics")
+    _optimizer.metrics_server = _metrics.serve_optimizer(_optimizer, job.rank, job.local_rank)
     if _pending_broadcast is not None:
         root, _pending_broadcast = _pending_broadcast, None
         if _optimizer._ctl is not None or _the_job().size > 1:
@@ -1587,6 +1602,7 @@ class EarlyStopping:
             raise ValueError("blkps.torch: EarlyStopping expects min_delta >= 0 and mode 'min' or 'max'")
         self.patience, self.min_delta, self.mode, self.stop_job = patience, min_delta, mode, stop_job
         self.best, self.bad_evals, self.stopped, self.last = None, 0, False, None
+        _metrics.watch_early_stopping(self)  # exported with the optimizer's counters (BLKPS_METRICS_PORT)
 
     def step(self, metric):
         """Takes this evaluation's metric; returns True when training stops."""
