@@ -194,6 +194,8 @@ class Job {
     uint64_t params = 0, blocks = 0, global_step = 0, updates = 0, rejected_writes = 0;
     bool failed = false;
     bool stop = false;
+    uint64_t table_width = 0;  // a table's values per row; 0: a dense model
+    uint64_t pushing_learners = 0;  // PushingLearnersLocked()
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line, then NUL padding:
@@ -265,6 +267,10 @@ class Job {
     std::string dtype;      // the LUN's wire type, for status
     std::function<void()> wake;
     Clock::time_point last_io;
+    // Its last write's admission; never, before one. A slot that pushed
+    // within dead_after takes part in the job's async steps
+    // (PushingLearnersLocked).
+    Clock::time_point last_push = Clock::time_point::min();
     uint32_t held = 0;
     std::vector<Released> released;
     // Counters for status.
@@ -314,6 +320,12 @@ class Job {
   // status and the guard rail; returns the staleness its gradient is
   // applied with (UpdateRule::ApplyStale; 0 without staleness_aware).
   uint64_t PushStalenessLocked(size_t slot, uint64_t b);
+  // The learners taking part in async steps at `now`: slots whose last push
+  // is at most dead_after old (read-only and spare LUNs never count). The N
+  // of doc/async.md: a push is applied as at least N-1 updates stale, and
+  // blkps.torch scales its pushes by the same N (status and counters
+  // "pushing_learners").
+  size_t PushingLearnersLocked(Clock::time_point now) const;
   static constexpr uint64_t kNeverRead = ~uint64_t{0};
   bool FailedLocked() const { return !failure_.empty(); }
   // Control's tag=: OK if `tag` may be one.

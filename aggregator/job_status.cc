@@ -70,6 +70,8 @@ Job::Counters Job::GetCounters() const {
   c.rejected_writes = rejected_writes_.load();
   c.failed = FailedLocked();
   c.stop = stop_;
+  c.table_width = model_->table().width;
+  c.pushing_learners = PushingLearnersLocked(Clock::now());
   return c;
 }
 
@@ -113,6 +115,7 @@ std::string Job::StatusJson() const {
   j << "  \"staleness_aware\": " << (opts_.staleness_aware ? "true" : "false") << ",\n";
   j << "  \"stale_bound\": " << opts_.stale_bound << ",\n";
   j << "  \"live_learners\": " << live << ",\n";
+  j << "  \"pushing_learners\": " << PushingLearnersLocked(now) << ",\n";
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";

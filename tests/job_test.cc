@@ -165,31 +165,61 @@ TEST(Job, OneAsyncLearnerGetsEveryRuleExactlyAsWritten) {
   }
 }
 
-// Two learners (L = 2) read the same weights. With staleness awareness a
-// push is applied at 1/max(L, 1+τ) of its size (doc/async.md "Gradient
-// mode: staleness-aware steps in the server"): b's two fresh pushes (its
-// own do not count) at 1/2, a's push, two updates stale, at 1/3.
+// Two learners taking part (N = 2: both have pushed, here to block 1) read
+// block 0. With staleness awareness a push is applied at 1/max(N, 1+τ) of
+// its size (doc/async.md "Gradient mode: staleness-aware steps in the
+// server"): b's two fresh pushes (its own do not count) at 1/2, a's push,
+// two updates stale, at 1/3.
 TEST(Job, AsyncPushIsAtMostOneLearnersShareAndStalerPushesLess) {
   for (const char* mode : {"async", "ssp:2"}) {
     for (int aware = 0; aware < 2; ++aware) {
-      JobOptions o = Options(16, mode);  // sgd, lr 1
+      JobOptions o = Options(32, mode);  // sgd, lr 1, 2 blocks
       o.staleness_aware = aware == 1;
       std::shared_ptr<Job> job;
       ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
       const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+      const std::vector<float> g(16, 1.0f);
+      for (size_t slot : {a, b}) {
+        ASSERT_EQ(job->Admit(slot, true, 64, 64, nullptr), Job::Admission::kRun);
+        ASSERT_TRUE(job->Write(slot, 64, g.data(), 64).ok());
+      }
       ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
       ASSERT_EQ(job->Admit(b, false, 0, 64, nullptr), Job::Admission::kRun);
-      const std::vector<float> g(16, 1.0f);
       for (size_t slot : {b, b, a}) {
         ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
         ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
       }
       const float want = aware ? -(0.5f + 0.5f + 1.0f / 3.0f) : -3.0f;
-      for (float w : ReadAll(*job, 16)) EXPECT_FLOAT_EQ(w, want) << mode << " aware " << aware;
+      const std::vector<float> w = ReadAll(*job, 32);
+      for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(w[i], want) << mode << " aware " << aware;
       const std::string status = job->StatusJson();
       EXPECT_NE(status.find("\"push_staleness_max\": 2, \"push_staleness_mean\": 2.000"), std::string::npos) << status;
     }
   }
+}
+
+// N is the learners that push, not the LUNs: with a third, read-only LUN
+// (a spare slot, an evaluator) two pushing learners' fresh pushes are
+// applied at 1/2 each, not 1/3; status and the counters say N = 2.
+TEST(Job, AsyncStepIsNotDividedByALunThatDoesNotPush) {
+  JobOptions o = Options(16, "async");  // sgd, lr 1, staleness-aware
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {}), reader = job->AddLearner(3, [] {});
+  const std::vector<float> g(16, 1.0f);
+  for (size_t slot : {a, b}) {  // both take part: each has pushed once
+    ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
+    ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
+  }
+  ASSERT_EQ(job->Admit(reader, false, 0, 64, nullptr), Job::Admission::kRun);
+  const std::vector<float> before = ReadAll(*job, 16);
+  ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
+  ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);  // fresh: τ = 0
+  ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());
+  const std::vector<float> after = ReadAll(*job, 16);
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -0.5f) << i;
+  EXPECT_NE(job->StatusJson().find("\"pushing_learners\": 2,"), std::string::npos) << job->StatusJson();
+  EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
 }
 
 // The guard rail: a push staler than stale_bound is counted in the status and

@@ -135,6 +135,26 @@ TEST(TableTarget, RowPushesFromTwoLearnersApplyToSeededRowsAndSurviveARestart) {
   EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
 }
 
+// On a table of 128-wide rows (one sector each), rows of 64 values would
+// land as half of another row: PushRows and PullRows refuse them in one line
+// naming the table's width, and nothing reaches the server.
+TEST(TableTarget, RowsOfAnotherWidthThanTheTablesAreRefusedBeforeSending) {
+  TargetProcess target("table=1000:128;rule=sgd;lr=1;init=normal:0.1;seed=5");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  auto m = Open(target.url(1), "narrow");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->table_width(), 128u);
+  std::vector<float> before(2 * 128), after(2 * 128), half(64, 1.0f);
+  ASSERT_EQ(m->Pull(0, before.data(), before.size()), 0) << m->last_error();
+  const uint64_t id = 1;
+  EXPECT_EQ(m->PushRows(&id, 1, 64, half.data()), -EINVAL);
+  EXPECT_TRUE(Contains(m->last_error(), "the table's rows are 128 values wide")) << m->last_error();
+  EXPECT_EQ(m->PullRows(&id, 1, 64, half.data()), -EINVAL);
+  ASSERT_EQ(m->Pull(0, after.data(), after.size()), 0) << m->last_error();
+  EXPECT_EQ(after, before);
+  EXPECT_TRUE(Contains(Status(target), "\"writes\": 0,")) << Status(target);  // LUN 1 saw no write
+}
+
 TEST(TableTarget, BspAndSspTablesAreRefusedWithOneLine) {
   TargetProcess target("table=64:8;lr=1");
   ASSERT_TRUE(target.ok()) << target.start_output();

@@ -251,4 +251,17 @@ Status IscsiDevice::Service() {
   return Status();
 }
 
+Status IscsiDevice::ReadTableWidth() {
+  std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
+  Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, BLKPS_CONTROL_COUNTERS_OFFSET, region.data(),
+                          region.size(), block_size_);
+  if (!s.ok()) return Status::Error(s.code(), "%s: counters: %s", name_.c_str(), s.message().c_str());
+  blkps_control_counters counters{};
+  // An older server's shorter record decodes as none: its width is unknown.
+  if (blkps_control_counters_decode(region.data(), region.size(), &counters) == 0) {
+    table_width_ = counters.table_width;
+  }
+  return Status();
+}
+
 }  // namespace blkps::iscsi

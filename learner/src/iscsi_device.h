@@ -83,6 +83,7 @@ class IscsiDevice : public Device {
   // the reads on the same connection. (iSER moves all data by RDMA.)
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
+  uint64_t table_width() const override { return table_width_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
@@ -98,6 +99,10 @@ class IscsiDevice : public Device {
   Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline = kNoDeadline);
   // The receipt is what the device expects from now on.
   void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
+  // Reads the table's width from the control LUN's counters into
+  // table_width() (0 from a server whose record has none). REQUIRES:
+  // control_lun_ >= 0 and no command in flight.
+  Status ReadTableWidth();
 
  private:
   // Queues command `index` with OnCommandDone and `command` as its callback
@@ -153,6 +158,7 @@ class IscsiDevice : public Device {
   // each unit, to put lost writes in bytes.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
+  uint64_t table_width_ = 0;  // see table_width()
   bool said_no_receipts_ = false;
 };
 

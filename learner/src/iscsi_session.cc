@@ -494,6 +494,13 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
                               why.c_str());
       return nullptr;
     }
+    // A table's width, so that rows of another width are refused before
+    // they are sent (Device::table_width).
+    s = device->ReadTableWidth();
+    if (!s.ok()) {
+      *status = Status::Error(s.code(), "%s; open the model again", s.message().c_str());
+      return nullptr;
+    }
   }
   return device;
 }

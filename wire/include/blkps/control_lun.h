@@ -127,7 +127,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 #define BLKPS_STATUS_KEYS                                                                                         \
   "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                 \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                                           \
-  "hold_limit_s max_dead staleness_aware stale_bound live_learners failed failure control_error stop checkpoint " \
+  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners failed failure control_error stop checkpoint " \
   "learners"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds last_stall_seconds every_s error"
 /* "table" is null for a dense model; for a table, an object of these. */
@@ -140,8 +140,8 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 #define BLKPS_CONTROL_COUNTERS_MAGIC "blkpsctr"
 
 /* The counters record at BLKPS_CONTROL_COUNTERS_OFFSET: little-endian
- * fields, no padding (64 bytes in format 1, 72 with stop). The numbers are the status
- * keys of the same names. */
+ * fields, no padding (64 bytes in format 1, 72 with stop, 88 with
+ * table_width and pushing_learners). The numbers are the status keys of the same names. */
 typedef struct blkps_control_counters {
   char magic[8];           /* BLKPS_CONTROL_COUNTERS_MAGIC, no NUL */
   uint32_t format_version; /* BLKPS_CONTROL_FORMAT_VERSION */
@@ -153,6 +153,13 @@ typedef struct blkps_control_counters {
   uint64_t rejected_writes;
   uint64_t failed; /* 1 while the job has failed, else 0 */
   uint64_t stop;   /* 1 once an operator asked the job to stop (stop=1), else 0 */
+  /* A table's values per row (status "table"."width"; the only width
+   * libblkps's pull_rows and push_rows accept); 0 for a dense model. */
+  uint64_t table_width;
+  /* The learners taking part in async steps: those that pushed within
+   * dead_after (status "pushing_learners"; doc/async.md "One N: the
+   * learners that push"). */
+  uint64_t pushing_learners;
 } blkps_control_counters;
 
 /* A receipt's header, little-endian, then zeros to 4 KiB. */
@@ -235,7 +242,7 @@ static inline int blkps_control_receipt_decode(const void *bytes, uint64_t n, ui
 
 #ifdef __cplusplus
 }  // extern "C"
-static_assert(sizeof(blkps_control_counters) == 72, "the record is 72 bytes since stop");
+static_assert(sizeof(blkps_control_counters) == 88, "the record is 88 bytes since pushing_learners");
 static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
 #endif
 
