@@ -194,7 +194,7 @@ class Job {
     uint64_t params = 0, blocks = 0, global_step = 0, updates = 0, rejected_writes = 0;
     bool failed = false;
     bool stop = false;
-    uint64_t table_width = 0;  // a table's values per row; 0: a dense model
+    uint64_t table_width = 0;       // a table's values per row; 0: a dense model
     uint64_t pushing_learners = 0;  // PushingLearnersLocked()
   };
   Counters GetCounters() const;
@@ -213,10 +213,16 @@ class Job {
   // then applied whole: a refused block (InvalidArgument naming the first
   // bad line) changes nothing. The status JSON's control_error holds that
   // reason until a write succeeds.
+  // rank=<rank>:<run> is a collective rank's heartbeat (blkps.torch,
+  // doc/pytorch.md "Horovod's API"): rank a number below
+  // kMaxRanks, run 1 to 32 lower-case hex digits naming the run; status
+  // "ranks" shows each rank's last one (the latest run's), so that ranks
+  // waiting in a collective tell a dead rank from a slow one.
   // With ControlRights::kLearner (the learners' control LUN) only the
   // commands a learner itself sends are taken: fence= (libblkps,
-  // exactly-once after a reconnect) and tag= (blkps.torch's fingerprint);
-  // a block with any other line is refused whole with PermissionDenied.
+  // exactly-once after a reconnect), tag= (blkps.torch's fingerprint) and
+  // rank=; a block with any other line is refused whole with
+  // PermissionDenied.
   enum class ControlRights { kOperator, kLearner };
   Status Control(const std::string& commands, const std::string& initiator = "",
                  ControlRights rights = ControlRights::kOperator);
@@ -224,6 +230,8 @@ class Job {
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
   static constexpr uint64_t kReceiptUnit = 512;
+  // Ranks that control's rank= takes: 0 .. kMaxRanks - 1.
+  static constexpr uint64_t kMaxRanks = 1 << 16;
   // Receipts kept per learner slot (see "Receipts" above).
   static constexpr size_t kReceiptsPerSlot = 8;
   struct ReceiptNumbers {
@@ -341,13 +349,19 @@ class Job {
 
   // Lock order: a model block's lock, then mu_; never the other way.
   mutable std::mutex mu_;
-  LearnerClocks clocks_;                 // guarded by mu_
-  std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
-  std::vector<HeldCommand> held_;        // guarded by mu_
-  std::string failure_;                  // guarded by mu_; non-empty: failed
-  std::string tag_;                      // guarded by mu_; control's tag=
-  std::string control_error_;            // guarded by mu_; why the last control write was refused
-  bool stop_ = false;                    // guarded by mu_; control's stop=1
+  LearnerClocks clocks_;           // guarded by mu_
+  std::vector<Slot> slots_;        // guarded by mu_; index = clocks_ learner
+  std::vector<HeldCommand> held_;  // guarded by mu_
+  std::string failure_;            // guarded by mu_; non-empty: failed
+  std::string tag_;                // guarded by mu_; control's tag=
+  std::string control_error_;      // guarded by mu_; why the last control write was refused
+  bool stop_ = false;              // guarded by mu_; control's stop=1
+  // Control's rank= heartbeats: rank -> its run and when it last beat.
+  struct RankBeat {
+    std::string run;
+    Clock::time_point last;
+  };
+  std::map<uint64_t, RankBeat> ranks_;   // guarded by mu_
   uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path

@@ -142,7 +142,18 @@ std::string Job::StatusJson() const {
       << Fixed(s.pushes_measured ? static_cast<double>(s.push_staleness_sum) / s.pushes_measured : 0.0, 3)
       << ", \"stale_pushes\": " << s.stale_pushes << "}";
   }
-  j << (slots_.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  j << (slots_.empty() ? "],\n" : "\n  ],\n");
+  // Ranks are dead by the same bound as learners: no heartbeat for
+  // dead_after (blkps.torch's waiting ranks apply their own bound).
+  j << "  \"ranks\": [";
+  const char* rank_sep = "\n";
+  for (const auto& [rank, beat] : ranks_) {
+    const double idle = Seconds(now - beat.last);
+    j << rank_sep << "    {\"rank\": " << rank << ", \"run\": " << JsonString(beat.run) << ", \"state\": \""
+      << (idle > opts_.dead_after_s ? "dead" : "live") << "\", \"idle_s\": " << Fixed(idle, 3) << "}";
+    rank_sep = ",\n";
+  }
+  j << (ranks_.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return j.str();
 }
 

@@ -412,10 +412,34 @@ TEST(Job, StatusHasExactlyTheKeysTheControlLunHeaderLists) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
   job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("rank=0:ab12").ok());
   const auto keys = KeysByObject(job->StatusJson());
   EXPECT_EQ(keys.at(""), Words(BLKPS_STATUS_KEYS));
   EXPECT_EQ(keys.at("checkpoint"), Words(BLKPS_STATUS_CHECKPOINT_KEYS));
   EXPECT_EQ(keys.at("learners"), Words(BLKPS_STATUS_LEARNER_KEYS));
+  EXPECT_EQ(keys.at("ranks"), Words(BLKPS_STATUS_RANK_KEYS));
+}
+
+// A collective rank's heartbeat (rank=<rank>:<run>, from the learners'
+// control LUN too) shows in status "ranks", one entry per rank, the
+// latest run's; a malformed one is refused in one line and changes nothing.
+TEST(Job, RankHeartbeatsShowInStatusOnePerRank) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  EXPECT_NE(job->StatusJson().find("\"ranks\": []"), std::string::npos) << job->StatusJson();
+  ASSERT_TRUE(job->Control("rank=1:0a", "", Job::ControlRights::kLearner).ok());
+  ASSERT_TRUE(job->Control("rank=0:0a", "", Job::ControlRights::kLearner).ok());
+  ASSERT_TRUE(job->Control("rank=1:ff", "", Job::ControlRights::kLearner).ok());
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("{\"rank\": 0, \"run\": \"0a\", \"state\": \"live\""), std::string::npos) << status;
+  EXPECT_NE(status.find("{\"rank\": 1, \"run\": \"ff\", \"state\": \"live\""), std::string::npos) << status;
+  EXPECT_EQ(status.find("\"run\": \"0a\""), status.rfind("\"run\": \"0a\"")) << status;  // rank 1's is ff now
+  for (const char* bad : {"rank=1", "rank=x:0a", "rank=65536:0a", "rank=1:0A", "rank=1:"}) {
+    const Status s = job->Control(bad, "", Job::ControlRights::kLearner);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("rank: expected rank=<rank below 65536>:<run"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(job->StatusJson().find("\"rank\": 65536"), std::string::npos);
 }
 
 TEST(Job, CountersMatchTheStatus) {
