@@ -154,8 +154,30 @@ class IscsiDevice : public Device {
   // Per 512-byte unit: how many of this session's writes starting there the
   // server has applied, as far as the device knows (receipts only).
   std::vector<uint32_t> expected_;
-  // The caller's bytes (padding aside) in the last write acknowledged at
-  // each unit, to put lost writes in bytes.
+  // Lost writes in bytes (pushed_bytes_lost). Which writes a restart lost
+  // is known by unit: the last `behind` acknowledged at each unit. Their
+  // lengths differ where the writes starting at a unit do (a table's runs
+  // of rows), so the device keeps, per unit, the caller's bytes (padding
+  // aside) of every write acknowledged since the last durable point (a
+  // Sync that returned GOOD, or a restart: the server then holds only its
+  // checkpoint), as runs of equal lengths. Beyond kMaxUnsyncedRuns runs in
+  // all (a learner that pushes rows of many lengths and never syncs) a
+  // unit's new length extends its last run; the total is then approximate,
+  // said once on stderr.
+  struct LengthRun {
+    uint64_t length;
+    uint64_t count;
+  };
+  static constexpr size_t kMaxUnsyncedRuns = size_t{1} << 20;
+  void RecordWriteLength(uint64_t unit, uint64_t length);
+  // Bytes of the last `behind` writes acknowledged at `unit`.
+  uint64_t LostBytes(uint64_t unit, uint64_t behind) const;
+  void ForgetUnsyncedLengths();
+  std::unordered_map<uint64_t, std::vector<LengthRun>> unsynced_lengths_;
+  size_t unsynced_runs_ = 0;
+  bool said_lengths_approximate_ = false;
+  // The caller's bytes in the last write acknowledged at each unit: the
+  // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
   uint64_t table_width_ = 0;  // see table_width()
