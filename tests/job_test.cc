@@ -222,6 +222,43 @@ TEST(Job, AsyncStepIsNotDividedByALunThatDoesNotPush) {
   EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
 }
 
+// A learner that stops pushing leaves N once its last push is dead_after
+// old (doc/async.md "One N: the learners that push"): the other's next
+// fresh push is applied whole, no longer as half of a round.
+TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
+  JobOptions o = Options(16, "async");  // sgd, lr 1, staleness-aware
+  o.dead_after_s = 0.2;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool b_dead = false;
+  auto log = [&](const std::string& line) {
+    if (line.find("lun 2 is dead") == std::string::npos) return;
+    std::lock_guard<std::mutex> lock(mu);
+    b_dead = true;
+    cv.notify_all();
+  };
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, log, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  const std::vector<float> g(16, 1.0f);
+  for (size_t slot : {a, b}) {
+    ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
+    ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
+  }
+  EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
+  {
+    std::unique_lock<std::mutex> lock(mu);  // b's last push is dead_after old when it is declared dead
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return b_dead; }));
+  }
+  const std::vector<float> before = ReadAll(*job, 16);
+  ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
+  ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);  // fresh: τ = 0
+  ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());
+  const std::vector<float> after = ReadAll(*job, 16);
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -1.0f) << i;
+  EXPECT_EQ(job->GetCounters().pushing_learners, 1u);
+}
+
 // The guard rail: a push staler than stale_bound is counted in the status and
 // its learner is told so in one log line, once until its pushes are fresh.
 TEST(Job, PushBeyondTheStaleBoundIsCountedAndLoggedOnce) {

@@ -811,7 +811,7 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
 }
 
 // D3: operators are proven by a credential, not by a name. With --operator
-// the learners' control LUN takes reads, fence= and tag= from anyone the
+// the learners' control LUN takes reads, fence=, tag= and rank= from anyone the
 // target admits, whatever initiator name it gives (the operator's too); rule
 // parameters, resume= and weights go through the operator target, which
 // admits only the CHAP account whose secret is in DIR/operator.chap.
