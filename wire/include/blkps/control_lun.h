@@ -124,7 +124,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
- * "learners" array. Their meanings are in doc/server.md, "Status and control". */
+ * "learners" and "ranks" arrays. Their meanings are in doc/server.md, "Status and control". */
 #define BLKPS_STATUS_KEYS                                                                                          \
   "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                  \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                                            \
