@@ -58,6 +58,13 @@ std::vector<float> ReadAll(const Job& job, uint64_t params) {
   return w;
 }
 
+// Writes g through the job as one write at device byte `offset` (Admit,
+// then Write).
+void Push(Job& job, size_t slot, uint64_t offset, const std::vector<float>& g) {
+  ASSERT_EQ(job.Admit(slot, true, offset, g.size() * 4, nullptr), Job::Admission::kRun);
+  ASSERT_TRUE(job.Write(slot, offset, g.data(), g.size() * 4).ok());
+}
+
 // Writes g through the job in random pieces (Admit, then Write).
 void PushInPieces(Job& job, size_t slot, const std::vector<float>& g, std::mt19937& rng) {
   uint64_t at = 0;
@@ -179,16 +186,10 @@ TEST(Job, AsyncPushIsAtMostOneLearnersShareAndStalerPushesLess) {
       ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
       const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
       const std::vector<float> g(16, 1.0f);
-      for (size_t slot : {a, b}) {
-        ASSERT_EQ(job->Admit(slot, true, 64, 64, nullptr), Job::Admission::kRun);
-        ASSERT_TRUE(job->Write(slot, 64, g.data(), 64).ok());
-      }
+      for (size_t slot : {a, b}) Push(*job, slot, 64, g);
       ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
       ASSERT_EQ(job->Admit(b, false, 0, 64, nullptr), Job::Admission::kRun);
-      for (size_t slot : {b, b, a}) {
-        ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
-        ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
-      }
+      for (size_t slot : {b, b, a}) Push(*job, slot, 0, g);
       const float want = aware ? -(0.5f + 0.5f + 1.0f / 3.0f) : -3.0f;
       const std::vector<float> w = ReadAll(*job, 32);
       for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(w[i], want) << mode << " aware " << aware;
@@ -207,15 +208,11 @@ TEST(Job, AsyncStepIsNotDividedByALunThatDoesNotPush) {
   ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
   const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {}), reader = job->AddLearner(3, [] {});
   const std::vector<float> g(16, 1.0f);
-  for (size_t slot : {a, b}) {  // both take part: each has pushed once
-    ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
-    ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
-  }
+  for (size_t slot : {a, b}) Push(*job, slot, 0, g);  // both take part: each has pushed once
   ASSERT_EQ(job->Admit(reader, false, 0, 64, nullptr), Job::Admission::kRun);
   const std::vector<float> before = ReadAll(*job, 16);
   ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
-  ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);  // fresh: τ = 0
-  ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());
+  Push(*job, a, 0, g);  // fresh: τ = 0
   const std::vector<float> after = ReadAll(*job, 16);
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -0.5f) << i;
   EXPECT_NE(job->StatusJson().find("\"pushing_learners\": 2,"), std::string::npos) << job->StatusJson();
@@ -241,10 +238,7 @@ TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
   ASSERT_TRUE(Job::Create("m", o, log, &job).ok());
   const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
   const std::vector<float> g(16, 1.0f);
-  for (size_t slot : {a, b}) {
-    ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
-    ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
-  }
+  for (size_t slot : {a, b}) Push(*job, slot, 0, g);
   EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
   {
     std::unique_lock<std::mutex> lock(mu);  // b's last push is dead_after old when it is declared dead
@@ -252,8 +246,7 @@ TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
   }
   const std::vector<float> before = ReadAll(*job, 16);
   ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
-  ASSERT_EQ(job->Admit(a, true, 0, 64, nullptr), Job::Admission::kRun);  // fresh: τ = 0
-  ASSERT_TRUE(job->Write(a, 0, g.data(), 64).ok());
+  Push(*job, a, 0, g);  // fresh: τ = 0
   const std::vector<float> after = ReadAll(*job, 16);
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -1.0f) << i;
   EXPECT_EQ(job->GetCounters().pushing_learners, 1u);
