@@ -200,6 +200,8 @@ class Job {
     uint64_t params = 0, blocks = 0, global_step = 0, updates = 0, rejected_writes = 0;
     bool failed = false;
     bool stop = false;
+    uint64_t table_width = 0;       // a table's values per row; 0: a dense model
+    uint64_t pushing_learners = 0;  // PushingLearnersLocked()
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line, then NUL padding:
@@ -217,10 +219,16 @@ class Job {
   // then applied whole: a refused block (InvalidArgument naming the first
   // bad line) changes nothing. The status JSON's control_error holds that
   // reason until a write succeeds.
+  // rank=<rank>:<run> is a collective rank's heartbeat (blkps.torch,
+  // doc/pytorch.md "Horovod's API"): rank a number below
+  // kMaxRanks, run 1 to 32 lower-case hex digits naming the run; status
+  // "ranks" shows each rank's last one (the latest run's), so that ranks
+  // waiting in a collective tell a dead rank from a slow one.
   // With ControlRights::kLearner (the learners' control LUN) only the
   // commands a learner itself sends are taken: fence= (libblkps,
-  // exactly-once after a reconnect) and tag= (blkps.torch's fingerprint);
-  // a block with any other line is refused whole with PermissionDenied.
+  // exactly-once after a reconnect), tag= (blkps.torch's fingerprint) and
+  // rank=; a block with any other line is refused whole with
+  // PermissionDenied.
   enum class ControlRights { kOperator, kLearner };
   Status Control(const std::string& commands, const std::string& initiator = "",
                  ControlRights rights = ControlRights::kOperator);
@@ -228,6 +236,8 @@ class Job {
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
   static constexpr uint64_t kReceiptUnit = 512;
+  // Ranks that control's rank= takes: 0 .. kMaxRanks - 1.
+  static constexpr uint64_t kMaxRanks = 1 << 16;
   // Receipts kept per learner slot (see "Receipts" above).
   static constexpr size_t kReceiptsPerSlot = 8;
   struct ReceiptNumbers {
@@ -271,6 +281,10 @@ class Job {
     std::string dtype;      // the LUN's wire type, for status
     std::function<void()> wake;
     Clock::time_point last_io;
+    // Its last write's admission; never, before one. A slot that pushed
+    // within dead_after takes part in the job's async steps
+    // (PushingLearnersLocked).
+    Clock::time_point last_push = Clock::time_point::min();
     uint32_t held = 0;
     std::vector<Released> released;
     // Counters for status.
@@ -320,6 +334,12 @@ class Job {
   // status and the guard rail; returns the staleness its gradient is
   // applied with (UpdateRule::ApplyStale; 0 without staleness_aware).
   uint64_t PushStalenessLocked(size_t slot, uint64_t b);
+  // The learners taking part in async steps at `now`: slots whose last push
+  // is at most dead_after old (read-only and spare LUNs never count). The N
+  // of doc/async.md: a push is applied as at least N-1 updates stale, and
+  // blkps.torch scales its pushes by the same N (status and counters
+  // "pushing_learners").
+  size_t PushingLearnersLocked(Clock::time_point now) const;
   static constexpr uint64_t kNeverRead = ~uint64_t{0};
   bool FailedLocked() const { return !failure_.empty(); }
   // Control's tag=: OK if `tag` may be one.
@@ -335,13 +355,19 @@ class Job {
 
   // Lock order: a model block's lock, then mu_; never the other way.
   mutable std::mutex mu_;
-  LearnerClocks clocks_;                 // guarded by mu_
-  std::vector<Slot> slots_;              // guarded by mu_; index = clocks_ learner
-  std::vector<HeldCommand> held_;        // guarded by mu_
-  std::string failure_;                  // guarded by mu_; non-empty: failed
-  std::string tag_;                      // guarded by mu_; control's tag=
-  std::string control_error_;            // guarded by mu_; why the last control write was refused
-  bool stop_ = false;                    // guarded by mu_; control's stop=1
+  LearnerClocks clocks_;           // guarded by mu_
+  std::vector<Slot> slots_;        // guarded by mu_; index = clocks_ learner
+  std::vector<HeldCommand> held_;  // guarded by mu_
+  std::string failure_;            // guarded by mu_; non-empty: failed
+  std::string tag_;                // guarded by mu_; control's tag=
+  std::string control_error_;      // guarded by mu_; why the last control write was refused
+  bool stop_ = false;              // guarded by mu_; control's stop=1
+  // Control's rank= heartbeats: rank -> its run and when it last beat.
+  struct RankBeat {
+    std::string run;
+    Clock::time_point last;
+  };
+  std::map<uint64_t, RankBeat> ranks_;   // guarded by mu_
   uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path

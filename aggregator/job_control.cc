@@ -1,6 +1,6 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
-// stop=1|0 or tag=<text> (job.h, "Receipts"). One grammar, one parser: a
+// stop=1|0, tag=<text> or rank=<rank>:<run> (job.h, "Receipts", Control). One grammar, one parser: a
 // block is parsed and checked whole, then applied whole or not at all.
 #include "job.h"
 
@@ -17,7 +17,7 @@ namespace blkps::server {
 namespace {
 
 // The commands a learner sends itself (Job::ControlRights::kLearner).
-bool IsLearnerCommand(const std::string& key) { return key == "fence" || key == "tag"; }
+bool IsLearnerCommand(const std::string& key) { return key == "fence" || key == "tag" || key == "rank"; }
 
 // A key: lower-case letters, digits and '_'. Any key but resume, fence and
 // tag names a rule parameter, which the rule checks.
@@ -80,8 +80,8 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
     if (eq == std::string::npos || !IsKey(key)) {
       return bad(
-          "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN> or tag=<text>, "
-          "one a line, got '" +
+          "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
+          "rank=<rank>:<run>, one a line, got '" +
           ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -96,7 +96,8 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     for (const Line& l : lines) {
       if (IsLearnerCommand(l.key)) continue;
       return refuse(Status::PermissionDenied("control: " + l.key +
-                                             ": the learners' control LUN takes only fence= and tag=; operators write "
+                                             ": the learners' control LUN takes only fence=, tag= and rank=; operators "
+                                             "write "
                                              "through the model's operator target (blkps target start --operator)"));
     }
   }
@@ -105,6 +106,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   std::optional<bool> stop;
   uint64_t fence_lun = 0;
   bool fence = false;
+  std::optional<std::pair<uint64_t, std::string>> beat;  // rank=
   for (const Line& l : lines) {
     if (l.key == "resume") {
       if (l.value != "1") return bad("resume: expected resume=1, got '" + ShowBytes(l.value) + "'");
@@ -116,6 +118,20 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     } else if (l.key == "tag") {
       Status s = CheckTag(l.value);
       if (!s.ok()) return refuse(s);
+    } else if (l.key == "rank") {
+      const size_t colon = l.value.find(':');
+      const std::string rank = l.value.substr(0, colon);
+      const std::string run = colon == std::string::npos ? "" : l.value.substr(colon + 1);
+      const bool digits =
+          !rank.empty() && rank.size() <= 5 && rank.find_first_not_of("0123456789") == std::string::npos;
+      const bool hex =
+          !run.empty() && run.size() <= 32 && run.find_first_not_of("0123456789abcdef") == std::string::npos;
+      const uint64_t r = digits ? std::strtoull(rank.c_str(), nullptr, 10) : kMaxRanks;
+      if (r >= kMaxRanks || !hex) {
+        return bad("rank: expected rank=<rank below " + std::to_string(kMaxRanks) +
+                   ">:<run, 1 to 32 lower-case hex digits>, got '" + ShowBytes(l.value) + "'");
+      }
+      beat.emplace(r, run);
     } else if (l.key == "fence") {
       const bool digits =
           !l.value.empty() && l.value.size() <= 19 && l.value.find_first_not_of("0123456789") == std::string::npos;
@@ -150,6 +166,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (l.key == "tag") tag_ = l.value;
   }
   if (fence) FenceLocked(fence_lun, initiator);
+  if (beat) ranks_[beat->first] = RankBeat{beat->second, Clock::now()};
   if (stop) {
     stop_ = *stop;
     log_(stop_ ? "control: stop asked: learners stop training" : "control: stop withdrawn");

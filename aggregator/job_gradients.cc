@@ -67,11 +67,14 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
 
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   Slot& s = slots_[slot];
-  // With L learners a push is at least 1/L of a round (one step of one
-  // process on the total batch), however fresh: it is applied as at least
-  // L-1 updates stale (doc/async.md "Gradient mode: staleness-aware steps
-  // in the server"). One learner: 0, as written.
-  const uint64_t round = opts_.staleness_aware && !slots_.empty() ? slots_.size() - 1 : 0;
+  // With N learners taking part a push is at least 1/N of a round (one
+  // step of one process on the total batch), however fresh: it is applied
+  // as at least N-1 updates stale (doc/async.md "Gradient mode:
+  // staleness-aware steps in the server"). One learner: 0, as written. N
+  // counts the learners that push, not the LUNs: a spare or read-only LUN
+  // takes no share.
+  const size_t pushing = std::max<size_t>(PushingLearnersLocked(Clock::now()), 1);
+  const uint64_t round = opts_.staleness_aware ? pushing - 1 : 0;
   if (s.read_version.empty() || s.read_version[b] == kNeverRead) return round;  // nothing read: unknown
   const uint64_t tau = clocks_.version(b) - s.read_version[b] - s.own_since_read[b];
   s.push_staleness_max = std::max(s.push_staleness_max, tau);
@@ -90,6 +93,13 @@ uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
     s.told_stale = false;
   }
   return opts_.staleness_aware ? std::max(tau, round) : 0;
+}
+
+size_t Job::PushingLearnersLocked(Clock::time_point now) const {
+  const auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.dead_after_s));
+  size_t n = 0;
+  for (const Slot& s : slots_) n += s.last_push != Clock::time_point::min() && now - s.last_push <= window ? 1 : 0;
+  return n;
 }
 
 void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {

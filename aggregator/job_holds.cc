@@ -16,6 +16,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   std::lock_guard<std::mutex> lock(mu_);
   Slot& s = slots_[slot];
   s.last_io = Clock::now();
+  if (write) s.last_push = s.last_io;
   (write ? s.writes : s.reads) += 1;
   (write ? s.bytes_written : s.bytes_read) += len;
   Receipt* receipt = UseReceiptLocked(s, initiator, write);

@@ -127,6 +127,10 @@ Status Job::RestoreReceiptsLocked(const std::vector<uint64_t>& words) {
     if (!next(&counters) || counters > (words.size() - i) / 2) return bad;
     Receipt& r = *UseReceiptLocked(slots_[slot], initiator, true);  // files before the bound may hold more
     r.writes_applied = applied;
+    // A slot that had pushed took part before the restart: it counts for
+    // async steps from the restart on (for dead_after, as its learner
+    // reconnects), so the restart changes no step's size.
+    if (applied > 0) slots_[slot].last_push = Clock::now();
     for (uint64_t c = 0; c < counters; ++c, i += 2) r.applied[words[i]] = static_cast<uint32_t>(words[i + 1]);
   }
   return i == words.size() ? Status::OK() : bad;

@@ -70,6 +70,8 @@ Job::Counters Job::GetCounters() const {
   c.rejected_writes = rejected_writes_.load();
   c.failed = FailedLocked();
   c.stop = stop_;
+  c.table_width = model_->table().width;
+  c.pushing_learners = PushingLearnersLocked(Clock::now());
   return c;
 }
 
@@ -113,6 +115,7 @@ std::string Job::StatusJson() const {
   j << "  \"staleness_aware\": " << (opts_.staleness_aware ? "true" : "false") << ",\n";
   j << "  \"stale_bound\": " << opts_.stale_bound << ",\n";
   j << "  \"live_learners\": " << live << ",\n";
+  j << "  \"pushing_learners\": " << PushingLearnersLocked(now) << ",\n";
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
@@ -139,7 +142,18 @@ std::string Job::StatusJson() const {
       << Fixed(s.pushes_measured ? static_cast<double>(s.push_staleness_sum) / s.pushes_measured : 0.0, 3)
       << ", \"stale_pushes\": " << s.stale_pushes << "}";
   }
-  j << (slots_.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  j << (slots_.empty() ? "],\n" : "\n  ],\n");
+  // Ranks are dead by the same bound as learners: no heartbeat for
+  // dead_after (blkps.torch's waiting ranks apply their own bound).
+  j << "  \"ranks\": [";
+  const char* rank_sep = "\n";
+  for (const auto& [rank, beat] : ranks_) {
+    const double idle = Seconds(now - beat.last);
+    j << rank_sep << "    {\"rank\": " << rank << ", \"run\": " << JsonString(beat.run) << ", \"state\": \""
+      << (idle > opts_.dead_after_s ? "dead" : "live") << "\", \"idle_s\": " << Fixed(idle, 3) << "}";
+    rank_sep = ",\n";
+  }
+  j << (ranks_.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return j.str();
 }
 

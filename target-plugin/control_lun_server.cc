@@ -80,6 +80,8 @@ std::string CountersRegion(const server::Job& job) {
   record.rejected_writes = c.rejected_writes;
   record.failed = c.failed ? 1 : 0;
   record.stop = c.stop ? 1 : 0;
+  record.table_width = c.table_width;
+  record.pushing_learners = c.pushing_learners;
   std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
   blkps_control_counters_encode(record, region.data());
   return region;

@@ -245,8 +245,8 @@ const LuOptionKey kLuOptionTable[] = {
        return Status::OK();
      }},
     {"access",
-     "learners: control LUN only: the learners' control LUN. Anyone may read all of it; writes take only fence= and "
-     "tag= (what libblkps and blkps.torch send), everything else is refused (DATA PROTECT)",
+     "learners: control LUN only: the learners' control LUN. Anyone may read all of it; writes take only fence=, "
+     "tag= and rank= (what libblkps and blkps.torch send), everything else is refused (DATA PROTECT)",
      [](const std::string& key, const std::string& value, Parsing* p) {
        if (value != "learners") return Bad(key, "learners", value);
        p->opts.learners_access = true;

@@ -6,12 +6,13 @@ processes with a launcher's variables, and checks exact results.
   horovod_test.py <repo> <build dir> <case>
 
 Cases: ranks (no server), collectives, any-order, options, compression,
-early-stop.
+early-stop, dead-rank, slow-rank.
 """
 import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -194,7 +195,28 @@ def learner_early_stop(config):
     print(json.dumps(out), flush=True)
 
 
-LEARNERS = {"collectives": learner_collectives, "train": learner_train, "early-stop": learner_early_stop}
+def learner_heartbeat(config):
+    """One allreduce; then rank 1 hangs until it is killed (config "rank1":
+    "dies") or is busy for config "slow_s" seconds, alive (its heartbeat
+    thread goes on); then a second allreduce. Reports what each got, or the
+    RankDied error."""
+    hvd.init()
+    out = {"first": hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="first").tolist()}
+    if hvd.rank() == 1:
+        if config["rank1"] == "dies":
+            print("joined", flush=True)
+            threading.Event().wait()  # until the test's kill -9
+        time.sleep(config["slow_s"])  # evaluating, say: longer than the bound
+    try:
+        out["second"] = hvd.allreduce(torch.tensor([2.0]), op=hvd.Sum, name="second").tolist()
+    except hvd.RankDied as e:
+        out["died"], out["error"] = e.ranks, str(e)
+    print(json.dumps(out))
+    hvd.shutdown()
+
+
+LEARNERS = {"collectives": learner_collectives, "train": learner_train, "early-stop": learner_early_stop,
+            "heartbeat": learner_heartbeat}
 
 
 # ---- the test side ----
@@ -511,6 +533,53 @@ def case_early_stop():
     with_server(f"params={params()};rule=sum;mode=async", 1, other_paths)
 
 
+# The bound of the two cases below: a rank silent this long is dead.
+DEAD_AFTER_S = 5
+
+
+def case_dead_rank():
+    """A rank killed (kill -9) after a collective: the other, waiting in the
+    next one, fails with RankDied naming it (within the bound: a broken
+    check would wait until ctest's timeout), not after 600 s."""
+    os.environ["BLKPS_COLLECTIVE_DEAD_S"] = str(DEAD_AFTER_S)
+
+    def body(server):
+        procs = start_learners(server, "heartbeat", {"rank1": "dies"}, 2)
+        try:
+            check(procs[1].stdout.readline().strip() == "joined", "rank 1 did not join the first allreduce")
+            procs[1].kill()
+            procs[1].wait()
+            out = procs[0].communicate()[0]
+            check(procs[0].returncode == 0, f"rank 0 exited with {procs[0].returncode}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        report = json.loads(out.strip().splitlines()[-1])
+        check(report["first"] == [2.0], f"the first allreduce gave {report['first']}")
+        check(report.get("died") == [1], f"rank 0 did not name rank 1 dead: {report}")
+        check("rank 1: no heartbeat for" in report["error"] and "\n" not in report["error"],
+              f"unclear error: {report['error']}")
+        status = server.status()
+        check(any(r["rank"] == 1 for r in status["ranks"]), f"status shows no rank 1: {status['ranks']}")
+        print(f"dead rank: {report['error']}")
+    with_server(f"params={params()};rule=sum;mode=async", 2, body)
+
+
+def case_slow_rank():
+    """A rank busy longer than twice the bound between two collectives, but
+    alive (its heartbeat goes on), is waited for: both get the sum."""
+    os.environ["BLKPS_COLLECTIVE_DEAD_S"] = str(DEAD_AFTER_S)
+
+    def body(server):
+        reports = run_learners(server, "heartbeat", {"rank1": "slow", "slow_s": 2.5 * DEAD_AFTER_S}, 2)
+        for r, report in enumerate(reports):
+            check(report.get("second") == [4.0], f"rank {r}: {report}")
+        print(f"slow rank: waited for, {2.5 * DEAD_AFTER_S:g} s busy against a bound of {DEAD_AFTER_S} s")
+    with_server(f"params={params()};rule=sum;mode=async", 2, body)
+
+
 CASES = {
     "ranks": case_ranks,
     "collectives": case_collectives,
@@ -518,6 +587,8 @@ CASES = {
     "options": case_options,
     "compression": case_compression,
     "early-stop": case_early_stop,
+    "dead-rank": case_dead_rank,
+    "slow-rank": case_slow_rank,
 }
 
 if __name__ == "__main__":

@@ -58,6 +58,13 @@ std::vector<float> ReadAll(const Job& job, uint64_t params) {
   return w;
 }
 
+// Writes g through the job as one write at device byte `offset` (Admit,
+// then Write).
+void Push(Job& job, size_t slot, uint64_t offset, const std::vector<float>& g) {
+  ASSERT_EQ(job.Admit(slot, true, offset, g.size() * 4, nullptr), Job::Admission::kRun);
+  ASSERT_TRUE(job.Write(slot, offset, g.data(), g.size() * 4).ok());
+}
+
 // Writes g through the job in random pieces (Admit, then Write).
 void PushInPieces(Job& job, size_t slot, const std::vector<float>& g, std::mt19937& rng) {
   uint64_t at = 0;
@@ -165,31 +172,84 @@ TEST(Job, OneAsyncLearnerGetsEveryRuleExactlyAsWritten) {
   }
 }
 
-// Two learners (L = 2) read the same weights. With staleness awareness a
-// push is applied at 1/max(L, 1+τ) of its size (doc/async.md "Gradient
-// mode: staleness-aware steps in the server"): b's two fresh pushes (its
-// own do not count) at 1/2, a's push, two updates stale, at 1/3.
+// Two learners taking part (N = 2: both have pushed, here to block 1) read
+// block 0. With staleness awareness a push is applied at 1/max(N, 1+τ) of
+// its size (doc/async.md "Gradient mode: staleness-aware steps in the
+// server"): b's two fresh pushes (its own do not count) at 1/2, a's push,
+// two updates stale, at 1/3.
 TEST(Job, AsyncPushIsAtMostOneLearnersShareAndStalerPushesLess) {
   for (const char* mode : {"async", "ssp:2"}) {
     for (int aware = 0; aware < 2; ++aware) {
-      JobOptions o = Options(16, mode);  // sgd, lr 1
+      JobOptions o = Options(32, mode);  // sgd, lr 1, 2 blocks
       o.staleness_aware = aware == 1;
       std::shared_ptr<Job> job;
       ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
       const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+      const std::vector<float> g(16, 1.0f);
+      for (size_t slot : {a, b}) Push(*job, slot, 64, g);
       ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
       ASSERT_EQ(job->Admit(b, false, 0, 64, nullptr), Job::Admission::kRun);
-      const std::vector<float> g(16, 1.0f);
-      for (size_t slot : {b, b, a}) {
-        ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
-        ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
-      }
+      for (size_t slot : {b, b, a}) Push(*job, slot, 0, g);
       const float want = aware ? -(0.5f + 0.5f + 1.0f / 3.0f) : -3.0f;
-      for (float w : ReadAll(*job, 16)) EXPECT_FLOAT_EQ(w, want) << mode << " aware " << aware;
+      const std::vector<float> w = ReadAll(*job, 32);
+      for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(w[i], want) << mode << " aware " << aware;
       const std::string status = job->StatusJson();
       EXPECT_NE(status.find("\"push_staleness_max\": 2, \"push_staleness_mean\": 2.000"), std::string::npos) << status;
     }
   }
+}
+
+// N is the learners that push, not the LUNs: with a third, read-only LUN
+// (a spare slot, an evaluator) two pushing learners' fresh pushes are
+// applied at 1/2 each, not 1/3; status and the counters say N = 2.
+TEST(Job, AsyncStepIsNotDividedByALunThatDoesNotPush) {
+  JobOptions o = Options(16, "async");  // sgd, lr 1, staleness-aware
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {}), reader = job->AddLearner(3, [] {});
+  const std::vector<float> g(16, 1.0f);
+  for (size_t slot : {a, b}) Push(*job, slot, 0, g);  // both take part: each has pushed once
+  ASSERT_EQ(job->Admit(reader, false, 0, 64, nullptr), Job::Admission::kRun);
+  const std::vector<float> before = ReadAll(*job, 16);
+  ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
+  Push(*job, a, 0, g);  // fresh: τ = 0
+  const std::vector<float> after = ReadAll(*job, 16);
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -0.5f) << i;
+  EXPECT_NE(job->StatusJson().find("\"pushing_learners\": 2,"), std::string::npos) << job->StatusJson();
+  EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
+}
+
+// A learner that stops pushing leaves N once its last push is dead_after
+// old (doc/async.md "One N: the learners that push"): the other's next
+// fresh push is applied whole, no longer as half of a round.
+TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
+  JobOptions o = Options(16, "async");  // sgd, lr 1, staleness-aware
+  o.dead_after_s = 0.2;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool b_dead = false;
+  auto log = [&](const std::string& line) {
+    if (line.find("lun 2 is dead") == std::string::npos) return;
+    std::lock_guard<std::mutex> lock(mu);
+    b_dead = true;
+    cv.notify_all();
+  };
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, log, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  const std::vector<float> g(16, 1.0f);
+  for (size_t slot : {a, b}) Push(*job, slot, 0, g);
+  EXPECT_EQ(job->GetCounters().pushing_learners, 2u);
+  {
+    std::unique_lock<std::mutex> lock(mu);  // b's last push is dead_after old when it is declared dead
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return b_dead; }));
+  }
+  const std::vector<float> before = ReadAll(*job, 16);
+  ASSERT_EQ(job->Admit(a, false, 0, 64, nullptr), Job::Admission::kRun);
+  Push(*job, a, 0, g);  // fresh: τ = 0
+  const std::vector<float> after = ReadAll(*job, 16);
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(after[i] - before[i], -1.0f) << i;
+  EXPECT_EQ(job->GetCounters().pushing_learners, 1u);
 }
 
 // The guard rail: a push staler than stale_bound is counted in the status and
@@ -382,10 +442,34 @@ TEST(Job, StatusHasExactlyTheKeysTheControlLunHeaderLists) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
   job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("rank=0:ab12").ok());
   const auto keys = KeysByObject(job->StatusJson());
   EXPECT_EQ(keys.at(""), Words(BLKPS_STATUS_KEYS));
   EXPECT_EQ(keys.at("checkpoint"), Words(BLKPS_STATUS_CHECKPOINT_KEYS));
   EXPECT_EQ(keys.at("learners"), Words(BLKPS_STATUS_LEARNER_KEYS));
+  EXPECT_EQ(keys.at("ranks"), Words(BLKPS_STATUS_RANK_KEYS));
+}
+
+// A collective rank's heartbeat (rank=<rank>:<run>, from the learners'
+// control LUN too) shows in status "ranks", one entry per rank, the
+// latest run's; a malformed one is refused in one line and changes nothing.
+TEST(Job, RankHeartbeatsShowInStatusOnePerRank) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  EXPECT_NE(job->StatusJson().find("\"ranks\": []"), std::string::npos) << job->StatusJson();
+  ASSERT_TRUE(job->Control("rank=1:0a", "", Job::ControlRights::kLearner).ok());
+  ASSERT_TRUE(job->Control("rank=0:0a", "", Job::ControlRights::kLearner).ok());
+  ASSERT_TRUE(job->Control("rank=1:ff", "", Job::ControlRights::kLearner).ok());
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("{\"rank\": 0, \"run\": \"0a\", \"state\": \"live\""), std::string::npos) << status;
+  EXPECT_NE(status.find("{\"rank\": 1, \"run\": \"ff\", \"state\": \"live\""), std::string::npos) << status;
+  EXPECT_EQ(status.find("\"run\": \"0a\""), status.rfind("\"run\": \"0a\"")) << status;  // rank 1's is ff now
+  for (const char* bad : {"rank=1", "rank=x:0a", "rank=65536:0a", "rank=1:0A", "rank=1:"}) {
+    const Status s = job->Control(bad, "", Job::ControlRights::kLearner);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("rank: expected rank=<rank below 65536>:<run"), std::string::npos) << s.message();
+  }
+  EXPECT_EQ(job->StatusJson().find("\"rank\": 65536"), std::string::npos);
 }
 
 TEST(Job, CountersMatchTheStatus) {

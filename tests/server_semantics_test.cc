@@ -473,9 +473,10 @@ TEST(ServerSemantics, AsyncMakesProgressWhileALearnerIsStalled) {
     ASSERT_EQ(FirstBitDifference(w, expected), -1) << "iteration " << t;
     const std::vector<float> g = IntGradients(0, t);
     ASSERT_EQ(PushInRandomPieces(*a, g, rng), 0) << a->last_error();
-    // A fresh push is one learner's share of a round, 1/2 with 2 learner
-    // LUNs (doc/async.md "Gradient mode: staleness-aware steps in the server").
-    for (uint64_t i = 0; i < kParams; ++i) expected[i] -= g[i] / 2.0f;
+    // B only read: A is the one learner taking part, and its fresh pushes
+    // are applied whole, not as half of a round of the 2 LUNs (doc/async.md
+    // "One N: the learners that push").
+    for (uint64_t i = 0; i < kParams; ++i) expected[i] -= g[i];
   }
   ASSERT_EQ(a->Pull(0, w.data(), kParams), 0) << a->last_error();
   EXPECT_EQ(FirstBitDifference(w, expected), -1) << "A's gradients are not all applied";
@@ -810,7 +811,7 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
 }
 
 // D3: operators are proven by a credential, not by a name. With --operator
-// the learners' control LUN takes reads, fence= and tag= from anyone the
+// the learners' control LUN takes reads, fence=, tag= and rank= from anyone the
 // target admits, whatever initiator name it gives (the operator's too); rule
 // parameters, resume= and weights go through the operator target, which
 // admits only the CHAP account whose secret is in DIR/operator.chap.

@@ -127,6 +127,8 @@ int blkps_push_rows(blkps_model* m, const uint64_t* ids, uint64_t n, uint64_t wi
   return m->model->PushRows(ids, n, width, grads);
 }
 
+uint64_t blkps_table_width(const blkps_model* m) { return m->model->table_width(); }
+
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
 uint64_t blkps_pushed_bytes_lost(const blkps_model* m) { return m->model->pushed_bytes_lost(); }

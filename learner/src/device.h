@@ -116,6 +116,13 @@ class Device {
   // doc/libblkps.md "Faults").
   virtual uint64_t pushed_bytes_lost() const { return 0; }
 
+  // The values per row of the table the server serves (its table=ROWS:WIDTH,
+  // read from the control LUN's counters when the device was opened): the
+  // only width pull_rows and push_rows accept. 0 when the device is a dense
+  // model or does not say (a file or block device, a target without a blkps
+  // control LUN): then any width is taken.
+  virtual uint64_t table_width() const { return 0; }
+
  protected:
   Device() = default;
 };

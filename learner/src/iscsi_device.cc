@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 
@@ -121,7 +122,50 @@ Status IscsiDevice::Sync() {
     return iscsi_synchronizecache10_task(iscsi_, lun_, 0, 0, 0, 0, OnCommandDone, command);
   };
   auto describe = [&](size_t) { return "sync on " + name_; };
-  return RunCommands(1, 1, start, describe, nullptr);
+  Status s = RunCommands(1, 1, start, describe, nullptr);
+  // Every write acknowledged before it is in the checkpoint: none of them
+  // can be lost any more.
+  if (s.ok()) ForgetUnsyncedLengths();
+  return s;
+}
+
+void IscsiDevice::RecordWriteLength(uint64_t unit, uint64_t length) {
+  write_length_[unit] = length;
+  std::vector<LengthRun>& runs = unsynced_lengths_[unit];
+  if (!runs.empty() && (runs.back().length == length || unsynced_runs_ >= kMaxUnsyncedRuns)) {
+    if (runs.back().length != length && !said_lengths_approximate_) {
+      said_lengths_approximate_ = true;
+      fprintf(stderr,
+              "blkps: %s: more than %zu lengths of writes since the last fsync; pushed_bytes_lost may count lost "
+              "writes approximately until the next fsync (fsync more often to keep it exact)\n",
+              name_.c_str(), kMaxUnsyncedRuns);
+    }
+    ++runs.back().count;
+    return;
+  }
+  runs.push_back(LengthRun{length, 1});
+  ++unsynced_runs_;
+}
+
+uint64_t IscsiDevice::LostBytes(uint64_t unit, uint64_t behind) const {
+  uint64_t bytes = 0;
+  auto runs = unsynced_lengths_.find(unit);
+  if (runs != unsynced_lengths_.end()) {
+    for (auto run = runs->second.rbegin(); run != runs->second.rend() && behind > 0; ++run) {
+      const uint64_t n = std::min(behind, run->count);
+      bytes += n * run->length;
+      behind -= n;
+    }
+  }
+  // Older than the last durable point (a server that restarted without
+  // its checkpoint): the last length written there.
+  auto last = write_length_.find(unit);
+  return bytes + (last != write_length_.end() ? behind * last->second : 0);
+}
+
+void IscsiDevice::ForgetUnsyncedLengths() {
+  unsynced_lengths_.clear();
+  unsynced_runs_ = 0;
 }
 
 Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartFn& start, const DescribeFn& describe,
@@ -183,8 +227,8 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
         if (!expected_.empty()) {
           const IoRequest& write = (*writes)[command.index];
           ++expected_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT];
-          write_length_[write.offset / BLKPS_CONTROL_RECEIPT_UNIT] =
-              write.length - write.padding_head - write.padding_tail;
+          RecordWriteLength(write.offset / BLKPS_CONTROL_RECEIPT_UNIT,
+                            write.length - write.padding_head - write.padding_tail);
         }
         write_done(command.index);
       } else if (consume != nullptr) {
@@ -247,6 +291,19 @@ Status IscsiDevice::Service() {
   }
   if (ServiceWithoutSigpipe(iscsi_, pfd.revents) < 0) {
     return Status::Error(EIO, "connection to %s lost (%s)", name_.c_str(), LastError(iscsi_).c_str());
+  }
+  return Status();
+}
+
+Status IscsiDevice::ReadTableWidth() {
+  std::vector<char> region(BLKPS_CONTROL_COUNTERS_BYTES);
+  Status s = SyncTransfer(iscsi_, control_lun_, Direction::kRead, BLKPS_CONTROL_COUNTERS_OFFSET, region.data(),
+                          region.size(), block_size_);
+  if (!s.ok()) return Status::Error(s.code(), "%s: counters: %s", name_.c_str(), s.message().c_str());
+  blkps_control_counters counters{};
+  // An older server's shorter record decodes as none: its width is unknown.
+  if (blkps_control_counters_decode(region.data(), region.size(), &counters) == 0) {
+    table_width_ = counters.table_width;
   }
   return Status();
 }

@@ -83,6 +83,7 @@ class IscsiDevice : public Device {
   // the reads on the same connection. (iSER moves all data by RDMA.)
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
+  uint64_t table_width() const override { return table_width_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
@@ -98,6 +99,10 @@ class IscsiDevice : public Device {
   Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline = kNoDeadline);
   // The receipt is what the device expects from now on.
   void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
+  // Reads the table's width from the control LUN's counters into
+  // table_width() (0 from a server whose record has none). REQUIRES:
+  // control_lun_ >= 0 and no command in flight.
+  Status ReadTableWidth();
 
  private:
   // Queues command `index` with OnCommandDone and `command` as its callback
@@ -149,10 +154,33 @@ class IscsiDevice : public Device {
   // Per 512-byte unit: how many of this session's writes starting there the
   // server has applied, as far as the device knows (receipts only).
   std::vector<uint32_t> expected_;
-  // The caller's bytes (padding aside) in the last write acknowledged at
-  // each unit, to put lost writes in bytes.
+  // Lost writes in bytes (pushed_bytes_lost). Which writes a restart lost
+  // is known by unit: the last `behind` acknowledged at each unit. Their
+  // lengths differ where the writes starting at a unit do (a table's runs
+  // of rows), so the device keeps, per unit, the caller's bytes (padding
+  // aside) of every write acknowledged since the last durable point (a
+  // Sync that returned GOOD, or a restart: the server then holds only its
+  // checkpoint), as runs of equal lengths. Beyond kMaxUnsyncedRuns runs in
+  // all (a learner that pushes rows of many lengths and never syncs) a
+  // unit's new length extends its last run; the total is then approximate,
+  // said once on stderr.
+  struct LengthRun {
+    uint64_t length;
+    uint64_t count;
+  };
+  static constexpr size_t kMaxUnsyncedRuns = size_t{1} << 20;
+  void RecordWriteLength(uint64_t unit, uint64_t length);
+  // Bytes of the last `behind` writes acknowledged at `unit`.
+  uint64_t LostBytes(uint64_t unit, uint64_t behind) const;
+  void ForgetUnsyncedLengths();
+  std::unordered_map<uint64_t, std::vector<LengthRun>> unsynced_lengths_;
+  size_t unsynced_runs_ = 0;
+  bool said_lengths_approximate_ = false;
+  // The caller's bytes in the last write acknowledged at each unit: the
+  // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
+  uint64_t table_width_ = 0;  // see table_width()
   bool said_no_receipts_ = false;
 };
 

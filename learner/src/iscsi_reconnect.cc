@@ -98,7 +98,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (behind <= 0) continue;
     if (lost == 0) first_lost_unit = u;
     lost += static_cast<uint64_t>(behind);
-    lost_bytes += static_cast<uint64_t>(behind) * write_length_[u];
+    lost_bytes += LostBytes(u, static_cast<uint64_t>(behind));
   }
   for (size_t index : dropped) {
     // Reads and syncs are resent; a write only if the receipt does not count
@@ -110,6 +110,9 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   }
   if (lost > 0) {
     pushed_bytes_lost_ += lost_bytes;
+    // The server holds its checkpoint and nothing after it: what it counts
+    // now cannot be lost by a later restart.
+    ForgetUnsyncedLengths();
     fprintf(stderr,
             "blkps: %s: the target restarted from a checkpoint older than %llu acknowledged writes (%llu bytes, "
             "the first at byte %llu); those gradients are not in the model\n",

@@ -478,6 +478,16 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
   auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);
   if (control_lun >= 0) {
+    // A failed read's message, without its "blkps: ", to go on with.
+    auto why = [](const Status& s) {
+      return s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
+    };
+    // A table's width, so that rows of another width are refused before
+    // they are sent (Device::table_width).
+    if (Status s = device->ReadTableWidth(); !s.ok()) {
+      *status = Status::Error(s.code(), "%s; open the model again", why(s).c_str());
+      return nullptr;
+    }
     // Where the receipt starts: what the server has applied of this
     // initiator's writes so far (nothing, for a new initiator name).
     std::vector<uint32_t> counts;
@@ -489,9 +499,8 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     if (s.ok()) {
       device->ExpectReceipt(std::move(counts));
     } else if (s.code() == EIO) {
-      const std::string why = s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
       *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
-                              why.c_str());
+                              why(s).c_str());
       return nullptr;
     }
   }

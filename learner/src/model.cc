@@ -83,6 +83,14 @@ Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, u
   if (dtype != wire::Dtype::kFloat32) {
     return Status::Error(EINVAL, "%s: rows need a float32 device; this one is %s", operation, wire::DtypeName(dtype));
   }
+  const uint64_t table_width = device.table_width();
+  if (table_width != 0 && width != table_width) {
+    return Status::Error(EINVAL,
+                         "%s: the table's rows are %llu values wide (its server's table=ROWS:%llu), not %llu: "
+                         "pass rows of %llu values; nothing was sent",
+                         operation, static_cast<ull>(table_width), static_cast<ull>(table_width),
+                         static_cast<ull>(width), static_cast<ull>(table_width));
+  }
   const uint64_t row_count = device.size_bytes() / sizeof(float) / width;
   for (uint64_t k = 0; k < n; ++k) {
     if (ids[k] >= row_count) {
@@ -365,6 +373,8 @@ int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float
   return Record(
       TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads, nullptr));
 }
+
+uint64_t Model::table_width() const { return device_->table_width(); }
 
 int Model::Sync() { return Record(device_->Sync()); }
 

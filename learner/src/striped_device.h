@@ -67,6 +67,8 @@ class StripedDevice : public Device {
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
   uint64_t pushed_bytes_lost() const override;
+  // Every shard serves rows of one width (table=ITS_ROWS:WIDTH): shard 0's.
+  uint64_t table_width() const override { return shards_[0]->table_width(); }
 
  private:
   class Worker;

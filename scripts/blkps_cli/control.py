@@ -90,7 +90,7 @@ def print_status(s):
     print(f"global step {s['global_step']}, updates {s['updates']}, held now {s['held_now']}, "
           f"rejected writes {s['rejected_writes']}, up {s['uptime_s']:.0f} s")
     fails = f"the job fails at {s['max_dead']} dead" if s["max_dead"] else "dead learners never fail the job"
-    print(f"learners: {s['live_learners']} live of {len(s['learners'])} "
+    print(f"learners: {s['live_learners']} live of {len(s['learners'])}, {s.get('pushing_learners', 0)} pushing "
           f"(dead after {s['dead_after_s']:g} s without I/O; hold limit {s['hold_limit_s']:g} s; {fails})")
     # STALE_*: iterations ahead of the slowest (bsp/ssp); PUSH_*: updates
     # between a learner's pull and its push, and pushes beyond stale_bound.
@@ -114,6 +114,10 @@ def print_status(s):
             print(f"learner at LUN {learner['lun']}: {learner['stale_pushes']} pushes more than the stale bound of "
                   f"{s['stale_bound']} updates stale (worst {learner['push_staleness_max']}): it is much slower "
                   "than the others or pulls too rarely; fewer learners, a lower lr or ssp help (doc/async.md)")
+    if s.get("ranks"):
+        # blkps.torch's collective ranks (their heartbeats), apart from the
+        # LUNs: a rank that only does collectives does no I/O on its LUN.
+        print("ranks: " + ", ".join(f"{r['rank']} {r['state']} (idle {r['idle_s']:.1f} s)" for r in s["ranks"]))
     c = s["checkpoint"]
     if c["path"]:
         every = f", every {c['every_s']:g} s" if c["every_s"] else ""

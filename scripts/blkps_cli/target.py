@@ -627,8 +627,8 @@ def add_start_arguments(s):
                    help="initiator name ACL (repeatable); iser needs one: tgt 1.0.85's iSER admits an initiator "
                         "only when both its address and its name are in the ACL")
     s.add_argument("--operator", nargs="?", const="", metavar="",
-                   help="prove operators by a credential: the learners' control LUN takes only reads, fence= and "
-                        "tag=; commands and weights go to a second target (IQN.operator) whose CHAP secret only "
+                   help="prove operators by a credential: the learners' control LUN takes only reads, fence=, "
+                        "tag= and rank=; commands and weights go to a second target (IQN.operator) whose CHAP secret only "
                         "DIR/operator.chap holds (blkps set/status --dir use it); default: anyone the target admits "
                         "may write the control LUN")
     chap.add_argument(s, "initiators must log in as user= with secret=; with target_user=, the target proves "

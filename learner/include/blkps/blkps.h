@@ -134,6 +134,9 @@ BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, ui
  * (blkps/model.hpp). */
 BLKPS_EXPORT int blkps_pull_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, float *rows);
 BLKPS_EXPORT int blkps_push_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, const float *grads);
+/* The table's values per row, the only width the two above take; 0 for a
+ * dense model or a device that does not say (blkps::Model::table_width). */
+BLKPS_EXPORT uint64_t blkps_table_width(const blkps_model *m);
 
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */

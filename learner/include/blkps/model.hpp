@@ -145,11 +145,18 @@ class BLKPS_EXPORT Model {
   // Both keep each row once, sort the rows and send them as few block-aligned
   // requests as their places allow (rows whose blocks touch share one), up
   // to queue_depth() in flight. Returns 0, -ERANGE (an id past the device's
-  // last whole row; nothing transferred), -EINVAL (width 0, a 16-bit
-  // device, or a push whose summed gradient is NaN or infinite; nothing
-  // transferred) or another negative errno as Push() and Pull().
+  // last whole row; nothing transferred), -EINVAL (width 0, a width other
+  // than table_width(), a 16-bit device, or a push whose summed gradient is
+  // NaN or infinite; nothing transferred) or another negative errno as
+  // Push() and Pull().
   int PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows);
   int PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads);
+  // The values per row of the table the server serves (its
+  // table=ROWS:WIDTH, read from its control LUN at open), the only width
+  // PullRows and PushRows take; 0 for a dense model or a device that does
+  // not say (a file or block device, a target without a blkps control
+  // LUN), where any width is taken.
+  uint64_t table_width() const;
 
   // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
   // before this returns.

@@ -127,6 +127,8 @@ def _declare(lib):
     lib.blkps_pull_rows.restype = ctypes.c_int
     lib.blkps_push_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
     lib.blkps_push_rows.restype = ctypes.c_int
+    lib.blkps_table_width.argtypes = [handle]
+    lib.blkps_table_width.restype = ctypes.c_uint64
     lib.blkps_read_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_read_bytes.restype = ctypes.c_int
     lib.blkps_write_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
@@ -410,6 +412,14 @@ class Model(_Handle):
             raise ValueError(f"blkps: push_rows needs grads of shape ({ids.size}, width), got {grads.shape}")
         self._check(self._lib.blkps_push_rows(self._open_handle(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
                                               ids.size, grads.shape[1], grads.ctypes.data_as(_FLOAT_P)))
+
+    @property
+    def table_width(self):
+        """The table's values per row, read from its server at open: the
+        only width pull_rows and push_rows take (another is refused before
+        anything is sent); 0 for a dense model or a device that does not say
+        (a file, a target without a blkps control LUN)."""
+        return self._lib.blkps_table_width(self._open_handle())
 
     def read_bytes(self, offset, length):
         """Returns device bytes [offset, offset + length) as bytes (e.g. the

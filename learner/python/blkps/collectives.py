@@ -33,6 +33,17 @@ cell is overwritten before everyone has read it. A call longer than one
 chunk takes several rounds; the first round's totals tell every rank how
 many.
 
+A dead rank and a slow one. Every rank heartbeats while its job is open
+(Heartbeat: a thread that writes the control command
+``rank=<rank>:<run>`` every second or so, whatever the rank is doing:
+evaluating, checkpointing, waiting), and the server shows each rank's last
+heartbeat in its status (``ranks``: rank, run, idle_s). A rank waiting in
+a round reads that status about once a second while ranks are missing: a
+missing rank whose heartbeat of this run is older than ``dead_after_s``,
+or that has none after this rank has waited that long, is dead, and the
+round fails with RankDied naming it. A missing rank that heartbeats is
+only slow, and is waited for as long as it beats.
+
 The session names one run of the job (hashed from the launcher's variables:
 $BLKPS_RUN_ID, torchrun's run id and master address, Open MPI's job id,
 Slurm's job and step), so that a later run on the same server never takes
@@ -45,7 +56,7 @@ import struct
 import threading
 import time
 
-__all__ = ["Exchange", "session_of"]
+__all__ = ["Exchange", "Heartbeat", "RankDied", "session_of"]
 
 CELL = 4096
 _MAGIC = b"blkpsxc1"
@@ -54,6 +65,64 @@ _LABEL_MAX = 512
 _INLINE_MAX = CELL - _HEADER.size - _LABEL_MAX
 _SESSION_KEYS = ("BLKPS_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
                  "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID", "SLURM_STEP_ID")
+
+
+class RankDied(RuntimeError):
+    """A collective cannot complete: ranks it waits for stopped
+    heartbeating (their process died or hangs without its threads)."""
+
+    def __init__(self, message, ranks):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def heartbeat_period(dead_after_s):
+    """Seconds between a rank's heartbeats for a bound of `dead_after_s`:
+    several beats within the bound, at most one a second."""
+    return min(1.0, dead_after_s / 4)
+
+
+class Heartbeat:
+    """This rank's heartbeat: a daemon thread that opens a control LUN with
+    `open_control()` (a blkps.control.Control, owned, used by this thread
+    alone) and writes ``rank=<rank>:<run>`` (run: `session` in hex) every
+    `period_s`. An open or write that fails is tried again next period (the
+    server may be restarting); the last error is in `error`. close() stops
+    the thread and closes its control."""
+
+    def __init__(self, open_control, rank, session, period_s):
+        self._open, self._period = open_control, period_s
+        self._command = f"rank={rank}:{session.hex()}"
+        self._stop = threading.Event()
+        self.error = None
+        self._thread = threading.Thread(target=self._run, name="blkps-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        control = None
+        try:
+            while True:
+                try:
+                    if control is None:
+                        control = self._open()
+                    control.command(self._command)
+                    self.error = None
+                except Exception as e:  # noqa: BLE001: kept for error; beat again next period
+                    self.error = e
+                    if control is not None:
+                        control.close()
+                        control = None
+                if self._stop.wait(self._period):
+                    return
+        finally:
+            if control is not None:
+                control.close()
+
+    def close(self):
+        self._stop.set()
+        # An open that hangs on an unreachable server must not hang the
+        # caller: the thread (a daemon) then ends on its own.
+        self._thread.join(timeout=5 * self._period + 5)
 
 
 def session_of(env, size):
@@ -67,16 +136,17 @@ class Exchange:
     """The rounds of one rank (`rank` of `size`) through the control LUN
     `control` (a blkps.control.Control, owned from now on). exchange() is
     called by every rank with the same labels in the same order; one call
-    at a time (a lock serializes threads). Errors: ValueError when the ranks
-    called different things (both named), TimeoutError when a rank did not
-    come within timeout_s (the missing ranks named), OSError from the
-    device."""
+    at a time (a lock serializes threads). A missing rank is waited for as
+    long as it heartbeats (Heartbeat, with the same `session`). Errors:
+    ValueError when the ranks called different things (both named),
+    RankDied when a missing rank has not heartbeat for dead_after_s (named),
+    OSError from the device."""
 
-    def __init__(self, control, rank, size, session, timeout_s):
+    def __init__(self, control, rank, size, session, dead_after_s):
         self._control = control
         self._device = control.device
         self.rank, self.size, self._session = rank, size, session
-        self.timeout_s = timeout_s
+        self.dead_after_s = dead_after_s
         region = control.layout.exchange_bytes
         self._base = self._device.size_bytes - region
         # The weights window ends before this; a server without the region
@@ -134,7 +204,8 @@ class Exchange:
         cell = _HEADER.pack(_MAGIC, self._session, self._seq, total, len(piece), len(label))
         cell += label.ljust(_LABEL_MAX, b"\0") + (bytes(piece) if inline else b"")
         self._device.write_bytes(self._header_at(parity, self.rank), cell.ljust(CELL, b"\0"))
-        deadline = time.monotonic() + self.timeout_s
+        waiting_since = time.monotonic()
+        next_look = waiting_since + heartbeat_period(self.dead_after_s)
         pause = 0.0002
         while True:
             raw = self._device.read_bytes(self._header_at(parity, 0), self.size * CELL)
@@ -148,10 +219,10 @@ class Exchange:
                                      "same calls in the same order")
             if not missing:
                 break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"blkps: rank(s) {missing} did not join "
-                                   f"{label.decode(errors='replace')!r} (round {self._seq}) within "
-                                   f"{self.timeout_s:g} s")
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + heartbeat_period(self.dead_after_s)
+                self._fail_if_dead(missing, now - waiting_since, label)
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
         pieces = []
@@ -165,6 +236,24 @@ class Exchange:
                 raw = self._device.read_bytes(self._payload_at(parity, k), length + (-length % block))
                 pieces.append(raw[:length])
         return [h[1] for h in heads], pieces
+
+    def _fail_if_dead(self, missing, waited, label):
+        """Raises RankDied if any of the `missing` ranks is dead by the
+        server's status "ranks": its heartbeat of this run is older than
+        dead_after_s, or it has none and this rank has waited that long."""
+        beats = {r["rank"]: r for r in self._control.status().get("ranks", [])
+                 if r["run"] == self._session.hex()}
+        why = {}
+        for k in missing:
+            if k in beats and beats[k]["idle_s"] > self.dead_after_s:
+                why[k] = f"no heartbeat for {beats[k]['idle_s']:.1f} s"
+            elif k not in beats and waited > self.dead_after_s:
+                why[k] = f"no heartbeat in this run while rank {self.rank} waited {waited:.1f} s"
+        if why:
+            raise RankDied(f"blkps: rank(s) {sorted(why)} died in {label.decode(errors='replace')!r} "
+                           f"(round {self._seq}): " + "; ".join(f"rank {k}: {w}" for k, w in sorted(why.items())) +
+                           f" (bound {self.dead_after_s:g} s, BLKPS_COLLECTIVE_DEAD_S); the job's collectives "
+                           "cannot complete without them: restart the job", sorted(why))
 
     def _parse(self, cell):
         """(seq, total, length, label, cell) of a header cell of this

@@ -62,6 +62,8 @@ class _Counters(ctypes.Structure):  # blkps_control_counters, control_lun.h
         ("rejected_writes", ctypes.c_uint64),
         ("failed", ctypes.c_uint64),
         ("stop", ctypes.c_uint64),
+        ("table_width", ctypes.c_uint64),
+        ("pushing_learners", ctypes.c_uint64),
     ]
 
 
@@ -151,7 +153,8 @@ class Control:
 
     def counters(self):
         """The counters record as a dict (params, blocks, global_step,
-        updates, rejected_writes, failed, stop)."""
+        updates, rejected_writes, failed, stop, table_width,
+        pushing_learners)."""
         record = _Counters()
         rc = self.device._lib.blkps_control_read_counters(self.device._open_handle(),
                                                           ctypes.byref(record))

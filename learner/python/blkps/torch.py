@@ -73,7 +73,8 @@ import numpy as np
 import torch
 
 import blkps
-from blkps.collectives import Exchange as _Exchange, session_of as _session_of
+from blkps.collectives import Exchange as _Exchange, Heartbeat as _Heartbeat, session_of as _session_of
+from blkps.collectives import RankDied, heartbeat_period as _heartbeat_period
 from blkps.control import describe_layout as _describe_layout, open_control as _open_control
 from blkps import metrics as _metrics
 from blkps.staging import FlatModel as _FlatModel
@@ -92,7 +93,7 @@ __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_cou
            "synchronize", "broadcast_optimizer_state", "join", "elastic", "SyncBatchNorm",
            "start_timeline", "stop_timeline",
            # early stopping
-           "stop_requested", "request_stop", "EarlyStopping",
+           "stop_requested", "request_stop", "EarlyStopping", "RankDied",
            # rows on the server (blkps.torch_embedding)
            "Embedding", "EmbeddingBag"]
 
@@ -106,7 +107,8 @@ _job = None
 
 class _Job:
     """What init() found: this process's place in the job and its targets;
-    the collectives' exchange, opened on first use."""
+    the collectives' exchange, opened on first use, and this rank's
+    heartbeat (several ranks and a control LUN: from init() on)."""
 
     def __init__(self, target, control, rank, size, local_rank, topology=(1, 0, 1), session=b""):
         self.target, self.control = target, control
@@ -114,6 +116,7 @@ class _Job:
         self.local_size, self.cross_rank, self.cross_size = topology
         self.session = session
         self.exchange = None
+        self.heartbeat = None
         self.stop_reader = None  # a Control for stop_requested()
 
 
@@ -220,6 +223,12 @@ def init(target=None, control=None, env=None):
     shutdown()
     _job = _Job(_format_target(target, rank_), _format_target(control or None, rank_), rank_, size_, local,
                 _launcher_topology(env, rank_, size_, local), _session_of(env, size_))
+    if size_ > 1 and _job.control:
+        # From here on, however busy this rank is, the others waiting in a
+        # collective see it alive (blkps.collectives "A dead rank and a slow one").
+        job = _job
+        job.heartbeat = _Heartbeat(lambda: _collectives_control(job), rank_, job.session,
+                                   _heartbeat_period(_collective_dead_after_s()))
 
 
 def _the_job():
@@ -272,7 +281,7 @@ def shutdown():
         _optimizer = None
     _pending_broadcast = None
     if _job is not None:
-        for conn in (_job.exchange, _job.stop_reader):
+        for conn in (_job.exchange, _job.heartbeat, _job.stop_reader):
             if conn is not None:
                 conn.close()
         _job = None
@@ -1322,7 +1331,30 @@ class _HorovodOptions:
 
 # ---- Collectives through the server (blkps.collectives) ----
 
-_COLLECTIVE_TIMEOUT_S = 600.0  # a rank may evaluate or checkpoint meanwhile
+# A rank silent this long is dead; a live rank heartbeats (blkps.collectives).
+_COLLECTIVE_DEAD_AFTER_S = 30.0
+
+
+def _collective_dead_after_s():
+    text = os.environ.get("BLKPS_COLLECTIVE_DEAD_S", "")
+    try:
+        seconds = float(text) if text else _COLLECTIVE_DEAD_AFTER_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"blkps.torch: BLKPS_COLLECTIVE_DEAD_S={text}: expected seconds, a number > 0")
+    return seconds
+
+
+def _collectives_control(job):
+    """A new Control of the job's control LUN for collectives and heartbeats:
+    a sharded job's is shard 0's."""
+    control = _open_control(job.control)
+    if hasattr(control, "shards"):
+        for other in control.shards[1:]:
+            other.close()
+        control = control.shards[0]
+    return control
 
 
 def _exchange():
@@ -1332,18 +1364,13 @@ def _exchange():
         if job.size > 1 and not job.control:
             raise ValueError("blkps.torch: collectives need the model's control LUN (init(control=...) "
                              "or BLKPS_CONTROL)")
-        control = _open_control(job.control) if job.size > 1 else None
-        if control is not None and hasattr(control, "shards"):
-            # A sharded job's collectives run through shard 0's control LUN.
-            for other in control.shards[1:]:
-                other.close()
-            control = control.shards[0]
-        if control is None:
+        if job.size == 1:
             job.exchange = _SoloExchange()
         else:
-            timeout = float(os.environ.get("BLKPS_COLLECTIVE_TIMEOUT_S", _COLLECTIVE_TIMEOUT_S))
+            dead_after = _collective_dead_after_s()
+            control = _collectives_control(job)
             try:
-                job.exchange = _Exchange(control, job.rank, job.size, job.session, timeout)
+                job.exchange = _Exchange(control, job.rank, job.size, job.session, dead_after)
             except Exception:
                 control.close()
                 raise

@@ -127,6 +127,10 @@ class _ServerRows(torch.autograd.Function):
 class _ServerTable(torch.nn.Module):
     def __init__(self, table, num_embeddings, embedding_dim, overlap=0, cache_rows=0, max_staleness=0):
         super().__init__()
+        width = table.table_width  # 0: a device that does not say
+        if width and embedding_dim != width:
+            raise ValueError(f"blkps: the table's rows are {width} values wide (its server's table=ROWS:{width}), "
+                             f"not embedding_dim={embedding_dim}: pass embedding_dim={width}")
         capacity = table.size_bytes // (4 * embedding_dim)
         if num_embeddings > capacity:
             raise ValueError(f"blkps: the table device holds {capacity} rows of {embedding_dim} values, "

@@ -15,9 +15,10 @@
  *                             whole and applied whole: a bad line fails it
  *                             (ILLEGAL REQUEST) and nothing of it is done.
  *                             On the learners' control LUN (--bsopts
- *                             access=learners) only fence= and tag= are
- *                             taken, and weights are refused (DATA
- *                             PROTECT). READ returns zeros.
+ *                             access=learners) only fence=, tag= and
+ *                             rank= (blkps.torch's heartbeat) are taken,
+ *                             and weights are refused (DATA PROTECT).
+ *                             READ returns zeros.
  *   [1 MiB - 4 KiB, 1 MiB)    counters: a fixed binary record
  *                             (struct blkps_control_counters, little-endian,
  *                             then zeros), taken fresh on every read. For
@@ -123,15 +124,19 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
- * "learners" array. Their meanings are in doc/server.md, "Status and control". */
-#define BLKPS_STATUS_KEYS                                                                                         \
-  "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                 \
-  "global_step updates rejected_writes held_now uptime_s dead_after_s "                                           \
-  "hold_limit_s max_dead staleness_aware stale_bound live_learners failed failure control_error stop checkpoint " \
-  "learners"
+ * "learners" and "ranks" arrays. Their meanings are in doc/server.md, "Status and control". */
+#define BLKPS_STATUS_KEYS                                                                                          \
+  "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                  \
+  "global_step updates rejected_writes held_now uptime_s dead_after_s "                                            \
+  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners failed failure control_error " \
+  "stop checkpoint "                                                                                               \
+  "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds last_stall_seconds every_s error"
 /* "table" is null for a dense model; for a table, an object of these. */
 #define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made"
+/* Each entry of the "ranks" array: a collective rank's last heartbeat
+ * (control command rank=<rank>:<run>, blkps.torch; doc/pytorch.md). */
+#define BLKPS_STATUS_RANK_KEYS "rank run state idle_s"
 #define BLKPS_STATUS_LEARNER_KEYS                                                \
   "lun dtype state iteration idle_s held reads writes bytes_read bytes_written " \
   "holds hold_timeouts deaths staleness_max staleness_mean push_staleness_max push_staleness_mean stale_pushes"
@@ -140,8 +145,8 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 #define BLKPS_CONTROL_COUNTERS_MAGIC "blkpsctr"
 
 /* The counters record at BLKPS_CONTROL_COUNTERS_OFFSET: little-endian
- * fields, no padding (64 bytes in format 1, 72 with stop). The numbers are the status
- * keys of the same names. */
+ * fields, no padding (64 bytes in format 1, 72 with stop, 88 with
+ * table_width and pushing_learners). The numbers are the status keys of the same names. */
 typedef struct blkps_control_counters {
   char magic[8];           /* BLKPS_CONTROL_COUNTERS_MAGIC, no NUL */
   uint32_t format_version; /* BLKPS_CONTROL_FORMAT_VERSION */
@@ -153,6 +158,13 @@ typedef struct blkps_control_counters {
   uint64_t rejected_writes;
   uint64_t failed; /* 1 while the job has failed, else 0 */
   uint64_t stop;   /* 1 once an operator asked the job to stop (stop=1), else 0 */
+  /* A table's values per row (status "table"."width"; the only width
+   * libblkps's pull_rows and push_rows accept); 0 for a dense model. */
+  uint64_t table_width;
+  /* The learners taking part in async steps: those that pushed within
+   * dead_after (status "pushing_learners"; doc/async.md "One N: the
+   * learners that push"). */
+  uint64_t pushing_learners;
 } blkps_control_counters;
 
 /* A receipt's header, little-endian, then zeros to 4 KiB. */
@@ -235,7 +247,7 @@ static inline int blkps_control_receipt_decode(const void *bytes, uint64_t n, ui
 
 #ifdef __cplusplus
 }  // extern "C"
-static_assert(sizeof(blkps_control_counters) == 72, "the record is 72 bytes since stop");
+static_assert(sizeof(blkps_control_counters) == 88, "the record is 88 bytes since pushing_learners");
 static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
 #endif
 
