@@ -23,6 +23,8 @@ Cases that start their own tgtd (label integration):
   top-redraws-on-a-terminal      blkps top on a pty: curses
   learner-serves-torch-counters  BLKPS_METRICS_PORT: blkps.torch's counters
                                  on base + local rank, a file-discovery entry
+  learner-counts-reconnects      blkps.torch across a kill -9 and restart of
+                                 tgtd: reconnects, their seconds, bytes lost
 """
 import base64
 import json
@@ -381,6 +383,60 @@ def test_learner_serves_torch_counters():
                 entry = json.load(f)
             if entry != [{"targets": [f"127.0.0.1:{base + 1}"], "labels": {"rank": "0", "job_role": "learner"}}]:
                 fail(f"file-discovery entry: {entry}")
+        finally:
+            opt.close()
+            bps.shutdown()
+
+
+def test_learner_counts_reconnects():
+    # A learner on blkps.torch while its server's tgtd is killed (kill -9)
+    # and started again, with no checkpoint: the learner reconnects, and
+    # every byte it pushed before the kill is counted lost (the server
+    # restarted from its initial weights).
+    import torch
+    import blkps.torch as bps
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    count = bps.param_count(model)
+    bsopts = f"params={count};rule=sgd;lr=0.1;mode=async"
+    port = str(free_port())
+    with Target(bsopts, "--port", port) as t:
+        base = free_port()
+        os.environ["BLKPS_METRICS_PORT"] = str(base)
+        env = t.env()
+        bps.init(target=env["URL"], control=env["CONTROL_URL"],
+                 env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters())
+
+        def step():
+            opt.zero_grad()
+            model(torch.ones(4, 8)).sum().backward()
+            opt.step()  # returns once its pushes are acknowledged
+
+        try:
+            for _ in range(3):
+                step()
+            pushed = opt.bytes["pushed"]
+            tgtd = int(env["PID"])
+            os.kill(tgtd, signal.SIGKILL)
+            until("end of the killed tgtd", lambda: not os.path.exists(f"/proc/{tgtd}"))
+            rc, _, err = blkps("target", "start", "--dir", t.dir, "--plugin", PLUGIN, "--owner-pid",
+                               str(os.getpid()), "--port", port, "--bsopts", bsopts)
+            if rc != 0:
+                fail(f"the target did not start again: {err}")
+            step()
+            status, text = get(f"http://127.0.0.1:{base}/metrics")
+            if status != 200:
+                fail(f"the learner's exporter answered {status}: {text}")
+            promtool_check_metrics(text)
+            samples = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("blkps_torch_") and "{" in line}
+            if samples.get("blkps_torch_reconnects_total", 0) < 1:
+                fail(f"no reconnect counted across the restart:\n{text}")
+            if not samples.get("blkps_torch_reconnect_seconds_total", 0) > 0:
+                fail(f"no time spent reconnecting counted:\n{text}")
+            if samples.get("blkps_torch_pushed_bytes_lost_total") != pushed:
+                fail(f"the {pushed} bytes pushed before the restart are not all counted lost:\n{text}")
         finally:
             opt.close()
             bps.shutdown()

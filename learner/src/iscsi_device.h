@@ -83,6 +83,8 @@ class IscsiDevice : public Device {
   // the reads on the same connection. (iSER moves all data by RDMA.)
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
+  uint64_t reconnects() const override { return reconnects_; }
+  double reconnect_seconds() const override { return reconnect_seconds_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
@@ -153,6 +155,8 @@ class IscsiDevice : public Device {
   // each unit, to put lost writes in bytes.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
+  uint64_t reconnects_ = 0;       // sessions re-established
+  double reconnect_seconds_ = 0;  // time spent in Reconnect, failures included
   bool said_no_receipts_ = false;
 };
 

@@ -67,6 +67,9 @@ class StripedDevice : public Device {
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
   uint64_t pushed_bytes_lost() const override;
+  // Summed over the shards.
+  uint64_t reconnects() const override;
+  double reconnect_seconds() const override;
 
  private:
   class Worker;
