@@ -219,13 +219,14 @@ def canned_status(**changes):
     its learners' values."""
     learner = {"lun": 1, "dtype": "float32", "state": "live", "iteration": 7, "idle_s": 0.5, "held": 0,
                "reads": 10, "writes": 9, "bytes_read": 4096, "bytes_written": 4096, "holds": 1, "hold_timeouts": 0,
-               "deaths": 0, "staleness_max": 1, "staleness_mean": 0.5, "push_staleness_max": 2,
+               "deaths": 0, "staleness_last": 0, "staleness_max": 1, "staleness_mean": 0.5, "push_staleness_max": 2,
                "push_staleness_mean": 1.0, "stale_pushes": 0}
     return {"model": 'odd "name\\', "params": 1000, "device_bytes": 4096, "block_bytes": 4096, "blocks": 1,
             "table": None, "mode": "async", "rule": "sgd", "tag": "", "rule_params": {"lr": 0.01},
             "global_step": 3, "updates": 9, "rejected_writes": 0, "held_now": 0, "uptime_s": 12.5,
             "dead_after_s": 10, "hold_limit_s": 20, "max_dead": 0, "staleness_aware": True, "stale_bound": 8,
-            "live_learners": 1, "failed": False, "failure": "", "control_error": "control: no", "stop": False,
+            "live_learners": 1, "failed": False, "failure": "", "control_error": "control: no",
+            "control_refused": 2, "stop": False,
             "checkpoint": {"path": "", "written": 0, "last_seconds": 0.0, "last_stall_seconds": 0.0,
                            "every_s": 0, "error": ""},
             "learners": [dict(learner, **changes), dict(learner, lun=2, state="dead", **changes)]}
@@ -243,7 +244,8 @@ def test_exposition_passes_promtool():
     text = out.text()
     promtool_check_metrics(text)
     for line in ('blkps_updates_total{shard="1"} 9', 'blkps_learner_state{shard="0",lun="2",state="dead"} 1',
-                 'blkps_rule_parameter{shard="0",parameter="lr"} 0.01', 'blkps_control_refused{shard="0"} 1',
+                 'blkps_rule_parameter{shard="0",parameter="lr"} 0.01', 'blkps_control_last_refused{shard="0"} 1',
+                 'blkps_control_refused_total{shard="0"} 2',
                  'model="odd \\"name\\\\"'):
         if line not in text:
             fail(f"expected {line!r} in:\n{text}")
