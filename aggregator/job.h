@@ -218,7 +218,7 @@ class Job {
   // after the first NUL only NULs. The block is parsed and checked whole,
   // then applied whole: a refused block (InvalidArgument naming the first
   // bad line) changes nothing. The status JSON's control_error holds that
-  // reason until a write succeeds.
+  // reason until a write succeeds; control_refused counts the refusals.
   // rank=<rank>:<run> is a collective rank's heartbeat (blkps.torch,
   // doc/pytorch.md "Horovod's API"): rank a number below
   // kMaxRanks, run 1 to 32 lower-case hex digits naming the run; status
@@ -290,7 +290,7 @@ class Job {
     // Counters for status.
     uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
-    uint64_t lead_max = 0, lead_sum = 0, lead_count = 0;
+    uint64_t lead_last = 0, lead_max = 0, lead_sum = 0, lead_count = 0;  // the lead of its reads
     // Push staleness (async/ssp): block versions at the slot's last read of
     // each block (kNeverRead before one), the slot's own complete gradients
     // to it since (they are not stale to it), and what its pushes measured.
@@ -361,6 +361,7 @@ class Job {
   std::string failure_;            // guarded by mu_; non-empty: failed
   std::string tag_;                // guarded by mu_; control's tag=
   std::string control_error_;      // guarded by mu_; why the last control write was refused
+  uint64_t control_refused_ = 0;   // guarded by mu_; control writes refused since the start
   bool stop_ = false;              // guarded by mu_; control's stop=1
   // Control's rank= heartbeats: rank -> its run and when it last beat.
   struct RankBeat {

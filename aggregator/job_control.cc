@@ -50,10 +50,12 @@ std::string ShowBytes(const std::string& text) {
 
 Status Job::Control(const std::string& commands, const std::string& initiator, ControlRights rights) {
   // A refused command stays in the status JSON (control_error) until the next
-  // control write succeeds: the writer sees only a SCSI error.
+  // control write succeeds: the writer sees only a SCSI error. Every refusal
+  // is counted (control_refused).
   auto refuse = [this](Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     control_error_ = why.message();
+    ++control_refused_;
     return why;
   };
   auto bad = [&](const std::string& why) { return refuse(Status::InvalidArgument("control: " + why)); };
@@ -136,12 +138,13 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
       const bool digits =
           !l.value.empty() && l.value.size() <= 19 && l.value.find_first_not_of("0123456789") == std::string::npos;
       fence_lun = digits ? std::strtoull(l.value.c_str(), nullptr, 10) : 0;
-      std::lock_guard<std::mutex> lock(mu_);
-      const bool exists = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == fence_lun; });
+      bool exists = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        exists = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == fence_lun; });
+      }
       if (!digits || !exists) {
-        control_error_ =
-            "control: fence: expected fence=<the LUN of a learner of this model>, got '" + ShowBytes(l.value) + "'";
-        return Status::InvalidArgument(control_error_);
+        return bad("fence: expected fence=<the LUN of a learner of this model>, got '" + ShowBytes(l.value) + "'");
       }
       fence = true;
     } else {

@@ -59,6 +59,7 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
     s.read_version[b] = clocks_.version(b);
     s.own_since_read[b] = 0;
   }
+  s.lead_last = lead;
   s.lead_max = std::max(s.lead_max, lead);
   s.lead_sum += lead;
   ++s.lead_count;

@@ -119,6 +119,7 @@ std::string Job::StatusJson() const {
   j << "  \"failed\": " << (FailedLocked() ? "true" : "false") << ",\n";
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
+  j << "  \"control_refused\": " << control_refused_ << ",\n";
   j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
@@ -137,8 +138,9 @@ std::string Job::StatusJson() const {
       << ", \"held\": " << s.held << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
       << ", \"bytes_read\": " << s.bytes_read << ", \"bytes_written\": " << s.bytes_written
       << ", \"holds\": " << s.holds << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
-      << ", \"staleness_max\": " << s.lead_max << ", \"staleness_mean\": " << Fixed(mean, 3)
-      << ", \"push_staleness_max\": " << s.push_staleness_max << ", \"push_staleness_mean\": "
+      << ", \"staleness_last\": " << s.lead_last << ", \"staleness_max\": " << s.lead_max
+      << ", \"staleness_mean\": " << Fixed(mean, 3) << ", \"push_staleness_max\": " << s.push_staleness_max
+      << ", \"push_staleness_mean\": "
       << Fixed(s.pushes_measured ? static_cast<double>(s.push_staleness_sum) / s.pushes_measured : 0.0, 3)
       << ", \"stale_pushes\": " << s.stale_pushes << "}";
   }

@@ -2,9 +2,11 @@
 # Prometheus's own graph of a training job, for README's "Watching a job"
 # (doc/monitoring.md): a target with --metrics, two digits learners
 # (learner/examples/train_digits.py) training for --seconds, Debian's
-# prometheus scraping every second with packaging/monitoring/blkps.rules.yml,
-# then headless Chromium (Debian's chromium) photographs the graph page of
-# the job's updates per second and each learner's iterations per second.
+# prometheus scraping every second (with packaging/monitoring/blkps.rules.yml
+# loaded), then headless Chromium (Debian's chromium) photographs the graph
+# page of the job's updates per second and each learner's iterations per
+# second over 10 s windows (the rules' 1-minute rates would ramp up over a
+# run's first minute).
 # Writes --out (default bench/results/monitoring/graph.png). The picture's
 # rates are the machine's: take it on a quiet one and say which.
 #
@@ -71,10 +73,10 @@ sleep "$seconds"
 
 # The graph page: two panels, the last --seconds, lines only.
 range="${seconds}s"
-page="http://127.0.0.1:$prometheus_port/graph?g0.expr=instance%3Ablkps_updates%3Arate1m&g0.tab=0"
-page+="&g0.range_input=$range&g1.expr=lun%3Ablkps_learner_iteration%3Aderiv1m&g1.tab=0&g1.range_input=$range"
+page="http://127.0.0.1:$prometheus_port/graph?g0.expr=sum+by%28job%29%28rate%28blkps_updates_total%5B10s%5D%29%29&g0.tab=0"
+page+="&g0.range_input=$range&g1.expr=deriv%28blkps_learner_iteration%5B10s%5D%29&g1.tab=0&g1.range_input=$range"
 mkdir -p "$(dirname "$out")"
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1100 \
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,1640 \
   --virtual-time-budget=15000 --screenshot="$out" "$page" >"$state/chromium.log" 2>&1 ||
   { echo "monitoring-graph: chromium failed; its log:" >&2; cat "$state/chromium.log" >&2; exit 1; }
 echo "monitoring-graph: wrote $out (load $(cut -d' ' -f1 /proc/loadavg))"

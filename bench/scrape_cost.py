@@ -8,13 +8,18 @@ through its control LUN and tgtd's /proc entries). The pushes are
 blkps-iobench --op push (1 MiB x QD16 by default), the learner's own path.
 
     sudo bench/scrape_cost.py [--rounds 5] [--seconds 5] [--interval 1] [--bs 1M] [--qd 16]
-                              [--bsopts OPTS] [--tgtd N] [--json FILE]
+                              [--bsopts OPTS] [--tgtd N] [--build DIR] [--json FILE]
 
 Prints each round's MB/s and the cost: 1 - median(with) / median(without).
-Rounds alternate (without, with, without, ...) so that the machine's other
-load falls on both; on a shared or loaded machine the noise (printed: the
-spread of the rounds without) can exceed the cost, so measure on a quiet
-one and say its load. Needs a build (scripts/build.sh).
+Rounds alternate (without, with / with, without, ...) so that the
+machine's other load falls on both. Before them, one scrape (the exporter
+logs in to the control LUN at its first) and one push round of --seconds
+(tgtd touches the model's memory for the first time) are made and not
+counted: a job Prometheus watches is past both. On a shared or loaded
+machine the noise (printed: the spread of the rounds without) can exceed
+the cost, so measure on a quiet one and say its load. The defaults take
+about 2 x 5 x 5 s of pushing, a minute in all. Needs a build
+(scripts/build.sh) and root (tgtd).
 """
 
 import argparse
@@ -30,7 +35,6 @@ import urllib.request
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLKPS = os.path.join(TOP, "scripts", "blkps")
-IOBENCH = os.path.join(TOP, "build", "cmake", "bench", "blkps-iobench")
 
 
 def free_port():
@@ -40,7 +44,7 @@ def free_port():
 
 
 def push_rate(url, a):
-    run = subprocess.run([IOBENCH, "--target", url, "--op", "push", "--bs", a.bs, "--qd", str(a.qd),
+    run = subprocess.run([a.iobench, "--target", url, "--op", "push", "--bs", a.bs, "--qd", str(a.qd),
                           "--span", "32M", "--seconds", str(a.seconds)], capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"scrape_cost: {run.stderr.strip() or 'blkps-iobench failed'}")
@@ -80,18 +84,28 @@ def main():
     p.add_argument("--qd", type=int, default=16)
     p.add_argument("--bsopts", default="params=16777216;lr=1e-9", help="the model's options")
     p.add_argument("--tgtd", default="1", help="tgtds serving the model (default 1)")
+    p.add_argument("--build", default=os.environ.get("BLKPS_BUILD", os.path.join(TOP, "build", "cmake")),
+                   help="the build to use (default $BLKPS_BUILD or build/cmake)")
     p.add_argument("--json", metavar="FILE", help="also write the rounds and the cost as JSON")
     a = p.parse_args()
-    if not os.access(IOBENCH, os.X_OK):
-        sys.exit(f"scrape_cost: {IOBENCH} not built: run scripts/build.sh")
+    a.iobench = os.path.join(a.build, "bench", "blkps-iobench")
+    plugin = os.path.join(a.build, "target-plugin", "bs_blkps.so")
+    for part in (a.iobench, plugin):
+        if not os.path.isfile(part):
+            sys.exit(f"scrape_cost: {part} not built: run scripts/build.sh (or pass --build)")
+    if os.geteuid() != 0:
+        sys.exit("scrape_cost: needs root (tgtd): run it as root, or with sudo")
     state = tempfile.mkdtemp(prefix="blkps-scrape-cost-")
     port = free_port()
     try:
         subprocess.run([BLKPS, "target", "start", "--dir", state, "--bsopts", a.bsopts, "--tgtd", a.tgtd,
-                        "--metrics", f"127.0.0.1:{port}", "--owner-pid", str(os.getpid())],
+                        "--plugin", plugin, "--metrics", f"127.0.0.1:{port}", "--owner-pid", str(os.getpid())],
                        check=True, stdout=subprocess.DEVNULL)
         url = subprocess.run([BLKPS, "target", "show", "--dir", state, "--get", "URL"], check=True,
                              capture_output=True, text=True).stdout.strip()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:  # warm-up, not counted
+            r.read()
+        push_rate(url, a)  # warm-up, not counted
         rounds = {"without": [], "with": []}
         scrapes = failures = 0
         for k in range(a.rounds):

@@ -44,6 +44,7 @@ packages=(
 )
 bench_packages=(
   python3-matplotlib openmpi-bin libopenmpi-dev iperf3
+  chromium                  # bench/monitoring-graph.sh photographs Prometheus's graph page
 )
 [ "$bench" = 1 ] && packages+=("${bench_packages[@]}")
 

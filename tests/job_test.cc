@@ -252,6 +252,28 @@ TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
   EXPECT_EQ(job->GetCounters().pushing_learners, 1u);
 }
 
+// A learner's staleness_last is the lead of its latest read over the
+// slowest live learner, beside the most and the mean of all its reads.
+TEST(Job, StalenessLastIsTheLatestReadsLead) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "ssp:3"), nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  const std::vector<float> g(16, 1.0f);
+  auto push = [&](size_t slot) {
+    ASSERT_EQ(job->Admit(slot, true, 0, 64, nullptr), Job::Admission::kRun);
+    ASSERT_TRUE(job->Write(slot, 0, g.data(), 64).ok());
+  };
+  auto read = [&](size_t slot) { ASSERT_EQ(job->Admit(slot, false, 0, 64, nullptr), Job::Admission::kRun); };
+  push(a);
+  push(a);
+  read(a);  // two iterations ahead of b
+  push(b);
+  read(a);  // one ahead
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("\"staleness_last\": 1, \"staleness_max\": 2, \"staleness_mean\": 1.500"), std::string::npos)
+      << status;
+}
+
 // The guard rail: a push staler than stale_bound is counted in the status and
 // its learner is told so in one log line, once until its pushes are fresh.
 TEST(Job, PushBeyondTheStaleBoundIsCountedAndLoggedOnce) {
@@ -506,6 +528,21 @@ TEST(Job, RefusedControlWriteLeavesItsReasonInTheStatus) {
       << job->StatusJson();
   ASSERT_TRUE(job->Control("lr=0.5").ok());
   EXPECT_NE(job->StatusJson().find("\"control_error\": \"\""), std::string::npos) << job->StatusJson();
+}
+
+// Every refused control write counts in the status's control_refused (a
+// monitor's counter, blkps_control_refused_total); a later success does
+// not reset it.
+TEST(Job, RefusedControlWritesAreCountedInTheStatus) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  EXPECT_NE(job->StatusJson().find("\"control_refused\": 0,"), std::string::npos) << job->StatusJson();
+  EXPECT_FALSE(job->Control("foo=1").ok());
+  EXPECT_FALSE(job->Control("fence=7").ok());
+  EXPECT_FALSE(job->Control("lr=0.5", "", Job::ControlRights::kLearner).ok());
+  ASSERT_TRUE(job->Control("lr=0.5").ok());
+  EXPECT_NE(job->StatusJson().find("\"control_refused\": 3,"), std::string::npos) << job->StatusJson();
 }
 
 TEST(Job, ControlTagShowsInStatusAndRefusesOddText) {

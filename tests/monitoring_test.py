@@ -23,6 +23,8 @@ Cases that start their own tgtd (label integration):
   top-redraws-on-a-terminal      blkps top on a pty: curses
   learner-serves-torch-counters  BLKPS_METRICS_PORT: blkps.torch's counters
                                  on base + local rank, a file-discovery entry
+  learner-counts-reconnects      blkps.torch across a kill -9 and restart of
+                                 tgtd: reconnects, their seconds, bytes lost
 """
 import base64
 import json
@@ -217,13 +219,14 @@ def canned_status(**changes):
     its learners' values."""
     learner = {"lun": 1, "dtype": "float32", "state": "live", "iteration": 7, "idle_s": 0.5, "held": 0,
                "reads": 10, "writes": 9, "bytes_read": 4096, "bytes_written": 4096, "holds": 1, "hold_timeouts": 0,
-               "deaths": 0, "staleness_max": 1, "staleness_mean": 0.5, "push_staleness_max": 2,
+               "deaths": 0, "staleness_last": 0, "staleness_max": 1, "staleness_mean": 0.5, "push_staleness_max": 2,
                "push_staleness_mean": 1.0, "stale_pushes": 0}
     return {"model": 'odd "name\\', "params": 1000, "device_bytes": 4096, "block_bytes": 4096, "blocks": 1,
             "table": None, "mode": "async", "rule": "sgd", "tag": "", "rule_params": {"lr": 0.01},
             "global_step": 3, "updates": 9, "rejected_writes": 0, "held_now": 0, "uptime_s": 12.5,
             "dead_after_s": 10, "hold_limit_s": 20, "max_dead": 0, "staleness_aware": True, "stale_bound": 8,
-            "live_learners": 1, "failed": False, "failure": "", "control_error": "control: no", "stop": False,
+            "live_learners": 1, "failed": False, "failure": "", "control_error": "control: no",
+            "control_refused": 2, "stop": False,
             "checkpoint": {"path": "", "written": 0, "last_seconds": 0.0, "last_stall_seconds": 0.0,
                            "every_s": 0, "error": ""},
             "learners": [dict(learner, **changes), dict(learner, lun=2, state="dead", **changes)]}
@@ -241,7 +244,8 @@ def test_exposition_passes_promtool():
     text = out.text()
     promtool_check_metrics(text)
     for line in ('blkps_updates_total{shard="1"} 9', 'blkps_learner_state{shard="0",lun="2",state="dead"} 1',
-                 'blkps_rule_parameter{shard="0",parameter="lr"} 0.01', 'blkps_control_refused{shard="0"} 1',
+                 'blkps_rule_parameter{shard="0",parameter="lr"} 0.01', 'blkps_control_last_refused{shard="0"} 1',
+                 'blkps_control_refused_total{shard="0"} 2',
                  'model="odd \\"name\\\\"'):
         if line not in text:
             fail(f"expected {line!r} in:\n{text}")
@@ -381,6 +385,60 @@ def test_learner_serves_torch_counters():
                 entry = json.load(f)
             if entry != [{"targets": [f"127.0.0.1:{base + 1}"], "labels": {"rank": "0", "job_role": "learner"}}]:
                 fail(f"file-discovery entry: {entry}")
+        finally:
+            opt.close()
+            bps.shutdown()
+
+
+def test_learner_counts_reconnects():
+    # A learner on blkps.torch while its server's tgtd is killed (kill -9)
+    # and started again, with no checkpoint: the learner reconnects, and
+    # every byte it pushed before the kill is counted lost (the server
+    # restarted from its initial weights).
+    import torch
+    import blkps.torch as bps
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    count = bps.param_count(model)
+    bsopts = f"params={count};rule=sgd;lr=0.1;mode=async"
+    port = str(free_port())
+    with Target(bsopts, "--port", port) as t:
+        base = free_port()
+        os.environ["BLKPS_METRICS_PORT"] = str(base)
+        env = t.env()
+        bps.init(target=env["URL"], control=env["CONTROL_URL"],
+                 env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters())
+
+        def step():
+            opt.zero_grad()
+            model(torch.ones(4, 8)).sum().backward()
+            opt.step()  # returns once its pushes are acknowledged
+
+        try:
+            for _ in range(3):
+                step()
+            pushed = opt.bytes["pushed"]
+            tgtd = int(env["PID"])
+            os.kill(tgtd, signal.SIGKILL)
+            until("end of the killed tgtd", lambda: not os.path.exists(f"/proc/{tgtd}"))
+            rc, _, err = blkps("target", "start", "--dir", t.dir, "--plugin", PLUGIN, "--owner-pid",
+                               str(os.getpid()), "--port", port, "--bsopts", bsopts)
+            if rc != 0:
+                fail(f"the target did not start again: {err}")
+            step()
+            status, text = get(f"http://127.0.0.1:{base}/metrics")
+            if status != 200:
+                fail(f"the learner's exporter answered {status}: {text}")
+            promtool_check_metrics(text)
+            samples = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("blkps_torch_") and "{" in line}
+            if samples.get("blkps_torch_reconnects_total", 0) < 1:
+                fail(f"no reconnect counted across the restart:\n{text}")
+            if not samples.get("blkps_torch_reconnect_seconds_total", 0) > 0:
+                fail(f"no time spent reconnecting counted:\n{text}")
+            if samples.get("blkps_torch_pushed_bytes_lost_total") != pushed:
+                fail(f"the {pushed} bytes pushed before the restart are not all counted lost:\n{text}")
         finally:
             opt.close()
             bps.shutdown()

@@ -133,6 +133,10 @@ int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
 uint64_t blkps_pushed_bytes_lost(const blkps_model* m) { return m->model->pushed_bytes_lost(); }
 
+uint64_t blkps_reconnects(const blkps_model* m) { return m->model->reconnects(); }
+
+double blkps_reconnect_seconds(const blkps_model* m) { return m->model->reconnect_seconds(); }
+
 void blkps_control_layout_get(blkps_control_layout* out) {
   *out = blkps_control_layout();
   out->format_version = BLKPS_CONTROL_FORMAT_VERSION;

@@ -115,6 +115,11 @@ class Device {
   // those gradients are not in the model (iscsi:// with receipts;
   // doc/libblkps.md "Faults").
   virtual uint64_t pushed_bytes_lost() const { return 0; }
+  // Lost sessions this device re-established (iscsi://), and the seconds it
+  // spent in reconnecting, a failed attempt to the deadline included. Read
+  // them between calls, on the thread that makes them.
+  virtual uint64_t reconnects() const { return 0; }
+  virtual double reconnect_seconds() const { return 0; }
 
   // The values per row of the table the server serves (its table=ROWS:WIDTH,
   // read from the control LUN's counters when the device was opened): the

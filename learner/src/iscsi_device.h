@@ -84,6 +84,8 @@ class IscsiDevice : public Device {
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
   uint64_t table_width() const override { return table_width_; }
+  uint64_t reconnects() const override { return reconnects_; }
+  double reconnect_seconds() const override { return reconnect_seconds_; }
 
   Status Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) override;
   Status ReadConsuming(const std::vector<IoRequest>& requests, uint32_t queue_depth, const ConsumeFn& consume) override;
@@ -180,7 +182,9 @@ class IscsiDevice : public Device {
   // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
-  uint64_t table_width_ = 0;  // see table_width()
+  uint64_t table_width_ = 0;      // see table_width()
+  uint64_t reconnects_ = 0;       // sessions re-established
+  double reconnect_seconds_ = 0;  // time spent in Reconnect, failures included
   bool said_no_receipts_ = false;
 };
 

@@ -71,6 +71,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (iscsi_ != nullptr) break;
     if (std::chrono::steady_clock::now() + backoff > deadline) {
       const double tried = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      reconnect_seconds_ += tried;
       return Status::Error(EIO,
                            "%s: the connection was lost; gave up reconnecting after %d attempts in %.1f s (deadline "
                            "%.0f s, BLKPS_RECONNECT_SECONDS); last error: %s; reopen the model",
@@ -79,6 +80,8 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
   }
+  ++reconnects_;
+  reconnect_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!receipts) {
     if (writes != nullptr && !said_no_receipts_) {
       said_no_receipts_ = true;

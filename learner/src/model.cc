@@ -380,6 +380,10 @@ int Model::Sync() { return Record(device_->Sync()); }
 
 uint64_t Model::pushed_bytes_lost() const { return device_->pushed_bytes_lost(); }
 
+uint64_t Model::reconnects() const { return device_->reconnects(); }
+
+double Model::reconnect_seconds() const { return device_->reconnect_seconds(); }
+
 int Model::ReadControlCounters(blkps_control_counters* out) {
   const Status no_record = Status::Error(EPROTO,
                                          "no blkps control counters (format %u) at byte %llu: is this the "

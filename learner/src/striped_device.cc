@@ -357,4 +357,16 @@ uint64_t StripedDevice::pushed_bytes_lost() const {
   return lost;
 }
 
+uint64_t StripedDevice::reconnects() const {
+  uint64_t count = 0;
+  for (const auto& shard : shards_) count += shard->reconnects();
+  return count;
+}
+
+double StripedDevice::reconnect_seconds() const {
+  double seconds = 0;
+  for (const auto& shard : shards_) seconds += shard->reconnect_seconds();
+  return seconds;
+}
+
 }  // namespace blkps

@@ -69,6 +69,9 @@ class StripedDevice : public Device {
   uint64_t pushed_bytes_lost() const override;
   // Every shard serves rows of one width (table=ITS_ROWS:WIDTH): shard 0's.
   uint64_t table_width() const override { return shards_[0]->table_width(); }
+  // Summed over the shards.
+  uint64_t reconnects() const override;
+  double reconnect_seconds() const override;
 
  private:
   class Worker;

@@ -138,6 +138,7 @@ JOB_METRICS = (
     ("updates", "blkps_updates_total", "counter", "Gradient updates applied (status updates)."),
     ("global_step", "blkps_global_step", "gauge", "Updates applied to the least-updated model block."),
     ("rejected_writes", "blkps_rejected_writes_total", "counter", "Gradient writes the server refused."),
+    ("control_refused", "blkps_control_refused_total", "counter", "Control writes the server refused."),
     ("held_now", "blkps_held_commands", "gauge", "Commands held now (bsp/ssp reads, waiting writes)."),
     ("uptime_s", "blkps_uptime_seconds", "gauge", "Seconds since the model was created in tgtd."),
     ("live_learners", "blkps_live_learners", "gauge", "Learner slots live now."),
@@ -159,6 +160,8 @@ LEARNER_METRICS = (
     ("holds", "blkps_learner_holds_total", "counter", "The learner's commands that were held."),
     ("hold_timeouts", "blkps_learner_hold_timeouts_total", "counter", "Held commands failed at hold_limit."),
     ("deaths", "blkps_learner_deaths_total", "counter", "Times the learner was declared dead."),
+    ("staleness_last", "blkps_learner_staleness_last_iterations", "gauge",
+     "Iterations the learner's latest read was ahead of the slowest live learner."),
     ("staleness_max", "blkps_learner_staleness_max_iterations", "gauge",
      "Most iterations the learner's reads were ahead of the slowest live learner."),
     ("staleness_mean", "blkps_learner_staleness_mean_iterations", "gauge",
@@ -179,8 +182,9 @@ def write_status(out, shard, s):
     for key, name, kind, help_text in JOB_METRICS:
         if key in s:
             out.add(name, kind, help_text, s[key], shard=shard)
-    out.add("blkps_control_refused", "gauge", "1 when the last control write was refused (status control_error).",
-            bool(s.get("control_error")), shard=shard)
+    out.add("blkps_control_last_refused", "gauge",
+            "1 when the last control write was refused (status control_error).", bool(s.get("control_error")),
+            shard=shard)
     for key, value in s["rule_params"].items():
         out.add("blkps_rule_parameter", "gauge", "The update rule's parameters (lr, momentum, ...) now.", value,
                 shard=shard, parameter=key)

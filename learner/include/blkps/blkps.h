@@ -147,6 +147,12 @@ BLKPS_EXPORT int blkps_sync(blkps_model *m);
  * exactly once, across reconnects. */
 BLKPS_EXPORT uint64_t blkps_pushed_bytes_lost(const blkps_model *m);
 
+/* Lost iSCSI sessions m re-established, and the seconds it spent
+ * reconnecting (a failed attempt included); 0 for a file. Read them
+ * between calls, on the thread making them. */
+BLKPS_EXPORT uint64_t blkps_reconnects(const blkps_model *m);
+BLKPS_EXPORT double blkps_reconnect_seconds(const blkps_model *m);
+
 /* Message of the last failed call on m (successful calls leave it); "" if
  * none has failed. Valid until the next call on m. */
 BLKPS_EXPORT const char *blkps_last_error(const blkps_model *m);

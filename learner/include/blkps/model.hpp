@@ -170,6 +170,13 @@ class BLKPS_EXPORT Model {
   // is durable in the model or counted here.
   uint64_t pushed_bytes_lost() const;
 
+  // Lost iSCSI sessions re-established (all shards of a layout: summed),
+  // and the seconds spent reconnecting, a failed attempt included; 0 for
+  // a file. Like every method, read between calls by the thread making
+  // them (a learner's metrics copy them after each call).
+  uint64_t reconnects() const;
+  double reconnect_seconds() const;
+
   // On a control LUN (blkps/control_lun.h): reads its counters record into
   // *out. Returns 0, a read's negative errno, or -EPROTO (*out untouched) if
   // the device holds no record of this format.

@@ -137,6 +137,10 @@ def _declare(lib):
     lib.blkps_sync.restype = ctypes.c_int
     lib.blkps_pushed_bytes_lost.argtypes = [handle]
     lib.blkps_pushed_bytes_lost.restype = ctypes.c_uint64
+    lib.blkps_reconnects.argtypes = [handle]
+    lib.blkps_reconnects.restype = ctypes.c_uint64
+    lib.blkps_reconnect_seconds.argtypes = [handle]
+    lib.blkps_reconnect_seconds.restype = ctypes.c_double
     lib.blkps_engine_pushed_bytes_lost.argtypes = [handle]
     lib.blkps_engine_pushed_bytes_lost.restype = ctypes.c_uint64
     lib.blkps_last_error.argtypes = [handle]
@@ -442,6 +446,17 @@ class Model(_Handle):
         """Bytes of pushes the server acknowledged and then lost with a
         restart from its checkpoint (doc/libblkps.md "Faults"); 0 if none."""
         return self._lib.blkps_pushed_bytes_lost(self._open_handle())
+
+    @property
+    def reconnects(self):
+        """Lost iSCSI sessions re-established; read it on the thread that
+        uses the Model, between calls."""
+        return self._lib.blkps_reconnects(self._open_handle())
+
+    @property
+    def reconnect_seconds(self):
+        """Seconds spent reconnecting (a failed attempt included)."""
+        return self._lib.blkps_reconnect_seconds(self._open_handle())
 
 
 class Engine(_Handle):

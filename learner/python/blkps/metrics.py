@@ -24,7 +24,7 @@ import weakref
 
 from .exposition import Exposition, MetricsServer, listening_socket
 
-__all__ = ["serve", "serve_optimizer", "endpoint", "write_discovery_entry", "watch_early_stopping"]
+__all__ = ["serve", "serve_optimizer", "endpoint", "write_discovery_entry", "watch_early_stopping", "SessionFaults"]
 
 PORT_ENV, ADDRESS_ENV, SD_DIR_ENV = "BLKPS_METRICS_PORT", "BLKPS_METRICS_ADDRESS", "BLKPS_METRICS_SD_DIR"
 
@@ -84,6 +84,28 @@ def write_discovery_entry(folder, rank, where):
     return path
 
 
+class SessionFaults:
+    """A learner's reconnects, the seconds they took and the bytes of its
+    pushes lost at server restarts, summed over its blkps.Models. A Model
+    is one thread's (libblkps reads and writes these counts on the thread
+    making the calls), so that thread copies them after its calls with
+    note(); the serving thread reads only the copies, each a tuple replaced
+    whole, and never touches a Model."""
+
+    def __init__(self):
+        self._copies = {}  # a Model's name -> (reconnects, seconds, bytes lost)
+
+    def note(self, name, model):
+        """Copies the counts of `model` under `name` (one name per Model).
+        REQUIRES: the caller is the thread using `model`, between calls."""
+        self._copies[name] = (model.reconnects, model.reconnect_seconds, model.pushed_bytes_lost)
+
+    def totals(self):
+        """(reconnects, seconds, bytes lost) over the Models noted."""
+        copies = list(self._copies.values())
+        return sum(c[0] for c in copies), sum(c[1] for c in copies), sum(c[2] for c in copies)
+
+
 _early_stopping = None  # weakref to the latest blkps.torch.EarlyStopping
 
 
@@ -130,6 +152,14 @@ def optimizer_page(opt, rank, local_rank):
                 direction=direction, **labels)
     for part, seconds in opt.seconds.items():
         out.add("blkps_torch_seconds_total", "counter", _SECONDS_HELP, seconds, part=part, **labels)
+    reconnects, seconds, lost = opt.faults.totals()
+    out.add("blkps_torch_reconnects_total", "counter", "Lost sessions to the server re-established.", reconnects,
+            **labels)
+    out.add("blkps_torch_reconnect_seconds_total", "counter",
+            "Seconds spent reconnecting, a failed attempt included.", seconds, **labels)
+    out.add("blkps_torch_pushed_bytes_lost_total", "counter",
+            "Bytes of pushes the server acknowledged, then lost: it restarted from an older checkpoint.", lost,
+            **labels)
     _early_stopping_samples(out, labels)
     return out.text()
 

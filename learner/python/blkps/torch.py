@@ -584,6 +584,9 @@ class _DistributedOptimizer:
         # and in forwards for weights still arriving.
         self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "exchange": 0.0, "step_wait": 0.0,
                         "weights_wait": 0.0}
+        # Reconnects and pushes lost at server restarts, as each thread's
+        # Models count them (blkps.metrics.SessionFaults).
+        self.faults = _metrics.SessionFaults()
         self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
         self._hooks = []
         self._push_device = None
@@ -778,6 +781,8 @@ class _DistributedOptimizer:
                         self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
             except Exception as e:  # reported by step() or the next forward
                 self._error = e
+            if device is not None:  # before the batch is done: synchronize() sees its counts
+                self.faults.note("communication", device)
             for b, _ in batch:
                 if kind == "pull" or self.pull_during_backward:
                     b.arrived.set()
@@ -967,7 +972,14 @@ class _DistributedOptimizer:
             loss = self._delta_step(closure)
         self.steps += 1
         self._stepped = True
+        self._note_faults()
         return loss
+
+    def _note_faults(self):
+        """Copies the training thread's Models' reconnect counts."""
+        self.faults.note("training", self.device)
+        if self._push_device is not None:
+            self.faults.note("delta pushes", self._push_device)
 
     def synchronize(self):
         """Horovod's synchronize(): after it the gradients are final for this
@@ -1074,6 +1086,7 @@ class _DistributedOptimizer:
         finished); the next step() pulls as usual."""
         self._wait_idle()
         self.flat.pull_all(self.device, look_ahead=False)
+        self._note_faults()
 
     def close(self):
         """Waits for the weights still arriving, stops the communication

@@ -125,11 +125,11 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" and "ranks" arrays. Their meanings are in doc/server.md, "Status and control". */
-#define BLKPS_STATUS_KEYS                                                                                          \
-  "model params device_bytes block_bytes blocks table mode rule tag rule_params "                                  \
-  "global_step updates rejected_writes held_now uptime_s dead_after_s "                                            \
-  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners failed failure control_error " \
-  "stop checkpoint "                                                                                               \
+#define BLKPS_STATUS_KEYS                                                             \
+  "model params device_bytes block_bytes blocks table mode rule tag rule_params "     \
+  "global_step updates rejected_writes held_now uptime_s dead_after_s "               \
+  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners " \
+  "failed failure control_error control_refused stop checkpoint "                     \
   "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS "path written last_seconds last_stall_seconds every_s error"
 /* "table" is null for a dense model; for a table, an object of these. */
@@ -137,9 +137,10 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 /* Each entry of the "ranks" array: a collective rank's last heartbeat
  * (control command rank=<rank>:<run>, blkps.torch; doc/pytorch.md). */
 #define BLKPS_STATUS_RANK_KEYS "rank run state idle_s"
-#define BLKPS_STATUS_LEARNER_KEYS                                                \
-  "lun dtype state iteration idle_s held reads writes bytes_read bytes_written " \
-  "holds hold_timeouts deaths staleness_max staleness_mean push_staleness_max push_staleness_mean stale_pushes"
+#define BLKPS_STATUS_LEARNER_KEYS                                                                                  \
+  "lun dtype state iteration idle_s held reads writes bytes_read bytes_written "                                   \
+  "holds hold_timeouts deaths staleness_last staleness_max staleness_mean push_staleness_max push_staleness_mean " \
+  "stale_pushes"
 
 /* The first 8 bytes of the counters record. */
 #define BLKPS_CONTROL_COUNTERS_MAGIC "blkpsctr"
