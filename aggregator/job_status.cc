@@ -117,7 +117,9 @@ std::string Job::StatusJson() const {
   j << "  \"failure\": " << JsonString(failure_) << ",\n";
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
-  j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
+  j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"job\": " << JsonString(job_id_)
+    << ", \"shard\": " << opts_.shard << ", \"shards\": " << opts_.shards
+    << ", \"generation\": " << written_generation_ << ", \"written\": " << checkpoints_
     << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
     << ", \"last_stall_seconds\": " << Fixed(checkpoint_stall_seconds_, 6)
     << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
