@@ -16,6 +16,15 @@
 #     `blkps mount --dir` gives a slot file whose bytes are the model's and
 #     whose pwrite is a gradient applied once (sgd lr=1, integers);
 #     `target stop` leaves no tgtd.
+#   scaleout_test.sh <repo> <build dir> checkpoint-full
+#     The checkpoint folder is a small tmpfs that holds one generation and
+#     half of the next: the sync of the second fails for the learner and
+#     status says so; after stop, start loads the first generation on both
+#     shards (not zeros, not half of the second).
+#   scaleout_test.sh <repo> <build dir> checkpoint-swapped
+#     An older copy of shard 1's part swapped in: start is refused in one
+#     line naming the file and what differs, and no tgtd is left; stray
+#     .tmp files do not count; --fresh starts a new job over the set.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -31,6 +40,7 @@ cleanup() {
   fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
   "$blkps" target stop --dir "$state/ps"
+  if grep -qs " $state/ck " /proc/mounts; then umount "$state/ck" || true; fi
   rm -rf "$state"
 }
 trap cleanup EXIT
@@ -46,7 +56,93 @@ no_tgtd_left() {
   done
 }
 
+# Checkpoint sets: a model of 2 stripe units, one per tgtd, that adds
+# what is pushed (rule=sum), checkpointed to $state/ck/model.ckpt.
+ck_params=524288  # 2 MiB: 1 MiB on each tgtd
+ck_start() {
+  "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ "$@" \
+    --bsopts "params=$ck_params;block=64K;rule=sum;checkpoint=$state/ck/model.ckpt"
+}
+# Pushes ones to every parameter, then syncs; "ok" or "fails" says what the
+# sync must do.
+ck_push_sync() {
+  "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY'
+import sys
+import numpy as np
+import blkps
+url, n, expect = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with blkps.Model(url) as m:
+    m.push(0, np.ones(n, dtype=np.float32))
+    try:
+        m.sync()
+    except OSError as e:
+        if expect == "ok":
+            sys.exit(f"sync failed: {e}")
+        print(f"sync failed as expected: {e}")
+        sys.exit(0)
+if expect != "ok":
+    sys.exit("sync succeeded")
+PY
+}
+# Fails unless every weight on both tgtds is $1.
+ck_weights_are() {
+  "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY' || fail "weights after restart"
+import sys
+import numpy as np
+import blkps
+url, n, want = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+half = n // 2
+for k, part in enumerate((w[:half], w[half:])):
+    if not np.all(part == want):
+        sys.exit(f"tgtd {k} serves {np.unique(part)[:4]}, expected {want}")
+PY
+}
+
 case "$what" in
+  checkpoint-full)
+    mkdir -p "$state/ck"
+    # A part is 1 MiB and a few KiB: generation 1 (2 parts) and one part of
+    # generation 2 fit, the other part does not.
+    mount -t tmpfs -o size=3400k tmpfs "$state/ck"
+    ck_start >/dev/null
+    ck_push_sync ok  # generation 1: every weight 1
+    ck_push_sync fails  # generation 2: one part fails, the generation fails
+    "$blkps" status --dir "$state/ps" > "$state/status"
+    grep -q "checkpoint error: generation 2 failed" "$state/status" ||
+      fail "status does not report the failed generation: $(cat "$state/status")"
+    "$blkps" target stop --dir "$state/ps"
+    ck_start >/dev/null
+    [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "the restart did not serve 2 tgtds"
+    ck_weights_are 1
+    ;;
+  checkpoint-swapped)
+    mkdir -p "$state/ck"
+    ck_start >/dev/null
+    ck_push_sync ok  # generation 1: 1
+    ck_push_sync ok  # generation 2: 2
+    read -r -a pids < <("$blkps" target show --dir "$state/ps" --get PIDS)
+    "$blkps" target stop --dir "$state/ps"
+    : > "$state/ck/model.ckpt.shard-2.tmp"
+    : > "$state/ck/model.ckpt.shard-0.gen-9.tmp"
+    ck_start >/dev/null  # the stray files do not count
+    [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "stray .tmp files changed the tgtd count"
+    ck_weights_are 2
+    "$blkps" target stop --dir "$state/ps"
+    cp "$state/ck/model.ckpt.shard-1.gen-1" "$state/ck/model.ckpt.shard-1.gen-2"
+    if out=$(ck_start 2>&1); then fail "started from a set with an older part swapped in"; fi
+    echo "$out"
+    [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
+    case "$out" in
+      *"model.ckpt.shard-1.gen-2 does not belong to"*"mixed: it is generation 1"*"--fresh"*) ;;
+      *) fail "the refusal does not name the file and the difference: $out" ;;
+    esac
+    [ ! -e "$state/ps/target.env" ] || fail "a refused start left target.env"
+    no_tgtd_left "${pids[@]}"
+    ck_start --fresh >/dev/null
+    ck_weights_are 0
+    ;;
   learners)
     train="$top/learner/examples/train_digits.py"
     params=$("$py" "$train" --params)
@@ -79,7 +175,8 @@ with blkps.Model(sys.argv[1]) as m:
     m.pull(0, int(sys.argv[2])).tofile(sys.argv[3])
     m.sync()  # fsync: every shard checkpoints its part
 PY
-    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k" ] || fail "no checkpoint of shard $k"; done
+    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k.gen-1" ] || fail "no checkpoint of shard $k"; done
+    [ -s "$state/model.ckpt.manifest" ] || fail "the sync committed no generation"
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     [ ! -e "$state/ps/target.env" ] || fail "target.env left after stop"
@@ -173,5 +270,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped)" ;;
 esac

@@ -117,7 +117,9 @@ def print_status(s):
     c = s["checkpoint"]
     if c["path"]:
         every = f", every {c['every_s']:g} s" if c["every_s"] else ""
-        print(f"checkpoint: {c['path']} (written {c['written']} times, last took {c['last_seconds']:.3f} s, "
+        part = f", shard {c['shard']} of {c['shards']}" if c.get("shards", 1) > 1 else ""
+        print(f"checkpoint: {c['path']} (job {c.get('job', '')}, generation {c.get('generation', 0)}{part}; "
+              f"written {c['written']} times, last took {c['last_seconds']:.3f} s, "
               f"writes waited {c['last_stall_seconds']:.3f} s{every})")
         if c["error"]:
             print(f"checkpoint error: {c['error']}")

@@ -477,12 +477,17 @@ def command_start(a):
                             f"stop it first: blkps target stop --dir {a.dir}")
         scaleout.stop(os.path.abspath(a.dir))  # what tgtds that died (--owner-pid) left
     model = check_bsopts(a.bsopts)
+    if a.fresh and not dict(model["options"]).get("checkpoint"):
+        raise UserError("--fresh", "starts a new job over a checkpoint, and --bsopts names none (checkpoint=)",
+                        "leave --fresh out")
     tgtds = scaleout.tgtds_for(a, model)
     if tgtds > 1:
         env = scaleout.start(a, model, tgtds)
         print("\n".join(scaleout.labelled_urls(env)))
         print(f"tgtds: {tgtds} (--tgtd), stripe unit {env['STRIPE_UNIT']} bytes")
     else:
+        if a.fresh:
+            a.bsopts += ";fresh=1"
         target = Target(a.dir)
         env = target.start(a)
         print("\n".join(labelled_urls(env)))
@@ -601,6 +606,10 @@ def add_start_arguments(s):
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")
     s.add_argument("--rdwr-lun", metavar="FILE", help="also serve FILE through tgt's rdwr store (a plain-disk baseline)")
     s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop the target when process PID exits")
+    s.add_argument("--fresh", action="store_true", help="start a new job over the checkpoint (checkpoint=) "
+                   "instead of loading it; needed when a restart refuses the checkpoint set (incomplete, mixed "
+                   "or foreign: doc/server.md \"Checkpoints\"); the old files are replaced as the new job's "
+                   "generations commit")
 
 
 def add_tgtd_argument(s):

@@ -20,6 +20,7 @@ except ImportError:  # a checkout
 _BUILT = {
     "blkps-layout": "learner/tools/blkps-layout",
     "blkps-bsopts": "target-plugin/blkps-bsopts",
+    "blkps-checkpoint": "aggregator/blkps-checkpoint",
     "blkps-mount": "learner/mount/blkps-mount",
     "blkps-train-digits": "learner/examples/blkps-train-digits",
     "bs_blkps.so": "target-plugin/bs_blkps.so",
