@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -54,6 +55,7 @@ class CheckpointSetTest : public ::testing::Test {
 
   // Adds `value` to every weight of shard k.
   void Push(uint32_t k, float value) {
+    ASSERT_NE(shards_[k], nullptr) << "shard " << k << " did not start";
     Job& job = *shards_[k];
     const size_t slot = job.AddLearner(1, [] {});
     std::vector<float> g(kParams, value);
@@ -62,14 +64,19 @@ class CheckpointSetTest : public ::testing::Test {
     ASSERT_TRUE(job.Write(slot, 0, g.data(), kParams * 4, "learner").ok());
   }
 
+  // Weight 0 of shard k; NaN (and a failure) if it did not start.
   float Weight(uint32_t k) const {
-    float w = 0;
-    EXPECT_TRUE(shards_[k]->ReadWeights(0, &w, 4).ok());
+    float w = std::nanf("");
+    if (shards_[k] == nullptr) ADD_FAILURE() << "shard " << k << " did not start";
+    else EXPECT_TRUE(shards_[k]->ReadWeights(0, &w, 4).ok());
     return w;
   }
 
   void CheckpointBoth() {
-    for (uint32_t k = 0; k < 2; ++k) ASSERT_TRUE(shards_[k]->Checkpoint().ok());
+    for (uint32_t k = 0; k < 2; ++k) {
+      ASSERT_NE(shards_[k], nullptr) << "shard " << k << " did not start";
+      ASSERT_TRUE(shards_[k]->Checkpoint().ok());
+    }
   }
 
   bool Exists(const std::string& path) const { return ::access(path.c_str(), F_OK) == 0; }
