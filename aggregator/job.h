@@ -220,7 +220,10 @@ class Job {
   // it; nothing else changes), or tag=<text>: an opaque label that
   // learners keep with the model (status "tag"; at most 256 of
   // [A-Za-z0-9._:,=+/-]; empty clears it; not saved in checkpoints).
-  // blkps.torch keeps its model fingerprint there.
+  // blkps.torch keeps its model fingerprint there. Or checkpoint=1, alone
+  // in its block: writes the job's next checkpoint generation, as fsync
+  // does (`blkps target stop` asks every shard for its final one); its
+  // failure is the write's, InvalidArgument without a checkpoint= file.
   // The grammar is strict: lines end with '\n' (the last one may not); keys
   // and values are printable ASCII without spaces; each key at most once;
   // after the first NUL only NULs. The block is parsed and checked whole,

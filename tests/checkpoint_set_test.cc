@@ -254,5 +254,21 @@ TEST_F(CheckpointSetTest, FreshStartsANewJobOverAnOldSet) {
   EXPECT_EQ(set.generation, 2u);  // numbered on from the old set's
 }
 
+TEST_F(CheckpointSetTest, ACheckpointCommandToEveryShardCommitsAGeneration) {
+  StartBoth();
+  for (uint32_t k = 0; k < 2; ++k) ASSERT_TRUE(shards_[k]->Control("checkpoint=1").ok());
+  CheckpointSet set;
+  ASSERT_TRUE(ReadCheckpointSet(Path(), &set).ok());
+  EXPECT_EQ(set.generation, 1u);
+}
+
+TEST_F(CheckpointSetTest, ACheckpointCommandComesAloneAndFromOperators) {
+  StartBoth();
+  EXPECT_EQ(shards_[0]->Control("checkpoint=1\nlr=0.5").code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(shards_[0]->Control("checkpoint=1", "learner", Job::ControlRights::kLearner).code(),
+            Status::Code::kPermissionDenied);
+  EXPECT_FALSE(Exists(Path() + ".shard-0.gen-1"));
+}
+
 }  // namespace
 }  // namespace blkps::server

@@ -19,12 +19,17 @@
 #   scaleout_test.sh <repo> <build dir> checkpoint-full
 #     The checkpoint folder is a small tmpfs that holds one generation and
 #     half of the next: the sync of the second fails for the learner and
-#     status says so; after stop, start loads the first generation on both
-#     shards (not zeros, not half of the second).
+#     status says so; stop's final checkpoint fails too, and stop says so
+#     and stops; start loads the first generation on both shards (not
+#     zeros, not half of the second).
 #   scaleout_test.sh <repo> <build dir> checkpoint-swapped
 #     An older copy of shard 1's part swapped in: start is refused in one
 #     line naming the file and what differs, and no tgtd is left; stray
 #     .tmp files do not count; --fresh starts a new job over the set.
+#   scaleout_test.sh <repo> <build dir> stop-keeps-pushes
+#     With 2 tgtds and with 1: push, sync, push; `target stop` writes a
+#     final generation and says how long it took, and the restart serves
+#     both pushes; with --no-checkpoint it serves the synced one only.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -39,7 +44,7 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
-  "$blkps" target stop --dir "$state/ps"
+  "$blkps" target stop --dir "$state/ps" --no-checkpoint
   if grep -qs " $state/ck " /proc/mounts; then umount "$state/ck" || true; fi
   rm -rf "$state"
 }
@@ -60,11 +65,11 @@ no_tgtd_left() {
 # what is pushed (rule=sum), checkpointed to $state/ck/model.ckpt.
 ck_params=524288  # 2 MiB: 1 MiB on each tgtd
 ck_start() {
-  "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ "$@" \
+  "$blkps" target start --dir "$state/ps" --tgtd "${ck_tgtds:-2}" --plugin "$plugin" --owner-pid $$ "$@" \
     --bsopts "params=$ck_params;block=64K;rule=sum;checkpoint=$state/ck/model.ckpt"
 }
 # Pushes ones to every parameter, then syncs; "ok" or "fails" says what the
-# sync must do.
+# sync must do, "none" skips it.
 ck_push_sync() {
   "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY'
 import sys
@@ -73,6 +78,8 @@ import blkps
 url, n, expect = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with blkps.Model(url) as m:
     m.push(0, np.ones(n, dtype=np.float32))
+    if expect == "none":
+        sys.exit(0)
     try:
         m.sync()
     except OSError as e:
@@ -84,7 +91,7 @@ if expect != "ok":
     sys.exit("sync succeeded")
 PY
 }
-# Fails unless every weight on both tgtds is $1.
+# Fails unless every weight on both tgtds (both halves of the model) is $1.
 ck_weights_are() {
   "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY' || fail "weights after restart"
 import sys
@@ -101,6 +108,26 @@ PY
 }
 
 case "$what" in
+  stop-keeps-pushes)
+    mkdir -p "$state/ck"
+    for ck_tgtds in 2 1; do
+      rm -f "$state/ck/"*
+      ck_start >/dev/null
+      ck_push_sync ok
+      ck_push_sync none  # acknowledged, not synced
+      "$blkps" target stop --dir "$state/ps" > "$state/stopped"
+      grep -Eq "^final checkpoint: generation 2 of job [0-9a-f]+ written by $ck_tgtds tgtd\(s\) in [0-9.]+ s$" \
+        "$state/stopped" || fail "stop did not report its final checkpoint: $(cat "$state/stopped")"
+      ck_start >/dev/null
+      ck_weights_are 2
+      ck_push_sync none
+      "$blkps" target stop --dir "$state/ps" --no-checkpoint > "$state/stopped"
+      [ ! -s "$state/stopped" ] || fail "--no-checkpoint wrote a checkpoint: $(cat "$state/stopped")"
+      ck_start >/dev/null
+      ck_weights_are 2
+      "$blkps" target stop --dir "$state/ps" --no-checkpoint
+    done
+    ;;
   checkpoint-full)
     mkdir -p "$state/ck"
     # A part is 1 MiB and a few KiB: generation 1 (2 parts) and one part of
@@ -112,7 +139,13 @@ case "$what" in
     "$blkps" status --dir "$state/ps" > "$state/status"
     grep -q "checkpoint error: generation 2 failed" "$state/status" ||
       fail "status does not report the failed generation: $(cat "$state/status")"
-    "$blkps" target stop --dir "$state/ps"
+    # The final checkpoint fails too: stop says so, and stops all the same.
+    if "$blkps" target stop --dir "$state/ps" 2> "$state/stopped"; then
+      fail "stop did not report the failed final checkpoint"
+    fi
+    grep -q "the final checkpoint failed on shard .*; the target was stopped" "$state/stopped" ||
+      fail "unexpected stop message: $(cat "$state/stopped")"
+    [ ! -e "$state/ps/target.env" ] || fail "a stop whose final checkpoint failed left the target running"
     ck_start >/dev/null
     [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "the restart did not serve 2 tgtds"
     ck_weights_are 1
@@ -123,13 +156,13 @@ case "$what" in
     ck_push_sync ok  # generation 1: 1
     ck_push_sync ok  # generation 2: 2
     read -r -a pids < <("$blkps" target show --dir "$state/ps" --get PIDS)
-    "$blkps" target stop --dir "$state/ps"
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint
     : > "$state/ck/model.ckpt.shard-2.tmp"
     : > "$state/ck/model.ckpt.shard-0.gen-9.tmp"
     ck_start >/dev/null  # the stray files do not count
     [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "stray .tmp files changed the tgtd count"
     ck_weights_are 2
-    "$blkps" target stop --dir "$state/ps"
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint
     cp "$state/ck/model.ckpt.shard-1.gen-1" "$state/ck/model.ckpt.shard-1.gen-2"
     if out=$(ck_start 2>&1); then fail "started from a set with an older part swapped in"; fi
     echo "$out"
@@ -270,5 +303,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes)" ;;
 esac

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from . import chap, session, state, tools
+from . import chap, checkpoints, session, state, tools
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -408,10 +408,19 @@ class Target:
                          stderr=subprocess.DEVNULL, start_new_session=True)
 
     def watch(self, owner):
+        """Stops the target as `blkps target stop` does, final checkpoint
+        and all, once `owner` has exited; a scaled-out job's shards each
+        have a watchdog, and each asks its own shard for its part of the
+        final generation (the last one commits it)."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         while running(owner) and self.alive():
             time.sleep(1)
+        if self.alive():
+            try:
+                checkpoints.write_final(self.dir, "target watch")
+            except UserError:
+                pass  # no one to tell: the log of each tgtd has the reason
         self.stop()
 
 
@@ -497,9 +506,19 @@ def command_start(a):
 
 def command_stop(a):
     from . import scaleout
+    failure, line = None, None
+    if not a.no_checkpoint and os.path.isdir(a.dir):
+        try:
+            line = checkpoints.write_final(os.path.abspath(a.dir))
+        except UserError as e:
+            failure = e  # stopped all the same: said after the stop
     if scaleout.running(a.dir):
         scaleout.stop(os.path.abspath(a.dir))
     Target(a.dir).stop()
+    if failure:
+        raise failure
+    if line:
+        print(line)
     return 0
 
 
@@ -554,8 +573,13 @@ def add_parser(sub):
     add_start_arguments(s)
     add_tgtd_argument(s)
     s.set_defaults(run=command_start)
-    t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
+    t = cmds.add_parser("stop", help="stop a target, after a final checkpoint (quiet when none runs)",
+                        description="Stops a target. A model with checkpoint= first writes a final checkpoint "
+                        "generation on every tgtd, so that no acknowledged push is lost, and says how long it took; "
+                        "if that fails the target is stopped all the same and the line says what a restart loads.")
     t.add_argument("--dir", required=True)
+    t.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint: a restart loads the "
+                   "last one written (the pushes since are lost)")
     t.set_defaults(run=command_stop)
     w = cmds.add_parser("show", help="print a running target's URLs", description="Prints the running target's "
                         "URLs, labelled; --get KEY prints target.env values one per line (for scripts).")
