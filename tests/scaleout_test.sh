@@ -30,6 +30,14 @@
 #     With 2 tgtds and with 1: push, sync, push; `target stop` writes a
 #     final generation and says how long it took, and the restart serves
 #     both pushes; with --no-checkpoint it serves the synced one only.
+#   scaleout_test.sh <repo> <build dir> kill-restart-async
+#     2 async learners through 2 tgtds (pushing 1 and 3 a round, learner 1
+#     syncing every 4 rounds); kill -9 of shard 1's tgtd mid-training and
+#     `target restart`: shard 1 comes back on its port from the committed
+#     generation, shard 0 runs on, the learners go on through the same
+#     layouts, and in the end every parameter of shard 0 is the pushed sums
+#     and every one of shard 1 the pushed sums minus the pushes libblkps
+#     told each learner were lost there.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -108,6 +116,67 @@ PY
 }
 
 case "$what" in
+  kill-restart-async)
+    mkdir -p "$state/ck"
+    "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
+      --bsopts "params=$ck_params;block=64K;rule=sum;mode=async;checkpoint=$state/ck/model.ckpt" \
+      >/dev/null
+    read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
+    rounds=40
+    for learner in 1 2; do
+      "$py" - "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" "$rounds" "$state/progress-$learner" \
+        > "$state/lost-$learner" 2> "$state/learner-$learner.log" <<'PY' &
+import sys
+import numpy as np
+import blkps
+url, n, learner, rounds, progress = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+value = 1.0 if learner == 1 else 3.0
+with blkps.Model(url) as m:
+    for r in range(1, rounds + 1):
+        m.push(0, np.full(n, value, dtype=np.float32))
+        m.pull(0, n)
+        if learner == 1 and r % 4 == 0:
+            m.sync()  # a generation
+        with open(progress, "w") as f:
+            f.write(f"{r}\n")
+    m.sync()  # then pushed_bytes_lost is complete
+    print(m.pushed_bytes_lost)
+PY
+      eval "learner_pid_$learner=$!"
+    done
+    # Kill shard 1 once both learners are past round 10 (polled, bounded).
+    for _ in $(seq 600); do
+      [ "$(cat "$state/progress-1" 2>/dev/null || echo 0)" -ge 10 ] &&
+        [ "$(cat "$state/progress-2" 2>/dev/null || echo 0)" -ge 10 ] && break
+      sleep 0.1
+    done
+    kill -9 "$(cat "$state/ps/shard-1/tgtd.pid")"
+    "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
+    cat "$state/restarted"
+    grep -q "^restarted shard 1 (dead) on port ${ports[1]}: generation" "$state/restarted" ||
+      fail "shard 1 was not restarted on its port ${ports[1]}"
+    if grep -q "^restarted shard 0" "$state/restarted"; then fail "async: the live shard 0 was restarted"; fi
+    wait "$learner_pid_1" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
+    wait "$learner_pid_2" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
+      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" <<'PY' || fail "after the restart"
+import json, sys
+import numpy as np
+import blkps
+url, n, rounds, lost1, lost2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+part = 4 * n // 2  # a push's bytes on one tgtd
+if lost1 % part or lost2 % part:
+    sys.exit(f"lost bytes {lost1}, {lost2} are not whole pushes of {part} bytes to one tgtd")
+# Only shard 1 lost what it had not checkpointed; shard 0 kept every push.
+wants = (1.0 * rounds + 3.0 * rounds, 1.0 * (rounds - lost1 // part) + 3.0 * (rounds - lost2 // part))
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+for k, (chunk, want) in enumerate(zip((w[: n // 2], w[n // 2:]), wants)):
+    if not np.all(chunk == want):
+        sys.exit(f"tgtd {k} serves {np.unique(chunk)[:4]}, expected {want} (lost {lost1}, {lost2} bytes)")
+print(f"lost {lost1 // part} and {lost2 // part} pushes on shard 1; weights {wants}")
+PY
+    ;;
   stop-keeps-pushes)
     mkdir -p "$state/ck"
     for ck_tgtds in 2 1; do
@@ -303,5 +372,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async)" ;;
 esac

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from . import chap, checkpoints, session, state, tools
+from . import chap, checkpoints, restart, session, state, tools
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -210,6 +210,7 @@ class Target:
             tgtd_cwd = os.path.dirname(plugin)
         try:  # from here on, any failure (Ctrl-C or SIGTERM too) leaves no tgtd
             values = self._configure(a, credentials, self._start_tgtd(a, env, tgtd_cwd))
+            restart.remember(self.dir, a, values["PORT"])
             if a.owner_pid:
                 self.start_watchdog(a.owner_pid)  # before returning: never a tgtd the owner leaves behind
             return values
@@ -403,9 +404,11 @@ class Target:
     def start_watchdog(self, owner):
         """A detached process that stops the target when process `owner`
         exits (even by SIGKILL) or tgtd dies."""
-        subprocess.Popen([tools.script("blkps"), "target", "watch", "--dir", self.dir,
-                          "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        watchdog = subprocess.Popen([tools.script("blkps"), "target", "watch", "--dir", self.dir,
+                                     "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        with open(os.path.join(self.dir, restart.WATCHDOG_PID), "w") as f:
+            f.write(f"{watchdog.pid}\n")
 
     def watch(self, owner):
         """Stops the target as `blkps target stop` does, final checkpoint
@@ -531,7 +534,7 @@ def command_show(a):
         dead = scaleout.dead_tgtds(env)
         if dead:
             raise UserError("target show", f"the tgtd of {dead[0]} is not running; its log is {dead[0]}/tgtd.log",
-                            f"blkps target stop --dir {a.dir}, then start it again")
+                            f"restart it where it was: blkps target restart --dir {a.dir}")
         lines = scaleout.labelled_urls(env)
         lines.append(f"tgtds: {env['TGTD']}, pids {env['PIDS']}, logs {' '.join(d + '/tgtd.log' for d in dirs)}")
     else:
@@ -567,7 +570,7 @@ def add_parser(sub):
                        description="A blkps parameter server: a private tgtd (its own control socket, log and port "
                        "in --dir) serving a model on LUNs 1..N, one per learner slot, and its status and control "
                        "LUN N+1. start writes DIR/target.env; scripts read it with `blkps target show --get KEY`.")
-    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,show}")
+    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,restart,show}")
     s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
@@ -581,6 +584,14 @@ def add_parser(sub):
     t.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint: a restart loads the "
                    "last one written (the pushes since are lost)")
     t.set_defaults(run=command_stop)
+    r = cmds.add_parser("restart", help="restart the tgtds that died, on their own ports",
+                        description="Restarts the tgtds of a target that are not running, each with the options "
+                        "it was started with, on its own port, from the last committed checkpoint generation; in "
+                        "bsp and ssp a scaled-out job's live tgtds are restarted too, so that every shard serves "
+                        "that generation. Learners reconnect to the same addresses and resend what their receipts "
+                        "lack.")
+    r.add_argument("--dir", required=True)
+    r.set_defaults(run=restart.command_restart)
     w = cmds.add_parser("show", help="print a running target's URLs", description="Prints the running target's "
                         "URLs, labelled; --get KEY prints target.env values one per line (for scripts).")
     w.add_argument("--dir", required=True)
