@@ -37,7 +37,8 @@
 #     generation, shard 0 runs on, the learners go on through the same
 #     layouts, and in the end every parameter of shard 0 is the pushed sums
 #     and every one of shard 1 the pushed sums minus the pushes libblkps
-#     told each learner were lost there.
+#     told each learner were lost there. Meanwhile `blkps status --dir`
+#     shows shard 0 and names shard 1 as unreachable.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -151,6 +152,9 @@ PY
       sleep 0.1
     done
     kill -9 "$(cat "$state/ps/shard-1/tgtd.pid")"
+    if "$blkps" status --dir "$state/ps" > "$state/status"; then fail "status of a job with a dead shard says 0"; fi
+    grep -q "^job: shard 0 step [0-9]* generation [0-9]*, shard 1 unreachable; shard 1 not running" "$state/status" ||
+      fail "status does not name the unreachable shard: $(tail -1 "$state/status")"
     "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
     cat "$state/restarted"
     grep -q "^restarted shard 1 (dead) on port ${ports[1]}: generation" "$state/restarted" ||
@@ -208,6 +212,8 @@ PY
     "$blkps" status --dir "$state/ps" > "$state/status"
     grep -q "checkpoint error: generation 2 failed" "$state/status" ||
       fail "status does not report the failed generation: $(cat "$state/status")"
+    grep -q "^job: shard 0 step 2 generation [12], shard 1 step 2 generation [12]; the shards differ in generation" \
+      "$state/status" || fail "status does not flag the shards' generations: $(tail -1 "$state/status")"
     # The final checkpoint fails too: stop says so, and stops all the same.
     if "$blkps" target stop --dir "$state/ps" 2> "$state/stopped"; then
       fail "stop did not report the failed final checkpoint"

@@ -73,12 +73,12 @@ def write_final(folder, what="target stop"):
     alive = [target.Target(d).alive() for d in dirs]
     if not any(alive):
         return None  # what a kill of every tgtd lost, no stop can keep
-    controls = control.control_targets(types.SimpleNamespace(dir=folder, control=None), what)
+    down = [f"shard {k}" for k, up in enumerate(alive) if not up] if values is not None else []
+    controls = control.control_targets(types.SimpleNamespace(dir=folder, control=None), what, down)
     devices, results = [], {}
     try:
-        for (label, url, chap_file), up in zip(controls, alive):
-            if up:
-                devices.append((label, control.open_control(url, chap_file, None)))
+        for label, url, chap_file in controls:
+            devices.append((label, control.open_control(url, chap_file, None)))
         if not devices[0][1].status()["checkpoint"]["path"]:
             return None
         if not all(alive):
