@@ -29,7 +29,9 @@
 #   scaleout_test.sh <repo> <build dir> stop-keeps-pushes
 #     With 2 tgtds and with 1: push, sync, push; `target stop` writes a
 #     final generation and says how long it took, and the restart serves
-#     both pushes; with --no-checkpoint it serves the synced one only.
+#     both pushes; with --no-checkpoint it serves the synced one only. A
+#     push, then the --owner-pid process exits: the watchdogs write the
+#     final generation, and the restart serves the push.
 #   scaleout_test.sh <repo> <build dir> kill-restart-async
 #     2 async learners through 2 tgtds (pushing 1 and 3 a round, learner 1
 #     syncing every 4 rounds); kill -9 of shard 1's tgtd mid-training and
@@ -46,8 +48,9 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" PYTHONPATH="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-scaleout-test-XXXXXX)
-mnt="$state/mnt" mount_pid=""
+mnt="$state/mnt" mount_pid="" owner_pid=""
 cleanup() {
+  if [ -n "$owner_pid" ]; then kill "$owner_pid" 2>/dev/null || true; fi
   if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
     kill -TERM "$mount_pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
@@ -74,7 +77,7 @@ no_tgtd_left() {
 # what is pushed (rule=sum), checkpointed to $state/ck/model.ckpt.
 ck_params=524288  # 2 MiB: 1 MiB on each tgtd
 ck_start() {
-  "$blkps" target start --dir "$state/ps" --tgtd "${ck_tgtds:-2}" --plugin "$plugin" --owner-pid $$ "$@" \
+  "$blkps" target start --dir "$state/ps" --tgtd "${ck_tgtds:-2}" --plugin "$plugin" --owner-pid "${ck_owner:-$$}" "$@" \
     --bsopts "params=$ck_params;block=64K;rule=sum;checkpoint=$state/ck/model.ckpt"
 }
 # Pushes ones to every parameter, then syncs; "ok" or "fails" says what the
@@ -200,6 +203,24 @@ PY
       ck_weights_are 2
       "$blkps" target stop --dir "$state/ps" --no-checkpoint
     done
+    # The --owner-pid watchdogs stop the same way when the owner exits.
+    rm -f "$state/ck/"*
+    ck_tgtds=2
+    sleep 600 >/dev/null 2>&1 & ck_owner=$! owner_pid=$!
+    ck_start >/dev/null
+    read -r -a pids < <("$blkps" target show --dir "$state/ps" --get PIDS)
+    ck_push_sync none
+    kill "$ck_owner"
+    owner_pid=""
+    for _ in $(seq 300); do  # the watchdogs poll their owner every second
+      [ ! -e "$state/ps/shard-0/target.env" ] && [ ! -e "$state/ps/shard-1/target.env" ] && break
+      sleep 0.1
+    done
+    no_tgtd_left "${pids[@]}"
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint  # the job's own files
+    ck_owner=$$
+    ck_start >/dev/null
+    ck_weights_are 1
     ;;
   checkpoint-full)
     mkdir -p "$state/ck"

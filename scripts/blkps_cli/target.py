@@ -515,8 +515,14 @@ def command_stop(a):
             line = checkpoints.write_final(os.path.abspath(a.dir))
         except UserError as e:
             failure = e  # stopped all the same: said after the stop
+    # The --owner-pid watchdogs go first: one that wakes after the stop would
+    # stop whatever a quick new start put in the same folder.
+    folder = os.path.abspath(a.dir)
+    shards = state.shards(folder)
+    for d in [folder, *(shards["SHARD_DIRS"].split() if shards else [])]:
+        restart.stop_watchdog(d)
     if scaleout.running(a.dir):
-        scaleout.stop(os.path.abspath(a.dir))
+        scaleout.stop(folder)
     Target(a.dir).stop()
     if failure:
         raise failure
