@@ -113,8 +113,8 @@ Status CheckPart(const std::string& path, const CheckpointSet& set, uint32_t k) 
               "shard " + std::to_string(k) + " of " + std::to_string(set.shards);
   }
   if (differs.empty()) return Status::OK();
-  return Status::InvalidArgument(Refusal(path, part.file + " does not belong to " + CheckpointManifestPath(path) +
-                                                   ": " + differs));
+  return Status::InvalidArgument(
+      Refusal(path, part.file + " does not belong to " + CheckpointManifestPath(path) + ": " + differs));
 }
 
 Status ReadManifest(const std::string& path, CheckpointSet* out) {
@@ -280,8 +280,8 @@ Status ReadCheckpointSet(const std::string& path, CheckpointSet* out) {
                 names.end());
     if (names.empty()) return Status::NotFound(path + ": no checkpoint yet");
     std::sort(names.begin(), names.end());
-    return Status::InvalidArgument(Refusal(path, "incomplete: no generation was committed (no " + manifest +
-                                                     "), yet there are " + Join(names)));
+    return Status::InvalidArgument(
+        Refusal(path, "incomplete: no generation was committed (no " + manifest + "), yet there are " + Join(names)));
   }
   CheckpointSet set;
   Status s = ReadManifest(path, &set);

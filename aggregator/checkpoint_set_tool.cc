@@ -17,26 +17,7 @@
 #include <string>
 
 #include "checkpoint_set.h"
-
-namespace {
-
-// Paths and job ids hold no quotes or control bytes worth escaping beyond these.
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
+#include "json_text.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
@@ -55,11 +36,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "blkps: checkpoint: %s\n", s.message().c_str());
     return 1;
   }
-  std::string out = "{\"committed\": true, \"job\": " + JsonString(set.job) +
+  std::string out = "{\"committed\": true, \"job\": " + blkps::server::JsonString(set.job) +
                     ", \"generation\": " + std::to_string(set.generation) +
                     ", \"shards\": " + std::to_string(set.parts.size()) + ", \"parts\": [";
   for (size_t k = 0; k < set.parts.size(); ++k) {
-    out += std::string(k ? ", " : "") + "{\"file\": " + JsonString(set.parts[k].file) +
+    out += std::string(k ? ", " : "") + "{\"file\": " + blkps::server::JsonString(set.parts[k].file) +
            ", \"step\": " + std::to_string(set.parts[k].step) + "}";
   }
   std::printf("%s]}\n", out.c_str());

@@ -95,11 +95,11 @@ namespace blkps::server {
 struct JobOptions {
   ModelOptions model;  // model.accumulator is set from the mode
   ConsistencyOptions consistency;
-  double dead_after_s = 10;       // no I/O this long: a learner is dead
-  double hold_limit_s = 20;       // longest a command is held; under the
-                                  // initiators' ~30 s command timeout
-  uint32_t max_dead = 0;          // dead learners that fail the job; 0: never
-  std::string checkpoint;         // checkpoint file; empty: none
+  double dead_after_s = 10;  // no I/O this long: a learner is dead
+  double hold_limit_s = 20;  // longest a command is held; under the
+                             // initiators' ~30 s command timeout
+  uint32_t max_dead = 0;     // dead learners that fail the job; 0: never
+  std::string checkpoint;    // checkpoint file; empty: none
   // The checkpoint's identity (checkpoint_set.h): the job's id (empty: the
   // loaded set's, else a new one), this server's part of a scaled-out job
   // (shard of shards; shards 1: a set of one, the file `checkpoint`), how

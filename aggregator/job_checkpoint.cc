@@ -111,18 +111,19 @@ Status Job::LoadCheckpoint() {
     generation_ = NewestCheckpointGeneration(opts_.checkpoint);
     return Status::OK();
   }
-  if (!s.ok()) return Status::InvalidArgument(s.message().rfind("checkpoint ", 0) == 0 ? s.message() : "checkpoint: " + s.message());
+  if (!s.ok())
+    return Status::InvalidArgument(s.message().rfind("checkpoint ", 0) == 0 ? s.message()
+                                                                            : "checkpoint: " + s.message());
   if (set.parts.size() != opts_.shards) {
-    return Status::InvalidArgument("checkpoint " + opts_.checkpoint + ": its committed generation " +
-                                   std::to_string(set.generation) + " has " + std::to_string(set.parts.size()) +
-                                   " part(s), and this server is shard " + std::to_string(opts_.shard) + " of " +
-                                   std::to_string(opts_.shards) + "; serve it with " + std::to_string(set.parts.size()) +
-                                   " tgtd(s)");
+    return Status::InvalidArgument(
+        "checkpoint " + opts_.checkpoint + ": its committed generation " + std::to_string(set.generation) + " has " +
+        std::to_string(set.parts.size()) + " part(s), and this server is shard " + std::to_string(opts_.shard) +
+        " of " + std::to_string(opts_.shards) + "; serve it with " + std::to_string(set.parts.size()) + " tgtd(s)");
   }
   if (!job_id_.empty() && !set.job.empty() && set.job != job_id_) {
     return Status::InvalidArgument("checkpoint " + opts_.checkpoint + ": foreign: it is of job " + set.job +
-                                   ", this server was started for job " + job_id_ +
-                                   "; give job=" + set.job + " (or fresh=1 for a new job over it)");
+                                   ", this server was started for job " + job_id_ + "; give job=" + set.job +
+                                   " (or fresh=1 for a new job over it)");
   }
   if (!set.job.empty()) job_id_ = set.job;
   if (job_id_.empty()) job_id_ = NewCheckpointJobId();  // a file written before identities
@@ -177,8 +178,8 @@ Status Job::LoadCheckpoint() {
     s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
-  log_("loaded checkpoint " + path + " (job " + job_id_ + ", generation " + std::to_string(set.generation) +
-       ", step " + header.meta["step"] + ")");
+  log_("loaded checkpoint " + path + " (job " + job_id_ + ", generation " + std::to_string(set.generation) + ", step " +
+       header.meta["step"] + ")");
   return Status::OK();
 }
 

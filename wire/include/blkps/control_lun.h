@@ -129,7 +129,8 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                                           \
   "hold_limit_s max_dead staleness_aware stale_bound live_learners failed failure control_error stop checkpoint " \
   "learners"
-#define BLKPS_STATUS_CHECKPOINT_KEYS "path job shard shards generation written last_seconds last_stall_seconds every_s error"
+#define BLKPS_STATUS_CHECKPOINT_KEYS \
+  "path job shard shards generation written last_seconds last_stall_seconds every_s error"
 /* "table" is null for a dense model; for a table, an object of these. */
 #define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made"
 #define BLKPS_STATUS_LEARNER_KEYS                                                \
