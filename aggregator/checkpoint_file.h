@@ -5,6 +5,9 @@
 // keeps weights, optimizer state, the accumulator and clock bookkeeping as
 // sections, and the settings they depend on (num_params, rule, mode, ...) as
 // metadata, which it checks before it decides where the sections go.
+// Every file the job writes also says whose it is (job, generation, shard,
+// shards, step: checkpoint_set.h, which also uses this format, with no
+// sections, for a scaled-out job's manifest).
 //
 // File format, version 1. Numbers are unsigned decimal ASCII (no sign, no
 // leading zeros); offsets and sizes are in bytes from the start of the file.

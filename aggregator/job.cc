@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "checkpoint_file.h"
+#include "checkpoint_set.h"
 
 namespace blkps::server {
 
@@ -50,8 +50,9 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
   o.model = ModelOptionsOf(opts);
   // A checkpoint replaces every weight: initialising them first would only
   // double the start (LoadCheckpoint fails Create if it cannot load it).
-  CheckpointHeader existing;
-  if (!o.checkpoint.empty() && ReadCheckpointHeader(o.checkpoint, &existing).code() != Status::Code::kNotFound) {
+  CheckpointSet existing;
+  if (!o.checkpoint.empty() && !o.fresh &&
+      ReadCheckpointSet(o.checkpoint, &existing).code() != Status::Code::kNotFound) {
     o.model.initialize = false;
   }
   std::unique_ptr<Model> model;

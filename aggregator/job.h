@@ -49,7 +49,10 @@
 // Checkpoints (doc/server.md "Checkpoints"). Checkpoint() writes the
 // weights, the rule's state and parameters, the bsp accumulator, every
 // clock and the receipts, all as at one instant, to the checkpoint file
-// (durably: temporary file, fsync, rename; checksummed). Writes wait only
+// (durably: temporary file, fsync, rename; checksummed), as the next
+// generation of the job's checkpoint set (checkpoint_set.h): a scaled-out
+// job's shard writes its part, and commits the generation if its part was
+// the last one missing. Writes wait only
 // for the instant (the running writes finish, every block is locked for a
 // moment: a Model::Snapshot is taken); then they go on while the snapshot
 // is written, reads always do. Create() loads an existing checkpoint; a
@@ -92,11 +95,20 @@ namespace blkps::server {
 struct JobOptions {
   ModelOptions model;  // model.accumulator is set from the mode
   ConsistencyOptions consistency;
-  double dead_after_s = 10;       // no I/O this long: a learner is dead
-  double hold_limit_s = 20;       // longest a command is held; under the
-                                  // initiators' ~30 s command timeout
-  uint32_t max_dead = 0;          // dead learners that fail the job; 0: never
-  std::string checkpoint;         // checkpoint file; empty: none
+  double dead_after_s = 10;  // no I/O this long: a learner is dead
+  double hold_limit_s = 20;  // longest a command is held; under the
+                             // initiators' ~30 s command timeout
+  uint32_t max_dead = 0;     // dead learners that fail the job; 0: never
+  std::string checkpoint;    // checkpoint file; empty: none
+  // The checkpoint's identity (checkpoint_set.h): the job's id (empty: the
+  // loaded set's, else a new one), this server's part of a scaled-out job
+  // (shard of shards; shards 1: a set of one, the file `checkpoint`), how
+  // many committed generations a scaled-out job keeps, and whether to start
+  // a new job over an existing checkpoint instead of loading it.
+  std::string job_id;
+  uint32_t shard = 0, shards = 1;
+  uint32_t keep_generations = 2;
+  bool fresh = false;
   double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
   // Async and ssp (doc/server.md "Asynchronous training"): a push's staleness τ is
   // the number of other learners' updates applied to its block between the
@@ -189,7 +201,11 @@ class Job {
   // write started on its own device.
   Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
                uint64_t device_offset, wire::Dtype values = wire::Dtype::kFloat32);
-  // Durable checkpoint; OK and nothing written if no file is configured.
+  // Durable checkpoint: the job's next generation; OK and nothing written
+  // if no file is configured. A scaled-out job's shard returns once its
+  // part is durable and, if it was the last part of its generation, the
+  // generation is committed. On failure the generation fails (status
+  // "checkpoint" "error" says so) and the committed one stays.
   Status Checkpoint();
 
   // Status as one JSON object (keys in blkps/control_lun.h, meanings in
@@ -212,7 +228,10 @@ class Job {
   // it; nothing else changes), or tag=<text>: an opaque label that
   // learners keep with the model (status "tag"; at most 256 of
   // [A-Za-z0-9._:,=+/-]; empty clears it; not saved in checkpoints).
-  // blkps.torch keeps its model fingerprint there.
+  // blkps.torch keeps its model fingerprint there. Or checkpoint=1, alone
+  // in its block: writes the job's next checkpoint generation, as fsync
+  // does (`blkps target stop` asks every shard for its final one); its
+  // failure is the write's, InvalidArgument without a checkpoint= file.
   // The grammar is strict: lines end with '\n' (the last one may not); keys
   // and values are printable ASCII without spaces; each key at most once;
   // after the first NUL only NULs. The block is parsed and checked whole,
@@ -376,12 +395,15 @@ class Job {
   const Clock::time_point started_ = Clock::now();
 
   std::mutex checkpoint_mu_;  // one checkpoint at a time
+  std::string job_id_;        // set by LoadCheckpoint, then constant
+  uint64_t generation_ = 0;   // guarded by checkpoint_mu_: the last one asked for
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   uint32_t writes_running_ = 0;  // guarded by gate_mu_
   bool gate_closed_ = false;     // guarded by gate_mu_
   // Guarded by mu_:
   uint64_t checkpoints_ = 0;
+  uint64_t written_generation_ = 0;  // this server's last durable part (or the loaded one)
   std::string checkpoint_error_;
   double checkpoint_seconds_ = 0;
   double checkpoint_stall_seconds_ = 0;  // writes waited this long for the last

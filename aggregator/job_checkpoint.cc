@@ -1,12 +1,15 @@
 // Job's checkpoints (job.h, "Checkpoints"): which of the job's state goes
-// into which section of a checkpoint file (checkpoint_file.h), what a loaded
-// file must match, and restoring it.
+// into which section of a checkpoint file (checkpoint_file.h), which file of
+// the job's checkpoint set (checkpoint_set.h) it is, what a loaded file must
+// match, and restoring it.
 #include "job.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
 #include "checkpoint_file.h"
+#include "checkpoint_set.h"
 #include "number_text.h"
 
 namespace blkps::server {
@@ -32,6 +35,7 @@ Status Job::Checkpoint() {
   if (opts_.checkpoint.empty()) return Status::OK();
   std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
   const Clock::time_point start = Clock::now();
+  const uint64_t generation = ++generation_;  // a failed one uses its number up too
   uint64_t step = 0;
   std::map<std::string, std::string> meta = Identity(opts_);
   std::vector<uint64_t> clocks, luns, receipts;
@@ -58,7 +62,9 @@ Status Job::Checkpoint() {
   }
   // Writes go on from here; the snapshot keeps what they change first.
   const double stalled = Seconds(Clock::now() - start);
-  meta["step"] = std::to_string(step);
+  const CheckpointIdentity id{job_id_, generation, opts_.shard, opts_.shards, step};
+  PutCheckpointIdentity(id, &meta);
+  const std::string file = CheckpointPartPath(opts_.checkpoint, opts_.shard, opts_.shards, generation);
   std::vector<CheckpointSection> sections;
   const std::vector<Model::Array>& arrays = snapshot->arrays();
   for (size_t k = 0; k < arrays.size(); ++k) {
@@ -70,31 +76,62 @@ Status Job::Checkpoint() {
   sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
-  Status s = WriteCheckpointFile(opts_.checkpoint, meta, sections);
+  Status s = WriteCheckpointFile(file, meta, sections);
   const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
+  bool committed = opts_.shards <= 1;  // a set of one is committed by its rename
+  if (s.ok() && !committed) s = CommitCheckpointGeneration(opts_.checkpoint, id, opts_.keep_generations, &committed);
   const double took = Seconds(Clock::now() - start);
   std::lock_guard<std::mutex> lock(mu_);
   last_checkpoint_ = Clock::now();
   if (!s.ok()) {
-    checkpoint_error_ = s.message();
+    checkpoint_error_ = "generation " + std::to_string(generation) + " failed: " + s.message();
     return s;
   }
   checkpoint_error_.clear();
   ++checkpoints_;
+  written_generation_ = generation;
   checkpoint_seconds_ = took;
   checkpoint_stall_seconds_ = stalled;
-  log_("checkpoint of step " + std::to_string(step) + " written to " + opts_.checkpoint + " in " + Fixed(took, 3) +
-       " s (writes waited " + Fixed(stalled, 3) + " s; " + std::to_string(copied >> 20) +
+  log_("checkpoint of step " + std::to_string(step) + " (generation " + std::to_string(generation) +
+       (opts_.shards > 1 ? committed ? ", committed" : ", its part" : "") + ") written to " + file + " in " +
+       Fixed(took, 3) + " s (writes waited " + Fixed(stalled, 3) + " s; " + std::to_string(copied >> 20) +
        " MiB copied for writes meanwhile, at most " + std::to_string(peak >> 20) + " MiB at once)");
   return Status::OK();
 }
 
 Status Job::LoadCheckpoint() {
-  const std::string& path = opts_.checkpoint;
+  job_id_ = opts_.job_id;
+  CheckpointSet set;
+  Status s = opts_.fresh ? Status::NotFound("fresh=1") : ReadCheckpointSet(opts_.checkpoint, &set);
+  if (s.code() == Status::Code::kNotFound) {  // a new job
+    if (job_id_.empty()) job_id_ = NewCheckpointJobId();
+    // Over an old set (fresh=1) its numbers go on, so that no part's name
+    // is used twice.
+    generation_ = NewestCheckpointGeneration(opts_.checkpoint);
+    return Status::OK();
+  }
+  if (!s.ok())
+    return Status::InvalidArgument(s.message().rfind("checkpoint ", 0) == 0 ? s.message()
+                                                                            : "checkpoint: " + s.message());
+  if (set.parts.size() != opts_.shards) {
+    return Status::InvalidArgument(
+        "checkpoint " + opts_.checkpoint + ": its committed generation " + std::to_string(set.generation) + " has " +
+        std::to_string(set.parts.size()) + " part(s), and this server is shard " + std::to_string(opts_.shard) +
+        " of " + std::to_string(opts_.shards) + "; serve it with " + std::to_string(set.parts.size()) + " tgtd(s)");
+  }
+  if (!job_id_.empty() && !set.job.empty() && set.job != job_id_) {
+    return Status::InvalidArgument("checkpoint " + opts_.checkpoint + ": foreign: it is of job " + set.job +
+                                   ", this server was started for job " + job_id_ + "; give job=" + set.job +
+                                   " (or fresh=1 for a new job over it)");
+  }
+  if (!set.job.empty()) job_id_ = set.job;
+  if (job_id_.empty()) job_id_ = NewCheckpointJobId();  // a file written before identities
+  generation_ = std::max(set.generation, NewestCheckpointGeneration(opts_.checkpoint));
+  written_generation_ = set.generation;
+  const std::string& path = set.parts[opts_.shard].file;
   CheckpointHeader header;
-  Status s = ReadCheckpointHeader(path, &header);
-  if (s.code() == Status::Code::kNotFound) return Status::OK();  // a new job
+  s = ReadCheckpointHeader(path, &header);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   for (const auto& [key, want] : Identity(opts_)) {
     auto it = header.meta.find(key);
@@ -141,7 +178,8 @@ Status Job::LoadCheckpoint() {
     s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
-  log_("loaded checkpoint " + path + " (step " + header.meta["step"] + ")");
+  log_("loaded checkpoint " + path + " (job " + job_id_ + ", generation " + std::to_string(set.generation) + ", step " +
+       header.meta["step"] + ")");
   return Status::OK();
 }
 

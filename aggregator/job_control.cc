@@ -1,7 +1,8 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
-// stop=1|0, tag=<text> or rank=<rank>:<run> (job.h, "Receipts", Control). One grammar, one parser: a
-// block is parsed and checked whole, then applied whole or not at all.
+// stop=1|0, tag=<text>, rank=<rank>:<run> (job.h, "Receipts", Control) or
+// checkpoint=1, alone. One grammar, one parser: a block is parsed and
+// checked whole, then applied whole or not at all.
 #include "job.h"
 
 #include <algorithm>
@@ -83,7 +84,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (eq == std::string::npos || !IsKey(key)) {
       return bad(
           "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
-          "rank=<rank>:<run>, one a line, got '" +
+          "rank=<rank>:<run> or checkpoint=1, one a line, got '" +
           ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -102,6 +103,20 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
                                              "write "
                                              "through the model's operator target (blkps target start --operator)"));
     }
+  }
+  // checkpoint=1 comes alone: it is the one command that can fail once
+  // applied, and a block is applied whole or not at all.
+  if (std::any_of(lines.begin(), lines.end(), [](const Line& l) { return l.key == "checkpoint"; })) {
+    if (lines.size() != 1 || lines[0].value != "1") {
+      return bad("checkpoint: expected checkpoint=1, alone in its write");
+    }
+    Status s = Checkpoint();
+    if (s.ok() && opts_.checkpoint.empty()) {
+      s = Status::InvalidArgument("control: checkpoint: this model has no checkpoint= file");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    control_error_ = s.ok() ? "" : s.message();
+    return s;
   }
   std::map<std::string, float> params;
   bool resume = false;

@@ -5,60 +5,11 @@
 
 #include <sstream>
 
+#include "json_text.h"
 #include "number_text.h"
 
 namespace blkps::server {
-namespace {
-
-// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no
-// overlong forms, no surrogates, at most U+10FFFF), or 0 if there is none.
-size_t Utf8SequenceAt(const std::string& s, size_t i) {
-  const auto byte = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
-  const unsigned c = byte(i);
-  const auto tail = [&](size_t k) { return (byte(k) & 0xc0) == 0x80; };
-  if (c >= 0xc2 && c <= 0xdf) return tail(i + 1) ? 2 : 0;
-  if (c >= 0xe0 && c <= 0xef) {
-    const unsigned lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    return byte(i + 1) >= lo && byte(i + 1) <= hi && tail(i + 2) ? 3 : 0;
-  }
-  if (c >= 0xf0 && c <= 0xf4) {
-    const unsigned lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    return byte(i + 1) >= lo && byte(i + 1) <= hi && tail(i + 2) && tail(i + 3) ? 4 : 0;
-  }
-  return 0;
-}
-
-// `s` as a JSON string that is valid UTF-8 whatever `s` holds: quotes,
-// backslashes and control bytes escaped, well-formed UTF-8 kept, and every
-// other byte (a client's, in a refused command) as U+FFFD.
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      ++i;
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (const size_t n = Utf8SequenceAt(s, i); n > 0) {
-      out.append(s, i, n);
-      i += n;
-    } else {
-      out += "\\ufffd";
-      ++i;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Job::Counters Job::GetCounters() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -121,8 +72,9 @@ std::string Job::StatusJson() const {
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"control_refused\": " << control_refused_ << ",\n";
   j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
-  j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"written\": " << checkpoints_
-    << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
+  j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"job\": " << JsonString(job_id_)
+    << ", \"shard\": " << opts_.shard << ", \"shards\": " << opts_.shards << ", \"generation\": " << written_generation_
+    << ", \"written\": " << checkpoints_ << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
     << ", \"last_stall_seconds\": " << Fixed(checkpoint_stall_seconds_, 6)
     << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
     << "},\n";

@@ -21,28 +21,8 @@
 #include <cstdio>
 #include <string>
 
+#include "json_text.h"
 #include "lu_options.h"
-
-namespace {
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
@@ -67,11 +47,12 @@ int main(int argc, char** argv) {
                     ", \"block_bytes\": " + std::to_string(options.job.model.block_bytes) +
                     ", \"table_rows\": " + std::to_string(options.job.model.table.rows) +
                     ", \"table_width\": " + std::to_string(options.job.model.table.width) +
-                    ", \"dtype\": " + JsonString(blkps::wire::DtypeName(options.dtype)) +
+                    ", \"dtype\": " + blkps::server::JsonString(blkps::wire::DtypeName(options.dtype)) +
                     ", \"memory_bytes\": " + std::to_string(memory) + ", \"memory_available_bytes\": " +
                     std::to_string(options.control ? 0 : blkps::server::AvailableMemoryBytes()) + ", \"options\": [";
   for (size_t i = 0; i < pairs.size(); ++i) {
-    out += (i ? ", [" : "[") + JsonString(pairs[i].first) + ", " + JsonString(pairs[i].second) + "]";
+    out += (i ? ", [" : "[") + blkps::server::JsonString(pairs[i].first) + ", " +
+           blkps::server::JsonString(pairs[i].second) + "]";
   }
   std::printf("%s]}\n", out.c_str());
   return 0;

@@ -235,6 +235,40 @@ const LuOptionKey kLuOptionTable[] = {
        }
        return Status::OK();
      }},
+    {"job", "<id>: the job's checkpoint identity, 1 to 64 of [0-9a-z-] (default: the loaded checkpoint's, or new)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value.empty() || value.size() > 64 ||
+           value.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyz-") != std::string::npos) {
+         return Bad(key, "1 to 64 of [0-9a-z-]", value);
+       }
+       p->opts.job.job_id = value;
+       return Status::OK();
+     }},
+    {"shard", "<k>/<n>: this server holds part k (0-based) of a model striped over n (blkps target start --tgtd n)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       const size_t slash = value.find('/');
+       uint64_t k = 0, n = 0;
+       if (slash == std::string::npos || !ParseSize(value.substr(0, slash), false, &k) ||
+           !ParseSize(value.substr(slash + 1), false, &n) || n == 0 || n > 65536 || k >= n) {
+         return Bad(key, "<k>/<n> with 0 <= k < n <= 65536", value);
+       }
+       p->opts.job.shard = static_cast<uint32_t>(k);
+       p->opts.job.shards = static_cast<uint32_t>(n);
+       return Status::OK();
+     }},
+    {"checkpoint_keep", "<n>: committed generations a scaled-out job keeps (default 2)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       uint64_t n = 0;
+       if (!ParseSize(value, false, &n) || n == 0 || n > 1000) return Bad(key, "a count in [1, 1000]", value);
+       p->opts.job.keep_generations = static_cast<uint32_t>(n);
+       return Status::OK();
+     }},
+    {"fresh", "1: start a new job over an existing checkpoint instead of loading it (default 0)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
+       p->opts.job.fresh = value == "1";
+       return Status::OK();
+     }},
     {"role",
      "control: this LUN is the status and control LUN of the model its --backing-store names (no other key but "
      "access). Whoever reaches it may write commands and weights: serve it only on a target that admits operators "
@@ -328,6 +362,9 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   }
   if (opts.job.checkpoint_every_s > 0 && opts.job.checkpoint.empty()) {
     return Status::InvalidArgument("checkpoint_every: needs checkpoint=<path>");
+  }
+  if ((opts.job.shards > 1 || opts.job.fresh) && opts.job.checkpoint.empty()) {
+    return Status::InvalidArgument(std::string(opts.job.fresh ? "fresh" : "shard") + ": needs checkpoint=<path>");
   }
   if (opts.job.model.snapshot_copy_limit_bytes != 0 && opts.job.checkpoint.empty()) {
     return Status::InvalidArgument("checkpoint_memory: needs checkpoint=<path>");

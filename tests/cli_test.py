@@ -87,8 +87,8 @@ def test_unknown_command():
     # A misspelt subcommand is named as such before any option is checked
     # (it once said "no such folder" for the --dir it lacked).
     line = expect_one_line_error(["target", "stat"], "blkps: target: unknown command 'stat'", 2)
-    if "start, stop, show" not in line or "watch" in line:
-        fail(f"the line should list start, stop, show (and not the watchdog): {line}")
+    if "start, stop, restart, show" not in line or "watch" in line:
+        fail(f"the line should list start, stop, restart, show (and not the watchdog): {line}")
     expect_one_line_error(["bogus"], "blkps: unknown command 'bogus'", 2)
     expect_one_line_error(["target", "start", "--bsopts", "params=1"], "blkps: target start: the following "
                           "arguments are required: --dir", 2)

@@ -47,6 +47,7 @@ JobOptions Options(const Case& c, const std::string& checkpoint) {
   }
   EXPECT_TRUE(ParseConsistency(c.mode, &o.consistency).ok());
   o.checkpoint = checkpoint;
+  o.job_id = "snapshot-test";  // the reference and the file under test: one job
   return o;
 }
 

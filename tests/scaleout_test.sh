@@ -16,6 +16,31 @@
 #     `blkps mount --dir` gives a slot file whose bytes are the model's and
 #     whose pwrite is a gradient applied once (sgd lr=1, integers);
 #     `target stop` leaves no tgtd.
+#   scaleout_test.sh <repo> <build dir> checkpoint-full
+#     The checkpoint folder is a small tmpfs that holds one generation and
+#     half of the next: the sync of the second fails for the learner and
+#     status says so; stop's final checkpoint fails too, and stop says so
+#     and stops; start loads the first generation on both shards (not
+#     zeros, not half of the second).
+#   scaleout_test.sh <repo> <build dir> checkpoint-swapped
+#     An older copy of shard 1's part swapped in: start is refused in one
+#     line naming the file and what differs, and no tgtd is left; stray
+#     .tmp files do not count; --fresh starts a new job over the set.
+#   scaleout_test.sh <repo> <build dir> stop-keeps-pushes
+#     With 2 tgtds and with 1: push, sync, push; `target stop` writes a
+#     final generation and says how long it took, and the restart serves
+#     both pushes; with --no-checkpoint it serves the synced one only. A
+#     push, then the --owner-pid process exits: the watchdogs write the
+#     final generation, and the restart serves the push.
+#   scaleout_test.sh <repo> <build dir> kill-restart-async
+#     2 async learners through 2 tgtds (pushing 1 and 3 a round, learner 1
+#     syncing every 4 rounds); kill -9 of shard 1's tgtd mid-training and
+#     `target restart`: shard 1 comes back on its port from the committed
+#     generation, shard 0 runs on, the learners go on through the same
+#     layouts, and in the end every parameter of shard 0 is the pushed sums
+#     and every one of shard 1 the pushed sums minus the pushes libblkps
+#     told each learner were lost there. Meanwhile `blkps status --dir`
+#     shows shard 0 and names shard 1 as unreachable.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -23,14 +48,16 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" PYTHONPATH="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-scaleout-test-XXXXXX)
-mnt="$state/mnt" mount_pid=""
+mnt="$state/mnt" mount_pid="" owner_pid=""
 cleanup() {
+  if [ -n "$owner_pid" ]; then kill "$owner_pid" 2>/dev/null || true; fi
   if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
     kill -TERM "$mount_pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if grep -qs " $mnt " /proc/mounts; then fusermount3 -u "$mnt" || true; fi
-  "$blkps" target stop --dir "$state/ps"
+  "$blkps" target stop --dir "$state/ps" --no-checkpoint
+  if grep -qs " $state/ck " /proc/mounts; then umount "$state/ck" || true; fi
   rm -rf "$state"
 }
 trap cleanup EXIT
@@ -46,7 +73,209 @@ no_tgtd_left() {
   done
 }
 
+# Checkpoint sets: a model of 2 stripe units, one per tgtd, that adds
+# what is pushed (rule=sum), checkpointed to $state/ck/model.ckpt.
+ck_params=524288  # 2 MiB: 1 MiB on each tgtd
+ck_start() {
+  "$blkps" target start --dir "$state/ps" --tgtd "${ck_tgtds:-2}" --plugin "$plugin" --owner-pid "${ck_owner:-$$}" "$@" \
+    --bsopts "params=$ck_params;block=64K;rule=sum;checkpoint=$state/ck/model.ckpt"
+}
+# Pushes ones to every parameter, then syncs; "ok" or "fails" says what the
+# sync must do, "none" skips it.
+ck_push_sync() {
+  "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY'
+import sys
+import numpy as np
+import blkps
+url, n, expect = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with blkps.Model(url) as m:
+    m.push(0, np.ones(n, dtype=np.float32))
+    if expect == "none":
+        sys.exit(0)
+    try:
+        m.sync()
+    except OSError as e:
+        if expect == "ok":
+            sys.exit(f"sync failed: {e}")
+        print(f"sync failed as expected: {e}")
+        sys.exit(0)
+if expect != "ok":
+    sys.exit("sync succeeded")
+PY
+}
+# Fails unless every weight on both tgtds (both halves of the model) is $1.
+ck_weights_are() {
+  "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$1" <<'PY' || fail "weights after restart"
+import sys
+import numpy as np
+import blkps
+url, n, want = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+half = n // 2
+for k, part in enumerate((w[:half], w[half:])):
+    if not np.all(part == want):
+        sys.exit(f"tgtd {k} serves {np.unique(part)[:4]}, expected {want}")
+PY
+}
+
 case "$what" in
+  kill-restart-async)
+    mkdir -p "$state/ck"
+    "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
+      --bsopts "params=$ck_params;block=64K;rule=sum;mode=async;checkpoint=$state/ck/model.ckpt" \
+      >/dev/null
+    read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
+    rounds=40
+    for learner in 1 2; do
+      "$py" - "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" "$rounds" "$state/progress-$learner" \
+        > "$state/lost-$learner" 2> "$state/learner-$learner.log" <<'PY' &
+import sys
+import numpy as np
+import blkps
+url, n, learner, rounds, progress = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+value = 1.0 if learner == 1 else 3.0
+with blkps.Model(url) as m:
+    for r in range(1, rounds + 1):
+        m.push(0, np.full(n, value, dtype=np.float32))
+        m.pull(0, n)
+        if learner == 1 and r % 4 == 0:
+            m.sync()  # a generation
+        with open(progress, "w") as f:
+            f.write(f"{r}\n")
+    m.sync()  # then pushed_bytes_lost is complete
+    print(m.pushed_bytes_lost)
+PY
+      eval "learner_pid_$learner=$!"
+    done
+    # Kill shard 1 once both learners are past round 10 (polled, bounded).
+    for _ in $(seq 600); do
+      [ "$(cat "$state/progress-1" 2>/dev/null || echo 0)" -ge 10 ] &&
+        [ "$(cat "$state/progress-2" 2>/dev/null || echo 0)" -ge 10 ] && break
+      sleep 0.1
+    done
+    kill -9 "$(cat "$state/ps/shard-1/tgtd.pid")"
+    if "$blkps" status --dir "$state/ps" > "$state/status"; then fail "status of a job with a dead shard says 0"; fi
+    grep -q "^job: shard 0 step [0-9]* generation [0-9]*, shard 1 unreachable; shard 1 not running" "$state/status" ||
+      fail "status does not name the unreachable shard: $(tail -1 "$state/status")"
+    "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
+    cat "$state/restarted"
+    grep -q "^restarted shard 1 (dead) on port ${ports[1]}: generation" "$state/restarted" ||
+      fail "shard 1 was not restarted on its port ${ports[1]}"
+    if grep -q "^restarted shard 0" "$state/restarted"; then fail "async: the live shard 0 was restarted"; fi
+    wait "$learner_pid_1" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
+    wait "$learner_pid_2" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
+      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" <<'PY' || fail "after the restart"
+import json, sys
+import numpy as np
+import blkps
+url, n, rounds, lost1, lost2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+part = 4 * n // 2  # a push's bytes on one tgtd
+if lost1 % part or lost2 % part:
+    sys.exit(f"lost bytes {lost1}, {lost2} are not whole pushes of {part} bytes to one tgtd")
+# Only shard 1 lost what it had not checkpointed; shard 0 kept every push.
+wants = (1.0 * rounds + 3.0 * rounds, 1.0 * (rounds - lost1 // part) + 3.0 * (rounds - lost2 // part))
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+for k, (chunk, want) in enumerate(zip((w[: n // 2], w[n // 2:]), wants)):
+    if not np.all(chunk == want):
+        sys.exit(f"tgtd {k} serves {np.unique(chunk)[:4]}, expected {want} (lost {lost1}, {lost2} bytes)")
+print(f"lost {lost1 // part} and {lost2 // part} pushes on shard 1; weights {wants}")
+PY
+    ;;
+  stop-keeps-pushes)
+    mkdir -p "$state/ck"
+    for ck_tgtds in 2 1; do
+      rm -f "$state/ck/"*
+      ck_start >/dev/null
+      ck_push_sync ok
+      ck_push_sync none  # acknowledged, not synced
+      "$blkps" target stop --dir "$state/ps" > "$state/stopped"
+      grep -Eq "^final checkpoint: generation 2 of job [0-9a-f]+ written by $ck_tgtds tgtd\(s\) in [0-9.]+ s$" \
+        "$state/stopped" || fail "stop did not report its final checkpoint: $(cat "$state/stopped")"
+      ck_start >/dev/null
+      ck_weights_are 2
+      ck_push_sync none
+      "$blkps" target stop --dir "$state/ps" --no-checkpoint > "$state/stopped"
+      [ ! -s "$state/stopped" ] || fail "--no-checkpoint wrote a checkpoint: $(cat "$state/stopped")"
+      ck_start >/dev/null
+      ck_weights_are 2
+      "$blkps" target stop --dir "$state/ps" --no-checkpoint
+    done
+    # The --owner-pid watchdogs stop the same way when the owner exits.
+    rm -f "$state/ck/"*
+    ck_tgtds=2
+    sleep 600 >/dev/null 2>&1 & ck_owner=$! owner_pid=$!
+    ck_start >/dev/null
+    read -r -a pids < <("$blkps" target show --dir "$state/ps" --get PIDS)
+    ck_push_sync none
+    kill "$ck_owner"
+    owner_pid=""
+    for _ in $(seq 300); do  # the watchdogs poll their owner every second
+      [ ! -e "$state/ps/shard-0/target.env" ] && [ ! -e "$state/ps/shard-1/target.env" ] && break
+      sleep 0.1
+    done
+    no_tgtd_left "${pids[@]}"
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint  # the job's own files
+    ck_owner=$$
+    ck_start >/dev/null
+    ck_weights_are 1
+    ;;
+  checkpoint-full)
+    mkdir -p "$state/ck"
+    # A part is 1 MiB and a few KiB: generation 1 (2 parts) and one part of
+    # generation 2 fit, the other part does not.
+    mount -t tmpfs -o size=3400k tmpfs "$state/ck"
+    ck_start >/dev/null
+    ck_push_sync ok  # generation 1: every weight 1
+    ck_push_sync fails  # generation 2: one part fails, the generation fails
+    "$blkps" status --dir "$state/ps" > "$state/status"
+    grep -q "checkpoint error: generation 2 failed" "$state/status" ||
+      fail "status does not report the failed generation: $(cat "$state/status")"
+    # One part of generation 2 may have fitted (then the shards' generations
+    # differ) or neither (both parts were being written at once).
+    grep -Eq "^job: shard 0 step 2 generation ([12]), shard 1 step 2 generation ([12]); the shards (agree|differ in generation)$" \
+      "$state/status" || fail "status has no job line for the shards: $(tail -1 "$state/status")"
+    if grep -q "generation 1, .* generation 2; the shards agree\|generation 2, .* generation 1; the shards agree" \
+      "$state/status"; then fail "status does not flag the shards' generations: $(tail -1 "$state/status")"; fi
+    # The final checkpoint fails too: stop says so, and stops all the same.
+    if "$blkps" target stop --dir "$state/ps" 2> "$state/stopped"; then
+      fail "stop did not report the failed final checkpoint"
+    fi
+    grep -q "the final checkpoint failed on shard .*; the target was stopped" "$state/stopped" ||
+      fail "unexpected stop message: $(cat "$state/stopped")"
+    [ ! -e "$state/ps/target.env" ] || fail "a stop whose final checkpoint failed left the target running"
+    ck_start >/dev/null
+    [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "the restart did not serve 2 tgtds"
+    ck_weights_are 1
+    ;;
+  checkpoint-swapped)
+    mkdir -p "$state/ck"
+    ck_start >/dev/null
+    ck_push_sync ok  # generation 1: 1
+    ck_push_sync ok  # generation 2: 2
+    read -r -a pids < <("$blkps" target show --dir "$state/ps" --get PIDS)
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint
+    : > "$state/ck/model.ckpt.shard-2.tmp"
+    : > "$state/ck/model.ckpt.shard-0.gen-9.tmp"
+    ck_start >/dev/null  # the stray files do not count
+    [ "$("$blkps" target show --dir "$state/ps" --get TGTD)" = 2 ] || fail "stray .tmp files changed the tgtd count"
+    ck_weights_are 2
+    "$blkps" target stop --dir "$state/ps" --no-checkpoint
+    cp "$state/ck/model.ckpt.shard-1.gen-1" "$state/ck/model.ckpt.shard-1.gen-2"
+    if out=$(ck_start 2>&1); then fail "started from a set with an older part swapped in"; fi
+    echo "$out"
+    [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
+    case "$out" in
+      *"model.ckpt.shard-1.gen-2 does not belong to"*"mixed: it is generation 1"*"--fresh"*) ;;
+      *) fail "the refusal does not name the file and the difference: $out" ;;
+    esac
+    [ ! -e "$state/ps/target.env" ] || fail "a refused start left target.env"
+    no_tgtd_left "${pids[@]}"
+    ck_start --fresh >/dev/null
+    ck_weights_are 0
+    ;;
   learners)
     train="$top/learner/examples/train_digits.py"
     params=$("$py" "$train" --params)
@@ -79,7 +308,8 @@ with blkps.Model(sys.argv[1]) as m:
     m.pull(0, int(sys.argv[2])).tofile(sys.argv[3])
     m.sync()  # fsync: every shard checkpoints its part
 PY
-    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k" ] || fail "no checkpoint of shard $k"; done
+    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k.gen-1" ] || fail "no checkpoint of shard $k"; done
+    [ -s "$state/model.ckpt.manifest" ] || fail "the sync committed no generation"
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     [ ! -e "$state/ps/target.env" ] || fail "target.env left after stop"
@@ -173,5 +403,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async)" ;;
 esac

@@ -7,8 +7,9 @@
 #     weights with the same seeds: the final weights must be equal byte for
 #     byte, and so the held-out accuracy (>= 0.90).
 #   shard_integration_test.sh <repo> <build dir> partial-start
-#     a start where the second shard fails prints one line naming it and
-#     leaves no tgtd running.
+#     a start where the second shard fails (its part of the committed
+#     checkpoint is corrupt) prints one line naming it and leaves no tgtd
+#     running.
 #   shard_integration_test.sh <repo> <build dir> sixteen-bit
 #     a model of 10,007 parameters over 3 bfloat16 shards (--bsopts
 #     dtype=bfloat16): the layout says dtype, and small integer gradients
@@ -96,14 +97,24 @@ np.random.default_rng(1).normal(0, 0.1, int(sys.argv[1])).astype("<f4").tofile(s
       fail "accuracy through 2 shards '$(cat "$state/two/accuracy")' != through 1 shard '$(cat "$state/one/accuracy")'"
     ;;
   partial-start)
-    # Shard 1 finds a corrupt checkpoint and refuses to start; shard 0 had
-    # started and must be stopped again.
-    echo "not a checkpoint" > "$state/model.ckpt.shard-1"
+    # Shard 1 finds its part of the committed checkpoint corrupt (a byte of
+    # its weights flipped: only the shard that loads the part reads them)
+    # and refuses to start; shard 0 had started and must be stopped again.
+    shards_start "$state/two" "params=$params;block=4K;checkpoint=$state/model.ckpt" --shards 2 --stripe-unit 4096
+    "$py" - "layout:$("$blkps" shards show --dir "$state/two" --get LAYOUT)" <<'PY'
+import os, sys
+sys.path.insert(0, os.environ["BLKPS_PY"])
+import blkps
+with blkps.Model(sys.argv[1]) as m:
+    m.sync()  # generation 1, committed
+PY
+    "$blkps" shards stop --dir "$state/two"
+    printf '\377' | dd of="$state/model.ckpt.shard-1.gen-1" bs=1 seek=4100 conv=notrunc status=none
     shard_sets+=("$state/two") # stopped at the end, should a shard be left running
     if out=$("$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 4096 \
         --plugin "$plugin" \
         --bsopts "params=$params;block=4K;checkpoint=$state/model.ckpt" 2>&1); then
-      fail "start succeeded with a corrupt checkpoint on shard 1"
+      fail "start succeeded with a corrupt checkpoint part on shard 1"
     fi
     echo "$out"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"

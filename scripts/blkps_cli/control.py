@@ -12,12 +12,13 @@ from . import state, tools
 from .errors import UserError
 
 
-def control_targets(a, what):
+def control_targets(a, what, skip=()):
     """[(label, control LUN, CHAP file or None)]: one for a target, one per
     shard for a `blkps shards` folder (label "shard K", K from 0 as in
     DIR/shard-K; a target served by several tgtds is such a folder too, and a
     layout:PATH naming control LUNs gives those). A target started with --operator gives its operator's
-    control LUN and credentials; else the control LUN, as --control does."""
+    control LUN and credentials; else the control LUN, as --control does.
+    Shards labelled in `skip` are left out."""
     if a.control and a.control.startswith("layout:"):
         controls = control_package().describe_layout(a.control[len("layout:"):])["controls"]
         if not controls:
@@ -31,6 +32,8 @@ def control_targets(a, what):
     dirs = [("", a.dir)] if shards is None else [(f"shard {k}", d) for k, d in enumerate(shards["SHARD_DIRS"].split())]
     targets = []
     for label, folder in dirs:
+        if label in skip:
+            continue
         env = state.target(folder, what)
         if env.get("OPERATOR_URL"):
             targets.append((label, env["OPERATOR_URL"], env["OPERATOR_CHAP_FILE"]))
@@ -121,7 +124,9 @@ def print_status(s):
     c = s["checkpoint"]
     if c["path"]:
         every = f", every {c['every_s']:g} s" if c["every_s"] else ""
-        print(f"checkpoint: {c['path']} (written {c['written']} times, last took {c['last_seconds']:.3f} s, "
+        part = f", shard {c['shard']} of {c['shards']}" if c.get("shards", 1) > 1 else ""
+        print(f"checkpoint: {c['path']} (job {c.get('job', '')}, generation {c.get('generation', 0)}{part}; "
+              f"written {c['written']} times, last took {c['last_seconds']:.3f} s, "
               f"writes waited {c['last_stall_seconds']:.3f} s{every})")
         if c["error"]:
             print(f"checkpoint error: {c['error']}")
@@ -135,22 +140,55 @@ def print_status(s):
         print(f"FAILED: {s['failure']}")
 
 
+def unreachable_shards(a):
+    """The labels of the shards of `--dir` whose tgtd is not running (their
+    control LUN would only be retried until libblkps's reconnect deadline)."""
+    from . import target
+    shards = state.shards(a.dir) if a.dir and not a.control else None
+    if shards is None:
+        return []
+    return [f"shard {k}" for k, d in enumerate(shards["SHARD_DIRS"].split()) if not target.Target(d).alive()]
+
+
+def shards_line(statuses, down, folder):
+    """One line on a scaled-out job's shards as one job: each shard's step
+    and checkpoint generation, and what differs (or who is unreachable)."""
+    parts = [f"{label} step {s['global_step']} generation {s['checkpoint'].get('generation', 0)}"
+             for label, s in statuses]
+    parts += [f"{label} unreachable" for label in down]
+    differs = []
+    for key, value in (("step", lambda s: s["global_step"]),
+                       ("generation", lambda s: s["checkpoint"].get("generation", 0))):
+        if len({value(s) for _, s in statuses}) > 1:
+            differs.append(key)
+    if down:
+        note = f"; {', '.join(down)} not running (blkps target restart --dir {folder} starts it where it was)"
+    elif differs:
+        note = f"; the shards differ in {' and '.join(differs)}"
+    else:
+        note = "; the shards agree"
+    return "job: " + ", ".join(parts) + note
+
+
 def command_status(a):
+    down = unreachable_shards(a)
     devices = [(label, open_control(url, chap_file, a.initiator))
-               for label, url, chap_file in control_targets(a, "status")]
+               for label, url, chap_file in control_targets(a, "status", down)]
     try:
         while True:
             statuses = [(label, device.status()) for label, device in devices]
             if a.json:
                 body = [s for _, s in statuses]
-                print(json.dumps(body if len(body) > 1 else body[0], indent=2))
+                print(json.dumps(body if len(body) > 1 or down else body[0], indent=2))
             else:
                 for label, s in statuses:
                     if label:
                         print(f"== {label} ==")
                     print_status(s)
+                if down or len(statuses) > 1 and statuses[0][0].startswith("shard"):
+                    print(shards_line(statuses, down, a.dir))
             if not a.watch:
-                return 1 if any(s["failed"] for _, s in statuses) else 0
+                return 1 if down or any(s["failed"] for _, s in statuses) else 0
             sys.stdout.flush()
             time.sleep(a.watch)
             print()

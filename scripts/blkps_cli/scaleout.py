@@ -24,14 +24,14 @@ one learner 14.0 GB/s on a 16-core host against 3.5 through one; on a
 2-core host 2 did not beat 1), never more than the model has stripe units,
 and 1 whenever a feature of one tgtd is asked for (--port, iSER, the null
 or rdwr LUN, --iqn, a table). A model checkpointed before is served by as
-many tgtds as wrote its checkpoint.
+many tgtds as wrote its committed checkpoint set (blkps-checkpoint); a set
+a restart would refuse is refused here, before any tgtd starts.
 """
 
-import glob
 import os
 import types
 
-from . import shards, state, target
+from . import checkpoints, shards, state, target
 from .errors import UserError
 
 MAX_AUTO_TGTDS = 8
@@ -57,16 +57,11 @@ def single_tgtd_features(a, model):
     return [name for name, given in named if given]
 
 
-def checkpoint_tgtds(model):
-    """How many tgtds wrote the model's checkpoint: 1 for PATH, K for
-    PATH.shard-0 .. PATH.shard-(K-1); None when there is none yet."""
-    path = dict(model["options"]).get("checkpoint")
-    if not path:
-        return None
-    if os.path.exists(path):
-        return 1
-    parts = glob.glob(glob.escape(path) + ".shard-*")
-    return len(parts) or None
+def checkpoint_tgtds(model, fresh=False):
+    """How many tgtds wrote the model's committed checkpoint set; None when
+    there is none yet (or `fresh`). A refused set raises its UserError."""
+    found = checkpoints.committed(model, fresh)
+    return found["shards"] if found else None
 
 
 def stripe_unit(model, tgtds):
@@ -82,7 +77,7 @@ def stripe_unit(model, tgtds):
 def tgtds_for(a, model):
     """The number of tgtds `blkps target start` options `a` ask for."""
     single = single_tgtd_features(a, model)
-    saved = checkpoint_tgtds(model)
+    saved = checkpoint_tgtds(model, getattr(a, "fresh", False))
     if a.tgtd == "auto":
         if single:
             return 1

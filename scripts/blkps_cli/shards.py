@@ -18,7 +18,7 @@ import math
 import os
 import subprocess
 
-from . import chap, state, target, tools
+from . import chap, checkpoints, state, target, tools
 from .errors import UserError
 
 
@@ -31,12 +31,14 @@ def layout_tool(what, args):
     return out.stdout.split()
 
 
-def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0):
+def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0, identity=()):
     """Shard K's --bsopts from the whole model's option pairs: params is the
     shard's (a table's: table=ROWS:WIDTH with the shard's rows, and
     block=table_block unless block= is given); init=file:PATH becomes the
     shard's part of the file; init=normal and uniform use seed+K;
-    checkpoint=PATH becomes PATH.shard-K."""
+    checkpoint=PATH stays (the shard writes its part of the set as
+    PATH.shard-K.gen-G); then the `identity` pairs
+    (checkpoints.shard_options), {k} in them made K."""
     given = dict(options)
     out = []
     if table_width and "block" not in given:
@@ -50,11 +52,10 @@ def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0)
             value = f"file:{folder}/init.f32"
         elif key == "seed" and given.get("init", "zeros").split(":")[0] in ("normal", "uniform"):
             value = str(int(value) + k)
-        elif key == "checkpoint":
-            value = f"{value}.shard-{k}"
         out.append(f"{key}={value}")
     if "seed" not in given and given.get("init", "zeros").split(":")[0] in ("normal", "uniform"):
         out.append(f"seed={k}")
+    out += [f"{key}={value.format(k=k)}" for key, value in identity]
     return ";".join(out)
 
 
@@ -84,6 +85,7 @@ def start(a, what="shards start", name="shard", model=None):
                             f"{row_bytes} bytes, got {unit}", f"e.g. --stripe-unit {math.lcm(512, row_bytes)}")
         if "block" not in dict(model["options"]):
             block = int(unit)  # each shard's model block is one stripe unit of rows
+    identity = checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what)
     sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
                                                 "--params", str(params), "--block", str(block)])]
     for k in range(a.shards):
@@ -91,7 +93,8 @@ def start(a, what="shards start", name="shard", model=None):
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
                             f"stop it first: blkps shards stop --dir {a.dir}")
     dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
-    bsopts = [shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block) for k, d in enumerate(dirs)]
+    bsopts = [shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block, identity)
+              for k, d in enumerate(dirs)]
     check_host_memory(what, params, bsopts)
     for d in dirs:
         os.makedirs(d, exist_ok=True)
@@ -208,7 +211,10 @@ def add_parser(sub):
                    "the unit); K, M suffixes")
     s.add_argument("--bsopts", required=True, help="the whole model's options as for blkps target start; "
                    "params= is the whole model's; init=file:PATH is split over the shards; init=normal/uniform "
-                   "use seed+K on shard K; checkpoint=PATH becomes PATH.shard-K")
+                   "use seed+K on shard K; with checkpoint=PATH shard K writes PATH.shard-K.gen-G, committed "
+                   "by PATH.manifest")
+    s.add_argument("--fresh", action="store_true", help="start a new job over an existing checkpoint set "
+                   "instead of loading it")
     s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
     s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
     s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from . import chap, metrics, session, state, tools
+from . import chap, checkpoints, metrics, restart, session, state, tools
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -214,6 +214,7 @@ class Target:
             tgtd_cwd = os.path.dirname(plugin)
         try:  # from here on, any failure (Ctrl-C or SIGTERM too) leaves no tgtd
             values = self._configure(a, credentials, self._start_tgtd(a, env, tgtd_cwd))
+            restart.remember(self.dir, a, values["PORT"])
             if a.owner_pid:
                 self.start_watchdog(a.owner_pid)  # before returning: never a tgtd the owner leaves behind
             return values
@@ -407,15 +408,26 @@ class Target:
     def start_watchdog(self, owner):
         """A detached process that stops the target when process `owner`
         exits (even by SIGKILL) or tgtd dies."""
-        subprocess.Popen([tools.script("blkps"), "target", "watch", "--dir", self.dir,
-                          "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        watchdog = subprocess.Popen([tools.script("blkps"), "target", "watch", "--dir", self.dir,
+                                     "--owner-pid", str(owner)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        with open(os.path.join(self.dir, restart.WATCHDOG_PID), "w") as f:
+            f.write(f"{watchdog.pid}\n")
 
     def watch(self, owner):
+        """Stops the target as `blkps target stop` does, final checkpoint
+        and all, once `owner` has exited; a scaled-out job's shards each
+        have a watchdog, and each asks its own shard for its part of the
+        final generation (the last one commits it)."""
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         while running(owner) and self.alive():
             time.sleep(1)
+        if self.alive():
+            try:
+                checkpoints.write_final(self.dir, "target watch")
+            except UserError:
+                pass  # no one to tell: the log of each tgtd has the reason
         self.stop()
 
 
@@ -505,12 +517,17 @@ def start_locked(a):
                             f"stop it first: blkps target stop --dir {a.dir}")
         scaleout.stop(os.path.abspath(a.dir))  # what tgtds that died (--owner-pid) left
     model = check_bsopts(a.bsopts)
+    if a.fresh and not dict(model["options"]).get("checkpoint"):
+        raise UserError("--fresh", "starts a new job over a checkpoint, and --bsopts names none (checkpoint=)",
+                        "leave --fresh out")
     tgtds = scaleout.tgtds_for(a, model)
     if tgtds > 1:
         env = scaleout.start(a, model, tgtds)
         print("\n".join(scaleout.labelled_urls(env)))
         print(f"tgtds: {tgtds} (--tgtd), stripe unit {env['STRIPE_UNIT']} bytes")
     else:
+        if a.fresh:
+            a.bsopts += ";fresh=1"
         target = Target(a.dir)
         env = target.start(a)
         print("\n".join(labelled_urls(env)))
@@ -527,10 +544,26 @@ def start_locked(a):
 
 def command_stop(a):
     from . import scaleout
+    failure, line = None, None
+    if not a.no_checkpoint and os.path.isdir(a.dir):
+        try:
+            line = checkpoints.write_final(os.path.abspath(a.dir))
+        except UserError as e:
+            failure = e  # stopped all the same: said after the stop
     metrics.stop(os.path.abspath(a.dir))
+    # The --owner-pid watchdogs go first: one that wakes after the stop would
+    # stop whatever a quick new start put in the same folder.
+    folder = os.path.abspath(a.dir)
+    shards = state.shards(folder)
+    for d in [folder, *(shards["SHARD_DIRS"].split() if shards else [])]:
+        restart.stop_watchdog(d)
     if scaleout.running(a.dir):
-        scaleout.stop(os.path.abspath(a.dir))
+        scaleout.stop(folder)
     Target(a.dir).stop()
+    if failure:
+        raise failure
+    if line:
+        print(line)
     return 0
 
 
@@ -543,7 +576,7 @@ def command_show(a):
         dead = scaleout.dead_tgtds(env)
         if dead:
             raise UserError("target show", f"the tgtd of {dead[0]} is not running; its log is {dead[0]}/tgtd.log",
-                            f"blkps target stop --dir {a.dir}, then start it again")
+                            f"restart it where it was: blkps target restart --dir {a.dir}")
         lines = scaleout.labelled_urls(env)
         lines.append(f"tgtds: {env['TGTD']}, pids {env['PIDS']}, logs {' '.join(d + '/tgtd.log' for d in dirs)}")
     else:
@@ -579,16 +612,29 @@ def add_parser(sub):
                        description="A blkps parameter server: a private tgtd (its own control socket, log and port "
                        "in --dir) serving a model on LUNs 1..N, one per learner slot, and its status and control "
                        "LUN N+1. start writes DIR/target.env; scripts read it with `blkps target show --get KEY`.")
-    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,show}")
+    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,restart,show}")
     s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
     add_tgtd_argument(s)
     metrics.add_start_arguments(s)
     s.set_defaults(run=command_start)
-    t = cmds.add_parser("stop", help="stop a target (quiet when none runs)")
+    t = cmds.add_parser("stop", help="stop a target, after a final checkpoint (quiet when none runs)",
+                        description="Stops a target. A model with checkpoint= first writes a final checkpoint "
+                        "generation on every tgtd, so that no acknowledged push is lost, and says how long it took; "
+                        "if that fails the target is stopped all the same and the line says what a restart loads.")
     t.add_argument("--dir", required=True)
+    t.add_argument("--no-checkpoint", action="store_true", help="skip the final checkpoint: a restart loads the "
+                   "last one written (the pushes since are lost)")
     t.set_defaults(run=command_stop)
+    r = cmds.add_parser("restart", help="restart the tgtds that died, on their own ports",
+                        description="Restarts the tgtds of a target that are not running, each with the options "
+                        "it was started with, on its own port, from the last committed checkpoint generation; in "
+                        "bsp and ssp a scaled-out job's live tgtds are restarted too, so that every shard serves "
+                        "that generation. Learners reconnect to the same addresses and resend what their receipts "
+                        "lack.")
+    r.add_argument("--dir", required=True)
+    r.set_defaults(run=restart.command_restart)
     w = cmds.add_parser("show", help="print a running target's URLs", description="Prints the running target's "
                         "URLs, labelled; --get KEY prints target.env values one per line (for scripts).")
     w.add_argument("--dir", required=True)
@@ -638,6 +684,10 @@ def add_start_arguments(s):
     s.add_argument("--null-lun", action="store_true", help="also serve tgt's null store (a ceiling for benchmarks)")
     s.add_argument("--rdwr-lun", metavar="FILE", help="also serve FILE through tgt's rdwr store (a plain-disk baseline)")
     s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop the target when process PID exits")
+    s.add_argument("--fresh", action="store_true", help="start a new job over the checkpoint (checkpoint=) "
+                   "instead of loading it; needed when a restart refuses the checkpoint set (incomplete, mixed "
+                   "or foreign: doc/server.md \"Checkpoints\"); the old files are replaced as the new job's "
+                   "generations commit")
 
 
 def add_tgtd_argument(s):

@@ -22,6 +22,7 @@ TGT_PLUGINS = "/usr/lib/tgt/backing-store"
 _BUILT = {
     "blkps-layout": ("learner/tools/blkps-layout", "BIN", "blkps-layout"),
     "blkps-bsopts": ("target-plugin/blkps-bsopts", "BIN", "blkps-bsopts"),
+    "blkps-checkpoint": ("aggregator/blkps-checkpoint", "BIN", "blkps-checkpoint"),
     "blkps-mount": ("learner/mount/blkps-mount", "BIN", "blkps-mount"),
     "blkps-train-digits": ("learner/examples/blkps-train-digits", None, None),
     "bs_blkps.so": ("target-plugin/bs_blkps.so", "PLUGINS", "bs_blkps.so"),
