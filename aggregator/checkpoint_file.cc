@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "crc32c.h"
+#include "number_text.h"
 #include "parallel.h"
 
 namespace blkps::server {
@@ -283,13 +284,8 @@ Status PreadFull(int fd, const std::string& path, void* buf, size_t n, uint64_t 
 
 // A decimal number without sign or leading zeros, at most kMaxSectionBytes.
 bool ParseNumber(const std::string& s, uint64_t* out) {
-  if (s.empty() || s.size() > 18 || (s.size() > 1 && s[0] == '0')) return false;
   uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<uint64_t>(c - '0');
-  }
-  if (v > kMaxSectionBytes) return false;
+  if (!ParseDecimal(s, &v) || v > kMaxSectionBytes) return false;
   *out = v;
   return true;
 }

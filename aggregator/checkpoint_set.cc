@@ -10,6 +10,8 @@
 #include <random>
 #include <set>
 
+#include "number_text.h"
+
 namespace blkps::server {
 namespace {
 
@@ -24,17 +26,6 @@ std::string FolderOf(const std::string& path) {
 std::string BaseOf(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-bool ParseDecimal(const std::string& s, uint64_t* out) {
-  if (s.empty() || s.size() > 18 || (s.size() > 1 && s[0] == '0')) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<uint64_t>(c - '0');
-  }
-  *out = v;
-  return true;
 }
 
 uint64_t MetaNumber(const CheckpointHeader& h, const std::string& key, uint64_t otherwise) {

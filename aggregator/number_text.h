@@ -2,6 +2,7 @@
 // checkpoint metadata.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -26,6 +27,20 @@ inline std::string FloatShort(double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.7g", x);
   return buf;
+}
+
+// Reads a number as the server writes it in checkpoint headers and file
+// names: unsigned decimal, no sign, no leading zeros, at most 18 digits.
+// False (and *out untouched) for anything else.
+inline bool ParseDecimal(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.size() > 18 || (s.size() > 1 && s[0] == '0')) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  *out = v;
+  return true;
 }
 
 }  // namespace blkps::server
