@@ -5,7 +5,8 @@ Prometheus and promtool (Debian's prometheus; scripts/setup.sh installs it).
 
 Usage: monitoring_test.py <repo> <build dir> <case>
 Cases without a server (label unit): exposition-passes-promtool,
-  rules-pass-promtool, top-frame-rates.
+  rules-pass-promtool, top-frame-rates, engine-serves-its-steps (a
+  blkps.Engine on a plain file: its summed steps on BLKPS_METRICS_PORT).
 Cases that start their own tgtd (label integration):
   prometheus-scrapes-training    server + 2 digits learners, Prometheus
                                  scraping every second: counters only grow,
@@ -579,6 +580,44 @@ def test_metrics_port_taken():
                 fail("a tgtd was left running")
         finally:
             blkps("target", "stop", "--dir", d)
+
+
+def test_engine_serves_its_steps():
+    # A blkps.Engine on a plain file (no server): the driving thread notes
+    # each step; the page served on BLKPS_METRICS_PORT + local rank counts
+    # exactly the steps noted, has every part's seconds and passes promtool.
+    import numpy as np
+    import blkps
+    import blkps.metrics as metrics
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.f32")
+        np.zeros(4096, dtype=np.float32).tofile(path)
+        port = free_port()
+        counters = metrics.EngineCounters()
+        server = metrics.serve_engine(counters, rank=0, local_rank=0, env={"BLKPS_METRICS_PORT": str(port)})
+        try:
+            with blkps.Engine(path) as engine:
+                for _ in range(3):
+                    engine.gradient[:] = 1.0
+                    engine.step()
+                    counters.note(engine)
+                engine.finish()
+            status, text = get(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            server.shutdown()
+            server.server_close()
+    if status != 200:
+        fail(f"the engine's exporter answered {status}: {text}")
+    promtool_check_metrics(text)
+    for line in ['blkps_engine_steps_total{rank="0",local_rank="0"} 3',
+                 'blkps_engine_staleness_iterations{rank="0",local_rank="0"} -1',
+                 *[f'blkps_engine_seconds_total{{part="{part}",rank="0",local_rank="0"}}'
+                   for part in ("compute", "stall", "push", "pull", "bubble")]]:
+        if line not in text:
+            fail(f"expected {line!r} in:\n{text}")
+    compute = 'blkps_engine_seconds_total{part="compute",rank="0",local_rank="0"} '
+    if not float(text.split(compute, 1)[1].split()[0]) > 0:
+        fail(f"three steps' compute (filling the gradient) summed to no time:\n{text}")
 
 
 test = globals().get("test_" + case.replace("-", "_"))

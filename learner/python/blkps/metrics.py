@@ -11,8 +11,9 @@
                           file_sd_configs: [{files: [DIR/*.json]}]
 
 blkps.torch's DistributedOptimizer serves its counters this way
-(serve_optimizer), with the decisions of the latest EarlyStopping; a program on blkps.Engine serves its own with
-serve(page) and an Exposition. The serving thread only reads the counters
+(serve_optimizer), with the decisions of the latest EarlyStopping; a
+program on blkps.Engine serves the engine's with serve_engine and
+EngineCounters, and anything else with serve(page) and an Exposition. The serving thread only reads the counters
 (plain numbers the training threads add to), so a scrape never waits for
 training nor training for a scrape. python3-prometheus-client is not used.
 """
@@ -24,7 +25,8 @@ import weakref
 
 from .exposition import Exposition, MetricsServer, listening_socket
 
-__all__ = ["serve", "serve_optimizer", "endpoint", "write_discovery_entry", "watch_early_stopping", "SessionFaults"]
+__all__ = ["serve", "serve_optimizer", "serve_engine", "endpoint", "write_discovery_entry", "watch_early_stopping",
+           "SessionFaults", "EngineCounters"]
 
 PORT_ENV, ADDRESS_ENV, SD_DIR_ENV = "BLKPS_METRICS_PORT", "BLKPS_METRICS_ADDRESS", "BLKPS_METRICS_SD_DIR"
 
@@ -167,3 +169,58 @@ def optimizer_page(opt, rank, local_rank):
 def serve_optimizer(opt, rank, local_rank, env=None):
     """serve() of optimizer_page(opt, ...): what blkps.torch calls."""
     return serve(lambda: optimizer_page(opt, rank, local_rank), rank, local_rank, env)
+
+
+# blkps.Engine's seconds by part (IterationMetrics, blkps/engine.hpp).
+_ENGINE_PARTS = ("compute", "stall", "push", "pull", "bubble")
+
+
+class EngineCounters:
+    """A blkps.Engine's step metrics summed for a scrape. The engine is
+    driven by one thread, which calls note(engine) after every step()
+    (each step's metrics are the last step's only: a step not noted is
+    not counted); the serving thread reads only the copy, a dict replaced
+    whole, and never touches the engine."""
+
+    def __init__(self):
+        self._totals = {"steps": 0, "staleness": -1, "params_pushed": 0,
+                        **{part: 0.0 for part in _ENGINE_PARTS}}
+
+    def note(self, engine):
+        """Adds the engine's last step. REQUIRES: the thread driving
+        `engine`, once after each step()."""
+        m, totals = engine.metrics, dict(self._totals)
+        totals["steps"] += 1
+        for part in _ENGINE_PARTS:
+            totals[part] += m[part + "_s"]
+        totals["staleness"] = m["staleness"]
+        totals["params_pushed"] = engine.params_pushed
+        self._totals = totals
+
+    def totals(self):
+        """The sums so far: steps, seconds by part, the last staleness (-1:
+        unknown) and the parameters pushed."""
+        return self._totals
+
+
+def engine_page(counters, rank, local_rank):
+    """The exposition of EngineCounters `counters`."""
+    out, totals = Exposition(), counters.totals()
+    labels = {"rank": str(rank), "local_rank": str(local_rank)}
+    out.add("blkps_engine_steps_total", "counter", "Engine steps noted.", totals["steps"], **labels)
+    for part in _ENGINE_PARTS:
+        out.add("blkps_engine_seconds_total", "counter",
+                "Seconds by part of the engine's steps: compute (the caller's, between steps), stall (step() "
+                "waiting for communication), push, pull (the engine's own transfers), bubble (from a step's "
+                "start to its pull's).",
+                totals[part], part=part, **labels)
+    out.add("blkps_engine_staleness_iterations", "gauge",
+            "Age of the last step's weights in model updates (-1: unknown, no control target).", totals["staleness"], **labels)
+    out.add("blkps_engine_params_pushed_total", "counter", "Parameters sent to the server (with dropping: the runs "
+            "pushed).", totals["params_pushed"], **labels)
+    return out.text()
+
+
+def serve_engine(counters, rank, local_rank, env=None):
+    """serve() of engine_page(counters, ...)."""
+    return serve(lambda: engine_page(counters, rank, local_rank), rank, local_rank, env)
