@@ -126,7 +126,7 @@ case "$what" in
       --bsopts "params=$ck_params;block=64K;rule=sum;mode=async;checkpoint=$state/ck/model.ckpt" \
       >/dev/null
     read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
-    rounds=40
+    rounds=40 learner_pids=()
     for learner in 1 2; do
       "$py" - "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" "$rounds" "$state/progress-$learner" \
         > "$state/lost-$learner" 2> "$state/learner-$learner.log" <<'PY' &
@@ -146,7 +146,7 @@ with blkps.Model(url) as m:
     m.sync()  # then pushed_bytes_lost is complete
     print(m.pushed_bytes_lost)
 PY
-      eval "learner_pid_$learner=$!"
+      learner_pids[learner]=$!
     done
     # Kill shard 1 once both learners are past round 10 (polled, bounded).
     for _ in $(seq 600); do
@@ -163,8 +163,8 @@ PY
     grep -q "^restarted shard 1 (dead) on port ${ports[1]}: generation" "$state/restarted" ||
       fail "shard 1 was not restarted on its port ${ports[1]}"
     if grep -q "^restarted shard 0" "$state/restarted"; then fail "async: the live shard 0 was restarted"; fi
-    wait "$learner_pid_1" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
-    wait "$learner_pid_2" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
+    wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
     "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
       "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" <<'PY' || fail "after the restart"
 import json, sys
