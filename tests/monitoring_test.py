@@ -19,6 +19,8 @@ Cases that start their own tgtd (label integration):
   metrics-by-hand-for-shards     blkps metrics on a shards folder: every
                                  shard, until the shards stop
   exporter-ends-with-target      target stop ends the exporter
+  exporter-follows-a-restart     target restart of a killed tgtd: the
+                                 exporter serves the new one, same address
   metrics-port-taken             one line, no tgtd left behind
   top-shows-every-shard          blkps top through a pipe: plain frames
   top-redraws-on-a-terminal      blkps top on a pty: curses
@@ -564,6 +566,35 @@ def test_exporter_ends_with_target():
             except OSError:
                 return True
         until("end of the exporter after target stop", gone)
+
+
+def test_exporter_follows_a_restart():
+    # The one tgtd of a target with --metrics dies (kill -9); `blkps target
+    # restart` starts it again on its port, and the exporter on the same
+    # address serves the new tgtd (its pid's CPU and memory); stop ends it.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with Target("params=1000", "--metrics", f"127.0.0.1:{port}") as t:
+        tgtd = int(t.env()["PID"])
+        os.kill(tgtd, signal.SIGKILL)
+        until("end of the killed tgtd", lambda: not os.path.exists(f"/proc/{tgtd}"))
+        rc, _, err = blkps("target", "restart", "--dir", t.dir)
+        if rc != 0:
+            fail(f"target restart failed: {err}")
+        restarted = int(t.env()["PID"])
+
+        def serves_the_restarted_tgtd():
+            try:
+                status, text = get(url)
+            except OSError:
+                return False
+            return status == 200 and 'blkps_tgtd_cpu_seconds_total{shard="0"}' in text and "blkps_updates_total" in text
+        until("the exporter serving the restarted tgtd", serves_the_restarted_tgtd)
+        if restarted == tgtd or t.env().get("METRICS") != f"127.0.0.1:{port}":
+            fail(f"after the restart: tgtd {restarted} (was {tgtd}), METRICS {t.env().get('METRICS')!r}")
+        exporter = int(t.env()["METRICS_PID"])
+    until("end of the exporter after target stop", lambda: not os.path.exists(f"/proc/{exporter}") or
+          open(f"/proc/{exporter}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X"))
 
 
 def test_metrics_port_taken():

@@ -272,9 +272,10 @@ def start(folder, address, port, auth_file):
     return values
 
 
-def stop(folder):
+def stop(folder, wait_s=0):
     """Ends the exporter named in folder's target.env, if one runs (SIGTERM;
-    it answers within a second)."""
+    it answers within a second), waiting up to wait_s seconds for it to be
+    gone (its port free again)."""
     values = state.read(os.path.join(folder, state.TARGET_ENV)) or {}
     pid = values.get("METRICS_PID")
     if not pid:
@@ -285,7 +286,16 @@ def stop(folder):
         if ours:
             os.kill(int(pid), signal.SIGTERM)
     except (OSError, ValueError):
-        pass
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def command_metrics(a):

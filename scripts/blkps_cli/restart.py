@@ -10,7 +10,9 @@ valid), and it loads the last committed checkpoint generation. In bsp and
 ssp a job is one model at one round: the live shards are restarted too, so
 that every shard serves that same generation. In async only the dead ones
 are. Each learner then reads its receipts and learns exactly what was lost
-(doc/libblkps.md "Faults").
+(doc/libblkps.md "Faults"). A one-tgtd target's --metrics exporter is
+started again on its address (a scaled-out job's keeps running: its
+target.env stays).
 """
 
 import json
@@ -89,9 +91,13 @@ def restart_target(folder):
 
 
 def command_restart(a):
-    from . import checkpoints, state, target
+    from . import checkpoints, metrics, state, target
     folder = os.path.abspath(a.dir)
-    env = state.target(folder, "target restart")
+    env = state.read(os.path.join(folder, state.TARGET_ENV))
+    if env is None:
+        if not os.path.exists(os.path.join(folder, START_OPTIONS)):
+            state.target(folder, "target restart")  # its one-line error: no target here
+        env = {}  # one tgtd whose --owner-pid watchdog cleaned up after its death
     scaled = "TGTD" in env
     dirs = env["SHARD_DIRS"].split() if scaled else [folder]
     dead = [k for k, d in enumerate(dirs) if not target.Target(d).alive()]
@@ -104,8 +110,13 @@ def command_restart(a):
     again = list(range(len(dirs))) if scaled and mode != "async" else dead
     found = checkpoints.committed(model, what="target restart")
     began = time.monotonic()
+    if not scaled:
+        metrics.stop(folder, wait_s=5)  # its target.env is written anew: started again below
     for k in again:
         restart_target(dirs[k])
+    exporter = None
+    if not scaled and getattr(first, "metrics", None):
+        exporter = metrics.start(folder, *first.metrics, first.metrics_auth)["METRICS"]
     took = time.monotonic() - began
     if scaled:
         env["PIDS"] = " ".join(str(target.Target(d).pid()) for d in dirs)
@@ -116,5 +127,7 @@ def command_restart(a):
     for k in again:
         why = "dead" if k in dead else f"live, rolled back ({mode})"
         print(f"restarted {label(k)} ({why}) on port {started_with(dirs[k]).port}: {loaded}")
+    if exporter:
+        print(f"metrics: http://{exporter}/metrics")
     print(f"restart took {took:.3f} s; learners reconnect to the same addresses and resend what their receipts lack")
     return 0
