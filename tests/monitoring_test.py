@@ -228,11 +228,13 @@ def canned_status(**changes):
             "table": None, "mode": "async", "rule": "sgd", "tag": "", "rule_params": {"lr": 0.01},
             "global_step": 3, "updates": 9, "rejected_writes": 0, "held_now": 0, "uptime_s": 12.5,
             "dead_after_s": 10, "hold_limit_s": 20, "max_dead": 0, "staleness_aware": True, "stale_bound": 8,
-            "live_learners": 1, "failed": False, "failure": "", "control_error": "control: no",
+            "live_learners": 1, "pushing_learners": 1, "failed": False, "failure": "", "control_error": "control: no",
             "control_refused": 2, "stop": False,
-            "checkpoint": {"path": "", "written": 0, "last_seconds": 0.0, "last_stall_seconds": 0.0,
-                           "every_s": 0, "error": ""},
-            "learners": [dict(learner, **changes), dict(learner, lun=2, state="dead", **changes)]}
+            "checkpoint": {"path": "", "job": "", "shard": 0, "shards": 1, "generation": 4, "written": 0,
+                           "last_seconds": 0.0, "last_stall_seconds": 0.0, "every_s": 0, "error": ""},
+            "learners": [dict(learner, **changes), dict(learner, lun=2, state="dead", **changes)],
+            "ranks": [{"rank": 0, "run": "9f", "state": "live", "idle_s": 0.4},
+                      {"rank": 1, "run": "9f", "state": "dead", "idle_s": 31.0}]}
 
 
 def test_exposition_passes_promtool():
@@ -248,7 +250,9 @@ def test_exposition_passes_promtool():
     promtool_check_metrics(text)
     for line in ('blkps_updates_total{shard="1"} 9', 'blkps_learner_state{shard="0",lun="2",state="dead"} 1',
                  'blkps_rule_parameter{shard="0",parameter="lr"} 0.01', 'blkps_control_last_refused{shard="0"} 1',
-                 'blkps_control_refused_total{shard="0"} 2',
+                 'blkps_control_refused_total{shard="0"} 2', 'blkps_pushing_learners{shard="0"} 1',
+                 'blkps_checkpoint_generation{shard="1"} 4', 'blkps_rank_state{shard="0",rank="1",state="dead"} 1',
+                 'blkps_rank_idle_seconds{shard="0",rank="1"} 31.0',
                  'model="odd \\"name\\\\"'):
         if line not in text:
             fail(f"expected {line!r} in:\n{text}")

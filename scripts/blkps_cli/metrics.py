@@ -142,6 +142,8 @@ JOB_METRICS = (
     ("held_now", "blkps_held_commands", "gauge", "Commands held now (bsp/ssp reads, waiting writes)."),
     ("uptime_s", "blkps_uptime_seconds", "gauge", "Seconds since the model was created in tgtd."),
     ("live_learners", "blkps_live_learners", "gauge", "Learner slots live now."),
+    ("pushing_learners", "blkps_pushing_learners", "gauge",
+     "Learner slots that pushed within dead_after: the N of an async push's 1/N."),
     ("params", "blkps_params", "gauge", "Parameters the shard serves."),
     ("device_bytes", "blkps_device_bytes", "gauge", "Bytes of the shard's model device."),
     ("stale_bound", "blkps_stale_bound_updates", "gauge", "Pushes staler than this many updates are counted."),
@@ -197,6 +199,16 @@ def write_status(out, shard, s):
             c["last_stall_seconds"], shard=shard)
     out.add("blkps_checkpoint_failed", "gauge", "1 when the last checkpoint failed (status checkpoint error).",
             bool(c["error"]), shard=shard)
+    if "generation" in c:
+        out.add("blkps_checkpoint_generation", "gauge",
+                "The shard's last durable checkpoint generation (or the one it loaded).", c["generation"],
+                shard=shard)
+    for rank in s.get("ranks", []):  # blkps.torch's collective ranks, by their heartbeats
+        for state_name in ("live", "dead"):
+            out.add("blkps_rank_state", "gauge", "1 for a collective rank's state by its heartbeats (live, dead).",
+                    rank["state"] == state_name, shard=shard, rank=str(rank["rank"]), state=state_name)
+        out.add("blkps_rank_idle_seconds", "gauge", "Seconds since the rank's last heartbeat.", rank["idle_s"],
+                shard=shard, rank=str(rank["rank"]))
     for learner in s["learners"]:
         lun = str(learner["lun"])
         for state_name in LEARNER_STATES:
