@@ -53,7 +53,8 @@ VALUES = [-3, -2, -1, 1, 2, 3, 4]
 # before it reaches the backing store), which a learner killed mid-push
 # causes: at most one per kill. tgtd's start-up lines come before the soak and
 # are not read; every other line is an error.
-EXPECTED_LOG = re.compile(r"blkps: model '[^']*': (checkpoint of step \d+ written|learner at lun \d+ "
+EXPECTED_LOG = re.compile(r"blkps: model '[^']*': (checkpoint of step \d+ (\(generation \d+\) )?written|"
+                          r"learner at lun \d+ "
                           r"(?P<slot>is dead|is back))|conn_close\(\d+\) (?P<kill>Forcing release of rx task)")
 # RSS bound: the largest RSS in the last third of the run may exceed the
 # largest of the first third (tgt's command buffers and malloc's kept heap

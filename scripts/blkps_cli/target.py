@@ -535,7 +535,7 @@ def start_locked(a):
         try:
             env = metrics.start(os.path.abspath(a.dir), *a.metrics, a.metrics_auth)
         except BaseException:
-            command_stop(a)
+            stop(a.dir, final_checkpoint=False)  # a failed start leaves nothing running
             raise
         print(f"metrics: http://{env['METRICS']}/metrics")
     print(f"admits: {env['ALLOW']} (--allow)")
@@ -543,28 +543,38 @@ def start_locked(a):
 
 
 def command_stop(a):
-    from . import scaleout
-    failure, line = None, None
-    if not a.no_checkpoint and os.path.isdir(a.dir):
-        try:
-            line = checkpoints.write_final(os.path.abspath(a.dir))
-        except UserError as e:
-            failure = e  # stopped all the same: said after the stop
-    metrics.stop(os.path.abspath(a.dir))
-    # The --owner-pid watchdogs go first: one that wakes after the stop would
-    # stop whatever a quick new start put in the same folder.
-    folder = os.path.abspath(a.dir)
-    shards = state.shards(folder)
-    for d in [folder, *(shards["SHARD_DIRS"].split() if shards else [])]:
-        restart.stop_watchdog(d)
-    if scaleout.running(a.dir):
-        scaleout.stop(folder)
-    Target(a.dir).stop()
-    if failure:
-        raise failure
+    line = stop(a.dir, final_checkpoint=not a.no_checkpoint)
     if line:
         print(line)
     return 0
+
+
+def stop(folder, final_checkpoint=True):
+    """Stops the target in `folder` (one tgtd or a scaled-out job's), its
+    --metrics exporter and its --owner-pid watchdogs; first, with
+    `final_checkpoint`, has every tgtd write a final checkpoint generation.
+    Returns the line saying how long that took (None without one); if it
+    failed, raises its UserError once everything is stopped all the same."""
+    from . import scaleout
+    folder = os.path.abspath(folder)
+    failure, line = None, None
+    if final_checkpoint and os.path.isdir(folder):
+        try:
+            line = checkpoints.write_final(folder)
+        except UserError as e:
+            failure = e  # stopped all the same: said after the stop
+    metrics.stop(folder)
+    # The --owner-pid watchdogs go first: one that wakes after the stop would
+    # stop whatever a quick new start put in the same folder.
+    shards = state.shards(folder)
+    for d in [folder, *(shards["SHARD_DIRS"].split() if shards else [])]:
+        restart.stop_watchdog(d)
+    if scaleout.running(folder):
+        scaleout.stop(folder)
+    Target(folder).stop()
+    if failure:
+        raise failure
+    return line
 
 
 def command_show(a):
