@@ -5,7 +5,8 @@ would) and compares the result with a single-process PyTorch reference.
 
   torch_test.py <repo> <build dir> <case>
 
-Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver, look-ahead, buckets,
+Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver,
+gradient-async-leaver, look-ahead, buckets,
 mismatch, broadcast, buffers, fashion-lib, fashion-mount.
 """
 import json
@@ -183,16 +184,16 @@ def learner(config):
 
 
 def learner_leaver(config):
-    """Delta mode with a constant gradient (rank+1 on every weight, SGD with
-    lr 1): every rank steps once from zeros; then the last rank leaves, and
-    the others push empty steps (which keep them counted) until the server
-    no longer counts it, then step once more. Reports the look-ahead of
-    each phase."""
+    """A constant gradient, rank+1 on every weight (delta mode: SGD with lr
+    1; gradient mode: pushed as it is): every rank steps once from zeros;
+    then the last rank leaves, and the others push empty steps (which keep
+    them counted) until the server no longer counts it, then step once
+    more. Reports the look-ahead of each phase."""
     bps.init()
     model = torch.nn.Linear(32, 32, bias=False)
     torch.nn.init.zeros_(model.weight)
-    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
-                                   named_parameters=model.named_parameters())
+    local = torch.optim.SGD(model.parameters(), lr=1.0) if config["optimizer"] == "delta" else None
+    opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters())
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def step(gradient):
@@ -318,25 +319,27 @@ def case_delta_async():
     with_server(f"params={count};rule=sum;mode=async", 1, one_learner)
 
 
-def case_delta_async_leaver():
-    """Delta mode in async takes the server's N (pushing_learners), not the
-    launcher's size: 3 learners' first steps are 1/3 each (the launcher's
-    size while the server has not counted them all); once one has stopped
-    pushing for dead_after, the other two push 1/2 of their steps, and
-    look ahead by 1/2, not 2/3."""
+def case_async_leaver(optimizer):
+    """Async learners take the server's N (pushing_learners), not the
+    launcher's size: 3 learners' first steps are 1/3 of a round each (the
+    launcher's size while the server has not counted them all); once one
+    has stopped pushing for dead_after, the other two look ahead by 1/2, not
+    2/3, and in delta mode push 1/2 of their steps. Gradient mode pushes
+    gradients unscaled (the server's rule scales them; here sum)."""
     count, dead_after = 32 * 32, 3
 
     def body(server):
-        reports = server.run_learners({"wait_s": 20 * dead_after}, 3, kind="leaver")
+        reports = server.run_learners({"wait_s": 20 * dead_after, "optimizer": optimizer}, 3, kind="leaver")
         check(all(r["look_ahead_all"] == 2 / 3 for r in reports),
               f"first steps of 3 learners: look-ahead {[r['look_ahead_all'] for r in reports]}, not 2/3")
         check(all(r["look_ahead_after"] == 0.5 for r in reports[:2]),
               f"2 learners pushing: look-ahead {[r['look_ahead_after'] for r in reports[:2]]}, not 1/2")
-        # (1+2+3)/3 in the first round, then (1+2)/2 by the two that push.
-        want = np.full(count, -(6 / 3 + 3 / 2), np.float32)
-        diff = check_close(server.weights(count), want, "the server after 3 learners, then 2")
+        # Delta: -(1+2+3)/3 in the first round, then -(1+2)/2 by the two
+        # that push. Gradient: the gradients, summed.
+        want = np.full(count, -(6 / 3 + 3 / 2) if optimizer == "delta" else 6 + 3, np.float32)
+        diff = check_close(server.weights(count), want, f"{optimizer} mode: the server after 3 learners, then 2")
         check(server.status()["pushing_learners"] <= 2, "the learner that left is counted")
-        print(f"delta mode, async: 3 learners push 1/3, then 2 push 1/2 (max difference {diff:g})")
+        print(f"{optimizer} mode, async: 3 learners take 1/3 of a round, then 2 take 1/2 (max difference {diff:g})")
     with_server(f"params={count};rule=sum;mode=async;dead_after={dead_after}", 3, body)
 
 
@@ -505,7 +508,8 @@ CASES = {
     "gradient-mode": lambda: exact_case("gradient", "sgd"),
     "delta-mode": lambda: exact_case("delta", "sum"),
     "delta-async": case_delta_async,
-    "delta-async-leaver": case_delta_async_leaver,
+    "delta-async-leaver": lambda: case_async_leaver("delta"),
+    "gradient-async-leaver": lambda: case_async_leaver("gradient"),
     "look-ahead": case_look_ahead,
     "buckets": case_buckets,
     "mismatch": case_mismatch,
