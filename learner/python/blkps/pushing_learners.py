@@ -24,12 +24,13 @@ __all__ = ["PushingLearners"]
 class PushingLearners:
     """The N of this learner's async steps. `launched`: the launcher's size
     (blkps.torch.size()); `control`: the model's blkps.control Control or
-    ShardedControl, or None (no control LUN, or bsp: N is `launched`
-    always). One thread at a time, the control's."""
+    ShardedControl (shard 0's is read: every shard counts the same slots),
+    or None (no control LUN, or bsp: N is `launched` always). One thread at
+    a time, the control's."""
 
     def __init__(self, launched, control):
         self.launched = launched
-        self._control = control
+        self._control = getattr(control, "shards", [control])[0]
         self._reached = False  # the server's count reached `launched` since it was last 0
 
     def count(self):

@@ -916,7 +916,7 @@ class _DistributedOptimizer:
             skipped = True
         self.skipped_steps += skipped
         self._push_remaining(skipped)
-        self._follow_pushing_learners()  # for this step's pulls and the next pushes
+        self._follow_pushing_learners()  # for the pulls still to come and the next pushes
         if not self.pull_during_backward or (skipped and self.mode == "async"):
             self.flat.after_compute()
             self._pull_batch = 1  # the step's first pull: one bucket, the first layers'
@@ -1172,7 +1172,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     pushes then wait for step() (no push during backward). look_ahead
     (async and ssp, both modes; default (N-1)/N, N the learners that push
     as the server counts them, read each step: doc/async.md "One N: the
-    learners that push"; 0 in bsp and for one learner): after each pull the parameters move on by look_ahead
+    learners that push"; 0 in bsp and for one learner): after each pull
+    the parameters move on by look_ahead
     times the model's move since the previous pull, so the next gradient is
     taken near where the model will be when its push lands (doc/async.md
     "Look-ahead"); 0 leaves them the server's weights. The result has
