@@ -13,6 +13,9 @@ Cases:
                  denormals (narrowing); push16/pull16 move them as is.
   staging        the flat buffers and host staging: allocated once, the
                  parameters stay views, a 16-bit wire narrows with torch.
+  look-ahead-switched
+                 a look-ahead turned on between steps (the server's count of
+                 pushing learners grew) steps from the second pull after it.
   pipeline       overlap_pull gives the same weights as waiting in step();
                  each module's forward waits for its own buckets only, and
                  nn.MultiheadAttention for its out_proj's too, which it reads
@@ -603,9 +606,35 @@ def case_bench():
         shutil.rmtree(out, ignore_errors=True)
 
 
+def case_look_ahead_switched():
+    """blkps.torch changes the look-ahead between steps as the server's
+    count of pushing learners changes (blkps.pushing_learners): turned on,
+    from 0 at construction or later, the first pull after it is the
+    baseline (no step), and the next moves on by look_ahead times the move
+    since that pull; turned off, pulls are the server's weights."""
+    from blkps.staging import FlatModel
+    fm = FlatModel(4, "cpu", "float32", (), 0.0)
+
+    def pull(value, want, what):
+        fm.host_weights(0, 4)[:] = value
+        fm.weights_arrived(0, 4)
+        check(torch.equal(fm.weights, torch.full((4,), want)), f"{what}: weights {fm.weights.tolist()}, not {want}")
+    pull(1.0, 1.0, "look-ahead 0")
+    fm.set_look_ahead(0.5)
+    pull(3.0, 3.0, "the first pull after turning it on")
+    pull(5.0, 6.0, "the second pull")  # 5 + 0.5 * (5 - 3)
+    fm.set_look_ahead(0.0)
+    pull(10.0, 10.0, "turned off")
+    fm.set_look_ahead(0.5)
+    pull(12.0, 12.0, "the first pull after turning it on again")
+    pull(13.0, 13.5, "the second pull after turning it on again")
+    print("look-ahead switched between steps: each time on, it steps from the second pull")
+
+
 CASES = {
     "wire-patterns": case_wire_patterns,
     "staging": case_staging,
+    "look-ahead-switched": case_look_ahead_switched,
     "pipeline": case_pipeline,
     "skipped": case_skipped,
     "overlap-server": case_overlap_server,

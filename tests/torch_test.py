@@ -5,7 +5,8 @@ would) and compares the result with a single-process PyTorch reference.
 
   torch_test.py <repo> <build dir> <case>
 
-Cases: init (no server), gradient-mode, delta-mode, delta-async, look-ahead, buckets,
+Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver,
+gradient-async-leaver, look-ahead, buckets,
 mismatch, broadcast, buffers, fashion-lib, fashion-mount.
 """
 import json
@@ -182,6 +183,49 @@ def learner(config):
     print(json.dumps(out), flush=True)
 
 
+def learner_leaver(config):
+    """A constant gradient, rank+1 on every weight (delta mode: SGD with lr
+    1; gradient mode: pushed as it is): every rank steps once from zeros;
+    then the last rank leaves, and the others push empty steps (which keep
+    them counted) until the server no longer counts it, then step once
+    more. Reports the look-ahead of each phase."""
+    bps.init()
+    model = torch.nn.Linear(32, 32, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    local = torch.optim.SGD(model.parameters(), lr=1.0) if config["optimizer"] == "delta" else None
+    opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters())
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step(gradient):
+        opt.zero_grad()
+        if gradient:
+            (model.weight.sum() * (bps.rank() + 1)).backward()
+        opt.step()
+    step(True)
+    bps.barrier()  # every first push has landed
+    out = {"look_ahead_all": opt.look_ahead}
+    if bps.rank() < bps.size() - 1:
+        from blkps.control import Control
+        with Control(bps.control()) as control:
+            deadline = time.monotonic() + config["wait_s"]
+            while control.counters()["pushing_learners"] != bps.size() - 1:
+                check(time.monotonic() < deadline, "the server still counts the learner that left")
+                step(False)
+        step(True)
+        out["look_ahead_after"] = opt.look_ahead
+    opt.close()
+    print(json.dumps(out), flush=True)
+
+
+LEARNERS = {"leaver": learner_leaver}
+
+
+def run_learner(*kind_and_config):
+    """A learner process: `learner`, or the LEARNERS kind named first."""
+    *kind, config = kind_and_config
+    (LEARNERS[kind[0]] if kind else learner)(config)
+
+
 # ---- the test side ----
 
 def params_of(model_name):
@@ -273,6 +317,30 @@ def case_delta_async():
         print(f"delta mode, async, 1 learner: {STEPS} whole steps (max difference {diff:g})")
     with_server(f"params={count};rule=sum;mode=async", 2, two_learners)
     with_server(f"params={count};rule=sum;mode=async", 1, one_learner)
+
+
+def case_async_leaver(optimizer):
+    """Async learners take the server's N (pushing_learners), not the
+    launcher's size: 3 learners' first steps are 1/3 of a round each (the
+    launcher's size while the server has not counted them all); once one
+    has stopped pushing for dead_after, the other two look ahead by 1/2, not
+    2/3, and in delta mode push 1/2 of their steps. Gradient mode pushes
+    gradients unscaled (the server's rule scales them; here sum)."""
+    count, dead_after = 32 * 32, 3
+
+    def body(server):
+        reports = server.run_learners({"wait_s": 20 * dead_after, "optimizer": optimizer}, 3, kind="leaver")
+        check(all(r["look_ahead_all"] == 2 / 3 for r in reports),
+              f"first steps of 3 learners: look-ahead {[r['look_ahead_all'] for r in reports]}, not 2/3")
+        check(all(r["look_ahead_after"] == 0.5 for r in reports[:2]),
+              f"2 learners pushing: look-ahead {[r['look_ahead_after'] for r in reports[:2]]}, not 1/2")
+        # Delta: -(1+2+3)/3 in the first round, then -(1+2)/2 by the two
+        # that push. Gradient: the gradients, summed.
+        want = np.full(count, -(6 / 3 + 3 / 2) if optimizer == "delta" else 6 + 3, np.float32)
+        diff = check_close(server.weights(count), want, f"{optimizer} mode: the server after 3 learners, then 2")
+        check(server.status()["pushing_learners"] <= 2, "the learner that left is counted")
+        print(f"{optimizer} mode, async: 3 learners take 1/3 of a round, then 2 take 1/2 (max difference {diff:g})")
+    with_server(f"params={count};rule=sum;mode=async;dead_after={dead_after}", 3, body)
 
 
 def case_look_ahead():
@@ -440,6 +508,8 @@ CASES = {
     "gradient-mode": lambda: exact_case("gradient", "sgd"),
     "delta-mode": lambda: exact_case("delta", "sum"),
     "delta-async": case_delta_async,
+    "delta-async-leaver": lambda: case_async_leaver("delta"),
+    "gradient-async-leaver": lambda: case_async_leaver("gradient"),
     "look-ahead": case_look_ahead,
     "buckets": case_buckets,
     "mismatch": case_mismatch,
@@ -450,4 +520,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    testbed.run(CASES, learner)
+    testbed.run(CASES, run_learner)

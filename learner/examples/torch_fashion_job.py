@@ -34,13 +34,16 @@ def start_server(state, bsopts, luns, build):
     """Starts a private server in folder `state` (`blkps target start`; it
     stops when this process exits) with `luns` learner LUNs; returns its
     state as a dict (URL, URLS, CONTROL_URL, ...: `blkps target show --json`). Learners are
-    declared dead after 60 s without I/O, not 10: a learner's slot counts
-    from the server's start, and importing torch on a busy machine has
-    taken over 10 s, after which bsp rounds would go on without it."""
+    declared dead after 60 s without I/O, not 10, unless `bsopts` gives
+    dead_after: a learner's slot counts from the server's start, and
+    importing torch on a busy machine has taken over 10 s, after which bsp
+    rounds would go on without it."""
+    if "dead_after=" not in bsopts:
+        bsopts += ";dead_after=60"
     subprocess.run([BLKPS, "target", "start", "--dir", state,
                     "--luns", str(luns), "--owner-pid", str(os.getpid()),
                     "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
-                    "--bsopts", bsopts + ";dead_after=60"], check=True, stdout=subprocess.DEVNULL)
+                    "--bsopts", bsopts], check=True, stdout=subprocess.DEVNULL)
     shown = subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
                            capture_output=True, text=True).stdout
     return json.loads(shown)

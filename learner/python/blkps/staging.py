@@ -108,17 +108,29 @@ class FlatModel:
         # Look-ahead (doc/async.md "Look-ahead"): after a pull of a range its
         # weights move on by look_ahead times their move since the previous
         # pull (the weights that pull brought, in _last_pull).
-        self.look_ahead = float(look_ahead)
+        self.look_ahead = 0.0
         self._pulled_before = False
-        # The move is formed a chunk at a time in a scratch of at most
-        # LOOK_AHEAD_CHUNK values, so look-ahead costs one copy of the
-        # weights (the last pull) on the model's device, not two. On a 16-bit
-        # wire the last pull is kept in the wire's type: its values came in
-        # that type, so nothing is lost, and the copy is half a float32 one.
-        if self.look_ahead:
-            self._last_pull = torch.zeros(count, dtype=wire_dtype, device=self.device)
+        self._last_pull = None
+        self.set_look_ahead(look_ahead)
+
+    def set_look_ahead(self, look_ahead):
+        """Makes look_ahead `look_ahead` from the next pull on. REQUIRES: no
+        pull landing meanwhile (between steps). From 0 the next pull takes
+        no step: the last pull was not kept."""
+        look_ahead = float(look_ahead)
+        if look_ahead and not self.look_ahead:
+            self._pulled_before = False
+        if look_ahead and self._last_pull is None:
+            # The move is formed a chunk at a time in a scratch of at most
+            # LOOK_AHEAD_CHUNK values, so look-ahead costs one copy of the
+            # weights (the last pull) on the model's device, not two. On a
+            # 16-bit wire the last pull is kept in the wire's type: its values
+            # came in that type, so nothing is lost, and the copy is half a
+            # float32 one.
+            self._last_pull = torch.zeros(self.count, dtype=WIRE_TORCH_DTYPES[self.wire], device=self.device)
             self._moved = torch.zeros(min(self.count, LOOK_AHEAD_CHUNK), dtype=self.weights.dtype,
                                       device=self.device)
+        self.look_ahead = look_ahead
 
     def host_bytes(self):
         """Host memory this object added to the model's own: the staging
@@ -134,7 +146,7 @@ class FlatModel:
         if not self.cuda:
             return 0
         extra = [self._wire_gradient, self._wire_weights] if self.sixteen else []
-        extra += [self._last_pull, self._moved] if self.look_ahead else []
+        extra += [self._last_pull, self._moved] if self._last_pull is not None else []
         return sum(t.numel() * t.element_size() for t in extra)
 
     # ---- gradients: device -> host ----

@@ -24,8 +24,9 @@ Two modes:
 - delta mode (any torch.optim optimizer): step() runs the local optimizer,
   pushes the change of the weights to a server with rule ``sum`` (or
   ``average``), then makes the parameters the server's weights. In async
-  and ssp it pushes 1/size of the change (doc/async.md), so that size
-  learners move the model as one process on the total batch would. With
+  and ssp it pushes 1/N of the change, N the learners that push as the
+  server counts them (doc/async.md "One N: the learners that push"), so
+  that N learners move the model as one process on the total batch would. With
   torch.optim.SGD in bsp and rule sum this equals gradient mode with server
   sgd up to float rounding (a bsp round averages the learners' pushes).
 
@@ -76,6 +77,7 @@ import blkps
 from blkps.collectives import Exchange as _Exchange, Heartbeat as _Heartbeat, session_of as _session_of
 from blkps.collectives import RankDied, heartbeat_period as _heartbeat_period
 from blkps.control import describe_layout as _describe_layout, open_control as _open_control
+from blkps.pushing_learners import PushingLearners as _PushingLearners
 from blkps import metrics as _metrics
 from blkps.staging import FlatModel as _FlatModel
 from blkps.torch_embedding import Embedding, EmbeddingBag
@@ -547,16 +549,13 @@ class _DistributedOptimizer:
             self.close()
             raise
         self.mode = status["mode"] if status else "bsp"
-        self.push_scale = options.push_scale(self.mode, job.size, optimizer is not None)
-        # Async and ssp, both modes: after each pull the parameters move on
-        # by look_ahead times the model's move since the previous pull, so the
-        # next gradient is taken about where the model will be when its push
-        # lands (doc/async.md "Look-ahead"). One learner and bsp: 0.
-        if look_ahead is None:
-            look_ahead = (job.size - 1) / job.size if self.mode != "bsp" else 0.0
-        if not 0.0 <= float(look_ahead) <= 1.0:
+        if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0:
+            self.close()
             raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, 1]")
-        self.look_ahead = float(look_ahead)
+        self._options, self._look_ahead_given = options, look_ahead
+        # The N of async steps, the server's (bsp: none; no control LUN: the launcher's size).
+        self._pushing = _PushingLearners(job.size, self._ctl if self.mode != "bsp" else None)
+        self._take_share(job.size)
         self.skip_nonfinite = bool(skip_nonfinite)
         self._skip_synchronize = False
         self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
@@ -596,6 +595,27 @@ class _DistributedOptimizer:
                                          else bool(pull_during_backward))
             self.overlap_pull = layout.device.type == "cuda" if overlap_pull is None else bool(overlap_pull)
             self._start_gradient_mode()
+
+    def _take_share(self, learners):
+        """Sets push_scale, and look_ahead unless it was given, for a step
+        that is 1/`learners` of a round (pushing_learners.py). Async and
+        ssp, both modes: after each pull the parameters move on by
+        look_ahead times the model's move since the previous pull, so the
+        next gradient is taken about where the model will be when its push
+        lands (doc/async.md "Look-ahead"); by default (N-1)/N, the others'
+        share. One learner and bsp: 0. REQUIRES: between steps (no push or
+        pull in flight)."""
+        self.push_scale = self._options.push_scale(self.mode, learners, self.optimizer is not None)
+        given = self._look_ahead_given
+        self.look_ahead = float(given if given is not None else
+                                (learners - 1) / learners if self.mode != "bsp" else 0.0)
+        if getattr(self, "flat", None) is not None:  # built after the first share
+            self.flat.set_look_ahead(self.look_ahead)
+
+    def _follow_pushing_learners(self):
+        """Takes the server's N for the next push (one counters read; bsp or
+        no control LUN: none, and nothing changes)."""
+        self._take_share(self._pushing.count())
 
     # ---- gradient mode ----
 
@@ -896,6 +916,7 @@ class _DistributedOptimizer:
             skipped = True
         self.skipped_steps += skipped
         self._push_remaining(skipped)
+        self._follow_pushing_learners()  # for the pulls still to come and the next pushes
         if not self.pull_during_backward or (skipped and self.mode == "async"):
             self.flat.after_compute()
             self._pull_batch = 1  # the step's first pull: one bucket, the first layers'
@@ -928,6 +949,7 @@ class _DistributedOptimizer:
         if skipped:
             self.skipped_steps += 1
             delta.zero_()
+        self._follow_pushing_learners()
         if self.push_scale != 1.0:
             delta.mul_(self.push_scale)
         if not (skipped and self.mode == "async"):
@@ -1148,8 +1170,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     (zero_grad() with no step() since the last), is not pushed; bsp and ssp
     get zeros so that every parameter is still written once per iteration;
     pushes then wait for step() (no push during backward). look_ahead
-    (async and ssp, both modes; default (size-1)/size, 0 in bsp and for
-    one learner): after each pull the parameters move on by look_ahead
+    (async and ssp, both modes; default (N-1)/N, N the learners that push
+    as the server counts them, read each step: doc/async.md "One N: the
+    learners that push"; 0 in bsp and for one learner): after each pull
+    the parameters move on by look_ahead
     times the model's move since the previous pull, so the next gradient is
     taken near where the model will be when its push lands (doc/async.md
     "Look-ahead"); 0 leaves them the server's weights. The result has
@@ -1331,10 +1355,12 @@ class _HorovodOptions:
         and ssp apply each push as it comes (doc/pytorch.md "Horovod's API").
         op=None: gradient mode leaves the combination to the server's rule
         (staleness-aware in async and ssp); delta mode in async and ssp
-        pushes 1/size of the local step, as op=Average does: the server's
-        sum adds each push exactly, and size learners each adding their
-        whole step would move the model size times as far as one process
-        on the total batch, which diverges with momentum (doc/async.md)."""
+        pushes 1/N of the local step, as op=Average does: the server's
+        sum adds each push exactly, and N learners each adding their
+        whole step would move the model N times as far as one process
+        on the total batch, which diverges with momentum (doc/async.md).
+        `size_`: N, the learners of a round (bsp: the launcher's size;
+        async and ssp: blkps.pushing_learners)."""
         if self.op is None:
             return 1.0 / size_ if delta and mode != "bsp" else 1.0
         if mode == "bsp":
