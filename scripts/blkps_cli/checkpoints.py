@@ -57,6 +57,18 @@ def shard_options(model, shards, fresh=False, what="target start"):
     return pairs
 
 
+def keeps_checkpoint(folder):
+    """Whether the model of the tgtd in `folder` has checkpoint=, by the
+    options it was started with; True when they are not kept (a tgtd
+    started by an older blkps: its status says)."""
+    from . import restart, target
+    try:
+        options = restart.started_with(folder)
+    except UserError:
+        return True
+    return checkpoint_path(target.check_bsopts(options.bsopts)) is not None
+
+
 def write_final(folder, what="target stop"):
     """Asks every tgtd of the target in `folder` (a target, shards or shard
     folder) for one more checkpoint, all at once (control checkpoint=1): a
@@ -73,6 +85,8 @@ def write_final(folder, what="target stop"):
     alive = [target.Target(d).alive() for d in dirs]
     if not any(alive):
         return None  # what a kill of every tgtd lost, no stop can keep
+    if not keeps_checkpoint(dirs[0]):
+        return None  # known without a login (an iSER portal may not take one from here)
     down = [f"shard {k}" for k, up in enumerate(alive) if not up] if values is not None else []
     controls = control.control_targets(types.SimpleNamespace(dir=folder, control=None), what, down)
     devices, results = [], {}
