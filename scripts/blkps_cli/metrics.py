@@ -29,7 +29,7 @@ import sys
 import time
 import types
 
-from . import chap, control, state, tools
+from . import chap, control, processes, state, tools
 from .errors import UserError
 
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -294,20 +294,11 @@ def stop(folder, wait_s=0):
         return
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            ours = b"metrics" in f.read()  # a pid reused since is not ours to end
-        if ours:
-            os.kill(int(pid), signal.SIGTERM)
-    except (OSError, ValueError):
+            if b"metrics" not in f.read():
+                return  # a pid reused since is not ours to end
+    except OSError:
         return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except OSError:
-            return
-        time.sleep(0.05)
+    processes.terminate(int(pid), wait_s)
 
 
 def command_metrics(a):

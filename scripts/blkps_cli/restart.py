@@ -17,10 +17,10 @@ target.env stays).
 
 import json
 import os
-import signal
 import time
 import types
 
+from . import processes
 from .errors import UserError
 
 START_OPTIONS = "start.json"
@@ -63,19 +63,7 @@ def stop_watchdog(folder):
         return
     if b"watch" not in argv or folder.encode() not in argv:
         return  # the pid was reused: not ours
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 5
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except OSError:
-            return
-        time.sleep(0.05)
+    processes.terminate(pid, 5)
 
 
 def restart_target(folder):

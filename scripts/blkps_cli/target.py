@@ -34,6 +34,7 @@ import sys
 import time
 
 from . import chap, checkpoints, metrics, restart, session, state, tools
+from .processes import running
 from .errors import Parser, UserError
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
@@ -50,15 +51,6 @@ READY_TIMEOUT_S = 10     # from starting tgtd to its answering tgtadm
 TGTADM_REQ = struct.Struct("@ii64sIiQQIIIIII")  # mode op lld len tid sid lun cid host_no device_type ac_dir pack force
 TGTADM_RSP = struct.Struct("@II")               # err len
 TGTADM_MODE_ACCOUNT, TGTADM_OP_NEW, TGTADM_USER_EXIST = 7, 0, 14
-
-
-def running(pid):
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def free_port(address):
