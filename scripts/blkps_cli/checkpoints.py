@@ -69,6 +69,14 @@ def keeps_checkpoint(folder):
     return checkpoint_path(target.check_bsopts(options.bsopts)) is not None
 
 
+def unreachable(what, url, error):
+    """The UserError of a final checkpoint whose control LUN `url` could not
+    be read (OSError `error`)."""
+    why = (error.strerror or str(error)).removeprefix("blkps: ")
+    return UserError(what, f"no final checkpoint: cannot read the control LUN {url}: {why}; the target was "
+                     "stopped, and a restart loads the last committed generation (the pushes since are lost)")
+
+
 def write_final(folder, what="target stop"):
     """Asks every tgtd of the target in `folder` (a target, shards or shard
     folder) for one more checkpoint, all at once (control checkpoint=1): a
@@ -92,9 +100,15 @@ def write_final(folder, what="target stop"):
     devices, results = [], {}
     try:
         for label, url, chap_file in controls:
-            devices.append((label, control.open_control(url, chap_file, None)))
-        if not devices[0][1].status()["checkpoint"]["path"]:
-            return None
+            try:
+                devices.append((label, control.open_control(url, chap_file, None)))
+            except OSError as e:  # a refused login: the caller stops the target all the same
+                raise unreachable(what, url, e) from None
+        try:
+            if not devices[0][1].status()["checkpoint"]["path"]:
+                return None
+        except OSError as e:
+            raise unreachable(what, controls[0][1], e) from None
         if not all(alive):
             down = dirs[alive.index(False)]
             raise UserError(what, f"no final checkpoint: the tgtd of {down} is not running; the target was "

@@ -418,8 +418,8 @@ class Target:
         if self.alive():
             try:
                 checkpoints.write_final(self.dir, "target watch")
-            except UserError:
-                pass  # no one to tell: the log of each tgtd has the reason
+            except (UserError, OSError):
+                pass  # no one to tell, and the stop below must run: each tgtd's log has the reason
         self.stop()
 
 
