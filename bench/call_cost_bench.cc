@@ -31,13 +31,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kUsage[] =
-    "usage: blkps-call-cost-bench --target TARGET [options]\n"
-    "  --target      the model: layout:PATH, iscsi://... or a file\n"
-    "  --total N     bytes moved per measurement (default 32M)\n"
-    "  --buckets 'N ...'  bucket sizes (default '64K 256K 1M 4M 32M')\n"
-    "  --ops 'push pull exchange'  operations to measure (default all three)\n"
-    "  --rounds N    interleaved rounds, medians reported (default 5)\n";
+constexpr char kUsage[] = "usage: blkps-call-cost-bench --target TARGET [options]\n"
+                          "  --target      the model: layout:PATH, iscsi://... or a file\n"
+                          "  --total N     bytes moved per measurement (default 32M)\n"
+                          "  --buckets 'N ...'  bucket sizes (default '64K 256K 1M 4M 32M')\n"
+                          "  --ops 'push pull exchange'  operations to measure (default all three)\n"
+                          "  --rounds N    interleaved rounds, medians reported (default 5)\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   fprintf(stderr, "blkps-call-cost-bench: %s\n", message.c_str());
@@ -150,8 +149,8 @@ int main(int argc, char** argv) {
       }
       const double one = Median(whole), many = Median(split);
       printf("| %s | %llu | %llu | %.2f | %.2f | %.0f | %.2f, %.2f |\n", op.c_str(),
-             static_cast<unsigned long long>(bucket * 4), static_cast<unsigned long long>(calls), one * 1e3,
-             many * 1e3, calls > 1 ? (many - one) / static_cast<double>(calls - 1) * 1e6 : 0.0,
+             static_cast<unsigned long long>(bucket * 4), static_cast<unsigned long long>(calls), one * 1e3, many * 1e3,
+             calls > 1 ? (many - one) / static_cast<double>(calls - 1) * 1e6 : 0.0,
              static_cast<double>(params * 4) / one / 1e9, static_cast<double>(params * 4) / many / 1e9);
     }
   }

@@ -12,9 +12,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <map>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -96,10 +96,10 @@ TEST(Stream, SubmissionsCompleteOnceAndEqualTheSynchronousCalls) {
     const char* dtype;
     bool values16;
   };
-  for (const Case& c : {Case{"float32", target.url(1), nullptr, false},
-                        Case{"bfloat16 from float32", target.url(5), "bfloat16", false},
-                        Case{"bfloat16 as 16-bit values", target.url(5), "bfloat16", true},
-                        Case{"two shards", "layout:" + layout, nullptr, false}}) {
+  for (const Case& c :
+       {Case{"float32", target.url(1), nullptr, false}, Case{"bfloat16 from float32", target.url(5), "bfloat16", false},
+        Case{"bfloat16 as 16-bit values", target.url(5), "bfloat16", true},
+        Case{"two shards", "layout:" + layout, nullptr, false}}) {
     auto model = OpenModel(c.target, c.dtype);
     ASSERT_NE(model, nullptr) << c.what;
     std::vector<float> weights(kParams);

@@ -111,8 +111,7 @@ int blkps_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad,
   return m->model->Exchange16(first_param, grad, out, count);
 }
 
-int blkps_submit_push(blkps_model* m, uint64_t first_param, const float* grad, uint64_t count,
-                      blkps_ticket* ticket) {
+int blkps_submit_push(blkps_model* m, uint64_t first_param, const float* grad, uint64_t count, blkps_ticket* ticket) {
   return m->model->SubmitPush(first_param, grad, count, ticket);
 }
 
@@ -130,13 +129,12 @@ int blkps_submit_push16(blkps_model* m, uint64_t first_param, const uint16_t* gr
   return m->model->SubmitPush16(first_param, grad, count, ticket);
 }
 
-int blkps_submit_pull16(blkps_model* m, uint64_t first_param, uint16_t* weights, uint64_t count,
-                        blkps_ticket* ticket) {
+int blkps_submit_pull16(blkps_model* m, uint64_t first_param, uint16_t* weights, uint64_t count, blkps_ticket* ticket) {
   return m->model->SubmitPull16(first_param, weights, count, ticket);
 }
 
-int blkps_submit_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint16_t* out,
-                            uint64_t count, blkps_ticket* ticket) {
+int blkps_submit_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count,
+                            blkps_ticket* ticket) {
   return m->model->SubmitExchange16(first_param, grad, out, count, ticket);
 }
 

@@ -13,8 +13,8 @@
 #include "device.h"
 #include "model_checks.h"
 #include "row_batch.h"
-#include "stream.h"
 #include "status.h"
+#include "stream.h"
 #include "transfer_plan.h"
 
 namespace blkps {

@@ -47,8 +47,8 @@ int Model::Submit(const char* operation, uint64_t first_param, uint64_t count, c
     const uint32_t block = device_->logical_block_size();
     submission->first_block = offset / block;
     submission->end_block = (offset + length + block - 1) / block;
-    const uint64_t request_bytes = submission->kind == Submission::Kind::kExchange ? exchange_request_bytes_
-                                                                                   : request_bytes_;
+    const uint64_t request_bytes =
+        submission->kind == Submission::Kind::kExchange ? exchange_request_bytes_ : request_bytes_;
     if (length > 0 && grad != nullptr) {
       submission->write.reset(new TransferPlan(Direction::kWrite, offset, sent, length, block, request_bytes));
     }
@@ -88,8 +88,7 @@ int Model::SubmitPull16(uint64_t first_param, uint16_t* weights, uint64_t count,
   return Submit("submit_pull16", first_param, count, nullptr, weights, true, ticket);
 }
 
-int Model::SubmitExchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count,
-                            Ticket* ticket) {
+int Model::SubmitExchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count, Ticket* ticket) {
   return Submit("submit_exchange16", first_param, count, grad, out, true, ticket);
 }
 

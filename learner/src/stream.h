@@ -54,7 +54,7 @@ struct Submission {
   enum class Kind { kPush, kPull, kExchange };
   uint64_t ticket = 0;
   Kind kind = Kind::kPush;
-  uint64_t first_block = 0, end_block = 0;  // device blocks touched, [first, end)
+  uint64_t first_block = 0, end_block = 0;    // device blocks touched, [first, end)
   std::unique_ptr<TransferPlan> write, read;  // as the kind needs
   // A float32 submission on a 16-bit device: the values on the wire,
   // owned here, and where a pull's are widened to once it completes.
@@ -109,7 +109,7 @@ class Stream {
   std::deque<StreamCompletion> ended_;               // guarded by mutex_
   size_t running_ = 0;                               // guarded by mutex_: in the batch on the device
   bool stop_ = false;                                // guarded by mutex_
-  std::thread thread_;  // last: starts once the members above exist
+  std::thread thread_;                               // last: starts once the members above exist
 };
 
 }  // namespace blkps

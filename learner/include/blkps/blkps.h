@@ -147,8 +147,8 @@ BLKPS_EXPORT int blkps_submit_push16(blkps_model *m, uint64_t first_param, const
                                      blkps_ticket *ticket);
 BLKPS_EXPORT int blkps_submit_pull16(blkps_model *m, uint64_t first_param, uint16_t *weights, uint64_t count,
                                      blkps_ticket *ticket);
-BLKPS_EXPORT int blkps_submit_exchange16(blkps_model *m, uint64_t first_param, const uint16_t *grad,
-                                         uint16_t *out, uint64_t count, blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_exchange16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint16_t *out,
+                                         uint64_t count, blkps_ticket *ticket);
 
 /* A ticket's outcome: result 0, or the negative errno and the one-line
  * message (truncated to fit) that the synchronous call would give. When a
