@@ -6,8 +6,10 @@
 // learner that hands over buckets as they arrive does). The difference over
 // the number of calls is the fixed cost of a call: its set-up, its hand-offs
 // to the shards' threads, and the drain of every connection's queue at its
-// end, when the next call starts with empty queues. Prints a markdown table
-// of medians.
+// end, when the next call starts with empty queues. A third way submits
+// the same buckets (Model::SubmitPush/Pull/Exchange, doc/libblkps.md
+// "Streaming") and completes them all: what streaming leaves of that cost.
+// Prints a markdown table of medians.
 //
 // bench/call-cost.sh starts co-located shards (blkps shards start), runs
 // this on the layout of one learner slot, and stops them.
@@ -122,6 +124,30 @@ double Measure(blkps::Model& model, const std::string& op, uint64_t params, uint
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Seconds to move `params` parameters as submissions of `bucket`
+// parameters, all submitted and then all completed.
+double MeasureStreamed(blkps::Model& model, const std::string& op, uint64_t params, uint64_t bucket, float* grad,
+                       float* out) {
+  const Clock::time_point start = Clock::now();
+  for (uint64_t first = 0; first < params; first += bucket) {
+    const uint64_t count = std::min(bucket, params - first);
+    blkps::Model::Ticket ticket = 0;
+    const int rc = op == "push"   ? model.SubmitPush(first, grad + first, count, &ticket)
+                   : op == "pull" ? model.SubmitPull(first, out + first, count, &ticket)
+                                  : model.SubmitExchange(first, grad + first, out + first, count, &ticket);
+    if (rc != 0) Fail(op + " submission failed: " + model.last_error());
+  }
+  std::vector<blkps::Model::Completion> ended;
+  while (model.outstanding() > 0) {
+    ended.clear();
+    if (model.Complete(&ended, 64, -1) < 0) Fail("complete failed: " + model.last_error());
+    for (const blkps::Model::Completion& c : ended) {
+      if (c.result != 0) Fail(op + " failed: " + c.error);
+    }
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,22 +162,28 @@ int main(int argc, char** argv) {
          options.target.c_str(), static_cast<unsigned long long>(params * 4), options.rounds,
          static_cast<unsigned long long>(model->request_bytes()),
          static_cast<unsigned long long>(model->exchange_request_bytes()), model->queue_depth());
-  printf("| operation | bucket | calls | one call (ms) | in buckets (ms) | cost per call (us) | GB/s one, buckets |\n");
-  printf("|---|---:|---:|---:|---:|---:|---|\n");
+  printf(
+      "| operation | bucket | calls | one call (ms) | in buckets (ms) | cost per call (us) | streamed (ms) | cost per "
+      "submission (us) |\n");
+  printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const std::string& op : options.ops) {
     for (uint64_t bucket_bytes : options.buckets) {
       const uint64_t bucket = std::max<uint64_t>(bucket_bytes / 4, 1);
       const uint64_t calls = (params + bucket - 1) / bucket;
-      std::vector<double> whole, split;
+      std::vector<double> whole, split, streamed;
       for (int round = 0; round < options.rounds; ++round) {
         whole.push_back(Measure(*model, op, params, params, grad.data(), out.data()));
         split.push_back(Measure(*model, op, params, bucket, grad.data(), out.data()));
+        streamed.push_back(MeasureStreamed(*model, op, params, bucket, grad.data(), out.data()));
       }
-      const double one = Median(whole), many = Median(split);
-      printf("| %s | %llu | %llu | %.2f | %.2f | %.0f | %.2f, %.2f |\n", op.c_str(),
+      const double one = Median(whole), many = Median(split), stream = Median(streamed);
+      // Each extra call or submission's share of the time beyond one call.
+      auto per_call = [&](double seconds) {
+        return calls > 1 ? (seconds - one) / static_cast<double>(calls - 1) * 1e6 : 0.0;
+      };
+      printf("| %s | %llu | %llu | %.2f | %.2f | %.0f | %.2f | %.0f |\n", op.c_str(),
              static_cast<unsigned long long>(bucket * 4), static_cast<unsigned long long>(calls), one * 1e3, many * 1e3,
-             calls > 1 ? (many - one) / static_cast<double>(calls - 1) * 1e6 : 0.0,
-             static_cast<double>(params * 4) / one / 1e9, static_cast<double>(params * 4) / many / 1e9);
+             per_call(many), stream * 1e3, per_call(stream));
     }
   }
   return 0;
