@@ -52,6 +52,7 @@ blkps::OpenOptions ToOpenOptions(const blkps_open_options& opts) {
     options.initiator_name = opts.initiator_name;
   }
   if (opts.dtype != nullptr) options.dtype = opts.dtype;
+  options.sessions = opts.sessions;
   return options;
 }
 

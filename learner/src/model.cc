@@ -141,7 +141,7 @@ std::unique_ptr<Model> Model::Open(const std::string& target, const OpenOptions&
       if (error_code != nullptr) *error_code = -EINVAL;
       return nullptr;
     }
-    std::unique_ptr<Device> device = OpenDevice(target, options.initiator_name, &status);
+    std::unique_ptr<Device> device = OpenDevice(target, options.initiator_name, options.sessions, &status);
     if (device == nullptr) {
       *error = status.message();
       if (error_code != nullptr) *error_code = -status.code();

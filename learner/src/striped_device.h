@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "device.h"
+#include "device_worker.h"
 #include "stripe_map.h"
 
 namespace blkps {
@@ -74,8 +75,6 @@ class StripedDevice : public Device {
   double reconnect_seconds() const override;
 
  private:
-  class Worker;
-
   StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
                 std::vector<std::string> names);
 
@@ -98,7 +97,7 @@ class StripedDevice : public Device {
   const uint32_t block_size_;
   std::vector<std::unique_ptr<Device>> shards_;
   std::vector<std::string> names_;
-  std::vector<std::unique_ptr<Worker>> workers_;  // one per shard
+  std::vector<std::unique_ptr<DeviceWorker>> workers_;  // one per shard (none for one shard)
 };
 
 }  // namespace blkps

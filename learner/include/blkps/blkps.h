@@ -61,6 +61,13 @@ typedef struct blkps_open_options {
    * still take float32 arrays and convert (nearest, ties to even). Another
    * name fails blkps_open with -EINVAL. */
   const char *dtype;
+  /* iSCSI sessions per LUN (each shard's, over a layout:); 0 or 1 = one.
+   * K > 1 logs in K times (initiator names NAME, NAME-s2, ... NAME-sK) and
+   * cuts each call's requests into K shares run at once: for a learner that
+   * one connection caps (doc/libblkps.md "Several sessions per LUN"). The
+   * server still counts one learner per LUN; exactly-once holds per
+   * session. A path refuses K > 1 with -EINVAL. */
+  uint32_t sessions;
 } blkps_open_options;
 
 /* Opens `target`: a path (regular file or block device) or

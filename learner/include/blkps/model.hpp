@@ -67,6 +67,13 @@ struct OpenOptions {
   // Pull still take float32 arrays and convert (blkps/wire_dtype.hpp).
   // Open() fails with -EINVAL on another name.
   std::string dtype;
+  // iSCSI sessions per LUN (each shard's, over a layout:); 0 or 1 = one. K >
+  // 1 logs in K times (initiator names NAME, NAME-s2, ... NAME-sK) and cuts
+  // each call's requests into K shares run at once, for a learner that one
+  // connection caps (doc/libblkps.md "Several sessions per LUN"). The
+  // server still counts one learner per LUN (its slot); exactly-once holds
+  // per session. Open() fails with -EINVAL for a path and K > 1.
+  uint32_t sessions = 0;
 };
 
 class BLKPS_EXPORT Model {

@@ -43,6 +43,7 @@ class _OpenOptions(ctypes.Structure):
         ("queue_depth", ctypes.c_uint32),
         ("initiator_name", ctypes.c_char_p),
         ("dtype", ctypes.c_char_p),
+        ("sessions", ctypes.c_uint32),
     ]
 
 
@@ -237,12 +238,12 @@ def _library():
     return _lib
 
 
-def _open_options(request_bytes, queue_depth, initiator_name, dtype):
+def _open_options(request_bytes, queue_depth, initiator_name, dtype, sessions=0):
     """blkps_open_options from Model's and Engine's keyword arguments."""
     return _OpenOptions(
         request_bytes, queue_depth,
         initiator_name.encode() if initiator_name is not None else None,
-        dtype.encode() if dtype is not None else None)
+        dtype.encode() if dtype is not None else None, sessions)
 
 
 class _Handle:
@@ -358,15 +359,17 @@ class Model(_Handle):
     _CLOSE, _LAST_ERROR = "blkps_close", "blkps_last_error"
 
     def __init__(self, target, request_bytes=0, queue_depth=0,
-                 initiator_name=None, dtype=None):
+                 initiator_name=None, dtype=None, sessions=0):
         """Opens `target`. request_bytes (per I/O request) and queue_depth
         (requests in flight) of 0 take libblkps's defaults (1 MiB, or 256 KiB
         for iser://, its most; 16); initiator_name is the iSCSI initiator IQN (None:
         libblkps's default). dtype is the LUN's --bsopts dtype: None or
         "float32", "bfloat16", "float16" (doc/server.md "16-bit wire"); push and
-        pull still take and give float32 arrays."""
+        pull still take and give float32 arrays. sessions: iSCSI sessions per
+        LUN (each shard's), 0 or 1 = one (doc/libblkps.md "Several sessions
+        per LUN")."""
         self._open("blkps_open", target,
-                   _open_options(request_bytes, queue_depth, initiator_name, dtype))
+                   _open_options(request_bytes, queue_depth, initiator_name, dtype, sessions))
 
     @property
     def size_bytes(self):
