@@ -38,7 +38,8 @@ constexpr char kUsage[] = "usage: blkps-call-cost-bench --target TARGET [options
                           "  --total N     bytes moved per measurement (default 32M)\n"
                           "  --buckets 'N ...'  bucket sizes (default '64K 256K 1M 4M 32M')\n"
                           "  --ops 'push pull exchange'  operations to measure (default all three)\n"
-                          "  --rounds N    interleaved rounds, medians reported (default 5)\n";
+                          "  --rounds N    interleaved rounds, medians reported (default 5)\n"
+                          "  --sessions K  iSCSI sessions per LUN (OpenOptions::sessions; default 1)\n";
 
 [[noreturn]] void Fail(const std::string& message) {
   fprintf(stderr, "blkps-call-cost-bench: %s\n", message.c_str());
@@ -66,6 +67,7 @@ struct Options {
   std::vector<uint64_t> buckets;
   std::vector<std::string> ops = {"push", "pull", "exchange"};
   int rounds = 5;
+  uint32_t sessions = 1;
 };
 
 Options Parse(int argc, char** argv) {
@@ -87,6 +89,8 @@ Options Parse(int argc, char** argv) {
       buckets = value;
     } else if (arg == "--ops") {
       options.ops = Words(value);
+    } else if (arg == "--sessions") {
+      options.sessions = static_cast<uint32_t>(Number(arg, value));
     } else if (arg == "--rounds") {
       options.rounds = static_cast<int>(Number(arg, value));
     } else {
@@ -153,13 +157,16 @@ double MeasureStreamed(blkps::Model& model, const std::string& op, uint64_t para
 int main(int argc, char** argv) {
   const Options options = Parse(argc, argv);
   std::string error;
-  std::unique_ptr<blkps::Model> model = blkps::Model::Open(options.target, blkps::OpenOptions(), &error);
+  blkps::OpenOptions open;
+  open.sessions = options.sessions;
+  std::unique_ptr<blkps::Model> model = blkps::Model::Open(options.target, open, &error);
   if (!model) Fail(error);
   const uint64_t params = std::min(options.total / 4, model->param_capacity());
   // Gradients of 1e-30 leave a served model's weights as they are.
   std::vector<float> grad(params, 1e-30f), out(params);
-  printf("%s, %llu bytes per measurement, medians of %d rounds (request %llu bytes, exchange %llu, depth %u)\n\n",
-         options.target.c_str(), static_cast<unsigned long long>(params * 4), options.rounds,
+  printf("%s, %u session(s) per LUN, %llu bytes per measurement, medians of %d rounds (request %llu bytes, exchange "
+         "%llu, depth %u)\n\n",
+         options.target.c_str(), options.sessions, static_cast<unsigned long long>(params * 4), options.rounds,
          static_cast<unsigned long long>(model->request_bytes()),
          static_cast<unsigned long long>(model->exchange_request_bytes()), model->queue_depth());
   printf(
