@@ -29,6 +29,9 @@ namespace {
 constexpr uint64_t kParams = 20480;  // 20 stripe units of 4 KiB
 constexpr float kUntouched = -7.5f;
 
+// A model of kParams whose rule adds each gradient (w += g): exact sums.
+std::string SumModel() { return "params=" + std::to_string(kParams) + ";rule=sum;block=1K"; }
+
 std::unique_ptr<blkps::Model> OpenModel(const std::string& target, const char* dtype = nullptr) {
   blkps::OpenOptions o;
   o.request_bytes = 1024;  // many requests per submission
@@ -73,8 +76,7 @@ std::vector<std::pair<uint64_t, uint64_t>> Buckets(uint64_t params) {
 // shards: every ticket completes once, GOOD; each exchange's `out` holds
 // the model with its own bucket's gradient; the pulls read the model.
 TEST(Stream, SubmissionsCompleteOnceAndEqualTheSynchronousCalls) {
-  const std::string bsopts = "params=" + std::to_string(kParams) + ";rule=sum;block=1K";
-  TargetProcess target(bsopts);
+  TargetProcess target(SumModel());
   ASSERT_TRUE(target.ok()) << target.start_output();
   std::string out;
   ASSERT_EQ(target.Admin("--lld iscsi --op new --mode logicalunit --tid 1 --lun 5 --bstype blkps "
@@ -170,7 +172,7 @@ TEST(Stream, SubmissionsCompleteOnceAndEqualTheSynchronousCalls) {
 // blocks: one after the other, in submission order) and reads the weights
 // with that push, whatever else is in flight.
 TEST(Stream, APullSubmittedAfterAPushOfItsRangeSeesThePush) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;block=1K");
+  TargetProcess target(SumModel());
   ASSERT_TRUE(target.ok()) << target.start_output();
   auto model = OpenModel(target.url(1));
   ASSERT_NE(model, nullptr);
@@ -189,7 +191,7 @@ TEST(Stream, APullSubmittedAfterAPushOfItsRangeSeesThePush) {
 // to a float32 LUN) is refused by the submission with the same errno and no
 // ticket; the submissions around it complete GOOD.
 TEST(Stream, ARefusedSubmissionGetsNoTicketAndLeavesTheOthers) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;block=1K");
+  TargetProcess target(SumModel());
   ASSERT_TRUE(target.ok()) << target.start_output();
   auto model = OpenModel(target.url(1));
   ASSERT_NE(model, nullptr);
@@ -216,7 +218,7 @@ TEST(Stream, ARefusedSubmissionGetsNoTicketAndLeavesTheOthers) {
 // the same error, else completes GOOD; the next submission runs (through
 // the C API, whose completions carry the message).
 TEST(Stream, ATargetRefusalFailsItsTicketWithTheSynchronousError) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;block=1K");
+  TargetProcess target(SumModel());
   ASSERT_TRUE(target.ok()) << target.start_output();
   blkps_model* m = nullptr;
   char err[512] = "";

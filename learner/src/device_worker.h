@@ -4,7 +4,8 @@
 //
 // RunEach runs job(k) for every k with busy[k]: the first on the caller's
 // thread, the others on workers[k], and returns every result once all have
-// ended. Thread-safety: a worker and RunEach are driven by one thread.
+// ended; SumOver adds up the parts' counters. Thread-safety: a worker and
+// RunEach are driven by one thread.
 
 #ifndef BLKPS_LEARNER_DEVICE_WORKER_H_
 #define BLKPS_LEARNER_DEVICE_WORKER_H_
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "device.h"
 #include "status.h"
 
 namespace blkps {
@@ -103,6 +105,15 @@ inline std::vector<Status> RunEach(std::vector<std::unique_ptr<DeviceWorker>>& w
     if (busy[k]) results[k] = workers[k]->Wait();
   }
   return results;
+}
+
+// A counter of a device made of `parts` (pushed_bytes_lost, reconnects,
+// reconnect_seconds): the sum of the parts'.
+template <typename T>
+T SumOver(const std::vector<std::unique_ptr<Device>>& parts, T (Device::*counter)() const) {
+  T sum = 0;
+  for (const auto& part : parts) sum += ((*part).*counter)();
+  return sum;
 }
 
 }  // namespace blkps

@@ -63,24 +63,6 @@ Status SessionGroup::Sync() {
   return RunOnSessions(std::vector<bool>(sessions_.size(), true), [this](uint32_t s) { return sessions_[s]->Sync(); });
 }
 
-uint64_t SessionGroup::pushed_bytes_lost() const {
-  uint64_t lost = 0;
-  for (const auto& session : sessions_) lost += session->pushed_bytes_lost();
-  return lost;
-}
-
-uint64_t SessionGroup::reconnects() const {
-  uint64_t count = 0;
-  for (const auto& session : sessions_) count += session->reconnects();
-  return count;
-}
-
-double SessionGroup::reconnect_seconds() const {
-  double seconds = 0;
-  for (const auto& session : sessions_) seconds += session->reconnect_seconds();
-  return seconds;
-}
-
 std::unique_ptr<Device> OpenSessionGroup(const std::string& url, const std::string& initiator_name, uint32_t sessions,
                                          Status* status) {
   try {

@@ -51,9 +51,9 @@ class SessionGroup : public Device {
   // Syncs every session (a SYNCHRONIZE CACHE after each one's writes).
   Status Sync() override;
   // Summed over the sessions.
-  uint64_t pushed_bytes_lost() const override;
-  uint64_t reconnects() const override;
-  double reconnect_seconds() const override;
+  uint64_t pushed_bytes_lost() const override { return SumOver(sessions_, &Device::pushed_bytes_lost); }
+  uint64_t reconnects() const override { return SumOver(sessions_, &Device::reconnects); }
+  double reconnect_seconds() const override { return SumOver(sessions_, &Device::reconnect_seconds); }
 
  private:
   // `requests` cut into one contiguous share per session, in order, of

@@ -278,22 +278,4 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
   }
 }
 
-uint64_t StripedDevice::pushed_bytes_lost() const {
-  uint64_t lost = 0;
-  for (const auto& shard : shards_) lost += shard->pushed_bytes_lost();
-  return lost;
-}
-
-uint64_t StripedDevice::reconnects() const {
-  uint64_t count = 0;
-  for (const auto& shard : shards_) count += shard->reconnects();
-  return count;
-}
-
-double StripedDevice::reconnect_seconds() const {
-  double seconds = 0;
-  for (const auto& shard : shards_) seconds += shard->reconnect_seconds();
-  return seconds;
-}
-
 }  // namespace blkps

@@ -67,12 +67,12 @@ class StripedDevice : public Device {
 
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
-  uint64_t pushed_bytes_lost() const override;
+  uint64_t pushed_bytes_lost() const override { return SumOver(shards_, &Device::pushed_bytes_lost); }
   // Every shard serves rows of one width (table=ITS_ROWS:WIDTH): shard 0's.
   uint64_t table_width() const override { return shards_[0]->table_width(); }
   // Summed over the shards.
-  uint64_t reconnects() const override;
-  double reconnect_seconds() const override;
+  uint64_t reconnects() const override { return SumOver(shards_, &Device::reconnects); }
+  double reconnect_seconds() const override { return SumOver(shards_, &Device::reconnect_seconds); }
 
  private:
   StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,

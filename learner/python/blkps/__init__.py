@@ -13,7 +13,9 @@ server applies them), ``pull`` reads the current weights::
 
 A target is a file or block device path, iscsi://host[:port]/<target-iqn>/<lun>,
 iser://... (same shape) or layout:PATH (a model striped over shards; see
-doc/server.md "Sharding"). ``Engine`` is the double-buffered training loop. Errors
+doc/server.md "Sharding"). ``submit_push``/``submit_pull_into``/``submit_exchange``
+return a ticket at once and ``complete`` reports them (doc/libblkps.md
+"Streaming"). ``Engine`` is the double-buffered training loop. Errors
 raise ``OSError(errno, message)`` with libblkps's one-line message.
 
 A Model is used by one thread at a time; open one per thread. The library
@@ -368,6 +370,7 @@ class Model(_Handle):
         pull still take and give float32 arrays. sessions: iSCSI sessions per
         LUN (each shard's), 0 or 1 = one (doc/libblkps.md "Several sessions
         per LUN")."""
+        self._submitted = {}  # ticket -> (grad, out), alive until completed
         self._open("blkps_open", target,
                    _open_options(request_bytes, queue_depth, initiator_name, dtype, sessions))
 
@@ -467,7 +470,7 @@ class Model(_Handle):
         args = [v for v in values if v is not None]
         self._check(getattr(self._lib, function)(self._open_handle(), first_param, *args, count,
                                                  ctypes.byref(ticket)))
-        self.__dict__.setdefault("_submitted", {})[ticket.value] = (grad, out)
+        self._submitted[ticket.value] = (grad, out)
         return ticket.value
 
     def submit_push(self, first_param, grad):
@@ -513,7 +516,7 @@ class Model(_Handle):
             self._check(n)
         completions = []
         for c in ended[:n]:
-            _, out = self.__dict__.get("_submitted", {}).pop(c.ticket, (None, None))
+            _, out = self._submitted.pop(c.ticket, (None, None))
             error = OSError(-c.result, c.error.decode(errors="replace")) if c.result != 0 else None
             completions.append(Completion(c.ticket, out, error))
         return completions
