@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "session_group.h"
+
 namespace blkps {
 
 const char* DirectionName(Direction direction) { return direction == Direction::kRead ? "read" : "write"; }
@@ -29,11 +31,24 @@ Status Device::Exchange(const std::vector<IoRequest>& writes, const std::vector<
 }
 
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status) {
+  return OpenDevice(target, initiator_name, 1, status);
+}
+
+std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, uint32_t sessions,
+                                   Status* status) {
   if (target.rfind("iscsi://", 0) == 0 || target.rfind("iser://", 0) == 0) {
-    return OpenIscsiDevice(target, initiator_name, status);
+    return sessions > 1 ? OpenSessionGroup(target, initiator_name, sessions, status)
+                        : OpenIscsiDevice(target, initiator_name, status);
   }
   if (target.rfind("layout:", 0) == 0) {
-    return OpenStripedDevice(target.substr(7), initiator_name, status);
+    return OpenStripedDevice(target.substr(7), initiator_name, sessions, status);
+  }
+  if (sessions > 1) {
+    *status = Status::Error(EINVAL,
+                            "%s: several sessions (sessions=%u) need an iscsi://, iser:// or layout: target; a "
+                            "path has no session: open it with sessions 0 or 1",
+                            MaskTarget(target).c_str(), sessions);
+    return nullptr;
   }
   if (target.find("://") != std::string::npos) {
     *status = Status::Error(EINVAL,

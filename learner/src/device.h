@@ -140,6 +140,11 @@ class Device {
 // "iqn.2026-11.io.blkps:learner-<host>-<pid>". Ignored for paths.
 // On failure returns nullptr and stores the reason in *status.
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status);
+// With `sessions` > 1, an iscsi:// or iser:// target (each shard of a
+// layout:) is reached through that many sessions at once (session_group.h);
+// a path refuses it (-EINVAL).
+std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, uint32_t sessions,
+                                   Status* status);
 
 std::unique_ptr<Device> OpenFileDevice(const std::string& path, Status* status);
 // OpenFileDevice with `open_file` in place of open(2) (same arguments, -1 and
@@ -174,7 +179,7 @@ Status ReadChapFile(const std::string& path, ChapCredentials* out);
 
 // `layout:` targets: see striped_device.h and shard_layout.h.
 std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const std::string& initiator_name,
-                                          Status* status);
+                                          uint32_t sessions, Status* status);
 
 }  // namespace blkps
 

@@ -56,17 +56,6 @@ int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents) {
   return result;
 }
 
-namespace {
-
-constexpr uint64_t kDefaultRequestBytes = 1 << 20;
-
-// How long poll() may wait: kPollTimeoutMs, less if the deadline is sooner.
-int PollMs(Deadline deadline) {
-  if (deadline == kNoDeadline) return kPollTimeoutMs;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kPollTimeoutMs));
-}
-
 // "iqn.2026-11.io.blkps:learner-<host>-<pid>", the host name folded to the
 // characters an IQN allows.
 std::string DefaultInitiatorName() {
@@ -79,6 +68,17 @@ std::string DefaultInitiatorName() {
     name += allowed ? static_cast<char>(tolower(ch)) : '-';
   }
   return name + "-" + std::to_string(getpid());
+}
+
+namespace {
+
+constexpr uint64_t kDefaultRequestBytes = 1 << 20;
+
+// How long poll() may wait: kPollTimeoutMs, less if the deadline is sooner.
+int PollMs(Deadline deadline) {
+  if (deadline == kNoDeadline) return kPollTimeoutMs;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kPollTimeoutMs));
 }
 
 // Services `iscsi` once: waits up to PollMs(deadline) for its socket (or

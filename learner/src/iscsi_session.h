@@ -63,6 +63,10 @@ std::string LastError(iscsi_context* iscsi);
 // libiscsi runs, and one it raised is taken back.
 int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents);
 
+// "iqn.2026-11.io.blkps:learner-<host>-<pid>", the host name folded to the
+// characters an IQN allows: the initiator name when the user gives none.
+std::string DefaultInitiatorName();
+
 // What it takes to log in again.
 struct SessionSpec {
   std::string name;  // the URL without credentials, for messages

@@ -11,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "device_worker.h"
 #include "shard_layout.h"
 
 namespace blkps {
@@ -28,63 +29,6 @@ const char* Reason(const Status& status) {
 }
 
 }  // namespace
-
-// Runs one job at a time on its own thread, for one shard.
-class StripedDevice::Worker {
- public:
-  Worker() : thread_(&Worker::Run, this) {}
-
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-
-  // REQUIRES: no job running (Wait() returned since the last Start()).
-  void Start(std::function<Status()> job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_ = std::move(job);
-      busy_ = true;
-    }
-    changed_.notify_all();
-  }
-
-  // Waits for the job given to Start() and returns its result.
-  Status Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [this] { return !busy_; });
-    return result_;
-  }
-
- private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      changed_.wait(lock, [this] { return stop_ || job_ != nullptr; });
-      if (stop_) return;
-      std::function<Status()> job = std::move(job_);
-      job_ = nullptr;
-      lock.unlock();
-      Status result = job();
-      lock.lock();
-      result_ = std::move(result);
-      busy_ = false;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<Status()> job_;  // guarded by mutex_
-  Status result_;                // guarded by mutex_
-  bool busy_ = false;            // guarded by mutex_
-  bool stop_ = false;            // guarded by mutex_
-  std::thread thread_;           // last: starts once the members above exist
-};
 
 std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
                                                      std::vector<std::string> names, Status* status) {
@@ -137,7 +81,7 @@ StripedDevice::StripedDevice(const StripeMap& map, uint32_t block_size, std::vec
   // One shard needs no worker: the caller's thread runs it.
   if (shards_.size() > 1) {
     for (size_t s = 0; s < shards_.size(); ++s) {
-      workers_.push_back(std::unique_ptr<Worker>(new Worker()));
+      workers_.push_back(std::make_unique<DeviceWorker>());
     }
   }
 }
@@ -169,25 +113,8 @@ uint64_t StripedDevice::max_request_bytes() const {
 }
 
 Status StripedDevice::RunOnShards(const std::vector<bool>& busy, const std::function<Status(uint32_t)>& job) {
-  const uint32_t count = static_cast<uint32_t>(shards_.size());
-  // The first busy shard runs on the caller's thread, the others on their
-  // workers.
-  std::vector<Status> results(count);  // before any worker starts
-  uint32_t first = count;
-  for (uint32_t s = 0; s < count; ++s) {
-    if (!busy[s]) continue;
-    if (first == count) {
-      first = s;
-    } else {
-      workers_[s]->Start([&job, s] { return job(s); });
-    }
-  }
-  if (first == count) return Status();
-  results[first] = job(first);
-  for (uint32_t s = first + 1; s < count; ++s) {
-    if (busy[s]) results[s] = workers_[s]->Wait();
-  }
-  for (uint32_t s = 0; s < count; ++s) {
+  const std::vector<Status> results = RunEach(workers_, busy, job);
+  for (size_t s = 0; s < results.size(); ++s) {
     if (!results[s].ok()) {
       return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(), Reason(results[s]));
     }
@@ -325,7 +252,7 @@ Status StripedDevice::Sync() {
 }
 
 std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const std::string& initiator_name,
-                                          Status* status) {
+                                          uint32_t sessions, Status* status) {
   try {
     ShardLayout layout;
     *status = ReadShardLayout(layout_path, &layout);
@@ -337,7 +264,7 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
       names.push_back(layout_path + ":" + std::to_string(shard.line) + ": shard " + std::to_string(s) + " (" +
                       shard.target + ")");
       Status opened;
-      std::unique_ptr<Device> device = OpenDevice(shard.target, initiator_name, &opened);
+      std::unique_ptr<Device> device = OpenDevice(shard.target, initiator_name, sessions, &opened);
       if (device == nullptr) {
         *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(), Reason(opened));
         return nullptr;
@@ -349,24 +276,6 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
     *status = Status::Error(ENOMEM, "out of memory opening layout %s", layout_path.c_str());
     return nullptr;
   }
-}
-
-uint64_t StripedDevice::pushed_bytes_lost() const {
-  uint64_t lost = 0;
-  for (const auto& shard : shards_) lost += shard->pushed_bytes_lost();
-  return lost;
-}
-
-uint64_t StripedDevice::reconnects() const {
-  uint64_t count = 0;
-  for (const auto& shard : shards_) count += shard->reconnects();
-  return count;
-}
-
-double StripedDevice::reconnect_seconds() const {
-  double seconds = 0;
-  for (const auto& shard : shards_) seconds += shard->reconnect_seconds();
-  return seconds;
 }
 
 }  // namespace blkps

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "device.h"
+#include "device_worker.h"
 #include "stripe_map.h"
 
 namespace blkps {
@@ -66,16 +67,14 @@ class StripedDevice : public Device {
 
   // Syncs every shard at once (on blkps servers: each checkpoints its part).
   Status Sync() override;
-  uint64_t pushed_bytes_lost() const override;
+  uint64_t pushed_bytes_lost() const override { return SumOver(shards_, &Device::pushed_bytes_lost); }
   // Every shard serves rows of one width (table=ITS_ROWS:WIDTH): shard 0's.
   uint64_t table_width() const override { return shards_[0]->table_width(); }
   // Summed over the shards.
-  uint64_t reconnects() const override;
-  double reconnect_seconds() const override;
+  uint64_t reconnects() const override { return SumOver(shards_, &Device::reconnects); }
+  double reconnect_seconds() const override { return SumOver(shards_, &Device::reconnect_seconds); }
 
  private:
-  class Worker;
-
   StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
                 std::vector<std::string> names);
 
@@ -98,7 +97,7 @@ class StripedDevice : public Device {
   const uint32_t block_size_;
   std::vector<std::unique_ptr<Device>> shards_;
   std::vector<std::string> names_;
-  std::vector<std::unique_ptr<Worker>> workers_;  // one per shard
+  std::vector<std::unique_ptr<DeviceWorker>> workers_;  // one per shard (none for one shard)
 };
 
 }  // namespace blkps
