@@ -168,7 +168,7 @@ def train(cfg):
         import blkps.torch as bps
         bps.init()
         compression = bps.Compression.bf16 if cfg["wire_dtype"] == "bfloat16" else bps.Compression.none
-        # Rank 0 times each module's wait for weights around the optimizer's own forward pre-hook.
+        # Rank 0 gives each wait for weights to its module (its pre-hook runs before the optimizer's).
         waits = gpu_waits.ModuleWaits(torch, model) if int(os.environ.get("RANK", "0")) == 0 else None
         # The layout's control LUNs are the job's control: the mode, and the
         # broadcast, as in training. overlap_pull is a CUDA model's default;
@@ -177,7 +177,7 @@ def train(cfg):
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), compression=compression,
                                        **optimizer_options(bps, cfg))
         if waits is not None:
-            waits.after_optimizer(opt)
+            waits.watch(opt)
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -186,11 +186,14 @@ def train(cfg):
             sync(torch, device)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             if cfg["blkps"]:
-                seconds0, transfers0 = dict(opt.seconds), opt.transfers
+                seconds0, transfers0 = dict(opt.seconds), getattr(opt, "transfers", 0)
                 if waits is not None:
                     waits.reset()
         opt.zero_grad()
-        loss_of(torch, name, model, x, y).backward()
+        loss = loss_of(torch, name, model, x, y)
+        if waits is not None:
+            waits.forward_done()
+        loss.backward()
         opt.step()
     if cfg["blkps"]:
         opt.wait_weights()
@@ -201,7 +204,7 @@ def train(cfg):
         memory["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 1e6, 1)
     if cfg["blkps"]:  # where the time goes, ms per timed step (warm-up excluded)
         spent = {k: round(1000 * (v - seconds0.get(k, 0.0)) / steps, 2) for k, v in opt.seconds.items()}
-        transfers = round((opt.transfers - transfers0) / steps, 2)
+        transfers = round((getattr(opt, "transfers", 0) - transfers0) / steps, 2)
         if waits is not None:
             module_waits = waits.summary(steps, embedding="wte" if name == "gpt2" else None)
             waits.close()
@@ -361,7 +364,6 @@ def measure(args, run, batch, alone, with_transfers, timeout):
                         "--owner-pid", str(os.getpid()), "--bsopts", bsopts, "--plugin", plugin],
                        check=True, stdout=subprocess.DEVNULL, timeout=timeout)
         pids = tgtd_pids(folder)
-        before = tgtd_cpu_s(pids)
         cfg = {"model": run.model, "batch": batch // run.learners, "blkps": True, "wire_dtype": run.wire,
                "steps": args.steps, "warmup": args.warmup, "device": args.device,
                "pull_during_backward": {"yes": True, "no": False}.get(args.pull_during_backward),
@@ -378,6 +380,7 @@ def measure(args, run, batch, alone, with_transfers, timeout):
             row["transfers_alone_ms"] = run_ranks([sys.executable, __file__, "--transfers", json.dumps(
                 {"params": params, "wire_dtype": run.wire, "reps": reps})], envs[:1],
                 max(deadline - time.monotonic(), 1))[0]
+        before = tgtd_cpu_s(pids)  # the learners' only: from their start to their end
         outs = run_learners(cfg, envs, max(deadline - time.monotonic(), 1))
         tgtd = tgtd_cpu_s(pids) - before
     except (RuntimeError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:

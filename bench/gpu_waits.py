@@ -1,13 +1,13 @@
 """Where a blkps.torch learner waits for weights, module by module
 (bench/gpu.sh's rank 0; doc/gpu.md "bench/gpu.sh"). blkps.torch's
 forward pre-hook makes each module wait for the buckets it reads; this
-module times that hook from the outside, so the optimizer is not changed:
+module times those waits from the outside, so the optimizer is not changed:
 
-- on the CPU: a global forward pre-hook registered before the optimizer's
-  and one after it; what the optimizer's seconds["weights_wait"] (its
-  wait for weights still arriving on the host) grew by between the two is
-  that module's. Built before the optimizer (ModuleWaits), finished after
-  it (after_optimizer());
+- on the CPU: what the optimizer's seconds["weights_wait"] (its wait for
+  weights still arriving on the host) grows by from one module's forward
+  pre-hooks to the next module's, or to the end of the forward (forward());
+  a global pre-hook registered before the optimizer's hooks runs first
+  for each module, so each wait is given to the module it was made for;
 - on the GPU: the compute stream's stall on a bucket whose copy had not
   landed when the wait was queued, timed by a pair of CUDA events around
   it (a GPU wait, which no CPU clock sees), given to the module whose
@@ -21,38 +21,38 @@ TOP_MODULES = 5  # the modules the summary names, most waited first
 
 class ModuleWaits:
     """The waits for weights of `model`'s modules. REQUIRES: built before
-    the optimizer registers its forward pre-hook, after_optimizer() called
-    after it, both on the training thread."""
+    the optimizer (its pre-hook runs before the optimizer's), watch(opt)
+    after it, forward_done() after each forward; all on the training
+    thread."""
 
     def __init__(self, torch, model):
         self._torch = torch
         self._names = {id(m): name or "(model)" for name, m in model.named_modules()}
         self._cpu, self._gpu_events = {}, []
-        self._module, self._seconds, self._waited = None, None, None
-        hooks = torch.nn.modules.module
-        self._handles = [hooks.register_module_forward_pre_hook(self._before)]
+        self._seconds, self._module, self._mark = {}, None, 0.0
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._entered)
 
-    def after_optimizer(self, opt):
-        """Adds the hook that runs after `opt`'s; on a CUDA model (opt.flat,
-        its FlatModel) times the stream's stalls too."""
-        hooks = self._torch.nn.modules.module
+    def watch(self, opt):
+        """Follows `opt`'s weights_wait; on a CUDA model (opt.flat, its
+        FlatModel) times the stream's stalls too."""
         self._seconds = getattr(opt, "seconds", {})
-        self._handles.append(hooks.register_module_forward_pre_hook(self._after))
         flat = getattr(opt, "flat", None)
         if flat is not None and getattr(flat, "device", None) is not None and flat.device.type == "cuda" \
                 and hasattr(flat, "wait_weights") and hasattr(flat, "weights_landed"):
             self._time_stalls(flat)
 
-    def _before(self, module, _inputs):
-        self._module = module
-        self._waited = self._seconds.get("weights_wait") if self._seconds is not None else None
+    def _entered(self, module, _inputs):
+        self.forward_done()
+        self._module, self._mark = module, self._seconds.get("weights_wait", 0.0)
 
-    def _after(self, module, _inputs):
-        if self._module is module and self._waited is not None:
-            waited = self._seconds.get("weights_wait", 0.0) - self._waited
+    def forward_done(self):
+        """Gives the wait since the last module's pre-hooks to that module."""
+        if self._module is not None:
+            waited = self._seconds.get("weights_wait", 0.0) - self._mark
             if waited > 0:
-                name = self._names.get(id(module), type(module).__name__)
+                name = self._names.get(id(self._module), type(self._module).__name__)
                 self._cpu[name] = self._cpu.get(name, 0.0) + waited
+            self._module = None
 
     def _time_stalls(self, flat):
         torch, wait = self._torch, flat.wait_weights
@@ -71,11 +71,10 @@ class ModuleWaits:
 
     def reset(self):
         """Counts from here (the first timed step)."""
-        self._cpu, self._gpu_events = {}, []
+        self._cpu, self._gpu_events, self._module = {}, [], None
 
     def close(self):
-        for h in self._handles:
-            h.remove()
+        self._handle.remove()
 
     def summary(self, steps, embedding=None):
         """ms per step over `steps`: the CPU waits and (on a GPU) the
