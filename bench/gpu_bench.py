@@ -353,7 +353,8 @@ def measure(args, run, batch, alone, with_transfers, timeout):
     row = run_head(args, run, batch)
     params = alone["params"]
     folder = tempfile.mkdtemp(prefix="blkps-gpu-bench-")
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     try:
         dtype = f";dtype={run.wire}" if run.wire != "float32" else ""
         bsopts = f"params={params};rule=sgd;lr={LR};mode={run.mode}{dtype}"
@@ -384,10 +385,14 @@ def measure(args, run, batch, alone, with_transfers, timeout):
         outs = run_learners(cfg, envs, max(deadline - time.monotonic(), 1))
         tgtd = tgtd_cpu_s(pids) - before
     except (RuntimeError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        return dict(row, failed=str(e))
+        row["failed"] = str(e)
     finally:
         subprocess.run([*BLKPS, "shards", "stop", "--dir", folder], stdout=subprocess.DEVNULL)
         shutil.rmtree(folder, ignore_errors=True)
+        # What the run cost the host, start and stop of its shards included: for the next budget.
+        row.update(run_s=round(time.monotonic() - started, 1), alone_run_s=alone["run_s"])
+    if "failed" in row:
+        return row
     if outs[0]["mode"] != run.mode:
         return dict(row, failed=f"the learners found the server in mode {outs[0]['mode']}, not {run.mode}")
     step_ms = max(o["step_ms"] for o in outs)
@@ -438,8 +443,10 @@ def measure_all(args, runs, budget, record):
         if run.model not in alone:
             cfg = {"model": run.model, "batch": batch, "blkps": False, "wire_dtype": "float32",
                    "steps": args.steps, "warmup": args.warmup, "device": args.device}
+            started = time.monotonic()
             try:
-                alone[run.model] = run_learners(cfg, [None], timeout)[0]
+                alone[run.model] = dict(run_learners(cfg, [None], timeout)[0],
+                                        run_s=round(time.monotonic() - started, 1))
             except RuntimeError as e:
                 alone[run.model] = f"alone: {e}"
             timeout = budget.capped(args.run_timeout, RUN_GRACE_S)
@@ -485,6 +492,9 @@ def check(args, cases, timeout, log):
             print(text, end="", flush=True)
             log(text)
             failed += rc not in (0, SKIP)
+        text = f"gpu check: {len(cases)} cases, {failed} failed, in {time.monotonic() - start:.0f} s\n"
+        print(text, end="", flush=True)
+        log(text)
         return 1 if failed else 0
     finally:
         for _, output, proc in procs:
