@@ -404,7 +404,7 @@ def measure(args, run, batch, alone, with_transfers, timeout):
                 pipeline=outs[0]["pipeline"], pull_during_backward=outs[0]["pull_during_backward"],
                 stripe_unit=args.stripe_unit,
                 **({"switch_interval": args.switch_interval} if args.switch_interval else {}),
-                rank0_ms_per_step=outs[0]["ms_per_step"], rank0_transfers=outs[0]["transfers"],
+                rank0_ms_per_step=outs[0]["ms_per_step"], rank0_transfers_per_step=outs[0]["transfers"],
                 rank0_module_waits=outs[0]["module_waits"],
                 rank0_memory=dict(outs[0]["memory"], alone_gpu_peak_mb=alone_peak),
                 memory=learners_memory(outs, alone_peak))

@@ -48,7 +48,7 @@ def _runs(rows):
                    f"{r['ratio']} | {r['learner_cpu_s_per_step']} | {r['tgtd_cpu_s_per_step']} | "
                    f"{t['copy_out']}, {t['exchange']}, {t['push']}, {t['pull']}, {t['step_wait']}, "
                    f"{t['weights_wait']} ({_ms(t, 'gpu_weights_wait')}) | {_ms(t, 'pipeline_wait')} | "
-                   f"{r['rank0_transfers']} |")
+                   f"{r['rank0_transfers_per_step']} |")
     return out
 
 

@@ -593,8 +593,8 @@ def case_bench():
         check(runs == [("async", pipeline), ("bsp", "default")], f"runs {runs}")
         fields = {"model", "params", "batch", "mode", "wire_dtype", "shards", "learners", "step_ms",
                   "standalone_step_ms", "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu",
-                  "rank0_ms_per_step", "rank0_transfers", "rank0_module_waits", "rank0_memory", "memory",
-                  "pipeline", "pull_during_backward", "stripe_unit"}
+                  "rank0_ms_per_step", "rank0_transfers_per_step", "rank0_module_waits", "rank0_memory",
+                  "memory", "pipeline", "pull_during_backward", "stripe_unit", "run_s", "alone_run_s"}
         for r in rows:
             check(fields <= set(r), f"a record lacks {sorted(fields - set(r))}")
             check(r["gpu"] == "cpu (not a GPU figure)", f"a CPU run is labelled {r['gpu']!r}")
@@ -606,7 +606,8 @@ def case_bench():
             t = r["rank0_ms_per_step"]
             check(r["pull_during_backward"] is False and t["push"] > 0 and t["pull"] > 0 and t["exchange"] == 0,
                   f"--pull-during-backward no: {r['pull_during_backward']}, {t}")
-            check(r["rank0_transfers"] >= 2, f"rank 0 made {r['rank0_transfers']} transfers a step")
+            calls = r["rank0_transfers_per_step"]
+            check(calls >= 2, f"rank 0 made {calls} transfers a step")
             waits = r["rank0_module_waits"]["cpu"]
             check(waits["ms_per_step"] <= t["weights_wait"] + 0.05 and len(waits["top"]) <= 5,
                   f"waits by module {waits} beyond the optimizer's weights_wait {t['weights_wait']}")
