@@ -14,11 +14,6 @@
 # With OUT set (a lent GPU host's folder), results and output are copied there too.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-# A lent GPU host's call returns only what is under $OUT: the whole output goes there too.
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  exec > >(tee -a "$OUT/gpu-bench.log") 2>&1
-fi
 for py in "${BLKPS_PYTHON:-}" /usr/bin/python3 python3; do
   if [ -n "$py" ] && "$py" -c 'import torch, numpy' 2>/dev/null; then
     exec "$py" "$top/bench/gpu_bench.py" "$@"

@@ -29,6 +29,7 @@ the same bench on the CPU (with --batch, a smaller batch) to try its
 machinery: its records say "gpu": "cpu (not a GPU figure)".
 """
 import argparse
+import atexit
 import inspect
 import json
 import os
@@ -521,6 +522,32 @@ def list_option(p, args, name, known, default):
     return [int(i) for i in items] if known is None else items
 
 
+def copy_output(path):
+    """From here on, this process's output and its children's (stdout and
+    stderr) also go to `path`, appended: a tee reading a pipe that fds 1
+    and 2 now are. At exit the pipe is closed and the tee has written all
+    (what a process started meanwhile still writes, within 10 s)."""
+    reader, writer = os.pipe()
+    with open(path, "a") as log:
+        tee = subprocess.Popen(["tee", "-a", path], stdin=reader, stdout=os.dup(1), stderr=log,
+                               start_new_session=True)  # a stop ends the bench, then the tee at EOF
+    os.close(reader)
+    os.dup2(writer, 1)
+    os.dup2(writer, 2)
+    os.close(writer)
+
+    def drain():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.close(1)
+        os.close(2)
+        try:  # a daemon started meanwhile may still hold the pipe: the tee is not waited for long
+            tee.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            tee.kill()
+    atexit.register(drain)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--out", help="folder for gpu.json and gpu.md; {gpu} in it: the GPU's name (h100-80gb-hbm3); "
@@ -565,6 +592,9 @@ def main():
     if args.transfers:
         transfers_alone(json.loads(args.transfers))
         return 0
+    if os.environ.get("OUT"):  # a lent GPU host's call returns only what is under $OUT
+        os.makedirs(os.environ["OUT"], exist_ok=True)
+        copy_output(os.path.join(os.environ["OUT"], "gpu-bench.log"))
     budget = gpu_plan.Budget(args.budget_s if args.budget_s is not None or not args.all else ALL_BUDGET_S)
     cases = list_option(p, args, "check-cases", CHECK_CASES, "")
     if args.check:

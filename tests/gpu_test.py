@@ -551,14 +551,17 @@ def case_cuda_async():
         with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
 
 
-def run_bench(out, *options, env=None):
+def run_bench(out, *options, copy_to=None):
     """bench/gpu.sh --device cpu with ResNet-50 at batch 2 on 2 shards, one
-    step after one of warm-up; its exit status. Its shard folders must all
-    be gone after it (a TMPDIR of their own)."""
+    step after one of warm-up, OUT set to `copy_to` (unset: None); its exit
+    status. Its shard folders must all be gone after it (a TMPDIR of their
+    own)."""
     tmp = tempfile.mkdtemp(prefix="blkps-gpu-bench-test-")
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env.update(TMPDIR=tmp, **({"OUT": copy_to} if copy_to else {}))
     rc = subprocess.run([os.path.join(top, "bench", "gpu.sh"), "--out", out, "--build", build, "--device", "cpu",
                          "--models", "resnet50", "--batch", "2", "--shards", "2", "--steps", "1", "--warmup", "1",
-                         *options], env=dict(env or os.environ, TMPDIR=tmp), stdout=subprocess.DEVNULL).returncode
+                         *options], env=env, stdout=subprocess.DEVNULL).returncode
     left = os.listdir(tmp)
     check(not left, f"the bench left {left} in its TMPDIR")
     os.rmdir(tmp)
@@ -633,13 +636,14 @@ def case_bench_all():
     """bench/gpu.sh --all: the check first (its log beside the records),
     then every run in the order doc/gpu.md gives, each a record; past
     --budget-s (0 here) a run is a record "not run (budget)"; the folder
-    is named for the device ({gpu}) and copied into $OUT."""
+    is named for the device ({gpu}) and copied into $OUT, with the whole
+    output."""
     sys.path.insert(0, os.path.join(top, "bench"))
     import gpu_plan
     root = tempfile.mkdtemp(prefix="blkps-gpu-bench-all-")
     try:
         rc = run_bench(os.path.join(root, "results", "{gpu}"), "--all", "--check-cases", "look-ahead-switched",
-                       "--budget-s", "0", env=dict(os.environ, OUT=os.path.join(root, "out")))
+                       "--budget-s", "0", copy_to=os.path.join(root, "out"))
         check(rc == 0, f"bench/gpu.sh --all --budget-s 0 exited with {rc}")
         order = [("async", "on", "float32", 1), ("async", "off", "float32", 1), ("async", "on", "bfloat16", 1),
                  ("async", "off", "bfloat16", 1), ("bsp", "default", "float32", 1), ("bsp", "default", "bfloat16", 1),
@@ -653,6 +657,9 @@ def case_bench_all():
             with open(os.path.join(folder, "check.log")) as f:
                 log = f.read()
             check("gpu check look-ahead-switched: passed" in log, f"check.log: {log!r}")
+        with open(os.path.join(root, "out", "gpu-bench.log")) as f:
+            output = f.read()
+        check("gpu bench: 12 runs" in output, f"$OUT/gpu-bench.log lacks the bench's output: {output!r}")
         print(f"bench --all: the check, then {len(order)} runs in order, each not run past a budget of 0 s")
     finally:
         shutil.rmtree(root, ignore_errors=True)
