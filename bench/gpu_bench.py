@@ -440,6 +440,9 @@ def measure_all(args, runs, budget, record):
         if budget.spent():
             record(dict(run_head(args, run, batch), not_run=gpu_plan.NOT_RUN))
             continue
+        if run.pipeline != "default" and not args.pipeline_option:
+            record(dict(run_head(args, run, batch), failed=PIPELINE_ABSENT))
+            continue
         timeout = budget.capped(args.run_timeout, RUN_GRACE_S)
         if run.model not in alone:
             cfg = {"model": run.model, "batch": batch, "blkps": False, "wire_dtype": "float32",
@@ -453,9 +456,6 @@ def measure_all(args, runs, budget, record):
             timeout = budget.capped(args.run_timeout, RUN_GRACE_S)
         if isinstance(alone[run.model], str):
             record(dict(run_head(args, run, batch), failed=alone[run.model]))
-            continue
-        if run.pipeline != "default" and not args.pipeline_option:
-            record(dict(run_head(args, run, batch), failed=PIPELINE_ABSENT))
             continue
         with_transfers = run.learners == 1 and (run.model, run.wire) not in transfers_done
         row = measure(args, run, batch, alone[run.model], with_transfers, timeout)

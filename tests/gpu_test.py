@@ -583,8 +583,11 @@ def case_bench():
     """bench/gpu.sh on the CPU: the same processes, shards and records as on
     a GPU host, so a GPU host's one run does not fail on the bench itself.
     One run of each server mode (async with the pipeline off where
-    blkps.torch takes pipeline=, else its default; bsp), and a run past
-    --run-timeout."""
+    blkps.torch takes pipeline=, else its default; bsp); a run past
+    --run-timeout, and one asking for a pipeline blkps.torch lacks, are
+    failed records."""
+    sys.path.insert(0, os.path.join(top, "bench"))
+    import gpu_bench
     pipeline = "off" if "pipeline" in inspect.signature(bps.DistributedOptimizer).parameters else "default"
     out = tempfile.mkdtemp(prefix="blkps-gpu-bench-out-")
     try:
@@ -627,7 +630,14 @@ def case_bench():
         rows = bench_records(out)
         check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),
               f"a run past --run-timeout: exit {rc}, records {rows}")
-        print(f"bench: async (pipeline {pipeline}) and bsp on the CPU; a run past --run-timeout is a failed record")
+        if pipeline == "default":  # this blkps.torch has no pipeline=: a run that needs it cannot run
+            rc = run_bench(out, "--pipeline", "on", "--learners", "1", "--wires", "float32")
+            rows = bench_records(out)
+            check(rc != 0 and [r.get("failed") for r in rows] == [gpu_bench.PIPELINE_ABSENT],
+                  f"--pipeline on without blkps.torch's pipeline=: exit {rc}, records {rows}")
+        print(f"bench: async (pipeline {pipeline}) and bsp on the CPU; a run past --run-timeout"
+              + (", or one asking for a pipeline blkps.torch lacks," if pipeline == "default" else "")
+              + " is a failed record")
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
