@@ -32,11 +32,16 @@ Cases:
                  (skipped) without a CUDA device.
   cuda-async     async with 1 learner on CUDA, pulling during backward or
                  after step(), equals the reference; 77 without CUDA.
-  bench          bench/gpu.sh's whole measurement on the CPU (--device cpu,
-                 ResNet-50 at batch 2, 2 shards): a record per run with
-                 every field, learners that exchanged every step, no shard
-                 left; and a run past --run-timeout is a failed record.
+  bench          bench/gpu.sh's measurement on the CPU (--device cpu,
+                 ResNet-50 at batch 2, 2 shards), async and bsp: a record
+                 per run with every field, rank 0's waits by module, no
+                 shard left; and a run past --run-timeout is a failed record.
+  bench-all      bench/gpu.sh --all on the CPU with a budget of 0 s: the
+                 check's log, then every run in its order, each "not run
+                 (budget)", in the folder named for the device and in $OUT.
+  check-cases    bench/gpu.sh --check runs every case here but the bench's.
 """
+import inspect
 import json
 import os
 import shutil
@@ -546,64 +551,139 @@ def case_cuda_async():
         with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
 
 
+def run_bench(out, *options, copy_to=None):
+    """bench/gpu.sh --device cpu with ResNet-50 at batch 2 on 2 shards, one
+    step after one of warm-up, OUT set to `copy_to` (unset: None); its exit
+    status. Its shard folders must all be gone after it (a TMPDIR of their
+    own)."""
+    tmp = tempfile.mkdtemp(prefix="blkps-gpu-bench-test-")
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env.update(TMPDIR=tmp, **({"OUT": copy_to} if copy_to else {}))
+    rc = subprocess.run([os.path.join(top, "bench", "gpu.sh"), "--out", out, "--build", build, "--device", "cpu",
+                         "--models", "resnet50", "--batch", "2", "--shards", "2", "--steps", "1", "--warmup", "1",
+                         *options], env=env, stdout=subprocess.DEVNULL).returncode
+    left = os.listdir(tmp)
+    check(not left, f"the bench left {left} in its TMPDIR")
+    os.rmdir(tmp)
+    return rc
+
+
+def bench_records(out):
+    """gpu.json's records; gpu.md's first table has a row for each."""
+    with open(os.path.join(out, "gpu.json")) as f:
+        rows = json.load(f)
+    with open(os.path.join(out, "gpu.md")) as f:
+        runs = f.read().split("\n## ")[0]
+    table = [line for line in runs.splitlines() if line.startswith("| resnet50 ")]
+    check(len(table) == len(rows), f"gpu.md's table has {len(table)} rows for {len(rows)} records")
+    return rows
+
+
 def case_bench():
     """bench/gpu.sh on the CPU: the same processes, shards and records as on
-    a GPU host, so a GPU host's one run does not fail on the bench itself."""
-    def run(out, *options):
-        # TMPDIR: the bench's shard folders, which must all be gone after it.
-        tmp = tempfile.mkdtemp(prefix="blkps-gpu-bench-test-")
-        env = dict(os.environ, TMPDIR=tmp)
-        rc = subprocess.run([os.path.join(top, "bench", "gpu.sh"), "--out", out, "--build", build, "--device", "cpu",
-                             "--models", "resnet50", "--batch", "2", "--shards", "2", *options], env=env,
-                            stdout=subprocess.DEVNULL).returncode
-        left = os.listdir(tmp)
-        check(not left, f"the bench left {left} in its TMPDIR")
-        os.rmdir(tmp)
-        with open(os.path.join(out, "gpu.json")) as f:
-            rows = json.load(f)
-        with open(os.path.join(out, "gpu.md")) as f:
-            runs, _, alone = f.read().partition("\nThe transfers alone")
-        for text, want in ((runs, rows), (alone, [r for r in rows if "transfers_alone_ms" in r])):
-            table = [line for line in text.splitlines() if line.startswith("| resnet50 ")]
-            check(len(table) == len(want), f"a table of gpu.md has {len(table)} rows for {len(want)} records")
-        return rc, rows
-
+    a GPU host, so a GPU host's one run does not fail on the bench itself.
+    One run of each server mode (async with the pipeline off where
+    blkps.torch takes pipeline=, else its default; bsp); a run past
+    --run-timeout, and one asking for a pipeline blkps.torch lacks, are
+    failed records."""
+    sys.path.insert(0, os.path.join(top, "bench"))
+    import gpu_bench
+    pipeline = "off" if "pipeline" in inspect.signature(bps.DistributedOptimizer).parameters else "default"
     out = tempfile.mkdtemp(prefix="blkps-gpu-bench-out-")
     try:
-        steps, warmup = 2, 1
-        rc, rows = run(out, "--steps", str(steps), "--warmup", str(warmup), "--pull-during-backward", "no")
+        rc = run_bench(out, "--mode", "async,bsp", "--pipeline", pipeline, "--wires", "bfloat16", "--learners", "1",
+                       "--pull-during-backward", "no")
+        rows = bench_records(out)
         check(rc == 0, f"bench/gpu.sh --device cpu exited with {rc}: {[r.get('failed') for r in rows]}")
-        runs = sorted((r["wire_dtype"], r["learners"]) for r in rows)
-        check(runs == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)], f"runs {runs}")
-        fields = {"model", "params", "batch", "wire_dtype", "shards", "learners", "step_ms", "standalone_step_ms",
-                  "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu", "rank0_ms_per_step",
-                  "rank0_transfers", "rank0_memory", "pull_during_backward", "stripe_unit"}
+        runs = [(r["mode"], r["pipeline_asked"]) for r in rows]
+        check(runs == [("async", pipeline), ("bsp", "default")], f"runs {runs}")
+        fields = {"model", "params", "batch", "mode", "wire_dtype", "shards", "learners", "step_ms",
+                  "standalone_step_ms", "ratio", "learner_cpu_s_per_step", "tgtd_cpu_s_per_step", "gpu",
+                  "rank0_ms_per_step", "rank0_transfers_per_step", "rank0_module_waits", "rank0_memory",
+                  "memory", "pipeline", "pull_during_backward", "stripe_unit", "run_s", "alone_run_s"}
         for r in rows:
             check(fields <= set(r), f"a record lacks {sorted(fields - set(r))}")
             check(r["gpu"] == "cpu (not a GPU figure)", f"a CPU run is labelled {r['gpu']!r}")
             check(r["params"] == 25557032 and r["step_ms"] > 0, f"record {r}")
             check(abs(r["ratio"] - r["standalone_step_ms"] / r["step_ms"]) < 2e-3, f"ratio of {r}")
+            check(r["pipeline"] is (False if r["pipeline_asked"] == "off" else r["pipeline"]),
+                  f"pipeline asked {r['pipeline_asked']}, went {r['pipeline']}")
             # Pulled after step(): each step's buckets are pushed, then pulled.
             t = r["rank0_ms_per_step"]
             check(r["pull_during_backward"] is False and t["push"] > 0 and t["pull"] > 0 and t["exchange"] == 0,
                   f"--pull-during-backward no: {r['pull_during_backward']}, {t}")
-            check(r["rank0_transfers"] >= 2 * (steps + warmup),
-                  f"rank 0 made {r['rank0_transfers']} transfers in {steps + warmup} steps")
-            if r["learners"] == 1:  # the ceiling, measured on the same shards
-                calls = {"push", "pull", "exchange", "bucket_push", "bucket_pull", "bucket_exchange"}
-                check(set(r["transfers_alone_ms"]) == calls
-                      and min(r["transfers_alone_ms"].values()) > 0, f"transfers alone {r.get('transfers_alone_ms')}")
+            calls = r["rank0_transfers_per_step"]
+            check(calls >= 2, f"rank 0 made {calls} transfers a step")
+            waits = r["rank0_module_waits"]["cpu"]
+            check(waits["ms_per_step"] <= t["weights_wait"] + 0.05 and len(waits["top"]) <= 5,
+                  f"waits by module {waits} beyond the optimizer's weights_wait {t['weights_wait']}")
             check(r["tgtd_cpu_s_per_step"] > 0, "the shards' tgtd used no CPU")
-            staged = 0 if r["wire_dtype"] == "float32" else 2 * 2 * r["params"]  # a CPU model's staging
-            check(round(staged / 1e6, 1) == r["rank0_memory"]["host_staging_mb"], f"memory of {r}")
-        transfers = [r["rank0_transfers"] for r in rows]
-        rc, rows = run(out, "--steps", "1", "--warmup", "0", "--run-timeout", "0.5")
+            staged = 2 * 2 * r["params"]  # a CPU model's staging on a 16-bit wire
+            check(round(staged / 1e6, 1) == r["memory"]["host_staging_mb"], f"memory of {r}")
+        # The ceiling, measured once per model and wire, on the first one-learner shard set.
+        calls = {"push", "pull", "exchange", "bucket_push", "bucket_pull", "bucket_exchange"}
+        alone = [r.get("transfers_alone_ms") for r in rows]
+        check(alone[1] is None and set(alone[0] or ()) == calls and min(alone[0].values()) > 0,
+              f"transfers alone {alone}")
+        rc = run_bench(out, "--steps", "1", "--warmup", "0", "--learners", "1", "--wires", "float32",
+                       "--run-timeout", "0.5")
+        rows = bench_records(out)
         check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),
               f"a run past --run-timeout: exit {rc}, records {rows}")
-        print(f"bench: 4 runs on the CPU, rank 0 made {transfers} transfers; a run past --run-timeout is a "
-              "failed record")
+        if pipeline == "default":  # this blkps.torch has no pipeline=: a run that needs it cannot run
+            rc = run_bench(out, "--pipeline", "on", "--learners", "1", "--wires", "float32")
+            rows = bench_records(out)
+            check(rc != 0 and [r.get("failed") for r in rows] == [gpu_bench.PIPELINE_ABSENT],
+                  f"--pipeline on without blkps.torch's pipeline=: exit {rc}, records {rows}")
+        print(f"bench: async (pipeline {pipeline}) and bsp on the CPU; a run past --run-timeout"
+              + (", or one asking for a pipeline blkps.torch lacks," if pipeline == "default" else "")
+              + " is a failed record")
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def case_bench_all():
+    """bench/gpu.sh --all: the check first (its log beside the records),
+    then every run in the order doc/gpu.md gives, each a record; past
+    --budget-s (0 here) a run is a record "not run (budget)"; the folder
+    is named for the device ({gpu}) and copied into $OUT, with the whole
+    output."""
+    sys.path.insert(0, os.path.join(top, "bench"))
+    import gpu_plan
+    root = tempfile.mkdtemp(prefix="blkps-gpu-bench-all-")
+    try:
+        rc = run_bench(os.path.join(root, "results", "{gpu}"), "--all", "--check-cases", "look-ahead-switched",
+                       "--budget-s", "0", copy_to=os.path.join(root, "out"))
+        check(rc == 0, f"bench/gpu.sh --all --budget-s 0 exited with {rc}")
+        order = [("async", "on", "float32", 1), ("async", "off", "float32", 1), ("async", "on", "bfloat16", 1),
+                 ("async", "off", "bfloat16", 1), ("bsp", "default", "float32", 1), ("bsp", "default", "bfloat16", 1),
+                 ("async", "on", "float32", 2), ("async", "on", "bfloat16", 2), ("bsp", "default", "float32", 2),
+                 ("bsp", "default", "bfloat16", 2), ("async", "off", "float32", 2), ("async", "off", "bfloat16", 2)]
+        for folder in (os.path.join(root, "results", "cpu"), os.path.join(root, "out", "cpu")):
+            rows = bench_records(folder)
+            runs = [(r["mode"], r["pipeline_asked"], r["wire_dtype"], r["learners"]) for r in rows]
+            check(runs == order, f"--all's runs in {folder}: {runs}")
+            check(all(r.get("not_run") == gpu_plan.NOT_RUN for r in rows), f"runs past the budget: {rows}")
+            with open(os.path.join(folder, "check.log")) as f:
+                log = f.read()
+            check("gpu check look-ahead-switched: passed" in log, f"check.log: {log!r}")
+        with open(os.path.join(root, "out", "gpu-bench.log")) as f:
+            output = f.read()
+        check("gpu bench: 12 runs" in output, f"$OUT/gpu-bench.log lacks the bench's output: {output!r}")
+        print(f"bench --all: the check, then {len(order)} runs in order, each not run past a budget of 0 s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def case_check_cases():
+    """bench/gpu.sh --check runs every case of this file but bench's."""
+    sys.path.insert(0, os.path.join(top, "bench"))
+    import gpu_bench
+    cases = set(CASES) - {"bench", "bench-all", "check-cases"}
+    check(set(gpu_bench.CHECK_CASES) == cases,
+          f"--check lacks {sorted(cases - set(gpu_bench.CHECK_CASES))}, "
+          f"has unknown {sorted(set(gpu_bench.CHECK_CASES) - cases)}: bench/gpu_bench.py CHECK_CASES")
+    print(f"bench/gpu.sh --check runs all {len(cases)} cases but the bench's")
 
 
 def case_look_ahead_switched():
@@ -642,6 +722,8 @@ CASES = {
     "cuda": case_cuda,
     "cuda-async": case_cuda_async,
     "bench": case_bench,
+    "bench-all": case_bench_all,
+    "check-cases": case_check_cases,
 }
 
 if __name__ == "__main__":
