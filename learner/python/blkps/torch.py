@@ -1667,8 +1667,12 @@ def allgather_object(obj, name=None, process_set=None):
 
 
 def barrier(process_set=None):
-    """Returns once every rank has called it."""
+    """Returns once every rank has called it, with the transfers of its
+    DistributedOptimizer done (drain()): after it the server holds every
+    rank's pushes."""
     _check_process_set(process_set)
+    if _optimizer is not None:
+        _optimizer.drain()
     _exchange().exchange("barrier", b"")
 
 
