@@ -178,6 +178,48 @@ TEST(CutConnections, ExchangeReturnsExactWeightsAfterManyCuts) {
   EXPECT_EQ(CountWrong(Weights(target.url()), kExchanges), "");
 }
 
+// Streamed exchanges through cuts (doc/libblkps.md "Streaming"): each
+// round submits the model as 8 buckets and completes them; the batches the
+// stream joins carry writes of several submissions at each cut, and each
+// is still resent only where the receipt lacks it. Every bucket's ticket
+// completes GOOD holding exactly the model with its own push, 60 rounds
+// through 16 cuts.
+TEST(CutConnections, StreamedExchangesReturnExactWeightsAfterManyCuts) {
+  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  constexpr int kRounds = 60, kCuts = 16, kBuckets = 8;
+  proxy.CutAt(RandomCuts(17, kCuts, kRounds * kModelBytes));  // learner-to-target bytes
+  std::string error;
+  auto m = Open(ViaPort(target.url(), proxy.port()), "learner", &error);
+  ASSERT_NE(m, nullptr) << error;
+  const std::vector<float> ones(kParams, 1.0f);
+  std::vector<float> w(kParams);
+  constexpr uint64_t kBucket = kParams / kBuckets;
+  for (int t = 1; t <= kRounds; ++t) {
+    for (uint64_t first = 0; first < kParams; first += kBucket) {
+      blkps::Model::Ticket ticket = 0;
+      ASSERT_EQ(m->SubmitExchange(first, ones.data() + first, w.data() + first, kBucket, &ticket), 0)
+          << m->last_error();
+    }
+    int completed = 0;
+    while (m->outstanding() > 0) {
+      std::vector<blkps::Model::Completion> ended;
+      ASSERT_GE(m->Complete(&ended, kBuckets, -1), 0);
+      for (const blkps::Model::Completion& c : ended) {
+        ASSERT_EQ(c.result, 0) << "round " << t << ", ticket " << c.ticket << ": " << c.error;
+        ++completed;
+      }
+    }
+    ASSERT_EQ(completed, kBuckets) << "round " << t;
+    ASSERT_EQ(CountWrong(w, static_cast<float>(t)), "") << "round " << t;
+  }
+  m.reset();
+  EXPECT_EQ(proxy.cuts(), kCuts);
+  EXPECT_EQ(CountWrong(Weights(target.url()), kRounds), "");
+}
+
 // With CHAP (every reconnect logs in again with BLKPS_CHAP_FILE's
 // credentials) and the learners' control LUN restricted to what learners
 // send (--operator), a learner's own fence= after each reconnect is still

@@ -25,8 +25,8 @@ if layout.receipt_unit <= 0 or layout.weights_offset <= layout.status_offset:
     fail(f"an implausible layout from libblkps: {vars(layout)}")
 mirrors = dict(blkps._MIRRORS, blkps_control_layout=blkps.control._Layout,
                blkps_control_counters=blkps.control._Counters, blkps_control_receipt=blkps.control._Receipt)
-if len(mirrors) != 6:
-    fail(f"expected the six mirrored structs, got {sorted(mirrors)}")
+if len(mirrors) != 7:
+    fail(f"expected the seven mirrored structs, got {sorted(mirrors)}")
 for name, mirror in mirrors.items():
     if lib.blkps_struct_size(name.encode()) != ctypes.sizeof(mirror):
         fail(f"{name}: libblkps {lib.blkps_struct_size(name.encode())} bytes, mirror {ctypes.sizeof(mirror)}")

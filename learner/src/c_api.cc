@@ -111,6 +111,47 @@ int blkps_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad,
   return m->model->Exchange16(first_param, grad, out, count);
 }
 
+int blkps_submit_push(blkps_model* m, uint64_t first_param, const float* grad, uint64_t count, blkps_ticket* ticket) {
+  return m->model->SubmitPush(first_param, grad, count, ticket);
+}
+
+int blkps_submit_pull(blkps_model* m, uint64_t first_param, float* weights, uint64_t count, blkps_ticket* ticket) {
+  return m->model->SubmitPull(first_param, weights, count, ticket);
+}
+
+int blkps_submit_exchange(blkps_model* m, uint64_t first_param, const float* grad, float* out, uint64_t count,
+                          blkps_ticket* ticket) {
+  return m->model->SubmitExchange(first_param, grad, out, count, ticket);
+}
+
+int blkps_submit_push16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint64_t count,
+                        blkps_ticket* ticket) {
+  return m->model->SubmitPush16(first_param, grad, count, ticket);
+}
+
+int blkps_submit_pull16(blkps_model* m, uint64_t first_param, uint16_t* weights, uint64_t count, blkps_ticket* ticket) {
+  return m->model->SubmitPull16(first_param, weights, count, ticket);
+}
+
+int blkps_submit_exchange16(blkps_model* m, uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count,
+                            blkps_ticket* ticket) {
+  return m->model->SubmitExchange16(first_param, grad, out, count, ticket);
+}
+
+int blkps_complete(blkps_model* m, blkps_completion* out, size_t max, int timeout_ms) {
+  std::vector<blkps::Model::Completion> ended;
+  const int n = m->model->Complete(&ended, max, timeout_ms);
+  for (int k = 0; k < n; ++k) {
+    out[k] = blkps_completion();
+    out[k].ticket = ended[k].ticket;
+    out[k].result = ended[k].result;
+    snprintf(out[k].error, sizeof out[k].error, "%s", ended[k].error.c_str());
+  }
+  return n;
+}
+
+uint64_t blkps_outstanding(const blkps_model* m) { return m->model->outstanding(); }
+
 int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf, uint64_t len) {
   return m->model->WriteBytes(offset, buf, len);
 }
@@ -182,6 +223,7 @@ size_t blkps_struct_size(const char* name) {
       {"blkps_control_layout", sizeof(blkps_control_layout)},
       {"blkps_control_counters", sizeof(blkps_control_counters)},
       {"blkps_control_receipt", sizeof(blkps_control_receipt)},
+      {"blkps_completion", sizeof(blkps_completion)},
   };
   for (const auto& s : kStructs) {
     if (name != nullptr && std::strcmp(name, s.name) == 0) return s.bytes;

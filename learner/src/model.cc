@@ -11,8 +11,10 @@
 
 #include "blkps/wire_convert.h"
 #include "device.h"
+#include "model_checks.h"
 #include "row_batch.h"
 #include "status.h"
+#include "stream.h"
 #include "transfer_plan.h"
 
 namespace blkps {
@@ -36,24 +38,6 @@ Status Transfer(Device& device, Direction direction, uint64_t offset, void* buff
     return Status::Error(ENOMEM, "out of memory planning a %s of %llu bytes", DirectionName(direction),
                          static_cast<ull>(length));
   }
-}
-
-// Parameters [first_param, first_param + count) as a byte range of a device
-// of `dtype`, or -ERANGE when it does not fit on the device.
-Status ParamsToBytes(const char* operation, uint64_t first_param, uint64_t count, uint64_t size_bytes,
-                     wire::Dtype dtype, uint64_t* offset, uint64_t* length) {
-  const uint64_t per_param = wire::BytesPerParam(dtype);
-  const uint64_t params_on_device = size_bytes / per_param;
-  if (first_param > params_on_device || count > params_on_device - first_param) {
-    return Status::Error(ERANGE,
-                         "%s of %llu parameters from parameter %llu is past the end of the "
-                         "model (%llu parameters, %llu bytes)",
-                         operation, static_cast<ull>(count), static_cast<ull>(first_param),
-                         static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
-  }
-  *offset = first_param * per_param;
-  *length = count * per_param;
-  return Status();
 }
 
 Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length, const Device& device) {
@@ -119,6 +103,33 @@ Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, u
 
 }  // namespace
 
+// Parameters [first_param, first_param + count) as a byte range of a device
+// of `dtype`, or -ERANGE when it does not fit on the device.
+Status ParamsToBytes(const char* operation, uint64_t first_param, uint64_t count, uint64_t size_bytes,
+                     wire::Dtype dtype, uint64_t* offset, uint64_t* length) {
+  const uint64_t per_param = wire::BytesPerParam(dtype);
+  const uint64_t params_on_device = size_bytes / per_param;
+  if (first_param > params_on_device || count > params_on_device - first_param) {
+    return Status::Error(ERANGE,
+                         "%s of %llu parameters from parameter %llu is past the end of the "
+                         "model (%llu parameters, %llu bytes)",
+                         operation, static_cast<ull>(count), static_cast<ull>(first_param),
+                         static_cast<ull>(params_on_device), static_cast<ull>(size_bytes));
+  }
+  *offset = first_param * per_param;
+  *length = count * per_param;
+  return Status();
+}
+
+// The device must be 16-bit for Push16/Pull16.
+Status Check16(const char* operation, wire::Dtype dtype) {
+  if (dtype != wire::Dtype::kFloat32) return Status();
+  return Status::Error(EINVAL,
+                       "%s: the device is float32; 16-bit values go only to a LUN with --bsopts "
+                       "dtype=bfloat16 or float16 (open it with that dtype)",
+                       operation);
+}
+
 std::unique_ptr<Model> Model::Open(const std::string& target, const OpenOptions& options, std::string* error,
                                    int* error_code) {
   try {
@@ -164,7 +175,21 @@ Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint64_t ex
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
-Model& Model::operator=(Model&&) noexcept = default;
+
+// By hand: this Model's stream must end before its device goes.
+Model& Model::operator=(Model&& other) noexcept {
+  if (this == &other) return *this;
+  stream_ = std::move(other.stream_);
+  device_ = std::move(other.device_);
+  request_bytes_ = other.request_bytes_;
+  exchange_request_bytes_ = other.exchange_request_bytes_;
+  queue_depth_ = other.queue_depth_;
+  dtype_ = other.dtype_;
+  wire_buffer_ = std::move(other.wire_buffer_);
+  last_error_ = std::move(other.last_error_);
+  next_ticket_ = other.next_ticket_;
+  return *this;
+}
 
 uint64_t Model::size_bytes() const { return device_->size_bytes(); }
 
@@ -181,6 +206,7 @@ int Model::Record(const Status& status) {
 }
 
 int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("push", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
@@ -189,19 +215,20 @@ int Model::Push(uint64_t first_param, const float* grad, uint64_t count) {
     return Record(
         Transfer(*device_, Direction::kWrite, offset, const_cast<float*>(grad), length, request_bytes_, queue_depth_));
   }
-  status = Narrow("push", first_param, grad, count);
+  status = Narrow("push", first_param, grad, count, &wire_buffer_);
   if (!status.ok()) return Record(status);
   return Record(
       Transfer(*device_, Direction::kWrite, offset, wire_buffer_.data(), length, request_bytes_, queue_depth_));
 }
 
-Status Model::Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count) {
+Status Model::Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count,
+                     std::vector<uint16_t>* out) const {
   try {
-    wire_buffer_.resize(count);
+    out->resize(count);
   } catch (const std::bad_alloc&) {
     return Status::Error(ENOMEM, "%s: out of memory for %llu %s values", operation, static_cast<ull>(count), dtype());
   }
-  const uint64_t bad = wire::Narrow(dtype_, grad, wire_buffer_.data(), count);
+  const uint64_t bad = wire::Narrow(dtype_, grad, out->data(), count);
   if (bad == count) return Status();
   return Status::Error(EINVAL, "%s: gradient for parameter %llu is %g, which is %s in %s; nothing was sent", operation,
                        static_cast<ull>(first_param + bad), static_cast<double>(grad[bad]),
@@ -229,6 +256,7 @@ Status Model::ExchangeBytes(uint64_t offset, uint64_t length, void* sent, void* 
 // from (read k overwrites write k's values only once write k is done) and
 // is widened per request as in PullWidening.
 int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("exchange", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
@@ -237,7 +265,7 @@ int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_
     // A write only reads the buffer; TransferPlan's iovecs are not const.
     return Record(ExchangeBytes(offset, length, const_cast<float*>(grad), out, nullptr));
   }
-  status = Narrow("exchange", first_param, grad, count);
+  status = Narrow("exchange", first_param, grad, count, &wire_buffer_);
   if (!status.ok()) return Record(status);
   const RangeFn widen = [&](uint64_t from, uint64_t to) { WidenPart(offset, length, out, from, to); };
   status = ExchangeBytes(offset, length, wire_buffer_.data(), wire_buffer_.data(), &widen);
@@ -250,6 +278,7 @@ int Model::Exchange(uint64_t first_param, const float* grad, float* out, uint64_
 }
 
 int Model::Pull(uint64_t first_param, float* weights, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = ParamsToBytes("pull", first_param, count, device_->size_bytes(), dtype_, &offset, &length);
   if (!status.ok()) return Record(status);
@@ -297,16 +326,8 @@ void Model::WidenPart(uint64_t offset, uint64_t length, float* out, uint64_t fro
   if (from < to) wire::Widen(dtype_, &wire_buffer_[(from - offset) / 2], out + (from - offset) / 2, (to - from) / 2);
 }
 
-// The device must be 16-bit for Push16/Pull16.
-static Status Check16(const char* operation, wire::Dtype dtype) {
-  if (dtype != wire::Dtype::kFloat32) return Status();
-  return Status::Error(EINVAL,
-                       "%s: the device is float32; 16-bit values go only to a LUN with --bsopts "
-                       "dtype=bfloat16 or float16 (open it with that dtype)",
-                       operation);
-}
-
 int Model::Push16(uint64_t first_param, const uint16_t* grad, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = Check16("push16", dtype_);
   if (status.ok())
@@ -327,6 +348,7 @@ Status Model::CheckFinite16(const char* operation, uint64_t first_param, const u
 }
 
 int Model::Exchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = Check16("exchange16", dtype_);
   if (status.ok())
@@ -339,6 +361,7 @@ int Model::Exchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out,
 }
 
 int Model::Pull16(uint64_t first_param, uint16_t* weights, uint64_t count) {
+  Settle();
   uint64_t offset = 0, length = 0;
   Status status = Check16("pull16", dtype_);
   if (status.ok())
@@ -348,6 +371,7 @@ int Model::Pull16(uint64_t first_param, uint16_t* weights, uint64_t count) {
 }
 
 int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
+  Settle();
   Status status = CheckByteRange("write_bytes", offset, length, *device_);
   if (status.ok()) {
     status =
@@ -357,6 +381,7 @@ int Model::WriteBytes(uint64_t offset, const void* buffer, uint64_t length) {
 }
 
 int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
+  Settle();
   Status status = CheckByteRange("read_bytes", offset, length, *device_);
   if (status.ok()) {
     status = Transfer(*device_, Direction::kRead, offset, buffer, length, request_bytes_, queue_depth_);
@@ -365,24 +390,38 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
 }
 
 int Model::PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows) {
+  Settle();
   return Record(
       TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr, rows));
 }
 
 int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads) {
+  Settle();
   return Record(
       TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads, nullptr));
 }
 
 uint64_t Model::table_width() const { return device_->table_width(); }
 
-int Model::Sync() { return Record(device_->Sync()); }
+int Model::Sync() {
+  Settle();
+  return Record(device_->Sync());
+}
 
-uint64_t Model::pushed_bytes_lost() const { return device_->pushed_bytes_lost(); }
+uint64_t Model::pushed_bytes_lost() const {
+  Settle();
+  return device_->pushed_bytes_lost();
+}
 
-uint64_t Model::reconnects() const { return device_->reconnects(); }
+uint64_t Model::reconnects() const {
+  Settle();
+  return device_->reconnects();
+}
 
-double Model::reconnect_seconds() const { return device_->reconnect_seconds(); }
+double Model::reconnect_seconds() const {
+  Settle();
+  return device_->reconnect_seconds();
+}
 
 int Model::ReadControlCounters(blkps_control_counters* out) {
   const Status no_record = Status::Error(EPROTO,

@@ -119,6 +119,58 @@ BLKPS_EXPORT int blkps_pull16(blkps_model *m, uint64_t first_param, uint16_t *we
 BLKPS_EXPORT int blkps_exchange16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint16_t *out,
                                   uint64_t count);
 
+/* ---- Streaming (doc/libblkps.md "Streaming") ------------------------------
+ *
+ * blkps_submit_* return at once with a ticket; the transfer runs on the
+ * handle's own thread, and blkps_complete reports it. Every submission
+ * waiting when the device is free joins one batch, so the connections'
+ * queues stay full across submissions instead of draining after each call.
+ * Submissions of different kinds (push, pull, exchange), and those whose
+ * ranges share a logical block, run one after the other in submission
+ * order; the others complete in any order.
+ *
+ * Each checks its input as the call of its name does (same range rules,
+ * -ERANGE / -EINVAL, nothing sent, no ticket; message in blkps_last_error)
+ * and on success returns 0 and stores a ticket (> 0, increasing) in
+ * *ticket. The caller's memory belongs to the handle until that ticket
+ * completes (a float32 push to a 16-bit device is narrowed at once, so
+ * its grad may be reused). Pushes are applied exactly once across
+ * reconnects, as for the synchronous calls. */
+typedef uint64_t blkps_ticket;
+BLKPS_EXPORT int blkps_submit_push(blkps_model *m, uint64_t first_param, const float *grad, uint64_t count,
+                                   blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_pull(blkps_model *m, uint64_t first_param, float *weights, uint64_t count,
+                                   blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_exchange(blkps_model *m, uint64_t first_param, const float *grad, float *out,
+                                       uint64_t count, blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_push16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint64_t count,
+                                     blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_pull16(blkps_model *m, uint64_t first_param, uint16_t *weights, uint64_t count,
+                                     blkps_ticket *ticket);
+BLKPS_EXPORT int blkps_submit_exchange16(blkps_model *m, uint64_t first_param, const uint16_t *grad, uint16_t *out,
+                                         uint64_t count, blkps_ticket *ticket);
+
+/* A ticket's outcome: result 0, or the negative errno and the one-line
+ * message (truncated to fit) that the synchronous call would give. When a
+ * batch fails, each of its tickets fails with the batch's first error
+ * (which of their requests reached the server is then unspecified); later
+ * submissions still run. */
+typedef struct blkps_completion {
+  blkps_ticket ticket;
+  int32_t result;
+  char error[512];
+} blkps_completion;
+
+/* Stores up to `max` completions in out[0..], in the order they ended,
+ * each ticket once. Waits up to timeout_ms (< 0: without limit) for the
+ * first when none has ended; returns at once when nothing is outstanding.
+ * Returns how many were stored (0 on timeout) or a negative errno. */
+BLKPS_EXPORT int blkps_complete(blkps_model *m, blkps_completion *out, size_t max, int timeout_ms);
+/* Tickets submitted and not yet returned by blkps_complete. */
+BLKPS_EXPORT uint64_t blkps_outstanding(const blkps_model *m);
+/* Every other call on m first waits until no submission waits or runs
+ * (their completions stay for blkps_complete); blkps_close waits too. */
+
 /* Raw byte transfers; offset and len must be multiples of the logical block
  * size (else -EINVAL with a message), and lie within the device (else
  * -ERANGE). */
@@ -159,7 +211,8 @@ BLKPS_EXPORT const char *blkps_last_error(const blkps_model *m);
 
 /* The size in bytes of the public struct `name` ("blkps_open_options",
  * "blkps_engine_options", "blkps_engine_metrics", "blkps_control_layout",
- * "blkps_control_counters", "blkps_control_receipt"), or 0 for another name.
+ * "blkps_control_counters", "blkps_control_receipt", "blkps_completion"), or 0
+ * for another name.
  * A binding that mirrors these structs (the Python package's ctypes) checks
  * each copy against it when it loads the library, so that a package and a
  * library of different builds fail in one line instead of misreading. */

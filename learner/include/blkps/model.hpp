@@ -27,7 +27,8 @@
 //
 // Thread-safety: a Model is used by one thread at a time (libiscsi allows one
 // thread per connection). Distinct Models are independent: open one per
-// thread, or several in one thread.
+// thread, or several in one thread. Submissions (Streaming, below) run on
+// a thread of the Model's own; the rules for its user stay the same.
 
 #ifndef BLKPS_MODEL_HPP_
 #define BLKPS_MODEL_HPP_
@@ -46,6 +47,7 @@ namespace blkps {
 
 class Device;
 class Status;
+class Stream;
 
 struct OpenOptions {
   // Bytes per I/O request, rounded down to whole logical blocks (at least
@@ -158,6 +160,55 @@ class BLKPS_EXPORT Model {
   // LUN), where any width is taken.
   uint64_t table_width() const;
 
+  // ---- Streaming (doc/libblkps.md "Streaming") ----------------------------
+  // A submission returns at once with a ticket; the transfer runs on the
+  // Model's own thread and ends later, reported by Complete(). Every
+  // submission waiting when the device is free joins one batch, so the
+  // connections' queues stay full across submissions instead of draining
+  // after each call. Submissions of different kinds (push, pull, exchange),
+  // and submissions whose ranges share a logical block, run one after the
+  // other in submission order; others complete in any order.
+  //
+  // Each Submit* checks its input as the synchronous call of its name does
+  // (same range rules, same -ERANGE / -EINVAL, nothing sent, no ticket), and
+  // on success returns 0 and stores a ticket (> 0, increasing) in *ticket.
+  // The caller's memory (grad, weights, out) is the Model's until that
+  // ticket completes: do not change grad or read out before. A float32 push
+  // to a 16-bit device is narrowed at submission (grad may be reused at
+  // once); exchange semantics are Exchange()'s (each block pushed before it
+  // is pulled; `out` may be `grad`).
+  // Exactly-once holds as for the synchronous calls: reconnects resend only
+  // what the server's receipt lacks; a gradient is never applied twice.
+  using Ticket = uint64_t;
+  int SubmitPush(uint64_t first_param, const float* grad, uint64_t count, Ticket* ticket);
+  int SubmitPull(uint64_t first_param, float* weights, uint64_t count, Ticket* ticket);
+  int SubmitExchange(uint64_t first_param, const float* grad, float* out, uint64_t count, Ticket* ticket);
+  int SubmitPush16(uint64_t first_param, const uint16_t* grad, uint64_t count, Ticket* ticket);
+  int SubmitPull16(uint64_t first_param, uint16_t* weights, uint64_t count, Ticket* ticket);
+  int SubmitExchange16(uint64_t first_param, const uint16_t* grad, uint16_t* out, uint64_t count, Ticket* ticket);
+
+  // A ticket's outcome: result 0, or the negative errno and one-line
+  // message the synchronous call would have returned. When a batch fails,
+  // every ticket of that batch fails with its first error (which of their
+  // requests reached the server is then unspecified, as after a failed
+  // synchronous call); later submissions still run.
+  struct Completion {
+    Ticket ticket;
+    int result;
+    std::string error;
+  };
+  // Appends up to `max` completions to *out, in the order they ended, each
+  // ticket exactly once. Waits up to `timeout_ms` (< 0: without limit) for
+  // the first when none has ended; returns at once when nothing is
+  // outstanding. Returns how many were appended (0 on timeout) or -ENOMEM.
+  int Complete(std::vector<Completion>* out, size_t max, int timeout_ms);
+  // Tickets submitted and not yet returned by Complete().
+  size_t outstanding() const;
+  // Every other method first waits until no submission waits or runs (their
+  // completions stay for Complete()), so synchronous calls, Sync() and the
+  // counters below see every earlier submission done. The destructor waits
+  // for them too.
+
   // fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
   // before this returns.
   int Sync();
@@ -229,9 +280,17 @@ class BLKPS_EXPORT Model {
   // 16-bit transfer of `length` bytes at device byte `offset` whose values
   // go to out (out[0]: the value at `offset`).
   void WidenPart(uint64_t offset, uint64_t length, float* out, uint64_t from, uint64_t to);
-  // Narrows `grad` into wire_buffer_; -EINVAL naming the first value that is
+  // Narrows `grad` into *out; -EINVAL naming the first value that is
   // not finite in the device's type. `operation` names the call.
-  Status Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count);
+  Status Narrow(const char* operation, uint64_t first_param, const float* grad, uint64_t count,
+                std::vector<uint16_t>* out) const;
+  // The submission behind every Submit*: a push of `grad` (null: none) and
+  // a pull into `out` (null: none) of the same range; `values16`: the
+  // caller's values are the device's 16-bit ones.
+  int Submit(const char* operation, uint64_t first_param, uint64_t count, const void* grad, void* out, bool values16,
+             Ticket* ticket);
+  // Waits until the stream, if any, leaves the device to this thread.
+  void Settle() const;
 
   std::unique_ptr<Device> device_;
   uint64_t request_bytes_;
@@ -240,6 +299,9 @@ class BLKPS_EXPORT Model {
   wire::Dtype dtype_;
   std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
   std::string last_error_;
+  // Created by the first submission; destroyed before device_, which it uses.
+  std::unique_ptr<Stream> stream_;
+  Ticket next_ticket_ = 1;
 };
 
 }  // namespace blkps

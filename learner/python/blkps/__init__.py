@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-__all__ = ["Model", "Engine"]
+__all__ = ["Model", "Engine", "Completion"]
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
@@ -58,6 +58,14 @@ class _EngineOptions(ctypes.Structure):
         ("drop_ratio", ctypes.c_double),
         ("drop_run_params", ctypes.c_uint64),
         ("drop_group_params", ctypes.c_uint64),
+    ]
+
+
+class _Completion(ctypes.Structure):
+    _fields_ = [
+        ("ticket", ctypes.c_uint64),
+        ("result", ctypes.c_int32),
+        ("error", ctypes.c_char * 512),
     ]
 
 
@@ -122,6 +130,19 @@ def _declare(lib):
     lib.blkps_pull16.restype = ctypes.c_int
     lib.blkps_exchange16.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_exchange16.restype = ctypes.c_int
+    _TICKET_P = ctypes.POINTER(ctypes.c_uint64)
+    # Submissions take every array as its address (Model._submit).
+    for name in ("blkps_submit_push", "blkps_submit_pull", "blkps_submit_push16", "blkps_submit_pull16"):
+        getattr(lib, name).argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, _TICKET_P]
+        getattr(lib, name).restype = ctypes.c_int
+    for name in ("blkps_submit_exchange", "blkps_submit_exchange16"):
+        getattr(lib, name).argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                                       _TICKET_P]
+        getattr(lib, name).restype = ctypes.c_int
+    lib.blkps_complete.argtypes = [handle, ctypes.POINTER(_Completion), ctypes.c_size_t, ctypes.c_int]
+    lib.blkps_complete.restype = ctypes.c_int
+    lib.blkps_outstanding.argtypes = [handle]
+    lib.blkps_outstanding.restype = ctypes.c_uint64
     _U64_P = ctypes.POINTER(ctypes.c_uint64)
     lib.blkps_pull_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
     lib.blkps_pull_rows.restype = ctypes.c_int
@@ -202,7 +223,7 @@ def _check_mirrors(lib, mirrors):
 
 
 _MIRRORS = {"blkps_open_options": _OpenOptions, "blkps_engine_options": _EngineOptions,
-            "blkps_engine_metrics": _EngineMetrics}
+            "blkps_engine_metrics": _EngineMetrics, "blkps_completion": _Completion}
 
 
 def _library():
@@ -271,6 +292,29 @@ class _Handle:
             raise OSError(-rc, message.decode(errors="replace"))
 
 
+def _float32_out(what, out):
+    """`out` checked: a writable C-contiguous float32 numpy array."""
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"blkps: {what} needs a writable C-contiguous float32 numpy array")
+    return out
+
+
+def _uint16_in(what, grad):
+    """`grad` checked: a C-contiguous uint16 numpy array (16-bit values)."""
+    if not isinstance(grad, np.ndarray) or grad.dtype != np.uint16 or not grad.flags.c_contiguous:
+        raise ValueError(f"blkps: {what} needs `grad` as a C-contiguous uint16 numpy array")
+    return grad
+
+
+def _uint16_out(what, out):
+    """`out` checked: a writable C-contiguous uint16 numpy array."""
+    if (not isinstance(out, np.ndarray) or out.dtype != np.uint16
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"blkps: {what} needs a writable C-contiguous uint16 numpy array")
+    return out
+
+
 def _exchange_out(what, grad, out):
     """`out` for an exchange of `grad` (None: a new array of grad's dtype),
     checked: writable, C-contiguous, grad's dtype and size, and either grad
@@ -285,6 +329,26 @@ def _exchange_out(what, grad, out):
     if out.ctypes.data != grad.ctypes.data and np.may_share_memory(out, grad):
         raise ValueError(f"blkps: {what}: out overlaps grad; pass grad itself or a separate array")
     return out
+
+
+class Completion:
+    """The end of a submission (Model.submit_*; doc/libblkps.md "Streaming"):
+    `ticket` as the submission returned it, `out` the array it filled (None
+    for a push), `error` None or the OSError the synchronous call would have
+    raised. result() returns `out` or raises `error`."""
+
+    __slots__ = ("ticket", "out", "error")
+
+    def __init__(self, ticket, out, error):
+        self.ticket, self.out, self.error = ticket, out, error
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+    def __repr__(self):
+        return f"Completion(ticket={self.ticket}, error={self.error!r})"
 
 
 class Model(_Handle):
@@ -336,10 +400,7 @@ class Model(_Handle):
     def pull_into(self, first_param, out):
         """Reads the weights of parameters [first_param, first_param + out.size)
         into `out`, a writable C-contiguous float32 array; returns out."""
-        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
-                or not out.flags.c_contiguous or not out.flags.writeable):
-            raise ValueError("blkps: pull_into needs a writable C-contiguous "
-                             "float32 numpy array")
+        _float32_out("pull_into", out)
         self._check(self._lib.blkps_pull(self._open_handle(), first_param,
                                          out.ctypes.data_as(_FLOAT_P), out.size))
         return out
@@ -364,9 +425,7 @@ class Model(_Handle):
         array, `out` a writable C-contiguous uint16 array of its size (grad
         itself is allowed) or None for a new one; returns out. Raises on a
         float32 device or a NaN/infinite value (nothing sent)."""
-        if not isinstance(grad, np.ndarray) or grad.dtype != np.uint16 or not grad.flags.c_contiguous:
-            raise ValueError("blkps: exchange16 needs `grad` as a C-contiguous uint16 numpy array")
-        out = _exchange_out("exchange16", grad, out)
+        out = _exchange_out("exchange16", _uint16_in("exchange16", grad), out)
         self._check(self._lib.blkps_exchange16(self._open_handle(), first_param, grad.ctypes.data,
                                                out.ctypes.data, grad.size))
         return out
@@ -376,19 +435,90 @@ class Model(_Handle):
         the device dtype's bit patterns (e.g. a torch bfloat16 tensor's
         .view(torch.int16).numpy().view(np.uint16)), as is: no conversion,
         no copy. Raises on a float32 device or a NaN/infinite value."""
-        if not isinstance(grad, np.ndarray) or grad.dtype != np.uint16 or not grad.flags.c_contiguous:
-            raise ValueError("blkps: push16 needs a C-contiguous uint16 numpy array")
+        _uint16_in("push16", grad)
         self._check(self._lib.blkps_push16(self._open_handle(), first_param, grad.ctypes.data, grad.size))
 
     def pull16_into(self, first_param, out):
         """On a 16-bit device: reads the weights of parameters
         [first_param, first_param + out.size) as the device's 16-bit values
         into `out`, a writable C-contiguous uint16 array; returns out."""
-        if (not isinstance(out, np.ndarray) or out.dtype != np.uint16
-                or not out.flags.c_contiguous or not out.flags.writeable):
-            raise ValueError("blkps: pull16_into needs a writable C-contiguous uint16 numpy array")
+        _uint16_out("pull16_into", out)
         self._check(self._lib.blkps_pull16(self._open_handle(), first_param, out.ctypes.data, out.size))
         return out
+
+    # ---- Streaming (doc/libblkps.md "Streaming") ----------------------------
+    # Each submit_* checks its arguments as the call of its name does (same
+    # errors: ValueError for a wrong array, OSError for a range or value the
+    # library refuses; then nothing is sent), returns a ticket (an int > 0)
+    # at once, and keeps its arrays alive until complete() returns that
+    # ticket: do not change `grad` or read `out` before. complete() hands
+    # back Completions, each ticket once, in the order they ended.
+
+    def _submit(self, function, first_param, grad, out):
+        """Calls libblkps's `function` and keeps (grad, out) until the
+        ticket completes; returns the ticket."""
+        ticket = ctypes.c_uint64()
+        values = (ctypes.c_void_p(grad.ctypes.data) if grad is not None else None,
+                  ctypes.c_void_p(out.ctypes.data) if out is not None else None)
+        count = (grad if grad is not None else out).size
+        args = [v for v in values if v is not None]
+        self._check(getattr(self._lib, function)(self._open_handle(), first_param, *args, count,
+                                                 ctypes.byref(ticket)))
+        self.__dict__.setdefault("_submitted", {})[ticket.value] = (grad, out)
+        return ticket.value
+
+    def submit_push(self, first_param, grad):
+        """push() that returns a ticket at once. grad is copied to a
+        C-contiguous float32 array first if it is not one."""
+        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        return self._submit("blkps_submit_push", first_param, grad, None)
+
+    def submit_pull_into(self, first_param, out):
+        """pull_into() that returns a ticket at once; `out` is filled when
+        the ticket completes (its Completion's `out`)."""
+        return self._submit("blkps_submit_pull", first_param, None, _float32_out("submit_pull_into", out))
+
+    def submit_exchange(self, first_param, grad, out=None):
+        """exchange() that returns a ticket at once; the weights land in
+        `out` (None: a new array, the Completion's `out`)."""
+        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        return self._submit("blkps_submit_exchange", first_param, grad, _exchange_out("submit_exchange", grad, out))
+
+    def submit_push16(self, first_param, grad):
+        """push16() that returns a ticket at once."""
+        return self._submit("blkps_submit_push16", first_param, _uint16_in("submit_push16", grad), None)
+
+    def submit_pull16_into(self, first_param, out):
+        """pull16_into() that returns a ticket at once."""
+        return self._submit("blkps_submit_pull16", first_param, None, _uint16_out("submit_pull16_into", out))
+
+    def submit_exchange16(self, first_param, grad, out=None):
+        """exchange16() that returns a ticket at once."""
+        grad = _uint16_in("submit_exchange16", grad)
+        return self._submit("blkps_submit_exchange16", first_param, grad,
+                            _exchange_out("submit_exchange16", grad, out))
+
+    def complete(self, timeout=None, max_completions=64):
+        """Up to max_completions ended submissions as a list of Completion,
+        in the order they ended. Waits up to `timeout` seconds (None: without
+        limit) for the first when none has ended; returns [] on timeout or
+        when nothing is outstanding. The GIL is released while it waits."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ended = (_Completion * max_completions)()
+        n = self._lib.blkps_complete(self._open_handle(), ended, max_completions, timeout_ms)
+        if n < 0:
+            self._check(n)
+        completions = []
+        for c in ended[:n]:
+            _, out = self.__dict__.get("_submitted", {}).pop(c.ticket, (None, None))
+            error = OSError(-c.result, c.error.decode(errors="replace")) if c.result != 0 else None
+            completions.append(Completion(c.ticket, out, error))
+        return completions
+
+    @property
+    def outstanding(self):
+        """Tickets submitted and not yet returned by complete()."""
+        return self._lib.blkps_outstanding(self._open_handle())
 
     def pull_rows(self, ids, width, out=None):
         """Rows `ids` of a table of rows of `width` float32 values
