@@ -300,12 +300,13 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
                                        bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
         opt.log_forward_waits = log
         if slow_pulls:
-            pull_buckets = opt._pull_buckets
+            submit = opt._submit
 
-            def slow_pull_buckets(*args):
-                time.sleep(slow_pulls)
-                pull_buckets(*args)
-            opt._pull_buckets = slow_pull_buckets
+            def slow_submit(device, kind, batch):
+                if kind == "pull":
+                    time.sleep(slow_pulls)
+                return submit(device, kind, batch)
+            opt._submit = slow_submit
         outputs = []
         for t in range(steps):
             opt.zero_grad()

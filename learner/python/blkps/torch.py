@@ -821,46 +821,102 @@ class _DistributedOptimizer:
         weights are one exchange, which also takes the buckets queued
         meanwhile that continue its range (one call does not drain the
         connections between them: doc/data-path.md "Phases at link rate");
-        pulls queued alone."""
-        device = None
+        pulls queued alone. Each call is a submission (doc/libblkps.md
+        "Streaming"): the next is handed over while earlier ones run, so the
+        connections' queues stay full from bucket to bucket; a call's
+        buckets are done when its completion comes back."""
+        device, flight = None, {}  # flight: ticket -> (kind, batch, submitted at)
         item = self._work.get()
-        while item is not None:
-            kind, bucket, zero = item
-            batch = [(bucket, zero)]
-            # Adjacent buckets queued meanwhile join this call (fewer, larger
-            # transfers); a step's pulls join in batches that double from one
-            # bucket, so the first layers' weights arrive first and early.
-            limit = len(self.buckets) if kind == "push" else self._pull_batch
-            following = self._take_adjacent(batch, kind, limit)
-            try:
-                if self._error is None:
-                    if device is None:
-                        device = blkps.Model(_the_job().target, dtype=self._wire)
-                    if kind == "push":
-                        overlapped = not self._backward_done
-                        if self.pull_during_backward:
-                            self._exchange_buckets(device, batch)
-                        else:
-                            self._push_buckets(device, batch)
-                        self.pushes += len(batch)
-                        self.overlapped += overlapped * len(batch)
-                    else:
-                        self._pull_buckets(device, [b for b, _ in batch])
-                        self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
-            except Exception as e:  # reported by step() or the next forward
-                self._error = e
-            if device is not None:  # before the batch is done: synchronize() sees its counts
+        while item is not None or flight:
+            following = _NOTHING
+            if item is not _NOTHING and item is not None:
+                kind, bucket, zero = item
+                batch = [(bucket, zero)]
+                # Adjacent buckets queued meanwhile join this call (fewer, larger
+                # transfers); a step's pulls join in batches that double from one
+                # bucket, so the first layers' weights arrive first and early.
+                limit = len(self.buckets) if kind == "push" else self._pull_batch
+                following = self._take_adjacent(batch, kind, limit)
+                ticket = None
+                try:
+                    if self._error is None:
+                        if device is None:
+                            device = blkps.Model(_the_job().target, dtype=self._wire)
+                        ticket = self._submit(device, kind, batch)
+                except Exception as e:  # reported by step() or the next forward
+                    self._error = e
+                if ticket is None:
+                    self._batch_done(kind, batch, None)
+                else:
+                    flight[ticket] = (kind, batch, time.perf_counter())
+            if flight:
+                busy = following is not _NOTHING or not self._work.empty()
+                for c in device.complete(timeout=0 if busy else _COMPLETION_POLL_S):
+                    kind, batch, submitted = flight.pop(c.ticket)
+                    self._batch_done(kind, batch, c.error, time.perf_counter() - submitted)
+            if not flight and device is not None:  # counters wait for every submission
                 self.faults.note("communication", device)
-            for b, _ in batch:
-                if kind == "pull" or self.pull_during_backward:
-                    b.arrived.set()
-                if kind == "push":
-                    with self._idle:
-                        self._pushes_in_flight -= 1
-                        self._idle.notify_all()
-            item = self._work.get() if following is _NOTHING else following
+            if item is None:
+                continue  # the end: only completions still to take
+            if following is not _NOTHING:
+                item = following
+            elif flight:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    item = _NOTHING
+            else:
+                item = self._work.get()
         if device is not None:
             device.close()
+
+    def _submit(self, device, kind, batch):
+        """Hands the adjacent buckets of `batch` ((bucket, zero) pairs) to
+        `device` as one submission of `kind` ("push": an exchange with
+        pull_during_backward, else a push; "pull"); its ticket."""
+        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
+        sixteen = self.flat.sixteen
+        if kind == "pull":
+            into = self.flat.host_weights(first, end)
+            self.bytes["pulled"] += into.nbytes
+            return (device.submit_pull16_into if sixteen else device.submit_pull_into)(first, into)
+        for bucket, zero in batch:
+            self._stage_push(bucket, zero)
+        host = self.flat.host_pushed(first, end)
+        self.bytes["pushed"] += host.nbytes
+        self.overlapped += (not self._backward_done) * len(batch)
+        if not self.pull_during_backward:
+            return (device.submit_push16 if sixteen else device.submit_push)(first, host)
+        into = self.flat.host_weights(first, end)
+        self.bytes["pulled"] += into.nbytes
+        return (device.submit_exchange16 if sixteen else device.submit_exchange)(first, host, into)
+
+    def _batch_done(self, kind, batch, error, seconds=0.0):
+        """A submission of `batch` ended (`error`: None, or why it failed;
+        a batch never submitted, after an earlier error, ends with None):
+        its weights become the parameters' (or land beside them), its
+        buckets are released to the training thread."""
+        if error is not None and self._error is None:
+            self._error = error
+        pulled = kind == "pull" or self.pull_during_backward
+        if seconds:
+            self.transfers += 1
+            part = "pull" if kind == "pull" else "exchange" if pulled else "push"
+            self.seconds[part] += seconds
+            if kind == "push":
+                self.pushes += len(batch)
+            else:
+                self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
+        for b, _ in batch:
+            if pulled and seconds and error is None:
+                self.flat.weights_arrived(b.first, b.end)
+                b.landed = self.pipeline
+            if pulled:
+                b.arrived.set()
+            if kind == "push":
+                with self._idle:
+                    self._pushes_in_flight -= 1
+                    self._idle.notify_all()
 
     def _take_adjacent(self, batch, kind, limit):
         """Adds to `batch` ((bucket, zero) pairs, one to start) the items of
@@ -893,51 +949,6 @@ class _DistributedOptimizer:
             host = self.flat.host_gradient(bucket.first, bucket.end, self.push_scale)
         self.seconds["copy_out"] += time.perf_counter() - start
         return host
-
-    def _push_buckets(self, device, batch):
-        """One push of the adjacent buckets of `batch` ((bucket, zero) pairs)."""
-        for bucket, zero in batch:
-            self._stage_push(bucket, zero)
-        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
-        start = time.perf_counter()
-        host = self.flat.host_pushed(first, end)
-        (device.push16 if self.flat.sixteen else device.push)(first, host)
-        self.seconds["push"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pushed"] += host.nbytes
-
-    def _exchange_buckets(self, device, batch):
-        """The push of the adjacent buckets of `batch` ((bucket, zero)
-        pairs) and the pull of their weights as one exchange: each
-        request's pull starts once its push has completed, while later
-        pushes are in flight, so the connection carries both directions at
-        once (doc/libblkps.md "Exchange")."""
-        for bucket, zero in batch:
-            self._stage_push(bucket, zero)
-        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
-        start = time.perf_counter()
-        host, into = self.flat.host_pushed(first, end), self.flat.host_weights(first, end)
-        (device.exchange16 if self.flat.sixteen else device.exchange)(first, host, into)
-        for bucket, _ in batch:
-            self.flat.weights_arrived(bucket.first, bucket.end)
-            bucket.landed = self.pipeline
-        self.seconds["exchange"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pushed"] += host.nbytes
-        self.bytes["pulled"] += into.nbytes
-
-    def _pull_buckets(self, device, buckets):
-        """One pull of the adjacent `buckets`."""
-        first, end = min(b.first for b in buckets), max(b.end for b in buckets)
-        start = time.perf_counter()
-        into = self.flat.host_weights(first, end)
-        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, into)
-        for bucket in buckets:
-            self.flat.weights_arrived(bucket.first, bucket.end)
-            bucket.landed = self.pipeline
-        self.seconds["pull"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pulled"] += into.nbytes
 
     def _raise_error(self):
         if self._error is not None:
@@ -1237,6 +1248,7 @@ class _DistributedOptimizer:
 
 
 _NOTHING = object()  # _take_adjacent: the queue ran empty
+_COMPLETION_POLL_S = 0.001  # the communication thread's wait for a completion while the queue is empty
 _optimizer = None
 _pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
 
