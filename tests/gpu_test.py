@@ -31,7 +31,12 @@ Cases:
                  single-process reference (2 learners, bsp); exits 77
                  (skipped) without a CUDA device.
   cuda-async     async with 1 learner on CUDA, pulling during backward or
-                 after step(), equals the reference; 77 without CUDA.
+                 after step(), equals the reference; pipelined (the
+                 default there), the one-step-delayed reference, on both
+                 wires; 77 without CUDA.
+  pipelined      pipeline=True on the CPU, async, 1 learner: the
+                 one-step-delayed reference exactly, with skipped steps
+                 too; bsp and delta mode refuse it.
   bench          bench/gpu.sh's measurement on the CPU (--device cpu,
                  ResNet-50 at batch 2, 2 shards), async and bsp: a record
                  per run with every field, rank 0's waits by module, no
@@ -300,12 +305,13 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
                                        bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
         opt.log_forward_waits = log
         if slow_pulls:
-            pull_buckets = opt._pull_buckets
+            submit = opt._submit
 
-            def slow_pull_buckets(*args):
-                time.sleep(slow_pulls)
-                pull_buckets(*args)
-            opt._pull_buckets = slow_pull_buckets
+            def slow_submit(device, kind, batch):
+                if kind == "pull":
+                    time.sleep(slow_pulls)
+                return submit(device, kind, batch)
+            opt._submit = slow_submit
         outputs = []
         for t in range(steps):
             opt.zero_grad()
@@ -369,7 +375,8 @@ def learner(config):
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
                                    skip_nonfinite=config.get("skip_nonfinite", False),
                                    overlap_pull=config.get("overlap_pull"), compression=compression,
-                                   pull_during_backward=config.get("pull_during_backward"))
+                                   pull_during_backward=config.get("pull_during_backward"),
+                                   pipeline=config.get("pipeline"), look_ahead=config.get("look_ahead"))
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     for t in range(config["steps"]):
         opt.zero_grad()
@@ -405,6 +412,69 @@ def reference(learners, steps, lr, skipped=(), model_fn=mlp):
             for k, p in enumerate(model.parameters()):
                 p -= lr * (sum(g[k] for g in grads) / learners)
     return flat(model)
+
+
+def delayed_reference(steps, lr, skipped=(), model_fn=mlp):
+    """One process, one learner, updates one step delayed (a pipeline):
+    step t's gradient is taken on the weights after update t-2 (steps 0
+    and 1 on the initial weights), and SGD applies it to the newest; a
+    skipped step (in `skipped`) updates nothing."""
+    model = model_fn(0)
+    params = list(model.parameters())
+    history = [[p.detach().clone() for p in params]]  # the weights after each update
+    for t in range(steps):
+        with torch.no_grad():
+            for p, w in zip(params, history[max(0, t - 1)]):
+                p.copy_(w)
+        model.zero_grad()
+        x, y = batch(t, 0)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        scale = 0.0 if t in skipped else lr
+        history.append([w - scale * p.grad for w, p in zip(history[-1], params)])
+    with torch.no_grad():
+        for p, w in zip(params, history[-1]):
+            p.copy_(w)
+    return flat(model)
+
+
+def case_pipelined():
+    """pipeline=True, one learner, async, no look-ahead: each step computes
+    on the weights the previous step's exchanges brought, so the server
+    and the learner (drained) hold exactly the one-step-delayed reference,
+    with and without steps skipped for inf gradients or by GradScaler
+    (nothing pushed); bsp and delta mode refuse a pipeline in one line."""
+    lr, steps = 0.1, 8
+    count = bps.param_count(mlp(0))
+    for faults in ({}, {"0:2": "inf", "0:5": "scaler-skips"}):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "pipeline": True,
+                      "look_ahead": 0.0, "skip_nonfinite": bool(faults), "faults": faults}
+            report = server.run_learners(config, 1)[0]
+            skipped = {int(k.split(":")[1]) for k in faults}
+            want = delayed_reference(steps, lr, skipped)
+            check(float(np.max(np.abs(want - reference(1, steps, lr, {(0, t) for t in skipped})))) > 1e-4,
+                  "the test's delay makes no difference")
+            check(report["skipped"] == len(skipped), f"{report['skipped']} steps skipped, expected {len(skipped)}")
+            for who, got in (("learner", np.asarray(report["weights"], np.float32)),
+                             ("server", server.weights(count))):
+                diff = float(np.max(np.abs(got - want)))
+                check(diff <= 1e-6, f"pipelined, skipped steps {sorted(skipped)}: the {who} differs from the "
+                      f"one-step-delayed reference by {diff:g}")
+            print(f"pipelined async: 1 learner equals the one-step-delayed reference over {steps} steps "
+                  f"(skipped {sorted(skipped)})")
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
+
+    def refusals(server):
+        bps.init(target=server.target, control=server.control, env={})
+        for local, want in ((None, "in bsp"), (torch.optim.SGD(mlp(0).parameters(), lr=lr), "needs gradient mode")):
+            model = mlp(0)
+            try:
+                bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), pipeline=True)
+                fail(f"pipeline=True was accepted ({want})")
+            except ValueError as e:
+                check(want in str(e) and "\n" not in str(e), f"refusal: {e}")
+        print("pipeline=True refused in bsp and in delta mode")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=bsp", 1, refusals)
 
 
 def case_skipped():
@@ -543,12 +613,22 @@ def case_cuda_async():
     for during in (True, False):
         def body(server):
             config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": "cuda",
-                      "pull_during_backward": during}
+                      "pull_during_backward": during, "pipeline": False}
             diff = float(np.max(np.abs(np.asarray(server.run_learners(config, 1)[0]["weights"], np.float32)
                                        - reference(1, steps, lr))))
             check(diff <= 1e-5, f"async on CUDA, pull_during_backward={during}: differs by {diff:g}")
             print(f"cuda async, pull_during_backward={during}: 1 learner, equal to the CPU reference")
         with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
+    for wire in ("float32", "bfloat16"):  # pipelined (the CUDA default in async): one step delayed
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "device": "cuda",
+                      "look_ahead": 0.0, "wire": wire}
+            got = np.asarray(server.run_learners(config, 1)[0]["weights"], np.float32)
+            diff = float(np.max(np.abs(got - delayed_reference(steps, lr))))
+            check(diff <= (1e-5 if wire == "float32" else 2e-2), f"pipelined async on CUDA, {wire} wire: "
+                  f"differs from the one-step-delayed reference by {diff:g}")
+            print(f"cuda async pipelined, {wire} wire: 1 learner, the one-step-delayed CPU reference ({diff:g})")
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async;dtype={wire}", 1, body)
 
 
 def run_bench(out, *options, copy_to=None):
@@ -718,6 +798,7 @@ CASES = {
     "pipeline": case_pipeline,
     "skipped": case_skipped,
     "overlap-server": case_overlap_server,
+    "pipelined": case_pipelined,
     "layout": case_layout,
     "cuda": case_cuda,
     "cuda-async": case_cuda_async,

@@ -127,14 +127,15 @@ def learner(config):
             return pull_all(*args, **kwargs)
         opt.flat.pull_all = late_pull_all
     if config.get("slow_exchanges"):
-        # Each exchange, or push, takes 0.2 s longer, so the buckets that
-        # backward finishes meanwhile queue up behind it.
-        def slowed(transfer):
-            def slow(*args):
+        # Each exchange, or push, takes 0.2 s longer to start, so the buckets
+        # that backward finishes meanwhile queue up behind it.
+        submit = opt._submit
+
+        def slow_submit(device, kind, batch):
+            if kind == "push":
                 time.sleep(0.2)
-                return transfer(*args)
-            return slow
-        opt._exchange_buckets, opt._push_buckets = slowed(opt._exchange_buckets), slowed(opt._push_buckets)
+            return submit(device, kind, batch)
+        opt._submit = slow_submit
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")

@@ -69,6 +69,9 @@ def add_arguments(ap):
     ap.add_argument("--look-ahead", type=float, default=None,
                     help="async and ssp: DistributedOptimizer's look_ahead (default: blkps.torch's)")
     ap.add_argument("--bucket-bytes", type=int, default=0, help="gradient mode's bucket (0: default)")
+    ap.add_argument("--pipeline", choices=["default", "on", "off"], default="default",
+                    help="gradient mode: one-step pipelined steps (default: blkps.torch's, on for CUDA in "
+                         "async and ssp)")
     ap.add_argument("--eval-every", type=int, default=0, help="rank 0: held-out accuracy every N steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--straggler", type=int, default=-1,
@@ -113,6 +116,8 @@ def main():
             options = {"bucket_bytes": args.bucket_bytes} if args.bucket_bytes else {}
             if args.look_ahead is not None:
                 options["look_ahead"] = args.look_ahead
+            if args.pipeline != "default":
+                options["pipeline"] = args.pipeline == "on"
             optimizer = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), **options)
         except (OSError, ValueError, TimeoutError) as e:
             sys.exit(f"torch_fashion: {e}")

@@ -25,6 +25,14 @@ learner LUN's dtype: float32, bfloat16 or float16). So:
   (after_compute()); it records an event that the compute stream waits for
   before the layers that read those weights.
 
+A pipeline (blkps.torch's pipeline=True: the next step computes while this
+step's transfers run) adds a landing buffer for the pulled weights, float32
+on the model's device, which swap_in() copies into the weights at the step
+boundary; on the CPU the gradient is also staged out of the flat buffer at
+gradient_ready(), so that the next step may zero and refill it while this
+one is on the wire. On a GPU that is one more float32 copy of the
+parameters, beside the flat gradient's.
+
 Everything is allocated once, at construction: no allocation per step.
 torch's narrowing rounds to nearest, ties to even, exactly as
 blkps/wire_dtype.hpp does (tests/gpu_test.py checks all 65,536 patterns), so
@@ -70,15 +78,19 @@ class FlatModel:
     their host staging for a wire of type `wire` ("float32", "bfloat16",
     "float16")."""
 
-    def __init__(self, count, device, wire="float32", buckets=(), look_ahead=0.0):
+    def __init__(self, count, device, wire="float32", buckets=(), look_ahead=0.0, pipeline=False):
         self.count, self.device, self.wire = count, torch.device(device), wire
         self.cuda = self.device.type == "cuda"
+        self.pipeline = bool(pipeline)
         wire_dtype = WIRE_TORCH_DTYPES[wire]
         self.sixteen = wire != "float32"
         if not self.cuda and not self.sixteen:
             self.weights = host_tensor(count, torch.float32, False)
             self.gradient = host_tensor(count, torch.float32, False)
             self.host_weights_all, self.host_gradient_all = self.weights, self.gradient
+            if self.pipeline:  # the pulls land beside the weights; a gradient is staged out of the way
+                self.host_weights_all = host_tensor(count, torch.float32, False)
+                self.host_gradient_all = host_tensor(count, torch.float32, False)
         else:
             if self.cuda:
                 self.weights = torch.zeros(count, dtype=torch.float32, device=self.device)
@@ -88,6 +100,17 @@ class FlatModel:
                 self.gradient = host_tensor(count, torch.float32, False)
             self.host_weights_all = host_tensor(count, wire_dtype, self.cuda)
             self.host_gradient_all = host_tensor(count, wire_dtype, self.cuda)
+        # Where a pull's weights land: the parameters themselves, or, in a
+        # pipeline, a second buffer on the model's device that swap_in()
+        # copies into the parameters at the step boundary (on the CPU with a
+        # float32 wire, the host buffer the pull wrote).
+        if not self.pipeline:
+            self.landing = self.weights
+        elif not self.cuda and not self.sixteen:
+            self.landing = self.host_weights_all
+        else:
+            self.landing = (torch.zeros(count, dtype=torch.float32, device=self.device) if self.cuda
+                            else host_tensor(count, torch.float32, False))
         self._np_weights = as_numpy(self.host_weights_all)
         self._np_gradient = as_numpy(self.host_gradient_all)
         if self.cuda:
@@ -135,9 +158,10 @@ class FlatModel:
     def host_bytes(self):
         """Host memory this object added to the model's own: the staging
         buffers (0 for a CPU model on a float32 wire)."""
-        if self.host_weights_all is self.weights:
-            return 0
-        return 2 * self.count * self.host_weights_all.element_size()
+        own = {id(self.weights), id(self.gradient)}
+        staging = {id(t): t for t in (self.host_weights_all, self.host_gradient_all, self.landing)
+                   if t.device.type == "cpu" and id(t) not in own}
+        return sum(t.numel() * t.element_size() for t in staging.values())
 
     def device_bytes(self):
         """GPU memory beyond the parameters and gradients themselves (the
@@ -147,6 +171,7 @@ class FlatModel:
             return 0
         extra = [self._wire_gradient, self._wire_weights] if self.sixteen else []
         extra += [self._last_pull, self._moved] if self._last_pull is not None else []
+        extra += [self.landing] if self.landing is not self.weights else []
         return sum(t.numel() * t.element_size() for t in extra)
 
     # ---- gradients: device -> host ----
@@ -154,8 +179,15 @@ class FlatModel:
     def gradient_ready(self, first, end, scale=1.0):
         """The gradient of [first, end) is complete (training thread). On a
         GPU: queue its scaling, narrowing and device-to-host copy on the
-        copy-out stream behind the compute stream's work so far."""
+        copy-out stream behind the compute stream's work so far. CPU, in a
+        pipeline: scale and stage it now (the training thread zeroes the
+        gradient for the next step while this one is on the wire)."""
         if not self.cuda:
+            if self.pipeline:
+                grad = self.gradient[first:end]
+                if scale != 1.0:
+                    grad.mul_(scale)
+                self.host_gradient_all[first:end].copy_(grad)
             return
         ready = self._ready[(first, end)]
         ready.record(torch.cuda.current_stream(self.device))
@@ -194,7 +226,7 @@ class FlatModel:
         (communication thread), once gradient_ready() has been called for it."""
         if self.cuda:
             self._copied[(first, end)].synchronize()
-        else:
+        elif not self.pipeline:  # a pipeline staged it in gradient_ready()
             grad = self.gradient[first:end]
             if scale != 1.0:
                 grad.mul_(scale)
@@ -213,6 +245,13 @@ class FlatModel:
         gradient (a skipped step; communication thread)."""
         self.host_gradient_all[first:end].zero_()
         return self._np_gradient[first:end]
+
+    def release_gradient(self):
+        """Orders the compute stream's later work (zeroing the gradient for
+        the next step) after every device-to-host copy gradient_ready()
+        queued (training thread; on the CPU those copies are done)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_out)
 
     def gradient_finite(self):
         """Whether every gradient value is finite (one reduction on the
@@ -246,15 +285,15 @@ class FlatModel:
                         hi = min(end, lo + WIRE_CHUNK)
                         wire = self._wire_weights[:hi - lo]
                         wire.copy_(self.host_weights_all[lo:hi], non_blocking=True)
-                        self.weights[lo:hi].copy_(wire)
+                        self.landing[lo:hi].copy_(wire)
                 else:
-                    self.weights[first:end].copy_(self.host_weights_all[first:end], non_blocking=True)
+                    self.landing[first:end].copy_(self.host_weights_all[first:end], non_blocking=True)
                 if look_ahead:
                     self._look_ahead(first, end)
                 self._arrived[(first, end)].record(self.copy_in)
             return
-        if self.sixteen:
-            self.weights[first:end].copy_(self.host_weights_all[first:end])
+        if self.landing is not self.host_weights_all:  # widened, or a float32 pull landed beside the weights
+            self.landing[first:end].copy_(self.host_weights_all[first:end])
         if look_ahead:
             self._look_ahead(first, end)
 
@@ -267,11 +306,12 @@ class FlatModel:
             return
         if not self._pulled_before:
             self._last_pull.copy_(self.weights)
+            self._last_pull[first:end].copy_(self.landing[first:end])
             self._pulled_before = True
             return
         for lo in range(first, end, LOOK_AHEAD_CHUNK):
             hi = min(end, lo + LOOK_AHEAD_CHUNK)
-            weights, last, moved = self.weights[lo:hi], self._last_pull[lo:hi], self._moved[:hi - lo]
+            weights, last, moved = self.landing[lo:hi], self._last_pull[lo:hi], self._moved[:hi - lo]
             torch.sub(weights, last, out=moved)
             last.copy_(weights)
             weights.add_(moved, alpha=self.look_ahead)
@@ -292,6 +332,19 @@ class FlatModel:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self._arrived[(first, end)])
 
+    def swap_in(self, first, end):
+        """A pipeline's step boundary for [first, end): the weights that
+        weights_arrived() landed beside the parameters become theirs
+        (training thread, once the communication thread is done with the
+        range; on a GPU a copy on the compute stream behind the arrival).
+        REQUIRES: nothing reads the range's weights until the compute
+        stream's next work (its gradient is complete, or between steps)."""
+        if self.landing is self.weights:
+            return
+        self.wait_weights(first, end)
+        with torch.no_grad():
+            self.weights[first:end].copy_(self.landing[first:end])
+
     # ---- the whole model, outside the pipeline ----
 
     def pull_all(self, device, look_ahead=True):
@@ -303,6 +356,7 @@ class FlatModel:
         self.weights_arrived(0, self.count, look_ahead)
         if self.cuda:
             self._arrived[(0, self.count)].synchronize()
+        self.swap_in(0, self.count)
 
     def push_all(self, device):
         """Pushes the whole gradient buffer through `device`."""

@@ -522,11 +522,27 @@ def _cut_buckets(layout, bucket_floats):
     return buckets, of_param
 
 
+def _pipeline_of(pipeline, gradient_mode, mode, device):
+    """Whether steps are pipelined (doc/gpu.md "Pipelined learners"): as
+    given, by default for a CUDA model in gradient mode when the server's
+    `mode` is async or ssp (None: no control LUN to ask). Refuses delta mode
+    and bsp in one line."""
+    if pipeline is None:
+        return gradient_mode and mode in ("async", "ssp") and device.type == "cuda"
+    if pipeline and not gradient_mode:
+        raise ValueError("blkps.torch: pipeline=True needs gradient mode (DistributedOptimizer(None, ...)): "
+                         "delta mode steps its own optimizer on the weights it pulled")
+    if pipeline and mode == "bsp":
+        raise ValueError("blkps.torch: pipeline=True in bsp: a bsp step computes on its own round's weights; "
+                         "pipelining is for async and ssp (doc/gpu.md \"Pipelined learners\")")
+    return bool(pipeline)
+
+
 class _DistributedOptimizer:
     """See DistributedOptimizer()."""
 
     def __init__(self, optimizer, named_parameters, bucket_bytes, pull_during_backward, options=None,
-                 overlap_pull=None, skip_nonfinite=False, look_ahead=None):
+                 overlap_pull=None, skip_nonfinite=False, look_ahead=None, pipeline=None):
         job = _the_job()
         options = options if options is not None else _HorovodOptions()
         self.optimizer = optimizer
@@ -549,9 +565,15 @@ class _DistributedOptimizer:
             self.close()
             raise
         self.mode = status["mode"] if status else "bsp"
-        if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0:
+        try:
+            self.pipeline = _pipeline_of(pipeline, optimizer is None, status["mode"] if status else None,
+                                         layout.device)
+        except ValueError:
             self.close()
-            raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, 1]")
+            raise
+        if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0 + self.pipeline:
+            self.close()
+            raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, {1 + self.pipeline}]")
         self._options, self._look_ahead_given = options, look_ahead
         # The N of async steps, the server's (bsp: none; no control LUN: the launcher's size).
         self._pushing = _PushingLearners(job.size, self._ctl if self.mode != "bsp" else None)
@@ -561,7 +583,7 @@ class _DistributedOptimizer:
         self.buckets, self._buckets_of = (_cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
                                           else ([], []))
         self.flat = _FlatModel(layout.count, layout.device, options.compression.wire_dtype, self.buckets,
-                               self.look_ahead)
+                               self.look_ahead, self.pipeline)
         self.weights, self.gradient = self.flat.weights, self.flat.gradient
         self._grad_views = layout.views(self.gradient)
         with torch.no_grad():
@@ -580,9 +602,10 @@ class _DistributedOptimizer:
         # the CPU), its pushes, its pulls (with the copy back queued), its
         # exchanges (a push and the pull after it); the training thread's
         # waits in step() for the pushes still running once backward is done,
-        # and in forwards for weights still arriving.
+        # and in forwards for weights still arriving; a pipeline's wait in
+        # step() for the previous step's transfers.
         self.seconds = {"copy_out": 0.0, "push": 0.0, "pull": 0.0, "exchange": 0.0, "step_wait": 0.0,
-                        "weights_wait": 0.0}
+                        "weights_wait": 0.0, "pipeline_wait": 0.0}
         # Reconnects and pushes lost at server restarts, as each thread's
         # Models count them (blkps.metrics.SessionFaults).
         self.faults = _metrics.SessionFaults()
@@ -594,6 +617,8 @@ class _DistributedOptimizer:
             self.pull_during_backward = (self.mode != "bsp" if pull_during_backward is None
                                          else bool(pull_during_backward))
             self.overlap_pull = layout.device.type == "cuda" if overlap_pull is None else bool(overlap_pull)
+            if self.pipeline:  # each push's pull lands beside the weights; no forward waits for any
+                self.pull_during_backward, self.overlap_pull = True, False
             self._start_gradient_mode()
 
     def _take_share(self, learners):
@@ -607,8 +632,11 @@ class _DistributedOptimizer:
         pull in flight)."""
         self.push_scale = self._options.push_scale(self.mode, learners, self.optimizer is not None)
         given = self._look_ahead_given
+        # A pipeline's gradient is taken on weights one step older again:
+        # its own previous push, and the others' of that step, land before
+        # it (doc/async.md "Pipelined learners").
         self.look_ahead = float(given if given is not None else
-                                (learners - 1) / learners if self.mode != "bsp" else 0.0)
+                                (learners - 1) / learners + self.pipeline if self.mode != "bsp" else 0.0)
         if getattr(self, "flat", None) is not None:  # built after the first share
             self.flat.set_look_ahead(self.look_ahead)
 
@@ -629,8 +657,9 @@ class _DistributedOptimizer:
         self._pull_batch = 1  # buckets the next pull may take (_communicate)
         self._passes = [0] * len(self.layout.named)  # backward passes this step, by parameter
         for b in self.buckets:
-            b.arrived = threading.Event()  # its weights of this step are in the parameters
+            b.arrived = threading.Event()  # its weights of this step are in the parameters (a pipeline: landed)
             b.arrived.set()
+            b.landed = False  # a pipeline: weights landed beside the parameters, not swapped in yet
         self._comm = threading.Thread(target=self._communicate, name="blkps-torch-comm", daemon=True)
         self._comm.start()
         for k, ((_, p), g) in enumerate(zip(self.layout.named, self._grad_views)):
@@ -696,22 +725,28 @@ class _DistributedOptimizer:
     log_forward_waits = False  # tests: record which buckets each module's forward waited for
 
     def _wait_arrived(self, bucket):
-        if not bucket.arrived.is_set():
+        if self._await_transfers(bucket, "weights_wait"):
             self.forward_waits += 1
-            start = time.perf_counter()
-            while not bucket.arrived.wait(1.0):
-                if not self._comm.is_alive():
-                    raise RuntimeError("blkps.torch: the communication thread has stopped")
-            self.seconds["weights_wait"] += time.perf_counter() - start
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        self._raise_error()
+
+    def _await_transfers(self, bucket, part):
+        """Waits until the bucket's transfers in flight are done, adding the
+        time to seconds[part]; whether it had to wait."""
+        if bucket.arrived.is_set():
+            return False
+        start = time.perf_counter()
+        while not bucket.arrived.wait(1.0):
+            if not self._comm.is_alive():
+                raise RuntimeError("blkps.torch: the communication thread has stopped")
+        self.seconds[part] += time.perf_counter() - start
+        return True
 
     def wait_weights(self):
         """Waits until every weight of the last step() is in the parameters
-        (overlap_pull: step() returns before; forward waits by layer)."""
+        (overlap_pull: step() returns before; forward waits by layer; a
+        pipeline: drain())."""
         if self.optimizer is None:
-            self._wait_buckets(self.buckets)
+            self.drain()
 
     def _make_hook(self, k):
         def hook(*_):
@@ -747,7 +782,12 @@ class _DistributedOptimizer:
                 return  # a second gradient, zeroed by the guard
             b.waiting -= 1
             if b.waiting == 0 and not self.skip_nonfinite:
-                self._queue(b)
+                if not self.pipeline:
+                    self._queue(b)
+                elif b.arrived.is_set():  # its last exchange is done: swap its weights in, push
+                    self._swap_in(b)
+                    self._queue(b)
+                # else step() queues it once its last exchange is done
 
     def _queue(self, bucket, zero=False):
         """Queues the bucket's push (zeros when `zero`) and, when pulling
@@ -763,6 +803,14 @@ class _DistributedOptimizer:
             self._pushes_in_flight += 1
         self._work.put(("push", bucket, zero))
 
+    def _swap_in(self, bucket):
+        """A pipeline: the weights the bucket's last exchange brought become
+        the parameters' (its gradient of this step is complete, so nothing
+        reads them before the next forward)."""
+        if bucket.landed:
+            bucket.landed = False
+            self.flat.swap_in(bucket.first, bucket.end)
+
     def _queue_pull(self, bucket):
         bucket.arrived.clear()
         self._work.put(("pull", bucket, False))
@@ -773,46 +821,102 @@ class _DistributedOptimizer:
         weights are one exchange, which also takes the buckets queued
         meanwhile that continue its range (one call does not drain the
         connections between them: doc/data-path.md "Phases at link rate");
-        pulls queued alone."""
-        device = None
+        pulls queued alone. Each call is a submission (doc/libblkps.md
+        "Streaming"): the next is handed over while earlier ones run, so the
+        connections' queues stay full from bucket to bucket; a call's
+        buckets are done when its completion comes back."""
+        device, flight = None, {}  # flight: ticket -> (kind, batch, submitted at)
         item = self._work.get()
-        while item is not None:
-            kind, bucket, zero = item
-            batch = [(bucket, zero)]
-            # Adjacent buckets queued meanwhile join this call (fewer, larger
-            # transfers); a step's pulls join in batches that double from one
-            # bucket, so the first layers' weights arrive first and early.
-            limit = len(self.buckets) if kind == "push" else self._pull_batch
-            following = self._take_adjacent(batch, kind, limit)
-            try:
-                if self._error is None:
-                    if device is None:
-                        device = blkps.Model(_the_job().target, dtype=self._wire)
-                    if kind == "push":
-                        overlapped = not self._backward_done
-                        if self.pull_during_backward:
-                            self._exchange_buckets(device, batch)
-                        else:
-                            self._push_buckets(device, batch)
-                        self.pushes += len(batch)
-                        self.overlapped += overlapped * len(batch)
-                    else:
-                        self._pull_buckets(device, [b for b, _ in batch])
-                        self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
-            except Exception as e:  # reported by step() or the next forward
-                self._error = e
-            if device is not None:  # before the batch is done: synchronize() sees its counts
+        while item is not None or flight:
+            following = _NOTHING
+            if item is not _NOTHING and item is not None:
+                kind, bucket, zero = item
+                batch = [(bucket, zero)]
+                # Adjacent buckets queued meanwhile join this call (fewer, larger
+                # transfers); a step's pulls join in batches that double from one
+                # bucket, so the first layers' weights arrive first and early.
+                limit = len(self.buckets) if kind == "push" else self._pull_batch
+                following = self._take_adjacent(batch, kind, limit)
+                ticket = None
+                try:
+                    if self._error is None:
+                        if device is None:
+                            device = blkps.Model(_the_job().target, dtype=self._wire)
+                        ticket = self._submit(device, kind, batch)
+                except Exception as e:  # reported by step() or the next forward
+                    self._error = e
+                if ticket is None:
+                    self._batch_done(kind, batch, None)
+                else:
+                    flight[ticket] = (kind, batch, time.perf_counter())
+            if flight:
+                busy = following is not _NOTHING or not self._work.empty()
+                for c in device.complete(timeout=0 if busy else _COMPLETION_POLL_S):
+                    kind, batch, submitted = flight.pop(c.ticket)
+                    self._batch_done(kind, batch, c.error, time.perf_counter() - submitted)
+            if not flight and device is not None:  # counters wait for every submission
                 self.faults.note("communication", device)
-            for b, _ in batch:
-                if kind == "pull" or self.pull_during_backward:
-                    b.arrived.set()
-                if kind == "push":
-                    with self._idle:
-                        self._pushes_in_flight -= 1
-                        self._idle.notify_all()
-            item = self._work.get() if following is _NOTHING else following
+            if item is None:
+                continue  # the end: only completions still to take
+            if following is not _NOTHING:
+                item = following
+            elif flight:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    item = _NOTHING
+            else:
+                item = self._work.get()
         if device is not None:
             device.close()
+
+    def _submit(self, device, kind, batch):
+        """Hands the adjacent buckets of `batch` ((bucket, zero) pairs) to
+        `device` as one submission of `kind` ("push": an exchange with
+        pull_during_backward, else a push; "pull"); its ticket."""
+        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
+        sixteen = self.flat.sixteen
+        if kind == "pull":
+            into = self.flat.host_weights(first, end)
+            self.bytes["pulled"] += into.nbytes
+            return (device.submit_pull16_into if sixteen else device.submit_pull_into)(first, into)
+        for bucket, zero in batch:
+            self._stage_push(bucket, zero)
+        host = self.flat.host_pushed(first, end)
+        self.bytes["pushed"] += host.nbytes
+        self.overlapped += (not self._backward_done) * len(batch)
+        if not self.pull_during_backward:
+            return (device.submit_push16 if sixteen else device.submit_push)(first, host)
+        into = self.flat.host_weights(first, end)
+        self.bytes["pulled"] += into.nbytes
+        return (device.submit_exchange16 if sixteen else device.submit_exchange)(first, host, into)
+
+    def _batch_done(self, kind, batch, error, seconds=0.0):
+        """A submission of `batch` ended (`error`: None, or why it failed;
+        a batch never submitted, after an earlier error, ends with None):
+        its weights become the parameters' (or land beside them), its
+        buckets are released to the training thread."""
+        if error is not None and self._error is None:
+            self._error = error
+        pulled = kind == "pull" or self.pull_during_backward
+        if seconds:
+            self.transfers += 1
+            part = "pull" if kind == "pull" else "exchange" if pulled else "push"
+            self.seconds[part] += seconds
+            if kind == "push":
+                self.pushes += len(batch)
+            else:
+                self._pull_batch = min(2 * self._pull_batch, len(self.buckets))
+        for b, _ in batch:
+            if pulled and seconds and error is None:
+                self.flat.weights_arrived(b.first, b.end)
+                b.landed = self.pipeline
+            if pulled:
+                b.arrived.set()
+            if kind == "push":
+                with self._idle:
+                    self._pushes_in_flight -= 1
+                    self._idle.notify_all()
 
     def _take_adjacent(self, batch, kind, limit):
         """Adds to `batch` ((bucket, zero) pairs, one to start) the items of
@@ -846,49 +950,6 @@ class _DistributedOptimizer:
         self.seconds["copy_out"] += time.perf_counter() - start
         return host
 
-    def _push_buckets(self, device, batch):
-        """One push of the adjacent buckets of `batch` ((bucket, zero) pairs)."""
-        for bucket, zero in batch:
-            self._stage_push(bucket, zero)
-        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
-        start = time.perf_counter()
-        host = self.flat.host_pushed(first, end)
-        (device.push16 if self.flat.sixteen else device.push)(first, host)
-        self.seconds["push"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pushed"] += host.nbytes
-
-    def _exchange_buckets(self, device, batch):
-        """The push of the adjacent buckets of `batch` ((bucket, zero)
-        pairs) and the pull of their weights as one exchange: each
-        request's pull starts once its push has completed, while later
-        pushes are in flight, so the connection carries both directions at
-        once (doc/libblkps.md "Exchange")."""
-        for bucket, zero in batch:
-            self._stage_push(bucket, zero)
-        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
-        start = time.perf_counter()
-        host, into = self.flat.host_pushed(first, end), self.flat.host_weights(first, end)
-        (device.exchange16 if self.flat.sixteen else device.exchange)(first, host, into)
-        for bucket, _ in batch:
-            self.flat.weights_arrived(bucket.first, bucket.end)
-        self.seconds["exchange"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pushed"] += host.nbytes
-        self.bytes["pulled"] += into.nbytes
-
-    def _pull_buckets(self, device, buckets):
-        """One pull of the adjacent `buckets`."""
-        first, end = min(b.first for b in buckets), max(b.end for b in buckets)
-        start = time.perf_counter()
-        into = self.flat.host_weights(first, end)
-        (device.pull16_into if self.flat.sixteen else device.pull_into)(first, into)
-        for bucket in buckets:
-            self.flat.weights_arrived(bucket.first, bucket.end)
-        self.seconds["pull"] += time.perf_counter() - start
-        self.transfers += 1
-        self.bytes["pulled"] += into.nbytes
-
     def _raise_error(self):
         if self._error is not None:
             error, self._error = self._error, None
@@ -911,23 +972,61 @@ class _DistributedOptimizer:
         self.seconds["step_wait"] += time.perf_counter() - start
         self._raise_error()
 
+    def _queue_pipelined(self, skipped=False):
+        """A pipeline's step(): each bucket not pushed yet waits for its
+        exchange of the previous step (the time in seconds pipeline_wait),
+        takes the weights it brought and is pushed (zeros, or nothing in
+        async, for a skipped step); this step's exchanges are not waited for."""
+        self._backward_done = True
+        for b in self.buckets:
+            if b.queued:
+                continue
+            self._await_transfers(b, "pipeline_wait")
+            self._raise_error()
+            self._swap_in(b)
+            if skipped and self.mode == "async":
+                b.queued = True  # async counts no writes: a skipped step sends nothing
+            else:
+                self._queue(b, zero=skipped)
+
+    def drain(self):
+        """Gradient mode: waits for every transfer in flight; in a pipeline
+        the weights they brought then become the parameters (the server's
+        after this learner's last push), so what is read or saved next is
+        defined (doc/gpu.md "Drain points"). Pushes nothing new."""
+        if self.optimizer is not None or getattr(self, "_comm", None) is None:
+            return
+        if not self.pipeline:
+            self._wait_buckets(self.buckets)
+            return
+        for b in self.buckets:
+            self._await_transfers(b, "pipeline_wait")
+            self._swap_in(b)
+        self._raise_error()
+
     def _gradient_step(self, skipped=False):
         if self.skip_nonfinite and not skipped and not self.flat.gradient_finite():
             skipped = True
         self.skipped_steps += skipped
-        self._push_remaining(skipped)
+        if self.pipeline:
+            self._queue_pipelined(skipped)
+        else:
+            self._push_remaining(skipped)
         self._follow_pushing_learners()  # for the pulls still to come and the next pushes
-        if not self.pull_during_backward or (skipped and self.mode == "async"):
+        if not self.pipeline and (not self.pull_during_backward or (skipped and self.mode == "async")):
             self.flat.after_compute()
             self._pull_batch = 1  # the step's first pull: one bucket, the first layers'
             for b in reversed(self.buckets):  # the first layers' weights first
                 self._queue_pull(b)
+        self.flat.release_gradient()
         self.gradient.zero_()
         for b in self.buckets:
             b.waiting, b.queued = b.needed, False
         self._passes = [0] * len(self.layout.named)
         self._backward_done = False
-        if not self.overlap_pull:
+        if self.pipeline:
+            pass  # the weights of the exchanges just queued are swapped in next step
+        elif not self.overlap_pull:
             self.wait_weights()
         elif self._learning:
             self._learnt()
@@ -1014,7 +1113,11 @@ class _DistributedOptimizer:
         the ones the local optimizer steps with; the combination is the
         server's, after step()."""
         if self.optimizer is None and not self.skip_nonfinite:
-            self._push_remaining()
+            if self.pipeline:
+                self._queue_pipelined()
+                self.drain()
+            else:
+                self._push_remaining()
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -1039,6 +1142,7 @@ class _DistributedOptimizer:
                 self._skipped_step()
             self._stepped = False
         if self.optimizer is None:
+            self.flat.release_gradient()  # a pipeline's copies out of it may still run
             self.gradient.zero_()
         else:
             self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -1052,7 +1156,13 @@ class _DistributedOptimizer:
         return [{"params": [p for _, p in self.layout.named]}]
 
     def state_dict(self):
-        return self.optimizer.state_dict() if self.optimizer is not None else {}
+        """The wrapped optimizer's; gradient mode: {} (the rule's state is
+        the server's), after drain(), so that the model's parameters saved
+        beside it are the server's after this learner's last push."""
+        if self.optimizer is None:
+            self.drain()
+            return {}
+        return self.optimizer.state_dict()
 
     def load_state_dict(self, state):
         if self.optimizer is not None:
@@ -1111,10 +1221,16 @@ class _DistributedOptimizer:
         self._note_faults()
 
     def close(self):
-        """Waits for the weights still arriving, stops the communication
-        thread and closes the connections."""
-        comm = getattr(self, "_comm", None)
+        """Waits for the transfers in flight (drain(): a pipeline's last
+        pushes are acknowledged and their weights swapped in), stops the
+        communication thread and closes the connections; then raises what
+        the last transfers failed with, if anything."""
+        comm, failed = getattr(self, "_comm", None), None
         if comm is not None and comm.is_alive():
+            try:
+                self.drain()
+            except Exception as e:  # raised once everything is closed
+                failed = e
             self._work.put(None)
             comm.join()
         if getattr(self, "_forward_hook", None) is not None:
@@ -1127,9 +1243,12 @@ class _DistributedOptimizer:
         if server is not None:
             server.shutdown()
             server.server_close()
+        if failed is not None:
+            raise failed
 
 
 _NOTHING = object()  # _take_adjacent: the queue ran empty
+_COMPLETION_POLL_S = 0.001  # the communication thread's wait for a completion while the queue is empty
 _optimizer = None
 _pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
 
@@ -1137,7 +1256,8 @@ _pending_broadcast = None  # root_rank of a broadcast_parameters made before Dis
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
-                         pull_during_backward=None, overlap_pull=None, skip_nonfinite=False, look_ahead=None):
+                         pull_during_backward=None, overlap_pull=None, skip_nonfinite=False, look_ahead=None,
+                         pipeline=None):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
     trains through this learner's model target (init()). named_parameters
     (model.named_parameters()) fixes the device layout; it is required in
@@ -1176,20 +1296,27 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     the parameters move on by look_ahead
     times the model's move since the previous pull, so the next gradient is
     taken near where the model will be when its push lands (doc/async.md
-    "Look-ahead"); 0 leaves them the server's weights. The result has
+    "Look-ahead"); 0 leaves them the server's weights. pipeline (gradient
+    mode, async and ssp; default True for a CUDA model there, refused in
+    bsp and delta mode): step() returns without waiting for its transfers;
+    the next step computes on the weights the previous step's exchanges
+    brought while this step's gradients are pushed and the weights for the
+    step after are pulled (one-step delayed updates; look_ahead's default
+    grows by 1; doc/gpu.md "Pipelined learners", and its drain points).
+    The result has
     step(closure=None), synchronize(), skip_synchronize(), zero_grad(),
-    wait_weights(), pull_server_weights(), param_groups, state_dict(),
-    close(), and counters steps,
+    wait_weights(), drain(), pull_server_weights(), param_groups,
+    state_dict(), close(), and counters steps,
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
-    mode: copy_out, push, pull, exchange, step_wait, weights_wait), bytes
-    (gradient mode: pushed, pulled on the wire)."""
+    mode: copy_out, push, pull, exchange, step_wait, weights_wait,
+    pipeline_wait), bytes (gradient mode: pushed, pulled on the wire)."""
     global _optimizer, _pending_broadcast
     options = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     if _optimizer is not None:
         _optimizer.close()
         _optimizer = None
     _optimizer = _DistributedOptimizer(optimizer, named_parameters, bucket_bytes, pull_during_backward, options,
-                                       overlap_pull, skip_nonfinite, look_ahead)
+                                       overlap_pull, skip_nonfinite, look_ahead, pipeline)
     job = _the_job()  # BLKPS_METRICS_PORT: its counters over HTTP (doc/monitoring.md "Learner metrics")
     _optimizer.metrics_server = _metrics.serve_optimizer(_optimizer, job.rank, job.local_rank)
     if _pending_broadcast is not None:
@@ -1552,8 +1679,12 @@ def allgather_object(obj, name=None, process_set=None):
 
 
 def barrier(process_set=None):
-    """Returns once every rank has called it."""
+    """Returns once every rank has called it, with the transfers of its
+    DistributedOptimizer done (drain()): after it the server holds every
+    rank's pushes."""
     _check_process_set(process_set)
+    if _optimizer is not None:
+        _optimizer.drain()
     _exchange().exchange("barrier", b"")
 
 
@@ -1683,6 +1814,8 @@ class EarlyStopping:
         else:
             self.bad_evals += 1
         self.stopped = asked or self.bad_evals >= self.patience
+        if self.stopped and _optimizer is not None:
+            _optimizer.drain()  # what is saved after the decision is the server's newest
         if self.stopped and self.stop_job and not asked and rank() == 0:
             request_stop()
         return self.stopped
