@@ -16,7 +16,8 @@ is a record with "failed": the reason; the others still run.
   bench/gpu.sh --out DIR [--mode async,bsp] [--pipeline default,on,off] [--wires float32,bfloat16]
                [--learners 1,2] [--models resnet50,gpt2] [--budget-s S] [--steps 20] [--warmup 3]
                [--shards 8] [--stripe-unit 1M] [--run-timeout 300] [--build DIR]
-               [--pull-during-backward default|yes|no] [--switch-interval S] [--device cpu --batch N]
+               [--pull-during-backward default|yes|no] [--switch-interval S] [--look-ahead X]
+               [--bucket-mb N] [--device cpu --batch N]
   bench/gpu.sh --check [--check-cases LIST]   tests/gpu_test.py's cases (the CUDA ones need a GPU)
   bench/gpu.sh --all --out DIR                --check into DIR/check.log, then every mode, pipeline,
                                               wire and learner count within --budget-s (330)
@@ -231,7 +232,8 @@ def optimizer_options(bps, cfg):
     if cfg.get("pipeline") is not None and "pipeline" not in known:
         sys.exit(PIPELINE_ABSENT)
     options = {"overlap_pull": True, "pull_during_backward": cfg.get("pull_during_backward"),
-               "pipeline": cfg.get("pipeline")}
+               "pipeline": cfg.get("pipeline"), "look_ahead": cfg.get("look_ahead"),
+               "bucket_bytes": cfg.get("bucket_bytes")}
     return {k: v for k, v in options.items() if v is not None and k in known}
 
 
@@ -370,7 +372,8 @@ def measure(args, run, batch, alone, with_transfers, timeout):
                "steps": args.steps, "warmup": args.warmup, "device": args.device,
                "pull_during_backward": {"yes": True, "no": False}.get(args.pull_during_backward),
                "pipeline": {"on": True, "off": False}.get(run.pipeline),
-               "switch_interval": args.switch_interval}
+               "switch_interval": args.switch_interval, "look_ahead": args.look_ahead,
+               "bucket_bytes": args.bucket_mb << 20 if args.bucket_mb else None}
         envs = []
         for rank in range(run.learners):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(run.learners),
@@ -405,6 +408,8 @@ def measure(args, run, batch, alone, with_transfers, timeout):
                 pipeline=outs[0]["pipeline"], pull_during_backward=outs[0]["pull_during_backward"],
                 stripe_unit=args.stripe_unit,
                 **({"switch_interval": args.switch_interval} if args.switch_interval else {}),
+                **({"look_ahead": args.look_ahead} if args.look_ahead is not None else {}),
+                **({"bucket_mb": args.bucket_mb} if args.bucket_mb else {}),
                 rank0_ms_per_step=outs[0]["ms_per_step"], rank0_transfers_per_step=outs[0]["transfers"],
                 rank0_module_waits=outs[0]["module_waits"],
                 rank0_memory=dict(outs[0]["memory"], alone_gpu_peak_mb=alone_peak),
@@ -578,6 +583,8 @@ def main():
     p.add_argument("--pull-during-backward", choices=("default", "yes", "no"), default="default",
                    help="yes: each bucket pulled right after its push (an exchange); no: every bucket pulled "
                         "after step(); default: blkps.torch's")
+    p.add_argument("--look-ahead", type=float, help="DistributedOptimizer's look_ahead (default: blkps.torch's)")
+    p.add_argument("--bucket-mb", type=int, help="DistributedOptimizer's bucket_bytes in MiB (default: blkps.torch's)")
     p.add_argument("--switch-interval", type=float,
                    help="the learners' Python switch interval in seconds (sys.setswitchinterval)")
     p.add_argument("--train", help=argparse.SUPPRESS)
