@@ -41,6 +41,16 @@
 #     and every one of shard 1 the pushed sums minus the pushes libblkps
 #     told each learner were lost there. Meanwhile `blkps status --dir`
 #     shows shard 0 and names shard 1 as unreachable.
+#   scaleout_test.sh <repo> <build dir> kill-restart-bsp
+#     2 bsp learners through 2 tgtds (pushing 1 and 3 a round; learner 1
+#     syncs every 4 rounds while learner 2 has already pushed the next
+#     round's gradient to shard 0 but not to shard 1); with the learners
+#     stopped, kill -9 of shard 1's tgtd and `target restart`: both shards
+#     come back on their ports from one generation, every learner at its
+#     round on both; the learners go on and finish, and on each shard the
+#     weights are the rounds' averages of the gradients it holds, and each
+#     learner's pushes minus those its shards hold are the pushes libblkps
+#     told it were lost.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -120,6 +130,79 @@ PY
 }
 
 case "$what" in
+  kill-restart-bsp)
+    mkdir -p "$state/ck"
+    "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
+      --bsopts "params=$ck_params;block=64K;rule=sum;mode=bsp;checkpoint=$state/ck/model.ckpt" \
+      >/dev/null
+    read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
+    rounds=24 learner_pids=()
+    mkdir -p "$state/marks"
+    for learner in 1 2; do
+      "$py" "$top/tests/scaleout_bsp_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
+        "$rounds" "$state/marks" > "$state/lost-$learner" 2> "$state/learner-$learner.log" &
+      learner_pids[learner]=$!
+    done
+    # Stop both learners once both are past round 10 (polled, bounded), so
+    # that the restarted job is seen before they go on.
+    for _ in $(seq 600); do
+      [ "$(cat "$state/marks/progress-1" 2>/dev/null || echo 0)" -ge 10 ] &&
+        [ "$(cat "$state/marks/progress-2" 2>/dev/null || echo 0)" -ge 10 ] && break
+      sleep 0.1
+    done
+    kill -STOP "${learner_pids[1]}" "${learner_pids[2]}"
+    kill -9 "$(cat "$state/ps/shard-1/tgtd.pid")"
+    "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
+    cat "$state/restarted"
+    for k in 0 1; do
+      grep -q "^restarted shard $k (.*) on port ${ports[$k]}: generation" "$state/restarted" ||
+        fail "shard $k was not restarted on its port ${ports[$k]}"
+    done
+    # One generation, one round: every learner at that round on both shards.
+    "$blkps" status --dir "$state/ps" --json | "$py" -c '
+import json, sys
+shards = json.load(sys.stdin)
+seen = {(k, s["global_step"], tuple(sorted((l["lun"], l["iteration"]) for l in s["learners"])))
+        for k, s in enumerate(shards)}
+rounds = {step for _, step, _ in seen} | {it for _, _, ls in seen for _, it in ls}
+if len(rounds) != 1 or len({s["checkpoint"]["generation"] for s in shards}) != 1:
+    sys.exit(f"the restarted shards are not one job at one round: {sorted(seen)}")
+print(f"restarted at round {rounds.pop()}")' || fail "after the restart"
+    kill -CONT "${learner_pids[1]}" "${learner_pids[2]}"
+    wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
+    wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    "$blkps" status --dir "$state/ps" --json > "$state/final.json"
+    "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
+      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" "$state/final.json" <<'PY' || fail "after the restart"
+import json, sys
+import numpy as np
+import blkps
+url, n, rounds, lost1, lost2, final = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5]), sys.argv[6]
+part = 4 * n // 2  # a push's bytes on one tgtd
+with open(final) as f:
+    shards = json.load(f)
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+held = {1: 0, 2: 0}  # pushes the shards hold, per learner
+for k, s in enumerate(shards):
+    its = {l["lun"]: l["iteration"] for l in s["learners"]}
+    a, b = sorted(its)  # learner 1's LUN, learner 2's
+    g1, g2 = its[a], its[b]  # gradients held: the clocks (nobody died, nobody rejoined)
+    held[1] += g1
+    held[2] += g2
+    # Rounds with both: their average 2; the rounds after, one learner's own.
+    want = 2.0 * min(g1, g2) + 1.0 * max(g1 - g2, 0) + 3.0 * max(g2 - g1, 0)
+    chunk = w[k * n // 2:(k + 1) * n // 2]
+    if not np.all(chunk == want):
+        sys.exit(f"tgtd {k} serves {np.unique(chunk)[:4]}, expected {want} (clocks {g1}, {g2})")
+for learner, lost in ((1, lost1), (2, lost2)):
+    if lost != (2 * rounds - held[learner]) * part:
+        sys.exit(f"learner {learner} was told {lost} bytes lost; its shards lack "
+                 f"{2 * rounds - held[learner]} of its pushes of {part} bytes")
+print(f"lost {lost1 // part} and {lost2 // part} pushes; clocks {held}")
+PY
+    ;;
   kill-restart-async)
     mkdir -p "$state/ck"
     "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
@@ -308,7 +391,9 @@ with blkps.Model(sys.argv[1]) as m:
     m.pull(0, int(sys.argv[2])).tofile(sys.argv[3])
     m.sync()  # fsync: every shard checkpoints its part
 PY
-    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k.gen-1" ] || fail "no checkpoint of shard $k"; done
+    # bsp: generations are numbered by their round (doc/server.md "One round
+    # on every shard").
+    for k in 0 1; do ls "$state/model.ckpt.shard-$k.gen-"* >/dev/null || fail "no checkpoint of shard $k"; done
     [ -s "$state/model.ckpt.manifest" ] || fail "the sync committed no generation"
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
@@ -403,5 +488,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async, kill-restart-bsp)" ;;
 esac
