@@ -38,8 +38,8 @@ Status Job::Checkpoint(size_t slot) {
   if (opts_.checkpoint.empty()) return Status::OK();
   uint64_t round = kNoCheckpointRound;
   if (RoundBoundaries()) {
-    // Waits without a number: generations are numbered as their instants
-    // come, so in the order of their rounds on every shard.
+    // Waits before it takes checkpoint_mu_: a request for a later round
+    // (another learner's) must not hold up one for this round.
     Status s = AwaitRoundBoundary(slot, &round);
     if (!s.ok()) return FailCheckpoint(s, round);
   }

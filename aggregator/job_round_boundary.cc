@@ -30,9 +30,9 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   const std::string why =
       "a scaled-out bsp job's checkpoint is taken at one round on every shard (doc/server.md \"One round on every shard\")";
   if (!finished) {
-    return Status::IOError("round " + std::to_string(R) + " did not finish on this shard within hold_limit (" +
-                           std::to_string(clocks_.global_step()) + " of its blocks' rounds done; a learner is behind); " +
-                           why);
+    return Status::IOError("round " + std::to_string(R) + " did not finish on this shard within hold_limit (some " +
+                           "of its blocks are at round " + std::to_string(clocks_.global_step()) +
+                           ": a learner is behind); " + why);
   }
   if (clocks_.max_round() > R) {
     return Status::IOError("the checkpoint asked for round " + std::to_string(R) + " but this shard is at round " +

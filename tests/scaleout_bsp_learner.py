@@ -7,8 +7,12 @@ next round's gradient to shard 0 (the model's first half) and not yet to
 shard 1: a checkpoint taken at an instant, not at a round boundary, would
 hold learner 2 one round apart on the two shards. The learners meet through
 empty files in MARKS (half-<r>: learner 2's first half of round r is
-pushed; synced-<r>: learner 1 synced after round r) and write their last
-finished round to MARKS/progress-<learner>. At the end each syncs (so that
+pushed; synced-<r>: learner 1 synced after round r), until they have
+reconnected: after a restart each learner's pushes that the restart lost
+are lost on each shard apart, so a round's pull may need the other's next
+push, and the meeting would deadlock. They write their last
+finished round to MARKS/progress-<learner>. At the end each waits for
+MARKS/finish (so that it is still there to be stopped), syncs (so that
 pushed_bytes_lost is complete) and prints pushed_bytes_lost.
 
 usage: scaleout_bsp_learner.py URL PARAMS LEARNER ROUNDS MARKS
@@ -44,18 +48,20 @@ def main():
             if learner == 2 and r > 1 and (r - 1) % 4 == 0:
                 m.push(0, g[:half])
                 mark(marks, f"half-{r}")
-                wait_for(marks, f"synced-{r - 1}")
+                if m.reconnects == 0:
+                    wait_for(marks, f"synced-{r - 1}")
                 m.push(half, g[half:])
             else:
                 m.push(0, g)
             m.pull(0, n)
             if learner == 1 and r % 4 == 0:
-                if r < rounds:
+                if r < rounds and m.reconnects == 0:
                     wait_for(marks, f"half-{r + 1}")
                 m.sync()  # a generation
                 mark(marks, f"synced-{r}")
             with open(os.path.join(marks, f"progress-{learner}"), "w") as f:
                 f.write(f"{r}\n")
+        wait_for(marks, "finish")
         m.sync()
         print(m.pushed_bytes_lost)
 
