@@ -18,7 +18,7 @@ runs=${1:-20}
 RANDOM=${2:-1}
 passed=0
 for run in $(seq "$runs"); do
-  at=$((2 + RANDOM % 12)) shard=$((RANDOM % 2))
+  at=$((4 + RANDOM % 10)) shard=$((RANDOM % 2))
   if out=$(BLKPS_KILL_AT_ROUND=$at BLKPS_KILL_SHARD=$shard \
     "$top/tests/scaleout_test.sh" "$top" "$build" kill-restart-bsp 2>&1); then
     passed=$((passed + 1))

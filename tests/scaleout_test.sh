@@ -43,12 +43,12 @@
 #     shows shard 0 and names shard 1 as unreachable.
 #   scaleout_test.sh <repo> <build dir> kill-restart-bsp
 #     2 bsp learners through 2 tgtds (pushing 1 and 3 a round, then waiting
-#     for the test before their last sync; learner 1
-#     syncs every 4 rounds while learner 2 has already pushed the next
-#     round's gradient to shard 0 but not to shard 1); with the learners
-#     stopped, kill -9 of shard 1's tgtd and `target restart`: both shards
-#     come back on their ports from one generation, every learner at its
-#     round on both; the learners go on and finish, and on each shard the
+#     for the test before their last sync; learner 1 syncs every 4 rounds
+#     while learner 2 has already pushed the next round's gradient to shard
+#     0 but not to shard 1); with the learners stopped, kill -9 of shard 1's
+#     tgtd and `target restart`: both shards come back on their ports from
+#     one generation whose parts are at one round with every learner at it;
+#     the learners go on and finish, and on each shard the
 #     weights are the rounds' averages of the gradients it holds, and each
 #     learner's pushes minus those its shards hold are the pushes libblkps
 #     told it were lost. BLKPS_KILL_AT_ROUND (default 10) and
