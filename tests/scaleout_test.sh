@@ -61,8 +61,10 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" PYTHONPATH="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-scaleout-test-XXXXXX)
-mnt="$state/mnt" mount_pid="" owner_pid=""
+mnt="$state/mnt" mount_pid="" owner_pid="" learner_pids=()
 cleanup() {
+  local pid
+  for pid in "${learner_pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done  # stopped ones too
   if [ -n "$owner_pid" ]; then kill "$owner_pid" 2>/dev/null || true; fi
   if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
     kill -TERM "$mount_pid" 2>/dev/null || true
@@ -153,7 +155,7 @@ both_past() {
 case "$what" in
   kill-restart-bsp)
     kill_restart_start bsp
-    rounds=24 learner_pids=()
+    rounds=24
     mkdir -p "$state/marks"
     for learner in 1 2; do
       "$py" "$top/tests/scaleout_bsp_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
@@ -206,6 +208,7 @@ PY
       fail "after the restart"
     wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
     wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    learner_pids=()  # ended: their ids are no longer ours
     "$blkps" status --dir "$state/ps" --json > "$state/final.json"
     "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
       "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" "$state/final.json" <<'PY' || fail "after the restart"
@@ -276,6 +279,7 @@ PY
     if grep -q "^restarted shard 0" "$state/restarted"; then fail "async: the live shard 0 was restarted"; fi
     wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
     wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    learner_pids=()  # ended: their ids are no longer ours
     "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
       "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" <<'PY' || fail "after the restart"
 import json, sys
