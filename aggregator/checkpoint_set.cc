@@ -76,6 +76,20 @@ std::string Join(const std::vector<std::string>& names) {
   return out;
 }
 
+std::string RoundText(uint64_t round) { return round == kNoCheckpointRound ? "(none)" : std::to_string(round); }
+
+// "" if the set's parts are at one round (or have none); else what differs,
+// e.g. "shard 0 is at round 12, shard 1 at round 13".
+std::string RoundsDiffer(const CheckpointSet& set) {
+  for (size_t k = 1; k < set.parts.size(); ++k) {
+    if (set.parts[k].round != set.parts[0].round) {
+      return "shard 0 is at round " + RoundText(set.parts[0].round) + ", shard " + std::to_string(k) + " at round " +
+             RoundText(set.parts[k].round);
+    }
+  }
+  return "";
+}
+
 std::string Refusal(const std::string& path, const std::string& why) {
   return "checkpoint " + path + ": " + why +
          "; the job was not started from it (fresh=1, blkps target start --fresh, starts a new job over it)";
@@ -95,10 +109,11 @@ Status CheckPart(const std::string& path, const CheckpointSet& set, uint32_t k) 
   std::string differs;
   if (id.job != set.job) {
     differs = "foreign: it is of job " + (id.job.empty() ? "(none)" : id.job) + ", the set of job " + set.job;
-  } else if (id.generation != set.generation || id.step != part.step) {
+  } else if (id.generation != set.generation || id.step != part.step || id.round != part.round) {
     differs = "mixed: it is generation " + std::to_string(id.generation) + " at step " + std::to_string(id.step) +
-              ", the set's part " + std::to_string(k) + " is generation " + std::to_string(set.generation) +
-              " at step " + std::to_string(part.step);
+              " round " + RoundText(id.round) + ", the set's part " + std::to_string(k) + " is generation " +
+              std::to_string(set.generation) + " at step " + std::to_string(part.step) + " round " +
+              RoundText(part.round);
   } else if (id.shard != k || id.shards != set.shards) {
     differs = "it is shard " + std::to_string(id.shard) + " of " + std::to_string(id.shards) + ", the set names it " +
               "shard " + std::to_string(k) + " of " + std::to_string(set.shards);
@@ -138,6 +153,11 @@ Status ReadManifest(const std::string& path, CheckpointSet* out) {
                                      " is missing or malformed");
     }
     p.file = folder + "/" + part.substr(space + 1);
+    const std::string round = meta("round." + std::to_string(k));
+    if (!round.empty() && !ParseDecimal(round, &p.round)) {
+      return Status::InvalidArgument("checkpoint " + path + ": " + manifest + ": round." + std::to_string(k) +
+                                     " is malformed");
+    }
     set.parts.push_back(std::move(p));
   }
   *out = std::move(set);
@@ -151,6 +171,7 @@ Status WriteManifest(const std::string& path, const CheckpointSet& set) {
                                              {"shards", std::to_string(set.shards)}};
   for (size_t k = 0; k < set.parts.size(); ++k) {
     meta["part." + std::to_string(k)] = std::to_string(set.parts[k].step) + " " + BaseOf(set.parts[k].file);
+    if (set.parts[k].round != kNoCheckpointRound) meta["round." + std::to_string(k)] = std::to_string(set.parts[k].round);
   }
   return WriteCheckpointFile(CheckpointManifestPath(path), meta, {});
 }
@@ -219,6 +240,7 @@ void PutCheckpointIdentity(const CheckpointIdentity& id, std::map<std::string, s
   (*meta)["shard"] = std::to_string(id.shard);
   (*meta)["shards"] = std::to_string(id.shards);
   (*meta)["step"] = std::to_string(id.step);
+  if (id.round != kNoCheckpointRound) (*meta)["round"] = std::to_string(id.round);
 }
 
 CheckpointIdentity GetCheckpointIdentity(const CheckpointHeader& header) {
@@ -229,6 +251,7 @@ CheckpointIdentity GetCheckpointIdentity(const CheckpointHeader& header) {
   id.shard = static_cast<uint32_t>(MetaNumber(header, "shard", 0));
   id.shards = static_cast<uint32_t>(MetaNumber(header, "shards", 1));
   id.step = MetaNumber(header, "step", 0);
+  id.round = MetaNumber(header, "round", kNoCheckpointRound);
   return id;
 }
 
@@ -281,6 +304,11 @@ Status ReadCheckpointSet(const std::string& path, CheckpointSet* out) {
     s = CheckPart(path, set, k);
     if (!s.ok()) return s;
   }
+  const std::string rounds = RoundsDiffer(set);
+  if (!rounds.empty()) {
+    return Status::InvalidArgument(Refusal(path, "mixed rounds: generation " + std::to_string(set.generation) +
+                                                     " is not one state of the job: " + rounds));
+  }
   *out = std::move(set);
   return Status::OK();
 }
@@ -302,7 +330,12 @@ Status CommitCheckpointGeneration(const std::string& path, const CheckpointIdent
     if (id.job != written.job || id.generation != written.generation || id.shards != written.shards) {
       return Status::OK();  // another job's leftover under that name: not this generation's part
     }
-    set.parts.push_back({file, id.step});
+    set.parts.push_back({file, id.step, id.round});
+  }
+  const std::string rounds = RoundsDiffer(set);
+  if (!rounds.empty()) {
+    return Status::IOError("generation " + std::to_string(set.generation) + " was not committed: " + rounds +
+                           " (a shard took its part at another round boundary); the previous generation stays");
   }
   CheckpointSet current;
   if (ReadManifest(path, &current).ok() && current.job == set.job && current.generation >= set.generation) {

@@ -6,10 +6,15 @@
 //   job=<id>         fixed at the job's first start (`blkps target start`
 //                    gives every shard the same; a lone server makes one)
 //   generation=<G>   the job's checkpoint number: 1, 2, ... (every request
-//                    for a checkpoint uses up one, written or failed)
+//                    for a checkpoint uses up one, written or failed; a
+//                    scaled-out bsp job numbers them by their round, job.h
+//                    "One round on every shard")
 //   shard=<K>        which part of the model the file holds, 0-based
 //   shards=<N>       of how many
 //   step=<S>         the shard's global step at the checkpoint's instant
+//   round=<R>        a scaled-out bsp job's only: the round boundary the
+//                    part was taken at (job.h "One round on every shard"):
+//                    rounds 1..R applied, nothing of a later one
 //
 // A set of one (a job served by one server, no shard= option) is the file
 // PATH itself, replaced atomically at each checkpoint: it is committed when
@@ -28,6 +33,12 @@
 //   job=<id>  generation=<G>  shards=<N>
 //   part.<K>=<step> <file name>     one per shard K = 0 .. N-1: its step at
 //                                   the instant, its file without folder
+//   round.<K>=<R>                   the part's round, where its file has one
+//
+// A generation whose parts have rounds is committed only if they all have
+// the same one: parts at different rounds are not one state of the job, so
+// the last shard refuses to commit them (its fsync fails) and the previous
+// committed generation stays.
 //
 // After a commit, the parts of all but the newest `keep` committed
 // generations are removed, and so is any part of an older generation that
@@ -55,12 +66,17 @@
 
 namespace blkps::server {
 
+// A part with no round (async, ssp, a set of one, files written before
+// rounds).
+constexpr uint64_t kNoCheckpointRound = ~uint64_t{0};
+
 struct CheckpointIdentity {
   std::string job;
   uint64_t generation = 0;
   uint32_t shard = 0;
   uint32_t shards = 1;
   uint64_t step = 0;
+  uint64_t round = kNoCheckpointRound;
 };
 
 // The file shard `shard` of a set of `shards` writes generation `generation`
@@ -91,6 +107,7 @@ struct CheckpointSet {
   struct Part {
     std::string file;  // full path
     uint64_t step = 0;
+    uint64_t round = kNoCheckpointRound;
   };
   std::vector<Part> parts;  // by shard
 };
@@ -101,9 +118,9 @@ struct CheckpointSet {
 //                    job;
 //   InvalidArgument  one line naming the files and what differs: parts
 //                    without a manifest (incomplete), a missing part, a
-//                    part of another job (foreign), another generation or
-//                    step (mixed), another shard count; or both PATH and
-//                    PATH.manifest;
+//                    part of another job (foreign), another generation,
+//                    step or round (mixed), parts at different rounds,
+//                    another shard count; or both PATH and PATH.manifest;
 //   the codes of ReadCheckpointHeader for a part it cannot read.
 Status ReadCheckpointSet(const std::string& path, CheckpointSet* out);
 
@@ -112,7 +129,8 @@ Status ReadCheckpointSet(const std::string& path, CheckpointSet* out);
 // job and generation), commits it as above unless a newer one is committed,
 // then prunes to the newest `keep` committed generations. *committed says
 // whether this call wrote the manifest. IOError if the manifest cannot be
-// written (the previous one stays); pruning failures are not errors.
+// written, or if the parts are at different rounds (the previous one
+// stays); pruning failures are not errors.
 // REQUIRES: written.shards > 1, keep >= 1.
 Status CommitCheckpointGeneration(const std::string& path, const CheckpointIdentity& written, uint32_t keep,
                                   bool* committed);

@@ -8,6 +8,7 @@
 // and exits 0:
 //   {"committed": true, "job": "3f0c...", "generation": 7, "shards": 2,
 //    "parts": [{"file": "/c/model.ckpt.shard-0.gen-7", "step": 8000}, ...]}
+// (a part taken at a round boundary also has "round": R)
 // or {"committed": false, ...} with no parts when nothing was ever committed
 // there (a new job). A set that a restart would refuse (incomplete, mixed,
 // foreign, unreadable) prints "blkps: checkpoint: <reason>" on stderr, one
@@ -41,7 +42,11 @@ int main(int argc, char** argv) {
                     ", \"shards\": " + std::to_string(set.parts.size()) + ", \"parts\": [";
   for (size_t k = 0; k < set.parts.size(); ++k) {
     out += std::string(k ? ", " : "") + "{\"file\": " + blkps::server::JsonString(set.parts[k].file) +
-           ", \"step\": " + std::to_string(set.parts[k].step) + "}";
+           ", \"step\": " + std::to_string(set.parts[k].step) +
+           (set.parts[k].round == blkps::server::kNoCheckpointRound
+                ? std::string()
+                : ", \"round\": " + std::to_string(set.parts[k].round)) +
+           "}";
   }
   std::printf("%s]}\n", out.c_str());
   return 0;

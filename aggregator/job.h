@@ -59,6 +59,22 @@
 // corrupt one, or one written for another geometry, rule or mode, fails
 // Create().
 //
+// One round on every shard (doc/server.md "One round on every shard"). A
+// scaled-out bsp job (shards > 1) takes each generation at a round
+// boundary R, the same on every shard, so that a restored job is one model
+// at one round: a learner's fsync asks for R = its own iteration (it has
+// pushed its whole gradient to every shard before it syncs, so every shard
+// hears the same R); a control checkpoint=1 for R = the highest round any
+// block of the shard has reached. The request waits (at most hold_limit)
+// until every block of the shard has finished round R; the part then holds
+// the weights and rule state after round R, and leaves out what was given
+// towards round R+1 (others' pushes that came before the request): the
+// round's sum, those gradients on the clocks, and those writes on the
+// receipts, which a restart then reports as lost. A block already past R
+// fails the request. Rounds never go past R meanwhile: round R+1 needs the
+// asking learner's next gradient. A set of one, async and ssp keep the
+// instant above (ssp has no round that every learner is at; open).
+//
 // The code, by what it does:
 //   job.cc             lifetime and learner slots
 //   job_holds.cc       admission: whether a command may run now, held
@@ -71,6 +87,8 @@
 //   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
 //   job_receipts.cc    receipts: the write gate, counting applied writes,
 //                      reading them, fences, their checkpoint section
+//   job_round_boundary.cc  a scaled-out bsp job's checkpoints at one round
+//                      on every shard
 #pragma once
 
 #include <atomic>
@@ -207,6 +225,9 @@ class Job {
   // generation is committed. On failure the generation fails (status
   // "checkpoint" "error" says so) and the committed one stays.
   Status Checkpoint();
+  // The same, asked by learner `slot`'s fsync: in a scaled-out bsp job at
+  // the round boundary of its iteration ("One round on every shard").
+  Status Checkpoint(size_t slot);
 
   // Status as one JSON object (keys in blkps/control_lun.h, meanings in
   // doc/server.md, "Status and control").
@@ -321,13 +342,42 @@ class Job {
 
   Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
   Status LoadCheckpoint();
+  static constexpr size_t kNoSlot = ~size_t{0};
+  // Writes the next generation; at round boundary `round` unless it is
+  // kNoCheckpointRound (checkpoint_set.h). On failure the generation fails.
+  Status WriteCheckpoint(uint64_t round);
+  // A generation asked for fails before its instant: it uses its number up
+  // (so the shards' numbers stay in step; at round boundary `round`, its
+  // round's) and status says why.
+  Status FailCheckpoint(const Status& why, uint64_t round);
+
+  // One round on every shard (job_round_boundary.cc).
+  // Whether generations are taken at round boundaries: a scaled-out bsp job.
+  bool RoundBoundaries() const;
+  // Waits until every block has finished the round a checkpoint asked by
+  // `slot` (kNoSlot: control) is at, for at most hold_limit; *round gets it.
+  // IOError if it does not come, or a block is already past it.
+  // REQUIRES: RoundBoundaries().
+  Status AwaitRoundBoundary(size_t slot, uint64_t* round);
+  // Whether every block is at one round (a periodic checkpoint's moment).
+  bool AtOneRound() const;
+  // The generation of round boundary R: numbered by its round, so that
+  // every shard gives a round the same number whatever else it was asked.
+  uint64_t RoundGeneration(uint64_t R) const;
+  // Learner `slot`'s write `initiator` made, counted at receipt unit `unit`,
+  // gave a gradient towards round `round` (its clock then). REQUIRES mu_.
+  void RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round);
+  // The receipts as words (SaveReceiptsLocked) as at round boundary R: the
+  // writes towards rounds R+1 and later uncounted. REQUIRES mu_.
+  std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R);
   // Write() without the gate and the receipt.
   Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
   std::vector<uint64_t> SaveReceiptsLocked() const;
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);
-  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
-  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
+  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not;
+  // `round`: the round its gradient was towards (RoundBoundaries() only).
+  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round);
   // `initiator` does I/O on slot `s`: its receipt (made for a write, found
   // for a read; nullptr if none) becomes the most recently used, and the
   // slot's least recently used one beyond kReceiptsPerSlot is dropped.
@@ -391,12 +441,31 @@ class Job {
   uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
+  // RoundBoundaries(): the writes applied towards rounds the shard has not
+  // finished on every block (older ones are pruned), and a wake-up for
+  // checkpoints waiting for a round.
+  struct RoundWrite {
+    size_t slot;
+    std::string initiator;
+    uint64_t unit;
+    uint64_t round;
+  };
+  std::vector<RoundWrite> round_writes_;  // guarded by mu_
+  size_t round_writes_prune_at_ = 64;     // guarded by mu_
+  std::condition_variable round_cv_;      // with mu_: a round finished
+  uint32_t checkpoints_waiting_ = 0;      // guarded by mu_: in AwaitRoundBoundary
+  uint64_t waiting_round_ = 0;            // guarded by mu_: the round the last of them waits for
   std::atomic<uint64_t> rejected_writes_{0};
   const Clock::time_point started_ = Clock::now();
 
   std::mutex checkpoint_mu_;  // one checkpoint at a time
   std::string job_id_;        // set by LoadCheckpoint, then constant
   uint64_t generation_ = 0;   // guarded by checkpoint_mu_: the last one asked for
+  // RoundBoundaries(): round R is generation round_generation_base_ + 1 +
+  // R - round_base_, both fixed at the start: the generation loaded and its
+  // round (a new job: the newest number in the folder, round 0), the same on
+  // every shard. Set by LoadCheckpoint, then constant.
+  uint64_t round_generation_base_ = 0, round_base_ = 0;
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   uint32_t writes_running_ = 0;  // guarded by gate_mu_

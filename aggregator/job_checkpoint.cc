@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "checkpoint_file.h"
@@ -31,11 +32,36 @@ std::map<std::string, std::string> Identity(const JobOptions& opts) {
 
 }  // namespace
 
-Status Job::Checkpoint() {
+Status Job::Checkpoint() { return Checkpoint(kNoSlot); }
+
+Status Job::Checkpoint(size_t slot) {
   if (opts_.checkpoint.empty()) return Status::OK();
+  uint64_t round = kNoCheckpointRound;
+  if (RoundBoundaries()) {
+    // Waits before it takes checkpoint_mu_: a request for a later round
+    // (another learner's) must not hold up one for this round.
+    Status s = AwaitRoundBoundary(slot, &round);
+    if (!s.ok()) return FailCheckpoint(s, round);
+  }
+  return WriteCheckpoint(round);
+}
+
+Status Job::FailCheckpoint(const Status& why, uint64_t round) {
+  std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+  const uint64_t generation = generation_ = round != kNoCheckpointRound ? RoundGeneration(round) : generation_ + 1;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_checkpoint_ = Clock::now();
+  checkpoint_error_ = "generation " + std::to_string(generation) + " failed: " + why.message();
+  return why;
+}
+
+Status Job::WriteCheckpoint(uint64_t round) {
   std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
   const Clock::time_point start = Clock::now();
-  const uint64_t generation = ++generation_;  // a failed one uses its number up too
+  const bool at_round = round != kNoCheckpointRound;
+  // A failed one uses its number up too.
+  const uint64_t generation = generation_ = at_round ? RoundGeneration(round) : generation_ + 1;
+  std::string past;  // at_round: why the shard is not at `round` at the instant
   uint64_t step = 0;
   std::map<std::string, std::string> meta = Identity(opts_);
   std::vector<uint64_t> clocks, luns, receipts;
@@ -50,8 +76,11 @@ Status Job::Checkpoint() {
     gate.unlock();
     snapshot = model_->TakeSnapshot([&] {
       std::lock_guard<std::mutex> lock(mu_);
-      clocks = clocks_.Save();
-      receipts = SaveReceiptsLocked();
+      if (at_round && (clocks_.global_step() != round || clocks_.max_round() != round)) {
+        past = "this shard moved past round " + std::to_string(round) + " before its checkpoint's instant";
+      }
+      clocks = at_round ? clocks_.SaveAtRound(round) : clocks_.Save();
+      receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
@@ -62,21 +91,25 @@ Status Job::Checkpoint() {
   }
   // Writes go on from here; the snapshot keeps what they change first.
   const double stalled = Seconds(Clock::now() - start);
-  const CheckpointIdentity id{job_id_, generation, opts_.shard, opts_.shards, step};
+  const CheckpointIdentity id{job_id_, generation, opts_.shard, opts_.shards, step, round};
   PutCheckpointIdentity(id, &meta);
   const std::string file = CheckpointPartPath(opts_.checkpoint, opts_.shard, opts_.shards, generation);
   std::vector<CheckpointSection> sections;
   const std::vector<Model::Array>& arrays = snapshot->arrays();
   for (size_t k = 0; k < arrays.size(); ++k) {
-    sections.emplace_back(arrays[k].name, arrays[k].bytes, [&, k](uint64_t offset, uint64_t len, void* out) {
+    // At a round boundary the round's sum is empty: what was given towards
+    // the next round is left out.
+    const bool empty = at_round && arrays[k].name == "accumulator";
+    sections.emplace_back(arrays[k].name, arrays[k].bytes, [&, k, empty](uint64_t offset, uint64_t len, void* out) {
       if (opts_.checkpoint_hook) opts_.checkpoint_hook(arrays[k].name, offset);
-      snapshot->Read(k, offset, len, out);
+      if (empty) std::memset(out, 0, len);
+      else snapshot->Read(k, offset, len, out);
     });
   }
   sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
-  Status s = WriteCheckpointFile(file, meta, sections);
+  Status s = past.empty() ? WriteCheckpointFile(file, meta, sections) : Status::IOError(past);
   const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
   bool committed = opts_.shards <= 1;  // a set of one is committed by its rename
@@ -108,7 +141,7 @@ Status Job::LoadCheckpoint() {
     if (job_id_.empty()) job_id_ = NewCheckpointJobId();
     // Over an old set (fresh=1) its numbers go on, so that no part's name
     // is used twice.
-    generation_ = NewestCheckpointGeneration(opts_.checkpoint);
+    generation_ = round_generation_base_ = NewestCheckpointGeneration(opts_.checkpoint);
     return Status::OK();
   }
   if (!s.ok())
@@ -178,6 +211,8 @@ Status Job::LoadCheckpoint() {
     s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
+  round_generation_base_ = set.generation;
+  round_base_ = clocks_.global_step();
   log_("loaded checkpoint " + path + " (job " + job_id_ + ", generation " + std::to_string(set.generation) + ", step " +
        header.meta["step"] + ")");
   return Status::OK();

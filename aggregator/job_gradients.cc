@@ -27,10 +27,15 @@ Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights&
 Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
                   uint64_t device_offset, wire::Dtype values) {
   EnterWriteGate();
+  uint64_t round = 0;  // the round its gradient is towards: its clock on its first block
+  if (RoundBoundaries() && offset / sizeof(float) < model_->num_params()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    round = clocks_.clock(slot, model_->BlockOf(offset / sizeof(float)));
+  }
   Status s = ApplyWrite(slot, offset, src, len, values);
   // Counted inside the gate: a checkpoint holds both the gradient and its
   // count, or neither.
-  FinishWrite(slot, initiator, device_offset, s.ok());
+  FinishWrite(slot, initiator, device_offset, s.ok(), round);
   LeaveWriteGate();
   return s;
 }
@@ -106,6 +111,7 @@ void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& 
   if (!clocks_.RoundComplete(b)) return;
   const uint32_t given = clocks_.FinishRound(b);
   ReleaseLocked();
+  round_cv_.notify_all();  // a checkpoint may wait for this round
   lock.unlock();
   // Readers released above wait for this block's lock, which the caller
   // holds, so they see the round's update.

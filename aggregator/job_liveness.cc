@@ -82,7 +82,9 @@ void Job::Tick() {
     FinishRoundIfCompleteLocked(b, lock);
   }
 
-  if (checkpoint_due) {
+  // A scaled-out bsp job's part is taken at a round boundary: the ticker
+  // never waits for one, it tries again at the next tick.
+  if (checkpoint_due && (!RoundBoundaries() || AtOneRound())) {
     Status s = Checkpoint();
     if (!s.ok()) log_("periodic checkpoint failed: " + s.message());
   }

@@ -21,7 +21,7 @@ void Job::LeaveWriteGate() {
   if (--writes_running_ == 0) gate_cv_.notify_all();
 }
 
-void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied) {
+void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   Receipt& r = slots_[slot].receipts[initiator];
   if (r.in_progress > 0) --r.in_progress;
@@ -29,6 +29,7 @@ void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset
   if (!applied) return;
   ++r.applied[offset / kReceiptUnit];
   ++r.writes_applied;
+  if (RoundBoundaries()) RecordRoundWriteLocked(slot, initiator, offset / kReceiptUnit, round);
 }
 
 Job::Receipt* Job::UseReceiptLocked(Slot& s, const std::string& initiator, bool write) {

@@ -77,7 +77,7 @@ std::string Job::StatusJson() const {
     << ", \"written\": " << checkpoints_ << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)
     << ", \"last_stall_seconds\": " << Fixed(checkpoint_stall_seconds_, 6)
     << ", \"every_s\": " << FloatText(opts_.checkpoint_every_s) << ", \"error\": " << JsonString(checkpoint_error_)
-    << "},\n";
+    << ", \"waiting_round\": " << (checkpoints_waiting_ ? std::to_string(waiting_round_) : "null") << "},\n";
   j << "  \"learners\": [";
   for (size_t k = 0; k < slots_.size(); ++k) {
     const Slot& s = slots_[k];

@@ -121,6 +121,12 @@ uint64_t LearnerClocks::global_step() const {
   return blocks_.empty() ? 0 : least;
 }
 
+uint64_t LearnerClocks::max_round() const {
+  uint64_t most = 0;
+  for (const Block& block : blocks_) most = std::max(most, block.round);
+  return most;
+}
+
 uint64_t LearnerClocks::updates() const {
   uint64_t sum = 0;
   for (const Block& block : blocks_) sum += block.version;
@@ -151,6 +157,17 @@ std::vector<uint64_t> LearnerClocks::Save() const {
     for (const LearnerBlock& mine : learner.blocks) words.insert(words.end(), {mine.clock, mine.partial});
   }
   return words;
+}
+
+std::vector<uint64_t> LearnerClocks::SaveAtRound(uint64_t R) const {
+  LearnerClocks at = *this;
+  for (Block& block : at.blocks_) block.contributors = 0;  // round R, its version as it is
+  for (Learner& learner : at.learners_) {
+    for (LearnerBlock& mine : learner.blocks) {
+      if (mine.clock >= R) mine = LearnerBlock{R, 0};  // its partial is towards a later round
+    }
+  }
+  return at.Save();
 }
 
 Status LearnerClocks::Restore(const std::vector<uint64_t>& words) {

@@ -84,6 +84,10 @@ class LearnerClocks {
   bool RoundComplete(uint64_t b) const;
   uint32_t FinishRound(uint64_t b);
 
+  // bsp: rounds of block b applied so far; the highest over the blocks.
+  uint64_t round(uint64_t b) const { return blocks_[b].round; }
+  uint64_t max_round() const;
+
   // Updates applied to block b so far: bsp rounds; in async/ssp, complete
   // gradients.
   uint64_t version(uint64_t b) const { return blocks_[b].version; }
@@ -101,6 +105,12 @@ class LearnerClocks {
   // returned for the same geometry and number of learners.
   std::vector<uint64_t> Save() const;
   Status Restore(const std::vector<uint64_t>& words);
+  // bsp: Save() as at the boundary where round R ended (doc/server.md
+  // "One round on every shard"): the gradients given towards the rounds
+  // after R left out, so every learner that had given R is at clock R with
+  // nothing partial, and every block at round R with no contributor.
+  // REQUIRES: every block's round is R.
+  std::vector<uint64_t> SaveAtRound(uint64_t R) const;
 
  private:
   struct LearnerBlock {

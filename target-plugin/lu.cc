@@ -230,7 +230,9 @@ blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, u
 
 blkps_io_result blkps_lu_sync(blkps_lu* lu, char* err, size_t errlen) {
   if (!lu->job) return BLKPS_IO_NOT_READY;
-  return ToIoResult(lu->job->Checkpoint(), err, errlen);
+  // A learner's fsync asks for the round of its own iteration (job.h "One
+  // round on every shard"); the control LUN's, for the shard's.
+  return ToIoResult(lu->options.control ? lu->job->Checkpoint() : lu->job->Checkpoint(lu->slot), err, errlen);
 }
 
 }  // extern "C"

@@ -41,6 +41,19 @@
 #     and every one of shard 1 the pushed sums minus the pushes libblkps
 #     told each learner were lost there. Meanwhile `blkps status --dir`
 #     shows shard 0 and names shard 1 as unreachable.
+#   scaleout_test.sh <repo> <build dir> kill-restart-bsp
+#     2 bsp learners through 2 tgtds (pushing 1 and 3 a round, then waiting
+#     for the test before their last sync; learner 1 syncs every 4 rounds
+#     while learner 2 has already pushed the next round's gradient to shard
+#     0 but not to shard 1); with the learners stopped, kill -9 of shard 1's
+#     tgtd and `target restart`: both shards come back on their ports from
+#     one generation whose parts are at one round with every learner at it;
+#     the learners go on and finish, and on each shard the
+#     weights are the rounds' averages of the gradients it holds, and each
+#     learner's pushes minus those its shards hold are the pushes libblkps
+#     told it were lost. BLKPS_KILL_AT_ROUND (default 10) and
+#     BLKPS_KILL_SHARD (default 1) move the kill
+#     (bench/kill_restart_bsp_probe.sh).
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -48,8 +61,10 @@ blkps="$top/scripts/blkps"
 plugin="$build/target-plugin/bs_blkps.so"
 export BLKPS_LIB="$build/learner/libblkps.so" PYTHONPATH="$top/learner/python"
 state=$(mktemp -d /tmp/blkps-scaleout-test-XXXXXX)
-mnt="$state/mnt" mount_pid="" owner_pid=""
+mnt="$state/mnt" mount_pid="" owner_pid="" learner_pids=()
 cleanup() {
+  local pid
+  for pid in "${learner_pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done  # stopped ones too
   if [ -n "$owner_pid" ]; then kill "$owner_pid" 2>/dev/null || true; fi
   if [ -n "$mount_pid" ] && kill -0 "$mount_pid" 2>/dev/null; then
     kill -TERM "$mount_pid" 2>/dev/null || true
@@ -119,13 +134,116 @@ for k, part in enumerate((w[:half], w[half:])):
 PY
 }
 
+# kill-restart-*: 2 learner LUNs on 2 tgtds adding what is pushed (rule=sum)
+# in mode $1, checkpointed to $state/ck; ports gets each tgtd's port.
+kill_restart_start() {
+  mkdir -p "$state/ck"
+  "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
+    --bsopts "params=$ck_params;block=64K;rule=sum;mode=$1;checkpoint=$state/ck/model.ckpt" >/dev/null
+  read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
+}
+# Returns once both learners' progress files ($2, $3) say round $1 or later
+# (polled, bounded).
+both_past() {
+  local _
+  for _ in $(seq 600); do
+    [ "$(cat "$2" 2>/dev/null || echo 0)" -ge "$1" ] && [ "$(cat "$3" 2>/dev/null || echo 0)" -ge "$1" ] && return
+    sleep 0.1
+  done
+}
+
 case "$what" in
+  kill-restart-bsp)
+    kill_restart_start bsp
+    rounds=24
+    mkdir -p "$state/marks"
+    for learner in 1 2; do
+      "$py" "$top/tests/scaleout_bsp_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
+        "$rounds" "$state/marks" > "$state/lost-$learner" 2> "$state/learner-$learner.log" &
+      learner_pids[learner]=$!
+    done
+    # Stop both learners once both are past round $kill_at (polled,
+    # bounded), so that the restarted job is seen before they go on.
+    kill_at=${BLKPS_KILL_AT_ROUND:-10} kill_shard=${BLKPS_KILL_SHARD:-1}
+    both_past "$kill_at" "$state/marks/progress-1" "$state/marks/progress-2"
+    kill -STOP "${learner_pids[1]}" "${learner_pids[2]}"
+    kill -9 "$(cat "$state/ps/shard-$kill_shard/tgtd.pid")"
+    "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
+    cat "$state/restarted"
+    for k in 0 1; do
+      grep -q "^restarted shard $k (.*) on port ${ports[$k]}: generation" "$state/restarted" ||
+        fail "shard $k was not restarted on its port ${ports[$k]}"
+    done
+    # The generation loaded, copied while the learners are stopped (they
+    # may commit newer ones and prune it once they go on).
+    gen=$(sed -n 's/^restarted shard 0 .*: generation \([0-9]*\) of job .*/\1/p' "$state/restarted")
+    mkdir -p "$state/loaded"
+    cp "$state/ck/model.ckpt.shard-0.gen-$gen" "$state/ck/model.ckpt.shard-1.gen-$gen" "$state/loaded/"
+    kill -CONT "${learner_pids[1]}" "${learner_pids[2]}"
+    : > "$state/marks/finish"
+    # One generation, one round: in both parts every block has applied the
+    # same R rounds and holds nothing of the next, and every learner is at R
+    # with nothing partial (the clocks section, aggregator/learner_clocks.cc
+    # Save()).
+    "$py" - "$state/loaded/model.ckpt.shard-0.gen-$gen" "$state/loaded/model.ckpt.shard-1.gen-$gen" <<'PY' ||
+import sys
+import numpy as np
+seen = []
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        head = f.read(4096).decode("ascii", "replace").splitlines()
+    offset, length = next((int(w[1]), int(w[2])) for w in (line.split() for line in head)
+                          if len(w) == 4 and w[0] == "section" and w[3] == "clocks")
+    words = np.fromfile(path, dtype="<u8", count=length // 8, offset=offset)
+    blocks, learners = int(words[0]), int(words[1])
+    per_block = words[2:2 + 3 * blocks].reshape(blocks, 3)  # round, contributors, version
+    clocks = words[2 + 3 * blocks:].reshape(learners, 1 + 2 * blocks)[:, 1:].reshape(learners, blocks, 2)
+    seen.append((path, set(per_block[:, 0]) | set(clocks[:, :, 0].ravel()),
+                 int(per_block[:, 1].sum() + clocks[:, :, 1].sum())))
+rounds = set().union(*(r for _, r, _ in seen))
+if len(rounds) != 1 or any(pending for _, _, pending in seen):
+    sys.exit(f"the generation loaded is not one job at one round: {seen}")
+print(f"restarted at round {rounds.pop()}")
+PY
+      fail "after the restart"
+    wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
+    wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    learner_pids=()  # ended: their ids are no longer ours
+    "$blkps" status --dir "$state/ps" --json > "$state/final.json"
+    "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
+      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" "$state/final.json" <<'PY' || fail "after the restart"
+import json, sys
+import numpy as np
+import blkps
+url, n, rounds, lost1, lost2, final = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
+    int(sys.argv[5]), sys.argv[6]
+part = 4 * n // 2  # a push's bytes on one tgtd
+with open(final) as f:
+    shards = json.load(f)
+with blkps.Model(url) as m:
+    w = m.pull(0, n)
+held = {1: 0, 2: 0}  # pushes the shards hold, per learner
+for k, s in enumerate(shards):
+    its = {l["lun"]: l["iteration"] for l in s["learners"]}
+    a, b = sorted(its)  # learner 1's LUN, learner 2's
+    g1, g2 = its[a], its[b]  # gradients held: the clocks (nobody died, nobody rejoined)
+    held[1] += g1
+    held[2] += g2
+    # Rounds with both: their average 2; the rounds after, one learner's own.
+    want = 2.0 * min(g1, g2) + 1.0 * max(g1 - g2, 0) + 3.0 * max(g2 - g1, 0)
+    chunk = w[k * n // 2:(k + 1) * n // 2]
+    if not np.all(chunk == want):
+        deaths = [l["deaths"] for l in s["learners"]]  # a rejoin moves a clock without a gradient
+        sys.exit(f"tgtd {k} serves {np.unique(chunk)[:4]}, expected {want} (clocks {g1}, {g2}; deaths {deaths})")
+for learner, lost in ((1, lost1), (2, lost2)):
+    if lost != (2 * rounds - held[learner]) * part:
+        sys.exit(f"learner {learner} was told {lost} bytes lost; its shards lack "
+                 f"{2 * rounds - held[learner]} of its pushes of {part} bytes")
+print(f"lost {lost1 // part} and {lost2 // part} pushes; clocks {held}")
+PY
+    ;;
   kill-restart-async)
-    mkdir -p "$state/ck"
-    "$blkps" target start --dir "$state/ps" --tgtd 2 --plugin "$plugin" --owner-pid $$ --luns 2 \
-      --bsopts "params=$ck_params;block=64K;rule=sum;mode=async;checkpoint=$state/ck/model.ckpt" \
-      >/dev/null
-    read -r -a ports < <("$blkps" target show --dir "$state/ps" --get CONTROL_URLS | sed 's|[^ ]*:\([0-9]*\)/[^ ]*|\1|g')
+    kill_restart_start async
     rounds=40 learner_pids=()
     for learner in 1 2; do
       "$py" - "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" "$rounds" "$state/progress-$learner" \
@@ -149,11 +267,7 @@ PY
       learner_pids[learner]=$!
     done
     # Kill shard 1 once both learners are past round 10 (polled, bounded).
-    for _ in $(seq 600); do
-      [ "$(cat "$state/progress-1" 2>/dev/null || echo 0)" -ge 10 ] &&
-        [ "$(cat "$state/progress-2" 2>/dev/null || echo 0)" -ge 10 ] && break
-      sleep 0.1
-    done
+    both_past 10 "$state/progress-1" "$state/progress-2"
     kill -9 "$(cat "$state/ps/shard-1/tgtd.pid")"
     if "$blkps" status --dir "$state/ps" > "$state/status"; then fail "status of a job with a dead shard says 0"; fi
     grep -q "^job: shard 0 step [0-9]* generation [0-9]*, shard 1 unreachable; shard 1 not running" "$state/status" ||
@@ -165,6 +279,7 @@ PY
     if grep -q "^restarted shard 0" "$state/restarted"; then fail "async: the live shard 0 was restarted"; fi
     wait "${learner_pids[1]}" || fail "learner 1: $(tail -3 "$state/learner-1.log")"
     wait "${learner_pids[2]}" || fail "learner 2: $(tail -3 "$state/learner-2.log")"
+    learner_pids=()  # ended: their ids are no longer ours
     "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
       "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" <<'PY' || fail "after the restart"
 import json, sys
@@ -308,7 +423,9 @@ with blkps.Model(sys.argv[1]) as m:
     m.pull(0, int(sys.argv[2])).tofile(sys.argv[3])
     m.sync()  # fsync: every shard checkpoints its part
 PY
-    for k in 0 1; do [ -s "$state/model.ckpt.shard-$k.gen-1" ] || fail "no checkpoint of shard $k"; done
+    # bsp: generations are numbered by their round (doc/server.md "One round
+    # on every shard").
+    for k in 0 1; do ls "$state/model.ckpt.shard-$k.gen-"* >/dev/null || fail "no checkpoint of shard $k"; done
     [ -s "$state/model.ckpt.manifest" ] || fail "the sync committed no generation"
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
@@ -403,5 +520,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async, kill-restart-bsp)" ;;
 esac

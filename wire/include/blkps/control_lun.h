@@ -132,7 +132,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
   "failed failure control_error control_refused stop checkpoint "                     \
   "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS \
-  "path job shard shards generation written last_seconds last_stall_seconds every_s error"
+  "path job shard shards generation written last_seconds last_stall_seconds every_s error waiting_round"
 /* "table" is null for a dense model; for a table, an object of these. */
 #define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made"
 /* Each entry of the "ranks" array: a collective rank's last heartbeat
