@@ -38,7 +38,7 @@ Status Job::Checkpoint() {
   const uint64_t generation = ++generation_;  // a failed one uses its number up too
   uint64_t step = 0;
   std::map<std::string, std::string> meta = Identity(opts_);
-  std::vector<uint64_t> clocks, luns, receipts;
+  std::vector<uint64_t> clocks, luns, receipts, row_windows;
   std::unique_ptr<Model::Snapshot> snapshot;
   {
     // The instant: the write gate closed (new writes wait) and the running
@@ -52,6 +52,7 @@ Status Job::Checkpoint() {
       std::lock_guard<std::mutex> lock(mu_);
       clocks = clocks_.Save();
       receipts = SaveReceiptsLocked();
+      row_windows = SaveRowWindowsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
@@ -76,6 +77,7 @@ Status Job::Checkpoint() {
   sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
+  sections.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
   Status s = WriteCheckpointFile(file, meta, sections);
   const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
@@ -144,8 +146,9 @@ Status Job::LoadCheckpoint() {
   }
   std::vector<CheckpointDest> dests;
   for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
-  std::vector<uint64_t> clocks, luns, receipts;
-  bool has_receipts = false;  // files written before receipts have none
+  std::vector<uint64_t> clocks, luns, receipts, row_windows;
+  bool has_receipts = false;     // files written before receipts have none
+  bool has_row_windows = false;  // nor, before row windows, this
   for (const auto& [section, bytes] : header.sections) {
     if (section == "clocks") clocks.resize(bytes / sizeof(uint64_t));
     if (section == "luns") luns.resize(bytes / sizeof(uint64_t));
@@ -153,10 +156,17 @@ Status Job::LoadCheckpoint() {
       receipts.resize(bytes / sizeof(uint64_t));
       has_receipts = true;
     }
+    if (section == "receipts.windows") {
+      row_windows.resize(bytes / sizeof(uint64_t));
+      has_row_windows = true;
+    }
   }
   dests.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   dests.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   if (has_receipts) dests.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
+  if (has_row_windows) {
+    dests.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
+  }
   s = ReadCheckpointSections(path, dests);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   s = clocks_.Restore(clocks);
@@ -172,6 +182,7 @@ Status Job::LoadCheckpoint() {
     slots_.back().last_io = now;
   }
   s = RestoreReceiptsLocked(receipts);
+  if (s.ok()) s = RestoreRowWindowsLocked(row_windows);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {
     if (key.rfind("rule.", 0) != 0) continue;
