@@ -109,7 +109,12 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
   if (row_window_tags_ == 0) row_window_tags_ = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   const uint32_t op = direction == Direction::kRead ? BLKPS_ROW_WINDOW_PULL : BLKPS_ROW_WINDOW_PUSH;
   const uint64_t windows = std::min<uint64_t>(std::max<uint32_t>(queue_depth, 1), BLKPS_CONTROL_WINDOWS_PER_LUN);
-  const uint64_t capacity = blkps_row_window_capacity(width);
+  // A request is one command, so it fits the largest the LUN takes (256
+  // KiB on iser://) as well as a window.
+  const uint64_t fits_command = max_request_bytes_ > BLKPS_ROW_WINDOW_HEADER_BYTES + 1024
+                                    ? (max_request_bytes_ - BLKPS_ROW_WINDOW_HEADER_BYTES - 1024) / (8 + row_bytes)
+                                    : 1;
+  const uint64_t capacity = std::max<uint64_t>(1, std::min(blkps_row_window_capacity(width), fits_command));
   // Rounds of up to `windows` pieces, each piece in its own window.
   for (uint64_t done = 0; done < n;) {
     const uint64_t left = n - done;

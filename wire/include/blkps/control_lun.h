@@ -222,6 +222,11 @@ typedef struct blkps_control_receipt {
  *                             a push's rows: `count` rows of `width`
  *                             little-endian float32, row k for ids[k]
  *
+ * A request is one WRITE command: an initiator that splits large writes
+ * (the kernel's max_sectors_kb, a FUSE mount's 256 KiB pieces, iSER's 512
+ * KiB per command) must keep a request within that, or the piece that does
+ * not start at the window is refused. READs may come in any pieces.
+ *
  * A pull is one WRITE of the header and ids (from the window's first byte),
  * then one READ: the window reads as its state (struct
  * blkps_row_window_state at window + 0, zeros to 4 KiB), then from window +
