@@ -300,7 +300,7 @@ class Job {
   Status PushRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
   Status PullRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
   // The numbers of a window as `initiator` sees it (all 0 where it has
-  // none), and rows [first_row, first_row + rows) of its last pull into
+  // none, or there is no such LUN or window), and rows [first_row, first_row + rows) of its last pull into
   // out (pull_width values each, the current weights; zeros past the pull's
   // count). Unavailable if the job has failed.
   struct RowWindowNumbers {

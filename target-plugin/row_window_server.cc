@@ -58,8 +58,9 @@ server::Status RowWindowsRead(blkps_lu* lu, uint64_t at, char* out, uint64_t n, 
     const char* row_data = reinterpret_cast<const char*>(values.data());
     for (uint64_t i = 0; i < piece; ++i) {
       const uint64_t byte = from + i;
-      out[done + i] =
-          byte < kHeaderBytes ? header[byte] : row_data[byte - kHeaderBytes - first_row * row_bytes];
+      out[done + i] = byte < kHeaderBytes ? header[byte]
+                      : rows > 0          ? row_data[byte - kHeaderBytes - first_row * row_bytes]
+                                          : '\0';  // a dense model: no rows
     }
     done += piece;
   }

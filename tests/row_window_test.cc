@@ -216,6 +216,24 @@ TEST(RowWindows, AnInfiniteGradientRefusesTheWholeBatch) {
   ExpectRefusedWhole(w, kBadData, ids, g, kWidth);
 }
 
+// A dense model has windows in its control LUN's layout but takes no batch
+// (INVALID FIELD IN PARAMETER LIST, nothing applied), and every window, of a
+// learner LUN or not, reads (zeros past its state), so that the whole
+// control LUN reads as it did.
+TEST(RowWindows, ADenseModelRefusesBatchesAndItsWindowsRead) {
+  Windows w("params=" + std::to_string(kRows * kWidth) + ";rule=sgd;lr=1");
+  ASSERT_TRUE(w.target().ok()) << w.target().start_output();
+  const std::vector<uint64_t> ids = {1};
+  EXPECT_EQ(w.Push(0, 1, 1, ids, std::vector<float>(kWidth, 1.0f)), kBadData);
+  EXPECT_EQ(w.Row(1), std::vector<float>(kWidth, 0.0f));
+  EXPECT_EQ(w.Pull(0, ids), kBadData);
+  std::vector<uint8_t> bytes;
+  const uint64_t lun0 = blkps_control_window_offset(kRows * kRowBytes, LunOf(w.target().control_url()), 0, 0);
+  EXPECT_EQ(w.control().Read(lun0 / kRawLbaBytes, 16, &bytes), kGood) << "LUN 0 is no learner LUN";
+  EXPECT_EQ(w.control().Read(w.WindowLba(15), 16, &bytes), kGood);
+  EXPECT_EQ(bytes[BLKPS_ROW_WINDOW_HEADER_BYTES], 0);
+}
+
 // A push resent after a lost connection (a new session of the same
 // initiator, the same sequence and tag) is acknowledged and applied once; a
 // sequence that neither follows nor repeats the last is refused.
