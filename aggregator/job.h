@@ -376,6 +376,10 @@ class Job {
   Status LoadCheckpoint();
   // Write() without the gate and the receipt.
   Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
+  // ApplyWrite without the failed-job check: a row window's batch, checked
+  // once before its first row, is applied whole even if the job fails
+  // meanwhile (its receipt then counts it: a resend applies nothing twice).
+  Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
   std::vector<uint64_t> SaveReceiptsLocked() const;
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);

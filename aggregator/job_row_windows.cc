@@ -94,6 +94,11 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
                                      " (nor resend it: another tag); read the window's state and go on from " +
                                      last + " + 1; nothing was applied");
     }
+    if (FailedLocked()) {
+      const std::string why = failure_;
+      finish();
+      return Status::Unavailable(why);
+    }
     window->busy = true;
     Slot& sl = slots_[slot];
     sl.last_io = sl.last_push = Clock::now();
@@ -103,12 +108,13 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   }
   const uint64_t row_bytes = batch.width * sizeof(float);
   for (uint64_t k = 0; k < batch.count && s.ok(); ++k) {
-    s = ApplyWrite(slot, batch.ids[k] * row_bytes, batch.rows + k * batch.width, row_bytes, wire::Dtype::kFloat32);
+    s = ApplyAdmittedWrite(slot, batch.ids[k] * row_bytes, batch.rows + k * batch.width, row_bytes,
+                           wire::Dtype::kFloat32);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Only a failed job stops a checked batch part way (Unavailable); its
-    // receipt then does not count it, and status says the job failed.
+    // A checked batch applies whole: its rows are in range, of the table's
+    // width and finite, and a job failing meanwhile does not stop it.
     if (s.ok()) {
       window->push_sequence = batch.sequence;
       window->push_tag = batch.tag;
