@@ -62,8 +62,10 @@
  * that a learner finds it among the target's LUNs (REPORT LUNS).
  *
  * Users: the server (target-plugin/control_lun_server.cc serves the regions
- * and fills the record; aggregator/job_status.cc writes the status keys), libblkps (the
- * engine reads the counters; blkps_control_layout_get() hands all of this to
+ * and fills the record, row_window_server.cc the row windows;
+ * aggregator/job_status.cc writes the status keys), libblkps (the
+ * engine reads the counters; iscsi_row_windows.cc sends pull_rows and
+ * push_rows through the windows; blkps_control_layout_get() hands all of this to
  * the Python package, learner/python/blkps/control.py), the tests, and
  * doc/server.md's "Status and control" section.
  *
