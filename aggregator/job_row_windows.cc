@@ -32,8 +32,8 @@ Status Job::CheckRowBatch(const char* what, const RowBatch& batch) const {
   }
   if (batch.width != table.width) {
     return Status::InvalidArgument(std::string(what) + ": rows of " + std::to_string(batch.width) +
-                                   " values, but the table's are " + std::to_string(table.width) + " wide (table=" +
-                                   std::to_string(table.rows) + ":" + std::to_string(table.width) +
+                                   " values, but the table's are " + std::to_string(table.width) +
+                                   " wide (table=" + std::to_string(table.rows) + ":" + std::to_string(table.width) +
                                    "); send rows of its width; nothing was applied");
   }
   for (uint64_t k = 0; k < batch.count; ++k) {
@@ -91,8 +91,8 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
       finish();
       return Status::InvalidArgument("row window push: sequence " + std::to_string(batch.sequence) +
                                      " does not follow the window's last push " + last +
-                                     " (nor resend it: another tag); read the window's state and go on from " +
-                                     last + " + 1; nothing was applied");
+                                     " (nor resend it: another tag); read the window's state and go on from " + last +
+                                     " + 1; nothing was applied");
     }
     if (FailedLocked()) {
       const std::string why = failure_;
@@ -173,8 +173,8 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     }
     if (r != nullptr && !r->windows.empty()) {
       const RowWindow& w = r->windows[window];
-      *numbers = RowWindowNumbers{w.push_sequence, w.push_tag,    w.pushes_applied,   w.rows_applied,
-                                  w.pull_sequence, w.pull_tag,    w.pull_ids.size(), w.pull_width};
+      *numbers = RowWindowNumbers{w.push_sequence, w.push_tag, w.pushes_applied,  w.rows_applied,
+                                  w.pull_sequence, w.pull_tag, w.pull_ids.size(), w.pull_width};
       if (first_row < w.pull_ids.size()) {
         const uint64_t end = std::min<uint64_t>(w.pull_ids.size(), first_row + rows);
         ids.assign(w.pull_ids.begin() + first_row, w.pull_ids.begin() + end);
@@ -206,8 +206,8 @@ std::vector<uint64_t> Job::SaveRowWindowsLocked() const {
         std::vector<uint64_t> name((initiator.size() + 7) / 8, 0);
         if (!initiator.empty()) std::memcpy(name.data(), initiator.data(), initiator.size());
         words.insert(words.end(), name.begin(), name.end());
-        words.insert(words.end(), {w, window.push_sequence, window.push_tag, window.pushes_applied,
-                                   window.rows_applied});
+        words.insert(words.end(),
+                     {w, window.push_sequence, window.push_tag, window.pushes_applied, window.rows_applied});
       }
     }
   }

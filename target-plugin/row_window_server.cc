@@ -84,9 +84,9 @@ server::Status RowWindowsWrite(blkps_lu* lu, uint64_t at, const char* in, uint64
   }
   const uint64_t capacity = blkps_row_window_capacity(request.width);
   if (request.count == 0 || request.count > capacity) {
-    return server::Status::InvalidArgument(name + ": a batch of " + std::to_string(request.count) + " ids; a window takes 1 to " +
-                                           std::to_string(capacity) + " rows of " + std::to_string(request.width) +
-                                           " values: split the batch over windows");
+    return server::Status::InvalidArgument(name + ": a batch of " + std::to_string(request.count) +
+                                           " ids; a window takes 1 to " + std::to_string(capacity) + " rows of " +
+                                           std::to_string(request.width) + " values: split the batch over windows");
   }
   const uint64_t need = blkps_row_window_request_bytes(request.op, request.count, request.width);
   if (n < need) {

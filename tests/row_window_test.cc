@@ -31,8 +31,7 @@ const char kBadData[] = "sense 0x5 0x2600";        // ILLEGAL REQUEST, INVALID F
 
 std::string Initiator(const std::string& who) {
   static std::atomic<int> counter{0};
-  return "iqn.2026-11.io.blkps:window-test-" + who + "-" + std::to_string(getpid()) + "-" +
-         std::to_string(counter++);
+  return "iqn.2026-11.io.blkps:window-test-" + who + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
 }
 
 int LunOf(const std::string& url) { return std::atoi(url.substr(url.rfind('/') + 1).c_str()); }
@@ -116,8 +115,8 @@ class Windows {
   std::unique_ptr<RawLun> control_, learner_;
 };
 
-const std::string kAdagrad = "table=" + std::to_string(kRows) + ":" + std::to_string(kWidth) +
-                             ";rule=adagrad;lr=0.5;init=normal:0.1;seed=3";
+const std::string kAdagrad =
+    "table=" + std::to_string(kRows) + ":" + std::to_string(kWidth) + ";rule=adagrad;lr=0.5;init=normal:0.1;seed=3";
 
 // Small integers: a gradient whose value tells its row and push apart.
 std::vector<float> Gradients(const std::vector<uint64_t>& ids, int push) {

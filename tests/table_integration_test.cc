@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>

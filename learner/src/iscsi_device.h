@@ -191,7 +191,7 @@ class IscsiDevice : public Device {
   // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
-  uint64_t table_width_ = 0;      // see table_width()
+  uint64_t table_width_ = 0;  // see table_width()
 
   // Row windows (iscsi_row_windows.cc; blkps/control_lun.h "Row windows").
   // Per window of this device's LUN: the last sequence this device gave a
@@ -218,8 +218,8 @@ class IscsiDevice : public Device {
   std::vector<RowWindowCursor> row_windows_;  // empty until first use
   uint64_t row_windows_reconnects_ = 0;       // reconnects_ when last synced
   uint64_t row_window_tags_ = 0;              // the last tag given; see TransferRows
-  uint64_t reconnects_ = 0;       // sessions re-established
-  double reconnect_seconds_ = 0;  // time spent in Reconnect, failures included
+  uint64_t reconnects_ = 0;                   // sessions re-established
+  double reconnect_seconds_ = 0;              // time spent in Reconnect, failures included
   bool said_no_receipts_ = false;
 };
 

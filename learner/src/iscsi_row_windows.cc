@@ -29,7 +29,7 @@ constexpr uint64_t kStateBytes = BLKPS_ROW_WINDOW_HEADER_BYTES;
 
 struct IscsiDevice::RowWindowRequest {
   uint64_t window = 0;
-  std::vector<uint8_t> bytes;  // written from, or read into
+  std::vector<uint8_t> bytes;     // written from, or read into
   uint64_t first = 0, count = 0;  // the batch's ids [first, first + count)
   uint64_t sequence = 0, tag = 0;
 };
@@ -51,8 +51,8 @@ Status IscsiDevice::RunWindowCommands(Direction direction, const std::vector<Row
     return direction == Direction::kRead
                ? iscsi_read16_iov_task(iscsi_, control_lun_, lba(index), length, block_size_, 0, 0, 0, 0, 0,
                                        OnCommandDone, command, v, 1)
-               : iscsi_write16_iov_task(iscsi_, control_lun_, lba(index), nullptr, length, block_size_, 0, 0, 0, 0,
-                                        0, OnCommandDone, command, v, 1);
+               : iscsi_write16_iov_task(iscsi_, control_lun_, lba(index), nullptr, length, block_size_, 0, 0, 0, 0, 0,
+                                        OnCommandDone, command, v, 1);
   };
   auto describe = [&](size_t index) {
     return std::string(direction == Direction::kRead ? "read of" : "request to") + " row window " +
@@ -118,8 +118,7 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
   // Rounds of up to `windows` pieces, each piece in its own window.
   for (uint64_t done = 0; done < n;) {
     const uint64_t left = n - done;
-    const uint64_t per_window =
-        std::min(capacity, std::max(kMinRowsPerWindow, (left + windows - 1) / windows));
+    const uint64_t per_window = std::min(capacity, std::max(kMinRowsPerWindow, (left + windows - 1) / windows));
     std::vector<RowWindowRequest> requests;
     for (uint64_t w = 0; w < windows && done < n; ++w) {
       RowWindowRequest r;
@@ -150,9 +149,8 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
       for (const RowWindowRequest& r : requests) row_windows_[r.window].rows_acknowledged += r.count;
     } else {
       for (RowWindowRequest& r : requests) {
-        r.bytes.assign((BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * row_bytes + block_size_ - 1) / block_size_ *
-                           block_size_,
-                       0);
+        r.bytes.assign(
+            (BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * row_bytes + block_size_ - 1) / block_size_ * block_size_, 0);
       }
       s = RunWindowCommands(Direction::kRead, requests, queue_depth);
       if (!s.ok()) return s;
