@@ -89,6 +89,16 @@
 //                      reading them, fences, their checkpoint section
 //   job_round_boundary.cc  a scaled-out bsp job's checkpoints at one round
 //                      on every shard
+//   job_row_windows.cc row windows: a table's rows in batches, one command
+//                      each way, with a receipt per batch (below)
+//
+// Row windows (blkps/control_lun.h "Row windows"). A table's rows also move
+// in batches through windows on the control LUN, BLKPS_CONTROL_WINDOWS_PER_LUN
+// per learner LUN. A window's state is kept per initiator beside its
+// receipt (and dropped with it): the last push applied (sequence, tag, the
+// batches and rows applied), checkpointed with the receipts, and the ids of
+// the last pull, in memory only. A push runs inside the write gate: its
+// rows and its window's counters are one step for checkpoints.
 #pragma once
 
 #include <atomic>
@@ -289,6 +299,40 @@ class Job {
   // counts->size() units; zeros and no writes where there is none.
   ReceiptNumbers GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,
                             std::vector<uint32_t>* counts) const;
+  // ---- Row windows (job_row_windows.cc) ----
+  // One batch of rows through window `window` of learner LUN `lun`, from
+  // `initiator`: ids[0..count) of rows of `width` values; a push's rows
+  // (count * width values, row k for ids[k]), null for a pull.
+  struct RowBatch {
+    uint64_t window = 0;
+    uint64_t sequence = 0, tag = 0;
+    const uint64_t* ids = nullptr;
+    uint64_t count = 0, width = 0;
+    const float* rows = nullptr;
+  };
+  // Checks the whole batch, then applies it (a push) or remembers its ids
+  // (a pull). Refused with nothing applied and the window unchanged:
+  // OutOfRange for an id past the table's end; InvalidArgument for a dense
+  // model, no LUN `lun` or window, a width other than the table's, a push's
+  // non-finite value, or a push's sequence that is neither above the
+  // window's last nor that one resent (same tag: then OK, nothing applied);
+  // Unavailable if the job has failed. Each message is one line that says
+  // what to do.
+  Status PushRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
+  Status PullRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
+  // The numbers of a window as `initiator` sees it (all 0 where it has
+  // none, or there is no such LUN or window), and rows [first_row, first_row + rows) of its last pull into
+  // out (pull_width values each, the current weights; zeros past the pull's
+  // count). Unavailable if the job has failed.
+  struct RowWindowNumbers {
+    uint64_t push_sequence = 0, push_tag = 0, pushes_applied = 0, rows_applied = 0;
+    uint64_t pull_sequence = 0, pull_tag = 0, pull_count = 0, pull_width = 0;
+  };
+  Status ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t window, RowWindowNumbers* numbers,
+                       uint64_t first_row, uint64_t rows, float* out);
+  // Windows per learner LUN (BLKPS_CONTROL_WINDOWS_PER_LUN).
+  static constexpr uint64_t kRowWindowsPerLun = 16;
+
   // The weights window: read, or set (e.g. initial weights).
   Status ReadWeights(uint64_t offset, void* dst, size_t len) const { return model_->Read(offset, dst, len); }
   Status AssignWeights(uint64_t offset, const void* src, size_t len) { return model_->AssignWeights(offset, src, len); }
@@ -304,6 +348,13 @@ class Job {
     uint64_t first_block, last_block;
     Clock::time_point since;
   };
+  // One initiator's row window: its last push applied, its last pull.
+  struct RowWindow {
+    uint64_t push_sequence = 0, push_tag = 0, pushes_applied = 0, rows_applied = 0;
+    uint64_t pull_sequence = 0, pull_tag = 0, pull_width = 0;
+    std::vector<uint64_t> pull_ids;
+    bool busy = false;  // a push is being applied (a resend waits for it)
+  };
   // One initiator's writes to one slot.
   struct Receipt {
     // unit -> writes applied that start there (mod 2^32). Hashed: a table's
@@ -314,6 +365,8 @@ class Job {
     uint64_t writes_applied = 0;
     uint64_t in_progress = 0;  // admitted, not yet finished or failed
     uint64_t last_use = 0;     // receipt_uses_ at its initiator's last I/O
+    // Its row windows (job.h "Row windows"), made on first use.
+    std::vector<RowWindow> windows;
   };
   struct Slot {
     uint64_t lun = 0;
@@ -372,12 +425,25 @@ class Job {
   std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R);
   // Write() without the gate and the receipt.
   Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
+  // ApplyWrite without the failed-job check: a row window's batch, checked
+  // once before its first row, is applied whole even if the job fails
+  // meanwhile (its receipt then counts it: a resend applies nothing twice).
+  Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
   std::vector<uint64_t> SaveReceiptsLocked() const;
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not;
   // `round`: the round its gradient was towards (RoundBoundaries() only).
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round);
+  // The row windows as words for a checkpoint section, and back. REQUIRES mu_.
+  std::vector<uint64_t> SaveRowWindowsLocked() const;
+  Status RestoreRowWindowsLocked(const std::vector<uint64_t>& words);
+  // The slot of learner LUN `lun`, or slots_.size(). REQUIRES mu_.
+  size_t SlotOfLunLocked(uint64_t lun) const;
+  // Checks a batch against the table (ids, width, a push's values).
+  Status CheckRowBatch(const char* what, const RowBatch& batch) const;
+  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
+  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
   // `initiator` does I/O on slot `s`: its receipt (made for a write, found
   // for a read; nullptr if none) becomes the most recently used, and the
   // slot's least recently used one beyond kReceiptsPerSlot is dropped.
@@ -439,6 +505,7 @@ class Job {
   };
   std::map<uint64_t, RankBeat> ranks_;   // guarded by mu_
   uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
+  std::condition_variable windows_cv_;   // with mu_: a RowWindow stopped being busy
   bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
   std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
   // RoundBoundaries(): the writes applied towards rounds the shard has not

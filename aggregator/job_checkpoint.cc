@@ -64,7 +64,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   std::string past;  // at_round: why the shard is not at `round` at the instant
   uint64_t step = 0;
   std::map<std::string, std::string> meta = Identity(opts_);
-  std::vector<uint64_t> clocks, luns, receipts;
+  std::vector<uint64_t> clocks, luns, receipts, row_windows;
   std::unique_ptr<Model::Snapshot> snapshot;
   {
     // The instant: the write gate closed (new writes wait) and the running
@@ -81,6 +81,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
       }
       clocks = at_round ? clocks_.SaveAtRound(round) : clocks_.Save();
       receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
+      row_windows = SaveRowWindowsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
@@ -109,6 +110,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
+  sections.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
   Status s = past.empty() ? WriteCheckpointFile(file, meta, sections) : Status::IOError(past);
   const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
@@ -177,8 +179,9 @@ Status Job::LoadCheckpoint() {
   }
   std::vector<CheckpointDest> dests;
   for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
-  std::vector<uint64_t> clocks, luns, receipts;
-  bool has_receipts = false;  // files written before receipts have none
+  std::vector<uint64_t> clocks, luns, receipts, row_windows;
+  bool has_receipts = false;     // files written before receipts have none
+  bool has_row_windows = false;  // nor, before row windows, this
   for (const auto& [section, bytes] : header.sections) {
     if (section == "clocks") clocks.resize(bytes / sizeof(uint64_t));
     if (section == "luns") luns.resize(bytes / sizeof(uint64_t));
@@ -186,10 +189,17 @@ Status Job::LoadCheckpoint() {
       receipts.resize(bytes / sizeof(uint64_t));
       has_receipts = true;
     }
+    if (section == "receipts.windows") {
+      row_windows.resize(bytes / sizeof(uint64_t));
+      has_row_windows = true;
+    }
   }
   dests.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   dests.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   if (has_receipts) dests.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
+  if (has_row_windows) {
+    dests.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
+  }
   s = ReadCheckpointSections(path, dests);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   s = clocks_.Restore(clocks);
@@ -205,6 +215,7 @@ Status Job::LoadCheckpoint() {
     slots_.back().last_io = now;
   }
   s = RestoreReceiptsLocked(receipts);
+  if (s.ok()) s = RestoreRowWindowsLocked(row_windows);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {
     if (key.rfind("rule.", 0) != 0) continue;

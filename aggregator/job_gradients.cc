@@ -45,6 +45,10 @@ Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);
   }
+  return ApplyAdmittedWrite(slot, offset, src, len, values);
+}
+
+Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values) {
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
   Model::BlockStaleness staleness;
   if (!bsp && !model_->table().is_table()) {  // a table: as written (CheckTableJob)

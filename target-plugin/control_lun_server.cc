@@ -26,6 +26,8 @@ static_assert(server::Job::kReceiptUnit == BLKPS_CONTROL_RECEIPT_UNIT, "one rece
 // Where the control LUN's exchange region starts: after a receipt for every
 // LUN before the control LUN's own.
 uint64_t ExchangeOffset(const blkps_lu& lu) { return blkps_control_exchange_offset(lu.job->size_bytes(), lu.lun); }
+// Where its row windows start: after the receipts.
+uint64_t WindowsOffset(const blkps_lu& lu) { return blkps_control_windows_offset(lu.job->size_bytes(), lu.lun); }
 
 // Bytes [at, at + n) of the exchange region, read into `out`.
 void ReadExchange(blkps_lu* lu, uint64_t at, uint64_t n, char* out) {
@@ -58,6 +60,7 @@ server::Status ForEachControlRegion(const blkps_lu& lu, uint64_t offset, uint64_
                               kCountersOffset,
                               kWeightsOffset,
                               blkps_control_receipts_offset(lu.job->size_bytes()),
+                              WindowsOffset(lu),
                               ExchangeOffset(lu),
                               UINT64_MAX};
   for (size_t r = 0; r + 1 < std::size(borders); ++r) {
@@ -128,7 +131,7 @@ bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len) {
   const auto touches = [&](uint64_t start, uint64_t bytes) { return offset < start + bytes && start < offset + len; };
   return touches(kStatusOffset, BLKPS_CONTROL_STATUS_BYTES) || touches(kCountersOffset, BLKPS_CONTROL_COUNTERS_BYTES) ||
          touches(blkps_control_receipts_offset(lu.job->size_bytes()),
-                 ExchangeOffset(lu) - blkps_control_receipts_offset(lu.job->size_bytes()));
+                 WindowsOffset(lu) - blkps_control_receipts_offset(lu.job->size_bytes()));
 }
 
 server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len, const std::string& initiator) {
@@ -157,6 +160,7 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
       ReceiptsRegion(*lu->job, initiator, at - receipts, n, buf + pos);
       return server::Status::OK();
     }
+    if (region == WindowsOffset(*lu)) return RowWindowsRead(lu, at - region, buf + pos, n, initiator);
     if (region == ExchangeOffset(*lu)) {
       ReadExchange(lu, at - region, n, buf + pos);
       return server::Status::OK();
@@ -174,11 +178,12 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // Who may write what is the LUN's, never the initiator's name: any client
-  // picks its own (--bsopts access=). The exchange region (collectives) is
-  // open to learners: it holds only what they put there.
+  // picks its own (--bsopts access=). The row windows and the exchange
+  // region (collectives) are open to learners: they hold only what they
+  // put there, and a push's rows are gradients, as on a learner LUN.
   const server::Job::ControlRights rights =
       lu->options.learners_access ? server::Job::ControlRights::kLearner : server::Job::ControlRights::kOperator;
-  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset && offset < ExchangeOffset(*lu)) {
+  if (rights == server::Job::ControlRights::kLearner && offset + len > kWeightsOffset && offset < WindowsOffset(*lu)) {
     return server::Status::PermissionDenied(
         "the learners' control LUN does not take weights; operators write them through the model's operator "
         "target");
@@ -186,6 +191,7 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
     if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator, rights);
+    if (region == WindowsOffset(*lu)) return RowWindowsWrite(lu, at - region, buf + pos, n, initiator);
     if (region == ExchangeOffset(*lu)) {
       WriteExchange(lu, at - region, n, buf + pos);
       return server::Status::OK();

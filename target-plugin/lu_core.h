@@ -4,6 +4,7 @@
 //                          (options, opening the job, admission, dispatch);
 //   control_lun_server.cc  the control LUN's reads and writes (its regions as
 //                          wire/include/blkps/control_lun.h lays them out);
+//   row_window_server.cc   its row windows: a table's rows in batches;
 //   wire16.cc              the 16-bit wire (--bsopts dtype=bfloat16|float16):
 //                          a learner LUN's READ/WRITE converted to float32.
 // Threading as lu.h says: the Control*/Wire* functions run on tgt's worker
@@ -61,6 +62,18 @@ bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len);
 Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len, const std::string& initiator);
 // WRITE of [offset, offset + len). REQUIRES !TouchesReadOnlyRegion(offset, len).
 Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len, const std::string& initiator);
+
+// ---- The row windows (row_window_server.cc) ----
+// REQUIRES for each: lu->job is open and lu->options.control; `at` counts
+// from the windows region's start (blkps_control_windows_offset).
+
+// READ of windows bytes [at, at + n) as `initiator` sees them: each
+// window's state record, then its last pull's rows.
+Status RowWindowsRead(blkps_lu* lu, uint64_t at, char* out, uint64_t n, const std::string& initiator);
+// WRITE of windows bytes [at, at + n): one request, from a window's start.
+// Refused whole (the job's errors, or InvalidArgument for a malformed
+// request) with nothing applied.
+Status RowWindowsWrite(blkps_lu* lu, uint64_t at, const char* in, uint64_t n, const std::string& initiator);
 
 // ---- The 16-bit wire (wire16.cc) ----
 // REQUIRES for each but IsWire16: lu->job is open and IsWire16(*lu).

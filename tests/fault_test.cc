@@ -152,6 +152,40 @@ void ExpectExactAsyncSumAfterCuts(const std::string& extra) {
 
 TEST(CutConnections, AsyncSumIsExactAfterManyCuts) { ExpectExactAsyncSumAfterCuts(""); }
 
+// A table's push_rows through the row windows (control_lun.h "Row
+// windows"): a batch in flight at a cut is sent again after the reconnect,
+// as it was, and the server's receipt per batch (sequence and tag) applies
+// it once: 60 pushes of -1 to every row through 12 cuts leave every row at
+// exactly 60 (sgd, lr 1, zeros to start).
+TEST(CutConnections, RowPushesThroughWindowsAreExactAfterManyCuts) {
+  constexpr uint64_t kRows = 2048, kWidth = 32;
+  TargetProcess target("table=" + std::to_string(kRows) + ":" + std::to_string(kWidth) + ";rule=sgd;lr=1;init=zeros");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+  constexpr int kPushes = 60, kCuts = 12;
+  const uint64_t batch_bytes = kRows * kWidth * sizeof(float);  // its rows: less than its stream
+  proxy.CutAt(RandomCuts(38, kCuts, kPushes * batch_bytes));
+  std::string error;
+  auto m = Open(ViaPort(target.url(), proxy.port()), "rows", &error);
+  ASSERT_NE(m, nullptr) << error;
+  std::vector<uint64_t> ids(kRows);
+  for (uint64_t k = 0; k < kRows; ++k) ids[k] = (k * 997) % kRows;  // every row, scattered
+  const std::vector<float> minus_one(kRows * kWidth, -1.0f);
+  for (int t = 0; t < kPushes; ++t) {
+    ASSERT_EQ(m->PushRows(ids.data(), kRows, kWidth, minus_one.data()), 0) << "push " << t << ": " << m->last_error();
+  }
+  EXPECT_GT(m->reconnects(), 0u);
+  m.reset();
+  // Two positions inside one forwarded chunk (a window's write is one) cut once.
+  EXPECT_GT(proxy.cuts(), kCuts / 2);
+  auto reader = Open(target.url(), "rows-reader", &error);
+  ASSERT_NE(reader, nullptr) << error;
+  std::vector<float> rows(kRows * kWidth);
+  ASSERT_EQ(reader->Pull(0, rows.data(), rows.size()), 0) << reader->last_error();
+  EXPECT_EQ(CountWrong(rows, kPushes), "");
+}
+
 // Exchanges through cuts (doc/libblkps.md "Exchange"): a write in flight at a
 // cut is resent only if the receipt lacks it, and its read, held back until
 // the write is done, starts after the reconnect either way; reads in flight

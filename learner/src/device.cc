@@ -30,6 +30,10 @@ Status Device::Exchange(const std::vector<IoRequest>& writes, const std::vector<
                             : Transfer(Direction::kRead, reads, queue_depth);
 }
 
+Status Device::TransferRows(Direction, const uint64_t*, uint64_t, uint64_t, float*, uint32_t) {
+  return Status::Error(ENOTSUP, "this device has no row windows (a blkps table's control LUN): rows go by their bytes");
+}
+
 std::unique_ptr<Device> OpenDevice(const std::string& target, const std::string& initiator_name, Status* status) {
   return OpenDevice(target, initiator_name, 1, status);
 }

@@ -128,6 +128,20 @@ class Device {
   // control LUN): then any width is taken.
   virtual uint64_t table_width() const { return 0; }
 
+  // Row windows (blkps/control_lun.h "Row windows"): a table's rows in
+  // batches, one command each way per window, instead of a command per row.
+  // Whether this device has them (a blkps server's table, over iscsi:// or
+  // a layout: of such shards); if not, rows go by their bytes (RowBatch).
+  virtual bool has_row_windows() const { return false; }
+  // Pulls rows ids[0..n) into rows[k * width ..] (direction kRead), or pushes
+  // rows[k * width ..] as the gradient of ids[k] (kWrite; rows is not
+  // changed), over up to `queue_depth` windows at once. A push is applied
+  // exactly once across reconnects (the windows' receipts per batch).
+  // REQUIRES: has_row_windows(); ids distinct and below the table's rows;
+  // width the table's; a push's values finite.
+  virtual Status TransferRows(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, float* rows,
+                              uint32_t queue_depth);
+
  protected:
   Device() = default;
 };

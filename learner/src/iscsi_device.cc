@@ -26,6 +26,8 @@ static_assert(sizeof(scsi_iovec) == sizeof(iovec) && offsetof(scsi_iovec, iov_ba
 
 constexpr std::chrono::seconds kLogoutTimeout(2);
 
+}  // namespace
+
 void OnCommandDone(iscsi_context* iscsi, int status, void* command_data, void* private_data) {
   Command* command = static_cast<Command*>(private_data);
   command->done = true;
@@ -37,6 +39,8 @@ void OnCommandDone(iscsi_context* iscsi, int status, void* command_data, void* p
     command->transport_error = LastError(iscsi);
   }
 }
+
+namespace {
 
 // The error for a SCSI command that did not end GOOD. `what` names the
 // command for the user ("write at offset 4096 on iscsi://...").
@@ -126,6 +130,9 @@ Status IscsiDevice::Sync() {
   // Every write acknowledged before it is in the checkpoint: none of them
   // can be lost any more.
   if (s.ok()) ForgetUnsyncedLengths();
+  // A sync that reconnected tells what a restart lost through the row
+  // windows too.
+  if (s.ok() && !row_windows_.empty()) s = SyncRowWindows(table_width_ * sizeof(float));
   return s;
 }
 

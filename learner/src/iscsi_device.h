@@ -45,6 +45,10 @@ struct Command {
   std::string transport_error;  // libiscsi's message when status says so
 };
 
+// libiscsi's callback for every command of a batch: fills in the Command
+// its private data points at.
+void OnCommandDone(iscsi_context* iscsi, int status, void* command_data, void* private_data);
+
 // The reconnect deadline: BLKPS_RECONNECT_SECONDS (seconds > 0) if set, else
 // the default for a device of `device_bytes`.
 Status ReconnectSeconds(uint64_t device_bytes, double* seconds);
@@ -84,6 +88,11 @@ class IscsiDevice : public Device {
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
   uint64_t table_width() const override { return table_width_; }
+  // A table on a blkps server: its control LUN's row windows
+  // (iscsi_row_windows.cc).
+  bool has_row_windows() const override { return control_lun_ >= 0 && table_width_ > 0; }
+  Status TransferRows(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, float* rows,
+                      uint32_t queue_depth) override;
   uint64_t reconnects() const override { return reconnects_; }
   double reconnect_seconds() const override { return reconnect_seconds_; }
 
@@ -182,9 +191,35 @@ class IscsiDevice : public Device {
   // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
-  uint64_t table_width_ = 0;      // see table_width()
-  uint64_t reconnects_ = 0;       // sessions re-established
-  double reconnect_seconds_ = 0;  // time spent in Reconnect, failures included
+  uint64_t table_width_ = 0;  // see table_width()
+
+  // Row windows (iscsi_row_windows.cc; blkps/control_lun.h "Row windows").
+  // Per window of this device's LUN: the last sequence this device gave a
+  // request (pushes and pulls share it; a window's pushes must rise), and
+  // the rows of its pushes the server acknowledged, as its state's
+  // rows_applied should count them. Read from the server on first use, so
+  // that a learner reopening the model under the same initiator name goes
+  // on where it was; checked again after a reconnect: a restart from an
+  // older checkpoint shows fewer rows applied, and the difference is lost
+  // (pushed_bytes_lost).
+  struct RowWindowCursor {
+    uint64_t sequence = 0;
+    uint64_t rows_acknowledged = 0;
+  };
+  // One window request: the bytes written (header, ids, a push's rows) and,
+  // for a pull, the bytes read back (state, then rows).
+  struct RowWindowRequest;
+  // Reads every window's state into `cursors` (on first use) or compares
+  // them (after a reconnect) and counts lost rows of `row_bytes`.
+  Status SyncRowWindows(uint64_t row_bytes);
+  // Runs `count` commands of one direction on the control LUN, starting
+  // at the given windows' offsets, each with its own buffer.
+  Status RunWindowCommands(Direction direction, const std::vector<RowWindowRequest>& requests, uint32_t queue_depth);
+  std::vector<RowWindowCursor> row_windows_;  // empty until first use
+  uint64_t row_windows_reconnects_ = 0;       // reconnects_ when last synced
+  uint64_t row_window_tags_ = 0;              // the last tag given; see TransferRows
+  uint64_t reconnects_ = 0;                   // sessions re-established
+  double reconnect_seconds_ = 0;              // time spent in Reconnect, failures included
   bool said_no_receipts_ = false;
 };
 

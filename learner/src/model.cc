@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -58,6 +59,45 @@ Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length, c
   return Status();
 }
 
+// TransferRows on a device with row windows: each distinct row once (a
+// push's gradients summed per row, checked finite before anything is sent),
+// a batch in a few commands (device.h TransferRows). A pull that the server
+// forgot by restarting between its write and read (EAGAIN) is pulled again,
+// once.
+Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Direction direction, const uint64_t* ids,
+                                  uint64_t n, uint64_t width, const float* grads, float* rows) {
+  try {
+    const DistinctRows distinct(ids, n);
+    const uint64_t m = distinct.rows.size();
+    std::vector<float> values(m * width, 0.0f);
+    if (direction == Direction::kWrite) {
+      for (uint64_t k = 0; k < n; ++k) {
+        float* row = values.data() + distinct.row_of_id[k] * width;
+        for (uint64_t i = 0; i < width; ++i) row[i] += grads[k * width + i];
+      }
+      for (float v : values) {
+        if (!std::isfinite(v)) {
+          return Status::Error(EINVAL, "push_rows: a summed gradient is %s; nothing was sent",
+                               std::isnan(v) ? "NaN" : "infinite");
+        }
+      }
+      return device.TransferRows(direction, distinct.rows.data(), m, width, values.data(), queue_depth);
+    }
+    Status status = device.TransferRows(direction, distinct.rows.data(), m, width, values.data(), queue_depth);
+    if (status.code() == EAGAIN) {
+      status = device.TransferRows(direction, distinct.rows.data(), m, width, values.data(), queue_depth);
+    }
+    if (!status.ok()) return status;
+    for (uint64_t k = 0; k < n; ++k) {
+      std::memcpy(rows + k * width, values.data() + distinct.row_of_id[k] * width, width * sizeof(float));
+    }
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "%s: out of memory planning %llu rows",
+                         direction == Direction::kRead ? "pull_rows" : "push_rows", static_cast<ull>(n));
+  }
+}
+
 // Model::PullRows (grads null) and PushRows (rows null) on `device`.
 Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, uint32_t queue_depth,
                     Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
@@ -84,6 +124,9 @@ Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, u
     }
   }
   if (n == 0) return Status();
+  if (device.has_row_windows()) {
+    return TransferRowsThroughWindows(device, queue_depth, direction, ids, n, width, grads, rows);
+  }
   try {
     RowBatch batch(direction, ids, n, width, grads, device.logical_block_size(), request_bytes);
     if (direction == Direction::kWrite) {

@@ -7,18 +7,21 @@
 
 namespace blkps {
 
-RowBatch::RowBatch(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
-                   uint32_t block_size, uint64_t request_bytes)
-    : n_(n), width_(width) {
-  const uint64_t row_bytes = width * sizeof(float);
+DistinctRows::DistinctRows(const uint64_t* ids, uint64_t n) {
   std::vector<uint64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return ids[a] < ids[b]; });
-  row_of_id_.resize(n);
+  row_of_id.resize(n);
   for (uint64_t k : order) {
-    if (rows_.empty() || rows_.back() != ids[k]) rows_.push_back(ids[k]);
-    row_of_id_[k] = rows_.size() - 1;
+    if (rows.empty() || rows.back() != ids[k]) rows.push_back(ids[k]);
+    row_of_id[k] = rows.size() - 1;
   }
+}
+
+RowBatch::RowBatch(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
+                   uint32_t block_size, uint64_t request_bytes)
+    : n_(n), width_(width), distinct_(ids, n) {
+  const uint64_t row_bytes = width * sizeof(float);
 
   // Runs of whole blocks: [begin, end) device bytes, staged at `staged`.
   struct Run {

@@ -28,6 +28,16 @@
 
 namespace blkps {
 
+// The distinct ids of a batch, ascending, and which of them each id is:
+// what both ways of moving rows (RowBatch's blocks, and the server's row
+// windows, device.h TransferRows) send once per row.
+struct DistinctRows {
+  // Throws std::bad_alloc when out of memory.
+  DistinctRows(const uint64_t* ids, uint64_t n);
+  std::vector<uint64_t> rows;       // distinct ids, ascending
+  std::vector<uint64_t> row_of_id;  // ids[k] is rows[row_of_id[k]]
+};
+
 class RowBatch {
  public:
   // Plans the rows ids[0..n) of `width` float32 values each. For a write,
@@ -56,8 +66,9 @@ class RowBatch {
  private:
   const uint64_t n_;
   const uint64_t width_;
-  std::vector<uint64_t> rows_;       // distinct ids, ascending
-  std::vector<uint64_t> row_of_id_;  // ids[k] is rows_[row_of_id_[k]]
+  const DistinctRows distinct_;
+  const std::vector<uint64_t>& rows_ = distinct_.rows;
+  const std::vector<uint64_t>& row_of_id_ = distinct_.row_of_id;
   std::vector<uint64_t> staged_at_;  // rows_[j]'s byte offset in staging_
   std::vector<uint8_t> staging_;     // the runs' bytes, back to back
   std::vector<iovec> iovecs_;        // requests_ point into this

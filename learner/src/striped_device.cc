@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <system_error>
@@ -208,6 +209,53 @@ Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>
                        [&](uint32_t s) { return shards_[s]->Transfer(direction, batch.requests[s], queue_depth); });
   } catch (const std::bad_alloc&) {
     return Status::Error(ENOMEM, "out of memory splitting a %s over %u shards", DirectionName(direction), count);
+  }
+}
+
+bool StripedDevice::has_row_windows() const {
+  for (const auto& shard : shards_) {
+    if (!shard->has_row_windows()) return false;
+  }
+  return true;
+}
+
+Status StripedDevice::TransferRows(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, float* rows,
+                                   uint32_t queue_depth) {
+  const uint32_t count = static_cast<uint32_t>(shards_.size());
+  const uint64_t row_bytes = width * sizeof(float);
+  try {
+    std::vector<std::vector<uint64_t>> local(count), position(count);
+    std::vector<StripePiece> pieces;
+    for (uint64_t k = 0; k < n; ++k) {
+      pieces.clear();
+      map_.Map(ids[k] * row_bytes, row_bytes, &pieces);
+      local[pieces[0].shard].push_back(pieces[0].shard_offset / row_bytes);
+      position[pieces[0].shard].push_back(k);
+    }
+    std::vector<std::vector<float>> values(count);
+    std::vector<bool> busy(count, false);
+    for (uint32_t s = 0; s < count; ++s) {
+      busy[s] = !local[s].empty();
+      values[s].resize(local[s].size() * width);
+      if (direction != Direction::kWrite) continue;
+      for (size_t j = 0; j < position[s].size(); ++j) {
+        std::memcpy(values[s].data() + j * width, rows + position[s][j] * width, row_bytes);
+      }
+    }
+    Status status = RunOnShards(busy, [&](uint32_t s) {
+      return shards_[s]->TransferRows(direction, local[s].data(), local[s].size(), width, values[s].data(),
+                                      queue_depth);
+    });
+    if (!status.ok() || direction == Direction::kWrite) return status;
+    for (uint32_t s = 0; s < count; ++s) {
+      for (size_t j = 0; j < position[s].size(); ++j) {
+        std::memcpy(rows + position[s][j] * width, values[s].data() + j * width, row_bytes);
+      }
+    }
+    return status;
+  } catch (const std::bad_alloc&) {
+    return Status::Error(ENOMEM, "out of memory splitting %llu rows over %u shards", static_cast<unsigned long long>(n),
+                         count);
   }
 }
 

@@ -70,6 +70,13 @@ class StripedDevice : public Device {
   uint64_t pushed_bytes_lost() const override { return SumOver(shards_, &Device::pushed_bytes_lost); }
   // Every shard serves rows of one width (table=ITS_ROWS:WIDTH): shard 0's.
   uint64_t table_width() const override { return shards_[0]->table_width(); }
+  // Row windows when every shard has them. TransferRows cuts the batch by
+  // shard (a row lives whole on one shard: the stripe unit holds whole rows,
+  // doc/embeddings.md "Tables over shards"), as each shard's own row ids,
+  // and runs the shards at once; failure as Transfer.
+  bool has_row_windows() const override;
+  Status TransferRows(Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, float* rows,
+                      uint32_t queue_depth) override;
   // Summed over the shards.
   uint64_t reconnects() const override { return SumOver(shards_, &Device::reconnects); }
   double reconnect_seconds() const override { return SumOver(shards_, &Device::reconnect_seconds); }

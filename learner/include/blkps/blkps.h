@@ -187,10 +187,11 @@ BLKPS_EXPORT int blkps_read_bytes(blkps_model *m, uint64_t offset, void *buf, ui
 /* Tables (doc/embeddings.md): rows of `width` float32 values, row r at byte
  * r*width*4. blkps_pull_rows reads rows ids[0..n) into rows[k*width ...], in
  * the order given (ids may repeat); blkps_push_rows sends grads[k*width ...]
- * for row ids[k], the gradients of a repeated id summed and sent once. Rows
- * are sorted and sent as few block-aligned requests as their places allow,
- * many in flight. Returns as blkps::Model::PullRows / PushRows
- * (blkps/model.hpp). */
+ * for row ids[k], the gradients of a repeated id summed and sent once. On a
+ * blkps table the rows go in batches through the server's row windows
+ * (blkps/control_lun.h); elsewhere as few block-aligned requests as their
+ * places allow, many in flight. Returns as blkps::Model::PullRows /
+ * PushRows (blkps/model.hpp). */
 BLKPS_EXPORT int blkps_pull_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, float *rows);
 BLKPS_EXPORT int blkps_push_rows(blkps_model *m, const uint64_t *ids, uint64_t n, uint64_t width, const float *grads);
 /* The table's values per row, the only width the two above take; 0 for a

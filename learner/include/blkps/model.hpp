@@ -151,10 +151,15 @@ class BLKPS_EXPORT Model {
   // PushRows: grads[k * width ..] is a gradient for row ids[k]; the
   // gradients of a repeated id are summed and sent once, the other rows
   // sharing its blocks as zeros (none to a table).
-  // Both keep each row once, sort the rows and send them as few block-aligned
-  // requests as their places allow (rows whose blocks touch share one), up
-  // to queue_depth() in flight. Returns 0, -ERANGE (an id past the device's
-  // last whole row; nothing transferred), -EINVAL (width 0, a width other
+  // Both keep each row once. On a blkps table (iscsi://, iser://, or a
+  // layout: of such shards) the rows go as batches through the server's row
+  // windows (blkps/control_lun.h "Row windows"; a few commands per batch, up
+  // to queue_depth() windows in flight per shard, pushes applied exactly
+  // once across reconnects); elsewhere they are sorted and sent as few
+  // block-aligned requests as their places allow (rows whose blocks touch
+  // share one), up to queue_depth() in flight. Returns 0, -ERANGE (an id
+  // past the device's last whole row; nothing transferred), -EINVAL (width
+  // 0, a width other
   // than table_width(), a 16-bit device, or a push whose summed gradient is
   // NaN or infinite; nothing transferred) or another negative errno as
   // Push() and Pull().

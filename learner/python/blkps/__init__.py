@@ -530,8 +530,10 @@ class Model(_Handle):
         """Rows `ids` of a table of rows of `width` float32 values
         (doc/embeddings.md) as a (len(ids), width) float32 array, in the order
         given (ids may repeat), into `out` if given (writable, C-contiguous,
-        float32, that shape). Each row is read once; the rows go as few
-        requests as their places allow, many in flight."""
+        float32, that shape). Each row is read once; on a blkps table the
+        rows go in batches through the server's row windows (a few commands
+        per batch), elsewhere as few requests as their places allow, many in
+        flight."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64).reshape(-1)
         if out is None:
             out = np.empty((ids.size, width), dtype=np.float32)

@@ -40,6 +40,15 @@
  *                             control LUN's own number (learner LUNs come
  *                             before it). Read-only. After a restart from a
  *                             checkpoint they are the checkpoint's.
+ *   [W, W + n * 16 * 8 MiB)   row windows (a table's rows in batches; doc/
+ *                             embeddings.md "A batch in one command"): for
+ *                             learner LUN k, BLKPS_CONTROL_WINDOWS_PER_LUN
+ *                             windows of BLKPS_CONTROL_WINDOW_BYTES, window w
+ *                             at blkps_control_window_offset(device, n, k, w),
+ *                             W = blkps_control_windows_offset(). Each is one
+ *                             batch at a time of the initiator that uses it;
+ *                             the rows it moves are LUN k's (its learner
+ *                             slot). Layout and rules below, "Row windows".
  *   [Z - E, Z)                exchange: plain bytes that any initiator may
  *                             READ and WRITE (zeros at start; kept in the
  *                             server's memory only, not in checkpoints).
@@ -53,8 +62,10 @@
  * that a learner finds it among the target's LUNs (REPORT LUNS).
  *
  * Users: the server (target-plugin/control_lun_server.cc serves the regions
- * and fills the record; aggregator/job_status.cc writes the status keys), libblkps (the
- * engine reads the counters; blkps_control_layout_get() hands all of this to
+ * and fills the record, row_window_server.cc the row windows;
+ * aggregator/job_status.cc writes the status keys), libblkps (the
+ * engine reads the counters; iscsi_row_windows.cc sends pull_rows and
+ * push_rows through the windows; blkps_control_layout_get() hands all of this to
  * the Python package, learner/python/blkps/control.py), the tests, and
  * doc/server.md's "Status and control" section.
  *
@@ -74,7 +85,7 @@ extern "C" {
 #endif
 
 /* The version of this layout, also in the counters record. */
-#define BLKPS_CONTROL_FORMAT_VERSION 2u
+#define BLKPS_CONTROL_FORMAT_VERSION 3u /* 3: row windows before the exchange */
 
 #define BLKPS_CONTROL_STATUS_OFFSET UINT64_C(0)
 #define BLKPS_CONTROL_STATUS_BYTES (UINT64_C(64) << 10)
@@ -113,10 +124,29 @@ static inline uint64_t blkps_control_receipt_bytes(uint64_t device_bytes) {
   return BLKPS_CONTROL_RECEIPT_HEADER_BYTES + (units * 4 + page - 1) / page * page;
 }
 
-/* Where the exchange region starts on control LUN number `control_lun`
- * (a receipt for every LUN before it), and that LUN's size in bytes. */
-static inline uint64_t blkps_control_exchange_offset(uint64_t device_bytes, uint64_t control_lun) {
+/* Row windows: how many per learner LUN (batches in flight per learner) and
+ * the bytes of each (the largest batch one window carries). */
+#define BLKPS_CONTROL_WINDOWS_PER_LUN 16u
+#define BLKPS_CONTROL_WINDOW_BYTES (UINT64_C(8) << 20)
+
+/* Where the row windows start on control LUN number `control_lun`: after a
+ * receipt for every LUN before it. */
+static inline uint64_t blkps_control_windows_offset(uint64_t device_bytes, uint64_t control_lun) {
   return blkps_control_receipts_offset(device_bytes) + control_lun * blkps_control_receipt_bytes(device_bytes);
+}
+
+/* Where window `window` (< BLKPS_CONTROL_WINDOWS_PER_LUN) of learner LUN
+ * `lun` (< control_lun) starts. */
+static inline uint64_t blkps_control_window_offset(uint64_t device_bytes, uint64_t control_lun, uint64_t lun,
+                                                   uint64_t window) {
+  return blkps_control_windows_offset(device_bytes, control_lun) +
+         (lun * BLKPS_CONTROL_WINDOWS_PER_LUN + window) * BLKPS_CONTROL_WINDOW_BYTES;
+}
+
+/* Where the exchange region starts on control LUN number `control_lun`
+ * (the windows of every LUN before it), and that LUN's size in bytes. */
+static inline uint64_t blkps_control_exchange_offset(uint64_t device_bytes, uint64_t control_lun) {
+  return blkps_control_window_offset(device_bytes, control_lun, control_lun, 0);
 }
 static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t control_lun) {
   return blkps_control_exchange_offset(device_bytes, control_lun) + BLKPS_CONTROL_EXCHANGE_BYTES;
@@ -179,6 +209,158 @@ typedef struct blkps_control_receipt {
   uint64_t writes_in_progress; /* admitted and not yet finished or failed:
                                   0 means the counters are final for now */
 } blkps_control_receipt;
+
+/*
+ * Row windows. A batch of a table's rows (doc/embeddings.md) in one command
+ * each way, through plain WRITE and READ of a window, from any language:
+ *
+ *   window + 0                a request header (struct
+ *                             blkps_row_window_request, then zeros to
+ *                             BLKPS_ROW_WINDOW_HEADER_BYTES)
+ *   window + 4 KiB            the batch's ids: `count` little-endian uint64
+ *                             (a table's row numbers; 64 bits so that hashed
+ *                             feature ids fit the same format later)
+ *   window + blkps_row_window_rows_offset(count)
+ *                             a push's rows: `count` rows of `width`
+ *                             little-endian float32, row k for ids[k]
+ *
+ * A request is one WRITE command: an initiator that splits large writes
+ * (the kernel's max_sectors_kb, a FUSE mount's 256 KiB pieces, iSER's 512
+ * KiB per command) must keep a request within that, or the piece that does
+ * not start at the window is refused. READs may come in any pieces.
+ *
+ * A pull is one WRITE of the header and ids (from the window's first byte),
+ * then one READ: the window reads as its state (struct
+ * blkps_row_window_state at window + 0, zeros to 4 KiB), then from window +
+ * 4 KiB the rows of the last pull, row k for ids[k], taken at the READ (zeros
+ * past them). A push is one WRITE of header, ids and rows. Either WRITE is
+ * checked whole first and refused whole (ILLEGAL REQUEST, nothing applied,
+ * the window's state unchanged): an id past the table's end (LBA OUT OF
+ * RANGE), a width other than the table's, a non-finite value in a push's
+ * rows, a header of another magic, version or op, a write that does not
+ * start at the window or does not hold the ids and rows its count says
+ * (INVALID FIELD IN PARAMETER LIST). A dense model refuses windows the same
+ * way. A push applies its rows with the table's rule, one by one in the
+ * order given (a repeated id is applied once per time it is given: libblkps
+ * sums them first); an all-zero row is no gradient, as everywhere in a table.
+ *
+ * Receipts per batch: exactly-once pushes. Each window keeps, per initiator
+ * (as the receipts region does), the `sequence` and `tag` of the last push
+ * applied. A push whose sequence is above it is applied; one with the same
+ * sequence and tag is a resend of a batch already applied: GOOD, applied
+ * nothing; any other is refused (ILLEGAL REQUEST: read the window's state
+ * and go on from push_sequence + 1). So a learner numbers its batches per
+ * window, one in flight per window, a new random tag per batch, and after a
+ * lost connection resends what it has not seen acknowledged, as it was. A
+ * push and the window's counters are one step for checkpoints; after a
+ * restart from one, the state is the checkpoint's. rows_applied counts the
+ * rows of this initiator's pushes applied through the window (mod 2^64):
+ * pushed_bytes_lost of a learner is, over its windows, rows it saw
+ * acknowledged minus rows_applied after a reconnect, times the row's bytes.
+ * Pulls are in the server's memory only (a restart forgets the last one:
+ * its READ then shows another pull_sequence; pull again).
+ */
+#define BLKPS_ROW_WINDOW_REQUEST_MAGIC "blkpsrow"
+#define BLKPS_ROW_WINDOW_STATE_MAGIC "blkpswst"
+#define BLKPS_ROW_WINDOW_HEADER_BYTES (UINT64_C(4) << 10)
+#define BLKPS_ROW_WINDOW_PULL 1u
+#define BLKPS_ROW_WINDOW_PUSH 2u
+
+typedef struct blkps_row_window_request {
+  char magic[8];           /* BLKPS_ROW_WINDOW_REQUEST_MAGIC, no NUL */
+  uint32_t format_version; /* BLKPS_CONTROL_FORMAT_VERSION */
+  uint32_t op;             /* BLKPS_ROW_WINDOW_PULL or BLKPS_ROW_WINDOW_PUSH */
+  uint64_t sequence;       /* a push: > 0, see "Receipts per batch" */
+  uint64_t tag;            /* a push: any value, the same when resent */
+  uint64_t count;          /* ids in the batch, >= 1 */
+  uint64_t width;          /* values per row: the table's */
+} blkps_row_window_request;
+
+typedef struct blkps_row_window_state {
+  char magic[8];           /* BLKPS_ROW_WINDOW_STATE_MAGIC, no NUL */
+  uint32_t format_version; /* BLKPS_CONTROL_FORMAT_VERSION */
+  uint32_t record_bytes;   /* sizeof(blkps_row_window_state) */
+  uint64_t lun;            /* the learner LUN and window it is for */
+  uint64_t window;
+  uint64_t push_sequence; /* the last push applied (0: none), its tag */
+  uint64_t push_tag;
+  uint64_t pushes_applied; /* batches applied, and their rows (mod 2^64) */
+  uint64_t rows_applied;
+  uint64_t pull_sequence; /* the last pull's header: its rows follow */
+  uint64_t pull_tag;
+  uint64_t pull_count;
+  uint64_t pull_width;
+} blkps_row_window_state;
+
+/* Where a request's rows start in its window: after the header and the
+ * ids, at a 512-byte boundary. */
+static inline uint64_t blkps_row_window_rows_offset(uint64_t count) {
+  return BLKPS_ROW_WINDOW_HEADER_BYTES + (count * 8 + 511) / 512 * 512;
+}
+
+/* The bytes a request's WRITE carries (a multiple of 512): a pull's header
+ * and ids, a push's rows too. */
+static inline uint64_t blkps_row_window_request_bytes(uint32_t op, uint64_t count, uint64_t width) {
+  const uint64_t rows = op == BLKPS_ROW_WINDOW_PUSH ? count * width * 4 : 0;
+  return blkps_row_window_rows_offset(count) + (rows + 511) / 512 * 512;
+}
+
+/* The most rows of `width` values one window carries: a push's WRITE and a
+ * pull's READ both fit BLKPS_CONTROL_WINDOW_BYTES. */
+static inline uint64_t blkps_row_window_capacity(uint64_t width) {
+  const uint64_t room = BLKPS_CONTROL_WINDOW_BYTES - BLKPS_ROW_WINDOW_HEADER_BYTES - 512;
+  return width == 0 ? 0 : room / (8 + width * 4);
+}
+
+/* Encodes a request header (its numbers; magic and format_version are set
+ * here) into the sizeof(blkps_row_window_request) bytes at `out`. */
+static inline void blkps_row_window_request_encode(blkps_row_window_request r, void *out) {
+  memcpy(r.magic, BLKPS_ROW_WINDOW_REQUEST_MAGIC, sizeof r.magic);
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  memcpy(out, &r, sizeof r);
+}
+
+/* Decodes a request header from the `n` bytes written at a window's start.
+ * Returns 0, or -1 (*out untouched) for a short write, another magic or
+ * version, or an op that is neither pull nor push. */
+static inline int blkps_row_window_request_decode(const void *bytes, uint64_t n, blkps_row_window_request *out) {
+  blkps_row_window_request r;
+  if (n < sizeof r) return -1;
+  memcpy(&r, bytes, sizeof r);
+  if (memcmp(r.magic, BLKPS_ROW_WINDOW_REQUEST_MAGIC, sizeof r.magic) != 0 ||
+      r.format_version != BLKPS_CONTROL_FORMAT_VERSION ||
+      (r.op != BLKPS_ROW_WINDOW_PULL && r.op != BLKPS_ROW_WINDOW_PUSH)) {
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+/* Encodes a window's state (its numbers; magic, format_version and
+ * record_bytes are set here) into the sizeof(blkps_row_window_state) bytes
+ * at `out`. */
+static inline void blkps_row_window_state_encode(blkps_row_window_state r, void *out) {
+  memcpy(r.magic, BLKPS_ROW_WINDOW_STATE_MAGIC, sizeof r.magic);
+  r.format_version = BLKPS_CONTROL_FORMAT_VERSION;
+  r.record_bytes = sizeof r;
+  memcpy(out, &r, sizeof r);
+}
+
+/* Decodes the state of window `window` of LUN `lun` from the `n` bytes read
+ * at its start. Returns 0, or -1 (*out untouched) when they hold none. */
+static inline int blkps_row_window_state_decode(const void *bytes, uint64_t n, uint64_t lun, uint64_t window,
+                                                blkps_row_window_state *out) {
+  blkps_row_window_state r;
+  if (n < sizeof r) return -1;
+  memcpy(&r, bytes, sizeof r);
+  if (memcmp(r.magic, BLKPS_ROW_WINDOW_STATE_MAGIC, sizeof r.magic) != 0 ||
+      r.format_version != BLKPS_CONTROL_FORMAT_VERSION || r.record_bytes < sizeof r || r.lun != lun ||
+      r.window != window) {
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
 
 /* The codec: the one writer of these records, the server
  * (target-plugin/control_lun_server.cc), and their one reader, libblkps
@@ -251,6 +433,8 @@ static inline int blkps_control_receipt_decode(const void *bytes, uint64_t n, ui
 }  // extern "C"
 static_assert(sizeof(blkps_control_counters) == 88, "the record is 88 bytes since pushing_learners");
 static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
+static_assert(sizeof(blkps_row_window_request) == 48, "the window request header is 48 bytes in format 3");
+static_assert(sizeof(blkps_row_window_state) == 96, "the window state is 96 bytes in format 3");
 #endif
 
 #endif /* BLKPS_CONTROL_LUN_H */
