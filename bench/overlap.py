@@ -43,18 +43,20 @@ at which the first --code keeps the H100's ratio on the calibration case
 with it. --pipeline passes pipeline=True to blkps.torch's
 DistributedOptimizer (a tree whose optimizer has no such option is refused).
 
-Per model, one set of co-located shards per wire (`blkps shards start`,
-async, rule sgd, 2 learner slots), as bench/gpu.sh: the push and pull by
-hand (the clock), then the step alone (no transfers, before and after the
-runs: their mean), then blkps.torch in gradient mode (overlap_pull, as for
-a CUDA model) on each wire and learner count, each learner computing the
-whole step (learners sharing a GPU each take the whole step alone's time).
-No run takes an optimizer step on the learner (the server applies the
-gradient). Writes DIR/overlap.json (calibration: each bisection's share and
-ratio; runs: model, code, wire_dtype, learners, step_ms, alone_ms, ratio,
-h100_ratio, the error against it, rank 0's ms per step by the optimizer's
-seconds and its transfers; machine: cores, load before and after) and
-DIR/overlap.md, both rewritten after every run.
+Per model, one set of co-located shards per tree and wire (`blkps shards
+start`, async, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
+pull by hand (the clock), then per case blkps.torch in gradient mode
+(overlap_pull, as for a CUDA model) of each tree, with the step alone (no
+transfers) just before and just after the case's runs (their mean: a load
+that drifts falls on both). Each learner computes the whole step (learners
+sharing a GPU each take about the step alone's time). No run takes an
+optimizer step on the learner (the server applies the gradient). Writes
+DIR/overlap.json (calibration: each bisection's share and ratio; runs:
+model, code, wire_dtype, learners, step_ms, alone_ms,
+alone_ms_before_after, ratio, h100_ratio, error = ratio - h100_ratio, rank
+0's ms per step by the optimizer's seconds and its transfers; machine:
+cores, load before and after) and DIR/overlap.md, both rewritten after
+every run.
 """
 import argparse
 import inspect
@@ -448,25 +450,27 @@ def measure(args, name, held, h100, result, save):
             save()
         result["interpreter_share"] = held
         before = bench.alone(held)
-        rows = []
         for wire, learners in [(w, n) for w in args.wires for n in args.learners]:
+            rows = []
             for tree in args.trees:
                 step, rank0 = bench.through(held, tree, wire, learners)
                 ref = h100.get((name, wire, learners), {})
-                row = {"model": name, "params": bench.params, "code": result["code"][tree.path], "wire_dtype": wire,
-                       "learners": learners, "step_ms": round(step, 1),
-                       "compute_ms": round(bench.h100_alone_ms * bench.clock, 1),
-                       "h100_ratio": ref.get("ratio"), "rank0_ms_per_step": rank0["ms_per_step"],
-                       "rank0_transfers": rank0["transfers"]}
-                rows.append(row)
+                rows.append({"model": name, "params": bench.params, "code": result["code"][tree.path],
+                             "wire_dtype": wire, "learners": learners, "step_ms": round(step, 1),
+                             "compute_ms": round(bench.h100_alone_ms * bench.clock, 1),
+                             "h100_ratio": ref.get("ratio"), "rank0_ms_per_step": rank0["ms_per_step"],
+                             "rank0_transfers": rank0["transfers"]})
+            after = bench.alone(held)
+            for row in rows:  # the step alone just before and just after the case's runs: their mean
+                row["alone_ms_before_after"] = [round(before, 1), round(after, 1)]
+                row["alone_ms"] = round((before + after) / 2, 1)
+                row["ratio"] = round(row["alone_ms"] / row["step_ms"], 3)
+                if row["h100_ratio"] is not None:
+                    row["error"] = round(row["ratio"] - row["h100_ratio"], 3)
                 result["runs"].append(row)
                 print(json.dumps(row), flush=True)
-        after = bench.alone(held)
-        for row in rows:  # the step alone, before and after the runs: their mean
-            row["alone_ms"] = round((before + after) / 2, 1)
-            row["ratio"] = round(row["alone_ms"] / row["step_ms"], 3)
-            if row["h100_ratio"] is not None:
-                row["error"] = round(row["ratio"] - row["h100_ratio"], 3)
+            save()
+            before = after
         save()
         return held
     finally:

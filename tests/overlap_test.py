@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """bench/overlap.py, the GPU step's proxy (doc/gpu.md "A proxy for the GPU
-step"), run on one tiny case so that its machinery is known to work; no
+step: bench/overlap.py"), run on one tiny case so that its machinery is known to work; no
 figure is asserted (the machine's load sets them).
 
   overlap_test.py <repo> <build dir> <case>
