@@ -37,9 +37,10 @@ the server plugin; DIR/build/cmake, this tree's --build) and its own CLI
 starting its shards: an older tree's Python refuses a library of another
 build. Build an older commit for it with
 `git worktree add --detach DIR COMMIT` and, in DIR,
-`scripts/build.sh bs_blkps blkps blkps-layout`. --calibrate: first finds the interpreter share
-at which the first --code keeps the H100's ratio on the calibration case
-(ResNet-50, float32 wire, 1 learner), by bisection, then runs every case
+`scripts/build.sh bs_blkps blkps blkps-layout blkps-bsopts`.
+--calibrate: first finds the interpreter share at which the first --code
+keeps the H100's ratio on the calibration case (ResNet-50, float32 wire,
+1 learner), by bisection, then runs every case
 with it. --pipeline passes pipeline=True to blkps.torch's
 DistributedOptimizer (a tree whose optimizer has no such option is refused).
 
@@ -296,7 +297,7 @@ class Tree:
         """What the tree lacks to be measured, in words; None if nothing."""
         for part in (os.path.join(self.path, "learner", "python", "blkps"), self.cli[1], self.lib, self.plugin):
             if not os.path.exists(part):
-                return f"{part} is missing (a blkps tree, built: scripts/build.sh bs_blkps blkps blkps-layout)"
+                return f"{part} is missing (a blkps tree, built: scripts/build.sh bs_blkps blkps blkps-layout blkps-bsopts)"
         return None
 
     def label(self):
@@ -500,14 +501,14 @@ def write(out, result):
             f.write(f"Clock, {name}: push and pull by hand {c['by_hand_ms']} ms here, {c['h100_by_hand_ms']} ms "
                     f"on the H100: {c['proxy_s_per_h100_s']} s here per H100 second.\n")
         f.write("\n| model | code | wire | learners | compute ms | alone ms | step ms | ratio | H100 ratio | "
-                "error | rank 0 ms: copy out, exchange, step wait, weights wait; transfers |\n"
+                "error | rank 0 ms: copy out, exchange, step wait, weights wait, pipeline wait; transfers |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in result["runs"]:
             t = r["rank0_ms_per_step"]
             f.write(f"| {r['model']} | {r['code']} | {r['wire_dtype']} | {r['learners']} | {r['compute_ms']} | "
                     f"{r.get('alone_ms', '–')} | {r['step_ms']} | {r.get('ratio', '–')} | {r['h100_ratio']} | "
                     f"{r.get('error', '–')} | {t.get('copy_out')}, {t.get('exchange')}, {t.get('step_wait')}, "
-                    f"{t.get('weights_wait')}; {r['rank0_transfers']} |\n")
+                    f"{t.get('weights_wait')}, {t.get('pipeline_wait', '–')}; {r['rank0_transfers']} |\n")
 
 
 def main():
