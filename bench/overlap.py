@@ -40,9 +40,9 @@ build. Build an older commit for it with
 `scripts/build.sh bs_blkps blkps blkps-layout blkps-bsopts`.
 --calibrate: first finds the interpreter share at which the first --code
 keeps the H100's ratio on the calibration case (ResNet-50, float32 wire,
-1 learner), by bisection, then runs every case
-with it. --pipeline passes pipeline=True to blkps.torch's
-DistributedOptimizer (a tree whose optimizer has no such option is refused).
+1 learner), by bisection, then runs every case with it. --pipeline passes
+pipeline=True to blkps.torch's DistributedOptimizer (a tree whose
+optimizer has no such option is refused before any run).
 
 Per model, one set of co-located shards per tree and wire (`blkps shards
 start`, async, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
@@ -215,8 +215,8 @@ def import_code(code):
 
 def by_hand(cfg):
     """The whole model's float32 parameters pushed, then pulled, by hand
-    through slot 1 of the shards, with cfg["code"]'s libblkps binding; the mean ms of cfg["reps"] after one to
-    warm up."""
+    through slot 1 of the shards with cfg["code"]'s binding; the mean ms
+    of cfg["reps"] after one to warm up."""
     import numpy as np
     sys.path.insert(0, os.path.join(cfg["code"], "learner", "python"))
     import blkps
@@ -297,7 +297,8 @@ class Tree:
         """What the tree lacks to be measured, in words; None if nothing."""
         for part in (os.path.join(self.path, "learner", "python", "blkps"), self.cli[1], self.lib, self.plugin):
             if not os.path.exists(part):
-                return f"{part} is missing (a blkps tree, built: scripts/build.sh bs_blkps blkps blkps-layout blkps-bsopts)"
+                return (f"{part} is missing (give a blkps tree, built: "
+                        "scripts/build.sh bs_blkps blkps blkps-layout blkps-bsopts)")
         return None
 
     def label(self):
@@ -438,7 +439,8 @@ def measure(args, name, held, h100, result, save):
                                  "proxy_s_per_h100_s": round(bench.clock, 2)}
         if args.calibrate and result["calibration"] is None and name == CALIBRATION_CASE[0]:
             result["calibration"] = {"case": dict(zip(("model", "wire_dtype", "learners"), CALIBRATION_CASE)),
-                                     "code": args.trees[0].label(), "h100_ratio": h100[CALIBRATION_CASE]["ratio"], "runs": []}
+                                     "code": args.trees[0].label(),
+                                     "h100_ratio": h100[CALIBRATION_CASE]["ratio"], "runs": []}
             save()
 
             def note(row):
