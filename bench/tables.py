@@ -524,6 +524,27 @@ def gpu_memory():
     return _right(rows, left=2)
 
 
+def gpu_pipeline_readme():
+    """README's GPU summary on the H200 (bench/results/h200, the first run;
+    two-learners, the second): one learner's share of the GPU's own step
+    rate, async with the pipeline off and on and bsp, on each wire; two
+    learners sharing the GPU, pipelined."""
+    label = {"resnet50": "ResNet-50 (128)", "gpt2": "GPT-2 124M (16 × 1024)"}
+    runs = [r for f in (("h200", "gpu.json"), ("h200", "two-learners", "gpu.json"))
+            for r in json.loads(_read(*f)) if "ratio" in r]
+    rows = [["model (batch)", "wire", "alone", "async", "async, pipelined", "bsp", "2 learners, pipelined"]]
+    for name in dict.fromkeys(r["model"] for r in runs):
+        for wire in ("float32", "bfloat16"):
+            def ratio(mode, pipeline, learners=1):
+                hit = [r for r in runs if (r["model"], r["wire_dtype"], r["mode"], r["learners"]) ==
+                       (name, wire, mode, learners) and (mode == "bsp" or r["pipeline"] == pipeline)]
+                return f"{hit[0]['ratio']:.2f}" if hit else "–"
+            alone = next(r["standalone_step_ms"] for r in runs if r["model"] == name)
+            rows.append([label[name], wire, f"{alone:.1f} ms", ratio("async", False), ratio("async", True),
+                         ratio("bsp", False), ratio("async", True, 2)])
+    return _right(rows, left=2)
+
+
 TABLES = {
     "cluster-headline": (cluster_headline, "bench/results/cluster"),
     "f32-vs-ddp": (f32_vs_ddp, "bench/results/cluster-f32-vs-ddp"),
@@ -548,6 +569,7 @@ TABLES = {
     "gpu": (gpu, "bench/results/h100-80gb-hbm3"),
     "gpu-readme": (gpu_readme, "bench/results/h100-80gb-hbm3"),
     "gpu-memory": (gpu_memory, "bench/results/h100-80gb-hbm3"),
+    "gpu-pipeline-readme": (gpu_pipeline_readme, "bench/results/h200 (and two-learners)"),
 }
 
 BEGIN = re.compile(r"^<!-- table ([\w-]+): .*-->$")
