@@ -171,7 +171,8 @@ Status WriteManifest(const std::string& path, const CheckpointSet& set) {
                                              {"shards", std::to_string(set.shards)}};
   for (size_t k = 0; k < set.parts.size(); ++k) {
     meta["part." + std::to_string(k)] = std::to_string(set.parts[k].step) + " " + BaseOf(set.parts[k].file);
-    if (set.parts[k].round != kNoCheckpointRound) meta["round." + std::to_string(k)] = std::to_string(set.parts[k].round);
+    if (set.parts[k].round != kNoCheckpointRound)
+      meta["round." + std::to_string(k)] = std::to_string(set.parts[k].round);
   }
   return WriteCheckpointFile(CheckpointManifestPath(path), meta, {});
 }

@@ -17,18 +17,16 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   // A learner has pushed its whole gradient to every shard before its fsync:
   // its iteration is the same on all of them. A learner behind the shard
   // (dead, or never pushed) asks for the shard's own round.
-  const uint64_t R = slot == kNoSlot ? clocks_.max_round()
-                                     : std::max(clocks_.iteration(slot), clocks_.global_step());
+  const uint64_t R = slot == kNoSlot ? clocks_.max_round() : std::max(clocks_.iteration(slot), clocks_.global_step());
   *round = R;
   const auto limit = std::chrono::duration<double>(opts_.hold_limit_s);
   ++checkpoints_waiting_;  // status "waiting_round"
   waiting_round_ = R;
-  const bool finished =
-      round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || clocks_.global_step() >= R; });
+  const bool finished = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || clocks_.global_step() >= R; });
   --checkpoints_waiting_;
   if (FailedLocked()) return Status::Unavailable(failure_);
-  const std::string why =
-      "a scaled-out bsp job's checkpoint is taken at one round on every shard (doc/server.md \"One round on every shard\")";
+  const std::string why = "a scaled-out bsp job's checkpoint is taken at one round on every shard (doc/server.md \"One "
+                          "round on every shard\")";
   if (!finished) {
     return Status::IOError("round " + std::to_string(R) + " did not finish on this shard within hold_limit (some " +
                            "of its blocks are at round " + std::to_string(clocks_.global_step()) +
@@ -36,8 +34,10 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   }
   if (clocks_.max_round() > R) {
     return Status::IOError("the checkpoint asked for round " + std::to_string(R) + " but this shard is at round " +
-                           std::to_string(clocks_.max_round()) + " already (fsync after the pushes of a round, before "
-                           "those of the next); " + why);
+                           std::to_string(clocks_.max_round()) +
+                           " already (fsync after the pushes of a round, before "
+                           "those of the next); " +
+                           why);
   }
   return Status::OK();
 }

@@ -95,7 +95,7 @@ class RoundBoundaryTest : public ::testing::Test {
     Push(0, a_, 1);
     Push(0, b_, 3);
     EXPECT_TRUE(shards_[0]->Checkpoint().ok());  // round 1: generation 2
-    return shards_[1]->Checkpoint();              // round 0: generation 2
+    return shards_[1]->Checkpoint();             // round 0: generation 2
   }
 
   blkps_test::TempDir dir_{"blkps-round-boundary"};
