@@ -25,8 +25,8 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   const bool finished = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || clocks_.global_step() >= R; });
   --checkpoints_waiting_;
   if (FailedLocked()) return Status::Unavailable(failure_);
-  const std::string why = "a scaled-out bsp job's checkpoint is taken at one round on every shard (doc/server.md \"One "
-                          "round on every shard\")";
+  const std::string why = "a scaled-out bsp job's checkpoint is taken at one round on every shard "
+                          "(doc/server.md \"One round on every shard\")";
   if (!finished) {
     return Status::IOError("round " + std::to_string(R) + " did not finish on this shard within hold_limit (some " +
                            "of its blocks are at round " + std::to_string(clocks_.global_step()) +
