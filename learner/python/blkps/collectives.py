@@ -87,16 +87,21 @@ class Heartbeat:
     `open_control()` (a blkps.control.Control, owned, used by this thread
     alone) and writes ``rank=<rank>:<run>`` (run: `session` in hex) every
     `period_s`. An open or write that fails is tried again next period (the
-    server may be restarting); the last error is in `error`. close() stops
-    the thread and closes its control."""
+    server may be restarting); the last error is in `error`. The
+    constructor returns after the first beat was tried (at most
+    `first_beat_s`): a rank that goes on to a collective is then already in
+    the server's "ranks", so the others can tell it dead if it dies at once.
+    close() stops the thread and closes its control."""
 
-    def __init__(self, open_control, rank, session, period_s):
+    def __init__(self, open_control, rank, session, period_s, first_beat_s=5.0):
         self._open, self._period = open_control, period_s
         self._command = f"rank={rank}:{session.hex()}"
         self._stop = threading.Event()
+        self._first_tried = threading.Event()
         self.error = None
         self._thread = threading.Thread(target=self._run, name="blkps-heartbeat", daemon=True)
         self._thread.start()
+        self._first_tried.wait(first_beat_s)
 
     def _run(self):
         control = None
@@ -112,6 +117,7 @@ class Heartbeat:
                     if control is not None:
                         control.close()
                         control = None
+                self._first_tried.set()
                 if self._stop.wait(self._period):
                     return
         finally:
