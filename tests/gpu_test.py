@@ -53,7 +53,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -65,6 +64,7 @@ import torch  # noqa: E402
 
 import blkps  # noqa: E402
 import blkps.torch as bps  # noqa: E402
+import torch_transports  # noqa: E402
 
 torch.set_num_threads(1)
 SKIP = 77  # ctest's SKIP_RETURN_CODE
@@ -302,16 +302,9 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
         # A file keeps what was pushed: the weights after step t are step t's
         # gradient, so the next forward must see exactly them.
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
-                                       bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
+                                       bucket_bytes=SMALL_BUCKET, overlap_pull=overlap,
+                                       transport=torch_transports.Transport({"pull": slow_pulls}))
         opt.log_forward_waits = log
-        if slow_pulls:
-            submit = opt._submit
-
-            def slow_submit(device, kind, batch):
-                if kind == "pull":
-                    time.sleep(slow_pulls)
-                return submit(device, kind, batch)
-            opt._submit = slow_submit
         outputs = []
         for t in range(steps):
             opt.zero_grad()

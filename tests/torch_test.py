@@ -24,6 +24,8 @@ import torch  # noqa: E402
 import torch_fashion_job as job  # noqa: E402  (the fashion cases' job)
 
 import blkps.torch as bps  # noqa: E402
+import blkps.torch.optimizer as core  # noqa: E402
+import torch_transports  # noqa: E402
 
 torch.set_num_threads(1)
 STEPS = 8
@@ -87,7 +89,7 @@ def late_stamps():
     if bps.rank() == 0:
         time.sleep(0.5)
         return
-    check_device = bps._check_device
+    check_device = core.check_device
 
     def stamp_late(layout, device, ctl, *args):
         command = ctl.command
@@ -100,7 +102,7 @@ def late_stamps():
             return check_device(layout, device, ctl, *args)
         finally:
             del ctl.command
-    bps._check_device = stamp_late
+    core.check_device = stamp_late
 
 
 def learner(config):
@@ -111,10 +113,13 @@ def learner(config):
              if config["optimizer"] == "delta" else None)
     if config.get("late_stamps"):
         late_stamps()
+    # slow_exchanges: each exchange, or push, takes 0.2 s longer to start,
+    # so the buckets that backward finishes meanwhile queue up behind it.
+    transport = torch_transports.Transport({"push": 0.2}) if config.get("slow_exchanges") else None
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
-                                   pull_during_backward=config.get("pull_during_backward"))
+                                   pull_during_backward=config.get("pull_during_backward"), transport=transport)
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     if config.get("late_pull_rank") == bps.rank():
         # This learner pulls the broadcast weights a second late: a learner
@@ -126,16 +131,6 @@ def learner(config):
             opt.flat.pull_all = pull_all
             return pull_all(*args, **kwargs)
         opt.flat.pull_all = late_pull_all
-    if config.get("slow_exchanges"):
-        # Each exchange, or push, takes 0.2 s longer to start, so the buckets
-        # that backward finishes meanwhile queue up behind it.
-        submit = opt._submit
-
-        def slow_submit(device, kind, batch):
-            if kind == "push":
-                time.sleep(0.2)
-            return submit(device, kind, batch)
-        opt._submit = slow_submit
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")
