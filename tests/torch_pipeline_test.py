@@ -12,6 +12,7 @@ Cases:
           never sent again: its range keeps the previous step's gradient
 Usage: torch_pipeline_test.py <repo> <build dir> <case>"""
 
+import contextlib
 import os
 import tempfile
 
@@ -51,39 +52,49 @@ def file_device(params):
     return path
 
 
-def train(transport, steps, pipeline):
-    """Trains the MLP on a file device through `transport`; returns the
-    outputs of each forward, the file's values after close(), and the
-    optimizer's seconds after the last step() (close() drains: its waits
-    are not step()'s)."""
+@contextlib.contextmanager
+def mlp_on_a_file(transport, pipeline=None):
+    """The MLP and its DistributedOptimizer on a zeroed file device through
+    `transport`: yields (model, optimizer, on_device), on_device() the
+    file's values once bps.shutdown() has closed the optimizer."""
     model = mlp()
     n = bps.param_count(model)
     path = file_device(n)
     try:
         bps.init(target=path, env={})
-        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
-                                       pipeline=pipeline, transport=transport)
-        outputs = []
         try:
-            for t in range(steps):
-                opt.zero_grad()
-                x, y = batch(t)
-                out = model(x)
-                outputs.append(out.detach().clone())
-                torch.nn.functional.cross_entropy(out, y).backward()
-                opt.step()
-            seconds = dict(opt.seconds)
+            opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
+                                           pipeline=pipeline, transport=transport)
+            yield model, opt, lambda: np.fromfile(path, dtype=np.float32, count=n)
         finally:
-            bps.shutdown()  # closes the optimizer: waits for its transfers
-        return outputs, np.fromfile(path, dtype=np.float32, count=n), seconds
+            bps.shutdown()
     finally:
         os.unlink(path)
 
 
+def train(transport, steps):
+    """Trains the MLP, pipelined, through `transport`; returns the outputs
+    of each forward, the file's values after close(), and the optimizer's
+    seconds after the last step() (close() drains: its waits are not
+    step()'s)."""
+    with mlp_on_a_file(transport, pipeline=True) as (model, opt, on_device):
+        outputs = []
+        for t in range(steps):
+            opt.zero_grad()
+            x, y = batch(t)
+            out = model(x)
+            outputs.append(out.detach().clone())
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+        seconds = dict(opt.seconds)
+        bps.shutdown()
+        return outputs, on_device(), seconds
+
+
 def case_slow():
-    quick_out, quick_file, _ = train(torch_transports.Transport(), 4, pipeline=True)
+    quick_out, quick_file, _ = train(torch_transports.Transport(), 4)
     slow = torch_transports.Transport({"push": 0.05})
-    slow_out, slow_file, seconds = train(slow, 4, pipeline=True)
+    slow_out, slow_file, seconds = train(slow, 4)
     check(slow.submitted["push"] > 0, "the slow transport carried no push")
     check(seconds["pipeline_wait"] > 0, f"step() never waited for exchanges held back 0.05 s each: seconds {seconds}")
     for t, (a, b) in enumerate(zip(quick_out, slow_out)):
@@ -94,16 +105,10 @@ def case_slow():
 
 def case_failing():
     transport = torch_transports.Transport()
-    model = mlp()
-    n = bps.param_count(model)
-    path = file_device(n)
-    try:
-        bps.init(target=path, env={})
-        # No control LUN: bsp's order, each step's pulls after its pushes,
-        # and step() returns with every transfer of the step done.
-        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
-                                       transport=transport)
-        gradients, raised = [], []
+    gradients, raised = [], []
+    # No control LUN: bsp's order, each step's pulls after its pushes, and
+    # step() returns with every transfer of the step done.
+    with mlp_on_a_file(transport) as (model, opt, on_device):
         for t in range(2):
             if t == 1:
                 transport.fail_next_push()  # the first push of step 1's backward
@@ -116,18 +121,16 @@ def case_failing():
             except OSError as e:
                 raised.append((t, str(e)))
         bps.shutdown()  # waits for what is in flight; raises nothing more
-        on_device = np.fromfile(path, dtype=np.float32, count=n)
-    finally:
-        os.unlink(path)
+        values = on_device()
     check(len(raised) == 1 and raised[0][0] == 1 and "\n" not in raised[0][1],
           f"raised {raised!r}, expected one one-line OSError from step 1")
     check(len(transport.failed) == 1, f"failed pushes {transport.failed}, expected one")
     first, count = transport.failed[0]
     g0, g1 = gradients
     failed = slice(first, first + count)
-    check(np.array_equal(on_device[failed], g0[failed]) and not np.array_equal(g0[failed], g1[failed]),
+    check(np.array_equal(values[failed], g0[failed]) and not np.array_equal(g0[failed], g1[failed]),
           f"the failed push's range [{first}, {first + count}) does not hold step 0's gradient: it was sent again")
-    check(np.all((on_device == g0) | (on_device == g1)), "the device holds values of no step's gradient")
+    check(np.all((values == g0) | (values == g1)), "the device holds values of no step's gradient")
     print(f"failing: step 1 raised {raised[0][1]!r} once; [{first}, {first + count}) kept step 0's gradient")
 
 
