@@ -238,7 +238,7 @@ def case_staging():
             os.unlink(path)
     # The look-ahead step, formed a chunk at a time in a small scratch (so
     # that it costs one copy of the weights, not two), equals it in one piece.
-    import blkps.staging as staging_module
+    import blkps.torch.staging as staging_module
     results = []
     for chunk in (staging_module.LOOK_AHEAD_CHUNK, 3):
         saved, staging_module.LOOK_AHEAD_CHUNK = staging_module.LOOK_AHEAD_CHUNK, chunk
@@ -362,8 +362,8 @@ def learner(config):
     model = MODELS[config.get("model", "mlp")](config["seed"] + bps.rank(), device)
     local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
     if config.get("wire_chunk"):  # a 16-bit wire's pieces on a GPU: several per bucket
-        import blkps.staging
-        blkps.staging.WIRE_CHUNK = config["wire_chunk"]
+        import blkps.torch.staging
+        blkps.torch.staging.WIRE_CHUNK = config["wire_chunk"]
     compression = bps.Compression.bf16 if config.get("wire") == "bfloat16" else bps.Compression.none
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
                                    skip_nonfinite=config.get("skip_nonfinite", False),
@@ -765,7 +765,7 @@ def case_look_ahead_switched():
     from 0 at construction or later, the first pull after it is the
     baseline (no step), and the next moves on by look_ahead times the move
     since that pull; turned off, pulls are the server's weights."""
-    from blkps.staging import FlatModel
+    from blkps.torch.staging import FlatModel
     fm = FlatModel(4, "cpu", "float32", (), 0.0)
 
     def pull(value, want, what):

@@ -37,7 +37,7 @@ autograd accumulates straight into the buffer that is pushed. On the CPU
 libblkps reads and writes them directly (page aligned); a CUDA model's
 buckets go through page-locked host staging on a copy stream for each
 direction, narrowed to
-a 16-bit wire on the GPU (blkps.staging, doc/gpu.md). In gradient mode a hook on each parameter's
+a 16-bit wire on the GPU (blkps.torch.staging, doc/gpu.md). In gradient mode a hook on each parameter's
 gradient accumulator marks it done; a bucket (a range of the flat gradient,
 ``bucket_bytes``, cut at 4 KiB boundaries so that every push is whole 512-byte
 blocks) is pushed on a communication thread as soon as all parameters in it

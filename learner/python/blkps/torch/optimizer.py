@@ -1,6 +1,6 @@
 """blkps.torch.optimizer: the optimizer core. It keeps a model's parameters
 and gradients as views into flat buffers in the device's layout
-(blkps.torch.layout, blkps.staging), pushes each bucket of the gradient as
+(blkps.torch.layout, blkps.torch.staging), pushes each bucket of the gradient as
 backward finishes it and makes the parameters the server's weights
 (gradient mode), or pushes the change of the weights a local optimizer
 made (delta mode); pipelined, a step computes on the weights the previous
@@ -18,7 +18,7 @@ import torch
 from blkps import metrics as _metrics
 from blkps.control import open_control as _open_control
 from blkps.pushing_learners import PushingLearners as _PushingLearners
-from blkps.staging import FlatModel
+from blkps.torch.staging import FlatModel
 from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets
 from blkps.torch.pipeline import Pipeline, connector
 from blkps.torch.session import exchange

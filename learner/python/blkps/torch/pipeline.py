@@ -8,7 +8,7 @@ unless it asks to.
 A transport is any callable transport(target, dtype=None) that returns a
 new connection with blkps.Model's interface: size_bytes,
 logical_block_size, the submit_* calls and complete(), pull_into and
-pull16_into, push and push16 (blkps.staging's whole-model transfers),
+pull16_into, push and push16 (blkps.torch.staging's whole-model transfers),
 reconnects, reconnect_seconds, pushed_bytes_lost, close(). Tests pass one
 that wraps blkps.Model to delay or fail submissions
 (doc/pytorch.md "Package layout")."""
@@ -200,8 +200,9 @@ class Pipeline:
                 item = self._work.get_nowait()
             except queue.Empty:
                 return _NOTHING
+            flat = self._owner.flat
             if (item is None or item[0] != kind or not (item[1].end == first or item[1].first == end)
-                    or (kind == "push" and not item[2] and not self._owner.flat.gradient_copied(item[1].first, item[1].end))):
+                    or (kind == "push" and not item[2] and not flat.gradient_copied(item[1].first, item[1].end))):
                 return item
             batch.append((item[1], item[2]))
             first, end = min(first, item[1].first), max(end, item[1].end)
