@@ -185,6 +185,7 @@ class _HorovodOptions:
 
 # ---- Refused, in one line each ----
 
+
 def join(device=-1):
     raise NotImplementedError("blkps.torch: join is refused: uneven inputs would leave bsp rounds waiting for "
                               "a learner that has stopped; give every learner the same number of steps "

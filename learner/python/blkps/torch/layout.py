@@ -13,6 +13,7 @@ import torch
 _BUCKET_ALIGN = 1024            # floats: 4 KiB, whole blocks for every device
 TAG_PREFIX = "torch:"
 
+
 def unique_parameters(named_parameters):
     """[(name, parameter)] in order, each parameter once (the first name of a
     shared parameter)."""

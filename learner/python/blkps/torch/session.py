@@ -16,6 +16,7 @@ _job = None
 active_optimizer = None   # the DistributedOptimizer of this session (blkps.torch.horovod), or None
 pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
 
+
 class _Job:
     """What init() found: this process's place in the job and its targets;
     the collectives' exchange, opened on first use, and this rank's
@@ -29,6 +30,7 @@ class _Job:
         self.exchange = None
         self.heartbeat = None
         self.stop_reader = None  # a Control for stop_requested()
+
 
 def _launcher_env(env):
     """(rank, size, local_rank) from a launcher's environment: torchrun,
