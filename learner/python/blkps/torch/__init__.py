@@ -61,9 +61,10 @@ join, elastic, SyncBatchNorm) is refused in one line.
 
 The package (doc/pytorch.md "Package layout"): session (ranks, the
 launcher's environment, the job's control), layout (the device's layout
-of a model, buckets), optimizer (the core, with its own OptimizerOptions),
-pipeline (the one module that talks to blkps.Model: the communication
-thread, an injectable transport), collectives, compression,
+of a model, buckets), staging (the flat buffers and host staging),
+optimizer (the core, with its own OptimizerOptions), pipeline (the one
+module that opens connections to the model target, through an injectable
+transport, and the communication thread), collectives, compression,
 early_stopping, embedding, and horovod (Horovod's names, translated into
 the core's). This file only re-exports.
 """
