@@ -115,22 +115,18 @@ def learner(config):
         late_stamps()
     # slow_exchanges: each exchange, or push, takes 0.2 s longer to start,
     # so the buckets that backward finishes meanwhile queue up behind it.
-    transport = torch_transports.Transport({"push": 0.2}) if config.get("slow_exchanges") else None
+    # late_pull_rank: that learner pulls the broadcast weights (and each
+    # delta step's) a second late: a learner that stepped before everyone
+    # had pulled would move them first.
+    delays = {"push": 0.2} if config.get("slow_exchanges") else {}
+    if config.get("late_pull_rank") == bps.rank():
+        delays["pull"] = 1.0
+    transport = torch_transports.Transport(delays)
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
                                    pull_during_backward=config.get("pull_during_backward"), transport=transport)
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
-    if config.get("late_pull_rank") == bps.rank():
-        # This learner pulls the broadcast weights a second late: a learner
-        # that stepped before everyone had pulled would move them first.
-        pull_all = opt.flat.pull_all
-
-        def late_pull_all(*args, **kwargs):
-            time.sleep(1.0)
-            opt.flat.pull_all = pull_all
-            return pull_all(*args, **kwargs)
-        opt.flat.pull_all = late_pull_all
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")

@@ -9,20 +9,22 @@ import time
 
 import blkps
 
-# What the communication thread submits, by the kind blkps.torch queues: a
-# push (with pull_during_backward, an exchange) or a pull.
-_KIND_OF_SUBMIT = {"submit_push": "push", "submit_push16": "push", "submit_exchange": "push",
-                   "submit_exchange16": "push", "submit_pull_into": "pull", "submit_pull16_into": "pull"}
+# The transfers blkps.torch makes, by kind: a push (the communication
+# thread's pushes and exchanges) or a pull (its pulls, and the whole-model
+# pulls of broadcast_parameters and delta mode).
+_KIND_OF_CALL = {"submit_push": "push", "submit_push16": "push", "submit_exchange": "push",
+                 "submit_exchange16": "push", "submit_pull_into": "pull", "submit_pull16_into": "pull",
+                 "pull_into": "pull", "pull16_into": "pull"}
 
 
 class Transport:
     """transport(target, dtype=None) opens a blkps.Model. `delay_s` maps a
-    kind ("push", "pull") to the seconds each of its submissions waits
-    before it is handed to the device. After fail_next_push(), the next
-    push submission (over every connection) is never handed to the device
-    and completes with an OSError instead; `failed` lists the ranges
-    (first parameter, count) of the failed ones. `submitted` counts the
-    submissions by kind, failed ones included."""
+    kind ("push", "pull") to the seconds each of its transfers waits before
+    it is handed to the device. After fail_next_push(), the next push
+    submission (over every connection) is never handed to the device and
+    completes with an OSError instead; `failed` lists the ranges (first
+    parameter, count) of the failed ones. `submitted` counts the transfers
+    by kind, failed ones included."""
 
     def __init__(self, delay_s=None):
         self.delay_s = dict(delay_s or {})
@@ -51,8 +53,8 @@ class Transport:
 
 
 class _Connection:
-    """A blkps.Model as the transport sees it: its submissions pass
-    through the transport; a failed one gets a ticket of its own, which
+    """A blkps.Model as the transport sees it: its transfers pass through
+    the transport; a failed submission gets a ticket of its own, which
     complete() returns (first) with the error."""
 
     def __init__(self, model, transport):
@@ -62,7 +64,7 @@ class _Connection:
 
     def __getattr__(self, name):
         attr = getattr(self._model, name)
-        kind = _KIND_OF_SUBMIT.get(name)
+        kind = _KIND_OF_CALL.get(name)
         if kind is None:
             return attr
 
