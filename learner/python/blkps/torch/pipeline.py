@@ -1,5 +1,5 @@
-"""blkps.torch.pipeline: the one place that talks to the model target.
-A transport opens connections to it (blkps.Model by default: each thread
+"""blkps.torch.pipeline: the one place that opens connections to the model
+target. A transport opens them (blkps.Model by default: each thread
 opens its own); the communication thread of gradient mode (Pipeline) hands
 the optimizer's buckets to its connection as submissions and takes their
 completions, so that the training thread never waits for the network
@@ -40,7 +40,7 @@ class Pipeline:
     pull_during_backward, pipeline and backward_done, and adds to its
     counters (pushes, overlapped, transfers, bytes, seconds, faults). A
     failed transfer is kept, never retried: raise_error() raises it once on
-    the training thread, and the transfers queued after it end unsent."""
+    the training thread, and the transfers queued until then end unsent."""
 
     def __init__(self, owner, connect):
         self._owner, self._connect = owner, connect
