@@ -7,7 +7,7 @@ unless it asks to.
 
 A transport is any callable transport(target, dtype=None) that returns a
 new connection with blkps.Model's interface: size_bytes,
-logical_block_size, the submit_* calls and complete(), pull_into and
+logical_block_size, the submit_* calls, complete() and wake(), pull_into and
 pull16_into, push and push16 (blkps.torch.staging's whole-model transfers),
 reconnects, reconnect_seconds, pushed_bytes_lost, close(). Tests pass one
 that wraps blkps.Model to delay or fail submissions
@@ -20,7 +20,6 @@ import time
 import blkps
 
 _NOTHING = object()  # _take_adjacent: the queue ran empty
-_COMPLETION_POLL_S = 0.001  # the communication thread's wait for a completion while the queue is empty
 
 
 def connector(transport, target, wire):
@@ -46,6 +45,9 @@ class Pipeline:
         self._owner, self._connect = owner, connect
         self._error = None
         self._work = queue.Queue()
+        # The communication thread's connection, once open: the training
+        # thread wakes its complete() after queueing (_queue).
+        self._device = None
         self._idle = threading.Condition()
         self._pushes_in_flight = 0
         self.pull_batch = 1  # buckets the next pull may take (_communicate)
@@ -57,11 +59,20 @@ class Pipeline:
         pull_during_backward, an exchange)."""
         with self._idle:
             self._pushes_in_flight += 1
-        self._work.put(("push", bucket, zero))
+        self._queue(("push", bucket, zero))
 
     def pull(self, bucket):
         """Queues the bucket's pull."""
-        self._work.put(("pull", bucket, False))
+        self._queue(("pull", bucket, False))
+
+    def _queue(self, item):
+        """Queues `item`, then ends the communication thread's wait for
+        completions, if it waits: it looks at the queue after each wait,
+        and before its connection is open it does not wait."""
+        self._work.put(item)
+        device = self._device
+        if device is not None:
+            device.wake()
 
     def wait_pushes(self):
         """Waits until every push queued has ended."""
@@ -79,7 +90,7 @@ class Pipeline:
 
     def close(self):
         """Ends the thread once what is queued has ended; closes its connection."""
-        self._work.put(None)
+        self._queue(None)
         self._thread.join()
 
     def _communicate(self):
@@ -108,7 +119,7 @@ class Pipeline:
                 try:
                     if self._error is None:
                         if device is None:
-                            device = self._connect()
+                            device = self._device = self._connect()
                         ticket = self._submit(device, kind, batch)
                 except Exception as e:  # reported by step() or the next forward
                     self._error = e
@@ -117,8 +128,9 @@ class Pipeline:
                 else:
                     flight[ticket] = (kind, batch, time.perf_counter())
             if flight:
+                # Nothing else to do: wait for a completion, or for _queue's wake.
                 busy = following is not _NOTHING or not self._work.empty()
-                for c in device.complete(timeout=0 if busy else _COMPLETION_POLL_S):
+                for c in device.complete(timeout=0 if busy else None):
                     kind, batch, submitted = flight.pop(c.ticket)
                     self._batch_done(kind, batch, c.error, time.perf_counter() - submitted)
             if not flight and device is not None:  # counters wait for every submission
