@@ -69,15 +69,13 @@ def stop(folder):
             pass
 
 
-def start(a, what="shards start", name="shard", model=None):
-    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
-    NAME-K); returns (layout files, each shard's target.env values)."""
-    folder = os.path.abspath(a.dir)
-    model = model or target.check_bsopts(a.bsopts)
-    if model["control"]:
-        raise UserError("--bsopts", "role=control is not a model", "give the model's options")
-    params, block, width = model["params"], model["block_bytes"], model["table_width"]
-    unit = layout_tool(what, ["bytes", a.stripe_unit])[0]
+def stripe(what, model, stripe_unit, shards):
+    """The one stripe rule of a model over `shards` servers (the arithmetic
+    is blkps-layout's): (the stripe unit in bytes as text, each shard's model
+    block, each shard's size in bytes). `stripe_unit` is --stripe-unit's
+    text (K, M suffixes)."""
+    block, width = model["block_bytes"], model["table_width"]
+    unit = layout_tool(what, ["bytes", stripe_unit])[0]
     if width:
         row_bytes = 4 * width
         if int(unit) % row_bytes != 0:
@@ -85,9 +83,21 @@ def start(a, what="shards start", name="shard", model=None):
                             f"{row_bytes} bytes, got {unit}", f"e.g. --stripe-unit {math.lcm(512, row_bytes)}")
         if "block" not in dict(model["options"]):
             block = int(unit)  # each shard's model block is one stripe unit of rows
+    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", unit, "--shards", str(shards),
+                                                "--params", str(model["params"]), "--block", str(block)])]
+    return unit, block, sizes
+
+
+def start(a, what="shards start", name="shard", model=None):
+    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
+    NAME-K); returns (layout files, each shard's target.env values)."""
+    folder = os.path.abspath(a.dir)
+    model = model or target.check_bsopts(a.bsopts)
+    if model["control"]:
+        raise UserError("--bsopts", "role=control is not a model", "give the model's options")
+    params, width = model["params"], model["table_width"]
+    unit, block, sizes = stripe(what, model, a.stripe_unit, a.shards)
     identity = checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what)
-    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
-                                                "--params", str(params), "--block", str(block)])]
     for k in range(a.shards):
         if target.Target(os.path.join(folder, f"shard-{k}")).alive():
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
@@ -116,7 +126,9 @@ def start(a, what="shards start", name="shard", model=None):
             argv += ["--owner-pid", str(a.owner_pid)] if a.owner_pid else []
             shard = target.Target(d)
             try:
-                envs.append(shard.start(target.start_options(argv)))
+                options = target.start_options(argv)
+                options.foreground = getattr(a, "foreground", False)
+                envs.append(shard.start(options))
             except UserError as e:  # named by its option (--allow: ...), or by the shard alone
                 raise UserError(what, f"shard {k}: {e.detail if e.what == 'target start' else e}") from None
         layouts = write_layouts(folder, envs, a.luns, unit, params, model["dtype"])
@@ -147,13 +159,13 @@ def mib(n):
 
 
 def write_layouts(folder, envs, luns, unit, params, dtype):
-    """DIR/slot-L.layout for every learner slot L: LUN L of every shard
+    """DIR/slot-L.layout for every learner slot L, each written atomically: LUN L of every shard
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
     shard's control LUN (control lines: the job's control, blkps.control)."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
-        with open(path, "w") as f:
+        with open(path + ".tmp", "w") as f:
             f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
                     f"# of {params} parameters striped over {len(envs)} shard(s).\n"
                     f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
@@ -161,6 +173,7 @@ def write_layouts(folder, envs, luns, unit, params, dtype):
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
             for env in envs:
                 f.write(f"control = {env['CONTROL_URL']}\n")
+        os.replace(path + ".tmp", path)  # a learner waiting for it never reads half a file
         layouts.append(path)
     return layouts
 
