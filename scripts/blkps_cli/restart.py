@@ -31,7 +31,7 @@ def remember(folder, a, port):
     """Keeps the `blkps target start` options `a` of the target in `folder`
     and the port it got, for a restart. fresh=1 is dropped: a restart loads
     what the fresh job has committed since."""
-    options = {key: value for key, value in vars(a).items() if not callable(value)}
+    options = {key: value for key, value in vars(a).items() if not callable(value) and key != "foreground"}
     options["port"] = str(port)
     options["bsopts"] = ";".join(pair for pair in a.bsopts.split(";") if pair != "fresh=1")
     path = os.path.join(folder, START_OPTIONS)

@@ -76,6 +76,8 @@ def stripe_unit(model, tgtds):
 
 def tgtds_for(a, model):
     """The number of tgtds `blkps target start` options `a` ask for."""
+    if getattr(a, "parts", 1) > 1:
+        return 1  # one part of a model served by several server tasks (target serve --part): one tgtd each
     single = single_tgtd_features(a, model)
     saved = checkpoint_tgtds(model, getattr(a, "fresh", False))
     if a.tgtd == "auto":

@@ -59,6 +59,18 @@ def free_port(address):
         return s.getsockname()[1]
 
 
+def tgtd_session(a):
+    """Popen's arguments for tgtd's session: `blkps target start`'s tgtd
+    has a session of its own, so that it outlives the command; `blkps
+    target serve`'s (a.foreground) stays its child in its session, where
+    a scheduler's signals and process tracking reach it, in a process group
+    of its own (a terminal's Ctrl-C reaches serve, which then asks it for
+    the final checkpoint)."""
+    if getattr(a, "foreground", False):
+        return {"process_group": 0}
+    return {"start_new_session": True}
+
+
 def check_bsopts(bsopts, what="--bsopts"):
     """The options as the plugin's parser sees them (blkps-bsopts's JSON);
     a UserError with its reason, first, if it refuses them."""
@@ -230,7 +242,7 @@ class Target:
             with open(self.log, "w") as log:
                 proc = subprocess.Popen(["tgtd", "-f", *lld],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=env, cwd=cwd, start_new_session=True)
+                                        env=env, cwd=cwd, **tgtd_session(a))
             with open(self.pid_file, "w") as f:
                 f.write(f"{proc.pid}\n")
             with open(self.lld_file, "w") as f:
@@ -609,12 +621,13 @@ def command_watch(a):
 
 
 def add_parser(sub):
-    """`blkps target ...` on the subparsers `sub`."""
+    """`blkps target ...` on the subparsers `sub`; returns target's own
+    subparsers (serve.py adds `serve`)."""
     p = sub.add_parser("target", help="start, stop or show a blkps server (a private tgtd)",
                        description="A blkps parameter server: a private tgtd (its own control socket, log and port "
                        "in --dir) serving a model on LUNs 1..N, one per learner slot, and its status and control "
                        "LUN N+1. start writes DIR/target.env; scripts read it with `blkps target show --get KEY`.")
-    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,stop,restart,show}")
+    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,serve,stop,restart,show}")
     s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
@@ -653,6 +666,7 @@ def add_parser(sub):
     d.add_argument("--dir", required=True)
     d.add_argument("--owner-pid", type=positive_int, required=True)
     d.set_defaults(run=command_watch)
+    return cmds
 
 
 def add_start_arguments(s):
