@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 
-from . import checkpoints, metrics, publish, scaleout, shards, state, target
+from . import checkpoints, metrics, publish, scaleout, shards, state, target, tgtd
 from .errors import UserError
 
 
@@ -130,7 +130,7 @@ def command_serve(a):
     a.allow = allowed(a.allow)
     part, parts = part_of(a.part)
     a.parts = parts
-    model = target.check_bsopts(a.bsopts)
+    model = tgtd.check_bsopts(a.bsopts)
     unit = scaleout.stripe_unit(model, 1)
     if a.part is not None or a.publish:
         if a.tgtd not in ("auto", 1):
@@ -170,7 +170,7 @@ def tgtd_pids(env):
 def tgtd_log(folder, pid):
     env = state.target(folder)
     dirs = env["SHARD_DIRS"].split() if "TGTD" in env else [folder]
-    return next((target.Target(d).log for d in dirs if target.Target(d).pid() == pid), target.Target(folder).log)
+    return next((tgtd.Target(d).log for d in dirs if tgtd.Target(d).pid() == pid), tgtd.Target(folder).log)
 
 
 def wait_for_end(pids):

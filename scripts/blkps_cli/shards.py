@@ -18,7 +18,8 @@ import math
 import os
 import subprocess
 
-from . import chap, checkpoints, state, target, tools
+from . import chap, checkpoints, state, tgtd, tools
+from .arguments import positive_int
 from .errors import UserError
 
 
@@ -61,7 +62,7 @@ def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0,
 
 def stop(folder):
     for d in sorted(glob.glob(os.path.join(folder, "shard-*"))):
-        target.Target(d).stop()
+        tgtd.Target(d).stop()
     for f in [os.path.join(folder, state.SHARDS_ENV), *glob.glob(os.path.join(folder, "slot-*.layout"))]:
         try:
             os.remove(f)
@@ -92,14 +93,14 @@ def start(a, what="shards start", name="shard", model=None):
     """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
     NAME-K); returns (layout files, each shard's target.env values)."""
     folder = os.path.abspath(a.dir)
-    model = model or target.check_bsopts(a.bsopts)
+    model = model or tgtd.check_bsopts(a.bsopts)
     if model["control"]:
         raise UserError("--bsopts", "role=control is not a model", "give the model's options")
     params, width = model["params"], model["table_width"]
     unit, block, sizes = stripe(what, model, a.stripe_unit, a.shards)
     identity = checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what)
     for k in range(a.shards):
-        if target.Target(os.path.join(folder, f"shard-{k}")).alive():
+        if tgtd.Target(os.path.join(folder, f"shard-{k}")).alive():
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
                             f"stop it first: blkps shards stop --dir {a.dir}")
     dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
@@ -116,18 +117,12 @@ def start(a, what="shards start", name="shard", model=None):
                                *[os.path.join(d, "init.f32") for d in dirs]])
         envs = []
         for k, d in enumerate(dirs):
-            argv = ["--dir", d, "--name", f"{name}-{k}", "--luns", str(a.luns), "--address", a.address,
-                    "--bsopts", bsopts[k]]
-            argv += ["--plugin", a.plugin] if a.plugin else []
-            argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
-            argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
-            argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
-            argv += ["--chap-file", a.chap_file] if a.chap_file else []
-            argv += ["--owner-pid", str(a.owner_pid)] if a.owner_pid else []
-            shard = target.Target(d)
+            options = tgtd.Options(bsopts=bsopts[k], name=f"{name}-{k}", luns=a.luns, address=a.address,
+                                   allow=a.allow, initiator=list(getattr(a, "initiator", None) or []),
+                                   operator=a.operator, chap_file=a.chap_file, plugin=a.plugin,
+                                   owner_pid=a.owner_pid, foreground=getattr(a, "foreground", False))
+            shard = tgtd.Target(d)
             try:
-                options = target.start_options(argv)
-                options.foreground = getattr(a, "foreground", False)
                 envs.append(shard.start(options))
             except UserError as e:  # named by its option (--allow: ...), or by the shard alone
                 raise UserError(what, f"shard {k}: {e.detail if e.what == 'target start' else e}") from None
@@ -146,7 +141,7 @@ def check_host_memory(what, params, bsopts):
     """Refuses shards of one host whose models need more memory together
     than the host has available: each tgtd checks only its own model
     (doc/server.md "Memory"). `bsopts`: every shard's --bsopts."""
-    shards = [target.check_bsopts(b) for b in bsopts]
+    shards = [tgtd.check_bsopts(b) for b in bsopts]
     need, available = sum(s["memory_bytes"] for s in shards), shards[0]["memory_available_bytes"]
     if available and need > available and len(shards) > 1:
         raise UserError(what, f"params: {len(shards)} co-located tgtds of a model of {params} parameters need "
@@ -179,7 +174,7 @@ def write_layouts(folder, envs, luns, unit, params, dtype):
 
 
 def command_start(a):
-    with target.start_lock(a.dir, "shards start"):
+    with tgtd.start_lock(a.dir, "shards start"):
         layouts, envs = start(a)
     for lun, path in enumerate(layouts, 1):
         print(f"learner {lun}: layout:{path}")
@@ -218,7 +213,7 @@ def add_parser(sub):
                         "slot L (open it as layout:PATH) and DIR/shards.env. A failure prints one line and leaves "
                         "no shard running.")
     s.add_argument("--dir", required=True, help="state folder")
-    s.add_argument("--shards", type=target.positive_int, required=True, help="number of shards")
+    s.add_argument("--shards", type=positive_int, required=True, help="number of shards")
     s.add_argument("--stripe-unit", required=True, metavar="BYTES", help="stripe unit: a multiple of 512 and of "
                    "the model block (bsopts block=, default 1M; a table's: of its row, and the block defaults to "
                    "the unit); K, M suffixes")
@@ -228,7 +223,7 @@ def add_parser(sub):
                    "by PATH.manifest")
     s.add_argument("--fresh", action="store_true", help="start a new job over an existing checkpoint set "
                    "instead of loading it")
-    s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
+    s.add_argument("--luns", type=positive_int, default=1, help="learner slots on every shard (default 1)")
     s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
     s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")
     s.add_argument("--allow", action="append", metavar="ADDRESS|SUBNET/BITS|ALL", help="initiator ACL of every "
@@ -236,7 +231,7 @@ def add_parser(sub):
     s.add_argument("--operator", nargs="?", const="", metavar="", help="as for blkps target start: every shard "
                    "gets an operator target, its secret in DIR/shard-K/operator.chap")
     chap.add_argument(s, "every shard's, as blkps target start --chap-file")
-    s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
+    s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop every shard when PID exits")
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop every shard (quiet when none runs)")
     t.add_argument("--dir", required=True)
