@@ -23,21 +23,15 @@ PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
 os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
 os.environ["BLKPS_BUILD"] = build
 sys.path.insert(0, os.path.join(top, "learner", "python"))
+sys.path.insert(0, os.path.join(top, "scripts"))
 import blkps  # noqa: E402 (after its path)
+from blkps_cli.processes import running  # noqa: E402 (a zombie counts as ended)
 
 UNIT = 262144  # parameters in one 1 MiB stripe unit
 
 
 def fail(message):
     sys.exit(f"serve_test {case}: FAIL: {message}")
-
-
-def running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 class Serve:
