@@ -5,7 +5,8 @@ the signals and reads its one stdout line. Every case starts its own tgtds
 on loopback and stops them even on failure.
 
 Usage: serve_test.py <repo> <build dir> <case>
-Cases: sigterm-keeps-pushes, two-parts-assemble-layout, layout-wait-names-missing-part,
+Case without a server (ctest label unit): bad-part-refused. Cases that
+start their own tgtds (integration): sigterm-keeps-pushes, two-parts-assemble-layout, layout-wait-names-missing-part,
 tgtd-death-exits-nonzero.
 """
 import json
@@ -159,7 +160,23 @@ def tgtd_death_exits_nonzero():
             fail(f"serve after its tgtd's death: exit {s.proc.returncode}, {err!r}")
 
 
-CASES = {"sigterm-keeps-pushes": sigterm_keeps_pushes, "two-parts-assemble-layout": two_parts_assemble_layout,
+def bad_part_refused():
+    """A --part that names no part, and --part slurm outside srun, are
+    refused in one line each, before any tgtd starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for part, says in (("2/2", "blkps: --part: expected K/S with 0 <= K < S"),
+                       ("slurm", "blkps: --part: slurm: SLURM_PROCID and SLURM_NTASKS are not set")):
+        folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
+        out = subprocess.run([BLKPS, "target", "serve", "--dir", folder, "--address", "127.0.0.1", "--part", part,
+                              "--bsopts", f"params={UNIT}"], capture_output=True, text=True, env=env)
+        lines = out.stderr.splitlines()
+        if out.returncode != 1 or len(lines) != 1 or not lines[0].startswith(says) or out.stdout:
+            fail(f"--part {part}: exit {out.returncode}, {out.stderr!r}, stdout {out.stdout!r}")
+        if os.path.exists(os.path.join(folder, "tgtd.pid")):
+            fail(f"--part {part} started a tgtd")
+
+
+CASES = {"bad-part-refused": bad_part_refused, "sigterm-keeps-pushes": sigterm_keeps_pushes, "two-parts-assemble-layout": two_parts_assemble_layout,
          "layout-wait-names-missing-part": layout_wait_names_missing_part,
          "tgtd-death-exits-nonzero": tgtd_death_exits_nonzero}
 CASES[case]()
