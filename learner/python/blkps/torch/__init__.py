@@ -82,12 +82,13 @@ from blkps.torch.horovod import (DistributedOptimizer, SyncBatchNorm, broadcast_
                                  gloo_enabled, join, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                  rocm_built, start_timeline, stop_timeline)
 from blkps.torch.layout import fingerprint, param_count
-from blkps.torch.optimizer import DEFAULT_BUCKET_BYTES
+from blkps.torch.optimizer import DEFAULT_BUCKET_BYTES, PIPELINED_BUCKET_BYTES
 from blkps.torch.session import (control, cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                                  rank, shutdown, size, target)
 
 __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_count",
            "fingerprint", "DistributedOptimizer", "broadcast_parameters", "DEFAULT_BUCKET_BYTES",
+           "PIPELINED_BUCKET_BYTES",
            # Horovod's API
            "shutdown", "is_initialized", "local_size", "cross_rank", "cross_size",
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",

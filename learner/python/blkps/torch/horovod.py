@@ -13,13 +13,13 @@ from blkps.torch import session
 from blkps.torch.collectives import Adasum, Average, Sum, broadcast_named_tensors, broadcast_object
 from blkps.torch.collectives import check_process_set
 from blkps.torch.compression import Compression, Compressor
-from blkps.torch.optimizer import DEFAULT_BUCKET_BYTES, Optimizer, OptimizerOptions
+from blkps.torch.optimizer import Optimizer, OptimizerOptions
 from blkps.torch.session import rank, the_job as _the_job
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1,
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
+                         sparse_as_dense=False, process_set=None, bucket_bytes=None,
                          pull_during_backward=None, overlap_pull=None, skip_nonfinite=False, look_ahead=None,
                          pipeline=None, transport=None):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
@@ -40,7 +40,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     backward_passes_per_step (gradients accumulate locally, one push per
     step); num_groups, groups, sparse_as_dense are accepted and change
     nothing (buckets are blkps's grouping). bucket_bytes: gradient mode's
-    push size; pull_during_backward: None (yes unless the server's mode is
+    push size (None: DEFAULT_BUCKET_BYTES, 4 MiB; PIPELINED_BUCKET_BYTES,
+    16 MiB, for a pipelined learner); pull_during_backward: None (yes unless the server's mode is
     bsp or there is no control LUN to ask), True (each bucket's pull goes
     with its push, an exchange) or False (every pull after the step's
     pushes, the first layers' first: doc/pytorch.md "PyTorch"). The model may

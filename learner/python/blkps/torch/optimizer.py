@@ -24,6 +24,10 @@ from blkps.torch.pipeline import Pipeline, connector
 from blkps.torch.session import exchange
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
+# A pipelined learner's: its transfers overlap a whole step, not the rest of
+# its backward, so fewer, larger buckets cost it nothing in overlap and cut
+# the host's work per bucket (doc/gpu.md "Measured on an H200").
+PIPELINED_BUCKET_BYTES = 16 << 20
 _BROADCAST_MARK = ":broadcast"
 
 
@@ -33,11 +37,12 @@ class OptimizerOptions:
     LUN's dtype); `combine` how pushes combine: None (the server's rule),
     "average" or "sum" (pushes scaled so that a bsp round or N async
     pushes move the model by the learners' mean or sum);
-    backward_passes_per_step, bucket_bytes, pull_during_backward,
+    backward_passes_per_step, bucket_bytes (None: DEFAULT_BUCKET_BYTES,
+    PIPELINED_BUCKET_BYTES for a pipelined learner), pull_during_backward,
     overlap_pull, skip_nonfinite, look_ahead, pipeline."""
 
     def __init__(self, wire="float32", combine=None, backward_passes_per_step=1,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, pull_during_backward=None, overlap_pull=None,
+                 bucket_bytes=None, pull_during_backward=None, overlap_pull=None,
                  skip_nonfinite=False, look_ahead=None, pipeline=None):
         if combine not in (None, "average", "sum"):
             raise ValueError(f"blkps.torch: combine={combine!r}: expected None, 'average' or 'sum'")
@@ -140,7 +145,10 @@ class Optimizer:
         self._take_share(job.size)
         self.skip_nonfinite = bool(options.skip_nonfinite)
         self._skip_synchronize = False
-        self.buckets, self._buckets_of = (cut_buckets(layout, max(1, options.bucket_bytes // 4)) if optimizer is None
+        bucket_bytes = options.bucket_bytes
+        if bucket_bytes is None:
+            bucket_bytes = PIPELINED_BUCKET_BYTES if self.pipeline else DEFAULT_BUCKET_BYTES
+        self.buckets, self._buckets_of = (cut_buckets(layout, max(1, bucket_bytes // 4)) if optimizer is None
                                           else ([], []))
         self.flat = FlatModel(layout.count, layout.device, options.wire, self.buckets,
                               self.look_ahead, self.pipeline)
