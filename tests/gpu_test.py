@@ -53,7 +53,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -65,6 +64,7 @@ import torch  # noqa: E402
 
 import blkps  # noqa: E402
 import blkps.torch as bps  # noqa: E402
+import torch_transports  # noqa: E402
 
 torch.set_num_threads(1)
 SKIP = 77  # ctest's SKIP_RETURN_CODE
@@ -238,7 +238,7 @@ def case_staging():
             os.unlink(path)
     # The look-ahead step, formed a chunk at a time in a small scratch (so
     # that it costs one copy of the weights, not two), equals it in one piece.
-    import blkps.staging as staging_module
+    import blkps.torch.staging as staging_module
     results = []
     for chunk in (staging_module.LOOK_AHEAD_CHUNK, 3):
         saved, staging_module.LOOK_AHEAD_CHUNK = staging_module.LOOK_AHEAD_CHUNK, chunk
@@ -302,16 +302,9 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
         # A file keeps what was pushed: the weights after step t are step t's
         # gradient, so the next forward must see exactly them.
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
-                                       bucket_bytes=SMALL_BUCKET, overlap_pull=overlap)
+                                       bucket_bytes=SMALL_BUCKET, overlap_pull=overlap,
+                                       transport=torch_transports.Transport({"pull": slow_pulls}))
         opt.log_forward_waits = log
-        if slow_pulls:
-            submit = opt._submit
-
-            def slow_submit(device, kind, batch):
-                if kind == "pull":
-                    time.sleep(slow_pulls)
-                return submit(device, kind, batch)
-            opt._submit = slow_submit
         outputs = []
         for t in range(steps):
             opt.zero_grad()
@@ -369,8 +362,8 @@ def learner(config):
     model = MODELS[config.get("model", "mlp")](config["seed"] + bps.rank(), device)
     local = torch.optim.SGD(model.parameters(), lr=config["lr"]) if config["optimizer"] == "delta" else None
     if config.get("wire_chunk"):  # a 16-bit wire's pieces on a GPU: several per bucket
-        import blkps.staging
-        blkps.staging.WIRE_CHUNK = config["wire_chunk"]
+        import blkps.torch.staging
+        blkps.torch.staging.WIRE_CHUNK = config["wire_chunk"]
     compression = bps.Compression.bf16 if config.get("wire") == "bfloat16" else bps.Compression.none
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(), bucket_bytes=SMALL_BUCKET,
                                    skip_nonfinite=config.get("skip_nonfinite", False),
@@ -772,7 +765,7 @@ def case_look_ahead_switched():
     from 0 at construction or later, the first pull after it is the
     baseline (no step), and the next moves on by look_ahead times the move
     since that pull; turned off, pulls are the server's weights."""
-    from blkps.staging import FlatModel
+    from blkps.torch.staging import FlatModel
     fm = FlatModel(4, "cpu", "float32", (), 0.0)
 
     def pull(value, want, what):

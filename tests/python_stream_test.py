@@ -9,11 +9,15 @@ doc/libblkps.md "Streaming") against a real tgtd, one case each:
     the end OSError, as the synchronous calls do; no ticket, nothing sent;
   target-refusal-is-the-completion's-error: a NaN gradient the target
     refuses comes back as the Completion's OSError (EINVAL) and result()
-    raises it.
+    raises it;
+  wakes-lose-nothing: another thread's wake() calls, made while the
+    submissions run and complete(timeout=None) waits, end waits early but
+    lose or repeat no completion; wake() on a closed model does nothing.
 
 Usage: python_stream_test.py <repo> <build dir> <case>
 """
 import errno
+import threading
 
 import numpy as np
 
@@ -122,7 +126,34 @@ def target_refusal_is_the_completions_error():
     print("python stream: a target's refusal is the completion's error")
 
 
+def wakes_lose_nothing():
+    with testbed.Server(f"params={PARAMS};rule=sum;block=1K") as server:
+        model = blkps.Model(server.url)
+        grad = np.ones(PARAMS, dtype=np.float32)
+        tickets = {model.submit_exchange(first, grad[first:first + count]) for first, count in list(buckets()) * 20}
+        done = threading.Event()
+
+        def waker():
+            for _ in range(100_000):
+                if done.is_set():
+                    return
+                model.wake()
+        thread = threading.Thread(target=waker)
+        thread.start()
+        try:
+            ended = complete_all(model)
+        finally:
+            done.set()
+            thread.join()
+        check(set(ended) == tickets, f"{len(tickets - set(ended))} tickets never completed")
+        check(all(c.error is None for c in ended.values()), "an exchange failed")
+        model.close()
+        model.wake()  # closed: does nothing, raises nothing
+    print(f"python stream: {len(tickets)} exchanges completed once each among another thread's wakes")
+
+
 testbed.run({"tickets-complete-once": tickets_complete_once,
+             "wakes-lose-nothing": wakes_lose_nothing,
              "refused-before-sending": refused_before_sending,
              "target-refusal-is-the-completions-error": target_refusal_is_the_completions_error},
             learner=None)

@@ -7,13 +7,19 @@ next round's gradient to shard 0 (the model's first half) and not yet to
 shard 1: a checkpoint taken at an instant, not at a round boundary, would
 hold learner 2 one round apart on the two shards. The learners meet through
 empty files in MARKS (half-<r>: learner 2's first half of round r is
-pushed; synced-<r>: learner 1 synced after round r), until they have
-reconnected: after a restart each learner's pushes that the restart lost
-are lost on each shard apart, so a round's pull may need the other's next
-push, and the meeting would deadlock. They write their last
+pushed; synced-<r>: learner 1 synced after round r), until the test has
+restarted the shards (MARKS/restarted, written before the learners go on):
+after a restart each learner's pushes that the restart lost are lost on
+each shard apart, so a round's pull may need the other's next push, and
+the meeting would deadlock. (A learner's own reconnect count cannot tell:
+it is stopped between its last I/O and the restart, and its first I/O after
+it may be behind a meeting.) A deadlock would end only when the server
+declares both dead, and a round completed without a learner breaks the
+test's count of the gradients. They write their last
 finished round to MARKS/progress-<learner>. At the end each waits for
 MARKS/finish (so that it is still there to be stopped), syncs (so that
-pushed_bytes_lost is complete) and prints pushed_bytes_lost.
+pushed_bytes_lost is complete) and prints pushed_bytes_lost and how many
+halves (one shard's part of a push) it pushed.
 
 usage: scaleout_bsp_learner.py URL PARAMS LEARNER ROUNDS MARKS
 """
@@ -25,6 +31,7 @@ import time
 import numpy as np
 
 import blkps
+import blkps.control
 
 
 def mark(marks, name):
@@ -32,11 +39,16 @@ def mark(marks, name):
         pass
 
 
-def wait_for(marks, name, limit_s=300):
+def restarted(marks):
+    return os.path.exists(os.path.join(marks, "restarted"))
+
+
+def wait_for(marks, name, limit_s=300, meeting=True):
     """Polls for the other learner's (or the test's) mark; exits after
-    limit_s without it."""
+    limit_s without it. A meeting ends without its mark once the shards
+    have restarted."""
     deadline = time.monotonic() + limit_s
-    while not os.path.exists(os.path.join(marks, name)):
+    while not os.path.exists(os.path.join(marks, name)) and not (meeting and restarted(marks)):
         if time.monotonic() > deadline:
             sys.exit(f"learner: no {name} in {marks} after {limit_s} s")
         time.sleep(0.01)
@@ -51,22 +63,48 @@ def main():
             if learner == 2 and r > 1 and (r - 1) % 4 == 0:
                 m.push(0, g[:half])
                 mark(marks, f"half-{r}")
-                if m.reconnects == 0:
-                    wait_for(marks, f"synced-{r - 1}")
+                wait_for(marks, f"synced-{r - 1}")
                 m.push(half, g[half:])
             else:
                 m.push(0, g)
             m.pull(0, n)
             if learner == 1 and r % 4 == 0:
-                if r < rounds and m.reconnects == 0:
+                if r < rounds:
                     wait_for(marks, f"half-{r + 1}")
                 m.sync()  # a generation
                 mark(marks, f"synced-{r}")
             with open(os.path.join(marks, f"progress-{learner}"), "w") as f:
                 f.write(f"{r}\n")
-        wait_for(marks, "finish")
+        made = 2 * rounds + top_up(url, m, g, learner, rounds)
+        wait_for(marks, "finish", meeting=False)
         m.sync()
-        print(m.pushed_bytes_lost)
+        print(m.pushed_bytes_lost, made)
+
+
+def top_up(url, m, g, learner, rounds):
+    """Pushes (and pulls) each shard's half until this learner has ROUNDS
+    gradients in on every shard, as the shards' status counts them; returns
+    how many halves it pushed. After a restart a learner whose half-push
+    the rollback lost is one push behind on that shard; without this the
+    other, ahead, would wait for that push after the last round until the
+    server declared it dead, and complete a round without it."""
+    half = len(g) // 2
+    pushed = 0
+    with blkps.control.ShardedControl(url) as control:
+        while True:
+            shards = control.status()["shards"]
+            behind = []
+            for k, status in enumerate(shards):
+                mine = sorted(status["learners"], key=lambda entry: entry["lun"])[learner - 1]
+                if mine["iteration"] < rounds:
+                    behind.append(k)
+            if not behind:
+                return pushed
+            for k in behind:
+                m.push(k * half, g[k * half:(k + 1) * half])
+                pushed += 1
+            for k in behind:
+                m.pull(k * half, half)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import torch  # noqa: E402
 import torch_fashion_job as job  # noqa: E402  (the fashion cases' job)
 
 import blkps.torch as bps  # noqa: E402
+import blkps.torch.optimizer as core  # noqa: E402
+import torch_transports  # noqa: E402
 
 torch.set_num_threads(1)
 STEPS = 8
@@ -87,7 +89,7 @@ def late_stamps():
     if bps.rank() == 0:
         time.sleep(0.5)
         return
-    check_device = bps._check_device
+    check_device = core.check_device
 
     def stamp_late(layout, device, ctl, *args):
         command = ctl.command
@@ -100,7 +102,7 @@ def late_stamps():
             return check_device(layout, device, ctl, *args)
         finally:
             del ctl.command
-    bps._check_device = stamp_late
+    core.check_device = stamp_late
 
 
 def learner(config):
@@ -111,31 +113,20 @@ def learner(config):
              if config["optimizer"] == "delta" else None)
     if config.get("late_stamps"):
         late_stamps()
+    # slow_exchanges: each exchange, or push, takes 0.2 s longer to start,
+    # so the buckets that backward finishes meanwhile queue up behind it.
+    # late_pull_rank: that learner pulls the broadcast weights (and each
+    # delta step's) a second late: a learner that stepped before everyone
+    # had pulled would move them first.
+    delays = {"push": 0.2} if config.get("slow_exchanges") else {}
+    if config.get("late_pull_rank") == bps.rank():
+        delays["pull"] = 1.0
+    transport = torch_transports.Transport(delays)
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
-                                   pull_during_backward=config.get("pull_during_backward"))
+                                   pull_during_backward=config.get("pull_during_backward"), transport=transport)
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
-    if config.get("late_pull_rank") == bps.rank():
-        # This learner pulls the broadcast weights a second late: a learner
-        # that stepped before everyone had pulled would move them first.
-        pull_all = opt.flat.pull_all
-
-        def late_pull_all(*args, **kwargs):
-            time.sleep(1.0)
-            opt.flat.pull_all = pull_all
-            return pull_all(*args, **kwargs)
-        opt.flat.pull_all = late_pull_all
-    if config.get("slow_exchanges"):
-        # Each exchange, or push, takes 0.2 s longer to start, so the buckets
-        # that backward finishes meanwhile queue up behind it.
-        submit = opt._submit
-
-        def slow_submit(device, kind, batch):
-            if kind == "push":
-                time.sleep(0.2)
-            return submit(device, kind, batch)
-        opt._submit = slow_submit
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
     probe = config.get("overlap_probe")

@@ -153,6 +153,8 @@ int blkps_complete(blkps_model* m, blkps_completion* out, size_t max, int timeou
 
 uint64_t blkps_outstanding(const blkps_model* m) { return m->model->outstanding(); }
 
+void blkps_wake(blkps_model* m) { m->model->Wake(); }
+
 int blkps_write_bytes(blkps_model* m, uint64_t offset, const void* buf, uint64_t len) {
   return m->model->WriteBytes(offset, buf, len);
 }

@@ -214,7 +214,8 @@ Model::Model(std::unique_ptr<Device> device, uint64_t request_bytes, uint64_t ex
       request_bytes_(request_bytes),
       exchange_request_bytes_(exchange_request_bytes),
       queue_depth_(queue_depth),
-      dtype_(dtype) {}
+      dtype_(dtype),
+      stream_(new Stream(device_.get(), queue_depth)) {}
 
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;

@@ -55,7 +55,6 @@ int Model::Submit(const char* operation, uint64_t first_param, uint64_t count, c
     if (length > 0 && out != nullptr) {
       submission->read.reset(new TransferPlan(Direction::kRead, offset, received, length, block, request_bytes));
     }
-    if (stream_ == nullptr) stream_.reset(new Stream(device_.get(), queue_depth_));
     submission->ticket = next_ticket_++;
     *ticket = submission->ticket;
     stream_->Submit(std::move(submission));
@@ -110,6 +109,10 @@ int Model::Complete(std::vector<Completion>* out, size_t max, int timeout_ms) {
 }
 
 size_t Model::outstanding() const { return stream_ != nullptr ? stream_->outstanding() : 0; }
+
+void Model::Wake() {
+  if (stream_ != nullptr) stream_->Wake();
+}
 
 void Model::Settle() const {
   if (stream_ != nullptr) stream_->WaitIdle();

@@ -10,12 +10,12 @@
 
 namespace blkps {
 
-Stream::Stream(Device* device, uint32_t queue_depth)
-    : device_(device), queue_depth_(queue_depth), thread_(&Stream::Run, this) {}
+Stream::Stream(Device* device, uint32_t queue_depth) : device_(device), queue_depth_(queue_depth) {}
 
 Stream::~Stream() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) return;
     changed_.wait(lock, [this] { return waiting_.empty() && running_ == 0; });
     stop_ = true;
   }
@@ -26,6 +26,7 @@ Stream::~Stream() {
 void Stream::Submit(std::unique_ptr<Submission> submission) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread(&Stream::Run, this);  // it waits for mutex_
     waiting_.push_back(std::move(submission));
   }
   changed_.notify_all();
@@ -33,18 +34,27 @@ void Stream::Submit(std::unique_ptr<Submission> submission) {
 
 size_t Stream::Complete(std::vector<StreamCompletion>* out, size_t max, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto ready = [this] { return !ended_.empty() || (waiting_.empty() && running_ == 0); };
+  auto ready = [this] { return woken_ || !ended_.empty() || (waiting_.empty() && running_ == 0); };
   if (timeout_ms < 0) {
     changed_.wait(lock, ready);
   } else {
     changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready);
   }
+  woken_ = false;
   size_t moved = 0;
   for (; moved < max && !ended_.empty(); ++moved) {
     out->push_back(std::move(ended_.front()));
     ended_.pop_front();
   }
   return moved;
+}
+
+void Stream::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  changed_.notify_all();
 }
 
 void Stream::WaitIdle() {

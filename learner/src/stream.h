@@ -24,9 +24,10 @@
 // unspecified (a gradient is still never applied twice). Later batches run.
 //
 // Thread-safety: Submit, Complete, WaitIdle and outstanding() are called by
-// the Model's one user thread at a time; the stream's thread alone touches
-// the Device while a submission is waiting or running. WaitIdle() hands the
-// Device back to the caller's thread.
+// the Model's one user thread at a time; Wake() by any thread. The stream's
+// thread (started by the first Submit) alone touches the Device while a
+// submission is waiting or running. WaitIdle() hands the Device back to the
+// caller's thread.
 
 #ifndef BLKPS_LEARNER_STREAM_H_
 #define BLKPS_LEARNER_STREAM_H_
@@ -70,22 +71,30 @@ struct StreamCompletion {
 
 class Stream {
  public:
-  // `device` outlives the stream. Throws std::system_error when no thread
-  // can be started.
+  // `device` outlives the stream. Starts no thread yet.
   Stream(Device* device, uint32_t queue_depth);
   // Waits for every submission to end, then stops the thread.
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  // Queues `submission`; returns at once. Throws std::bad_alloc.
+  // Queues `submission`; returns at once. Throws std::bad_alloc, and
+  // std::system_error when the stream's thread cannot be started.
   void Submit(std::unique_ptr<Submission> submission);
 
   // Moves up to `max` ended submissions' outcomes to `out`, in the order
   // they ended; waits up to `timeout_ms` (< 0: without limit) for the first
   // when none has ended. Returns how many were moved: 0 on timeout, and at
-  // once when nothing is outstanding.
+  // once when nothing is outstanding or after a Wake().
   size_t Complete(std::vector<StreamCompletion>* out, size_t max, int timeout_ms);
+
+  // Ends the wait of a Complete() now waiting, or else of the next one, as
+  // if its timeout had passed: a caller that also waits for work of its own
+  // (a queue that another thread fills) waits in Complete() without limit
+  // and has the filling thread call Wake() after each item, instead of
+  // polling with a short timeout. A Complete() that returns, for whatever
+  // reason, takes every Wake() made before it.
+  void Wake();
 
   // Waits until no submission waits or runs (ended ones may still wait for
   // Complete): the caller's thread may then use the Device.
@@ -109,7 +118,8 @@ class Stream {
   std::deque<StreamCompletion> ended_;               // guarded by mutex_
   size_t running_ = 0;                               // guarded by mutex_: in the batch on the device
   bool stop_ = false;                                // guarded by mutex_
-  std::thread thread_;                               // last: starts once the members above exist
+  bool woken_ = false;                               // guarded by mutex_: a Wake() not yet taken
+  std::thread thread_;                               // guarded by mutex_: started by the first Submit
 };
 
 }  // namespace blkps

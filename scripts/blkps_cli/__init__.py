@@ -5,8 +5,15 @@ node. Modules, one job each:
   errors     UserError and the parser that prints `blkps: <what>: <why>; <what to do>`
   tools      where the built or installed programs are (tgtd plugin, blkps-layout, ...)
   state      target.env and shards.env: the one writer and reader
-  target     blkps target start|stop|show: a private tgtd and its process handling
+  arguments  the value types of the commands' options
+  target     blkps target start|stop|show|watch: the commands of a server
+  serve      blkps target serve: the server in the foreground (Slurm, systemd), its part of a model
+  publish    a job's published layout (serve --publish, blkps layout wait)
+  restart    blkps target restart: restart the tgtds that died
+  scaleout   one model served by N co-located tgtds (target start --tgtd N)
   shards     blkps shards start|stop: one model striped over several targets
+  tgtd       one private tgtd: start (typed Options), tgtadm, stop, what a restart needs
+             (the layers run one way: commands -> scaleout -> shards -> tgtd)
   control    blkps status|set: the control LUN
   session    the iSCSI session settings, one table for target start and login
   chap       the CHAP credentials file (--chap-file, BLKPS_CHAP_FILE)

@@ -12,7 +12,7 @@ import threading
 import time
 import types
 
-from . import tools
+from . import control, state, tgtd, tools
 from .errors import UserError
 
 
@@ -61,12 +61,11 @@ def keeps_checkpoint(folder):
     """Whether the model of the tgtd in `folder` has checkpoint=, by the
     options it was started with; True when they are not kept (a tgtd
     started by an older blkps: its status says)."""
-    from . import restart, target
     try:
-        options = restart.started_with(folder)
+        options = tgtd.started_with(folder)
     except UserError:
         return True
-    return checkpoint_path(target.check_bsopts(options.bsopts)) is not None
+    return checkpoint_path(tgtd.check_bsopts(options.bsopts)) is not None
 
 
 def unreachable(what, url, error):
@@ -85,12 +84,11 @@ def write_final(folder, what="target stop"):
     took, or None when nothing runs there or the model keeps no checkpoint.
     A tgtd that is not running, or a checkpoint that fails, raises a
     UserError that says so; the caller stops the target all the same."""
-    from . import control, state, target  # control imports the learner's package when asked
     values = state.shards(folder)
     dirs = [folder] if values is None else values["SHARD_DIRS"].split()
     if state.read(os.path.join(folder, state.TARGET_ENV)) is None and values is None:
         return None
-    alive = [target.Target(d).alive() for d in dirs]
+    alive = [tgtd.Target(d).alive() for d in dirs]
     if not any(alive):
         return None  # what a kill of every tgtd lost, no stop can keep
     if not keeps_checkpoint(dirs[0]):

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from . import state, tools
+from . import state, tgtd, tools
 from .errors import UserError
 
 
@@ -143,11 +143,10 @@ def print_status(s):
 def unreachable_shards(a):
     """The labels of the shards of `--dir` whose tgtd is not running (their
     control LUN would only be retried until libblkps's reconnect deadline)."""
-    from . import target
     shards = state.shards(a.dir) if a.dir and not a.control else None
     if shards is None:
         return []
-    return [f"shard {k}" for k, d in enumerate(shards["SHARD_DIRS"].split()) if not target.Target(d).alive()]
+    return [f"shard {k}" for k, d in enumerate(shards["SHARD_DIRS"].split()) if not tgtd.Target(d).alive()]
 
 
 def shards_line(statuses, down, folder):

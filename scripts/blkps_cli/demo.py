@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 
-from . import control, target, tools
+from . import control, tgtd, tools
+from .arguments import positive_int
 from .errors import UserError
 
 PYTHON = "/usr/bin/python3"
@@ -104,7 +105,7 @@ def command_demo(a):
     state = os.path.join(tools.TOP, "build", "demo")
     mnt = os.path.join(state, "mnt")
     params = subprocess.run([PYTHON, TRAIN, "--params"], capture_output=True, text=True, check=True).stdout.strip()
-    server = target.Target(state)
+    server = tgtd.Target(state)
     server.stop()
     checkpoint = os.path.join(state, "digits-mlp.ckpt")
     if os.path.exists(checkpoint):
@@ -113,10 +114,10 @@ def command_demo(a):
         f"{a.transport} on loopback)")
     mounted = False
     try:
-        values = server.start(target.start_options([
-            "--dir", state, "--name", "digits-mlp", "--transport", a.transport, "--luns", str(a.learners),
-            "--bsopts", f"params={params};rule=sgd;lr={a.lr};init=normal:0.1;seed=1;mode={a.mode};"
-                        f"checkpoint={checkpoint}"]))
+        values = server.start(tgtd.Options(
+            name="digits-mlp", transport=a.transport, luns=a.learners,
+            bsopts=f"params={params};rule=sgd;lr={a.lr};init=normal:0.1;seed=1;mode={a.mode};"
+                   f"checkpoint={checkpoint}"))
         urls = values["URLS"].split()
         say("learner devices " + " ".join(urls) + "; control device " + values["CONTROL_URL"])
         if a.via == "lib":
@@ -158,8 +159,8 @@ positive_float.__name__ = "positive number"
 def add_parser(sub):
     p = sub.add_parser("demo", help="README's main job: train digits with several learners through a server here",
                        description=__doc__.replace("blkps demo: ", "", 1))
-    p.add_argument("--learners", type=target.positive_int, default=2, help="learner processes (default 2)")
-    p.add_argument("--epochs", type=target.positive_int, help="epochs per learner (default 20; fashion-cnn 2)")
+    p.add_argument("--learners", type=positive_int, default=2, help="learner processes (default 2)")
+    p.add_argument("--epochs", type=positive_int, help="epochs per learner (default 20; fashion-cnn 2)")
     p.add_argument("--lr", type=positive_float, default=0.2, help="the server's sgd learning rate (default 0.2)")
     p.add_argument("--mode", default="async", help="async, bsp or ssp:S (default async)")
     p.add_argument("--transport", choices=("iscsi", "iser"), default="iscsi")

@@ -6,13 +6,14 @@ import os
 import signal
 import sys
 
-from . import control, demo, login, metrics, node, shards, target, top
+from . import control, demo, login, metrics, node, serve, shards, target, top
 from .errors import Parser, UserError, report
 
 DESCRIPTION = """\
 blkps: a parameter server that is a block device.
 
 server:        blkps target start|stop|show    one model served by a private tgtd
+               blkps target serve              the same in the foreground (Slurm, systemd)
                blkps shards start|stop|show    one model striped over several servers
                blkps status | blkps set        a running job's status and control LUN
                blkps control-layout            the control LUN's offsets, for scripts
@@ -29,7 +30,7 @@ everything:    blkps demo                      README's main job on this machine
 def parser():
     p = Parser(prog="blkps", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    target.add_parser(sub)
+    serve.add_parser(target.add_parser(sub))
     shards.add_parser(sub)
     control.add_parsers(sub)
     metrics.add_parser(sub)

@@ -6,7 +6,7 @@ the kernel initiator, is login.py.)"""
 import argparse
 import os
 
-from . import state, tools
+from . import publish, state, tools
 from .errors import UserError
 
 
@@ -16,6 +16,8 @@ def run(argv):
 
 
 def command_layout(a):
+    if a.args[:1] == ["wait"]:  # the one subcommand that is not blkps-layout's arithmetic
+        return publish.command_wait(a.args[1:])
     run([tools.built("blkps-layout"), *a.args])
 
 

@@ -3,7 +3,7 @@
 
 Every tgtd `blkps target start` starts (one, or each shard of a scaled-out
 job) keeps the options it was started with and its port in
-DIR/start.json, and its --owner-pid watchdog's pid in DIR/watchdog.pid. A
+DIR/start.json (tgtd.remember), and its --owner-pid watchdog's pid in DIR/watchdog.pid. A
 restart starts a dead tgtd again with those options on the same port, so
 learners reconnect to the same addresses (their layouts and URLs stay
 valid), and it loads the last committed checkpoint generation. In bsp and
@@ -15,71 +15,25 @@ started again on its address (a scaled-out job's keeps running: its
 target.env stays).
 """
 
-import json
 import os
 import time
-import types
 
-from . import processes
-from .errors import UserError
-
-START_OPTIONS = "start.json"
-WATCHDOG_PID = "watchdog.pid"
-
-
-def remember(folder, a, port):
-    """Keeps the `blkps target start` options `a` of the target in `folder`
-    and the port it got, for a restart. fresh=1 is dropped: a restart loads
-    what the fresh job has committed since."""
-    options = {key: value for key, value in vars(a).items() if not callable(value)}
-    options["port"] = str(port)
-    options["bsopts"] = ";".join(pair for pair in a.bsopts.split(";") if pair != "fresh=1")
-    path = os.path.join(folder, START_OPTIONS)
-    with open(path + ".tmp", "w") as f:
-        json.dump(options, f)
-    os.replace(path + ".tmp", path)
-
-
-def started_with(folder):
-    """The options the target in `folder` was started with; a UserError if
-    it was not started by a blkps that keeps them."""
-    try:
-        with open(os.path.join(folder, START_OPTIONS)) as f:
-            return types.SimpleNamespace(**json.load(f))
-    except (OSError, ValueError):
-        raise UserError("target restart", f"{folder} has no readable {START_OPTIONS} (started by an older blkps?)",
-                        "stop it and start it again: blkps target stop, then blkps target start") from None
-
-
-def stop_watchdog(folder):
-    """Ends the --owner-pid watchdog of the target in `folder`, if it runs:
-    it would stop the tgtd restarted in its place."""
-    try:
-        with open(os.path.join(folder, WATCHDOG_PID)) as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except (OSError, ValueError):
-        return
-    if b"watch" not in argv or folder.encode() not in argv:
-        return  # the pid was reused: not ours
-    processes.terminate(pid, 5)
+from . import checkpoints, metrics, state, tgtd
+from .tgtd import START_OPTIONS, started_with
 
 
 def restart_target(folder):
     """Stops the tgtd of `folder` if it runs (no final checkpoint: it rolls
     back) and starts it again as it was started, on its port. Returns its
     target.env values."""
-    from . import target  # target imports this module
     options = started_with(folder)
-    stop_watchdog(folder)
-    t = target.Target(folder)
+    tgtd.stop_watchdog(folder)
+    t = tgtd.Target(folder)
     t.stop()
     return t.start(options)
 
 
 def command_restart(a):
-    from . import checkpoints, metrics, state, target
     folder = os.path.abspath(a.dir)
     env = state.read(os.path.join(folder, state.TARGET_ENV))
     if env is None:
@@ -88,12 +42,12 @@ def command_restart(a):
         env = {}  # one tgtd whose --owner-pid watchdog cleaned up after its death
     scaled = "TGTD" in env
     dirs = env["SHARD_DIRS"].split() if scaled else [folder]
-    dead = [k for k, d in enumerate(dirs) if not target.Target(d).alive()]
+    dead = [k for k, d in enumerate(dirs) if not tgtd.Target(d).alive()]
     if not dead:
         print("every tgtd runs: nothing to restart")
         return 0
     first = started_with(dirs[0])
-    model = target.check_bsopts(first.bsopts)
+    model = tgtd.check_bsopts(first.bsopts)
     mode = dict(model["options"]).get("mode", "async")
     again = list(range(len(dirs))) if scaled and mode != "async" else dead
     found = checkpoints.committed(model, what="target restart")
@@ -107,7 +61,7 @@ def command_restart(a):
         exporter = metrics.start(folder, *first.metrics, first.metrics_auth)["METRICS"]
     took = time.monotonic() - began
     if scaled:
-        env["PIDS"] = " ".join(str(target.Target(d).pid()) for d in dirs)
+        env["PIDS"] = " ".join(str(tgtd.Target(d).pid()) for d in dirs)
         state.write(os.path.join(folder, state.TARGET_ENV), env)
     label = (lambda k: f"shard {k}") if scaled else (lambda k: "tgtd")
     loaded = (f"generation {found['generation']} of job {found['job']}" if found

@@ -31,7 +31,7 @@ a restart would refuse is refused here, before any tgtd starts.
 import os
 import types
 
-from . import checkpoints, shards, state, target
+from . import checkpoints, shards, state, tgtd
 from .errors import UserError
 
 MAX_AUTO_TGTDS = 8
@@ -76,6 +76,8 @@ def stripe_unit(model, tgtds):
 
 def tgtds_for(a, model):
     """The number of tgtds `blkps target start` options `a` ask for."""
+    if getattr(a, "parts", 1) > 1:
+        return 1  # one part of a model served by several server tasks (target serve --part): one tgtd each
     single = single_tgtd_features(a, model)
     saved = checkpoint_tgtds(model, getattr(a, "fresh", False))
     if a.tgtd == "auto":
@@ -111,7 +113,7 @@ def start(a, model, tgtds):
     """Starts the model on `tgtds` shards in a.dir; returns target.env's
     values."""
     folder = os.path.abspath(a.dir)
-    if target.Target(folder).alive():
+    if tgtd.Target(folder).alive():
         raise UserError("target start", f"a target is already running in {folder}",
                         f"stop it first: blkps target stop --dir {a.dir}")
     unit = stripe_unit(model, tgtds)
@@ -143,13 +145,13 @@ def stop(folder):
 
 def dead_tgtds(env):
     """The shard folders of a scaled-out target.env whose tgtd is not running."""
-    return [d for d in env["SHARD_DIRS"].split() if not target.Target(d).alive()]
+    return [d for d in env["SHARD_DIRS"].split() if not tgtd.Target(d).alive()]
 
 
 def labelled_urls(env):
-    """target.labelled_urls, then each shard's control LUN, and with
+    """tgtd.labelled_urls, then each shard's control LUN, and with
     --operator each shard's operator target."""
     operators = zip(env.get("OPERATOR_URL", "").split(), env.get("OPERATOR_CHAP_FILE", "").split())
-    return (target.labelled_urls(dict(env, OPERATOR_URL="")) +
+    return (tgtd.labelled_urls(dict(env, OPERATOR_URL="")) +
             [f"control shard {k}: {url}" for k, url in enumerate(env["CONTROL_URLS"].split())] +
             [f"operator shard {k}: {url} (CHAP: {path})" for k, (url, path) in enumerate(operators)])

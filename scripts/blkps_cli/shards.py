@@ -18,7 +18,8 @@ import math
 import os
 import subprocess
 
-from . import chap, checkpoints, state, target, tools
+from . import chap, checkpoints, state, tgtd, tools
+from .arguments import positive_int
 from .errors import UserError
 
 
@@ -61,7 +62,7 @@ def shard_bsopts(options, k, shard_params, folder, table_width=0, table_block=0,
 
 def stop(folder):
     for d in sorted(glob.glob(os.path.join(folder, "shard-*"))):
-        target.Target(d).stop()
+        tgtd.Target(d).stop()
     for f in [os.path.join(folder, state.SHARDS_ENV), *glob.glob(os.path.join(folder, "slot-*.layout"))]:
         try:
             os.remove(f)
@@ -69,15 +70,13 @@ def stop(folder):
             pass
 
 
-def start(a, what="shards start", name="shard", model=None):
-    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
-    NAME-K); returns (layout files, each shard's target.env values)."""
-    folder = os.path.abspath(a.dir)
-    model = model or target.check_bsopts(a.bsopts)
-    if model["control"]:
-        raise UserError("--bsopts", "role=control is not a model", "give the model's options")
-    params, block, width = model["params"], model["block_bytes"], model["table_width"]
-    unit = layout_tool(what, ["bytes", a.stripe_unit])[0]
+def stripe(what, model, stripe_unit, shards):
+    """The one stripe rule of a model over `shards` servers (the arithmetic
+    is blkps-layout's): (the stripe unit in bytes as text, each shard's model
+    block, each shard's size in bytes). `stripe_unit` is --stripe-unit's
+    text (K, M suffixes)."""
+    block, width = model["block_bytes"], model["table_width"]
+    unit = layout_tool(what, ["bytes", stripe_unit])[0]
     if width:
         row_bytes = 4 * width
         if int(unit) % row_bytes != 0:
@@ -85,11 +84,23 @@ def start(a, what="shards start", name="shard", model=None):
                             f"{row_bytes} bytes, got {unit}", f"e.g. --stripe-unit {math.lcm(512, row_bytes)}")
         if "block" not in dict(model["options"]):
             block = int(unit)  # each shard's model block is one stripe unit of rows
+    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", unit, "--shards", str(shards),
+                                                "--params", str(model["params"]), "--block", str(block)])]
+    return unit, block, sizes
+
+
+def start(a, what="shards start", name="shard", model=None):
+    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
+    NAME-K); returns (layout files, each shard's target.env values)."""
+    folder = os.path.abspath(a.dir)
+    model = model or tgtd.check_bsopts(a.bsopts)
+    if model["control"]:
+        raise UserError("--bsopts", "role=control is not a model", "give the model's options")
+    params, width = model["params"], model["table_width"]
+    unit, block, sizes = stripe(what, model, a.stripe_unit, a.shards)
     identity = checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what)
-    sizes = [int(n) for n in layout_tool(what, ["sizes", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
-                                                "--params", str(params), "--block", str(block)])]
     for k in range(a.shards):
-        if target.Target(os.path.join(folder, f"shard-{k}")).alive():
+        if tgtd.Target(os.path.join(folder, f"shard-{k}")).alive():
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
                             f"stop it first: blkps shards stop --dir {a.dir}")
     dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
@@ -106,17 +117,13 @@ def start(a, what="shards start", name="shard", model=None):
                                *[os.path.join(d, "init.f32") for d in dirs]])
         envs = []
         for k, d in enumerate(dirs):
-            argv = ["--dir", d, "--name", f"{name}-{k}", "--luns", str(a.luns), "--address", a.address,
-                    "--bsopts", bsopts[k]]
-            argv += ["--plugin", a.plugin] if a.plugin else []
-            argv += [arg for entry in a.allow or [] for arg in ("--allow", entry)]
-            argv += [arg for entry in getattr(a, "initiator", None) or [] for arg in ("--initiator", entry)]
-            argv += ["--operator", a.operator] if a.operator else ["--operator"] if a.operator is not None else []
-            argv += ["--chap-file", a.chap_file] if a.chap_file else []
-            argv += ["--owner-pid", str(a.owner_pid)] if a.owner_pid else []
-            shard = target.Target(d)
+            options = tgtd.Options(bsopts=bsopts[k], name=f"{name}-{k}", luns=a.luns, address=a.address,
+                                   allow=a.allow, initiator=list(getattr(a, "initiator", None) or []),
+                                   operator=a.operator, chap_file=a.chap_file, plugin=a.plugin,
+                                   owner_pid=a.owner_pid, foreground=getattr(a, "foreground", False))
+            shard = tgtd.Target(d)
             try:
-                envs.append(shard.start(target.start_options(argv)))
+                envs.append(shard.start(options))
             except UserError as e:  # named by its option (--allow: ...), or by the shard alone
                 raise UserError(what, f"shard {k}: {e.detail if e.what == 'target start' else e}") from None
         layouts = write_layouts(folder, envs, a.luns, unit, params, model["dtype"])
@@ -134,7 +141,7 @@ def check_host_memory(what, params, bsopts):
     """Refuses shards of one host whose models need more memory together
     than the host has available: each tgtd checks only its own model
     (doc/server.md "Memory"). `bsopts`: every shard's --bsopts."""
-    shards = [target.check_bsopts(b) for b in bsopts]
+    shards = [tgtd.check_bsopts(b) for b in bsopts]
     need, available = sum(s["memory_bytes"] for s in shards), shards[0]["memory_available_bytes"]
     if available and need > available and len(shards) > 1:
         raise UserError(what, f"params: {len(shards)} co-located tgtds of a model of {params} parameters need "
@@ -147,13 +154,13 @@ def mib(n):
 
 
 def write_layouts(folder, envs, luns, unit, params, dtype):
-    """DIR/slot-L.layout for every learner slot L: LUN L of every shard
+    """DIR/slot-L.layout for every learner slot L, each written atomically: LUN L of every shard
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
     shard's control LUN (control lines: the job's control, blkps.control)."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
-        with open(path, "w") as f:
+        with open(path + ".tmp", "w") as f:
             f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
                     f"# of {params} parameters striped over {len(envs)} shard(s).\n"
                     f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
@@ -161,12 +168,13 @@ def write_layouts(folder, envs, luns, unit, params, dtype):
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
             for env in envs:
                 f.write(f"control = {env['CONTROL_URL']}\n")
+        os.replace(path + ".tmp", path)  # a learner waiting for it never reads half a file
         layouts.append(path)
     return layouts
 
 
 def command_start(a):
-    with target.start_lock(a.dir, "shards start"):
+    with tgtd.start_lock(a.dir, "shards start"):
         layouts, envs = start(a)
     for lun, path in enumerate(layouts, 1):
         print(f"learner {lun}: layout:{path}")
@@ -205,7 +213,7 @@ def add_parser(sub):
                         "slot L (open it as layout:PATH) and DIR/shards.env. A failure prints one line and leaves "
                         "no shard running.")
     s.add_argument("--dir", required=True, help="state folder")
-    s.add_argument("--shards", type=target.positive_int, required=True, help="number of shards")
+    s.add_argument("--shards", type=positive_int, required=True, help="number of shards")
     s.add_argument("--stripe-unit", required=True, metavar="BYTES", help="stripe unit: a multiple of 512 and of "
                    "the model block (bsopts block=, default 1M; a table's: of its row, and the block defaults to "
                    "the unit); K, M suffixes")
@@ -215,7 +223,7 @@ def add_parser(sub):
                    "by PATH.manifest")
     s.add_argument("--fresh", action="store_true", help="start a new job over an existing checkpoint set "
                    "instead of loading it")
-    s.add_argument("--luns", type=target.positive_int, default=1, help="learner slots on every shard (default 1)")
+    s.add_argument("--luns", type=positive_int, default=1, help="learner slots on every shard (default 1)")
     s.add_argument("--address", default="127.0.0.1", help="portal address of every shard (default 127.0.0.1)")
     s.add_argument("--plugin", help="bs_blkps.so, as for blkps target start")
     s.add_argument("--allow", action="append", metavar="ADDRESS|SUBNET/BITS|ALL", help="initiator ACL of every "
@@ -223,7 +231,7 @@ def add_parser(sub):
     s.add_argument("--operator", nargs="?", const="", metavar="", help="as for blkps target start: every shard "
                    "gets an operator target, its secret in DIR/shard-K/operator.chap")
     chap.add_argument(s, "every shard's, as blkps target start --chap-file")
-    s.add_argument("--owner-pid", type=target.positive_int, metavar="PID", help="stop every shard when PID exits")
+    s.add_argument("--owner-pid", type=positive_int, metavar="PID", help="stop every shard when PID exits")
     s.set_defaults(run=command_start)
     t = cmds.add_parser("stop", help="stop every shard (quiet when none runs)")
     t.add_argument("--dir", required=True)

@@ -175,6 +175,12 @@ typedef struct blkps_completion {
 BLKPS_EXPORT int blkps_complete(blkps_model *m, blkps_completion *out, size_t max, int timeout_ms);
 /* Tickets submitted and not yet returned by blkps_complete. */
 BLKPS_EXPORT uint64_t blkps_outstanding(const blkps_model *m);
+/* Ends the wait of a blkps_complete now waiting on m, or else of the next
+ * one, as if its timeout had passed. Any thread may call it at any time (it
+ * does not wait for submissions): a thread that waits both for completions
+ * and for work other threads queue calls blkps_complete without limit, and
+ * they call blkps_wake after queueing, instead of it polling. */
+BLKPS_EXPORT void blkps_wake(blkps_model *m);
 /* Every other call on m first waits until no submission waits or runs
  * (their completions stay for blkps_complete); blkps_close waits too. */
 

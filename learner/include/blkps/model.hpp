@@ -216,6 +216,14 @@ class BLKPS_EXPORT Model {
   int Complete(std::vector<Completion>* out, size_t max, int timeout_ms);
   // Tickets submitted and not yet returned by Complete().
   size_t outstanding() const;
+  // Ends the wait of a Complete() now waiting, or else of the next one, as
+  // if its timeout had passed (it returns what has ended, maybe nothing).
+  // The one method that any thread may call at any time, and the one that
+  // does not wait for submissions: a thread that waits both for
+  // completions and for work that others queue waits in Complete() without
+  // limit, and the others call Wake() after queueing (doc/libblkps.md
+  // "Streaming").
+  void Wake();
   // Every other method first waits until no submission waits or runs (their
   // completions stay for Complete()), so synchronous calls, Sync() and the
   // counters below see every earlier submission done. The destructor waits
@@ -311,7 +319,8 @@ class BLKPS_EXPORT Model {
   wire::Dtype dtype_;
   std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
   std::string last_error_;
-  // Created by the first submission; destroyed before device_, which it uses.
+  // Made with the Model (its thread starts with the first submission);
+  // destroyed before device_, which it uses.
   std::unique_ptr<Stream> stream_;
   Ticket next_ticket_ = 1;
 };

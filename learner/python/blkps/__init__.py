@@ -27,10 +27,12 @@ relative path), else <repo>/build/cmake/learner/ next to this file's
 checkout, else the system library path.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import os
+import threading
 
 import numpy as np
 
@@ -146,6 +148,8 @@ def _declare(lib):
     lib.blkps_complete.restype = ctypes.c_int
     lib.blkps_outstanding.argtypes = [handle]
     lib.blkps_outstanding.restype = ctypes.c_uint64
+    lib.blkps_wake.argtypes = [handle]
+    lib.blkps_wake.restype = None
     _U64_P = ctypes.POINTER(ctypes.c_uint64)
     lib.blkps_pull_rows.argtypes = [handle, _U64_P, ctypes.c_uint64, ctypes.c_uint64, _FLOAT_P]
     lib.blkps_pull_rows.restype = ctypes.c_int
@@ -371,6 +375,7 @@ class Model(_Handle):
         LUN (each shard's), 0 or 1 = one (doc/libblkps.md "Several sessions
         per LUN")."""
         self._submitted = {}  # ticket -> (grad, out), alive until completed
+        self._wake_lock = threading.Lock()  # wake() against close()
         self._open("blkps_open", target,
                    _open_options(request_bytes, queue_depth, initiator_name, dtype, sessions))
 
@@ -525,6 +530,21 @@ class Model(_Handle):
     def outstanding(self):
         """Tickets submitted and not yet returned by complete()."""
         return self._lib.blkps_outstanding(self._open_handle())
+
+    def wake(self):
+        """Ends the wait of a complete() now waiting, or else of the next
+        one, as if its timeout had passed. Any thread may call it, also while
+        or after the model is closed (it then does nothing): a thread that
+        waits both for completions and for work that other threads queue
+        calls complete(timeout=None), and they call wake() after queueing."""
+        with self._wake_lock:
+            if self._handle is not None:
+                self._lib.blkps_wake(self._handle)
+
+    def close(self):
+        """As for every handle; a wake() on another thread waits for it."""
+        with getattr(self, "_wake_lock", contextlib.nullcontext()):
+            super().close()
 
     def pull_rows(self, ids, width, out=None):
         """Rows `ids` of a table of rows of `width` float32 values

@@ -1,4 +1,4 @@
-"""blkps.staging: a model's flat buffers on its own device and the host
+"""blkps.torch.staging: a model's flat buffers on its own device and the host
 memory libblkps moves them through (blkps.torch's data path).
 
 ``weights`` and ``gradient`` are two flat float32 tensors on the model's

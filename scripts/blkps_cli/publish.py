@@ -1,0 +1,132 @@
+"""A job's published layout (doc/server.md "Serving in the foreground"):
+the server tasks of one model, each `blkps target serve --part K/S
+--publish JOBDIR` on its own host, and the learners that wait for them,
+meet in a folder every node sees (a Slurm job's working folder).
+
+  JOBDIR/servers/part-K-of-S.json  what part K serves (written atomically
+                                   once it serves; removed when it stops)
+  JOBDIR/slot-L.layout             every learner slot's layout file, in the
+                                   one format shards.write_layouts writes,
+                                   written by whichever server completes
+                                   the set of S parts
+
+`blkps layout wait JOBDIR` waits for slot-1.layout, bounded.
+"""
+
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+from . import shards
+from .errors import Parser, UserError
+
+SERVERS = "servers"
+WAIT_TIMEOUT_S = 300
+PROGRESS_EVERY_S = 10
+PART_FILE = re.compile(r"^part-(\d+)-of-(\d+)\.json$")
+
+
+def portal(url):
+    """ADDRESS:PORT of an iscsi://ADDRESS:PORT/IQN/LUN URL."""
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+def part_path(jobdir, part, parts):
+    return os.path.join(jobdir, SERVERS, f"part-{part}-of-{parts}.json")
+
+
+def publish(jobdir, part, parts, env, model, unit):
+    """Writes part `part` of `parts`'s file from its target.env values
+    `env` (one tgtd), `model` (blkps-bsopts's JSON of the WHOLE model) and
+    the stripe unit; then, if every part is present, the layouts."""
+    os.makedirs(os.path.join(jobdir, SERVERS), exist_ok=True)
+    values = {"part": part, "parts": parts, "host": socket.gethostname(),
+              "portal": portal(env["URL"]),
+              "urls": env["URLS"].split(), "control_url": env["CONTROL_URL"], "stripe_unit": unit,
+              "params": model["params"], "dtype": model["dtype"]}
+    path = part_path(jobdir, part, parts)
+    with open(path + ".tmp", "w") as f:
+        json.dump(values, f, indent=1)
+    os.replace(path + ".tmp", path)
+    assemble(jobdir, parts)
+
+
+def published(jobdir, parts):
+    """The parts of `parts` published in `jobdir`, by number."""
+    found = {}
+    for path in glob.glob(os.path.join(jobdir, SERVERS, f"part-*-of-{parts}.json")):
+        try:
+            with open(path) as f:
+                values = json.load(f)
+            found[values["part"]] = values
+        except (OSError, ValueError, KeyError):
+            continue  # removed meanwhile, or not ours: not a part
+    return found
+
+
+def assemble(jobdir, parts):
+    """Writes JOBDIR/slot-L.layout once all `parts` parts are published
+    (atomically: two servers completing the set at once write the same
+    files)."""
+    found = published(jobdir, parts)
+    if len(found) < parts:
+        return None
+    ordered = [found[k] for k in range(parts)]
+    first = ordered[0]
+    envs = [{"URLS": " ".join(p["urls"]), "CONTROL_URL": p["control_url"]} for p in ordered]
+    return shards.write_layouts(jobdir, envs, len(first["urls"]), first["stripe_unit"], first["params"],
+                                first["dtype"])
+
+
+def unpublish(jobdir, part, parts):
+    """Removes part `part`'s file and the layouts that named it."""
+    for path in [part_path(jobdir, part, parts), *glob.glob(os.path.join(jobdir, "slot-*.layout"))]:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def missing(jobdir):
+    """What `layout wait` still waits for, in words."""
+    counts = set()
+    for path in glob.glob(os.path.join(jobdir, SERVERS, "part-*-of-*.json")):
+        m = PART_FILE.match(os.path.basename(path))
+        if m:
+            counts.add(int(m.group(2)))
+    if not counts:
+        return f"no server has published in {os.path.join(jobdir, SERVERS)}"
+    if len(counts) > 1:
+        return f"parts of {' and '.join(map(str, sorted(counts)))} servers are mixed in {os.path.join(jobdir, SERVERS)}"
+    parts = counts.pop()
+    absent = [str(k) for k in range(parts) if k not in published(jobdir, parts)]
+    return f"part(s) {', '.join(absent)} of {parts} not published in {os.path.join(jobdir, SERVERS)}"
+
+
+def command_wait(argv):
+    """`blkps layout wait JOBDIR [--timeout S]`: prints slot 1's layout path
+    once the servers have assembled it."""
+    p = Parser(prog="blkps layout wait", description="Waits until the server tasks publishing to JOBDIR "
+               "(blkps target serve --publish) have assembled the layouts; prints slot 1's layout path.")
+    p.add_argument("jobdir")
+    p.add_argument("--timeout", type=float, default=WAIT_TIMEOUT_S, metavar="S",
+                   help=f"give up after S seconds (default {WAIT_TIMEOUT_S})")
+    a = p.parse_args(argv)
+    layout = os.path.join(os.path.abspath(a.jobdir), "slot-1.layout")
+    start = time.monotonic()
+    said = start
+    while not os.path.exists(layout):
+        now = time.monotonic()
+        if now - start >= a.timeout:
+            raise UserError("layout wait", f"no layout after {a.timeout:g} s: {missing(a.jobdir)}",
+                            "see each server task's output (blkps target serve --publish)")
+        if now - said >= PROGRESS_EVERY_S:
+            print(f"blkps: layout wait: waiting: {missing(a.jobdir)}", file=sys.stderr)
+            said = now
+        time.sleep(0.2)
+    print(layout)
+    return 0

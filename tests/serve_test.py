@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""`blkps target serve`, the server in the foreground, as a scheduler runs it
+(doc/server.md "Serving in the foreground"): this test is its parent, sends
+the signals and reads its one stdout line. Every case starts its own tgtds
+on loopback and stops them even on failure.
+
+Usage: serve_test.py <repo> <build dir> <case>
+Case without a server (ctest label unit): bad-part-refused. Cases that
+start their own tgtds (integration): sigterm-keeps-pushes, two-parts-assemble-layout, layout-wait-names-missing-part,
+tgtd-death-exits-nonzero.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+top, build, case = sys.argv[1], sys.argv[2], sys.argv[3]
+BLKPS = os.path.join(top, "scripts", "blkps")
+PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
+os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
+os.environ["BLKPS_BUILD"] = build
+sys.path.insert(0, os.path.join(top, "learner", "python"))
+sys.path.insert(0, os.path.join(top, "scripts"))
+import blkps  # noqa: E402 (after its path)
+from blkps_cli.processes import running  # noqa: E402 (a zombie counts as ended)
+
+UNIT = 262144  # parameters in one 1 MiB stripe unit
+
+
+def fail(message):
+    sys.exit(f"serve_test {case}: FAIL: {message}")
+
+
+class Serve:
+    """`blkps target serve ARGS` in a folder of its own, as this process's
+    child; stopped (SIGTERM, then the folder's stop) at the end."""
+
+    def __init__(self, bsopts, *extra, folder=None):
+        self.dir = folder or tempfile.mkdtemp(prefix="blkps-serve-test-")
+        self.proc = subprocess.Popen([BLKPS, "target", "serve", "--dir", self.dir, "--plugin", PLUGIN,
+                                      "--address", "127.0.0.1", "--bsopts", bsopts, *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.line = self.proc.stdout.readline().strip()  # the serving line, or "" when it failed
+        if not self.line.startswith("serving "):
+            self.proc.wait()
+            fail(f"serve printed {self.line!r}, exit {self.proc.returncode}: {self.proc.stderr.read()}")
+        self.portals, self.url = self.line.split()[1:]
+
+    def tgtd_pid(self):
+        with open(os.path.join(self.dir, "tgtd.pid")) as f:
+            return int(f.read())
+
+    def terminate(self):
+        """SIGTERM; (exit status, stdout, stderr) once it has exited."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=120)
+        return self.proc.returncode, out, err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.communicate(timeout=120)
+        subprocess.run([BLKPS, "target", "stop", "--dir", self.dir, "--no-checkpoint"])
+
+
+def sigterm_keeps_pushes():
+    """SIGTERM writes a final checkpoint generation holding every push, stops
+    tgtd and exits 0; a start over the checkpoint serves the pushed weights."""
+    folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    bsopts = f"params={UNIT};lr=1;checkpoint={folder}/model.ckpt"
+    grad = np.arange(UNIT, dtype=np.float32)
+    with Serve(bsopts) as s:
+        with blkps.Model(s.url) as m:
+            m.push(0, grad)
+        tgtd = s.tgtd_pid()
+        rc, out, err = s.terminate()
+        if rc != 0:
+            fail(f"serve exited {rc} after SIGTERM: {err}")
+        if "final checkpoint: generation" not in err:
+            fail(f"no final checkpoint line after SIGTERM: {err!r}")
+        if running(tgtd):
+            fail(f"tgtd {tgtd} still runs after serve exited")
+        if out.strip():
+            fail(f"stdout after the serving line: {out!r}")
+    restarted = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    try:
+        started = subprocess.run([BLKPS, "target", "start", "--dir", restarted, "--plugin", PLUGIN, "--tgtd", "1",
+                                  "--owner-pid", str(os.getpid()), "--bsopts", bsopts], capture_output=True, text=True)
+        if started.returncode != 0:
+            fail(f"start over the checkpoint: {started.stderr}")
+        url = subprocess.run([BLKPS, "target", "show", "--dir", restarted, "--get", "URL"],
+                             capture_output=True, text=True).stdout.strip()
+        with blkps.Model(url) as m:
+            if not np.array_equal(m.pull(0, UNIT), -grad):
+                fail("the weights loaded from the final checkpoint are not the pushed ones")
+    finally:
+        subprocess.run([BLKPS, "target", "stop", "--dir", restarted, "--no-checkpoint"])
+
+
+def two_parts_assemble_layout():
+    """Two `serve --part K/2 --publish D` assemble D/slot-1.layout; a learner
+    through it reaches the whole model, both parts."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    params = 3 * UNIT  # part 0: units 0 and 2; part 1: unit 1
+    grad = np.arange(params, dtype=np.float32)
+    with Serve(f"params={params};lr=1", "--part", "0/2", "--publish", jobdir) as s0, \
+            Serve(f"params={params};lr=1", "--part", "1/2", "--publish", jobdir) as s1:
+        waited = subprocess.run([BLKPS, "layout", "wait", jobdir, "--timeout", "60"], capture_output=True, text=True)
+        layout = waited.stdout.strip()
+        if waited.returncode != 0 or layout != os.path.join(jobdir, "slot-1.layout"):
+            fail(f"layout wait: exit {waited.returncode}, {waited.stdout!r} {waited.stderr!r}")
+        with blkps.Model("layout:" + layout) as m:
+            if m.param_capacity < params:
+                fail(f"the layout holds {m.param_capacity} parameters, not the model's {params}")
+            m.push(0, grad)
+            if not np.array_equal(m.pull(0, params), -grad):
+                fail("pull through the layout is not minus the push")
+        for k, s in enumerate((s0, s1)):
+            with open(os.path.join(jobdir, "servers", f"part-{k}-of-2.json")) as f:
+                part = json.load(f)
+            if part["portal"] != s.portals or part["params"] != params:
+                fail(f"part {k}'s file says {part}, serve said {s.line}")
+            with blkps.Model(s.url) as m:  # each part alone serves its stripe units only
+                if m.param_capacity != (2 if k == 0 else 1) * UNIT:
+                    fail(f"part {k} serves {m.param_capacity} parameters")
+        for s in (s0, s1):
+            rc, _, err = s.terminate()
+            if rc != 0:
+                fail(f"serve exited {rc}: {err}")
+    if os.path.exists(os.path.join(jobdir, "slot-1.layout")):
+        fail("the layout outlived its servers")
+
+
+def layout_wait_names_missing_part():
+    """`layout wait` gives up after --timeout with one line naming the part
+    that never published."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    with Serve(f"params={2 * UNIT};lr=1", "--part", "0/2", "--publish", jobdir):
+        waited = subprocess.run([BLKPS, "layout", "wait", jobdir, "--timeout", "1"], capture_output=True, text=True)
+    lines = waited.stderr.splitlines()
+    if waited.returncode != 1 or len(lines) != 1 or "part(s) 1 of 2 not published" not in lines[0]:
+        fail(f"layout wait: exit {waited.returncode}, {waited.stderr!r}")
+
+
+def tgtd_death_exits_nonzero():
+    """A serve whose tgtd dies says so in one line naming it and exits 1."""
+    with Serve(f"params={UNIT};lr=1") as s:
+        tgtd = s.tgtd_pid()
+        os.kill(tgtd, signal.SIGKILL)  # serve's child, started by this test
+        out, err = s.proc.communicate(timeout=120)
+        lines = err.splitlines()
+        if s.proc.returncode != 1 or not lines or f"tgtd {tgtd} exited (killed by signal 9)" not in lines[-1]:
+            fail(f"serve after its tgtd's death: exit {s.proc.returncode}, {err!r}")
+
+
+def bad_part_refused():
+    """A --part that names no part, and --part slurm outside srun, are
+    refused in one line each, before any tgtd starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for part, says in (("2/2", "blkps: --part: expected K/S with 0 <= K < S"),
+                       ("slurm", "blkps: --part: slurm: SLURM_PROCID and SLURM_NTASKS are not set")):
+        folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
+        out = subprocess.run([BLKPS, "target", "serve", "--dir", folder, "--address", "127.0.0.1", "--part", part,
+                              "--bsopts", f"params={UNIT}"], capture_output=True, text=True, env=env)
+        lines = out.stderr.splitlines()
+        if out.returncode != 1 or len(lines) != 1 or not lines[0].startswith(says) or out.stdout:
+            fail(f"--part {part}: exit {out.returncode}, {out.stderr!r}, stdout {out.stdout!r}")
+        if os.path.exists(os.path.join(folder, "tgtd.pid")):
+            fail(f"--part {part} started a tgtd")
+
+
+CASES = {"bad-part-refused": bad_part_refused, "sigterm-keeps-pushes": sigterm_keeps_pushes, "two-parts-assemble-layout": two_parts_assemble_layout,
+         "layout-wait-names-missing-part": layout_wait_names_missing_part,
+         "tgtd-death-exits-nonzero": tgtd_death_exits_nonzero}
+CASES[case]()
+print(f"serve_test {case}: ok")
