@@ -19,6 +19,10 @@ machine; a UTS namespace per node gives each its own name without the
 multiple-slurmd build, and its own address makes `srun` reach it as a real
 host would. See DESIGN.md, "A Slurm cluster out of network namespaces".
 
+Each slurmd and slurmctld also has a mount namespace whose /etc/hosts is the
+cluster's (every node's name and address), so that a job step resolves the
+node names (`blkps target serve --allow slurm`) as on a real cluster.
+
 Every daemon's state sits under `folder` (key, socket, spool, pid, log):
 nothing is written to /etc or /var. munged runs as user munge; the Slurm
 daemons run as root (SlurmUser=root).
@@ -55,6 +59,7 @@ class SlurmCluster:
         self.net = net.Cluster(hosts=nodes + 1, link=link)
         self.conf = os.path.join(self.folder, "slurm.conf")
         self.munge_socket = os.path.join(self.folder, "munge", "munge.socket")
+        self.hosts_file = os.path.join(self.folder, "hosts")
 
     # --- names ---------------------------------------------------------------
 
@@ -136,6 +141,12 @@ class SlurmCluster:
         for name in self.node_names():
             lines.append(f"NodeName={name} NodeAddr={self.net.address(self.node_host(name))} CPUs=1 State=UNKNOWN")
         lines.append(f"PartitionName=all Nodes={','.join(self.node_names())} Default=YES MaxTime=INFINITE State=UP")
+        # The nodes' /etc/hosts (bound over the machine's in each daemon's
+        # mount namespace): job steps resolve the node names, as on a cluster.
+        with open(self.hosts_file, "w") as f:
+            f.write("127.0.0.1 localhost\n")
+            f.write(f"{self.net.address(CONTROLLER)} ctl\n")
+            f.writelines(f"{self.net.address(self.node_host(n))} {n}\n" for n in self.node_names())
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         # Without a cgroup.conf slurmd stops ("No filesystem mounted on
@@ -153,12 +164,13 @@ class SlurmCluster:
         _until(lambda: os.path.exists(self.munge_socket), 20, "munged made no socket: see " + m + "/munged.log")
 
     def _start_slurmctld(self):
-        self.net.popen(CONTROLLER, ["unshare", "--uts", "sh", "-c", 'hostname ctl; exec slurmctld -D -i -f "$0"',
-                                    self.conf], **QUIET)
+        self.net.popen(CONTROLLER, ["unshare", "--uts", "--mount", "sh", "-c",
+                                    'mount --bind "$1" /etc/hosts; hostname ctl; exec slurmctld -D -i -f "$0"',
+                                    self.conf, self.hosts_file], **QUIET)
 
     def _start_slurmd(self, name):
-        self.net.popen(self.node_host(name), ["unshare", "--uts", "sh", "-c", 'hostname "$0"; exec slurmd -D -f "$1"',
-                                              name, self.conf], **QUIET)
+        self.net.popen(self.node_host(name), ["unshare", "--uts", "--mount", "sh", "-c",
+            'mount --bind "$2" /etc/hosts; hostname "$0"; exec slurmd -D -f "$1"', name, self.conf, self.hosts_file], **QUIET)
 
     def _wait_nodes_idle(self, timeout):
         def idle():
