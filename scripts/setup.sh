@@ -38,6 +38,7 @@ packages=(
   systemd                   # systemd-analyze: Install.service verifies blkps@.service
   help2man                  # man pages from the commands' --help
   prometheus                # promtool and a real Prometheus for tests/monitoring_test.py
+  slurmctld slurmd munge slurm-client   # a Slurm cluster out of namespaces: tests/slurm_cluster_test.py
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
   clang libclang-rt-14-dev    # -DBLKPS_FUZZ=ON (libFuzzer), scripts/checked-tests.sh
   qemu-system-x86 open-iscsi mdadm dmsetup udev kmod busybox-static   # tests/vm: learner-node guests

@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""A real Slurm cluster out of network namespaces (bench/cluster/slurm.py).
+
+  slurm_cluster_test.py TOP CASE
+    batch-job-completes-and-nodes-are-clean  (vm label, root) a batch job over
+        two nodes whose step runs `hostname` on each ends COMPLETED, printed
+        both node names, and leaves no process but slurmd on any node; after
+        the with-block no namespace of the cluster remains
+    example-job-trains-and-nodes-are-clean  (vm label, root) the example job
+        examples/slurm/fashion.sbatch (1 server node, 2 learner nodes, plain
+        srun, a small subset) ends COMPLETED, its rank 0 printed the held-out
+        accuracy, and no process but slurmd is left on any node
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+top, case = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(top, "bench", "cluster"))
+import slurm  # noqa: E402
+
+
+def batch_job_completes_and_nodes_are_clean():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
+        with slurm.SlurmCluster(nodes=2, folder=tmp) as cluster:
+            namespaces = list(cluster.net.namespaces)
+            job = cluster.sbatch(["-N2", f"--chdir={tmp}", f"--output={tmp}/job.out", "--wrap", "srun hostname"])
+            state = cluster.wait_job(job, timeout=60)
+            assert state == "COMPLETED", f"job {job} ended {state}"
+            with open(os.path.join(tmp, "job.out")) as f:
+                assert sorted(f.read().split()) == ["n1", "n2"], "each node's step prints its own name"
+            assert cluster.leftovers() == {}, f"processes left on nodes: {cluster.leftovers()}"
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not [ns for ns in namespaces if ns in listed], "the cluster's namespaces are deleted"
+    print("ok")
+
+
+def example_job_trains_and_nodes_are_clean():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
+        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+            variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": 1, "TRAIN_SUBSET": 512,
+                         "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
+                         "JOBDIR": f"{tmp}/job"}
+            export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
+            job = cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
+                                  os.path.join(top, "examples", "slurm", "fashion.sbatch")])
+            state = cluster.wait_job(job, timeout=240)
+            with open(os.path.join(tmp, "job.out")) as f:
+                out = f.read()
+            assert state == "COMPLETED", f"job {job} ended {state}:\n{out[-3000:]}"
+            assert "learner 0: held-out accuracy" in out, f"rank 0 reports the held-out accuracy:\n{out[-3000:]}"
+            assert cluster.leftovers() == {}, f"processes left on nodes: {cluster.leftovers()}"
+    print("ok")
+
+
+{
+    "batch-job-completes-and-nodes-are-clean": batch_job_completes_and_nodes_are_clean,
+    "example-job-trains-and-nodes-are-clean": example_job_trains_and_nodes_are_clean,
+}[case]()
