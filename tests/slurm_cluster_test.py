@@ -10,11 +10,16 @@
         examples/slurm/fashion.sbatch (1 server node, 2 learner nodes, plain
         srun, a small subset) ends COMPLETED, its rank 0 printed the held-out
         accuracy, and no process but slurmd is left on any node
+    scancel-mid-job-leaves-nodes-clean  (vm label, root) the example job,
+        cancelled with `scancel` once its learners have trained an epoch,
+        ends CANCELLED and leaves no process but slurmd on any node (the
+        servers' tgtds included)
 """
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 top, case = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench", "cluster"))
@@ -37,16 +42,22 @@ def batch_job_completes_and_nodes_are_clean():
     print("ok")
 
 
+def submit_example(cluster, tmp, epochs):
+    """The example job on 1 server and 2 learner nodes (plain srun, bsp, a
+    small subset) for `epochs`; its job id."""
+    variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": epochs, "TRAIN_SUBSET": 512,
+                 "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
+                 "JOBDIR": f"{tmp}/job"}
+    export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
+    return cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
+                           os.path.join(top, "examples", "slurm", "fashion.sbatch")])
+
+
 def example_job_trains_and_nodes_are_clean():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
         with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
-            variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": 1, "TRAIN_SUBSET": 512,
-                         "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
-                         "JOBDIR": f"{tmp}/job"}
-            export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
-            job = cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
-                                  os.path.join(top, "examples", "slurm", "fashion.sbatch")])
+            job = submit_example(cluster, tmp, epochs=1)
             state = cluster.wait_job(job, timeout=240)
             with open(os.path.join(tmp, "job.out")) as f:
                 out = f.read()
@@ -56,7 +67,37 @@ def example_job_trains_and_nodes_are_clean():
     print("ok")
 
 
+def scancel_mid_job_leaves_nodes_clean():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
+        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+            job = submit_example(cluster, tmp, epochs=10_000)  # far longer than the test waits
+            out = os.path.join(tmp, "job.out")
+
+            def trained_an_epoch():
+                with open(out) if os.path.exists(out) else open(os.devnull) as f:
+                    text = f.read()
+                assert cluster.job_state(job) in ("PENDING", "RUNNING"), f"job {job} ended early:\n{text[-3000:]}"
+                return "epoch 1/" in text
+            wait(trained_an_epoch, 240, "no learner finished an epoch")
+            cluster.client(["scancel", job])
+            state = cluster.wait_job(job, timeout=120)
+            assert state == "CANCELLED", f"job {job} ended {state}"
+            # Slurm ends the steps' processes after the job's state changes.
+            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+    print("ok")
+
+
+def wait(ready, timeout, message):
+    """Polls ready() until it is true; fails with `message` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.5)
+
+
 {
     "batch-job-completes-and-nodes-are-clean": batch_job_completes_and_nodes_are_clean,
+    "scancel-mid-job-leaves-nodes-clean": scancel_mid_job_leaves_nodes_clean,
     "example-job-trains-and-nodes-are-clean": example_job_trains_and_nodes_are_clean,
 }[case]()
