@@ -14,8 +14,14 @@
         cancelled with `scancel` once its learners have trained an epoch,
         ends CANCELLED and leaves no process but slurmd on any node (the
         servers' tgtds included)
+    killed-server-is-named  (vm label, root) the example job whose server
+        node's tgtd is killed (kill -9) once its learners have trained an
+        epoch ends FAILED; the server task says its tgtd died, each learner
+        gives up reconnecting (BLKPS_RECONNECT_SECONDS=5) in a line naming
+        the server's address, and no process but slurmd is left on any node
 """
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,12 +48,12 @@ def batch_job_completes_and_nodes_are_clean():
     print("ok")
 
 
-def submit_example(cluster, tmp, epochs):
+def submit_example(cluster, tmp, epochs, **more):
     """The example job on 1 server and 2 learner nodes (plain srun, bsp, a
-    small subset) for `epochs`; its job id."""
+    small subset) for `epochs`, with `more` variables; its job id."""
     variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": epochs, "TRAIN_SUBSET": 512,
                  "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
-                 "JOBDIR": f"{tmp}/job"}
+                 "JOBDIR": f"{tmp}/job", **more}
     export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
     return cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
                            os.path.join(top, "examples", "slurm", "fashion.sbatch")])
@@ -67,23 +73,51 @@ def example_job_trains_and_nodes_are_clean():
     print("ok")
 
 
+def wait_for_an_epoch(cluster, job, out):
+    """Returns once a learner of `job` (output file `out`) has trained an epoch."""
+    def trained_an_epoch():
+        with open(out) if os.path.exists(out) else open(os.devnull) as f:
+            text = f.read()
+        assert cluster.job_state(job) in ("PENDING", "RUNNING"), f"job {job} ended early:\n{text[-3000:]}"
+        return "epoch 1/" in text
+    wait(trained_an_epoch, 240, "no learner finished an epoch")
+
+
 def scancel_mid_job_leaves_nodes_clean():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
         with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
             job = submit_example(cluster, tmp, epochs=10_000)  # far longer than the test waits
-            out = os.path.join(tmp, "job.out")
-
-            def trained_an_epoch():
-                with open(out) if os.path.exists(out) else open(os.devnull) as f:
-                    text = f.read()
-                assert cluster.job_state(job) in ("PENDING", "RUNNING"), f"job {job} ended early:\n{text[-3000:]}"
-                return "epoch 1/" in text
-            wait(trained_an_epoch, 240, "no learner finished an epoch")
+            wait_for_an_epoch(cluster, job, os.path.join(tmp, "job.out"))
             cluster.client(["scancel", job])
             state = cluster.wait_job(job, timeout=120)
             assert state == "CANCELLED", f"job {job} ended {state}"
             # Slurm ends the steps' processes after the job's state changes.
+            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+    print("ok")
+
+
+def killed_server_is_named():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
+        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+            job = submit_example(cluster, tmp, epochs=10_000, BLKPS_RECONNECT_SECONDS=5)
+            out = os.path.join(tmp, "job.out")
+            wait_for_an_epoch(cluster, job, out)
+            server = cluster.node_names()[0]  # the job's first node serves (S=1)
+            tgtds = cluster.pids(server, "tgtd")
+            assert len(tgtds) == 1, f"{server} runs tgtds {tgtds}"
+            os.kill(tgtds[0], signal.SIGKILL)  # the job's, which this test started
+            state = cluster.wait_job(job, timeout=180)
+            with open(out) as f:
+                text = f.read()
+            assert state == "FAILED", f"job {job} ended {state}:\n{text[-3000:]}"
+            address = cluster.net.address(cluster.node_host(server))
+            gave_up = [line for line in text.splitlines() if "gave up reconnecting" in line]
+            assert len(gave_up) == 2 and all(address in line for line in gave_up), \
+                f"each learner names the server {address} in one line:\n{text[-3000:]}"
+            assert f"target serve: tgtd {tgtds[0]} exited (killed by signal 9)" in text, \
+                f"the server task says its tgtd died:\n{text[-3000:]}"
             wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
     print("ok")
 
@@ -99,5 +133,6 @@ def wait(ready, timeout, message):
 {
     "batch-job-completes-and-nodes-are-clean": batch_job_completes_and_nodes_are_clean,
     "scancel-mid-job-leaves-nodes-clean": scancel_mid_job_leaves_nodes_clean,
+    "killed-server-is-named": killed_server_is_named,
     "example-job-trains-and-nodes-are-clean": example_job_trains_and_nodes_are_clean,
 }[case]()

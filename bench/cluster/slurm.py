@@ -212,11 +212,18 @@ class SlurmCluster:
         its slurmd: empty when every node is clean."""
         left = {}
         for name in self.node_names():
-            comms = [_comm(pid) for pid in _netns_pids(self.net.netns(self.node_host(name)))]
+            comms = [_comm(pid) for pid in self._pids(name)]
             others = [c for c in comms if c not in ("slurmd", None)]
             if others:
                 left[name] = others
         return left
+
+    def pids(self, name, comm):
+        """The ids of node `name`'s processes whose command name is `comm`."""
+        return [pid for pid in self._pids(name) if _comm(pid) == comm]
+
+    def _pids(self, name):
+        return _netns_pids(self.net.netns(self.node_host(name)))
 
 
 def _netns_pids(ns):
