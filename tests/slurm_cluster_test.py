@@ -14,6 +14,12 @@
         cancelled with `scancel` once its learners have trained an epoch,
         ends CANCELLED and leaves no process but slurmd on any node (the
         servers' tgtds included)
+    bsp-over-two-servers-equals-the-reference  (vm label, root) a job of 2
+        `blkps target serve --part slurm` server nodes (the model in two
+        parts, the layout assembled from what they publish) and 2 bsp
+        learner tasks pushing known gradients (tests/slurm_bsp_learner.py)
+        ends COMPLETED with the weights a one-process reference computes,
+        exactly, and leaves no process but slurmd on any node
     killed-server-is-named  (vm label, root) the example job whose server
         node's tgtd is killed (kill -9) once its learners have trained an
         epoch ends FAILED; the server task says its tgtd died, each learner
@@ -26,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 top, case = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench", "cluster"))
@@ -53,7 +61,7 @@ def submit_example(cluster, tmp, epochs, **more):
     small subset) for `epochs`, with `more` variables; its job id."""
     variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": epochs, "TRAIN_SUBSET": 512,
                  "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
-                 "JOBDIR": f"{tmp}/job", **more}
+                 "JOBDIR": f"{tmp}/job", "SERVER_DIR": f"{tmp}/serve", **more}
     export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
     return cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
                            os.path.join(top, "examples", "slurm", "fashion.sbatch")])
@@ -97,6 +105,58 @@ def scancel_mid_job_leaves_nodes_clean():
     print("ok")
 
 
+# Two server nodes each serve half of the model, two learner nodes push;
+# then the server step gets SIGTERM as in examples/slurm/fashion.sbatch.
+BSP_JOB = """#!/bin/bash
+set -euo pipefail
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+# Each part's state in a folder of its own: the namespace nodes share /tmp.
+srun --nodes=2 --ntasks=2 --nodelist="${nodes[0]},${nodes[1]}" bash -c 'exec "$0" "$@" --dir "$JOBDIR/serve-$SLURMD_NODENAME"' \\
+  "$TOP/scripts/blkps" target serve --part slurm --publish "$JOBDIR" --luns 2 --allow slurm \\
+  --bsopts "params=$PARAMS;rule=sum;mode=bsp" &
+servers=$!
+"$TOP/scripts/blkps" layout wait "$JOBDIR" --timeout 60
+status=0
+srun --nodes=2 --ntasks=2 --nodelist="${nodes[2]},${nodes[3]}" \\
+  /usr/bin/python3 "$TOP/tests/slurm_bsp_learner.py" "$JOBDIR" "$PARAMS" "$ROUNDS" "$OUT" || status=$?
+scancel --signal=TERM "$SLURM_JOB_ID.0" || true
+wait "$servers" || true
+exit "$status"
+"""
+
+
+def bsp_over_two_servers_equals_the_reference():
+    params, rounds = 600_000, 5  # more than two 1 MiB stripe units: a part on each server
+    sys.path[:0] = [os.path.join(top, "tests"), os.path.join(top, "learner", "python")]
+    from slurm_bsp_learner import gradient
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
+        script, out = os.path.join(tmp, "bsp.sbatch"), os.path.join(tmp, "weights.f32")
+        with open(script, "w") as f:
+            f.write(BSP_JOB)
+        with slurm.SlurmCluster(nodes=4, folder=tmp) as cluster:
+            variables = {"TOP": top, "JOBDIR": f"{tmp}/job", "PARAMS": params, "ROUNDS": rounds, "OUT": out,
+                         "PYTHONPATH": os.path.join(top, "learner", "python")}
+            export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
+            job = cluster.sbatch(["-N4", "--ntasks-per-node=1", f"--export={export}", f"--chdir={tmp}",
+                                  f"--output={tmp}/job.out", script])
+            state = cluster.wait_job(job, timeout=240)
+            with open(os.path.join(tmp, "job.out")) as f:
+                text = f.read()
+            assert state == "COMPLETED", f"job {job} ended {state}:\n{text[-3000:]}"
+            published = os.path.join(tmp, "job", "servers")
+            parts = sorted(os.listdir(published)) if os.path.isdir(published) else []
+            assert parts == [], f"the parts' published files outlive their servers: {parts}"
+            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+        weights = np.fromfile(out, dtype=np.float32)
+        reference = np.zeros(params, dtype=np.float32)
+        for r in range(1, rounds + 1):  # bsp with rule sum: each round adds the learners' mean
+            reference += (gradient(0, r, params) + gradient(1, r, params)) / np.float32(2)
+        assert np.array_equal(weights, reference), \
+            f"{int((weights != reference).sum())} of {params} weights differ from the one-process reference"
+    print("ok")
+
+
 def killed_server_is_named():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
@@ -134,5 +194,6 @@ def wait(ready, timeout, message):
     "batch-job-completes-and-nodes-are-clean": batch_job_completes_and_nodes_are_clean,
     "scancel-mid-job-leaves-nodes-clean": scancel_mid_job_leaves_nodes_clean,
     "killed-server-is-named": killed_server_is_named,
+    "bsp-over-two-servers-equals-the-reference": bsp_over_two_servers_equals_the_reference,
     "example-job-trains-and-nodes-are-clean": example_job_trains_and_nodes_are_clean,
 }[case]()
