@@ -7,7 +7,7 @@
         both node names, and leaves no process but slurmd on any node; after
         the with-block no namespace of the cluster remains
     example-job-trains-and-nodes-are-clean  (vm label, root) the example job
-        examples/slurm/fashion.sbatch (1 server node, 2 learner nodes, plain
+        examples/slurm/fashion.sbatch (2 server nodes, 2 learner nodes, plain
         srun, a small subset) ends COMPLETED, its rank 0 printed the held-out
         accuracy, and no process but slurmd is left on any node
     scancel-mid-job-leaves-nodes-clean  (vm label, root) the example job,
@@ -57,26 +57,28 @@ def batch_job_completes_and_nodes_are_clean():
 
 
 def submit_example(cluster, tmp, epochs, **more):
-    """The example job on 1 server and 2 learner nodes (plain srun, bsp, a
+    """The example job on 2 server and 2 learner nodes (plain srun, bsp, a
     small subset) for `epochs`, with `more` variables; its job id."""
-    variables = {"S": 1, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": epochs, "TRAIN_SUBSET": 512,
+    variables = {"S": 2, "L": 2, "MODE": "bsp", "LAUNCHER": "srun", "EPOCHS": epochs, "TRAIN_SUBSET": 512,
                  "TEST_SUBSET": 500, "BLKPS_TOP": top, "PYTHON": "/usr/bin/python3", "WAIT_S": 60,
                  "JOBDIR": f"{tmp}/job", "SERVER_DIR": f"{tmp}/serve", **more}
     export = ",".join(f"{k}={v}" for k, v in variables.items()) + ",ALL"
-    return cluster.sbatch(["-N3", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
+    return cluster.sbatch(["-N4", f"--export={export}", f"--chdir={top}", f"--output={tmp}/job.out",
                            os.path.join(top, "examples", "slurm", "fashion.sbatch")])
 
 
 def example_job_trains_and_nodes_are_clean():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
-        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+        with slurm.SlurmCluster(nodes=4, folder=tmp) as cluster:
             job = submit_example(cluster, tmp, epochs=1)
             state = cluster.wait_job(job, timeout=240)
             with open(os.path.join(tmp, "job.out")) as f:
                 out = f.read()
             assert state == "COMPLETED", f"job {job} ended {state}:\n{out[-3000:]}"
             assert "learner 0: held-out accuracy" in out, f"rank 0 reports the held-out accuracy:\n{out[-3000:]}"
+            serving = [line for line in out.splitlines() if line.startswith("serving ")]
+            assert len(serving) == 2, f"each of the 2 server nodes serves a part:\n{out[-3000:]}"
             assert cluster.leftovers() == {}, f"processes left on nodes: {cluster.leftovers()}"
     print("ok")
 
@@ -94,7 +96,7 @@ def wait_for_an_epoch(cluster, job, out):
 def scancel_mid_job_leaves_nodes_clean():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
-        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+        with slurm.SlurmCluster(nodes=4, folder=tmp) as cluster:
             job = submit_example(cluster, tmp, epochs=10_000)  # far longer than the test waits
             wait_for_an_epoch(cluster, job, os.path.join(tmp, "job.out"))
             cluster.client(["scancel", job])
@@ -160,11 +162,11 @@ def bsp_over_two_servers_equals_the_reference():
 def killed_server_is_named():
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # munged (user munge) reaches its folder inside
-        with slurm.SlurmCluster(nodes=3, folder=tmp) as cluster:
+        with slurm.SlurmCluster(nodes=4, folder=tmp) as cluster:
             job = submit_example(cluster, tmp, epochs=10_000, BLKPS_RECONNECT_SECONDS=5)
             out = os.path.join(tmp, "job.out")
             wait_for_an_epoch(cluster, job, out)
-            server = cluster.node_names()[0]  # the job's first node serves (S=1)
+            server = cluster.node_names()[0]  # the job's first node serves part 0
             tgtds = cluster.pids(server, "tgtd")
             assert len(tgtds) == 1, f"{server} runs tgtds {tgtds}"
             os.kill(tgtds[0], signal.SIGKILL)  # the job's, which this test started
