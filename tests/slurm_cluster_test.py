@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -90,7 +89,7 @@ def wait_for_an_epoch(cluster, job, out):
             text = f.read()
         assert cluster.job_state(job) in ("PENDING", "RUNNING"), f"job {job} ended early:\n{text[-3000:]}"
         return "epoch 1/" in text
-    wait(trained_an_epoch, 240, "no learner finished an epoch")
+    slurm.until(trained_an_epoch, 240, "no learner finished an epoch")
 
 
 def scancel_mid_job_leaves_nodes_clean():
@@ -103,7 +102,7 @@ def scancel_mid_job_leaves_nodes_clean():
             state = cluster.wait_job(job, timeout=120)
             assert state == "CANCELLED", f"job {job} ended {state}"
             # Slurm ends the steps' processes after the job's state changes.
-            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+            cluster.wait_clean(120)
     print("ok")
 
 
@@ -149,7 +148,7 @@ def bsp_over_two_servers_equals_the_reference():
             published = os.path.join(tmp, "job", "servers")
             parts = sorted(os.listdir(published)) if os.path.isdir(published) else []
             assert parts == [], f"the parts' published files outlive their servers: {parts}"
-            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+            cluster.wait_clean(120)
         weights = np.fromfile(out, dtype=np.float32)
         reference = np.zeros(params, dtype=np.float32)
         for r in range(1, rounds + 1):  # bsp with rule sum: each round adds the learners' mean
@@ -180,16 +179,8 @@ def killed_server_is_named():
                 f"each learner names the server {address} in one line:\n{text[-3000:]}"
             assert f"target serve: tgtd {tgtds[0]} exited (killed by signal 9)" in text, \
                 f"the server task says its tgtd died:\n{text[-3000:]}"
-            wait(lambda: cluster.leftovers() == {}, 120, f"processes left on nodes: {cluster.leftovers()}")
+            cluster.wait_clean(120)
     print("ok")
-
-
-def wait(ready, timeout, message):
-    """Polls ready() until it is true; fails with `message` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.5)
 
 
 {

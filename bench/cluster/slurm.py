@@ -161,7 +161,7 @@ class SlurmCluster:
             f"--socket={self.munge_socket}", f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log",
             f"--seed-file={m}/munged.seed"
         ], **QUIET)
-        _until(lambda: os.path.exists(self.munge_socket), 20, "munged made no socket: see " + m + "/munged.log")
+        until(lambda: os.path.exists(self.munge_socket), 20, "munged made no socket: see " + m + "/munged.log")
 
     def _start_slurmctld(self):
         self.net.popen(CONTROLLER, ["unshare", "--uts", "--mount", "sh", "-c",
@@ -177,7 +177,7 @@ class SlurmCluster:
             out = self.client(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout.split()
             return sorted(out[0::2]) == sorted(self.node_names()) and set(out[1::2]) == {"idle"}
 
-        _until(idle, timeout, f"the Slurm nodes did not all come up idle: see {self.folder}/*/slurm*.log")
+        until(idle, timeout, f"the Slurm nodes did not all come up idle: see {self.folder}/*/slurm*.log")
 
     # --- jobs -------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class SlurmCluster:
     def wait_job(self, job, timeout):
         """Waits for the job to end; returns its final state."""
         state = []
-        _until(lambda: state.append(self.job_state(job)) or state[-1] in TERMINAL_STATES, timeout,
+        until(lambda: state.append(self.job_state(job)) or state[-1] in TERMINAL_STATES, timeout,
                f"job {job} did not end in {timeout} s")
         return state[-1]
 
@@ -217,6 +217,16 @@ class SlurmCluster:
             if others:
                 left[name] = others
         return left
+
+    def wait_clean(self, timeout):
+        """Waits until leftovers() is empty (Slurm ends a job's processes
+        after its state changes); SlurmError naming what is left after
+        `timeout` s."""
+        try:
+            until(lambda: self.leftovers() == {}, timeout, "")
+        except SlurmError:
+            raise SlurmError(f"processes left on nodes after {timeout} s (node: commands): "
+                             f"{self.leftovers()}") from None
 
     def pids(self, name, comm):
         """The ids of node `name`'s processes whose command name is `comm`."""
@@ -246,7 +256,7 @@ def _kill(pid, sig):
         pass
 
 
-def _until(ready, timeout, message):
+def until(ready, timeout, message):
     """Polls ready() every 0.2 s until it is true; SlurmError(message) after timeout s."""
     deadline = time.monotonic() + timeout
     while not ready():
