@@ -203,7 +203,14 @@ def _one_process(runs, learners):
     return _mean_accuracy(ref) if ref else None
 
 
-ASYNC_SYSTEMS = ("blkps async gradient", "blkps async delta", "blkps ssp:2 gradient", "blkps ssp:2 delta")
+ASYNC_SYSTEMS = ("blkps async gradient", "blkps async delta", "blkps ssp:2 gradient", "blkps ssp:2 delta",
+                 "blkps async gradient pipelined", "blkps ssp:2 gradient pipelined")
+
+
+def _system(name):
+    """A run's system without its note: "blkps async gradient (Nov 25: ...)"
+    is "blkps async gradient"."""
+    return name.split(" (")[0]
 
 
 def async_two_epochs():
@@ -216,7 +223,8 @@ def async_two_epochs():
     order = ("one process",) + ASYNC_SYSTEMS + ("DDP",)
     for (n, system), rs in sorted(runs.items(),
                                   key=lambda kv: (kv[0][0], next((i for i, o in enumerate(order)
-                                                                  if kv[0][1].startswith(o)), len(order)))):
+                                                                  if _system(kv[0][1]) == o or
+                                                                  kv[0][1].startswith(o + ",")), len(order)))):
         accs = [r["accuracy"] for r in rs]
         mean = _mean_accuracy(rs)
         ref = _one_process(runs, n)
@@ -242,13 +250,15 @@ def async_summary():
         ref = _one_process(runs, n)
         row = [str(n), f"{ref:.4f}" if ref else ""]
         for system in ASYNC_SYSTEMS:
-            match = [(name, rs) for (m, name), rs in runs.items() if m == n and name.startswith(system)]
+            match = [(name, rs) for (m, name), rs in runs.items() if m == n and _system(name) == system]
             if not match or ref is None:
                 row.append("not run")
                 continue
             name, rs = match[0]
             cell = f"{100 * (_mean_accuracy(rs) - ref):+.2f}"
-            notes = ([f"{len(rs)} runs"] if len(rs) > 1 else []) + re.findall(r"\((\w+ \d+):", name)
+            worst = min(r["accuracy"] for r in rs)
+            notes = ([f"{len(rs)} runs, lowest {100 * (worst - ref):+.2f}"] if len(rs) > 1 else []) + \
+                re.findall(r"\((\w+ \d+):", name)
             row.append(cell + (f" ({', '.join(notes)})" if notes else ""))
         rows.append(row)
     return _right(rows)

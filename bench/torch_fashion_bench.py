@@ -16,6 +16,7 @@ server's push staleness), OUT/torch-fashion.json and OUT/torch-fashion.png
   bench/torch_fashion_bench.py [--out DIR] [--epochs 2] [--learners 1,2,4] [--build DIR]
       [--modes async,bsp,ssp:2] [--optimizers gradient,delta] [--no-ddp] [--no-reference]
       [--server-options staleness_aware=0] [--train-subset N] [--evals-per-epoch 8]
+      [--pipeline on|off|default] [--seeds 0,1,2]
   bench/torch_fashion_bench.py --plot OUT/torch-fashion.json [--out DIR]   the plot again
   bench/torch_fashion_bench.py --straggler [--learners 4]   one learner at half speed:
       blkps async (gradient and delta mode) beside DDP, time to 85%
@@ -36,16 +37,22 @@ GOAL = 0.85
 
 
 def configurations(args):
+    """(learners, system, the job's arguments) of every run, each seed of
+    --seeds in turn (a run's --seed: its model's initial weights and each
+    rank's data order). A pipelined system's name ends in "pipelined"."""
+    pipelined = " pipelined" if args.pipeline == "on" else ""
     for n in (int(c) for c in args.learners.split(",")):
-        if not args.straggler and not args.no_reference:
-            yield n, f"one process, batch {n * BATCH}", ["--local", "--batch", str(n * BATCH)]
-        for mode in args.modes.split(","):
-            for optimizer in args.optimizers.split(","):
-                yield n, f"blkps {mode} {optimizer}", ["--mode", mode, "--optimizer", optimizer,
-                                                       "--rule", "momentum", "--server-lr", str(LR),
-                                                       "--server-options", args.server_options]
-        if not args.no_ddp:
-            yield n, "DDP (gloo)", ["--ddp"]
+        for seed in (int(s) for s in args.seeds.split(",")):
+            seeded = ["--seed", str(seed)]
+            if not args.straggler and not args.no_reference:
+                yield n, f"one process, batch {n * BATCH}", ["--local", "--batch", str(n * BATCH), *seeded]
+            for mode in (m for m in args.modes.split(",") if m):
+                for optimizer in args.optimizers.split(","):
+                    yield n, f"blkps {mode} {optimizer}{pipelined}", [
+                        "--mode", mode, "--optimizer", optimizer, "--rule", "momentum", "--server-lr", str(LR),
+                        "--server-options", args.server_options, "--pipeline", args.pipeline, *seeded]
+            if not args.no_ddp:
+                yield n, "DDP (gloo)", ["--ddp", *seeded]
 
 
 def run(n, job_args, args):
@@ -71,6 +78,7 @@ def run(n, job_args, args):
     if server:
         r["server"] = json.loads(server[-1][len("server: "):])
     r["command"] = " ".join(cmd[1:]).replace(TOP + "/", "")
+    r["seed"] = int(job_args[job_args.index("--seed") + 1])
     return r
 
 
@@ -134,6 +142,9 @@ def main():
     ap.add_argument("--no-reference", action="store_true",
                     help="leave the one-process rows out (they are deterministic: seed 0)")
     ap.add_argument("--server-options", default="", help="more --bsopts, e.g. staleness_aware=0")
+    ap.add_argument("--pipeline", choices=["default", "on", "off"], default="default",
+                    help="gradient mode's one-step pipelined learners (doc/gpu.md); on: the rows say pipelined")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds: every configuration once per seed")
     ap.add_argument("--evals-per-epoch", type=int, default=8,
                     help="rank 0's held-out evaluations per epoch (0: only the final one; in async a "
                          "learner that evaluates falls behind the others, as a straggler does)")
@@ -170,20 +181,22 @@ def write_report(results, args):
     rows = [f"Fashion-MNIST CNN (11,274 parameters), {args.epochs} epochs of {images} training images, batch "
             f"{BATCH} per learner, SGD lr {LR} momentum {MOMENTUM} (blkps gradient mode: server rule momentum; "
             f"delta mode: local SGD, server rule sum){server}{straggler}; held-out accuracy on 10,000 test images "
-            f"{f'every 1/{args.evals_per_epoch} epoch' if args.evals_per_epoch else 'at the end'}; one run each. "
+            f"{f'every 1/{args.evals_per_epoch} epoch' if args.evals_per_epoch else 'at the end'}; one run each "
+            f"of seed(s) {args.seeds}. "
             "Δ: to one process with the same SGD on the total batch. "
             "Push staleness: updates between a learner's pull and its push, mean / max over learners.\n",
             f"| learners | system | final accuracy | Δ one process | training s to {GOAL:.0%} | training s | "
             "samples/s | push staleness mean / max |",
             "|---|---|---|---|---|---|---|---|"]
-    reference = {n: r for n, name, r in results if name.startswith("one") and r}
+    reference = {(n, r["seed"]): r for n, name, r in results if name.startswith("one") and r}
     for n, name, r in results:
         if r is None:
             rows.append(f"| {n} | {name} | failed | | | | | |")
             continue
         reach = time_to(r["curve"], GOAL)
-        delta = (f"{100 * (r['accuracy'] - reference[n]['accuracy']):+.2f} pt"
-                 if n in reference and not name.startswith("one") else "")
+        same = reference.get((n, r["seed"]))  # one process of the same seed
+        delta = (f"{100 * (r['accuracy'] - same['accuracy']):+.2f} pt"
+                 if same and not name.startswith("one") else "")
         st = staleness(r)
         rows.append(f"| {n} | {name} | {r['accuracy']:.4f} | {delta} | "
                     f"{'not reached' if reach is None else f'{reach:.1f}'} "
