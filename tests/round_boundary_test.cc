@@ -38,6 +38,7 @@ class RoundBoundaryTest : public ::testing::Test {
     o.job_id = "job-a";
     o.shard = shard;
     o.shards = 2;
+    o.hold_limit_s = hold_limit_s_;
     return o;
   }
 
@@ -108,6 +109,7 @@ class RoundBoundaryTest : public ::testing::Test {
   }
 
   ConsistencyOptions consistency_{ConsistencyMode::kBsp, 0};
+  double hold_limit_s_ = 20;
   blkps_test::TempDir dir_{"blkps-round-boundary"};
   std::shared_ptr<Job> shards_[2];
   size_t a_ = 0, b_ = 1;
@@ -245,6 +247,19 @@ TEST_F(SspRoundBoundaryTest, AnFsyncFailsWhenAnotherLearnerHasPushedPastItsItera
   Status s = shards_[0]->Checkpoint(a_);
   EXPECT_EQ(s.code(), Status::Code::kIOError);
   EXPECT_NE(s.message().find("past iteration 1 already (lun 2 towards iteration 2"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
+}
+
+TEST_F(SspRoundBoundaryTest, AnFsyncFailsAtHoldLimitNamingTheLearnerThatDidNotCatchUp) {
+  hold_limit_s_ = 0.2;
+  Start(0);
+  Push(0, a_, 1);  // B never pushes iteration 1
+  Status s = shards_[0]->Checkpoint(a_);
+  EXPECT_EQ(s.code(), Status::Code::kIOError);
+  EXPECT_NE(s.message().find("iteration 1 did not finish on this shard within hold_limit (learners behind it: lun 2 at "
+                             "iteration 0)"),
+            std::string::npos)
+      << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
 }
 
