@@ -11,9 +11,10 @@
 //   - the Job's own ticker thread: hold limits, liveness, bsp rounds freed by
 //     a death, periodic checkpoints.
 //
-// Holding commands. A read (or a bsp write) that may not run yet is kept by
-// the Job, never by a blocked thread: Admit() returns kHold and keeps the
-// caller's opaque command pointer. When it may run, or when it has waited
+// Holding commands. A read (or a bsp write, or an ssp write past a round
+// boundary being written) that may not run yet is kept by the Job, never by
+// a blocked thread: Admit() returns kHold and keeps the caller's opaque
+// command pointer. When it may run, or when it has waited
 // hold_limit, the Job puts it on its slot's released list and calls the
 // slot's wake callback; the caller's main thread then takes it with
 // TakeReleased() and runs it (OK) or fails it (DeadlineExceeded or
@@ -115,6 +116,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -430,6 +432,10 @@ class Job {
   // in words. Who keeps it from R, in words.
   std::string PastBoundaryLocked(uint64_t R) const;
   std::string BehindBoundaryLocked(uint64_t R) const;
+  // "lun L<what>I, ..." for each live learner k that at(k) gives an
+  // iteration I, in slot order.
+  std::string LiveLearnersLocked(const std::string& what,
+                                 const std::function<std::optional<uint64_t>(size_t)>& at) const;
   // "" if the shard is exactly at R (a checkpoint's instant); else why not.
   std::string NotAtBoundaryLocked(uint64_t R) const;
   // ssp: whether `slot`'s write of blocks [first_block, last_block] is

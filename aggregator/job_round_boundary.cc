@@ -7,6 +7,7 @@
 // part is written.
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "job.h"
 
@@ -44,12 +45,9 @@ std::string Job::PastBoundaryLocked(uint64_t R) const {
     return "this shard is at round " + std::to_string(clocks_.max_round()) +
            " already (fsync after the pushes of a round, before those of the next)";
   }
-  std::string past;
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    if (!clocks_.live(k) || clocks_.furthest_iteration(k) <= R) continue;
-    past += (past.empty() ? "" : ", ") + std::string("lun ") + std::to_string(slots_[k].lun) + " towards iteration " +
-            std::to_string(clocks_.furthest_iteration(k));
-  }
+  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) {
+    return clocks_.furthest_iteration(k) > R ? std::optional<uint64_t>(clocks_.furthest_iteration(k)) : std::nullopt;
+  });
   if (past.empty()) return "";
   return "learners on this shard have pushed past iteration " + std::to_string(R) + " already (" + past +
          "; in ssp every learner syncs after the same iterations)";
@@ -59,13 +57,20 @@ std::string Job::BehindBoundaryLocked(uint64_t R) const {
   if (opts_.consistency.mode != ConsistencyMode::kSsp) {
     return "some of its blocks are at round " + std::to_string(clocks_.global_step()) + ": a learner is behind";
   }
-  std::string behind;
+  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) {
+           return clocks_.iteration(k) < R ? std::optional<uint64_t>(clocks_.iteration(k)) : std::nullopt;
+         });
+}
+
+std::string Job::LiveLearnersLocked(const std::string& what,
+                                    const std::function<std::optional<uint64_t>(size_t)>& at) const {
+  std::string out;
   for (size_t k = 0; k < slots_.size(); ++k) {
-    if (!clocks_.live(k) || clocks_.iteration(k) >= R) continue;
-    behind += (behind.empty() ? "" : ", ") + std::string("lun ") + std::to_string(slots_[k].lun) + " at iteration " +
-              std::to_string(clocks_.iteration(k));
+    const std::optional<uint64_t> iteration = clocks_.live(k) ? at(k) : std::nullopt;
+    if (iteration)
+      out += (out.empty() ? "lun " : ", lun ") + std::to_string(slots_[k].lun) + what + std::to_string(*iteration);
   }
-  return "learners behind it: " + behind;
+  return out;
 }
 
 bool Job::HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_block) const {
