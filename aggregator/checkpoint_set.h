@@ -7,14 +7,16 @@
 //                    gives every shard the same; a lone server makes one)
 //   generation=<G>   the job's checkpoint number: 1, 2, ... (every request
 //                    for a checkpoint uses up one, written or failed; a
-//                    scaled-out bsp job numbers them by their round, job.h
-//                    "One round on every shard")
+//                    scaled-out bsp or ssp job numbers them by their
+//                    round, job.h "One round on every shard")
 //   shard=<K>        which part of the model the file holds, 0-based
 //   shards=<N>       of how many
 //   step=<S>         the shard's global step at the checkpoint's instant
-//   round=<R>        a scaled-out bsp job's only: the round boundary the
-//                    part was taken at (job.h "One round on every shard"):
-//                    rounds 1..R applied, nothing of a later one
+//   round=<R>        a scaled-out bsp or ssp job's only: the round
+//                    boundary the part was taken at
+//                    (job.h "One round on every shard"): rounds 1..R
+//                    applied, nothing of a later one (ssp: every live
+//                    learner's iterations)
 //
 // A set of one (a job served by one server, no shard= option) is the file
 // PATH itself, replaced atomically at each checkpoint: it is committed when

@@ -11,9 +11,10 @@
 //   - the Job's own ticker thread: hold limits, liveness, bsp rounds freed by
 //     a death, periodic checkpoints.
 //
-// Holding commands. A read (or a bsp write) that may not run yet is kept by
-// the Job, never by a blocked thread: Admit() returns kHold and keeps the
-// caller's opaque command pointer. When it may run, or when it has waited
+// Holding commands. A read (or a bsp write, or an ssp write past a round
+// boundary being written) that may not run yet is kept by the Job, never by
+// a blocked thread: Admit() returns kHold and keeps the caller's opaque
+// command pointer. When it may run, or when it has waited
 // hold_limit, the Job puts it on its slot's released list and calls the
 // slot's wake callback; the caller's main thread then takes it with
 // TakeReleased() and runs it (OK) or fails it (DeadlineExceeded or
@@ -60,20 +61,26 @@
 // Create().
 //
 // One round on every shard (doc/server.md "One round on every shard"). A
-// scaled-out bsp job (shards > 1) takes each generation at a round
+// scaled-out bsp or ssp job (shards > 1) takes each generation at a round
 // boundary R, the same on every shard, so that a restored job is one model
 // at one round: a learner's fsync asks for R = its own iteration (it has
 // pushed its whole gradient to every shard before it syncs, so every shard
 // hears the same R); a control checkpoint=1 for R = the highest round any
-// block of the shard has reached. The request waits (at most hold_limit)
-// until every block of the shard has finished round R; the part then holds
-// the weights and rule state after round R, and leaves out what was given
-// towards round R+1 (others' pushes that came before the request): the
-// round's sum, those gradients on the clocks, and those writes on the
-// receipts, which a restart then reports as lost. A block already past R
-// fails the request. Rounds never go past R meanwhile: round R+1 needs the
-// asking learner's next gradient. A set of one, async and ssp keep the
-// instant above (ssp has no round that every learner is at; open).
+// block of the shard has reached (ssp: the furthest iteration a live
+// learner pushes towards). A shard at R already written answers at once.
+// The request waits (at most hold_limit) until the shard is at R, then
+// writes the part; a shard already past R fails the request.
+//   bsp: every block has finished round R. The part holds the weights and
+//   rule state after round R, and leaves out what was given towards round
+//   R+1 (others' pushes that came before the request): the round's sum,
+//   those gradients on the clocks, and those writes on the receipts, which
+//   a restart then reports as lost. Rounds never go past R meanwhile: round
+//   R+1 needs the asking learner's next gradient.
+//   ssp: every live learner has given exactly R gradients of every block.
+//   Pushes are applied on arrival, so nothing can be left out: from the
+//   request until the part is written, a write towards an iteration past R
+//   is held (job_holds.cc), and the slower learners catch up meanwhile.
+// A set of one and async keep the instant above.
 //
 // The code, by what it does:
 //   job.cc             lifetime and learner slots
@@ -87,8 +94,8 @@
 //   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
 //   job_receipts.cc    receipts: the write gate, counting applied writes,
 //                      reading them, fences, their checkpoint section
-//   job_round_boundary.cc  a scaled-out bsp job's checkpoints at one round
-//                      on every shard
+//   job_round_boundary.cc  a scaled-out bsp or ssp job's checkpoints at one
+//                      round on every shard
 //   job_row_windows.cc row windows: a table's rows in batches, one command
 //                      each way, with a receipt per batch (below)
 //
@@ -109,6 +116,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -235,8 +243,8 @@ class Job {
   // generation is committed. On failure the generation fails (status
   // "checkpoint" "error" says so) and the committed one stays.
   Status Checkpoint();
-  // The same, asked by learner `slot`'s fsync: in a scaled-out bsp job at
-  // the round boundary of its iteration ("One round on every shard").
+  // The same, asked by learner `slot`'s fsync: in a scaled-out bsp or ssp
+  // job at the round boundary of its iteration ("One round on every shard").
   Status Checkpoint(size_t slot);
 
   // Status as one JSON object (keys in blkps/control_lun.h, meanings in
@@ -405,18 +413,41 @@ class Job {
   Status FailCheckpoint(const Status& why, uint64_t round);
 
   // One round on every shard (job_round_boundary.cc).
-  // Whether generations are taken at round boundaries: a scaled-out bsp job.
+  // Whether generations are taken at round boundaries: a scaled-out bsp or
+  // ssp job.
   bool RoundBoundaries() const;
-  // Waits until every block has finished the round a checkpoint asked by
-  // `slot` (kNoSlot: control) is at, for at most hold_limit; *round gets it.
-  // IOError if it does not come, or a block is already past it.
+  // Waits until the shard is at the round boundary a checkpoint asked by
+  // `slot` (kNoSlot: control) is for, for at most hold_limit; *round gets
+  // it. IOError if it does not come, or the shard is already past it. In
+  // ssp, writes past *round are held from here until EndRoundBoundary(),
+  // which the caller calls whatever this returns.
   // REQUIRES: RoundBoundaries().
   Status AwaitRoundBoundary(size_t slot, uint64_t* round);
+  void EndRoundBoundary(uint64_t round);
+  // The round a checkpoint asked by `slot` (kNoSlot: control) is for.
+  uint64_t BoundaryAskedLocked(size_t slot) const;
+  // Whether the shard has reached boundary R (it may be past it too).
+  bool BoundaryReachedLocked(uint64_t R) const;
+  // "" if no block (bsp) or live learner (ssp) is past R; else what is,
+  // in words. Who keeps it from R, in words.
+  std::string PastBoundaryLocked(uint64_t R) const;
+  std::string BehindBoundaryLocked(uint64_t R) const;
+  // "lun L<what>I, ..." for each live learner k that at(k) gives an
+  // iteration I, in slot order.
+  std::string LiveLearnersLocked(const std::string& what,
+                                 const std::function<std::optional<uint64_t>(size_t)>& at) const;
+  // "" if the shard is exactly at R (a checkpoint's instant); else why not.
+  std::string NotAtBoundaryLocked(uint64_t R) const;
+  // ssp: whether `slot`'s write of blocks [first_block, last_block] is
+  // held by a round boundary being written (towards an iteration past it).
+  bool HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_block) const;
   // Whether every block is at one round (a periodic checkpoint's moment).
   bool AtOneRound() const;
   // The generation of round boundary R: numbered by its round, so that
   // every shard gives a round the same number whatever else it was asked.
   uint64_t RoundGeneration(uint64_t R) const;
+  // The clocks as words (LearnerClocks::Save) as at round boundary R.
+  std::vector<uint64_t> SaveClocksAtRoundLocked(uint64_t R) const;
   // Learner `slot`'s write `initiator` made, counted at receipt unit `unit`,
   // gave a gradient towards round `round` (its clock then). REQUIRES mu_.
   void RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round);
@@ -458,6 +489,9 @@ class Job {
   void TickerLoop();
 
   // REQUIRES mu_ for the *Locked calls.
+  // Whether `slot`'s read or write of blocks [first_block, last_block] may
+  // run now.
+  bool MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t last_block) const;
   // Moves held commands that may now run (or must fail) to their slots'
   // released lists and wakes those slots.
   void ReleaseLocked();
@@ -522,12 +556,22 @@ class Job {
   std::condition_variable round_cv_;      // with mu_: a round finished
   uint32_t checkpoints_waiting_ = 0;      // guarded by mu_: in AwaitRoundBoundary
   uint64_t waiting_round_ = 0;            // guarded by mu_: the round the last of them waits for
+  // ssp: round boundary -> checkpoints between their AwaitRoundBoundary
+  // and EndRoundBoundary. Writes past the lowest are held.
+  std::map<uint64_t, uint32_t> boundaries_;  // guarded by mu_
   std::atomic<uint64_t> rejected_writes_{0};
   const Clock::time_point started_ = Clock::now();
 
   std::mutex checkpoint_mu_;  // one checkpoint at a time
   std::string job_id_;        // set by LoadCheckpoint, then constant
   uint64_t generation_ = 0;   // guarded by checkpoint_mu_: the last one asked for
+  // RoundBoundaries(): the round boundary of this shard's last part written
+  // since the start; none yet: kNoRound.
+  static constexpr uint64_t kNoRound = ~uint64_t{0};
+  uint64_t round_written_ = kNoRound;  // guarded by checkpoint_mu_
+  // Whether this shard has written a part at boundary `round` or a later
+  // one. REQUIRES checkpoint_mu_.
+  bool RoundWrittenLocked(uint64_t round) const;
   // RoundBoundaries(): round R is generation round_generation_base_ + 1 +
   // R - round_base_, both fixed at the start: the generation loaded and its
   // round (a new job: the newest number in the folder, round 0), the same on

@@ -36,15 +36,27 @@ Status Job::Checkpoint() { return Checkpoint(kNoSlot); }
 
 Status Job::Checkpoint(size_t slot) {
   if (opts_.checkpoint.empty()) return Status::OK();
+  if (!RoundBoundaries()) return WriteCheckpoint(kNoCheckpointRound);
   uint64_t round = kNoCheckpointRound;
-  if (RoundBoundaries()) {
-    // Waits before it takes checkpoint_mu_: a request for a later round
-    // (another learner's) must not hold up one for this round.
-    Status s = AwaitRoundBoundary(slot, &round);
-    if (!s.ok()) return FailCheckpoint(s, round);
+  {
+    // A request for a round this shard has written (another learner's
+    // fsync of the same round, which the others may have gone on from)
+    // returns once that part is durable.
+    std::unique_lock<std::mutex> lock(mu_);
+    round = BoundaryAskedLocked(slot);
+    lock.unlock();
+    std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+    if (RoundWrittenLocked(round)) return Status::OK();
   }
-  return WriteCheckpoint(round);
+  // Waits before it takes checkpoint_mu_: a request for a later round
+  // (another learner's) must not hold up one for this round.
+  Status s = AwaitRoundBoundary(slot, &round);
+  s = s.ok() ? WriteCheckpoint(round) : FailCheckpoint(s, round);
+  EndRoundBoundary(round);
+  return s;
 }
+
+bool Job::RoundWrittenLocked(uint64_t round) const { return round_written_ != kNoRound && round <= round_written_; }
 
 Status Job::FailCheckpoint(const Status& why, uint64_t round) {
   std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
@@ -59,6 +71,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
   const Clock::time_point start = Clock::now();
   const bool at_round = round != kNoCheckpointRound;
+  if (at_round && RoundWrittenLocked(round)) return Status::OK();  // by a request for it that came first
   // A failed one uses its number up too.
   const uint64_t generation = generation_ = at_round ? RoundGeneration(round) : generation_ + 1;
   std::string past;  // at_round: why the shard is not at `round` at the instant
@@ -76,10 +89,8 @@ Status Job::WriteCheckpoint(uint64_t round) {
     gate.unlock();
     snapshot = model_->TakeSnapshot([&] {
       std::lock_guard<std::mutex> lock(mu_);
-      if (at_round && (clocks_.global_step() != round || clocks_.max_round() != round)) {
-        past = "this shard moved past round " + std::to_string(round) + " before its checkpoint's instant";
-      }
-      clocks = at_round ? clocks_.SaveAtRound(round) : clocks_.Save();
+      if (at_round) past = NotAtBoundaryLocked(round);
+      clocks = at_round ? SaveClocksAtRoundLocked(round) : clocks_.Save();
       receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
       row_windows = SaveRowWindowsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
@@ -126,6 +137,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   checkpoint_error_.clear();
   ++checkpoints_;
   written_generation_ = generation;
+  if (at_round) round_written_ = round;
   checkpoint_seconds_ = took;
   checkpoint_stall_seconds_ = stalled;
   log_("checkpoint of step " + std::to_string(step) + " (generation " + std::to_string(generation) +
@@ -223,7 +235,12 @@ Status Job::LoadCheckpoint() {
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
   round_generation_base_ = set.generation;
-  round_base_ = clocks_.global_step();
+  // bsp's parts before rounds were recorded are at their step; ssp's at 0,
+  // the same on every shard.
+  const uint64_t part_round = set.parts[opts_.shard].round;
+  round_base_ = part_round != kNoCheckpointRound                  ? part_round
+                : opts_.consistency.mode == ConsistencyMode::kBsp ? clocks_.global_step()
+                                                                  : 0;
   log_("loaded checkpoint " + path + " (job " + job_id_ + ", generation " + std::to_string(set.generation) + ", step " +
        header.meta["step"] + ")");
   return Status::OK();

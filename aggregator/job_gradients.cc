@@ -65,8 +65,9 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
         if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
         if (bsp) {
           FinishRoundIfCompleteLocked(b, lock);
-        } else if (!held_.empty()) {
-          ReleaseLocked();  // ssp: the slowest may have moved
+        } else {
+          if (!held_.empty()) ReleaseLocked();                   // ssp: the slowest may have moved
+          if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
         }
       },
       staleness, values);

@@ -1,8 +1,9 @@
 // Job admission (job.h, "Holding commands"): whether a learner's command may
-// run now under the consistency mode, and if not, keeping it until it may, or
-// until the ticker fails it at hold_limit. Everything here runs under mu_
-// and never waits for I/O: Admit and TakeReleased are called on tgtd's main
-// thread.
+// run now under the consistency mode (and, in ssp, a round boundary being
+// written: job.h "One round on every shard"), and if not, keeping it until
+// it may, or until the ticker fails it at hold_limit. Everything here runs
+// under mu_ and never waits for I/O: Admit and TakeReleased are called on
+// tgtd's main thread.
 #include "job.h"
 
 #include <algorithm>
@@ -29,8 +30,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   }
   if (first_param >= end_param || offset + len < offset) return Admission::kRun;  // padding, or Read/Write refuse it
   const uint64_t first = model_->BlockOf(first_param), last = model_->BlockOf(end_param - 1);
-  const bool may_pass = write ? clocks_.WriteMayPass(slot, first, last) : clocks_.ReadMayPass(slot, first, last);
-  if (may_pass) {
+  if (MayPassLocked(slot, write, first, last)) {
     if (!write) RecordLeadLocked(slot, first, last);
     return Admission::kRun;
   }
@@ -38,6 +38,11 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   ++s.held;
   ++s.holds;
   return Admission::kHold;
+}
+
+bool Job::MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t last_block) const {
+  if (!write) return clocks_.ReadMayPass(slot, first_block, last_block);
+  return clocks_.WriteMayPass(slot, first_block, last_block) && !HeldAtBoundaryLocked(slot, first_block, last_block);
 }
 
 std::vector<Job::Released> Job::TakeReleased(size_t slot) {
@@ -83,8 +88,7 @@ void Job::ReleaseLocked() {
       ReleaseOneLocked(held, Status::Unavailable(failure_));
       return true;
     }
-    const bool may_pass = held.write ? clocks_.WriteMayPass(held.slot, held.first_block, held.last_block)
-                                     : clocks_.ReadMayPass(held.slot, held.first_block, held.last_block);
+    const bool may_pass = MayPassLocked(held.slot, held.write, held.first_block, held.last_block);
     if (may_pass) ReleaseOneLocked(held, Status::OK());
     return may_pass;
   });

@@ -66,7 +66,10 @@ void Job::Tick() {
       log_(failure_);
     }
     checkpoint_due = opts_.checkpoint_every_s > 0 && Seconds(now - last_checkpoint_) >= opts_.checkpoint_every_s;
-    if (died) ReleaseLocked();
+    if (died) {
+      ReleaseLocked();
+      round_cv_.notify_all();  // ssp: a round boundary may have waited for the dead
+    }
     if (died || rounds_may_be_complete_) {
       rounds_may_be_complete_ = false;
       if (opts_.consistency.mode == ConsistencyMode::kBsp) {
@@ -82,8 +85,8 @@ void Job::Tick() {
     FinishRoundIfCompleteLocked(b, lock);
   }
 
-  // A scaled-out bsp job's part is taken at a round boundary: the ticker
-  // never waits for one, it tries again at the next tick.
+  // A scaled-out bsp or ssp job's part is taken at a round boundary: the
+  // ticker never waits for one, it tries again at the next tick.
   if (checkpoint_due && (!RoundBoundaries() || AtOneRound())) {
     Status s = Checkpoint();
     if (!s.ok()) log_("periodic checkpoint failed: " + s.message());

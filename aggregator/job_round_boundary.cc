@@ -1,45 +1,129 @@
 // One round on every shard (job.h, "One round on every shard"): a scaled-out
-// bsp job's checkpoint generation is taken at a round boundary, the same on
-// every shard. Here: which round a request is for, waiting until the shard
-// has finished it, and what the part leaves out of what came after it (the
-// writes given towards later rounds, on the receipts).
+// bsp or ssp job's checkpoint generation is taken at a round boundary, the
+// same on every shard. Here: which round a request is for, waiting until the
+// shard is at it, and keeping it there: bsp leaves out of the part what was
+// given towards later rounds (the writes on the receipts); ssp applies
+// pushes on arrival, so it holds the writes past the boundary until the
+// part is written.
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "job.h"
 
 namespace blkps::server {
 
-bool Job::RoundBoundaries() const { return opts_.consistency.mode == ConsistencyMode::kBsp && opts_.shards > 1; }
+bool Job::RoundBoundaries() const { return opts_.consistency.mode != ConsistencyMode::kAsync && opts_.shards > 1; }
+
+uint64_t Job::BoundaryAskedLocked(size_t slot) const {
+  // A learner has pushed its whole gradient to every shard before its fsync:
+  // its iteration is the same on all of them.
+  if (opts_.consistency.mode == ConsistencyMode::kSsp) {
+    if (slot != kNoSlot) return clocks_.iteration(slot);
+    uint64_t furthest = 0;
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (clocks_.live(k)) furthest = std::max(furthest, clocks_.furthest_iteration(k));
+    }
+    return furthest;
+  }
+  // bsp: a learner behind the shard (dead, or never pushed) asks for the
+  // shard's own round.
+  return slot == kNoSlot ? clocks_.max_round() : std::max(clocks_.iteration(slot), clocks_.global_step());
+}
+
+bool Job::BoundaryReachedLocked(uint64_t R) const {
+  if (opts_.consistency.mode != ConsistencyMode::kSsp) return clocks_.global_step() >= R;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    if (clocks_.live(k) && clocks_.iteration(k) < R) return false;
+  }
+  return true;
+}
+
+std::string Job::PastBoundaryLocked(uint64_t R) const {
+  if (opts_.consistency.mode != ConsistencyMode::kSsp) {
+    if (clocks_.max_round() <= R) return "";
+    return "this shard is at round " + std::to_string(clocks_.max_round()) +
+           " already (fsync after the pushes of a round, before those of the next)";
+  }
+  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) {
+    return clocks_.furthest_iteration(k) > R ? std::optional<uint64_t>(clocks_.furthest_iteration(k)) : std::nullopt;
+  });
+  if (past.empty()) return "";
+  return "learners on this shard have pushed past iteration " + std::to_string(R) + " already (" + past +
+         "; in ssp every learner syncs after the same iterations)";
+}
+
+std::string Job::BehindBoundaryLocked(uint64_t R) const {
+  if (opts_.consistency.mode != ConsistencyMode::kSsp) {
+    return "some of its blocks are at round " + std::to_string(clocks_.global_step()) + ": a learner is behind";
+  }
+  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) {
+           return clocks_.iteration(k) < R ? std::optional<uint64_t>(clocks_.iteration(k)) : std::nullopt;
+         });
+}
+
+std::string Job::LiveLearnersLocked(const std::string& what,
+                                    const std::function<std::optional<uint64_t>(size_t)>& at) const {
+  std::string out;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const std::optional<uint64_t> iteration = clocks_.live(k) ? at(k) : std::nullopt;
+    if (iteration)
+      out += (out.empty() ? "lun " : ", lun ") + std::to_string(slots_[k].lun) + what + std::to_string(*iteration);
+  }
+  return out;
+}
+
+bool Job::HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_block) const {
+  if (boundaries_.empty()) return false;
+  const uint64_t R = boundaries_.begin()->first;
+  for (uint64_t b = first_block; b <= last_block; ++b) {
+    if (clocks_.clock(slot, b) >= R) return true;  // a gradient towards R+1 or later
+  }
+  return false;
+}
 
 Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   std::unique_lock<std::mutex> lock(mu_);
-  // A learner has pushed its whole gradient to every shard before its fsync:
-  // its iteration is the same on all of them. A learner behind the shard
-  // (dead, or never pushed) asks for the shard's own round.
-  const uint64_t R = slot == kNoSlot ? clocks_.max_round() : std::max(clocks_.iteration(slot), clocks_.global_step());
+  const uint64_t R = BoundaryAskedLocked(slot);
   *round = R;
+  const bool ssp = opts_.consistency.mode == ConsistencyMode::kSsp;
+  if (ssp) ++boundaries_[R];  // EndRoundBoundary() ends it
+  const std::string unit = ssp ? "iteration " : "round ";
+  const std::string why = "a scaled-out " + FormatConsistency(opts_.consistency) +
+                          " job's checkpoint is taken at one round on every shard "
+                          "(doc/server.md \"One round on every shard\")";
+  const auto not_past = [&] {
+    const std::string past = PastBoundaryLocked(R);
+    if (past.empty()) return Status::OK();
+    return Status::IOError("the checkpoint asked for " + unit + std::to_string(R) + " but " + past + "; " + why);
+  };
+  if (Status s = not_past(); !s.ok()) return s;
   const auto limit = std::chrono::duration<double>(opts_.hold_limit_s);
   ++checkpoints_waiting_;  // status "waiting_round"
   waiting_round_ = R;
-  const bool finished = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || clocks_.global_step() >= R; });
+  const bool reached = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || BoundaryReachedLocked(R); });
   --checkpoints_waiting_;
   if (FailedLocked()) return Status::Unavailable(failure_);
-  const std::string why = "a scaled-out bsp job's checkpoint is taken at one round on every shard "
-                          "(doc/server.md \"One round on every shard\")";
-  if (!finished) {
-    return Status::IOError("round " + std::to_string(R) + " did not finish on this shard within hold_limit (some " +
-                           "of its blocks are at round " + std::to_string(clocks_.global_step()) +
-                           ": a learner is behind); " + why);
+  if (!reached) {
+    return Status::IOError(unit + std::to_string(R) + " did not finish on this shard within hold_limit (" +
+                           BehindBoundaryLocked(R) + "); " + why);
   }
-  if (clocks_.max_round() > R) {
-    return Status::IOError("the checkpoint asked for round " + std::to_string(R) + " but this shard is at round " +
-                           std::to_string(clocks_.max_round()) +
-                           " already (fsync after the pushes of a round, before "
-                           "those of the next); " +
-                           why);
-  }
-  return Status::OK();
+  return not_past();
+}
+
+void Job::EndRoundBoundary(uint64_t R) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = boundaries_.find(R);
+  if (it == boundaries_.end()) return;  // bsp holds nothing
+  if (--it->second == 0) boundaries_.erase(it);
+  ReleaseLocked();
+}
+
+std::string Job::NotAtBoundaryLocked(uint64_t R) const {
+  const bool at = opts_.consistency.mode == ConsistencyMode::kSsp
+                      ? BoundaryReachedLocked(R) && PastBoundaryLocked(R).empty()
+                      : clocks_.global_step() == R && clocks_.max_round() == R;
+  return at ? "" : "this shard moved past round " + std::to_string(R) + " before its checkpoint's instant";
 }
 
 uint64_t Job::RoundGeneration(uint64_t R) const {
@@ -48,10 +132,16 @@ uint64_t Job::RoundGeneration(uint64_t R) const {
 
 bool Job::AtOneRound() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return clocks_.global_step() == clocks_.max_round();
+  return NotAtBoundaryLocked(BoundaryAskedLocked(kNoSlot)).empty();
+}
+
+std::vector<uint64_t> Job::SaveClocksAtRoundLocked(uint64_t R) const {
+  // ssp held every write past R: the clocks are at R as they are.
+  return opts_.consistency.mode == ConsistencyMode::kSsp ? clocks_.Save() : clocks_.SaveAtRound(R);
 }
 
 void Job::RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round) {
+  if (opts_.consistency.mode == ConsistencyMode::kSsp) return;  // ssp's parts leave nothing out
   round_writes_.push_back(RoundWrite{slot, initiator, unit, round});
   if (round_writes_.size() < round_writes_prune_at_) return;
   // A write towards a round every block has finished is in every later

@@ -139,6 +139,12 @@ uint64_t LearnerClocks::iteration(size_t l) const {
   return learners_[l].blocks.empty() ? 0 : least;
 }
 
+uint64_t LearnerClocks::furthest_iteration(size_t l) const {
+  uint64_t most = 0;
+  for (const LearnerBlock& mine : learners_[l].blocks) most = std::max(most, mine.clock + (mine.partial > 0 ? 1 : 0));
+  return most;
+}
+
 uint64_t LearnerClocks::Lead(size_t l, uint64_t b) const {
   const uint64_t mine = learners_[l].blocks[b].clock;
   const uint64_t least = MinLiveClock(b, l, mine);

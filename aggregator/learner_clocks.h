@@ -97,6 +97,10 @@ class LearnerClocks {
   uint64_t clock(size_t l, uint64_t b) const { return learners_[l].blocks[b].clock; }
   // Learner l's iteration: its least clock over all blocks.
   uint64_t iteration(size_t l) const;
+  // The iteration learner l gives gradients towards: its highest clock over
+  // all blocks, plus one where it has written part of its next gradient
+  // of that block (ssp's boundaries, doc/server.md "One round on every shard").
+  uint64_t furthest_iteration(size_t l) const;
   // How many iterations learner l is ahead of the slowest live learner, for
   // block b (0 if no other learner is live).
   uint64_t Lead(size_t l, uint64_t b) const;

@@ -1,7 +1,9 @@
 // One round on every shard (aggregator/job.h; doc/server.md "One round on
 // every shard"): a scaled-out bsp job's checkpoint parts are taken at one
 // round boundary, leave out what was given towards the next round, and a
-// set whose parts are at different rounds is neither committed nor loaded.
+// set whose parts are at different rounds is neither committed nor loaded;
+// an ssp job's parts hold every live learner at one iteration, holding the
+// writes past it until the part is written.
 // Two Jobs in one process stand for two co-located shards; without tgt.
 #include <gtest/gtest.h>
 
@@ -31,11 +33,12 @@ class RoundBoundaryTest : public ::testing::Test {
     o.model.num_params = kParams;
     o.model.block_bytes = 4096;
     o.model.rule.name = "sum";
-    o.consistency.mode = ConsistencyMode::kBsp;
+    o.consistency = consistency_;
     o.checkpoint = Path();
     o.job_id = "job-a";
     o.shard = shard;
     o.shards = 2;
+    o.hold_limit_s = hold_limit_s_;
     return o;
   }
 
@@ -98,6 +101,15 @@ class RoundBoundaryTest : public ::testing::Test {
     return shards_[1]->Checkpoint();             // round 0: generation 2
   }
 
+  // Waits (yielding) until shard k's status shows a checkpoint waiting for
+  // `round`, or `returned`.
+  void UntilWaiting(uint32_t k, uint64_t round, const std::atomic<bool>& returned) const {
+    const std::string waiting = "\"waiting_round\": " + std::to_string(round) + "}";
+    while (!returned && shards_[k]->StatusJson().find(waiting) == std::string::npos) std::this_thread::yield();
+  }
+
+  ConsistencyOptions consistency_{ConsistencyMode::kBsp, 0};
+  double hold_limit_s_ = 20;
   blkps_test::TempDir dir_{"blkps-round-boundary"};
   std::shared_ptr<Job> shards_[2];
   size_t a_ = 0, b_ = 1;
@@ -134,9 +146,7 @@ TEST_F(RoundBoundaryTest, AnFsyncWaitsUntilItsRoundHasFinishedOnTheShard) {
     fsync = shards_[0]->Checkpoint(a_);
     returned = true;
   });
-  while (!returned && shards_[0]->StatusJson().find("\"waiting_round\": 1}") == std::string::npos) {
-    std::this_thread::yield();
-  }
+  UntilWaiting(0, 1, returned);
   EXPECT_FALSE(returned) << "the fsync returned before its round finished: " << fsync.message();
   Push(0, b_, 3);
   a_syncs.join();
@@ -189,6 +199,78 @@ TEST_F(RoundBoundaryTest, ASetWhoseShardsAreAtDifferentRoundsIsRefusedAtStart) {
   EXPECT_NE(s.message().find("mixed rounds"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("shard 0 is at round 1, shard 1 at round 0"), std::string::npos) << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
+}
+
+// ssp:2: pushes are applied on arrival and learners run apart.
+class SspRoundBoundaryTest : public RoundBoundaryTest {
+ protected:
+  SspRoundBoundaryTest() { consistency_ = ConsistencyOptions{ConsistencyMode::kSsp, 2}; }
+};
+
+TEST_F(SspRoundBoundaryTest, APartHoldsEveryLearnerAtOneIterationAndHoldsTheWritesPastIt) {
+  for (uint32_t k = 0; k < 2; ++k) Start(k);
+  Push(1, a_, 1);
+  Push(1, b_, 3);
+  Push(0, a_, 1);  // on shard 0, B has not pushed iteration 1 yet
+  Status part;
+  std::atomic<bool> returned{false};
+  std::thread stop_asks([&] {  // control checkpoint=1: the furthest iteration, 1
+    part = shards_[0]->Checkpoint();
+    returned = true;
+  });
+  UntilWaiting(0, 1, returned);
+  EXPECT_FALSE(returned) << "the part was taken before B reached iteration 1: " << part.message();
+  std::vector<float> next(kParams, 1);
+  int cmd = 0;
+  EXPECT_EQ(shards_[0]->Admit(a_, true, 0, kParams * 4, &cmd, "learner-0"), Job::Admission::kHold)
+      << "A's push towards iteration 2 ran while the part for iteration 1 was not written";
+  Push(0, b_, 3);
+  stop_asks.join();
+  ASSERT_TRUE(part.ok()) << part.message();
+  const std::vector<Job::Released> released = shards_[0]->TakeReleased(a_);
+  ASSERT_EQ(released.size(), 1u) << "the held push was not released once the part was written";
+  EXPECT_TRUE(released[0].status.ok()) << released[0].status.message();
+  ASSERT_TRUE(shards_[0]->Write(a_, 0, next.data(), kParams * 4, "learner-0").ok());
+  ASSERT_TRUE(shards_[1]->Checkpoint().ok());  // the last part: committed
+  EXPECT_EQ(MetaOf(Path() + ".shard-0.gen-2", "round"), "1");
+
+  Start(0);  // from the committed generation
+  EXPECT_EQ(Weight(0), 4.0f) << "the part holds A's push towards iteration 2";
+  EXPECT_EQ(ReceiptOf(0, 1, a_), 1u) << "A's receipt counts a push the part lacks";
+}
+
+TEST_F(SspRoundBoundaryTest, AnFsyncFailsWhenAnotherLearnerHasPushedPastItsIteration) {
+  Start(0);
+  Push(0, a_, 1);
+  Push(0, b_, 3);
+  Push(0, b_, 3);  // B runs ahead: iteration 2
+  Status s = shards_[0]->Checkpoint(a_);
+  EXPECT_EQ(s.code(), Status::Code::kIOError);
+  EXPECT_NE(s.message().find("past iteration 1 already (lun 2 towards iteration 2"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
+}
+
+TEST_F(SspRoundBoundaryTest, AnFsyncFailsAtHoldLimitNamingTheLearnerThatDidNotCatchUp) {
+  hold_limit_s_ = 0.2;
+  Start(0);
+  Push(0, a_, 1);  // B never pushes iteration 1
+  Status s = shards_[0]->Checkpoint(a_);
+  EXPECT_EQ(s.code(), Status::Code::kIOError);
+  EXPECT_NE(s.message().find("iteration 1 did not finish on this shard within hold_limit (learners behind it: lun 2 at "
+                             "iteration 0)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line";
+}
+
+TEST_F(SspRoundBoundaryTest, AnFsyncOfAnIterationAlreadyWrittenReturnsOnceItsPartIsDurable) {
+  Start(0);
+  Push(0, a_, 1);
+  Push(0, b_, 3);
+  ASSERT_TRUE(shards_[0]->Checkpoint(b_).ok());  // B's fsync after iteration 1
+  Push(0, b_, 3);                                // B goes on before A's fsync arrives
+  Status s = shards_[0]->Checkpoint(a_);
+  EXPECT_TRUE(s.ok()) << s.message();
 }
 
 }  // namespace

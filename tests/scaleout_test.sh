@@ -54,6 +54,14 @@
 #     told it were lost. BLKPS_KILL_AT_ROUND (default 10) and
 #     BLKPS_KILL_SHARD (default 1) move the kill
 #     (bench/kill_restart_bsp_probe.sh).
+#   scaleout_test.sh <repo> <build dir> kill-restart-ssp
+#     The same in ssp:2, both learners syncing every 4 rounds (learner 2's
+#     fsync first, waiting on the shards for learner 1's push), learner 1
+#     paused after round BLKPS_KILL_AT_ROUND and learner 2 one round later:
+#     both shards come back from one generation with every learner at one
+#     iteration; in the end each shard's weights are the sums of the pushes
+#     it holds, and each learner's pushes minus those its shards hold are
+#     the pushes libblkps told it were lost.
 set -euo pipefail
 top=$1 build=$2 what=$3
 py=/usr/bin/python3
@@ -153,19 +161,28 @@ both_past() {
 }
 
 case "$what" in
-  kill-restart-bsp)
-    kill_restart_start bsp
+  kill-restart-bsp | kill-restart-ssp)
+    mode=bsp
+    if [ "$what" = kill-restart-ssp ]; then mode=ssp:2; fi
+    kill_restart_start "$mode"
     rounds=24
+    kill_at=${BLKPS_KILL_AT_ROUND:-10} kill_shard=${BLKPS_KILL_SHARD:-1}
     mkdir -p "$state/marks"
     for learner in 1 2; do
-      "$py" "$top/tests/scaleout_bsp_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
-        "$rounds" "$state/marks" > "$state/lost-$learner" 2> "$state/learner-$learner.log" &
+      # ssp: learner 1 pauses after round $kill_at, learner 2 one later.
+      "$py" "$top/tests/scaleout_round_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
+        "$rounds" "$state/marks" "$mode" $((kill_at + learner - 1)) > "$state/lost-$learner" \
+        2> "$state/learner-$learner.log" &
       learner_pids[learner]=$!
     done
-    # Stop both learners once both are past round $kill_at (polled,
-    # bounded), so that the restarted job is seen before they go on.
-    kill_at=${BLKPS_KILL_AT_ROUND:-10} kill_shard=${BLKPS_KILL_SHARD:-1}
-    both_past "$kill_at" "$state/marks/progress-1" "$state/marks/progress-2"
+    # Stop both learners once both are past round $kill_at (bsp) or have
+    # paused there (ssp) (polled, bounded), so that the restarted job is
+    # seen before they go on.
+    if [ "$mode" = bsp ]; then
+      both_past "$kill_at" "$state/marks/progress-1" "$state/marks/progress-2"
+    else
+      both_past 1 "$state/marks/paused-1" "$state/marks/paused-2"
+    fi
     kill -STOP "${learner_pids[1]}" "${learner_pids[2]}"
     kill -9 "$(cat "$state/ps/shard-$kill_shard/tgtd.pid")"
     "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
@@ -179,18 +196,18 @@ case "$what" in
     gen=$(sed -n 's/^restarted shard 0 .*: generation \([0-9]*\) of job .*/\1/p' "$state/restarted")
     mkdir -p "$state/loaded"
     cp "$state/ck/model.ckpt.shard-0.gen-$gen" "$state/ck/model.ckpt.shard-1.gen-$gen" "$state/loaded/"
-    : > "$state/marks/restarted"  # the learners' meetings end (tests/scaleout_bsp_learner.py)
+    : > "$state/marks/restarted"  # the learners' meetings end (tests/scaleout_round_learner.py)
     kill -CONT "${learner_pids[1]}" "${learner_pids[2]}"
     : > "$state/marks/finish"
     # One generation, one round: in both parts every block has applied the
-    # same R rounds and holds nothing of the next, and every learner is at R
-    # with nothing partial (the clocks section, aggregator/learner_clocks.cc
-    # Save()).
-    "$py" - "$state/loaded/model.ckpt.shard-0.gen-$gen" "$state/loaded/model.ckpt.shard-1.gen-$gen" <<'PY' ||
+    # same R rounds (bsp) and holds nothing of the next, and every learner is
+    # at R with nothing partial (the clocks section,
+    # aggregator/learner_clocks.cc Save()).
+    "$py" - "$mode" "$state/loaded/model.ckpt.shard-0.gen-$gen" "$state/loaded/model.ckpt.shard-1.gen-$gen" <<'PY' ||
 import sys
 import numpy as np
 seen = []
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     with open(path, "rb") as f:
         head = f.read(4096).decode("ascii", "replace").splitlines()
     offset, length = next((int(w[1]), int(w[2])) for w in (line.split() for line in head)
@@ -199,7 +216,8 @@ for path in sys.argv[1:]:
     blocks, learners = int(words[0]), int(words[1])
     per_block = words[2:2 + 3 * blocks].reshape(blocks, 3)  # round, contributors, version
     clocks = words[2 + 3 * blocks:].reshape(learners, 1 + 2 * blocks)[:, 1:].reshape(learners, blocks, 2)
-    seen.append((path, set(per_block[:, 0]) | set(clocks[:, :, 0].ravel()),
+    rounds = set(per_block[:, 0]) if sys.argv[1] == "bsp" else set()  # ssp blocks have no rounds
+    seen.append((path, rounds | set(clocks[:, :, 0].ravel()),
                  int(per_block[:, 1].sum() + clocks[:, :, 1].sum())))
 rounds = set().union(*(r for _, r, _ in seen))
 if len(rounds) != 1 or any(pending for _, _, pending in seen):
@@ -212,11 +230,11 @@ PY
     learner_pids=()  # ended: their ids are no longer ours
     "$blkps" status --dir "$state/ps" --json > "$state/final.json"
     "$py" - "$("$blkps" target show --dir "$state/ps" --get URL)" "$ck_params" "$rounds" \
-      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" "$state/final.json" <<'PY' || fail "after the restart"
+      "$(cat "$state/lost-1")" "$(cat "$state/lost-2")" "$state/final.json" "$mode" <<'PY' || fail "after the restart"
 import json, sys
 import numpy as np
 import blkps
-url, n, rounds, final = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[6]
+url, n, rounds, final, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[6], sys.argv[7]
 (lost1, made1), (lost2, made2) = (map(int, sys.argv[k].split()) for k in (4, 5))  # bytes lost, halves pushed
 part = 4 * n // 2  # a push's bytes on one tgtd
 with open(final) as f:
@@ -233,8 +251,10 @@ for k, s in enumerate(shards):
     g1, g2 = its[a], its[b]  # gradients held: the clocks (nobody died, nobody rejoined)
     held[1] += g1
     held[2] += g2
-    # Rounds with both: their average 2; the rounds after, one learner's own.
-    want = 2.0 * min(g1, g2) + 1.0 * max(g1 - g2, 0) + 3.0 * max(g2 - g1, 0)
+    # bsp: rounds with both, their average 2; the rounds after, one
+    # learner's own. ssp: every push as it came.
+    want = (2.0 * min(g1, g2) + 1.0 * max(g1 - g2, 0) + 3.0 * max(g2 - g1, 0) if mode == "bsp"
+            else 1.0 * g1 + 3.0 * g2)
     chunk = w[k * n // 2:(k + 1) * n // 2]
     if not np.all(chunk == want):
         sys.exit(f"tgtd {k} serves {np.unique(chunk)[:4]}, expected {want} (clocks {g1}, {g2})")
@@ -523,5 +543,5 @@ PY
     "$blkps" target stop --dir "$state/ps"
     no_tgtd_left "${pids[@]}"
     ;;
-  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async, kill-restart-bsp)" ;;
+  *) fail "unknown test '$what' (learners, torch-mount, checkpoint-full, checkpoint-swapped, stop-keeps-pushes, kill-restart-async, kill-restart-bsp, kill-restart-ssp)" ;;
 esac
