@@ -41,12 +41,14 @@ class Serve:
     """`blkps target serve ARGS` in a folder of its own, as this process's
     child; stopped (SIGTERM, then the folder's stop) at the end."""
 
-    def __init__(self, bsopts, *extra, folder=None):
+    def __init__(self, bsopts, *extra, folder=None, refused=False):
         self.dir = folder or tempfile.mkdtemp(prefix="blkps-serve-test-")
         self.proc = subprocess.Popen([BLKPS, "target", "serve", "--dir", self.dir, "--plugin", PLUGIN,
                                       "--address", "127.0.0.1", "--bsopts", bsopts, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.line = self.proc.stdout.readline().strip()  # the serving line, or "" when it failed
+        if refused:
+            return  # the caller checks that it failed
         if not self.line.startswith("serving "):
             self.proc.wait()
             fail(f"serve printed {self.line!r}, exit {self.proc.returncode}: {self.proc.stderr.read()}")
@@ -252,12 +254,13 @@ def parts_with_other_tgtd_counts_refused():
     jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
     bsopts = f"params={4 * UNIT};lr=1"
     with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir):
-        folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
-        out = subprocess.run([BLKPS, "target", "serve", "--dir", folder, "--plugin", PLUGIN, "--address", "127.0.0.1",
-                              "--part", "1/2", "--tgtd", "1", "--publish", jobdir, "--bsopts", bsopts],
-                             capture_output=True, text=True)
+        with Serve(bsopts, "--part", "1/2", "--tgtd", "1", "--publish", jobdir, refused=True) as other:
+            if other.line:
+                fail(f"part 1 of --tgtd 1 beside part 0 of 2 serves: {other.line!r}")
+            _, err = other.proc.communicate(timeout=120)
+        out = subprocess.CompletedProcess(other.proc.args, other.proc.returncode, "", err)
         lines = out.stderr.splitlines()
-        if (out.returncode != 1 or not lines or out.stdout
+        if (out.returncode != 1 or not lines
                 or not lines[-1].startswith("blkps: --tgtd: the parts of one model serve through different numbers "
                                             "of tgtds (part 0 on ") or ": 2, part 1 on " not in lines[-1]
                 or not lines[-1].endswith(": 1); each part serves its 1/S through as many; give every part the "
@@ -265,7 +268,7 @@ def parts_with_other_tgtd_counts_refused():
             fail(f"part 1 of --tgtd 1 beside part 0 of 2: exit {out.returncode}, {out.stderr!r}")
         if os.path.exists(os.path.join(jobdir, "slot-1.layout")):
             fail("a layout was written for parts of different tgtd counts")
-        if os.path.exists(os.path.join(folder, "tgtd.pid")):
+        if os.path.exists(os.path.join(other.dir, "tgtd.pid")):
             fail("the refused part left its tgtd")
 
 
