@@ -7,7 +7,9 @@ on loopback and stops them even on failure.
 Usage: serve_test.py <repo> <build dir> <case>
 Case without a server (ctest label unit): bad-part-refused. Cases that
 start their own tgtds (integration): sigterm-keeps-pushes, two-parts-assemble-layout, layout-wait-names-missing-part,
-tgtd-death-exits-nonzero.
+tgtd-death-exits-nonzero, two-level-parts-serve-a-flat-stripe,
+two-level-parts-restart-from-final-generation,
+restart-with-other-tgtd-count-refused, parts-with-other-tgtd-counts-refused.
 """
 import json
 import os
@@ -39,12 +41,14 @@ class Serve:
     """`blkps target serve ARGS` in a folder of its own, as this process's
     child; stopped (SIGTERM, then the folder's stop) at the end."""
 
-    def __init__(self, bsopts, *extra, folder=None):
+    def __init__(self, bsopts, *extra, folder=None, refused=False):
         self.dir = folder or tempfile.mkdtemp(prefix="blkps-serve-test-")
         self.proc = subprocess.Popen([BLKPS, "target", "serve", "--dir", self.dir, "--plugin", PLUGIN,
                                       "--address", "127.0.0.1", "--bsopts", bsopts, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.line = self.proc.stdout.readline().strip()  # the serving line, or "" when it failed
+        if refused:
+            return  # the caller checks that it failed
         if not self.line.startswith("serving "):
             self.proc.wait()
             fail(f"serve printed {self.line!r}, exit {self.proc.returncode}: {self.proc.stderr.read()}")
@@ -125,7 +129,7 @@ def two_parts_assemble_layout():
         for k, s in enumerate((s0, s1)):
             with open(os.path.join(jobdir, "servers", f"part-{k}-of-2.json")) as f:
                 part = json.load(f)
-            if part["portal"] != s.portals or part["params"] != params:
+            if ",".join(part["portals"]) != s.portals or part["params"] != params:
                 fail(f"part {k}'s file says {part}, serve said {s.line}")
             with blkps.Model(s.url) as m:  # each part alone serves its stripe units only
                 if m.param_capacity != (2 if k == 0 else 1) * UNIT:
@@ -136,6 +140,136 @@ def two_parts_assemble_layout():
                 fail(f"serve exited {rc}: {err}")
     if os.path.exists(os.path.join(jobdir, "slot-1.layout")):
         fail("the layout outlived its servers")
+
+
+def wait_for_layout(jobdir):
+    """`blkps layout wait JOBDIR`'s layout path; fails the test without one."""
+    waited = subprocess.run([BLKPS, "layout", "wait", jobdir, "--timeout", "60"], capture_output=True, text=True)
+    layout = waited.stdout.strip()
+    if waited.returncode != 0 or layout != os.path.join(jobdir, "slot-1.layout"):
+        fail(f"layout wait: exit {waited.returncode}, {waited.stdout!r} {waited.stderr!r}")
+    return layout
+
+
+def two_level_units(values, shard):
+    """The stripe units of `values` (the whole model) that shard `shard` of
+    the flat stripe of 2 parts x 2 tgtds holds, in order."""
+    return np.concatenate([values[u:u + UNIT] for u in range(shard * UNIT, len(values), 4 * UNIT)])
+
+
+def two_level_parts_serve_a_flat_stripe():
+    """Two `serve --part K/2 --tgtd 2` serve one flat stripe of 4 shards:
+    part K's tgtd t holds exactly the stripe units of shard K + 2t, and the
+    layout lists the shards in that order, each labelled with its part and
+    tgtd."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    params = 6 * UNIT  # shards 0 and 1 hold two units, shards 2 and 3 one
+    grad = np.random.default_rng(39).standard_normal(params).astype(np.float32)
+    bsopts = f"params={params};lr=1"
+    with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir) as s0, \
+            Serve(bsopts, "--part", "1/2", "--tgtd", "2", "--publish", jobdir) as s1:
+        layout = wait_for_layout(jobdir)
+        with blkps.Model("layout:" + layout) as m:
+            m.push(0, grad)
+            if not np.array_equal(m.pull(0, params), -grad):
+                fail("pull through the layout is not minus the push")
+        parts = []
+        for k in range(2):
+            with open(os.path.join(jobdir, "servers", f"part-{k}-of-2.json")) as f:
+                parts.append(json.load(f))
+        with open(layout) as f:
+            shard_lines = [line for line in f if line.startswith("shard = ")]
+        for shard in range(4):
+            part, t = shard % 2, shard // 2
+            url = parts[part]["urls"][t][0]
+            if shard_lines[shard].split()[2] != url or f"# part {part} tgtd {t} on " not in shard_lines[shard]:
+                fail(f"layout shard {shard} is {shard_lines[shard]!r}, not part {part}'s tgtd {t} ({url})")
+            with blkps.Model(url) as m:
+                held = m.pull(0, m.param_capacity)
+            if not np.array_equal(held, -two_level_units(grad, shard)):
+                fail(f"part {part}'s tgtd {t} does not hold exactly the stripe units of shard {shard}")
+        for s in (s0, s1):
+            rc, _, err = s.terminate()
+            if rc != 0:
+                fail(f"serve exited {rc}: {err}")
+
+
+def serve_two_level_job(jobdir, bsopts, grad):
+    """Serves `bsopts` as 2 parts x 2 tgtds publishing to `jobdir`, pushes
+    `grad` through the layout, then SIGTERMs both parts at once; fails the
+    test unless both write their part of a final generation and exit 0."""
+    with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir) as s0, \
+            Serve(bsopts, "--part", "1/2", "--tgtd", "2", "--publish", jobdir) as s1:
+        with blkps.Model("layout:" + wait_for_layout(jobdir)) as m:
+            m.push(0, grad)
+        for s in (s0, s1):  # both at once, as scancel does
+            s.proc.send_signal(signal.SIGTERM)
+        for s in (s0, s1):
+            _, err = s.proc.communicate(timeout=120)
+            rc = s.proc.returncode
+            if rc != 0 or "final checkpoint: generation" not in err or "written by 2 tgtd(s)" not in err:
+                fail(f"serve after SIGTERM: exit {rc}, {err!r}")
+
+
+def two_level_parts_restart_from_final_generation():
+    """Parts of 2 tgtds each, SIGTERMed, commit one final generation of 4
+    shards; the same parts started again serve exactly the pushed weights."""
+    jobdir, folder = tempfile.mkdtemp(prefix="blkps-serve-job-"), tempfile.mkdtemp(prefix="blkps-serve-ckpt-")
+    params = 6 * UNIT
+    grad = np.random.default_rng(39).standard_normal(params).astype(np.float32)
+    bsopts = f"params={params};lr=1;checkpoint={folder}/model.ckpt;job=two-level"
+    serve_two_level_job(jobdir, bsopts, grad)
+    with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir) as s0, \
+            Serve(bsopts, "--part", "1/2", "--tgtd", "2", "--publish", jobdir) as s1:
+        with blkps.Model("layout:" + wait_for_layout(jobdir)) as m:
+            if not np.array_equal(m.pull(0, params), -grad):
+                fail("the restarted parts do not serve the weights of the final generation")
+        for s in (s0, s1):
+            s.terminate()
+
+
+def restart_with_other_tgtd_count_refused():
+    """A part restarted over a checkpoint set of 2 parts x 2 tgtds with
+    --tgtd 1 is refused in one line naming both counts, before any tgtd
+    starts."""
+    jobdir, folder = tempfile.mkdtemp(prefix="blkps-serve-job-"), tempfile.mkdtemp(prefix="blkps-serve-ckpt-")
+    bsopts = f"params={4 * UNIT};lr=1;checkpoint={folder}/model.ckpt;job=two-level"
+    serve_two_level_job(jobdir, bsopts, np.ones(4 * UNIT, dtype=np.float32))
+    again = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    out = subprocess.run([BLKPS, "target", "serve", "--dir", again, "--plugin", PLUGIN, "--address", "127.0.0.1",
+                          "--part", "0/2", "--tgtd", "1", "--publish", jobdir, "--bsopts", bsopts],
+                         capture_output=True, text=True)
+    lines = out.stderr.splitlines()
+    says = "blkps: --tgtd: the checkpoint " + folder + "/model.ckpt was written by 4 tgtd(s), not 2 parts of 1"
+    if out.returncode != 1 or len(lines) != 1 or not lines[0].startswith(says) or "--tgtd 2" not in lines[0]:
+        fail(f"--tgtd 1 over a set of 2 x 2: exit {out.returncode}, {out.stderr!r}")
+    if os.path.exists(os.path.join(again, "tgtd.pid")) or os.path.exists(os.path.join(again, "shard-0")):
+        fail("the refused part started a tgtd")
+
+
+def parts_with_other_tgtd_counts_refused():
+    """The part that completes a set whose parts serve through different
+    numbers of tgtds exits 1 with one line naming each part's count; no
+    layout is written."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    bsopts = f"params={4 * UNIT};lr=1"
+    with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir):
+        with Serve(bsopts, "--part", "1/2", "--tgtd", "1", "--publish", jobdir, refused=True) as other:
+            if other.line:
+                fail(f"part 1 of --tgtd 1 beside part 0 of 2 serves: {other.line!r}")
+            _, err = other.proc.communicate(timeout=120)
+        out = subprocess.CompletedProcess(other.proc.args, other.proc.returncode, "", err)
+        lines = out.stderr.splitlines()
+        if (out.returncode != 1 or not lines
+                or not lines[-1].startswith("blkps: --tgtd: the parts of one model serve through different numbers "
+                                            "of tgtds (part 0 on ") or ": 2, part 1 on " not in lines[-1]
+                or not lines[-1].endswith(": 1); each part serves its 1/S through as many; give every part the "
+                                          "same --tgtd N")):
+            fail(f"part 1 of --tgtd 1 beside part 0 of 2: exit {out.returncode}, {out.stderr!r}")
+        if os.path.exists(os.path.join(jobdir, "slot-1.layout")):
+            fail("a layout was written for parts of different tgtd counts")
+        if os.path.exists(os.path.join(other.dir, "tgtd.pid")):
+            fail("the refused part left its tgtd")
 
 
 def layout_wait_names_missing_part():
@@ -178,6 +312,10 @@ def bad_part_refused():
 
 CASES = {"bad-part-refused": bad_part_refused, "sigterm-keeps-pushes": sigterm_keeps_pushes, "two-parts-assemble-layout": two_parts_assemble_layout,
          "layout-wait-names-missing-part": layout_wait_names_missing_part,
-         "tgtd-death-exits-nonzero": tgtd_death_exits_nonzero}
+         "tgtd-death-exits-nonzero": tgtd_death_exits_nonzero,
+         "two-level-parts-serve-a-flat-stripe": two_level_parts_serve_a_flat_stripe,
+         "two-level-parts-restart-from-final-generation": two_level_parts_restart_from_final_generation,
+         "restart-with-other-tgtd-count-refused": restart_with_other_tgtd_count_refused,
+         "parts-with-other-tgtd-counts-refused": parts_with_other_tgtd_counts_refused}
 CASES[case]()
 print(f"serve_test {case}: ok")

@@ -8,7 +8,8 @@ meet in a folder every node sees (a Slurm job's working folder).
   JOBDIR/slot-L.layout             every learner slot's layout file, in the
                                    one format shards.write_layouts writes,
                                    written by whichever server completes
-                                   the set of S parts
+                                   the set of S parts: with T tgtds each,
+                                   the S x T shards of serve_parts.py
 
 `blkps layout wait JOBDIR` waits for slot-1.layout, bounded.
 """
@@ -21,7 +22,7 @@ import socket
 import sys
 import time
 
-from . import shards
+from . import serve_parts, shards
 from .errors import Parser, UserError
 
 SERVERS = "servers"
@@ -39,20 +40,21 @@ def part_path(jobdir, part, parts):
     return os.path.join(jobdir, SERVERS, f"part-{part}-of-{parts}.json")
 
 
-def publish(jobdir, part, parts, env, model, unit):
-    """Writes part `part` of `parts`'s file from its target.env values
-    `env` (one tgtd), `model` (blkps-bsopts's JSON of the WHOLE model) and
-    the stripe unit; then, if every part is present, the layouts."""
+def publish(jobdir, served, envs, model):
+    """Writes the file of the part `served` (serve_parts.Part) from its
+    tgtds' target.env values `envs` (tgtd 0 first) and `model`
+    (blkps-bsopts's JSON of the WHOLE model); then, if every part is
+    present, the layouts."""
     os.makedirs(os.path.join(jobdir, SERVERS), exist_ok=True)
-    values = {"part": part, "parts": parts, "host": socket.gethostname(),
-              "portal": portal(env["URL"]),
-              "urls": env["URLS"].split(), "control_url": env["CONTROL_URL"], "stripe_unit": unit,
+    values = {"part": served.part, "parts": served.parts, "tgtds": served.tgtds, "host": socket.gethostname(),
+              "portals": [portal(env["URL"]) for env in envs], "urls": [env["URLS"].split() for env in envs],
+              "control_urls": [env["CONTROL_URL"] for env in envs], "stripe_unit": int(served.plan.unit),
               "params": model["params"], "dtype": model["dtype"]}
-    path = part_path(jobdir, part, parts)
+    path = part_path(jobdir, served.part, served.parts)
     with open(path + ".tmp", "w") as f:
         json.dump(values, f, indent=1)
     os.replace(path + ".tmp", path)
-    assemble(jobdir, parts)
+    assemble(jobdir, served.parts)
 
 
 def published(jobdir, parts):
@@ -71,15 +73,27 @@ def published(jobdir, parts):
 def assemble(jobdir, parts):
     """Writes JOBDIR/slot-L.layout once all `parts` parts are published
     (atomically: two servers completing the set at once write the same
-    files)."""
+    files): the S x T shards in stripe order (serve_parts.py). Parts that
+    serve through different numbers of tgtds are refused."""
     found = published(jobdir, parts)
     if len(found) < parts:
         return None
     ordered = [found[k] for k in range(parts)]
+    counts = {p["tgtds"] for p in ordered}
+    if len(counts) > 1:
+        said = ", ".join(f"part {p['part']} on {p['host']}: {p['tgtds']}" for p in ordered)
+        raise UserError("--tgtd", f"the parts of one model serve through different numbers of tgtds ({said}); "
+                        "each part serves its 1/S through as many", "give every part the same --tgtd N")
+    tgtds = counts.pop()
+    envs, labels = [], []
+    for shard in range(parts * tgtds):
+        part, t = serve_parts.part_and_tgtd(shard, parts)
+        envs.append({"URLS": " ".join(ordered[part]["urls"][t]), "CONTROL_URL": ordered[part]["control_urls"][t]})
+        labels.append(f"part {part} tgtd {t} on {ordered[part]['host']}")
     first = ordered[0]
-    envs = [{"URLS": " ".join(p["urls"]), "CONTROL_URL": p["control_url"]} for p in ordered]
-    return shards.write_layouts(jobdir, envs, len(first["urls"]), first["stripe_unit"], first["params"],
-                                first["dtype"])
+    levels = f": {parts} server task(s) (parts) x {tgtds} tgtd(s)" if parts > 1 and tgtds > 1 else ""
+    return shards.write_layouts(jobdir, envs, len(first["urls"][0]), first["stripe_unit"], first["params"],
+                                first["dtype"], levels, labels)
 
 
 def unpublish(jobdir, part, parts):

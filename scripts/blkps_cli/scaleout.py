@@ -24,8 +24,9 @@ one learner 14.0 GB/s on a 16-core host against 3.5 through one; on a
 2-core host 2 did not beat 1), never more than the model has stripe units,
 and 1 whenever a feature of one tgtd is asked for (--port, iSER, the null
 or rdwr LUN, --iqn, a table). A model checkpointed before is served by as
-many tgtds as wrote its committed checkpoint set (blkps-checkpoint); a set
-a restart would refuse is refused here, before any tgtd starts.
+many tgtds as wrote its committed checkpoint set (blkps-checkpoint; a part
+of S server tasks by 1/S of them, serve_parts.py); a set a restart would
+refuse is refused here, before any tgtd starts.
 """
 
 import os
@@ -74,31 +75,38 @@ def stripe_unit(model, tgtds):
     return unit
 
 
-def tgtds_for(a, model):
-    """The number of tgtds `blkps target start` options `a` ask for."""
-    if getattr(a, "parts", 1) > 1:
-        return 1  # one part of a model served by several server tasks (target serve --part): one tgtd each
+def tgtds_for(a, model, parts=1):
+    """The number of tgtds `blkps target start` options `a` ask for; with
+    `parts` > 1, those of one of `parts` server tasks that each serve as
+    many (target serve --part, serve_parts.py): a checkpoint set and the
+    stripe units count parts x tgtds."""
     single = single_tgtd_features(a, model)
     saved = checkpoint_tgtds(model, getattr(a, "fresh", False))
+    if saved is not None and saved % parts:
+        raise UserError("--part", f"the checkpoint {dict(model['options'])['checkpoint']} was written by {saved} "
+                        f"tgtd(s), which {parts} server tasks cannot share equally",
+                        f"serve it with a number of parts that divides {saved}")
     if a.tgtd == "auto":
         if single:
             return 1
         if saved is not None:
-            return saved
-        return max(1, min(host_tgtds(), -(-model["params"] * 4 // stripe_unit(model, 1))))
+            return saved // parts
+        units = -(-model["params"] * 4 // stripe_unit(model, parts))
+        return max(1, min(host_tgtds(), units // parts))
     if a.tgtd > 1 and single:
         raise UserError("--tgtd", f"{a.tgtd} tgtds cannot serve {single[0]}", "give --tgtd 1 (or leave --tgtd out)")
     if a.tgtd > host_cores():
         raise UserError("--tgtd", f"{a.tgtd} tgtds on {host_cores()} cores: each tgtd's data path runs on one "
                         "thread, and more than the cores would only take turns",
                         f"give at most --tgtd {host_cores()} (or leave --tgtd out)")
-    if saved is not None and saved != a.tgtd:
+    if saved is not None and saved != a.tgtd * parts:
+        served = f"{parts} parts of {a.tgtd}" if parts > 1 else str(a.tgtd)
         raise UserError("--tgtd", f"the checkpoint {dict(model['options'])['checkpoint']} was written by {saved} "
-                        f"tgtd(s), not {a.tgtd}", f"give --tgtd {saved} (or leave --tgtd out)")
-    unit = stripe_unit(model, a.tgtd)
-    if -(-model["params"] * 4 // unit) < a.tgtd:
-        raise UserError("--tgtd", f"a model of {model['params']} parameters fills fewer than {a.tgtd} stripe units "
-                        f"of {unit} bytes", "give fewer tgtds (or leave --tgtd out)")
+                        f"tgtd(s), not {served}", f"give --tgtd {saved // parts} (or leave --tgtd out)")
+    unit = stripe_unit(model, a.tgtd * parts)
+    if -(-model["params"] * 4 // unit) < a.tgtd * parts:
+        raise UserError("--tgtd", f"a model of {model['params']} parameters fills fewer than {a.tgtd * parts} "
+                        f"stripe units of {unit} bytes", "give fewer tgtds (or leave --tgtd out)")
     return a.tgtd
 
 
@@ -109,17 +117,18 @@ def running(folder):
     return values is not None and "TGTD" in values
 
 
-def start(a, model, tgtds):
-    """Starts the model on `tgtds` shards in a.dir; returns target.env's
-    values."""
+def start(a, model, tgtds, plan=None):
+    """Starts the model on `tgtds` shards in a.dir, or the shards of `plan`
+    (shards.Plan: a part of a model over several server tasks, serve_parts.py);
+    returns target.env's values."""
     folder = os.path.abspath(a.dir)
     if tgtd.Target(folder).alive():
         raise UserError("target start", f"a target is already running in {folder}",
                         f"stop it first: blkps target stop --dir {a.dir}")
-    unit = stripe_unit(model, tgtds)
+    unit = int(plan.unit) if plan else stripe_unit(model, tgtds)
     options = types.SimpleNamespace(**vars(a))
     options.shards, options.stripe_unit = tgtds, str(unit)
-    layouts, envs = shards.start(options, "target start", a.name, model)
+    layouts, envs = shards.start(options, "target start", a.name, model, plan)
     try:
         values = {"URL": "layout:" + layouts[0], "URLS": ["layout:" + p for p in layouts],
                   "CONTROL_URL": "layout:" + layouts[0], "CONTROL_URLS": [env["CONTROL_URL"] for env in envs],

@@ -12,8 +12,9 @@ children, and it stays until a signal:
     It does not restart it (a scheduler restarts the task if asked to).
 
 --part K/S serves part K (0-based) of a model of --bsopts params= split
-over S server tasks with the stripe rule of `blkps shards` (shards.stripe);
---publish JOBDIR meets the other parts there (publish.py).
+over S server tasks, each through --tgtd T tgtds: one flat stripe over
+S x T shards (serve_parts.py); --publish JOBDIR meets the other parts
+there (publish.py).
 """
 
 import contextlib
@@ -24,7 +25,7 @@ import socket
 import subprocess
 import sys
 
-from . import checkpoints, metrics, publish, scaleout, shards, state, target, tgtd
+from . import metrics, publish, serve_parts, state, target, tgtd
 from .errors import UserError
 
 
@@ -97,31 +98,16 @@ def host_addresses(host):
     return sorted({info[4][0] for info in found})
 
 
-def part_options(a, model, part, parts):
-    """Part `part` of `parts`'s --bsopts and the stripe unit, from the WHOLE
-    model's `model` (blkps-bsopts's JSON)."""
-    given = dict(model["options"])
-    if parts > 1 and given.get("init", "").startswith("file:"):
-        raise UserError("--bsopts", "init=file: is not split over server tasks yet",
-                        "start the parts from init=zeros, normal or uniform (or a checkpoint)")
-    if (parts > 1 and checkpoints.checkpoint_path(model) and "job" not in given
-            and checkpoints.committed(model, a.fresh, "target serve") is None):
-        raise UserError("--bsopts", "the parts of a checkpointed model write one checkpoint set, so they need one "
-                        "job id", "give job=ID (1 to 64 of [0-9a-z-]), the same on every part, e.g. "
-                        "job=slurm-$SLURM_JOB_ID")
-    unit, block, sizes = shards.stripe("target serve", model, str(scaleout.stripe_unit(model, parts)), parts)
-    # fresh=1 is added by start (as to any target's --bsopts), not here
-    identity = [pair for pair in checkpoints.shard_options(model, parts, a.fresh, "target serve") if pair[0] != "fresh"]
-    bsopts = shards.shard_bsopts(model["options"], part, sizes[part] // 4, os.path.abspath(a.dir),
-                                 model["table_width"], block, identity)
-    return unit, bsopts
+def tgtd_envs(env):
+    """Each tgtd's target.env values of a target.env, tgtd 0 first."""
+    if "TGTD" not in env:
+        return [env]
+    return [state.target(d) for d in env["SHARD_DIRS"].split()]
 
 
 def portals(env):
     """Every tgtd's ADDRESS:PORT of a target.env."""
-    if "TGTD" not in env:
-        return [publish.portal(env["URL"])]
-    return [publish.portal(state.target(d)["URL"]) for d in env["SHARD_DIRS"].split()]
+    return [publish.portal(e["URL"]) for e in tgtd_envs(env)]
 
 
 def command_serve(a):
@@ -129,23 +115,15 @@ def command_serve(a):
     a.address = listen_address(a.address)
     a.allow = allowed(a.allow)
     part, parts = part_of(a.part)
-    a.parts = parts
     model = tgtd.check_bsopts(a.bsopts)
-    unit = scaleout.stripe_unit(model, 1)
-    if a.part is not None or a.publish:
-        if a.tgtd not in ("auto", 1):
-            raise UserError("--tgtd", f"{a.tgtd} tgtds per server task: a layout of two levels (parts over hosts, "
-                            "each striped over tgtds) is not written yet", "give --tgtd 1 (or leave --tgtd out)")
-        a.tgtd = 1
-        if a.part is not None:
-            unit, a.bsopts = part_options(a, model, part, parts)
+    served = serve_parts.plan(a, model, part, parts) if a.part is not None or a.publish else None
     with contextlib.redirect_stdout(sys.stderr):  # stdout: the serving line alone
-        target.command_start(a)
+        target.command_start(a, served)
     folder = os.path.abspath(a.dir)
     try:
         env = state.target(folder)
         if a.publish:
-            publish.publish(os.path.abspath(a.publish), part, parts, env, model, unit)
+            publish.publish(os.path.abspath(a.publish), served, tgtd_envs(env), model)
         print(f"serving {','.join(portals(env))} {env['URL']}", flush=True)
         died = wait_for_end(tgtd_pids(env))
     except BaseException:
@@ -227,7 +205,7 @@ def add_parser(cmds):
     metrics.add_start_arguments(f)
     f.set_defaults(address=None, run=command_serve)
     f.add_argument("--part", metavar="K/S|slurm", help="serve part K (0-based) of S of the model: --bsopts params= "
-                   "is the WHOLE model's, and part K serves its stripe units (as shard K of blkps shards); slurm: "
-                   "K and S from SLURM_PROCID and SLURM_NTASKS")
+                   "is the WHOLE model's, and part K serves its stripe units (as shard K of blkps shards; with --tgtd T, "
+                   "shards K, K+S, ... of S x T); slurm: K and S from SLURM_PROCID and SLURM_NTASKS")
     f.add_argument("--publish", metavar="JOBDIR", help="write JOBDIR/servers/part-K-of-S.json once serving; the "
                    "part that completes the set writes JOBDIR/slot-L.layout (blkps layout wait JOBDIR)")

@@ -13,6 +13,7 @@ table=(its bytes / row bytes):WIDTH, and its model block is the stripe unit
 unless block= is given.
 """
 
+import collections
 import glob
 import math
 import os
@@ -21,6 +22,11 @@ import subprocess
 from . import chap, checkpoints, state, tgtd, tools
 from .arguments import positive_int
 from .errors import UserError
+
+Plan = collections.namedtuple("Plan", "unit bsopts sizes")
+Plan.__doc__ = """What one host serves of a stripe (plan_shards): the stripe unit in
+bytes (text), then for each of its shards, in order, its --bsopts and its
+size in bytes."""
 
 
 def layout_tool(what, args):
@@ -89,30 +95,43 @@ def stripe(what, model, stripe_unit, shards):
     return unit, block, sizes
 
 
-def start(a, what="shards start", name="shard", model=None):
-    """Starts a.shards shards of the model a.bsopts in a.dir/shard-K (named
-    NAME-K); returns (layout files, each shard's target.env values)."""
+def plan_shards(what, model, stripe_unit, count, folder, identity, serves=None):
+    """The stripe of `model` over `count` shards (stripe) and the Plan of
+    the shards this host serves: `serves`, their numbers in the stripe
+    (default all), its i-th in folder/shard-i. `identity`: the checkpoint
+    pairs of every shard (checkpoints.shard_options)."""
+    unit, block, sizes = stripe(what, model, stripe_unit, count)
+    serves = range(count) if serves is None else serves
+    return Plan(unit, [shard_bsopts(model["options"], k, sizes[k] // 4, os.path.join(folder, f"shard-{i}"),
+                                    model["table_width"], block, identity) for i, k in enumerate(serves)],
+                [sizes[k] for k in serves])
+
+
+def start(a, what="shards start", name="shard", model=None, plan=None):
+    """Starts the shards of the model a.bsopts in a.dir/shard-K (named
+    NAME-K): all a.shards of them, or those of `plan` (a Plan: part of a
+    larger stripe, target serve --part); returns (layout files of these
+    shards, each shard's target.env values)."""
     folder = os.path.abspath(a.dir)
     model = model or tgtd.check_bsopts(a.bsopts)
     if model["control"]:
         raise UserError("--bsopts", "role=control is not a model", "give the model's options")
-    params, width = model["params"], model["table_width"]
-    unit, block, sizes = stripe(what, model, a.stripe_unit, a.shards)
-    identity = checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what)
-    for k in range(a.shards):
+    plan = plan or plan_shards(what, model, a.stripe_unit, a.shards, folder,
+                               checkpoints.shard_options(model, a.shards, getattr(a, "fresh", False), what))
+    unit, bsopts, sizes = plan
+    params = sum(sizes) // 4  # the model's, or a part's
+    for k in range(len(bsopts)):
         if tgtd.Target(os.path.join(folder, f"shard-{k}")).alive():
             raise UserError(what, f"shard {k} is already running in {folder}/shard-{k}",
                             f"stop it first: blkps shards stop --dir {a.dir}")
-    dirs = [os.path.join(folder, f"shard-{k}") for k in range(a.shards)]
-    bsopts = [shard_bsopts(model["options"], k, sizes[k] // 4, d, width, block, identity)
-              for k, d in enumerate(dirs)]
+    dirs = [os.path.join(folder, f"shard-{k}") for k in range(len(bsopts))]
     check_host_memory(what, params, bsopts)
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     try:
         init = dict(model["options"]).get("init", "")
         if init.startswith("file:"):
-            layout_tool(what, ["split", "--stripe-unit", a.stripe_unit, "--shards", str(a.shards),
+            layout_tool(what, ["split", "--stripe-unit", unit, "--shards", str(len(dirs)),
                                "--params", str(params), init[len("file:"):],
                                *[os.path.join(d, "init.f32") for d in dirs]])
         envs = []
@@ -131,7 +150,7 @@ def start(a, what="shards start", name="shard", model=None):
         stop(folder)
         raise
     state.write(os.path.join(folder, state.SHARDS_ENV), {
-        "SHARDS": a.shards, "STRIPE_UNIT": unit, "PARAMS": params, "SHARD_PARAMS": [str(n // 4) for n in sizes],
+        "SHARDS": len(dirs), "STRIPE_UNIT": unit, "PARAMS": params, "SHARD_PARAMS": [str(n // 4) for n in sizes],
         "SHARD_DIRS": dirs, "LAYOUT": layouts[0], "LAYOUTS": layouts,
         "CONTROL_URLS": [env["CONTROL_URL"] for env in envs]})
     return layouts, envs
@@ -153,19 +172,21 @@ def mib(n):
     return f"{-(-n // (1 << 20))} MiB"
 
 
-def write_layouts(folder, envs, luns, unit, params, dtype):
+def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=()):
     """DIR/slot-L.layout for every learner slot L, each written atomically: LUN L of every shard
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
-    shard's control LUN (control lines: the job's control, blkps.control)."""
+    shard's control LUN (control lines: the job's control, blkps.control).
+    `levels` and `labels` (one per shard) are comments: how the shards
+    are grouped (a two-level stripe, serve_parts.py) and where each is."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
         with open(path + ".tmp", "w") as f:
             f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
-                    f"# of {params} parameters striped over {len(envs)} shard(s).\n"
+                    f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
                     f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
-            for env in envs:
-                f.write(f"shard = {env['URLS'].split()[lun - 1]}\n")
+            for env, label in zip(envs, labels or [""] * len(envs)):
+                f.write(f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n"))
             for env in envs:
                 f.write(f"control = {env['CONTROL_URL']}\n")
         os.replace(path + ".tmp", path)  # a learner waiting for it never reads half a file

@@ -14,12 +14,14 @@ from .errors import UserError
 from .processes import running
 
 
-def command_start(a):
+def command_start(a, part=None):
+    """`blkps target start`; with `part` (serve_parts.Part, from target
+    serve --part) its shards of a model over several server tasks."""
     with tgtd.start_lock(a.dir, "target start"):
-        return start_locked(a)
+        return start_locked(a, part)
 
 
-def start_locked(a):
+def start_locked(a, part=None):
     metrics.check_start_options(a)
     if scaleout.running(a.dir):
         if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
@@ -30,12 +32,14 @@ def start_locked(a):
     if a.fresh and not dict(model["options"]).get("checkpoint"):
         raise UserError("--fresh", "starts a new job over a checkpoint, and --bsopts names none (checkpoint=)",
                         "leave --fresh out")
-    tgtds = scaleout.tgtds_for(a, model)
+    tgtds = part.tgtds if part else scaleout.tgtds_for(a, model)
     if tgtds > 1:
-        env = scaleout.start(a, model, tgtds)
+        env = scaleout.start(a, model, tgtds, part and part.plan)
         print("\n".join(scaleout.labelled_urls(env)))
         print(f"tgtds: {tgtds} (--tgtd), stripe unit {env['STRIPE_UNIT']} bytes")
     else:
+        if part:
+            a.bsopts = part.plan.bsopts[0]
         if a.fresh:
             a.bsopts += ";fresh=1"
         env = tgtd.Target(a.dir).start(tgtd.Options.of(a))
