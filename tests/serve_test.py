@@ -9,7 +9,8 @@ Case without a server (ctest label unit): bad-part-refused. Cases that
 start their own tgtds (integration): sigterm-keeps-pushes, two-parts-assemble-layout, layout-wait-names-missing-part,
 tgtd-death-exits-nonzero, two-level-parts-serve-a-flat-stripe,
 two-level-parts-restart-from-final-generation,
-restart-with-other-tgtd-count-refused, parts-with-other-tgtd-counts-refused.
+restart-with-other-tgtd-count-refused, parts-with-other-tgtd-counts-refused,
+chap-file-in-job-folder.
 """
 import json
 import os
@@ -294,6 +295,45 @@ def tgtd_death_exits_nonzero():
             fail(f"serve after its tgtd's death: exit {s.proc.returncode}, {err!r}")
 
 
+def chap_file_in_job_folder():
+    """A CHAP file in the job's shared folder: one readable by others is
+    refused in one line before any tgtd starts; at mode 0600 the part
+    serves, a learner through the published layout without the credentials
+    is refused, and with them (BLKPS_CHAP_FILE) pushes and pulls."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    chap_file = os.path.join(jobdir, "learner.chap")
+    with open(chap_file, "w") as f:
+        f.write("user=learner\nsecret=job-secret-01\n")
+    os.chmod(chap_file, 0o644)
+    bsopts = f"params={UNIT};lr=1"
+    with Serve(bsopts, "--publish", jobdir, "--chap-file", chap_file, refused=True) as s:
+        _, err = s.proc.communicate(timeout=120)
+        lines = err.splitlines()
+        if s.proc.returncode != 1 or len(lines) != 1 or f"chmod 600 {chap_file}" not in lines[0]:
+            fail(f"a CHAP file of mode 0644: exit {s.proc.returncode}, {err!r}")
+        if os.path.exists(os.path.join(s.dir, "tgtd.pid")):
+            fail("the refused serve started a tgtd")
+    os.chmod(chap_file, 0o600)
+    grad = np.arange(UNIT, dtype=np.float32)
+    with Serve(bsopts, "--publish", jobdir, "--chap-file", chap_file):
+        layout = wait_for_layout(jobdir)
+        os.environ.pop("BLKPS_CHAP_FILE", None)
+        try:
+            with blkps.Model("layout:" + layout) as m:
+                m.push(0, grad)
+            fail("a learner without the job's CHAP file reached the model")
+        except OSError:
+            pass
+        os.environ["BLKPS_CHAP_FILE"] = chap_file
+        try:
+            with blkps.Model("layout:" + layout) as m:
+                m.push(0, grad)
+                if not np.array_equal(m.pull(0, UNIT), -grad):
+                    fail("pull with the job's credentials is not minus the push")
+        finally:
+            del os.environ["BLKPS_CHAP_FILE"]
+
+
 def bad_part_refused():
     """A --part that names no part, and --part slurm outside srun, are
     refused in one line each, before any tgtd starts."""
@@ -316,6 +356,7 @@ CASES = {"bad-part-refused": bad_part_refused, "sigterm-keeps-pushes": sigterm_k
          "two-level-parts-serve-a-flat-stripe": two_level_parts_serve_a_flat_stripe,
          "two-level-parts-restart-from-final-generation": two_level_parts_restart_from_final_generation,
          "restart-with-other-tgtd-count-refused": restart_with_other_tgtd_count_refused,
-         "parts-with-other-tgtd-counts-refused": parts_with_other_tgtd_counts_refused}
+         "parts-with-other-tgtd-counts-refused": parts_with_other_tgtd_counts_refused,
+         "chap-file-in-job-folder": chap_file_in_job_folder}
 CASES[case]()
 print(f"serve_test {case}: ok")
