@@ -159,7 +159,8 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);
   }
-  std::vector<uint64_t> ids;
+  thread_local std::vector<uint64_t> ids;  // the rows asked for, copied out of the window under mu_
+  ids.clear();
   *numbers = RowWindowNumbers{};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -182,13 +183,10 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     }
   }
   const uint64_t width = numbers->pull_width;
-  if (rows > 0 && width > 0) std::memset(out, 0, rows * width * sizeof(float));
-  const uint64_t row_bytes = width * sizeof(float);
-  for (uint64_t k = 0; k < ids.size(); ++k) {
-    Status s = model_->Read(ids[k] * row_bytes, out + k * width, row_bytes);
-    if (!s.ok()) return s;
-  }
-  return Status::OK();
+  if (rows > ids.size() && width > 0)
+    std::memset(out + ids.size() * width, 0, (rows - ids.size()) * width * sizeof(float));
+  // The pull's width is the table's (CheckRowBatch), its ids in range.
+  return ids.empty() ? Status::OK() : model_->ReadRows(ids.data(), ids.size(), out);
 }
 
 // Layout: entries; per entry: slot, initiator length, its bytes in words

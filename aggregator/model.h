@@ -122,6 +122,15 @@ class Model {
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
   Status Read(uint64_t offset, void* dst, size_t len) const;
 
+  // A table's rows by id (Tables): row ids[k]'s width() values into
+  // out[k * width, (k + 1) * width), for k in [0, count), as Read() of each
+  // row would give them (a row not made as its initial values, without
+  // making it; an id may repeat), in one pass over the batch: the rows are
+  // visited by block, each block's read lock taken once for all its rows
+  // (model_rows.cc). Returns, copying nothing: InvalidArgument for a dense
+  // model; OutOfRange if an id is past the table's end.
+  Status ReadRows(const uint64_t* ids, uint64_t count, float* out) const;
+
   // Read() without the copy: hands the weights of parameters [first,
   // first + count) to `take` in order, a piece per block, each under that
   // block's read lock (so no piece is torn): take(weights, n, done), `done`

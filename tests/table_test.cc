@@ -210,6 +210,47 @@ TEST(Table, ConcurrentPushesToRowsOfOneBlockAreAllApplied) {
   EXPECT_EQ(total, 800.0);
 }
 
+TEST(Table, RowsByIdReadAsEachRowReadAloneInTheBatchsOrder) {
+  ModelOptions o = TableOptions(16, 8);
+  o.block_bytes = 4 * 32;  // 4 rows a block: the batch spans all 4 blocks
+  auto m = MakeTable(o);
+  ASSERT_EQ(m->num_blocks(), 4u);
+  for (uint64_t r : {2, 9, 12}) {  // made; the others keep their initial values
+    std::vector<float> g(8, 1.0f + static_cast<float>(r));
+    ASSERT_TRUE(m->ApplyGradient(r * 32, g.data(), 32).ok());
+  }
+  const std::vector<uint64_t> ids{9, 2, 9, 0, 15, 5, 2, 12, 3};  // repeats, out of order, made and not
+  std::vector<float> rows(ids.size() * 8, -1.0f);
+  Status s = m->ReadRows(ids.data(), ids.size(), rows.data());
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(std::vector<float>(rows.begin() + k * 8, rows.begin() + (k + 1) * 8), ReadRow(*m, ids[k])) << k;
+  }
+  EXPECT_EQ(m->RowsMade(), 3u);  // reading made no row
+}
+
+TEST(Table, RowsByIdWithOnePastTheEndAreRefusedCopyingNothing) {
+  auto m = MakeTable(TableOptions(16, 8));
+  const std::vector<uint64_t> ids{3, 16};
+  std::vector<float> rows(2 * 8, -1.0f);
+  Status s = m->ReadRows(ids.data(), ids.size(), rows.data());
+  EXPECT_EQ(s.code(), Status::Code::kOutOfRange) << s.message();
+  EXPECT_NE(s.message().find("row id 16 (position 1) is past the table's end (16 rows)"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(rows, std::vector<float>(2 * 8, -1.0f));
+}
+
+TEST(Table, RowsByIdOfADenseModelAreRefused) {
+  ModelOptions o;
+  o.num_params = 64;
+  std::unique_ptr<Model> m = MakeTable(o);
+  const uint64_t id = 0;
+  float row[4];
+  Status s = m->ReadRows(&id, 1, row);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.message();
+  EXPECT_NE(s.message().find("not a table"), std::string::npos) << s.message();
+}
+
 TEST(Table, GeometryThatSplitsRowsIsRefused) {
   ModelOptions o = TableOptions(10, 3);
   o.block_bytes = 16;
