@@ -61,17 +61,21 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
       offset, src, len,
       [&](uint64_t b, uint64_t n) {
         std::unique_lock<std::mutex> lock(mu_);
-        if (!clocks_.AddGradient(slot, b, n)) return;
-        if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
-        if (bsp) {
-          FinishRoundIfCompleteLocked(b, lock);
-        } else if (!held_.empty()) {
-          ReleaseLocked();  // ssp: the slowest may have moved
-        }
+        CountGradientLocked(slot, b, n, lock);
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
+}
+
+void Job::CountGradientLocked(size_t slot, uint64_t b, uint64_t n, std::unique_lock<std::mutex>& lock) {
+  if (!clocks_.AddGradient(slot, b, n)) return;
+  if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
+  if (opts_.consistency.mode == ConsistencyMode::kBsp) {
+    FinishRoundIfCompleteLocked(b, lock);
+  } else if (!held_.empty()) {
+    ReleaseLocked();  // ssp: the slowest may have moved
+  }
 }
 
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {

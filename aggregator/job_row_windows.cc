@@ -106,11 +106,13 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     sl.bytes_written += batch.count * batch.width * sizeof(float);
     if (!clocks_.live(slot)) clocks_.Rejoin(slot);
   }
-  const uint64_t row_bytes = batch.width * sizeof(float);
-  for (uint64_t k = 0; k < batch.count && s.ok(); ++k) {
-    s = ApplyAdmittedWrite(slot, batch.ids[k] * row_bytes, batch.rows + k * batch.width, row_bytes,
-                           wire::Dtype::kFloat32);
-  }
+  // In one pass by block; counted as a write of each row alone would be (a
+  // block's clock ticks per block's worth of parameters).
+  s = model_->ApplyRows(batch.ids, batch.count, batch.rows, [&](uint64_t b, uint64_t rows) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width, lock);
+  });
+  if (!s.ok()) rejected_writes_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A checked batch applies whole: its rows are in range, of the table's

@@ -131,6 +131,19 @@ class Model {
   // model; OutOfRange if an id is past the table's end.
   Status ReadRows(const uint64_t* ids, uint64_t count, float* out) const;
 
+  // A table's row gradients by id: rows[k * width, (k + 1) * width) is the
+  // gradient of row ids[k], for k in [0, count), applied as ApplyGradient()
+  // of each row alone in the order given would (an all-zero row is no
+  // gradient; a repeated id is applied each time, in its order), in one
+  // pass: the rows are visited by block, each block's write lock taken once
+  // for all the batch's rows in it. After each block's rows, still under its
+  // lock, calls applied(block, rows) with the number of the batch's rows in
+  // it. Returns, applying nothing: InvalidArgument for a dense model;
+  // OutOfRange if an id is past the table's end.
+  // REQUIRES: every value finite (Job::CheckRowBatch checks a batch whole).
+  using RowsApplied = std::function<void(uint64_t block, uint64_t rows)>;
+  Status ApplyRows(const uint64_t* ids, uint64_t count, const float* rows, const RowsApplied& applied);
+
   // Read() without the copy: hands the weights of parameters [first,
   // first + count) to `take` in order, a piece per block, each under that
   // block's read lock (so no piece is torn): take(weights, n, done), `done`
@@ -249,6 +262,8 @@ class Model {
   void ApplyTableLocked(uint64_t first, const float* g, uint64_t n);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
+  // ReadRows' and ApplyRows' checks: a table, every id in it.
+  Status CheckRowIds(const uint64_t* ids, uint64_t count) const;
   // The parameters a write of device bytes [offset, offset + len) covers:
   // [first, first + count), the device's padding past num_params() excluded.
   struct ParamRange {
