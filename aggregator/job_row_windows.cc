@@ -44,13 +44,13 @@ Status Job::CheckRowBatch(const char* what, const RowBatch& batch) const {
     }
   }
   if (batch.rows == nullptr) return Status::OK();
-  for (uint64_t i = 0; i < batch.count * batch.width; ++i) {
-    if (!std::isfinite(batch.rows[i])) {
-      return Status::InvalidArgument(std::string(what) + ": the gradient of id " +
-                                     std::to_string(batch.ids[i / batch.width]) + " (position " +
-                                     std::to_string(i / batch.width) + ") is " +
-                                     (std::isnan(batch.rows[i]) ? "NaN" : "infinite") + "; nothing was applied");
-    }
+  const uint64_t values = batch.count * batch.width;
+  const uint64_t i = FirstNonFinite(batch.rows, values);
+  if (i != values) {
+    return Status::InvalidArgument(std::string(what) + ": the gradient of id " +
+                                   std::to_string(batch.ids[i / batch.width]) + " (position " +
+                                   std::to_string(i / batch.width) + ") is " +
+                                   (std::isnan(batch.rows[i]) ? "NaN" : "infinite") + "; nothing was applied");
   }
   return Status::OK();
 }
