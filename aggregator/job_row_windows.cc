@@ -185,8 +185,9 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     }
   }
   const uint64_t width = numbers->pull_width;
-  if (rows > ids.size() && width > 0)
+  if (rows > ids.size() && width > 0) {
     std::memset(out + ids.size() * width, 0, (rows - ids.size()) * width * sizeof(float));
+  }
   // The pull's width is the table's (CheckRowBatch), its ids in range.
   return ids.empty() ? Status::OK() : model_->ReadRows(ids.data(), ids.size(), out);
 }
