@@ -456,10 +456,12 @@ class Job {
   std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R);
   // Write() without the gate and the receipt.
   Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
-  // ApplyWrite without the failed-job check: a row window's batch, checked
-  // once before its first row, is applied whole even if the job fails
-  // meanwhile (its receipt then counts it: a resend applies nothing twice).
+  // ApplyWrite without the failed-job check.
   Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
+  // Learner `slot`'s gradient for `n` parameters of block b was applied:
+  // counted on its clocks; a bsp round it completes is applied, ssp's held
+  // commands that may pass are released. REQUIRES: mu_, held by `lock`.
+  void CountGradientLocked(size_t slot, uint64_t b, uint64_t n, std::unique_lock<std::mutex>& lock);
   // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
   std::vector<uint64_t> SaveReceiptsLocked() const;
   Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);

@@ -61,18 +61,22 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
       offset, src, len,
       [&](uint64_t b, uint64_t n) {
         std::unique_lock<std::mutex> lock(mu_);
-        if (!clocks_.AddGradient(slot, b, n)) return;
-        if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
-        if (bsp) {
-          FinishRoundIfCompleteLocked(b, lock);
-        } else {
-          if (!held_.empty()) ReleaseLocked();                   // ssp: the slowest may have moved
-          if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
-        }
+        CountGradientLocked(slot, b, n, lock);
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
+}
+
+void Job::CountGradientLocked(size_t slot, uint64_t b, uint64_t n, std::unique_lock<std::mutex>& lock) {
+  if (!clocks_.AddGradient(slot, b, n)) return;
+  if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
+  if (opts_.consistency.mode == ConsistencyMode::kBsp) {
+    FinishRoundIfCompleteLocked(b, lock);
+  } else {
+    if (!held_.empty()) ReleaseLocked();                   // ssp: the slowest may have moved
+    if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
+  }
 }
 
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {

@@ -44,13 +44,13 @@ Status Job::CheckRowBatch(const char* what, const RowBatch& batch) const {
     }
   }
   if (batch.rows == nullptr) return Status::OK();
-  for (uint64_t i = 0; i < batch.count * batch.width; ++i) {
-    if (!std::isfinite(batch.rows[i])) {
-      return Status::InvalidArgument(std::string(what) + ": the gradient of id " +
-                                     std::to_string(batch.ids[i / batch.width]) + " (position " +
-                                     std::to_string(i / batch.width) + ") is " +
-                                     (std::isnan(batch.rows[i]) ? "NaN" : "infinite") + "; nothing was applied");
-    }
+  const uint64_t values = batch.count * batch.width;
+  const uint64_t i = FirstNonFinite(batch.rows, values);
+  if (i != values) {
+    return Status::InvalidArgument(std::string(what) + ": the gradient of id " +
+                                   std::to_string(batch.ids[i / batch.width]) + " (position " +
+                                   std::to_string(i / batch.width) + ") is " +
+                                   (std::isnan(batch.rows[i]) ? "NaN" : "infinite") + "; nothing was applied");
   }
   return Status::OK();
 }
@@ -106,11 +106,13 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     sl.bytes_written += batch.count * batch.width * sizeof(float);
     if (!clocks_.live(slot)) clocks_.Rejoin(slot);
   }
-  const uint64_t row_bytes = batch.width * sizeof(float);
-  for (uint64_t k = 0; k < batch.count && s.ok(); ++k) {
-    s = ApplyAdmittedWrite(slot, batch.ids[k] * row_bytes, batch.rows + k * batch.width, row_bytes,
-                           wire::Dtype::kFloat32);
-  }
+  // In one pass by block; counted as a write of each row alone would be (a
+  // block's clock ticks per block's worth of parameters).
+  s = model_->ApplyRows(batch.ids, batch.count, batch.rows, [&](uint64_t b, uint64_t rows) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width, lock);
+  });
+  if (!s.ok()) rejected_writes_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A checked batch applies whole: its rows are in range, of the table's
@@ -159,7 +161,8 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     std::lock_guard<std::mutex> lock(mu_);
     return Status::Unavailable(failure_);
   }
-  std::vector<uint64_t> ids;
+  thread_local std::vector<uint64_t> ids;  // the rows asked for, copied out of the window under mu_
+  ids.clear();
   *numbers = RowWindowNumbers{};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -182,13 +185,11 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     }
   }
   const uint64_t width = numbers->pull_width;
-  if (rows > 0 && width > 0) std::memset(out, 0, rows * width * sizeof(float));
-  const uint64_t row_bytes = width * sizeof(float);
-  for (uint64_t k = 0; k < ids.size(); ++k) {
-    Status s = model_->Read(ids[k] * row_bytes, out + k * width, row_bytes);
-    if (!s.ok()) return s;
+  if (rows > ids.size() && width > 0) {
+    std::memset(out + ids.size() * width, 0, (rows - ids.size()) * width * sizeof(float));
   }
-  return Status::OK();
+  // The pull's width is the table's (CheckRowBatch), its ids in range.
+  return ids.empty() ? Status::OK() : model_->ReadRows(ids.data(), ids.size(), out);
 }
 
 // Layout: entries; per entry: slot, initiator length, its bytes in words

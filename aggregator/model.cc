@@ -17,10 +17,12 @@ uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
-// Index of the first non-finite float in g[0..n), or n if all are finite.
-// Tests the exponent bits: branch-free, so the compiler vectorises it. It
-// reads every gradient before the rule does (a write is refused whole), and
-// in the baseline's SSE2 it cost tgtd as much CPU per byte as sgd's saxpy;
+}  // namespace
+
+// FirstNonFinite (model.h) tests the exponent bits: branch-free, so the
+// compiler vectorises it. It reads every gradient before the rule does (a
+// write, or a row window's push, is refused whole), and in the baseline's
+// SSE2 it cost tgtd as much CPU per byte as sgd's saxpy;
 // clones for AVX2 and AVX-512, picked at load time, halve that
 // (bench/server-cpu.py; doc/performance.md). One version under GCC's
 // ThreadSanitizer, whose runtime is not up when ifunc resolvers run.
@@ -44,6 +46,8 @@ FirstNonFinite(const float* g, size_t n) {
   }
   return n;
 }
+
+namespace {
 
 // Hands the gradient of parameters [at, at + n) of a write whose values src
 // holds as `values` to piece(g, done, m), in order, as float32 g[0..m) for

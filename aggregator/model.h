@@ -98,6 +98,11 @@ struct ModelOptions {
 // memory= gives one.
 uint64_t AvailableMemoryBytes();
 
+// Index of the first non-finite float (NaN or infinite) in g[0..n), or n if
+// all are finite: the check every float32 gradient passes before it is
+// applied, vectorised.
+size_t FirstNonFinite(const float* g, size_t n);
+
 class Model {
  public:
   // Creates and initialises a model. On failure returns non-OK with a
@@ -121,6 +126,28 @@ class Model {
   // Copies device bytes [offset, offset + len) into dst.
   // Returns OutOfRange, copying nothing, if the range passes size_bytes().
   Status Read(uint64_t offset, void* dst, size_t len) const;
+
+  // A table's rows by id (Tables): row ids[k]'s width() values into
+  // out[k * width, (k + 1) * width), for k in [0, count), as Read() of each
+  // row would give them (a row not made as its initial values, without
+  // making it; an id may repeat), in one pass over the batch: the rows are
+  // visited by block, each block's read lock taken once for all its rows
+  // (model_rows.cc). Returns, copying nothing: InvalidArgument for a dense
+  // model; OutOfRange if an id is past the table's end.
+  Status ReadRows(const uint64_t* ids, uint64_t count, float* out) const;
+
+  // A table's row gradients by id: rows[k * width, (k + 1) * width) is the
+  // gradient of row ids[k], for k in [0, count), applied as ApplyGradient()
+  // of each row alone in the order given would (an all-zero row is no
+  // gradient; a repeated id is applied each time, in its order), in one
+  // pass: the rows are visited by block, each block's write lock taken once
+  // for all the batch's rows in it. After each block's rows, still under its
+  // lock, calls applied(block, rows) with the number of the batch's rows in
+  // it. Returns, applying nothing: InvalidArgument for a dense model;
+  // OutOfRange if an id is past the table's end.
+  // REQUIRES: every value finite (Job::CheckRowBatch checks a batch whole).
+  using RowsApplied = std::function<void(uint64_t block, uint64_t rows)>;
+  Status ApplyRows(const uint64_t* ids, uint64_t count, const float* rows, const RowsApplied& applied);
 
   // Read() without the copy: hands the weights of parameters [first,
   // first + count) to `take` in order, a piece per block, each under that
@@ -240,6 +267,8 @@ class Model {
   void ApplyTableLocked(uint64_t first, const float* g, uint64_t n);
 
   Status CheckRange(uint64_t offset, uint64_t len) const;
+  // ReadRows' and ApplyRows' checks: a table, every id in it.
+  Status CheckRowIds(const uint64_t* ids, uint64_t count) const;
   // The parameters a write of device bytes [offset, offset + len) covers:
   // [first, first + count), the device's padding past num_params() excluded.
   struct ParamRange {

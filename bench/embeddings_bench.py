@@ -1,20 +1,29 @@
 #!/usr/bin/python3
 """bench/embeddings.sh's body: see that script for what it measures.
 
-For each row width: one target serving a table (rule sgd) and tgt's null
-store; the same batches of ids go to both with pull_rows and push_rows (so
-the same requests at the same queue depth), batch by batch in turn (a batch
-to the table and the same batch to null, who goes first alternating) so
-that machine noise hits both alike; each call is timed, and tgtd's CPU and socket bytes read around it,
-on its own. Every row of the batches is pushed once before the rounds (a
-row's first push makes it: its initial values and memory, a one-off).
-Then a local torch.nn.EmbeddingBag (sum, sparse gradients, SGD) takes the
-same batches: forward, backward and step. Figures are medians over rounds,
-in ids per second (a batch's ids, repeats included) and distinct rows per
-second.
+For each row width: one target serving a table (rule sgd). Batches of
+Zipf(1.05) ids, scattered over the table by a fixed permutation (--permute,
+the default: without it the hot ids are rows 0, 1, 2, ..., side by side in
+one model block), go two ways to the same LUN, batch by batch in turn (who
+goes first alternating) so that machine noise hits both alike:
+  - rows: pull_rows and push_rows of the batch (through the server's row
+    windows; a batch's distinct rows are moved once);
+  - contiguous: the same bytes as one range, pull_into and push of
+    distinct x width floats from parameter 0 (the rate the issue's bar is
+    set against).
+Each call is timed, and tgtd's CPU and socket bytes read around it, on its
+own. Every row of the batches and of the contiguous range is pushed once
+before the rounds (a row's first push makes it: its initial values and
+memory, a one-off; a row not made reads as its initial values, computed
+on each read). Then a local torch.nn.EmbeddingBag (sum, sparse
+gradients, SGD) takes the same batches: forward, backward and step.
+Figures are medians over rounds, in ids per second (a batch's ids, repeats
+included) and distinct rows per second; the rows side's ratio to
+contiguous is of distinct rows per second.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -36,14 +45,28 @@ def parse():
     p.add_argument("--widths", default="32,128,512")
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--permute", action=argparse.BooleanOptionalAction, default=True,
+                   help="scatter the ids over the table by a fixed permutation (default: on)")
     p.add_argument("--out", default=os.path.join(top, "bench", "results", "embeddings"))
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     return p.parse_args()
 
 
-def batches(rows, batch, count, seed=1):
+def scatter(ids, rows):
+    """ids mapped by a fixed permutation of [0, rows): id -> (a * id + b) mod
+    rows, a coprime to rows (a bijection), a near rows times the golden
+    ratio's fraction, so that neighbouring ids land far apart."""
+    a = int(rows * 0.6180339887) | 1
+    while math.gcd(a, rows) != 1:
+        a += 2
+    b = rows // 3
+    return ((ids.astype(object) * a + b) % rows).astype(np.uint64)
+
+
+def batches(rows, batch, count, permute, seed=1):
     rng = np.random.default_rng(seed)
-    return [((rng.zipf(1.05, batch) - 1) % rows).astype(np.uint64) for _ in range(count)]
+    out = [((rng.zipf(1.05, batch) - 1) % rows).astype(np.uint64) for _ in range(count)]
+    return [scatter(ids, rows) for ids in out] if permute else out
 
 
 def rate(fn, ids_list, seconds):
@@ -109,7 +132,7 @@ def server_counters(pid):
 def served(a, width, ids_list):
     import blkps
     state = tempfile.mkdtemp(prefix="blkps-emb-bench-")
-    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--null-lun", "--owner-pid",
+    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--owner-pid",
                               str(os.getpid()), "--plugin", os.path.join(a.build, "target-plugin", "bs_blkps.so"),
                               "--bsopts", f"table={a.rows}:{width};rule=sgd;lr=1e-6;init=normal:0.01"],
                              stdout=subprocess.DEVNULL)
@@ -122,27 +145,33 @@ def served(a, width, ids_list):
         with open(os.path.join(state, "tgtd.pid")) as f:
             pid = int(f.read())
         grads = np.full((a.batch, width), 1e-3, dtype=np.float32)
+        pulled = np.empty((a.batch, width), dtype=np.float32)  # every batch has a.batch ids
+        flat_grads, flat_pulled = grads.reshape(-1), pulled.reshape(-1)
         runs = {}
-        with blkps.Model(env["URL"], queue_depth=a.qd) as table, \
-                blkps.Model(env["NULL_URL"], queue_depth=a.qd) as null:
-            for ids in ids_list:  # every row made
+        with blkps.Model(env["URL"], queue_depth=a.qd) as table:
+            # Per batch, the floats pull_rows and push_rows move (its distinct
+            # rows'), worked out before the clock runs.
+            floats = {id(ids): len(np.unique(ids)) * width for ids in ids_list}
+            for ids in ids_list:  # every row made, the batches' and the contiguous range's
                 table.push_rows(ids, grads[:len(ids)])
+            table.push(0, flat_grads[:max(floats.values())])
+            sides = {
+                "pull": {"blkps": lambda ids: table.pull_rows(ids, width, pulled),
+                         "contiguous": lambda ids: table.pull_into(0, flat_pulled[:floats[id(ids)]])},
+                "push": {"blkps": lambda ids: table.push_rows(ids, grads),
+                         "contiguous": lambda ids: table.push(0, flat_grads[:floats[id(ids)]])},
+            }
             for r in range(a.rounds):
-                for op in ("pull", "push"):
-                    if op == "pull":
-                        fns = {store: lambda ids, m=m: m.pull_rows(ids, width)  # noqa: E731
-                               for store, m in (("blkps", table), ("null", null))}
-                    else:
-                        fns = {store: lambda ids, m=m: m.push_rows(ids, grads[:len(ids)])  # noqa: E731
-                               for store, m in (("blkps", table), ("null", null))}
+                for op, fns in sides.items():
                     got = rates_side_by_side(fns, ids_list, 2 * a.seconds, pid)
-                    for store, g in got.items():
-                        runs.setdefault((store, op), []).append(g)
-                    print(f"width {width} round {r + 1}/{a.rounds}: {op} blkps {got['blkps'][0]:,.0f} ids/s, "
-                          f"null {got['null'][0]:,.0f} ({got['blkps'][0] / got['null'][0]:.2f})", file=sys.stderr)
+                    for side, g in got.items():
+                        runs.setdefault((side, op), []).append(g)
+                    print(f"width {width} round {r + 1}/{a.rounds}: {op} rows {got['blkps'][1]:,.0f} rows/s "
+                          f"({got['blkps'][2]:.2f} µs tgtd CPU a row), contiguous {got['contiguous'][1]:,.0f} "
+                          f"({got['blkps'][1] / got['contiguous'][1]:.2f})", file=sys.stderr)
         # ids/s, rows/s, server CPU µs per row, server socket bytes per row
-        return {f"{store}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
-                for (store, op), got in runs.items()}
+        return {f"{side}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
+                for (side, op), got in runs.items()}
     finally:
         subprocess.run([BLKPS, "target", "stop", "--dir", state], stdout=subprocess.DEVNULL)
         subprocess.run(["rm", "-rf", state])
@@ -168,10 +197,10 @@ def main():
     sys.path.insert(0, os.path.join(top, "learner", "python"))
     os.makedirs(a.out, exist_ok=True)
     widths = [int(w) for w in a.widths.split(",")]
-    ids_list = batches(a.rows, a.batch, 16)
+    ids_list = batches(a.rows, a.batch, 16, a.permute)
     distinct = statistics.mean(len(np.unique(ids)) for ids in ids_list)
     results = {"rows": a.rows, "batch": a.batch, "distinct_per_batch": distinct, "qd": a.qd,
-               "seconds": a.seconds, "rounds": a.rounds, "widths": {}}
+               "seconds": a.seconds, "rounds": a.rounds, "permute": a.permute, "widths": {}}
     for width in widths:
         r = served(a, width, ids_list)
         r["local_torch.step"] = local_torch(a, width, ids_list)
@@ -179,30 +208,34 @@ def main():
     results["load_average"] = os.getloadavg()[0]
     with open(os.path.join(a.out, "embeddings.json"), "w") as f:
         json.dump(results, f, indent=2)
-    lines = ["# Embedding rows through blkps vs tgt null vs local torch",
+    scattered = "scattered by a fixed permutation" if a.permute else "not permuted (hot ids side by side)"
+    lines = ["# Embedding rows through blkps's row windows vs the same bytes contiguous vs local torch",
              "",
              f"{a.rows:,} rows, batches of {a.batch} Zipf(1.05) ids ({distinct:.0f} distinct on average), "
-             f"queue depth {a.qd}, median of {a.rounds} rounds (each op: {2 * a.seconds:g} s of batches, each "
-             f"sent to blkps and to null in turn, each call timed on its own; rows made before); ids/s (a batch's ids, "
-             f"repeats included). Load average {os.getloadavg()[0]:.1f} at the end. Command: `sudo bench/embeddings.sh "
-             f"--rows {a.rows} --batch {a.batch} --qd {a.qd} --widths {a.widths}`.",
+             f"{scattered}, queue depth {a.qd}, median of {a.rounds} rounds (each op: {2 * a.seconds:g} s of "
+             f"batches, each sent as rows and as contiguous bytes in turn, each call timed on its own; rows made "
+             f"before). Rows: pull_rows/push_rows, distinct rows/s; contiguous: the same bytes (distinct x width "
+             f"floats) as one range on the same LUN, in rows/s; ratio: rows ÷ contiguous. Load average "
+             f"{os.getloadavg()[0]:.1f} at the end. Command: `sudo bench/embeddings.sh --rows {a.rows} "
+             f"--batch {a.batch} --qd {a.qd} --widths {a.widths}{'' if a.permute else ' --no-permute'}`.",
              "",
-             "| width | row bytes | pull ids/s | null pull | ratio | push ids/s | null push | ratio | local torch step ids/s |",
+             "| width | row bytes | pull rows/s | contiguous | ratio | push rows/s | contiguous | ratio | "
+             "local torch step ids/s |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for width, r in results["widths"].items():
-        pull, npull = r["blkps.pull"][0], r["null.pull"][0]
-        push, npush = r["blkps.push"][0], r["null.push"][0]
-        lines.append(f"| {width} | {4 * width} | {pull:,.0f} | {npull:,.0f} | {pull / npull:.2f} | {push:,.0f} | "
-                     f"{npush:,.0f} | {push / npush:.2f} | {r['local_torch.step'][0]:,.0f} |")
-    lines += ["", "Per distinct row, the target's tgtd (blkps and null LUNs in one tgtd, measured over the same "
-              "rounds): CPU microseconds (/proc/PID/stat) and iSCSI bytes through its sockets, both directions "
-              "(/proc/PID/io rchar + wchar; TCP/IP headers not included).", "",
-              "| width | row bytes | blkps pull µs | null pull µs | blkps push µs | null push µs | "
+        pull, cpull = r["blkps.pull"][1], r["contiguous.pull"][1]
+        push, cpush = r["blkps.push"][1], r["contiguous.push"][1]
+        lines.append(f"| {width} | {4 * width} | {pull:,.0f} | {cpull:,.0f} | {pull / cpull:.2f} | {push:,.0f} | "
+                     f"{cpush:,.0f} | {push / cpush:.2f} | {r['local_torch.step'][0]:,.0f} |")
+    lines += ["", "Per distinct row, the target's tgtd (over the same rounds): CPU microseconds (/proc/PID/stat) "
+              "and iSCSI bytes through its sockets, both directions (/proc/PID/io rchar + wchar; TCP/IP headers "
+              "not included), rows beside contiguous.", "",
+              "| width | row bytes | pull µs | contiguous pull µs | push µs | contiguous push µs | "
               "pull bytes | push bytes |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for width, r in results["widths"].items():
-        lines.append(f"| {width} | {4 * width} | {r['blkps.pull'][2]:.1f} | {r['null.pull'][2]:.1f} | "
-                     f"{r['blkps.push'][2]:.1f} | {r['null.push'][2]:.1f} | {r['blkps.pull'][3]:,.0f} | "
+        lines.append(f"| {width} | {4 * width} | {r['blkps.pull'][2]:.2f} | {r['contiguous.pull'][2]:.2f} | "
+                     f"{r['blkps.push'][2]:.2f} | {r['contiguous.push'][2]:.2f} | {r['blkps.pull'][3]:,.0f} | "
                      f"{r['blkps.push'][3]:,.0f} |")
     with open(os.path.join(a.out, "embeddings.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -366,19 +366,42 @@ def _right(rows, left=1):
     return "\n".join(table)
 
 
-def _ids_per_s(r, op):
-    """An embeddings run's ids/s for `op` with its ratio to null's."""
-    return f"{r['blkps.' + op][0]:,.0f} ({r['blkps.' + op][0] / r['null.' + op][0]:.2f})"
+def _baseline(r):
+    """What an embeddings run's rows are set against: "contiguous" (the same
+    bytes as one range on the same LUN; runs through the row windows) or
+    "null" (tgt's null store at the same per-row requests; runs before)."""
+    return "contiguous" if "contiguous.pull" in r else "null"
+
+
+def _one_baseline(runs):
+    bases = {_baseline(r) for e in runs for r in e["widths"].values()}
+    if len(bases) != 1:
+        sys.exit("tables: embeddings runs measured against both null and contiguous; rerun the older ones "
+                 "with bench/embeddings.sh")
+    return bases.pop()
+
+
+def _rate(r, op):
+    """An embeddings run's rate for `op` with its ratio to its baseline's:
+    distinct rows/s against contiguous, ids/s against null."""
+    base = _baseline(r)
+    i = 1 if base == "contiguous" else 0
+    return f"{r['blkps.' + op][i]:,.0f} ({r['blkps.' + op][i] / r[base + '.' + op][i]:.2f})"
+
+
+def _rate_headers(base):
+    unit = "rows/s" if base == "contiguous" else "ids/s"
+    return [f"pull {unit} (÷ {base})", f"push {unit} (÷ {base})"]
 
 
 def embeddings_rows():
-    """bench/embeddings.sh: ids/s pulled and pushed per row width, each with
-    its ratio to tgt's null store in the same run, and the local
+    """bench/embeddings.sh: rows pulled and pushed per row width, each with
+    its ratio to its baseline in the same run (_baseline), and the local
     torch.nn.EmbeddingBag's step (doc/embeddings.md "Bench")."""
     e = _embeddings()
-    rows = [["width", "row bytes", "pull ids/s (÷ null)", "push ids/s (÷ null)", "local torch ids/s"]]
+    rows = [["width", "row bytes", *_rate_headers(_one_baseline([e])), "local torch ids/s"]]
     for width, r in e["widths"].items():
-        rows.append([width, str(4 * int(width)), _ids_per_s(r, "pull"), _ids_per_s(r, "push"),
+        rows.append([width, str(4 * int(width)), _rate(r, "pull"), _rate(r, "push"),
                      f"{r['local_torch.step'][0]:,.0f}"])
     return _right(rows, 0)
 
@@ -386,33 +409,35 @@ def embeddings_rows():
 def embeddings_sweep():
     """bench/embeddings.sh runs at other table and batch sizes
     (bench/results/embeddings-sweep/*/embeddings.json, one folder a run),
-    each with its ratios to null in the same run and its load average."""
+    each with its ratios to its baseline in the same run and its load
+    average."""
     import glob
-    rows = [["rows", "batch (distinct)", "width", "pull ids/s (÷ null)", "push ids/s (÷ null)",
-             "local torch ids/s", "load"]]
     runs = []
     for path in glob.glob(os.path.join(RESULTS, "embeddings-sweep", "*", "embeddings.json")):
         with open(path, encoding="utf-8") as f:
             runs.append(json.load(f))
+    rows = [["rows", "batch (distinct)", "width", *_rate_headers(_one_baseline(runs)), "local torch ids/s", "load"]]
     for e in sorted(runs, key=lambda e: (e["rows"], e["batch"])):
         for width, r in e["widths"].items():
             rows.append([f"{e['rows']:,}", f"{e['batch']:,} ({round(e['distinct_per_batch']):,})", width,
-                         _ids_per_s(r, "pull"), _ids_per_s(r, "push"), f"{r['local_torch.step'][0]:,.0f}",
+                         _rate(r, "pull"), _rate(r, "push"), f"{r['local_torch.step'][0]:,.0f}",
                          f"{e['load_average']:.1f}"])
     return _right(rows, 0)
 
 
 def embeddings_row_cost():
     """bench/embeddings.sh: per distinct row, iSCSI bytes through tgtd's
-    sockets and tgtd's CPU, blkps beside null (doc/embeddings.md "Per-row
-    cost and a 1 TB table")."""
+    sockets and tgtd's CPU, blkps beside its baseline (doc/embeddings.md
+    "Per-row cost and a 1 TB table")."""
     e = _embeddings()
-    rows = [["row bytes", "iSCSI bytes per pulled row", "per pushed row", "tgtd CPU per pull (null)",
-             "per push (null)"]]
+    base = _one_baseline([e])
+    digits = 2 if base == "contiguous" else 0  # through the windows a row costs well under a µs
+    rows = [["row bytes", "iSCSI bytes per pulled row", "per pushed row", f"tgtd CPU per pull ({base})",
+             f"per push ({base})"]]
     for width, r in e["widths"].items():
         rows.append([str(4 * int(width)), f"{r['blkps.pull'][3]:,.0f}", f"{r['blkps.push'][3]:,.0f}",
-                     f"{r['blkps.pull'][2]:.0f} µs ({r['null.pull'][2]:.0f})",
-                     f"{r['blkps.push'][2]:.0f} µs ({r['null.push'][2]:.0f})"])
+                     f"{r['blkps.pull'][2]:.{digits}f} µs ({r[base + '.pull'][2]:.{digits}f})",
+                     f"{r['blkps.push'][2]:.{digits}f} µs ({r[base + '.push'][2]:.{digits}f})"])
     return _right(rows, 0)
 
 

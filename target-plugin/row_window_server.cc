@@ -3,6 +3,7 @@
 // (aggregator/job_row_windows.cc), and a READ of a window served as its state
 // record and its last pull's rows. Contract in lu_core.h.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -28,39 +29,58 @@ std::string WindowName(uint64_t lun, uint64_t window) {
 
 server::Status RowWindowsRead(blkps_lu* lu, uint64_t at, char* out, uint64_t n, const std::string& initiator) {
   const uint64_t row_bytes = lu->job->options().model.table.width * sizeof(float);
+  thread_local std::vector<float> values;  // a piece's rows when they cannot go straight into out
   for (uint64_t done = 0; done < n;) {
     const uint64_t index = (at + done) / kWindowBytes, from = (at + done) % kWindowBytes;
     const uint64_t piece = std::min(n - done, kWindowBytes - from);
     const uint64_t lun = index / BLKPS_CONTROL_WINDOWS_PER_LUN, window = index % BLKPS_CONTROL_WINDOWS_PER_LUN;
-    // The rows this piece touches, from the row at 4 KiB.
+    // The rows this piece touches, from the row at 4 KiB, and where in out
+    // its part past the header starts.
     uint64_t first_row = 0, rows = 0;
+    const uint64_t rows_from = std::max(from, kHeaderBytes);
+    char* rows_out = from + piece > kHeaderBytes ? out + done + (rows_from - from) : nullptr;
     if (row_bytes > 0 && from + piece > kHeaderBytes) {
-      first_row = (std::max(from, kHeaderBytes) - kHeaderBytes) / row_bytes;
+      first_row = (rows_from - kHeaderBytes) / row_bytes;
       rows = (from + piece - kHeaderBytes + row_bytes - 1) / row_bytes - first_row;
     }
-    std::vector<float> values(rows * (row_bytes / sizeof(float)));
+    // Whole rows at a float's alignment (a READ of a pull as the learner
+    // sends it, of rows a multiple of 512 bytes) are read straight into out;
+    // others through `values`, then the piece's bytes of them copied.
+    const bool straight = rows > 0 && (rows_from - kHeaderBytes) % row_bytes == 0 &&
+                          (from + piece - kHeaderBytes) % row_bytes == 0 &&
+                          reinterpret_cast<uintptr_t>(rows_out) % alignof(float) == 0;
+    float* rows_into = reinterpret_cast<float*>(rows_out);
+    if (!straight) {
+      values.resize(rows * (row_bytes / sizeof(float)));
+      rows_into = values.data();
+    }
     server::Job::RowWindowNumbers numbers;
-    server::Status s = lu->job->ReadRowWindow(lun, initiator, window, &numbers, first_row, rows, values.data());
+    server::Status s = lu->job->ReadRowWindow(lun, initiator, window, &numbers, first_row, rows, rows_into);
     if (!s.ok()) return s;
-    std::string header(kHeaderBytes, '\0');
-    blkps_row_window_state state{};
-    state.lun = lun;
-    state.window = window;
-    state.push_sequence = numbers.push_sequence;
-    state.push_tag = numbers.push_tag;
-    state.pushes_applied = numbers.pushes_applied;
-    state.rows_applied = numbers.rows_applied;
-    state.pull_sequence = numbers.pull_sequence;
-    state.pull_tag = numbers.pull_tag;
-    state.pull_count = numbers.pull_count;
-    state.pull_width = numbers.pull_width;
-    blkps_row_window_state_encode(state, header.data());
-    const char* row_data = reinterpret_cast<const char*>(values.data());
-    for (uint64_t i = 0; i < piece; ++i) {
-      const uint64_t byte = from + i;
-      out[done + i] = byte < kHeaderBytes ? header[byte]
-                      : rows > 0          ? row_data[byte - kHeaderBytes - first_row * row_bytes]
-                                          : '\0';  // a dense model: no rows
+    if (from < kHeaderBytes) {
+      char header[kHeaderBytes] = {};
+      blkps_row_window_state state{};
+      state.lun = lun;
+      state.window = window;
+      state.push_sequence = numbers.push_sequence;
+      state.push_tag = numbers.push_tag;
+      state.pushes_applied = numbers.pushes_applied;
+      state.rows_applied = numbers.rows_applied;
+      state.pull_sequence = numbers.pull_sequence;
+      state.pull_tag = numbers.pull_tag;
+      state.pull_count = numbers.pull_count;
+      state.pull_width = numbers.pull_width;
+      blkps_row_window_state_encode(state, header);
+      std::memcpy(out + done, header + from, std::min(piece, kHeaderBytes - from));
+    }
+    if (from + piece > kHeaderBytes) {
+      const uint64_t bytes = from + piece - rows_from;
+      if (rows == 0) {
+        std::memset(rows_out, 0, bytes);  // a dense model: no rows
+      } else if (!straight) {
+        std::memcpy(rows_out, reinterpret_cast<const char*>(values.data()) + (rows_from - kHeaderBytes) % row_bytes,
+                    bytes);
+      }
     }
     done += piece;
   }

@@ -145,6 +145,36 @@ TEST(RowWindows, PullReadsEachIdsRowInIdOrderAsThePerRowPathDoes) {
   }
 }
 
+// READs of a window may come in pieces: 512-byte pieces that cut 384-byte
+// rows read the bytes one READ does, and those are the per-row path's.
+TEST(RowWindows, AReadInPiecesThatCutRowsReadsTheBytesOfOneRead) {
+  constexpr uint64_t kRows384 = 1024, kRow384Bytes = 384;
+  Windows w("table=1024:96;rule=sgd;init=normal:0.1;seed=3");
+  ASSERT_TRUE(w.target().ok()) << w.target().start_output();
+  ASSERT_TRUE(w.control().connected()) << w.control().error();
+  const uint64_t lba =
+      blkps_control_window_offset(kRows384 * kRow384Bytes, LunOf(w.target().control_url()), 1, 0) / kRawLbaBytes;
+  const std::vector<uint64_t> ids = {1023, 5, 5, 700, 0};
+  ASSERT_EQ(w.control().Write(lba, Windows::Request(BLKPS_ROW_WINDOW_PULL, 1, 0, ids, 96, {})), kGood);
+  const uint32_t blocks = (BLKPS_ROW_WINDOW_HEADER_BYTES + ids.size() * kRow384Bytes + kRawLbaBytes - 1) / kRawLbaBytes;
+  std::vector<uint8_t> whole, pieces, piece;
+  ASSERT_EQ(w.control().Read(lba, blocks, &whole), kGood);
+  for (uint32_t b = 0; b < blocks; ++b) {
+    ASSERT_EQ(w.control().Read(lba + b, 1, &piece), kGood);
+    pieces.insert(pieces.end(), piece.begin(), piece.end());
+  }
+  EXPECT_EQ(pieces, whole);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    std::vector<uint8_t> sectors;  // the row's bytes on the learner LUN
+    const uint64_t at = ids[k] * kRow384Bytes;
+    const uint32_t span = (at % kRawLbaBytes + kRow384Bytes + kRawLbaBytes - 1) / kRawLbaBytes;
+    ASSERT_EQ(w.learner().Read(at / kRawLbaBytes, span, &sectors), kGood);
+    EXPECT_EQ(0, std::memcmp(whole.data() + BLKPS_ROW_WINDOW_HEADER_BYTES + k * kRow384Bytes,
+                             sectors.data() + at % kRawLbaBytes, kRow384Bytes))
+        << "id " << ids[k];
+  }
+}
+
 // The same gradients pushed as one batch through a window and row by row on
 // the learner LUN give the same rows, bit for bit, rule state included (two
 // pushes of adagrad). Both halves of the table start at zeros.

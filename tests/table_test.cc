@@ -210,6 +210,78 @@ TEST(Table, ConcurrentPushesToRowsOfOneBlockAreAllApplied) {
   EXPECT_EQ(total, 800.0);
 }
 
+TEST(Table, RowsByIdReadAsEachRowReadAloneInTheBatchsOrder) {
+  ModelOptions o = TableOptions(16, 8);
+  o.block_bytes = 4 * 32;  // 4 rows a block: the batch spans all 4 blocks
+  auto m = MakeTable(o);
+  ASSERT_EQ(m->num_blocks(), 4u);
+  for (uint64_t r : {2, 9, 12}) {  // made; the others keep their initial values
+    std::vector<float> g(8, 1.0f + static_cast<float>(r));
+    ASSERT_TRUE(m->ApplyGradient(r * 32, g.data(), 32).ok());
+  }
+  const std::vector<uint64_t> ids{9, 2, 9, 0, 15, 5, 2, 12, 3};  // repeats, out of order, made and not
+  std::vector<float> rows(ids.size() * 8, -1.0f);
+  Status s = m->ReadRows(ids.data(), ids.size(), rows.data());
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(std::vector<float>(rows.begin() + k * 8, rows.begin() + (k + 1) * 8), ReadRow(*m, ids[k])) << k;
+  }
+  EXPECT_EQ(m->RowsMade(), 3u);  // reading made no row
+}
+
+TEST(Table, RowsByIdWithOnePastTheEndAreRefusedCopyingNothing) {
+  auto m = MakeTable(TableOptions(16, 8));
+  const std::vector<uint64_t> ids{3, 16};
+  std::vector<float> rows(2 * 8, -1.0f);
+  Status s = m->ReadRows(ids.data(), ids.size(), rows.data());
+  EXPECT_EQ(s.code(), Status::Code::kOutOfRange) << s.message();
+  EXPECT_NE(s.message().find("row id 16 (position 1) is past the table's end (16 rows)"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(rows, std::vector<float>(2 * 8, -1.0f));
+}
+
+TEST(Table, RowsPushedByIdApplyAsEachRowPushedAloneInTheBatchsOrder) {
+  ModelOptions o = TableOptions(16, 8, "adam");  // adam: a repeat is a step of its own
+  o.block_bytes = 4 * 32;                        // 4 rows a block: the batch spans all 4 blocks
+  auto batched = MakeTable(o), alone = MakeTable(o);
+  const std::vector<uint64_t> ids{9, 2, 9, 0, 15, 5, 12, 3};  // repeats, out of order
+  std::vector<float> rows(ids.size() * 8);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 7) - 3.0f;
+  std::fill_n(rows.begin() + 5 * 8, 8, 0.0f);  // row 5's: all zeros, no gradient
+  std::vector<uint64_t> counted(4, 0);
+  Status s =
+      batched->ApplyRows(ids.data(), ids.size(), rows.data(), [&](uint64_t block, uint64_t n) { counted[block] += n; });
+  ASSERT_TRUE(s.ok()) << s.message();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ASSERT_TRUE(alone->ApplyGradient(ids[k] * 32, rows.data() + k * 8, 32).ok());
+  }
+  for (uint64_t r = 0; r < 16; ++r) EXPECT_EQ(ReadRow(*batched, r), ReadRow(*alone, r)) << r;
+  EXPECT_EQ(batched->RowsMade(), 6u);                       // 9, 2, 0, 15, 12, 3: not 5
+  EXPECT_EQ(counted, (std::vector<uint64_t>{3, 1, 2, 2}));  // each block's rows, repeats and zeros included
+}
+
+TEST(Table, RowsPushedByIdWithOnePastTheEndAreRefusedApplyingNothing) {
+  auto m = MakeTable(TableOptions(16, 8));
+  const std::vector<uint64_t> ids{3, 16};
+  const std::vector<float> rows(2 * 8, 1.0f);
+  Status s = m->ApplyRows(ids.data(), ids.size(), rows.data(), nullptr);
+  EXPECT_EQ(s.code(), Status::Code::kOutOfRange) << s.message();
+  EXPECT_NE(s.message().find("row id 16 (position 1) is past the table's end (16 rows)"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(m->RowsMade(), 0u);
+}
+
+TEST(Table, RowsByIdOfADenseModelAreRefused) {
+  ModelOptions o;
+  o.num_params = 64;
+  std::unique_ptr<Model> m = MakeTable(o);
+  const uint64_t id = 0;
+  float row[4];
+  Status s = m->ReadRows(&id, 1, row);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.message();
+  EXPECT_NE(s.message().find("not a table"), std::string::npos) << s.message();
+}
+
 TEST(Table, GeometryThatSplitsRowsIsRefused) {
   ModelOptions o = TableOptions(10, 3);
   o.block_bytes = 16;
