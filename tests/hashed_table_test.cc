@@ -178,6 +178,18 @@ TEST(HashedTable, EvictionNeverTakesARowOfTheBatchBeingPushed) {
   EXPECT_EQ(Push(*t, {1, 3, 4}, 1.0f).code(), Status::Code::kResourceExhausted);  // nothing evictable
 }
 
+TEST(HashedTable, AnEvictedIdComesBackWithFreshRuleState) {
+  HashedTableOptions o = Options(1, 1, "adagrad");
+  o.evict.kind = EvictionRule::Kind::kLeastRecentlyPushed;
+  auto t = Make(o);
+  ASSERT_TRUE(Push(*t, {1}, 1.0f).ok());
+  const std::vector<float> first = Read(*t, {1});
+  ASSERT_TRUE(Push(*t, {1}, 1.0f).ok());  // adagrad's sum of squares: 2
+  ASSERT_TRUE(Push(*t, {2}, 1.0f).ok());  // evicts 1
+  ASSERT_TRUE(Push(*t, {1}, 1.0f).ok());  // evicts 2; 1 starts over
+  EXPECT_EQ(Read(*t, {1}), first);
+}
+
 TEST(HashedTable, IdleEvictsOnlyRowsNotPushedForNUpdates) {
   HashedTableOptions o = Options(2, 1);
   o.evict = {EvictionRule::Kind::kIdle, 3};
