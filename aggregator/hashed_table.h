@@ -1,5 +1,7 @@
-// HashedTable: a table of rows keyed by any 64-bit id (a feature hash),
-// `--bsopts table=hash:CAPACITY:WIDTH` (doc/embeddings.md "Hashed ids").
+// HashedTable: a table of rows keyed by any 64-bit id (a feature hash), the
+// storage of a hashed table (doc/embeddings.md "Hashed ids"). Not served
+// yet: `--bsopts table=hash:CAPACITY:WIDTH` and `evict=`, the row windows,
+// status, the checkpoint file and shards are to come (issue 38).
 //
 // Collision-free: each row is stored with its id. The index is open
 // addressing with linear probing over a slot array of a power of two slots,
@@ -51,7 +53,7 @@
 
 namespace blkps::server {
 
-// What a full hashed table does when a push needs a row (bsopts evict=).
+// What a full hashed table does when a push needs a row (to be bsopts evict=).
 struct EvictionRule {
   enum class Kind { kNone, kLeastRecentlyPushed, kIdle };
   Kind kind = Kind::kNone;
