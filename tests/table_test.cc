@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -363,6 +364,30 @@ TEST(TableJob, CheckpointRestoresRowsMadeWeightsAndRuleState) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("table"), std::string::npos) << s.message();
   std::remove(path);
+}
+
+// Issue 38 item 4: a receipt's memory does not grow with the rows a learner
+// touches. Pushes through the row windows are counted per window (its last
+// sequence, tag and totals, job.h "Row windows"), never per 512-byte unit as
+// plain writes are: after every row of a 4,096-unit table has been pushed
+// through one window, the receipt holds no unit.
+TEST(TableJob, WindowPushesKeepNoPerUnitReceiptHoweverManyRowsTheyTouch) {
+  JobOptions o = TableJob("sgd");
+  o.model = TableOptions(16384, 32, "sgd");  // 128-byte rows, 4 to a unit
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("t", o, nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  std::vector<uint64_t> ids(512);
+  std::vector<float> grads(ids.size() * 32, 0.5f);
+  for (uint64_t batch = 0; batch < 32; ++batch) {
+    for (uint64_t k = 0; k < ids.size(); ++k) ids[k] = batch * ids.size() + k;
+    Job::RowBatch b{0, batch + 1, 7, ids.data(), ids.size(), 32, grads.data()};
+    ASSERT_TRUE(job->PushRowBatch(1, "iqn.learner", b).ok());
+  }
+  std::vector<uint32_t> counts(16384 * 128 / 512, 1);
+  const Job::ReceiptNumbers numbers = job->GetReceipt(1, "iqn.learner", 0, &counts);
+  EXPECT_EQ(numbers.writes_applied, 32u);
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), 0u), static_cast<long>(counts.size()));
 }
 
 TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {

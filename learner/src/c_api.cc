@@ -10,6 +10,7 @@
 
 #include "blkps/blkps.h"
 #include "blkps/engine.hpp"
+#include "blkps/feature_id.h"
 #include "blkps/model.hpp"
 #include "shard_layout.h"
 #include "stripe_map.h"
@@ -259,6 +260,10 @@ void blkps_stripe_scatter(uint64_t stripe_unit, uint32_t shards, const void* mod
     std::memcpy(static_cast<char*>(shard_parts[piece.shard]) + piece.shard_offset, from, piece.length);
     from += piece.length;
   }
+}
+
+void blkps_feature_id_shards(const uint64_t* ids, size_t n, uint32_t shards, uint32_t* out) {
+  for (size_t k = 0; k < n; ++k) out[k] = blkps_feature_id_shard(ids[k], shards);
 }
 
 // ---- Learner engine ----------------------------------------------------------

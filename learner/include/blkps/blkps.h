@@ -287,6 +287,15 @@ BLKPS_EXPORT int blkps_layout_describe(const char *path, char *out, size_t out_l
 BLKPS_EXPORT void blkps_stripe_scatter(uint64_t stripe_unit, uint32_t shards, const void *model, uint64_t model_bytes,
                                        void *const *shard_parts);
 
+/* ---- Hashed feature ids (blkps/feature_id.h) --------------------------------
+ *
+ * Writes to out[k] the shard, 0 .. shards-1, that holds the row of feature
+ * id ids[k], k = 0 .. n-1: blkps_feature_id_shard() of blkps/feature_id.h,
+ * the one rule by which a hashed table's rows are split over shards
+ * (doc/embeddings.md "Hashed ids"), for bindings that cannot include a C
+ * header (the Python package's blkps.feature_ids). REQUIRES: shards > 0. */
+BLKPS_EXPORT void blkps_feature_id_shards(const uint64_t *ids, size_t n, uint32_t shards, uint32_t *out);
+
 /* ---- Learner engine: double buffering and adaptive pulling ----------------
  *
  * An engine trains on one buffer while its own threads push the previous
