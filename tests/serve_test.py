@@ -307,6 +307,8 @@ def chap_file_in_job_folder():
     os.chmod(chap_file, 0o644)
     bsopts = f"params={UNIT};lr=1"
     with Serve(bsopts, "--publish", jobdir, "--chap-file", chap_file, refused=True) as s:
+        if s.line:
+            fail(f"a CHAP file of mode 0644 was taken: serve printed {s.line!r}")
         _, err = s.proc.communicate(timeout=120)
         lines = err.splitlines()
         if s.proc.returncode != 1 or len(lines) != 1 or f"chmod 600 {chap_file}" not in lines[0]:
