@@ -1,7 +1,8 @@
 // HashedTable: a table of rows keyed by any 64-bit id (a feature hash), the
-// storage of a hashed table (doc/embeddings.md "Hashed ids"). Not served
-// yet: `--bsopts table=hash:CAPACITY:WIDTH` and `evict=`, the row windows,
-// status, the checkpoint file and shards are to come (issue 38).
+// storage of a hashed table (doc/embeddings.md "Hashed ids"), served by a
+// Job for `--bsopts table=hash:CAPACITY:WIDTH` and `evict=` through the row
+// windows (job.h "Hashed tables"); the checkpoint file and shards are to
+// come (issue 38).
 //
 // Collision-free: each row is stored with its id. The index is open
 // addressing with linear probing over a slot array of a power of two slots,

@@ -127,7 +127,8 @@ TEST(TableTarget, RowPushesFromTwoLearnersApplyToSeededRowsAndSurviveARestart) {
     }
   };
   expect_rows("served");
-  const std::string made = "\"table\": {\"rows\": 4096, \"width\": 32, \"row_bytes\": 128, \"rows_made\": 7}";
+  const std::string made =
+      "\"table\": {\"rows\": 4096, \"width\": 32, \"row_bytes\": 128, \"rows_made\": 7, \"hashed\": false";
   EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
 
   std::string why;

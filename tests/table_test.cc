@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <regex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -399,10 +401,19 @@ TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   ASSERT_TRUE(job->Write(slot, 0, g.data(), 1024).ok());
   const std::string status = job->StatusJson();
   EXPECT_EQ(blkps_test::JsonCheck::Problem(status), "") << status;
-  EXPECT_NE(status.find("\"table\": {\"rows\": 32, \"width\": 8, \"row_bytes\": 32, \"rows_made\": 1}"),
-            std::string::npos)
+  EXPECT_NE(
+      status.find("\"table\": {\"rows\": 32, \"width\": 8, \"row_bytes\": 32, \"rows_made\": 1, \"hashed\": false"),
+      std::string::npos)
       << status;
-  EXPECT_NE(std::string(BLKPS_STATUS_TABLE_KEYS).find("rows_made"), std::string::npos);
+  // The table object's keys, in order, are the header's list.
+  const size_t from = status.find("\"table\": {") + 9;
+  const std::string table = status.substr(from, status.find('}', from) - from);
+  const std::regex key("\"(\\w+)\":");
+  std::string keys;
+  for (auto m = std::sregex_iterator(table.begin(), table.end(), key); m != std::sregex_iterator(); ++m) {
+    keys += (keys.empty() ? "" : " ") + (*m)[1].str();
+  }
+  EXPECT_EQ(keys, BLKPS_STATUS_TABLE_KEYS) << status;
 }
 
 TEST(TableOptions, TableDeclaresRowsAndWidth) {
@@ -418,6 +429,19 @@ TEST(TableOptions, TableDeclaresRowsAndWidth) {
   EXPECT_EQ(o.job.model.block_bytes % 12, 0u);
 }
 
+TEST(TableOptions, HashedTableDeclaresCapacityWidthAndEvictionRule) {
+  LuOptions o;
+  Status s = ParseLuOptions("table=hash:1000:16;rule=adagrad;evict=idle:5", &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.job.hashed_capacity, 1000u);
+  // The model is the table's one-row stand-in: the learner LUN is one row.
+  EXPECT_EQ(o.job.model.table.rows, 1u);
+  EXPECT_EQ(o.job.model.table.width, 16u);
+  EXPECT_EQ(o.job.model.num_params, 16u);
+  EXPECT_EQ(o.job.evict.kind, EvictionRule::Kind::kIdle);
+  EXPECT_EQ(o.job.evict.idle_updates, 5u);
+}
+
 TEST(TableOptions, BadTablesAreRefusedInOneLine) {
   const std::pair<const char*, const char*> cases[] = {
       {"table=10", "table:"},
@@ -425,6 +449,11 @@ TEST(TableOptions, BadTablesAreRefusedInOneLine) {
       {"table=4:x", "table:"},
       {"table=10:4;params=40", "params:"},
       {"table=10:4;mode=bsp", "mode=async"},
+      {"table=hash:10", "table:"},
+      {"table=hash:0:4", "table:"},
+      {"table=10:4;evict=lru-push", "evict: only for a hashed table"},
+      {"table=hash:10:4;evict=sometimes", "evict:"},
+      {"table=hash:10:4;checkpoint=/tmp/t.ckpt", "checkpoint: a hashed table"},
       {"table=10:4;mode=ssp:1", "mode=async"},
       {"table=10:4;block=20", "block:"},
       {"table=10:4;staleness_aware=1", "staleness_aware:"},
