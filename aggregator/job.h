@@ -52,8 +52,9 @@
 // 64-bit id, and serves them through the row windows only: a learner LUN's
 // plain READ and WRITE are refused (the plugin says so), the model is a
 // one-row stand-in that only sizes the LUNs. Status "table" shows its
-// capacity, rows made, eviction rule and evictions. Not yet checkpointed
-// nor sharded: CheckTableJob refuses checkpoint= and shard= for one.
+// capacity, rows made, eviction rule and evictions. A checkpoint holds the
+// rows made (section "hashed.rows", at the same instant as the receipts).
+// Not yet sharded: CheckTableJob refuses shard= for one.
 //
 // Checkpoints (doc/server.md "Checkpoints"). Checkpoint() writes the
 // weights, the rule's state and parameters, the bsp accumulator, every
@@ -185,7 +186,7 @@ struct JobOptions {
 // anything else; OK for a dense one.
 Status CheckTableJob(const JobOptions& opts);
 // The part of CheckTableJob for a hashed table (job_hashed_table.cc): not
-// yet checkpointed nor sharded (InvalidArgument for checkpoint= or shard=).
+// yet sharded (InvalidArgument for shard=).
 Status CheckHashedTableJob(const JobOptions& opts);
 
 class Job {
@@ -504,6 +505,13 @@ class Job {
   Status ReadTableRows(const uint64_t* ids, uint64_t count, float* out) const;
   // Status "table": the object of BLKPS_STATUS_TABLE_KEYS, or null.
   std::string TableStatusJson() const;
+  // The hashed table's rows made, with their rule state, its clock and
+  // evictions, as words for the checkpoint's "hashed.rows" section (empty
+  // for any other job), and back (InvalidArgument for malformed words or
+  // rows that do not fit the table). REQUIRES: no push running (the write
+  // gate closed, or at Create).
+  std::vector<uint64_t> SaveHashedRows() const;
+  Status RestoreHashedRows(const std::vector<uint64_t>& words);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
   // `initiator` does I/O on slot `s`: its receipt (made for a write, found

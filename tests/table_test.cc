@@ -392,6 +392,57 @@ TEST(TableJob, WindowPushesKeepNoPerUnitReceiptHoweverManyRowsTheyTouch) {
   EXPECT_EQ(std::count(counts.begin(), counts.end(), 0u), static_cast<long>(counts.size()));
 }
 
+// A hashed table's job restarted from its checkpoint holds the same rows,
+// rule state, receipts and order of pushes: the same pushes afterwards,
+// evictions included, give the same rows and status as the job that wrote it.
+TEST(TableJob, HashedTableRestartsFromItsCheckpointExactly) {
+  char path[] = "/tmp/blkps-hashed-ckpt-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::remove(path);
+  LuOptions o;
+  ASSERT_TRUE(
+      ParseLuOptions(std::string("table=hash:4:2;rule=adam;lr=0.1;evict=lru-push;checkpoint=") + path, &o).ok());
+  const uint64_t big = uint64_t{1} << 63;
+  auto push = [](Job& job, uint64_t sequence, std::vector<uint64_t> ids) {
+    std::vector<float> grads(ids.size() * 2);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f + static_cast<float>(i + sequence);
+    return job.PushRowBatch(1, "iqn.learner", {0, sequence, 7, ids.data(), ids.size(), 2, grads.data()});
+  };
+  auto rows = [](Job& job, std::vector<uint64_t> ids) {
+    std::vector<float> out(ids.size() * 2);
+    Job::RowWindowNumbers numbers;
+    EXPECT_TRUE(job.PullRowBatch(1, "iqn.learner", {1, 0, 0, ids.data(), ids.size(), 2, nullptr}).ok());
+    EXPECT_TRUE(job.ReadRowWindow(1, "iqn.learner", 1, &numbers, 0, ids.size(), out.data()).ok());
+    return out;
+  };
+  std::shared_ptr<Job> wrote, restarted;
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &wrote).ok());
+  wrote->AddLearner(1, [] {});
+  ASSERT_TRUE(push(*wrote, 1, {big + 1, 5, 9}).ok());
+  ASSERT_TRUE(push(*wrote, 2, {~uint64_t{0}, 5}).ok());  // full: 4 rows
+  ASSERT_TRUE(wrote->Checkpoint().ok());
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &restarted).ok());
+  restarted->AddLearner(1, [] {});
+  const std::vector<uint64_t> all = {big + 1, 5, 9, ~uint64_t{0}, 11, 12};
+  EXPECT_EQ(rows(*restarted, all), rows(*wrote, all));
+  // The resend of the last push is known; two new ids evict the two least
+  // recently pushed (big + 1 and 9) on both.
+  ASSERT_TRUE(push(*restarted, 2, {~uint64_t{0}, 5}).ok());
+  for (Job* job : {wrote.get(), restarted.get()}) ASSERT_TRUE(push(*job, 3, {11, 12}).ok());
+  EXPECT_EQ(rows(*restarted, all), rows(*wrote, all));
+  EXPECT_EQ(rows(*restarted, {big + 1, 9}), std::vector<float>(4, 0.0f));  // evicted: initial zeros again
+  EXPECT_NE(rows(*restarted, {5}), std::vector<float>(2, 0.0f));
+  EXPECT_NE(restarted->StatusJson().find("\"rows_made\": 4, \"hashed\": true, \"row_limit\": 4, \"evict\": "
+                                         "\"lru-push\", \"evictions\": 2"),
+            std::string::npos)
+      << restarted->StatusJson();
+  EXPECT_EQ(restarted->StatusJson().substr(restarted->StatusJson().find("\"table\"")).substr(0, 200),
+            wrote->StatusJson().substr(wrote->StatusJson().find("\"table\"")).substr(0, 200));
+  std::remove(path);
+}
+
 TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("t", TableJob("sgd"), nullptr, &job).ok());
@@ -453,7 +504,7 @@ TEST(TableOptions, BadTablesAreRefusedInOneLine) {
       {"table=hash:0:4", "table:"},
       {"table=10:4;evict=lru-push", "evict: only for a hashed table"},
       {"table=hash:10:4;evict=sometimes", "evict:"},
-      {"table=hash:10:4;checkpoint=/tmp/t.ckpt", "checkpoint: a hashed table"},
+      {"table=hash:10:4;checkpoint=/tmp/t.ckpt;shard=0/2", "shard: a hashed table"},
       {"table=10:4;mode=ssp:1", "mode=async"},
       {"table=10:4;block=20", "block:"},
       {"table=10:4;staleness_aware=1", "staleness_aware:"},
