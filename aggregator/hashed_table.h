@@ -93,6 +93,9 @@ class HashedTable {
   uint64_t capacity() const { return capacity_; }
   uint64_t width() const { return width_; }
   const EvictionRule& evict() const { return evict_; }
+  // The update rule, for its parameters at run time (lr=, ...): its
+  // SetParam() is safe beside pushes, as for a model's rule.
+  UpdateRule& rule() { return *rule_; }
   // The most rows this table makes: capacity(), or fewer under the memory bound.
   uint64_t row_limit() const { return row_limit_; }
   uint64_t slot_count() const { return mask_ + 1; }

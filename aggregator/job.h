@@ -503,6 +503,9 @@ class Job {
   // Rows by id, as the table's rule gives them: hashed_ or the model's.
   // REQUIRES: the batch passed CheckRowBatch.
   Status ReadTableRows(const uint64_t* ids, uint64_t count, float* out) const;
+  // Sets a rule parameter (UpdateRule::SetParam) of the model's rule and,
+  // for a hashed table, of its rows' rule: the two never differ.
+  Status SetRuleParam(const std::string& key, float value);
   // Status "table": the object of BLKPS_STATUS_TABLE_KEYS, or null.
   std::string TableStatusJson() const;
   // The hashed table's rows made, with their rule state, its clock and

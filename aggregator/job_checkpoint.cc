@@ -241,7 +241,7 @@ Status Job::LoadCheckpoint() {
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {
     if (key.rfind("rule.", 0) != 0) continue;
-    s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
+    s = SetRuleParam(key.substr(5), std::strtof(value.c_str(), nullptr));
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
   round_generation_base_ = set.generation;

@@ -31,6 +31,12 @@ Status Job::CreateHashedTable() {
   return HashedTable::Create(table, &hashed_);
 }
 
+Status Job::SetRuleParam(const std::string& key, float value) {
+  Status s = model_->rule().SetParam(key, value);
+  if (s.ok() && hashed_ != nullptr) s = hashed_->rule().SetParam(key, value);
+  return s;
+}
+
 Status Job::ReadTableRows(const uint64_t* ids, uint64_t count, float* out) const {
   if (hashed_ == nullptr) return model_->ReadRows(ids, count, out);
   hashed_->ReadRows(ids, count, out);

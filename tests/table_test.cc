@@ -443,6 +443,25 @@ TEST(TableJob, HashedTableRestartsFromItsCheckpointExactly) {
   std::remove(path);
 }
 
+// An operator's lr= reaches a hashed table's rows, as it does a model's.
+TEST(TableJob, ControlLrStepsAHashedTablesRows) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("table=hash:4:2;rule=sgd;lr=1", &o).ok());
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("lr=0.25").ok());
+  const uint64_t id = 77;
+  const float grads[2] = {1, 2};
+  ASSERT_TRUE(job->PushRowBatch(1, "iqn.learner", {0, 1, 7, &id, 1, 2, grads}).ok());
+  float row[2] = {};
+  Job::RowWindowNumbers numbers;
+  ASSERT_TRUE(job->PullRowBatch(1, "iqn.learner", {1, 0, 0, &id, 1, 2, nullptr}).ok());
+  ASSERT_TRUE(job->ReadRowWindow(1, "iqn.learner", 1, &numbers, 0, 1, row).ok());
+  EXPECT_EQ(row[0], -0.25f);
+  EXPECT_EQ(row[1], -0.5f);
+}
+
 TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("t", TableJob("sgd"), nullptr, &job).ok());
