@@ -1,7 +1,8 @@
 // HashedTable: a table of rows keyed by any 64-bit id (a feature hash), the
-// storage of a hashed table (doc/embeddings.md "Hashed ids"). Not served
-// yet: `--bsopts table=hash:CAPACITY:WIDTH` and `evict=`, the row windows,
-// status, the checkpoint file and shards are to come (issue 38).
+// storage of a hashed table (doc/embeddings.md "Hashed ids"), served by a
+// Job for `--bsopts table=hash:CAPACITY:WIDTH` and `evict=` through the row
+// windows (job.h "Hashed tables"); the checkpoint file and shards are to
+// come (issue 38).
 //
 // Collision-free: each row is stored with its id. The index is open
 // addressing with linear probing over a slot array of a power of two slots,
@@ -92,6 +93,9 @@ class HashedTable {
   uint64_t capacity() const { return capacity_; }
   uint64_t width() const { return width_; }
   const EvictionRule& evict() const { return evict_; }
+  // The update rule, for its parameters at run time (lr=, ...): its
+  // SetParam() is safe beside pushes, as for a model's rule.
+  UpdateRule& rule() { return *rule_; }
   // The most rows this table makes: capacity(), or fewer under the memory bound.
   uint64_t row_limit() const { return row_limit_; }
   uint64_t slot_count() const { return mask_ + 1; }

@@ -20,7 +20,7 @@ Status CheckTableJob(const JobOptions& opts) {
     return Status::InvalidArgument("staleness_aware: a table applies every row gradient as written (staleness is "
                                    "counted per model block, not per row); give staleness_aware=0 or leave it out");
   }
-  return Status::OK();
+  return CheckHashedTableJob(opts);
 }
 
 namespace {
@@ -59,6 +59,8 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
   s = Model::Create(o.model, &model);
   if (!s.ok()) return s;
   std::shared_ptr<Job> job(new Job(name, o, std::move(log), std::move(model)));
+  s = job->CreateHashedTable();
+  if (!s.ok()) return s;
   if (!o.checkpoint.empty()) {
     s = job->LoadCheckpoint();
     if (!s.ok()) return s;

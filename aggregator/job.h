@@ -47,6 +47,15 @@
 // pushes as written, and shows its shape and rows made in status ("table";
 // null for a dense model).
 //
+// Hashed tables (job_hashed_table.cc; doc/embeddings.md "Hashed ids"). A
+// job with hashed_capacity keeps its rows in a HashedTable, keyed by any
+// 64-bit id, and serves them through the row windows only: a learner LUN's
+// plain READ and WRITE are refused (the plugin says so), the model is a
+// one-row stand-in that only sizes the LUNs. Status "table" shows its
+// capacity, rows made, eviction rule and evictions. A checkpoint holds the
+// rows made (section "hashed.rows", at the same instant as the receipts).
+// Not yet sharded: CheckTableJob refuses shard= for one.
+//
 // Checkpoints (doc/server.md "Checkpoints"). Checkpoint() writes the
 // weights, the rule's state and parameters, the bsp accumulator, every
 // clock and the receipts, all as at one instant, to the checkpoint file
@@ -98,6 +107,7 @@
 //                      round on every shard
 //   job_row_windows.cc row windows: a table's rows in batches, one command
 //                      each way, with a receipt per batch (below)
+//   job_hashed_table.cc  a hashed table: its creation, checks and status
 //
 // Row windows (blkps/control_lun.h "Row windows"). A table's rows also move
 // in batches through windows on the control LUN, BLKPS_CONTROL_WINDOWS_PER_LUN
@@ -122,6 +132,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hashed_table.h"
 #include "learner_clocks.h"
 #include "model.h"
 #include "status.h"
@@ -130,6 +141,11 @@ namespace blkps::server {
 
 struct JobOptions {
   ModelOptions model;  // model.accumulator is set from the mode
+  // A hashed table (table=hash:CAPACITY:WIDTH; "Hashed tables" below): its
+  // capacity, 0 for none, and its eviction rule (evict=). Its model is a
+  // one-row stand-in, model.table = {1, WIDTH}: the learner LUN's size.
+  uint64_t hashed_capacity = 0;
+  EvictionRule evict;
   ConsistencyOptions consistency;
   double dead_after_s = 10;  // no I/O this long: a learner is dead
   double hold_limit_s = 20;  // longest a command is held; under the
@@ -169,6 +185,9 @@ struct JobOptions {
 // InvalidArgument with a one-line reason for a table job that asks for
 // anything else; OK for a dense one.
 Status CheckTableJob(const JobOptions& opts);
+// The part of CheckTableJob for a hashed table (job_hashed_table.cc): not
+// yet sharded (InvalidArgument for shard=).
+Status CheckHashedTableJob(const JobOptions& opts);
 
 class Job {
  public:
@@ -257,6 +276,7 @@ class Job {
     bool stop = false;
     uint64_t table_width = 0;       // a table's values per row; 0: a dense model
     uint64_t pushing_learners = 0;  // PushingLearnersLocked()
+    bool table_hashed = false;      // a hashed table (opts.hashed_capacity)
   };
   Counters GetCounters() const;
   // Control commands, one `key=value` per line, then NUL padding:
@@ -324,7 +344,8 @@ class Job {
   // model, no LUN `lun` or window, a width other than the table's, a push's
   // non-finite value, or a push's sequence that is neither above the
   // window's last nor that one resent (same tag: then OK, nothing applied);
-  // Unavailable if the job has failed. Each message is one line that says
+  // ResourceExhausted for a push that needs rows a full hashed table cannot
+  // make (HashedTable::PushRows); Unavailable if the job has failed. Each message is one line that says
   // what to do.
   Status PushRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
   Status PullRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch);
@@ -475,6 +496,25 @@ class Job {
   size_t SlotOfLunLocked(uint64_t lun) const;
   // Checks a batch against the table (ids, width, a push's values).
   Status CheckRowBatch(const char* what, const RowBatch& batch) const;
+  // ---- Hashed tables (job_hashed_table.cc) ----
+  // Makes hashed_ for a job with hashed_capacity (the model's rule, init and
+  // memory bound); OK and nothing made for any other job.
+  Status CreateHashedTable();
+  // Rows by id, as the table's rule gives them: hashed_ or the model's.
+  // REQUIRES: the batch passed CheckRowBatch.
+  Status ReadTableRows(const uint64_t* ids, uint64_t count, float* out) const;
+  // Sets a rule parameter (UpdateRule::SetParam) of the model's rule and,
+  // for a hashed table, of its rows' rule: the two never differ.
+  Status SetRuleParam(const std::string& key, float value);
+  // Status "table": the object of BLKPS_STATUS_TABLE_KEYS, or null.
+  std::string TableStatusJson() const;
+  // The hashed table's rows made, with their rule state, its clock and
+  // evictions, as words for the checkpoint's "hashed.rows" section (empty
+  // for any other job), and back (InvalidArgument for malformed words or
+  // rows that do not fit the table). REQUIRES: no push running (the write
+  // gate closed, or at Create).
+  std::vector<uint64_t> SaveHashedRows() const;
+  Status RestoreHashedRows(const std::vector<uint64_t>& words);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
   // `initiator` does I/O on slot `s`: its receipt (made for a write, found
@@ -523,6 +563,7 @@ class Job {
   const JobOptions opts_;
   const Logger log_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<HashedTable> hashed_;  // a hashed table's rows; null for any other job
 
   // Lock order: a model block's lock, then mu_; never the other way.
   mutable std::mutex mu_;

@@ -27,6 +27,9 @@ std::map<std::string, std::string> Identity(const JobOptions& opts) {
                                                  {"mode", FormatConsistency(opts.consistency)}};
   // Only tables say so: a dense model's files stay as they were.
   if (table.is_table()) identity["table"] = std::to_string(table.rows) + ":" + std::to_string(table.width);
+  if (opts.hashed_capacity != 0) {
+    identity["table"] = "hash:" + std::to_string(opts.hashed_capacity) + ":" + std::to_string(table.width);
+  }
   return identity;
 }
 
@@ -77,7 +80,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   std::string past;  // at_round: why the shard is not at `round` at the instant
   uint64_t step = 0;
   std::map<std::string, std::string> meta = Identity(opts_);
-  std::vector<uint64_t> clocks, luns, receipts, row_windows;
+  std::vector<uint64_t> clocks, luns, receipts, row_windows, hashed_rows;
   std::unique_ptr<Model::Snapshot> snapshot;
   {
     // The instant: the write gate closed (new writes wait) and the running
@@ -93,6 +96,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
       clocks = at_round ? SaveClocksAtRoundLocked(round) : clocks_.Save();
       receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
       row_windows = SaveRowWindowsLocked();
+      hashed_rows = SaveHashedRows();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
@@ -122,6 +126,8 @@ Status Job::WriteCheckpoint(uint64_t round) {
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
   sections.push_back({"receipts", receipts.data(), receipts.size() * sizeof(uint64_t)});
   sections.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
+  if (hashed_ != nullptr)
+    sections.push_back({"hashed.rows", hashed_rows.data(), hashed_rows.size() * sizeof(uint64_t)});
   Status s = past.empty() ? WriteCheckpointFile(file, meta, sections) : Status::IOError(past);
   const uint64_t copied = snapshot->bytes_copied(), peak = snapshot->peak_bytes_held();
   snapshot.reset();
@@ -191,7 +197,7 @@ Status Job::LoadCheckpoint() {
   }
   std::vector<CheckpointDest> dests;
   for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
-  std::vector<uint64_t> clocks, luns, receipts, row_windows;
+  std::vector<uint64_t> clocks, luns, receipts, row_windows, hashed_rows;
   bool has_receipts = false;     // files written before receipts have none
   bool has_row_windows = false;  // nor, before row windows, this
   for (const auto& [section, bytes] : header.sections) {
@@ -205,6 +211,7 @@ Status Job::LoadCheckpoint() {
       row_windows.resize(bytes / sizeof(uint64_t));
       has_row_windows = true;
     }
+    if (section == "hashed.rows") hashed_rows.resize(bytes / sizeof(uint64_t));
   }
   dests.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   dests.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
@@ -212,6 +219,8 @@ Status Job::LoadCheckpoint() {
   if (has_row_windows) {
     dests.push_back({"receipts.windows", row_windows.data(), row_windows.size() * sizeof(uint64_t)});
   }
+  // A hashed table's file has its rows (the identity's table= says hash:).
+  if (hashed_ != nullptr) dests.push_back({"hashed.rows", hashed_rows.data(), hashed_rows.size() * sizeof(uint64_t)});
   s = ReadCheckpointSections(path, dests);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
   s = clocks_.Restore(clocks);
@@ -228,10 +237,11 @@ Status Job::LoadCheckpoint() {
   }
   s = RestoreReceiptsLocked(receipts);
   if (s.ok()) s = RestoreRowWindowsLocked(row_windows);
+  if (s.ok() && hashed_ != nullptr) s = RestoreHashedRows(hashed_rows);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {
     if (key.rfind("rule.", 0) != 0) continue;
-    s = model_->rule().SetParam(key.substr(5), std::strtof(value.c_str(), nullptr));
+    s = SetRuleParam(key.substr(5), std::strtof(value.c_str(), nullptr));
     if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   }
   round_generation_base_ = set.generation;

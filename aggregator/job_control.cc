@@ -176,7 +176,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
 
   // Apply: nothing here can fail.
   for (const auto& [key, v] : params) {
-    model_->rule().SetParam(key, v);
+    SetRuleParam(key, v);
     log_("control: " + key + " set to " + FloatShort(v));
   }
   std::lock_guard<std::mutex> lock(mu_);

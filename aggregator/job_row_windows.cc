@@ -31,12 +31,15 @@ Status Job::CheckRowBatch(const char* what, const RowBatch& batch) const {
                                    std::to_string(kRowWindowsPerLun) + " per learner LUN");
   }
   if (batch.width != table.width) {
+    const std::string shape =
+        hashed_ != nullptr ? "hash:" + std::to_string(hashed_->capacity()) : std::to_string(table.rows);
     return Status::InvalidArgument(std::string(what) + ": rows of " + std::to_string(batch.width) +
                                    " values, but the table's are " + std::to_string(table.width) +
-                                   " wide (table=" + std::to_string(table.rows) + ":" + std::to_string(table.width) +
+                                   " wide (table=" + shape + ":" + std::to_string(table.width) +
                                    "); send rows of its width; nothing was applied");
   }
-  for (uint64_t k = 0; k < batch.count; ++k) {
+  // A hashed table's ids are any 64-bit value.
+  for (uint64_t k = 0; hashed_ == nullptr && k < batch.count; ++k) {
     if (batch.ids[k] >= table.rows) {
       return Status::OutOfRange(std::string(what) + ": id " + std::to_string(batch.ids[k]) + " (position " +
                                 std::to_string(k) + ") is past the table's end (" + std::to_string(table.rows) +
@@ -107,16 +110,25 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     if (!clocks_.live(slot)) clocks_.Rejoin(slot);
   }
   // In one pass by block; counted as a write of each row alone would be (a
-  // block's clock ticks per block's worth of parameters).
-  s = model_->ApplyRows(batch.ids, batch.count, batch.rows, [&](uint64_t b, uint64_t rows) {
+  // block's clock ticks per block's worth of parameters). A hashed table's
+  // rows count on its stand-in model's one block; a push that needs rows
+  // the full table cannot free is refused whole (ResourceExhausted).
+  auto count_rows = [&](uint64_t b, uint64_t rows) {
     std::unique_lock<std::mutex> lock(mu_);
     for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width, lock);
-  });
+  };
+  if (hashed_ != nullptr) {
+    s = hashed_->PushRows(batch.ids, batch.count, batch.rows);
+    if (s.ok()) count_rows(0, batch.count);
+  } else {
+    s = model_->ApplyRows(batch.ids, batch.count, batch.rows, count_rows);
+  }
   if (!s.ok()) rejected_writes_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A checked batch applies whole: its rows are in range, of the table's
-    // width and finite, and a job failing meanwhile does not stop it.
+    // width and finite, and a job failing meanwhile does not stop it; or,
+    // refused by a full hashed table, not at all.
     if (s.ok()) {
       window->push_sequence = batch.sequence;
       window->push_tag = batch.tag;
@@ -189,7 +201,7 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     std::memset(out + ids.size() * width, 0, (rows - ids.size()) * width * sizeof(float));
   }
   // The pull's width is the table's (CheckRowBatch), its ids in range.
-  return ids.empty() ? Status::OK() : model_->ReadRows(ids.data(), ids.size(), out);
+  return ids.empty() ? Status::OK() : ReadTableRows(ids.data(), ids.size(), out);
 }
 
 // Layout: entries; per entry: slot, initiator length, its bytes in words

@@ -22,6 +22,7 @@ Job::Counters Job::GetCounters() const {
   c.failed = FailedLocked();
   c.stop = stop_;
   c.table_width = model_->table().width;
+  c.table_hashed = hashed_ != nullptr;
   c.pushing_learners = PushingLearnersLocked(Clock::now());
   return c;
 }
@@ -39,12 +40,7 @@ std::string Job::StatusJson() const {
   j << "  \"device_bytes\": " << m.size_bytes() << ",\n";
   j << "  \"block_bytes\": " << m.block_bytes() << ",\n";
   j << "  \"blocks\": " << m.num_blocks() << ",\n";
-  if (m.table().is_table()) {
-    j << "  \"table\": {\"rows\": " << m.table().rows << ", \"width\": " << m.table().width
-      << ", \"row_bytes\": " << m.table().row_bytes() << ", \"rows_made\": " << m.RowsMade() << "},\n";
-  } else {
-    j << "  \"table\": null,\n";
-  }
+  j << "  \"table\": " << TableStatusJson() << ",\n";
   j << "  \"mode\": " << JsonString(FormatConsistency(opts_.consistency)) << ",\n";
   j << "  \"rule\": " << JsonString(m.rule().name()) << ",\n";
   j << "  \"tag\": " << JsonString(tag_) << ",\n";

@@ -57,6 +57,9 @@ static struct bs_blkps_info *BS_BLKPS_I(struct scsi_lu *lu)
 	return (struct bs_blkps_info *)BS_THREAD_I(lu);
 }
 
+/* SPC-4's INSUFFICIENT RESOURCES, which tgt's scsi.h does not name. */
+#define BLKPS_ASC_INSUFFICIENT_RESOURCES 0x5503
+
 static void set_sense(struct scsi_cmd *cmd, uint8_t key, uint16_t asc)
 {
 	scsi_set_result(cmd, SAM_STAT_CHECK_CONDITION);
@@ -92,6 +95,12 @@ static void complete_io(struct scsi_cmd *cmd, enum blkps_io_result r,
 		break;
 	case BLKPS_IO_CHECKPOINT_FAILED:
 		set_sense(cmd, MEDIUM_ERROR, ASC_WRITE_ERROR);
+		break;
+	case BLKPS_IO_TABLE_FULL:
+		set_sense(cmd, ILLEGAL_REQUEST, BLKPS_ASC_INSUFFICIENT_RESOURCES);
+		break;
+	case BLKPS_IO_WINDOWS_ONLY:
+		set_sense(cmd, ILLEGAL_REQUEST, ASC_INVALID_OP_CODE);
 		break;
 	}
 	eprintf("blkps: lun %" PRIu64 " %s at byte %" PRIu64 ": %s\n",

@@ -5,11 +5,12 @@
 //
 // On success prints one JSON object on stdout and exits 0:
 //   {"control": false, "params": 1000, "block_bytes": 1048576,
-//    "table_rows": 0, "table_width": 0,
+//    "table_rows": 0, "table_width": 0, "hashed_capacity": 0,
 //    "dtype": "float32", "memory_bytes": 4000, "memory_available_bytes": ...,
 //    "options": [["params", "1000"], ["lr", "0.1"]]}
 // table_rows and table_width are a table's shape (table=ROWS:WIDTH), 0 for a
-// dense model.
+// dense model; a hashed table's (table=hash:CAPACITY:WIDTH) are its one-row
+// stand-in, 1 and WIDTH, with hashed_capacity CAPACITY (else 0).
 // `options` are the pairs as given (SplitLuOptions), for a tool that rewrites
 // some of them (blkps shards gives each shard its part). memory_bytes is
 // what the model needs (Job::MemoryBytes) and memory_available_bytes the
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
                     ", \"block_bytes\": " + std::to_string(options.job.model.block_bytes) +
                     ", \"table_rows\": " + std::to_string(options.job.model.table.rows) +
                     ", \"table_width\": " + std::to_string(options.job.model.table.width) +
+                    ", \"hashed_capacity\": " + std::to_string(options.job.hashed_capacity) +
                     ", \"dtype\": " + blkps::server::JsonString(blkps::wire::DtypeName(options.dtype)) +
                     ", \"memory_bytes\": " + std::to_string(memory) + ", \"memory_available_bytes\": " +
                     std::to_string(options.control ? 0 : blkps::server::AvailableMemoryBytes()) + ", \"options\": [";

@@ -85,6 +85,7 @@ std::string CountersRegion(const server::Job& job) {
   record.stop = c.stop ? 1 : 0;
   record.table_width = c.table_width;
   record.pushing_learners = c.pushing_learners;
+  record.table_hashed = c.table_hashed ? 1 : 0;
   std::string region(BLKPS_CONTROL_COUNTERS_BYTES, '\0');
   blkps_control_counters_encode(record, region.data());
   return region;

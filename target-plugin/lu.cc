@@ -92,8 +92,18 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
     case server::Status::Code::kUnavailable: return BLKPS_IO_JOB_FAILED;
     case server::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
     case server::Status::Code::kPermissionDenied: return BLKPS_IO_WRITE_PROTECT;
+    case server::Status::Code::kResourceExhausted: return BLKPS_IO_TABLE_FULL;
     default: return BLKPS_IO_BAD_DATA;
   }
+}
+
+// A hashed table's learner LUN: its rows are reached through the row
+// windows only (blkps/control_lun.h "Row windows").
+blkps_io_result RefuseHashedTableIo(char* err, size_t errlen) {
+  SetError(err, errlen,
+           "a hashed table (table=hash:...) is reached through the row windows only: use pull_rows and push_rows, "
+           "not READ or WRITE of its learner LUN");
+  return BLKPS_IO_WINDOWS_ONLY;
 }
 
 // "Initiator: <name> alias: ..." (tgt's it_nexus info) -> <name>.
@@ -169,7 +179,10 @@ int blkps_lu_is_control(const blkps_lu* lu) { return lu->options.control ? 1 : 0
 
 int blkps_lu_runs_inline(const blkps_lu* lu, uint64_t len) {
   constexpr uint64_t kInlineBytes = 4096;
-  return !lu->options.control && lu->options.job.model.table.is_table() && len <= kInlineBytes ? 1 : 0;
+  return !lu->options.control && lu->options.job.model.table.is_table() && lu->options.job.hashed_capacity == 0 &&
+                 len <= kInlineBytes
+             ? 1
+             : 0;
 }
 
 int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd, const char* nexus) {
@@ -179,7 +192,8 @@ int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void*
     std::lock_guard<std::mutex> lock(lu->initiators_mu);
     lu->initiators[cmd] = initiator;
   }
-  if (lu->options.control) return 0;
+  // Neither control nor a hashed table's learner LUN is admitted: the latter's READ and WRITE are refused.
+  if (lu->options.control || lu->options.job.hashed_capacity != 0) return 0;
   if (IsWire16(*lu)) {  // the same parameters in float32 bytes
     const uint64_t per_param = blkps::wire::BytesPerParam(lu->options.dtype);
     offset = offset / per_param * sizeof(float);
@@ -207,6 +221,7 @@ blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t
   if (lu->options.control) {
     return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len, initiator), err, errlen);
   }
+  if (lu->options.job.hashed_capacity != 0) return RefuseHashedTableIo(err, errlen);
   if (IsWire16(*lu)) return ToIoResult(WireRead(lu, offset, buf, len), err, errlen);
   return ToIoResult(lu->job->Read(lu->slot, offset, buf, len), err, errlen);
 }
@@ -224,6 +239,7 @@ blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, u
     }
     return ToIoResult(ControlWrite(lu, offset, static_cast<const char*>(buf), len, initiator), err, errlen);
   }
+  if (lu->options.job.hashed_capacity != 0) return RefuseHashedTableIo(err, errlen);
   if (IsWire16(*lu)) return ToIoResult(WireWrite(lu, offset, buf, len, initiator), err, errlen);
   return ToIoResult(lu->job->Write(lu->slot, offset, buf, len, initiator), err, errlen);
 }

@@ -48,6 +48,11 @@ enum blkps_io_result {
                                  operator commands and weights on the
                                  learners' one (access=learners) */
   BLKPS_IO_CHECKPOINT_FAILED, /* MEDIUM ERROR, WRITE ERROR */
+  BLKPS_IO_TABLE_FULL,        /* ILLEGAL REQUEST, INSUFFICIENT RESOURCES: a
+                                 hashed table cannot make a push's rows */
+  BLKPS_IO_WINDOWS_ONLY,      /* ILLEGAL REQUEST, INVALID COMMAND OPERATION
+                                 CODE: a hashed table's learner LUN takes
+                                 no READ or WRITE (row windows only) */
 };
 
 /* Where the core's event lines go (one line, no newline); set once at load. */
@@ -77,7 +82,10 @@ int blkps_lu_admit(struct blkps_lu *lu, int write, uint64_t offset, uint64_t len
  * on tgtd's main thread instead of the worker pool. So do a table's commands
  * of at most 4 KiB (a few rows): a row's copy or update holds its block lock
  * briefly, and the pool's hand-off (a futex wake and a thread switch each
- * way) cost tgtd more CPU than the row itself (doc/embeddings.md "Bench"). */
+ * way) cost tgtd more CPU than the row itself (doc/embeddings.md "Bench").
+ * Not a hashed table's: its READ and WRITE are refused, and a refusal must
+ * go through the pool (tgt reports a command done on the main thread as
+ * GOOD, whatever its sense). */
 int blkps_lu_runs_inline(const struct blkps_lu *lu, uint64_t len);
 /* Main thread: one released command, or NULL when there is none. *result is
  * BLKPS_IO_OK if it may run now; otherwise the shim fails it with *result

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <set>
+#include <utility>
 
 #include "blkps/byte_size.hpp"
 
@@ -126,17 +127,32 @@ const LuOptionKey kLuOptionTable[] = {
      }},
     {"table",
      "<rows>:<width>: an embedding table instead (doc/embeddings.md): rows of width float32 values, row r at byte "
-     "r*width*4, rows made when first written; async only. Its block defaults to whole rows up to 1M",
+     "r*width*4, rows made when first written; async only. Its block defaults to whole rows up to 1M. "
+     "hash:<capacity>:<width>: a hashed table, rows keyed by any 64-bit id, at most capacity of them, reached "
+     "through the row windows only",
      [](const std::string& key, const std::string& value, Parsing* p) {
        TableShape& t = p->opts.job.model.table;
-       const size_t colon = value.find(':');
-       if (colon == std::string::npos || !ParseSize(value.substr(0, colon), false, &t.rows) ||
-           !ParseSize(value.substr(colon + 1), false, &t.width) || t.rows == 0 || t.width == 0 ||
+       const std::string hash = "hash:";
+       const bool hashed = value.compare(0, hash.size(), hash) == 0;
+       const std::string shape = hashed ? value.substr(hash.size()) : value;
+       const size_t colon = shape.find(':');
+       if (colon == std::string::npos || !ParseSize(shape.substr(0, colon), false, &t.rows) ||
+           !ParseSize(shape.substr(colon + 1), false, &t.width) || t.rows == 0 || t.width == 0 ||
            t.width > (uint64_t{1} << 28) || t.rows > (uint64_t{1} << 61) / t.width) {
-         return Bad(key, "<rows>:<width>, positive counts of rows and of float32 values per row (e.g. 1000000:128)",
+         return Bad(key,
+                    "<rows>:<width> or hash:<capacity>:<width>, positive counts of rows and of float32 values per "
+                    "row (e.g. 1000000:128)",
                     value);
        }
+       // A hashed table's model is its one-row stand-in (job.h, JobOptions::hashed_capacity).
+       if (hashed) p->opts.job.hashed_capacity = std::exchange(t.rows, 1);
        return Status::OK();
+     }},
+    {"evict",
+     "<rule>: what a full hashed table does when a push needs a row: none (refuse the push; default), lru-push "
+     "(evict the least recently pushed rows) or idle:<n> (those not pushed for n row updates or more)",
+     [](const std::string&, const std::string& value, Parsing* p) {
+       return ParseEvictionRule(value, &p->opts.job.evict);
      }},
     {"block", "<bytes>: model block size; K/M suffixes (default 1M)",
      [](const std::string& key, const std::string& value, Parsing* p) {
@@ -370,6 +386,9 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
     return Status::InvalidArgument("checkpoint_memory: needs checkpoint=<path>");
   }
   TableShape& table = opts.job.model.table;
+  if (seen.count("evict") && opts.job.hashed_capacity == 0) {
+    return Status::InvalidArgument("evict: only for a hashed table (table=hash:CAPACITY:WIDTH)");
+  }
   if (table.is_table()) {
     if (seen.count("params")) {
       return Status::InvalidArgument("params: a table's parameters are its rows x width; give table= or params=");

@@ -168,6 +168,11 @@ PY
       --bsopts "table=$rows:256" 2>&1) && fail "a stripe unit of 512 bytes took rows of 1024 bytes"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
     case "$out" in *"a multiple of its row's 1024 bytes"*) ;; *) fail "wrong refusal: $out" ;; esac
+    # A hashed table is not striped (its ids go to shards by hash, to come).
+    out=$("$blkps" shards start --dir "$state/hashed" --shards 2 --stripe-unit 512 --plugin "$plugin" \
+      --bsopts "table=hash:1000:32" 2>&1) && fail "shards start striped a hashed table"
+    [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
+    case "$out" in *"a hashed table (table=hash:...) is served by one server"*) ;; *) fail "wrong refusal: $out" ;; esac
     "$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 512 --plugin "$plugin" --owner-pid $$ \
       --bsopts "$table" >/dev/null
     layout=$("$blkps" shards show --dir "$state/two" --get LAYOUT)

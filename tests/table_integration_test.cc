@@ -127,13 +127,43 @@ TEST(TableTarget, RowPushesFromTwoLearnersApplyToSeededRowsAndSurviveARestart) {
     }
   };
   expect_rows("served");
-  const std::string made = "\"table\": {\"rows\": 4096, \"width\": 32, \"row_bytes\": 128, \"rows_made\": 7}";
+  const std::string made =
+      "\"table\": {\"rows\": 4096, \"width\": 32, \"row_bytes\": 128, \"rows_made\": 7, \"hashed\": false";
   EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
 
   std::string why;
   ASSERT_TRUE(target.KillTgtd(&why)) << why;
   ASSERT_TRUE(target.Restart()) << target.start_output();
   expect_rows("after a restart from the checkpoint");
+  EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
+}
+
+// A hashed table's rows, keyed by ids anywhere in 64 bits, are in the
+// checkpoint a learner's fsync writes, and a tgtd restarted from it serves
+// them bit for bit.
+TEST(TableTarget, HashedTableRowsSurviveARestartFromTheCheckpoint) {
+  TempDir dir;
+  TargetProcess target("table=hash:64:8;rule=adam;lr=0.1;init=normal:0.1;seed=5;checkpoint=" + dir.path + "/h.ckpt");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  const std::vector<uint64_t> ids = {(uint64_t{1} << 63) + 3, 12345, ~uint64_t{0}, 0};
+  std::vector<float> grads(ids.size() * 8), before(ids.size() * 8), after(ids.size() * 8);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  {
+    auto m = Open(target.url(1), "hashed");
+    ASSERT_NE(m, nullptr);
+    ASSERT_EQ(m->PushRows(ids.data(), ids.size(), 8, grads.data()), 0) << m->last_error();
+    ASSERT_EQ(m->Sync(), 0) << m->last_error();
+    ASSERT_EQ(m->PullRows(ids.data(), ids.size(), 8, before.data()), 0) << m->last_error();
+  }
+  const std::string made = "\"rows_made\": 4, \"hashed\": true";
+  EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
+  std::string why;
+  ASSERT_TRUE(target.KillTgtd(&why)) << why;
+  ASSERT_TRUE(target.Restart()) << target.start_output();
+  auto m = Open(target.url(1), "hashed-after");
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->PullRows(ids.data(), ids.size(), 8, after.data()), 0) << m->last_error();
+  EXPECT_EQ(after, before);
   EXPECT_TRUE(Contains(Status(target), made)) << Status(target);
 }
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <regex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -390,6 +392,76 @@ TEST(TableJob, WindowPushesKeepNoPerUnitReceiptHoweverManyRowsTheyTouch) {
   EXPECT_EQ(std::count(counts.begin(), counts.end(), 0u), static_cast<long>(counts.size()));
 }
 
+// A hashed table's job restarted from its checkpoint holds the same rows,
+// rule state, receipts and order of pushes: the same pushes afterwards,
+// evictions included, give the same rows and status as the job that wrote it.
+TEST(TableJob, HashedTableRestartsFromItsCheckpointExactly) {
+  char path[] = "/tmp/blkps-hashed-ckpt-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::remove(path);
+  LuOptions o;
+  ASSERT_TRUE(
+      ParseLuOptions(std::string("table=hash:4:2;rule=adam;lr=0.1;evict=lru-push;checkpoint=") + path, &o).ok());
+  const uint64_t big = uint64_t{1} << 63;
+  auto push = [](Job& job, uint64_t sequence, std::vector<uint64_t> ids) {
+    std::vector<float> grads(ids.size() * 2);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f + static_cast<float>(i + sequence);
+    return job.PushRowBatch(1, "iqn.learner", {0, sequence, 7, ids.data(), ids.size(), 2, grads.data()});
+  };
+  auto rows = [](Job& job, std::vector<uint64_t> ids) {
+    std::vector<float> out(ids.size() * 2);
+    Job::RowWindowNumbers numbers;
+    EXPECT_TRUE(job.PullRowBatch(1, "iqn.learner", {1, 0, 0, ids.data(), ids.size(), 2, nullptr}).ok());
+    EXPECT_TRUE(job.ReadRowWindow(1, "iqn.learner", 1, &numbers, 0, ids.size(), out.data()).ok());
+    return out;
+  };
+  std::shared_ptr<Job> wrote, restarted;
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &wrote).ok());
+  wrote->AddLearner(1, [] {});
+  ASSERT_TRUE(push(*wrote, 1, {big + 1, 5, 9}).ok());
+  ASSERT_TRUE(push(*wrote, 2, {~uint64_t{0}, 5}).ok());  // full: 4 rows
+  ASSERT_TRUE(wrote->Checkpoint().ok());
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &restarted).ok());
+  restarted->AddLearner(1, [] {});
+  const std::vector<uint64_t> all = {big + 1, 5, 9, ~uint64_t{0}, 11, 12};
+  EXPECT_EQ(rows(*restarted, all), rows(*wrote, all));
+  // The resend of the last push is known; two new ids evict the two least
+  // recently pushed (big + 1 and 9) on both.
+  ASSERT_TRUE(push(*restarted, 2, {~uint64_t{0}, 5}).ok());
+  for (Job* job : {wrote.get(), restarted.get()}) ASSERT_TRUE(push(*job, 3, {11, 12}).ok());
+  EXPECT_EQ(rows(*restarted, all), rows(*wrote, all));
+  EXPECT_EQ(rows(*restarted, {big + 1, 9}), std::vector<float>(4, 0.0f));  // evicted: initial zeros again
+  EXPECT_NE(rows(*restarted, {5}), std::vector<float>(2, 0.0f));
+  EXPECT_NE(restarted->StatusJson().find("\"rows_made\": 4, \"hashed\": true, \"row_limit\": 4, \"evict\": "
+                                         "\"lru-push\", \"evictions\": 2"),
+            std::string::npos)
+      << restarted->StatusJson();
+  EXPECT_EQ(restarted->StatusJson().substr(restarted->StatusJson().find("\"table\"")).substr(0, 200),
+            wrote->StatusJson().substr(wrote->StatusJson().find("\"table\"")).substr(0, 200));
+  std::remove(path);
+}
+
+// An operator's lr= reaches a hashed table's rows, as it does a model's.
+TEST(TableJob, ControlLrStepsAHashedTablesRows) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("table=hash:4:2;rule=sgd;lr=1", &o).ok());
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("lr=0.25").ok());
+  const uint64_t id = 77;
+  const float grads[2] = {1, 2};
+  ASSERT_TRUE(job->PushRowBatch(1, "iqn.learner", {0, 1, 7, &id, 1, 2, grads}).ok());
+  float row[2] = {};
+  Job::RowWindowNumbers numbers;
+  ASSERT_TRUE(job->PullRowBatch(1, "iqn.learner", {1, 0, 0, &id, 1, 2, nullptr}).ok());
+  ASSERT_TRUE(job->ReadRowWindow(1, "iqn.learner", 1, &numbers, 0, 1, row).ok());
+  EXPECT_EQ(row[0], -0.25f);
+  EXPECT_EQ(row[1], -0.5f);
+}
+
 TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("t", TableJob("sgd"), nullptr, &job).ok());
@@ -399,10 +471,19 @@ TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   ASSERT_TRUE(job->Write(slot, 0, g.data(), 1024).ok());
   const std::string status = job->StatusJson();
   EXPECT_EQ(blkps_test::JsonCheck::Problem(status), "") << status;
-  EXPECT_NE(status.find("\"table\": {\"rows\": 32, \"width\": 8, \"row_bytes\": 32, \"rows_made\": 1}"),
-            std::string::npos)
+  EXPECT_NE(
+      status.find("\"table\": {\"rows\": 32, \"width\": 8, \"row_bytes\": 32, \"rows_made\": 1, \"hashed\": false"),
+      std::string::npos)
       << status;
-  EXPECT_NE(std::string(BLKPS_STATUS_TABLE_KEYS).find("rows_made"), std::string::npos);
+  // The table object's keys, in order, are the header's list.
+  const size_t from = status.find("\"table\": {") + 9;
+  const std::string table = status.substr(from, status.find('}', from) - from);
+  const std::regex key("\"(\\w+)\":");
+  std::string keys;
+  for (auto m = std::sregex_iterator(table.begin(), table.end(), key); m != std::sregex_iterator(); ++m) {
+    keys += (keys.empty() ? "" : " ") + (*m)[1].str();
+  }
+  EXPECT_EQ(keys, BLKPS_STATUS_TABLE_KEYS) << status;
 }
 
 TEST(TableOptions, TableDeclaresRowsAndWidth) {
@@ -418,6 +499,19 @@ TEST(TableOptions, TableDeclaresRowsAndWidth) {
   EXPECT_EQ(o.job.model.block_bytes % 12, 0u);
 }
 
+TEST(TableOptions, HashedTableDeclaresCapacityWidthAndEvictionRule) {
+  LuOptions o;
+  Status s = ParseLuOptions("table=hash:1000:16;rule=adagrad;evict=idle:5", &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.job.hashed_capacity, 1000u);
+  // The model is the table's one-row stand-in: the learner LUN is one row.
+  EXPECT_EQ(o.job.model.table.rows, 1u);
+  EXPECT_EQ(o.job.model.table.width, 16u);
+  EXPECT_EQ(o.job.model.num_params, 16u);
+  EXPECT_EQ(o.job.evict.kind, EvictionRule::Kind::kIdle);
+  EXPECT_EQ(o.job.evict.idle_updates, 5u);
+}
+
 TEST(TableOptions, BadTablesAreRefusedInOneLine) {
   const std::pair<const char*, const char*> cases[] = {
       {"table=10", "table:"},
@@ -425,6 +519,11 @@ TEST(TableOptions, BadTablesAreRefusedInOneLine) {
       {"table=4:x", "table:"},
       {"table=10:4;params=40", "params:"},
       {"table=10:4;mode=bsp", "mode=async"},
+      {"table=hash:10", "table:"},
+      {"table=hash:0:4", "table:"},
+      {"table=10:4;evict=lru-push", "evict: only for a hashed table"},
+      {"table=hash:10:4;evict=sometimes", "evict:"},
+      {"table=hash:10:4;checkpoint=/tmp/t.ckpt;shard=0/2", "shard: a hashed table"},
       {"table=10:4;mode=ssp:1", "mode=async"},
       {"table=10:4;block=20", "block:"},
       {"table=10:4;staleness_aware=1", "staleness_aware:"},

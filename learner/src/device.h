@@ -127,6 +127,10 @@ class Device {
   // model or does not say (a file or block device, a target without a blkps
   // control LUN): then any width is taken.
   virtual uint64_t table_width() const { return 0; }
+  // Whether that table is hashed (its server's table=hash:CAPACITY:WIDTH,
+  // from the same counters): its row ids are any 64-bit value, not bounded
+  // by size_bytes(), and it is reached through the row windows only.
+  virtual bool table_hashed() const { return false; }
 
   // Row windows (blkps/control_lun.h "Row windows"): a table's rows in
   // batches, one command each way per window, instead of a command per row.

@@ -311,6 +311,7 @@ Status IscsiDevice::ReadTableWidth() {
   // An older server's shorter record decodes as none: its width is unknown.
   if (blkps_control_counters_decode(region.data(), region.size(), &counters) == 0) {
     table_width_ = counters.table_width;
+    table_hashed_ = counters.table_hashed != 0;
   }
   return Status();
 }

@@ -88,6 +88,7 @@ class IscsiDevice : public Device {
   uint64_t default_exchange_request_bytes() const override;
   uint64_t pushed_bytes_lost() const override { return pushed_bytes_lost_; }
   uint64_t table_width() const override { return table_width_; }
+  bool table_hashed() const override { return table_hashed_; }
   // A table on a blkps server: its control LUN's row windows
   // (iscsi_row_windows.cc).
   bool has_row_windows() const override { return control_lun_ >= 0 && table_width_ > 0; }
@@ -110,8 +111,9 @@ class IscsiDevice : public Device {
   Status ReadReceipt(std::vector<uint32_t>* counts, blkps_control_receipt* header, Deadline deadline = kNoDeadline);
   // The receipt is what the device expects from now on.
   void ExpectReceipt(std::vector<uint32_t> counts) { expected_ = std::move(counts); }
-  // Reads the table's width from the control LUN's counters into
-  // table_width() (0 from a server whose record has none). REQUIRES:
+  // Reads the table's width and whether it is hashed from the control LUN's
+  // counters into table_width() and table_hashed() (0 and false from a
+  // server whose record has none). REQUIRES:
   // control_lun_ >= 0 and no command in flight.
   Status ReadTableWidth();
 
@@ -191,7 +193,8 @@ class IscsiDevice : public Device {
   // length of lost writes older than the runs above.
   std::unordered_map<uint64_t, uint64_t> write_length_;
   uint64_t pushed_bytes_lost_ = 0;
-  uint64_t table_width_ = 0;  // see table_width()
+  uint64_t table_width_ = 0;   // see table_width()
+  bool table_hashed_ = false;  // see table_hashed()
 
   // Row windows (iscsi_row_windows.cc; blkps/control_lun.h "Row windows").
   // Per window of this device's LUN: the last sequence this device gave a

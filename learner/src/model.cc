@@ -115,8 +115,9 @@ Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, u
                          operation, static_cast<ull>(table_width), static_cast<ull>(table_width),
                          static_cast<ull>(width), static_cast<ull>(table_width));
   }
+  // A hashed table's ids are any 64-bit value; a table's, its row numbers.
   const uint64_t row_count = device.size_bytes() / sizeof(float) / width;
-  for (uint64_t k = 0; k < n; ++k) {
+  for (uint64_t k = 0; !device.table_hashed() && k < n; ++k) {
     if (ids[k] >= row_count) {
       return Status::Error(ERANGE, "%s: row id %llu (position %llu) is past the table's end: %llu rows of %llu values",
                            operation, static_cast<ull>(ids[k]), static_cast<ull>(k), static_cast<ull>(row_count),

@@ -37,7 +37,12 @@ constexpr Meaning kMeanings[] = {
      "this region or LUN is read-only to this session: the control LUN's status, counters and receipts, or the "
      "weights and operator commands on the learners' control LUN"},
     {3, 0x0c00, "WRITE ERROR", "the server could not write its checkpoint (its log and status say why)"},
-    {5, 0x2000, "INVALID COMMAND OPERATION CODE", "the LUN does not take this SCSI command"},
+    {5, 0x5503, "INSUFFICIENT RESOURCES",
+     "a hashed table is full: the push needed rows it cannot make and nothing was applied; give its server an "
+     "eviction rule (--bsopts evict=lru-push or evict=idle:N) or a larger table=hash:CAPACITY or memory="},
+    {5, 0x2000, "INVALID COMMAND OPERATION CODE",
+     "the LUN does not take this SCSI command (a hashed table's learner LUN takes no READ or WRITE: use pull_rows "
+     "and push_rows)"},
     {5, 0x2400, "INVALID FIELD IN CDB", "the target refused a field of the command itself"},
     {5, 0x2500, "LOGICAL UNIT NOT SUPPORTED", "no such LUN on this target"},
     {6, 0x2900, "POWER ON OR RESET", "the target or LUN was reset; the command was not run, send it again"},

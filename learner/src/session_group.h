@@ -38,6 +38,7 @@ class SessionGroup : public Device {
   uint64_t default_exchange_request_bytes() const override { return sessions_[0]->default_exchange_request_bytes(); }
   uint64_t max_request_bytes() const override { return sessions_[0]->max_request_bytes(); }
   uint64_t table_width() const override { return sessions_[0]->table_width(); }
+  bool table_hashed() const override { return sessions_[0]->table_hashed(); }
 
   // Each session runs its contiguous share of the requests (Deal) with up
   // to `queue_depth` in flight on it. The first failure in session order

@@ -87,7 +87,11 @@ def print_status(s):
           f"{s['blocks']} blocks of {human_bytes(s['block_bytes'])}")
     if s.get("table"):
         t = s["table"]
-        print(f"table: {t['rows']} rows of {t['width']} values ({t['row_bytes']} bytes), {t['rows_made']} made")
+        if t.get("hashed"):
+            print(f"table: hashed, {t['rows_made']} of at most {t['row_limit']} rows of {t['width']} values made, "
+                  f"evict={t['evict']}, {t['evictions']} evictions")
+        else:
+            print(f"table: {t['rows']} rows of {t['width']} values ({t['row_bytes']} bytes), {t['rows_made']} made")
     aware = "staleness-aware steps" if s["staleness_aware"] else "stale pushes applied as written"
     print(f"mode {s['mode']}, rule {s['rule']} ({params}), {aware}, stale bound {s['stale_bound']} updates")
     print(f"global step {s['global_step']}, updates {s['updates']}, held now {s['held_now']}, "

@@ -82,6 +82,9 @@ def stripe(what, model, stripe_unit, shards):
     block, each shard's size in bytes). `stripe_unit` is --stripe-unit's
     text (K, M suffixes)."""
     block, width = model["block_bytes"], model["table_width"]
+    if model.get("hashed_capacity"):
+        raise UserError("--bsopts", "a hashed table (table=hash:...) is served by one server for now: its rows "
+                        "are not striped", "start it with blkps target start, without --tgtd")
     unit = layout_tool(what, ["bytes", stripe_unit])[0]
     if width:
         row_bytes = 4 * width

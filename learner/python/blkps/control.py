@@ -64,6 +64,7 @@ class _Counters(ctypes.Structure):  # blkps_control_counters, control_lun.h
         ("stop", ctypes.c_uint64),
         ("table_width", ctypes.c_uint64),
         ("pushing_learners", ctypes.c_uint64),
+        ("table_hashed", ctypes.c_uint64),
     ]
 
 
@@ -154,7 +155,7 @@ class Control:
     def counters(self):
         """The counters record as a dict (params, blocks, global_step,
         updates, rejected_writes, failed, stop, table_width,
-        pushing_learners)."""
+        pushing_learners, table_hashed)."""
         record = _Counters()
         rc = self.device._lib.blkps_control_read_counters(self.device._open_handle(),
                                                           ctypes.byref(record))

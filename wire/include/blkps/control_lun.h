@@ -163,8 +163,9 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
   "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS \
   "path job shard shards generation written last_seconds last_stall_seconds every_s error waiting_round"
-/* "table" is null for a dense model; for a table, an object of these. */
-#define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made"
+/* "table" is null for a dense model; for a table, an object of these
+ * (hashed: whether ids are any 64-bit value, table=hash:CAPACITY:WIDTH). */
+#define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made hashed row_limit evict evictions"
 /* Each entry of the "ranks" array: a collective rank's last heartbeat
  * (control command rank=<rank>:<run>, blkps.torch; doc/pytorch.md). */
 #define BLKPS_STATUS_RANK_KEYS "rank run state idle_s"
@@ -178,7 +179,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 
 /* The counters record at BLKPS_CONTROL_COUNTERS_OFFSET: little-endian
  * fields, no padding (64 bytes in format 1, 72 with stop, 88 with
- * table_width and pushing_learners). The numbers are the status keys of the same names. */
+ * table_width and pushing_learners, 96 with table_hashed). The numbers are the status keys of the same names. */
 typedef struct blkps_control_counters {
   char magic[8];           /* BLKPS_CONTROL_COUNTERS_MAGIC, no NUL */
   uint32_t format_version; /* BLKPS_CONTROL_FORMAT_VERSION */
@@ -197,6 +198,10 @@ typedef struct blkps_control_counters {
    * dead_after (status "pushing_learners"; doc/async.md "One N: the
    * learners that push"). */
   uint64_t pushing_learners;
+  /* 1 for a hashed table (status "table"."hashed"): its ids are any 64-bit
+   * value, not bounded by the learner LUN's size, and its rows are reached
+   * through the row windows only; else 0. */
+  uint64_t table_hashed;
 } blkps_control_counters;
 
 /* A receipt's header, little-endian, then zeros to 4 KiB. */
@@ -218,8 +223,8 @@ typedef struct blkps_control_receipt {
  *                             blkps_row_window_request, then zeros to
  *                             BLKPS_ROW_WINDOW_HEADER_BYTES)
  *   window + 4 KiB            the batch's ids: `count` little-endian uint64
- *                             (a table's row numbers; 64 bits so that hashed
- *                             feature ids fit the same format later)
+ *                             (a table's row numbers, or a hashed
+ *                             table's feature ids: any 64-bit value)
  *   window + blkps_row_window_rows_offset(count)
  *                             a push's rows: `count` rows of `width`
  *                             little-endian float32, row k for ids[k]
@@ -243,6 +248,15 @@ typedef struct blkps_control_receipt {
  * way. A push applies its rows with the table's rule, one by one in the
  * order given (a repeated id is applied once per time it is given: libblkps
  * sums them first); an all-zero row is no gradient, as everywhere in a table.
+ *
+ * A hashed table (--bsopts table=hash:CAPACITY:WIDTH; counters
+ * table_hashed = 1) is reached through the windows only: its ids are any
+ * 64-bit value (no id is past its end), its learner LUN is one row long
+ * (rounded up to a sector) and refuses plain READ and WRITE (ILLEGAL
+ * REQUEST, INVALID COMMAND OPERATION CODE). A push that needs rows the
+ * table cannot make (it is full and its evict= rule frees too few, or it
+ * has none) is refused whole (ILLEGAL REQUEST, INSUFFICIENT RESOURCES,
+ * asc/ascq 0x5503; nothing applied, the window's state unchanged).
  *
  * Receipts per batch: exactly-once pushes. Each window keeps, per initiator
  * (as the receipts region does), the `sequence` and `tag` of the last push
@@ -431,7 +445,7 @@ static inline int blkps_control_receipt_decode(const void *bytes, uint64_t n, ui
 
 #ifdef __cplusplus
 }  // extern "C"
-static_assert(sizeof(blkps_control_counters) == 88, "the record is 88 bytes since pushing_learners");
+static_assert(sizeof(blkps_control_counters) == 96, "the record is 96 bytes since table_hashed");
 static_assert(sizeof(blkps_control_receipt) == 40, "the receipt header is 40 bytes in format 2");
 static_assert(sizeof(blkps_row_window_request) == 48, "the window request header is 48 bytes in format 3");
 static_assert(sizeof(blkps_row_window_state) == 96, "the window state is 96 bytes in format 3");
