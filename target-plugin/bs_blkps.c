@@ -50,6 +50,9 @@ struct bs_blkps_info {
 	struct bs_thread_info threads;
 	struct blkps_lu *core;
 	int wake_fd;	/* eventfd: the core released held commands */
+	/* Main thread: inline commands refused, completed from wake_fd's
+	 * handler (their bs_list links them: they never reach the workers). */
+	struct list_head refused_inline;
 };
 
 static struct bs_blkps_info *BS_BLKPS_I(struct scsi_lu *lu)
@@ -174,6 +177,36 @@ static void bs_blkps_request(struct scsi_cmd *cmd)
 	}
 }
 
+/*
+ * Main thread: tgt's sbc_rw() reports GOOD for a command its store completed
+ * on return, whatever sense the store set, so an inline command the core
+ * refused completes later, from the wake handler, as a held one does.
+ */
+static void refuse_inline(struct scsi_cmd *cmd)
+{
+	struct bs_blkps_info *info = BS_BLKPS_I(cmd->dev);
+	uint64_t one = 1;
+
+	set_cmd_async(cmd);
+	list_add_tail(&cmd->bs_list, &info->refused_inline);
+	if (write(info->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		eprintf("blkps: lun %" PRIu64 " wake: %m\n", cmd->dev->lun);
+}
+
+/* Main thread: completes the refused inline commands of `info`. */
+static void complete_refused_inline(struct bs_blkps_info *info)
+{
+	struct scsi_cmd *cmd;
+
+	while (!list_empty(&info->refused_inline)) {
+		cmd = list_first_entry(&info->refused_inline, struct scsi_cmd,
+				       bs_list);
+		list_del(&cmd->bs_list);
+		scsi_set_in_resid_by_actual(cmd, 0);
+		target_cmd_io_done(cmd, scsi_get_result(cmd));
+	}
+}
+
 /* Main thread: READ and WRITE pass the core's consistency gate first. */
 static int bs_blkps_cmd_submit(struct scsi_cmd *cmd)
 {
@@ -191,6 +224,8 @@ static int bs_blkps_cmd_submit(struct scsi_cmd *cmd)
 	if ((write || is_read(cmd)) && blkps_lu_runs_inline(core, len)) {
 		/* Done on return, as tgt's null store is (lu.h). */
 		bs_blkps_request(cmd);
+		if (scsi_get_result(cmd) != SAM_STAT_GOOD)
+			refuse_inline(cmd);
 		return 0;
 	}
 	return bs_thread_cmd_submit(cmd);
@@ -208,6 +243,7 @@ static void bs_blkps_released(int fd, int events, void *data)
 
 	if (read(fd, &count, sizeof(count)) < 0 && errno != EAGAIN)
 		eprintf("blkps: lun %" PRIu64 " wake: %m\n", lu->lun);
+	complete_refused_inline(BS_BLKPS_I(lu));
 	while ((cmd = blkps_lu_take_released(core, &r, err, sizeof(err)))) {
 		if (r == BLKPS_IO_OK) {
 			bs_thread_cmd_submit(cmd);
@@ -266,6 +302,7 @@ static tgtadm_err bs_blkps_init(struct scsi_lu *lu, char *bsopts)
 	tgtadm_err ret;
 
 	info->wake_fd = -1;
+	INIT_LIST_HEAD(&info->refused_inline);
 	guard_mode_sense(lu);
 	info->core = blkps_lu_create(bsopts, err, sizeof(err));
 	if (!info->core) {
@@ -299,6 +336,7 @@ static void bs_blkps_exit(struct scsi_lu *lu)
 	struct bs_blkps_info *info = BS_BLKPS_I(lu);
 
 	bs_thread_close(&info->threads);
+	complete_refused_inline(info);	/* none: tgt deletes an idle LU */
 	tgt_event_del(info->wake_fd);
 	close(info->wake_fd);
 	blkps_lu_destroy(info->core);

@@ -187,6 +187,23 @@ TEST(TableTarget, RowsOfAnotherWidthThanTheTablesAreRefusedBeforeSending) {
   EXPECT_TRUE(Contains(Status(target), "\"writes\": 0,")) << Status(target);  // LUN 1 saw no write
 }
 
+// A row-sized WRITE runs on tgtd's main thread (the plugin's inline path,
+// bs_blkps.c); one the server refuses, here a sector of raw bytes with a
+// NaN (WriteBytes: any language's pwrite, no client-side check), fails
+// with its sense rather than completing GOOD, and nothing is applied.
+TEST(TableTarget, ARefusedRowSizedWriteFailsAndAppliesNothing) {
+  TargetProcess target("table=1000:128;rule=sgd;lr=1;init=normal:0.1;seed=5");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  auto m = Open(target.url(1), "nan");
+  ASSERT_NE(m, nullptr);
+  std::vector<float> before(128), after(128), grad(128, 1.0f);
+  ASSERT_EQ(m->Pull(0, before.data(), before.size()), 0) << m->last_error();
+  grad[7] = std::nanf("");
+  EXPECT_NE(m->WriteBytes(0, grad.data(), grad.size() * sizeof(float)), 0);
+  ASSERT_EQ(m->Pull(0, after.data(), after.size()), 0) << m->last_error();
+  EXPECT_EQ(after, before);
+}
+
 // A restart from the checkpoint loses the pushes since the learner's
 // fsync; pushed_bytes_lost is exactly their rows' bytes, though the runs of
 // rows starting at one sector differ in length (1, 2 and 4 rows at row 0),
