@@ -83,7 +83,7 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
 
 Job::~Job() {
   {
-    std::lock_guard<std::mutex> lock(ticker_mu_);
+    MutexLock lock(&ticker_mu_);
     stopping_ = true;
   }
   ticker_cv_.notify_all();
@@ -91,7 +91,7 @@ Job::~Job() {
 }
 
 size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::string& dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t slot = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].lun == lun && !slots_[i].attached) slot = i;  // from a checkpoint, or re-added
@@ -110,7 +110,7 @@ size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::stri
 }
 
 void Job::RemoveLearner(size_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Slot& s = slots_[slot];
   for (const HeldCommand& h : held_) {
     if (h.slot == slot && h.write) --s.receipts[h.initiator].in_progress;  // dropped: never run

@@ -14,7 +14,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
                           const std::string& initiator) {
   const uint64_t first_param = offset / sizeof(float);
   const uint64_t end_param = std::min(model_->num_params(), (offset + len + sizeof(float) - 1) / sizeof(float));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Slot& s = slots_[slot];
   s.last_io = Clock::now();
   if (write) s.last_push = s.last_io;
@@ -46,7 +46,7 @@ bool Job::MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t 
 }
 
 std::vector<Job::Released> Job::TakeReleased(size_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<Released> out;
   out.swap(slots_[slot].released);
   return out;
@@ -83,7 +83,7 @@ void Job::ReleaseOneLocked(HeldCommand& held, Status status) {
 }
 
 void Job::ReleaseLocked() {
-  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) {
+  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) REQUIRES(mu_) {
     if (FailedLocked()) {
       ReleaseOneLocked(held, Status::Unavailable(failure_));
       return true;

@@ -23,10 +23,10 @@ void Job::Tick() {
   std::vector<uint64_t> bsp_blocks;  // rounds a death may have completed
   bool checkpoint_due = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto hold_limit = std::chrono::duration<double>(opts_.hold_limit_s);
     held_.erase(std::remove_if(held_.begin(), held_.end(),
-                               [&](HeldCommand& held) {
+                               [&](HeldCommand& held) REQUIRES(mu_) {
                                  if (now - held.since < hold_limit) return false;
                                  Slot& s = slots_[held.slot];
                                  ++s.hold_timeouts;
@@ -81,8 +81,12 @@ void Job::Tick() {
   }
   for (uint64_t b : bsp_blocks) {
     std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b);
-    std::unique_lock<std::mutex> lock(mu_);
-    FinishRoundIfCompleteLocked(b, lock);
+    uint32_t given = 0;
+    {
+      MutexLock lock(&mu_);
+      given = FinishRoundIfCompleteLocked(b);
+    }
+    if (given > 0) model_->ApplyAverageLocked(b, given);
   }
 
   // A scaled-out bsp or ssp job's part is taken at a round boundary: the
@@ -98,11 +102,14 @@ void Job::TickerLoop() {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!ticker_cv_.wait_for(lock, kTick, [&] { return stopping_; })) {
-    lock.unlock();
+  MutexLock lock(&ticker_mu_);
+  for (;;) {
+    const Clock::time_point next = Clock::now() + kTick;
+    while (!stopping_ && Clock::now() < next) lock.WaitUntil(ticker_cv_, next);
+    if (stopping_) return;
+    lock.Unlock();
     Tick();
-    lock.lock();
+    lock.Lock();
   }
 }
 

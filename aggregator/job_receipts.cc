@@ -11,18 +11,18 @@
 namespace blkps::server {
 
 void Job::EnterWriteGate() {
-  std::unique_lock<std::mutex> lock(gate_mu_);
-  gate_cv_.wait(lock, [&] { return !gate_closed_; });
+  MutexLock lock(&gate_mu_);
+  while (gate_closed_) lock.Wait(gate_cv_);
   ++writes_running_;
 }
 
 void Job::LeaveWriteGate() {
-  std::lock_guard<std::mutex> lock(gate_mu_);
+  MutexLock lock(&gate_mu_);
   if (--writes_running_ == 0) gate_cv_.notify_all();
 }
 
 void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Receipt& r = slots_[slot].receipts[initiator];
   if (r.in_progress > 0) --r.in_progress;
   r.last_use = ++receipt_uses_;
@@ -51,7 +51,7 @@ Job::Receipt* Job::UseReceiptLocked(Slot& s, const std::string& initiator, bool 
 }
 
 void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
-  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) {
+  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) REQUIRES(mu_) {
     const bool fenced = held.write && slots_[held.slot].lun == lun && held.initiator == initiator;
     if (fenced) {
       ReleaseOneLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
@@ -65,7 +65,7 @@ void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
 Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,
                                     std::vector<uint32_t>* counts) const {
   std::fill(counts->begin(), counts->end(), 0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const Slot& s : slots_) {
     auto it = s.lun == lun ? s.receipts.find(initiator) : s.receipts.end();
     if (it == s.receipts.end()) continue;

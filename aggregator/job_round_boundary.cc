@@ -45,7 +45,7 @@ std::string Job::PastBoundaryLocked(uint64_t R) const {
     return "this shard is at round " + std::to_string(clocks_.max_round()) +
            " already (fsync after the pushes of a round, before those of the next)";
   }
-  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) {
+  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) REQUIRES(mu_) {
     return clocks_.furthest_iteration(k) > R ? std::optional<uint64_t>(clocks_.furthest_iteration(k)) : std::nullopt;
   });
   if (past.empty()) return "";
@@ -57,7 +57,7 @@ std::string Job::BehindBoundaryLocked(uint64_t R) const {
   if (opts_.consistency.mode != ConsistencyMode::kSsp) {
     return "some of its blocks are at round " + std::to_string(clocks_.global_step()) + ": a learner is behind";
   }
-  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) {
+  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) REQUIRES(mu_) {
            return clocks_.iteration(k) < R ? std::optional<uint64_t>(clocks_.iteration(k)) : std::nullopt;
          });
 }
@@ -83,7 +83,7 @@ bool Job::HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_
 }
 
 Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t R = BoundaryAskedLocked(slot);
   *round = R;
   const bool ssp = opts_.consistency.mode == ConsistencyMode::kSsp;
@@ -92,16 +92,20 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   const std::string why = "a scaled-out " + FormatConsistency(opts_.consistency) +
                           " job's checkpoint is taken at one round on every shard "
                           "(doc/server.md \"One round on every shard\")";
-  const auto not_past = [&] {
+  const auto not_past = [&]() REQUIRES(mu_) {
     const std::string past = PastBoundaryLocked(R);
     if (past.empty()) return Status::OK();
     return Status::IOError("the checkpoint asked for " + unit + std::to_string(R) + " but " + past + "; " + why);
   };
   if (Status s = not_past(); !s.ok()) return s;
-  const auto limit = std::chrono::duration<double>(opts_.hold_limit_s);
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.hold_limit_s));
   ++checkpoints_waiting_;  // status "waiting_round"
   waiting_round_ = R;
-  const bool reached = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || BoundaryReachedLocked(R); });
+  bool reached = false;
+  while (!(reached = FailedLocked() || BoundaryReachedLocked(R)) && Clock::now() < deadline) {
+    lock.WaitUntil(round_cv_, deadline);
+  }
   --checkpoints_waiting_;
   if (FailedLocked()) return Status::Unavailable(failure_);
   if (!reached) {
@@ -112,7 +116,7 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
 }
 
 void Job::EndRoundBoundary(uint64_t R) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = boundaries_.find(R);
   if (it == boundaries_.end()) return;  // bsp holds nothing
   if (--it->second == 0) boundaries_.erase(it);
@@ -131,7 +135,7 @@ uint64_t Job::RoundGeneration(uint64_t R) const {
 }
 
 bool Job::AtOneRound() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return NotAtBoundaryLocked(BoundaryAskedLocked(kNoSlot)).empty();
 }
 

@@ -65,10 +65,10 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   size_t slot;
   RowWindow* window = nullptr;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     slot = SlotOfLunLocked(lun);
     if (slot == slots_.size()) {
-      lock.unlock();
+      lock.Unlock();
       LeaveWriteGate();
       return Status::InvalidArgument("row window push: no learner LUN " + std::to_string(lun) + " in this model");
     }
@@ -76,19 +76,20 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     if (r->windows.empty()) r->windows.resize(kRowWindowsPerLun);
     window = &r->windows[batch.window];
     ++r->in_progress;  // keeps the receipt (and the window) from being dropped
-    windows_cv_.wait(lock, [&] { return !window->busy; });
-    auto finish = [&] {
-      --r->in_progress;
-      lock.unlock();
-      LeaveWriteGate();
-    };
+    while (window->busy) lock.Wait(windows_cv_);
+    // Ends a push refused or resent: then mu_ is released, then the gate.
+    auto finish = [&]() REQUIRES(mu_) { --r->in_progress; };
     if (batch.sequence == window->push_sequence && batch.tag == window->push_tag) {
       finish();  // a resend of the batch applied last: acknowledged, not applied again
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::OK();
     }
     if (batch.sequence <= window->push_sequence) {
       const std::string last = std::to_string(window->push_sequence);
       finish();
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::InvalidArgument("row window push: sequence " + std::to_string(batch.sequence) +
                                      " does not follow the window's last push " + last +
                                      " (nor resend it: another tag); read the window's state and go on from " + last +
@@ -97,6 +98,8 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     if (FailedLocked()) {
       const std::string why = failure_;
       finish();
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::Unavailable(why);
     }
     window->busy = true;
@@ -109,12 +112,13 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   // In one pass by block; counted as a write of each row alone would be (a
   // block's clock ticks per block's worth of parameters).
   s = model_->ApplyRows(batch.ids, batch.count, batch.rows, [&](uint64_t b, uint64_t rows) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width, lock);
+    MutexLock lock(&mu_);
+    // A table is async (CheckTableJob): no bsp round to finish.
+    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width);
   });
   if (!s.ok()) rejected_writes_.fetch_add(1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // A checked batch applies whole: its rows are in range, of the table's
     // width and finite, and a job failing meanwhile does not stop it.
     if (s.ok()) {
@@ -136,7 +140,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
 Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch) {
   Status s = CheckRowBatch("row window pull", batch);
   if (!s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const size_t slot = SlotOfLunLocked(lun);
   if (slot == slots_.size()) {
     return Status::InvalidArgument("row window pull: no learner LUN " + std::to_string(lun) + " in this model");
@@ -158,14 +162,14 @@ Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBa
 Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t window, RowWindowNumbers* numbers,
                           uint64_t first_row, uint64_t rows, float* out) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
   thread_local std::vector<uint64_t> ids;  // the rows asked for, copied out of the window under mu_
   ids.clear();
   *numbers = RowWindowNumbers{};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // No such LUN or window: zeros, as a receipt where there is none, so
     // that the whole control LUN reads.
     const size_t slot = SlotOfLunLocked(lun);

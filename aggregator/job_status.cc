@@ -12,7 +12,7 @@ namespace blkps::server {
 namespace {}  // namespace
 
 Job::Counters Job::GetCounters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Counters c;
   c.params = model_->num_params();
   c.blocks = model_->num_blocks();
@@ -29,7 +29,7 @@ Job::Counters Job::GetCounters() const {
 std::string Job::StatusJson() const {
   std::ostringstream j;
   const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Model& m = *model_;
   size_t live = 0;
   for (size_t k = 0; k < slots_.size(); ++k) live += clocks_.live(k) ? 1 : 0;
