@@ -99,6 +99,7 @@ size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::stri
   if (slot == slots_.size()) {
     clocks_.AddLearner();
     slots_.emplace_back();
+    receipts_.AddSlot();
   }
   Slot& s = slots_[slot];
   s.lun = lun;
@@ -113,7 +114,7 @@ void Job::RemoveLearner(size_t slot) {
   MutexLock lock(&mu_);
   Slot& s = slots_[slot];
   for (const HeldCommand& h : held_) {
-    if (h.slot == slot && h.write) --s.receipts[h.initiator].in_progress;  // dropped: never run
+    if (h.slot == slot && h.write) receipts_.DropWrite(slot, h.initiator);  // dropped: never run
   }
   held_.erase(std::remove_if(held_.begin(), held_.end(), [&](const HeldCommand& h) { return h.slot == slot; }),
               held_.end());

@@ -28,7 +28,7 @@
 // says why, until a control command `resume=1`; then it goes on with the
 // live learners, and fails again when another learner dies.
 //
-// Receipts (exactly-once pushes; doc/libblkps.md "Faults"). For every learner slot
+// Receipts (receipts.h; exactly-once pushes; doc/libblkps.md "Faults"). For every learner slot
 // and initiator the Job counts the writes it has applied, by the 512-byte
 // unit each write starts at. A learner whose connection dropped reads its
 // receipt (the control LUN's receipts region, blkps/control_lun.h) after
@@ -93,7 +93,9 @@
 //   job_status.cc      status JSON and the control LUN's counters
 //   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
 //   job_receipts.cc    receipts: the write gate, counting applied writes,
-//                      reading them, fences, their checkpoint section
+//                      reading them, fences; the receipts themselves, their
+//                      bound and checkpoint section are an object of their
+//                      own (receipts.h), as the clocks are (learner_clocks.h)
 //   job_round_boundary.cc  a scaled-out bsp or ssp job's checkpoints at one
 //                      round on every shard
 //   job_row_windows.cc row windows: a table's rows in batches, one command
@@ -124,6 +126,7 @@
 #include "learner_clocks.h"
 #include "model.h"
 #include "mutex.h"
+#include "receipts.h"
 #include "status.h"
 
 namespace blkps::server {
@@ -293,11 +296,11 @@ class Job {
 
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
-  static constexpr uint64_t kReceiptUnit = 512;
+  static constexpr uint64_t kReceiptUnit = Receipts::kUnit;
   // Ranks that control's rank= takes: 0 .. kMaxRanks - 1.
   static constexpr uint64_t kMaxRanks = 1 << 16;
   // Receipts kept per learner slot (see "Receipts" above).
-  static constexpr size_t kReceiptsPerSlot = 8;
+  static constexpr size_t kReceiptsPerSlot = Receipts::kPerSlot;
   struct ReceiptNumbers {
     uint64_t writes_applied = 0;
     uint64_t writes_in_progress = 0;
@@ -356,26 +359,7 @@ class Job {
     uint64_t first_block, last_block;
     Clock::time_point since;
   };
-  // One initiator's row window: its last push applied, its last pull.
-  struct RowWindow {
-    uint64_t push_sequence = 0, push_tag = 0, pushes_applied = 0, rows_applied = 0;
-    uint64_t pull_sequence = 0, pull_tag = 0, pull_width = 0;
-    std::vector<uint64_t> pull_ids;
-    bool busy = false;  // a push is being applied (a resend waits for it)
-  };
-  // One initiator's writes to one slot.
-  struct Receipt {
-    // unit -> writes applied that start there (mod 2^32). Hashed: a table's
-    // pushes touch units all over the device, and a tree's walk (a cache
-    // miss a level) was the largest part of a pushed row's cost in the
-    // plugin (doc/embeddings.md "Bench").
-    std::unordered_map<uint64_t, uint32_t> applied;
-    uint64_t writes_applied = 0;
-    uint64_t in_progress = 0;  // admitted, not yet finished or failed
-    uint64_t last_use = 0;     // receipt_uses_ at its initiator's last I/O
-    // Its row windows (job.h "Row windows"), made on first use.
-    std::vector<RowWindow> windows;
-  };
+  using Receipt = Receipts::Receipt;
   struct Slot {
     uint64_t lun = 0;
     bool attached = false;  // a LUN serves it now
@@ -398,7 +382,6 @@ class Job {
     std::vector<uint64_t> read_version, own_since_read;
     uint64_t push_staleness_max = 0, push_staleness_sum = 0, pushes_measured = 0, stale_pushes = 0;
     bool told_stale = false;
-    std::map<std::string, Receipt> receipts;  // by initiator name
   };
 
   Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
@@ -464,9 +447,6 @@ class Job {
   // and the gradients to average returned (0: none), for the caller to
   // apply once it has released mu_. REQUIRES: b's write lock.
   uint32_t CountGradientLocked(size_t slot, uint64_t b, uint64_t n) REQUIRES(mu_);
-  // The receipts as words for a checkpoint section, and back.
-  std::vector<uint64_t> SaveReceiptsLocked() const REQUIRES(mu_);
-  Status RestoreReceiptsLocked(const std::vector<uint64_t>& words) REQUIRES(mu_);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not;
   // `round`: the round its gradient was towards (RoundBoundaries() only).
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round);
@@ -477,12 +457,6 @@ class Job {
   size_t SlotOfLunLocked(uint64_t lun) const REQUIRES(mu_);
   // Checks a batch against the table (ids, width, a push's values).
   Status CheckRowBatch(const char* what, const RowBatch& batch) const;
-  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
-  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
-  // `initiator` does I/O on slot `s`: its receipt (made for a write, found
-  // for a read; nullptr if none) becomes the most recently used, and the
-  // slot's least recently used one beyond kReceiptsPerSlot is dropped.
-  Receipt* UseReceiptLocked(Slot& s, const std::string& initiator, bool write) REQUIRES(mu_);
   void FenceLocked(uint64_t lun, const std::string& initiator) REQUIRES(mu_);
   // Writes hold the checkpoint gate while they apply and count a gradient;
   // Checkpoint closes it (new writes wait) and waits for the running ones.
@@ -546,7 +520,7 @@ class Job {
     Clock::time_point last;
   };
   std::map<uint64_t, RankBeat> ranks_ GUARDED_BY(mu_);
-  uint64_t receipt_uses_ GUARDED_BY(mu_) = 0;            // orders Receipt::last_use
+  Receipts receipts_ GUARDED_BY(mu_);                    // by slots_ index
   std::condition_variable windows_cv_;                   // with mu_: a RowWindow stopped being busy
   bool rounds_may_be_complete_ GUARDED_BY(mu_) = false;  // a slot went away
   std::atomic<bool> failed_{false};                      // failure_ non-empty, for the data path
@@ -554,9 +528,7 @@ class Job {
   // finished on every block (older ones are pruned), and a wake-up for
   // checkpoints waiting for a round.
   struct RoundWrite {
-    size_t slot;
-    std::string initiator;
-    uint64_t unit;
+    Receipts::Write write;
     uint64_t round;
   };
   std::vector<RoundWrite> round_writes_ GUARDED_BY(mu_);

@@ -91,7 +91,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
       MutexLock lock(&mu_);
       if (at_round) past = NotAtBoundaryLocked(round);
       clocks = at_round ? SaveClocksAtRoundLocked(round) : clocks_.Save();
-      receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
+      receipts = at_round ? SaveReceiptsAtRoundLocked(round) : receipts_.Save();
       row_windows = SaveRowWindowsLocked();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
@@ -227,10 +227,16 @@ Status Job::LoadCheckpoint() {
   const Clock::time_point now = Clock::now();
   for (uint64_t lun : luns) {
     slots_.emplace_back();
+    receipts_.AddSlot();
     slots_.back().lun = lun;
     slots_.back().last_io = now;
   }
-  s = RestoreReceiptsLocked(receipts);
+  std::vector<size_t> pushed;
+  s = receipts_.Restore(receipts, &pushed);
+  // A slot that had pushed took part before the restart: it counts for
+  // async steps from the restart on (for dead_after, as its learner
+  // reconnects), so the restart changes no step's size.
+  for (size_t slot : pushed) slots_[slot].last_push = now;
   if (s.ok()) s = RestoreRowWindowsLocked(row_windows);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   for (const auto& [key, value] : header.meta) {

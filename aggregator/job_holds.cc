@@ -20,7 +20,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   if (write) s.last_push = s.last_io;
   (write ? s.writes : s.reads) += 1;
   (write ? s.bytes_written : s.bytes_read) += len;
-  Receipt* receipt = UseReceiptLocked(s, initiator, write);
+  Receipt* receipt = receipts_.Use(slot, initiator, write);
   if (write) ++receipt->in_progress;
   if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
   if (!clocks_.live(slot)) {
@@ -73,10 +73,7 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
 void Job::ReleaseOneLocked(HeldCommand& held, Status status) {
   Slot& s = slots_[held.slot];
   if (status.ok() && !held.write) RecordLeadLocked(held.slot, held.first_block, held.last_block);
-  if (held.write && !status.ok()) {
-    Receipt& r = s.receipts[held.initiator];
-    if (r.in_progress > 0) --r.in_progress;  // it will never run
-  }
+  if (held.write && !status.ok()) receipts_.DropWrite(held.slot, held.initiator);  // it will never run
   s.released.push_back(Released{held.cmd, std::move(status)});
   --s.held;
   if (s.wake) s.wake();

@@ -146,7 +146,7 @@ std::vector<uint64_t> Job::SaveClocksAtRoundLocked(uint64_t R) const {
 
 void Job::RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round) {
   if (opts_.consistency.mode == ConsistencyMode::kSsp) return;  // ssp's parts leave nothing out
-  round_writes_.push_back(RoundWrite{slot, initiator, unit, round});
+  round_writes_.push_back(RoundWrite{{slot, initiator, unit}, round});
   if (round_writes_.size() < round_writes_prune_at_) return;
   // A write towards a round every block has finished is in every later
   // boundary: no checkpoint leaves it out.
@@ -158,24 +158,11 @@ void Job::RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint
 }
 
 std::vector<uint64_t> Job::SaveReceiptsAtRoundLocked(uint64_t R) {
-  // Uncount the later rounds' writes, save, count them again: all under mu_,
-  // so no one sees the receipts in between.
-  std::vector<std::pair<Receipt*, uint64_t>> uncounted;
+  std::vector<Receipts::Write> later;
   for (const RoundWrite& w : round_writes_) {
-    if (w.round < R) continue;
-    auto it = slots_[w.slot].receipts.find(w.initiator);
-    if (it == slots_[w.slot].receipts.end()) continue;  // dropped (kReceiptsPerSlot): nothing to uncount
-    Receipt& r = it->second;
-    --r.applied[w.unit];
-    --r.writes_applied;
-    uncounted.emplace_back(&r, w.unit);
+    if (w.round >= R) later.push_back(w.write);
   }
-  std::vector<uint64_t> words = SaveReceiptsLocked();
-  for (const auto& [r, unit] : uncounted) {
-    ++r->applied[unit];
-    ++r->writes_applied;
-  }
-  return words;
+  return receipts_.SaveWithout(later);
 }
 
 }  // namespace blkps::server

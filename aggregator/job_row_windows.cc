@@ -72,7 +72,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
       LeaveWriteGate();
       return Status::InvalidArgument("row window push: no learner LUN " + std::to_string(lun) + " in this model");
     }
-    Receipt* r = UseReceiptLocked(slots_[slot], initiator, true);
+    Receipt* r = receipts_.Use(slot, initiator, true);
     if (r->windows.empty()) r->windows.resize(kRowWindowsPerLun);
     window = &r->windows[batch.window];
     ++r->in_progress;  // keeps the receipt (and the window) from being dropped
@@ -128,7 +128,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
       window->rows_applied += batch.count;
     }
     window->busy = false;
-    Receipt& r = slots_[slot].receipts[initiator];
+    Receipt& r = receipts_.At(slot, initiator);
     --r.in_progress;
     if (s.ok()) ++r.writes_applied;
   }
@@ -149,7 +149,7 @@ Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   sl.last_io = Clock::now();
   ++sl.reads;
   sl.bytes_read += batch.count * batch.width * sizeof(float);
-  Receipt* r = UseReceiptLocked(sl, initiator, true);
+  Receipt* r = receipts_.Use(slot, initiator, true);
   if (r->windows.empty()) r->windows.resize(kRowWindowsPerLun);
   RowWindow& window = r->windows[batch.window];
   window.pull_sequence = batch.sequence;
@@ -176,7 +176,7 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
     const Receipt* r = nullptr;
     if (slot < slots_.size() && window < kRowWindowsPerLun) {
       slots_[slot].last_io = Clock::now();
-      r = UseReceiptLocked(slots_[slot], initiator, false);
+      r = receipts_.Use(slot, initiator, false);
     }
     if (r != nullptr && !r->windows.empty()) {
       const RowWindow& w = r->windows[window];
@@ -202,7 +202,7 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
 std::vector<uint64_t> Job::SaveRowWindowsLocked() const {
   std::vector<uint64_t> words{0};
   for (size_t slot = 0; slot < slots_.size(); ++slot) {
-    for (const auto& [initiator, r] : slots_[slot].receipts) {
+    for (const auto& [initiator, r] : receipts_.of(slot)) {
       for (uint64_t w = 0; w < r.windows.size(); ++w) {
         const RowWindow& window = r.windows[w];
         if (window.pushes_applied == 0) continue;
@@ -233,7 +233,7 @@ Status Job::RestoreRowWindowsLocked(const std::vector<uint64_t>& words) {
     i += name_words;
     const uint64_t w = words[i];
     if (w >= kRowWindowsPerLun) return bad;
-    Receipt& r = *UseReceiptLocked(slots_[slot], initiator, true);
+    Receipt& r = *receipts_.Use(slot, initiator, true);
     if (r.windows.empty()) r.windows.resize(kRowWindowsPerLun);
     RowWindow& window = r.windows[w];
     window.push_sequence = words[i + 1];
