@@ -98,30 +98,29 @@ size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::stri
   }
   if (slot == slots_.size()) {
     clocks_.AddLearner();
-    slots_.emplace_back();
-    receipts_.AddSlot();
+    AddSlotLocked();
   }
   Slot& s = slots_[slot];
   s.lun = lun;
   s.attached = true;
   s.dtype = dtype;
-  s.wake = std::move(wake);
+  holds_.SetWake(slot, std::move(wake));
   s.last_io = Clock::now();
   return slot;
 }
 
+void Job::AddSlotLocked() {
+  slots_.emplace_back();
+  receipts_.AddSlot();
+  holds_.AddSlot();
+}
+
 void Job::RemoveLearner(size_t slot) {
   MutexLock lock(&mu_);
-  Slot& s = slots_[slot];
-  for (const HeldCommand& h : held_) {
-    if (h.slot == slot && h.write) receipts_.DropWrite(slot, h.initiator);  // dropped: never run
+  for (const HeldCommand& h : holds_.Drop(slot)) {
+    if (h.write) receipts_.DropWrite(slot, h.initiator);  // dropped: never run
   }
-  held_.erase(std::remove_if(held_.begin(), held_.end(), [&](const HeldCommand& h) { return h.slot == slot; }),
-              held_.end());
-  s.attached = false;
-  s.held = 0;
-  s.released.clear();
-  s.wake = nullptr;
+  slots_[slot].attached = false;
   clocks_.MarkDead(slot);
   ReleaseLocked();                 // the others may no longer wait for it
   rounds_may_be_complete_ = true;  // the ticker finishes them

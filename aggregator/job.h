@@ -11,7 +11,7 @@
 //   - the Job's own ticker thread: hold limits, liveness, bsp rounds freed by
 //     a death, periodic checkpoints.
 //
-// Holding commands. A read (or a bsp write, or an ssp write past a round
+// Holding commands (holds.h). A read (or a bsp write, or an ssp write past a round
 // boundary being written) that may not run yet is kept by the Job, never by
 // a blocked thread: Admit() returns kHold and keeps the caller's opaque
 // command pointer. When it may run, or when it has waited
@@ -85,7 +85,8 @@
 // The code, by what it does:
 //   job.cc             lifetime and learner slots
 //   job_holds.cc       admission: whether a command may run now, held
-//                      commands and their release
+//                      commands and their release; the held and released
+//                      commands themselves are an object (holds.h)
 //   job_gradients.cc   reads, gradient writes and bsp rounds
 //   job_liveness.cc    the ticker: hold limits, dead learners, max_dead,
 //                      periodic checkpoints
@@ -123,6 +124,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "holds.h"
 #include "learner_clocks.h"
 #include "model.h"
 #include "mutex.h"
@@ -215,10 +217,7 @@ class Job {
   // initiator name) keys the receipt; a write is in progress on it from
   // here until Write() returns or its hold fails.
   Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd, const std::string& initiator = "");
-  struct Released {
-    void* cmd;
-    Status status;  // OK: run it now; otherwise fail it with this
-  };
+  using Released = Holds::Released;  // OK: run it now; otherwise fail it
   std::vector<Released> TakeReleased(size_t slot);
 
   // A learner's READ: the weights. Unavailable if the job has failed.
@@ -351,27 +350,17 @@ class Job {
  private:
   using Clock = std::chrono::steady_clock;
   static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-  struct HeldCommand {
-    void* cmd;
-    size_t slot;
-    bool write;
-    std::string initiator;
-    uint64_t first_block, last_block;
-    Clock::time_point since;
-  };
+  using HeldCommand = Holds::Command;
   using Receipt = Receipts::Receipt;
   struct Slot {
     uint64_t lun = 0;
     bool attached = false;  // a LUN serves it now
     std::string dtype;      // the LUN's wire type, for status
-    std::function<void()> wake;
     Clock::time_point last_io;
     // Its last write's admission; never, before one. A slot that pushed
     // within dead_after takes part in the job's async steps
     // (PushingLearnersLocked).
     Clock::time_point last_push = Clock::time_point::min();
-    uint32_t held = 0;
-    std::vector<Released> released;
     // Counters for status.
     uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
@@ -471,7 +460,12 @@ class Job {
   // Moves held commands that may now run (or must fail) to their slots'
   // released lists and wakes those slots.
   void ReleaseLocked() REQUIRES(mu_);
-  void ReleaseOneLocked(HeldCommand& held, Status status) REQUIRES(mu_);
+  // The Job's part in releasing a held command with `status` (Holds::Release
+  // does the rest): a read's lead is recorded, a failed write's receipt no
+  // longer counts it in progress. Returns `status`.
+  Status OnReleaseLocked(const HeldCommand& held, Status status) REQUIRES(mu_);
+  // A new learner slot: in slots_ and in the parts kept by slot.
+  void AddSlotLocked() REQUIRES(mu_);
   // A read of blocks [first_block, last_block] is admitted: its lead (ssp
   // staleness) and the blocks' versions it will see.
   void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block) REQUIRES(mu_);
@@ -507,8 +501,8 @@ class Job {
   // annotations (thread_annotations.h) that clang builds check.
   mutable Mutex mu_;
   LearnerClocks clocks_ GUARDED_BY(mu_);
-  std::vector<Slot> slots_ GUARDED_BY(mu_);  // index = clocks_ learner
-  std::vector<HeldCommand> held_ GUARDED_BY(mu_);
+  std::vector<Slot> slots_ GUARDED_BY(mu_);       // index = clocks_ learner
+  Holds holds_ GUARDED_BY(mu_);                   // by slots_ index
   std::string failure_ GUARDED_BY(mu_);           // non-empty: failed
   std::string tag_ GUARDED_BY(mu_);               // control's tag=
   std::string control_error_ GUARDED_BY(mu_);     // why the last control write was refused

@@ -226,8 +226,7 @@ Status Job::LoadCheckpoint() {
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   const Clock::time_point now = Clock::now();
   for (uint64_t lun : luns) {
-    slots_.emplace_back();
-    receipts_.AddSlot();
+    AddSlotLocked();
     slots_.back().lun = lun;
     slots_.back().last_io = now;
   }

@@ -78,7 +78,7 @@ uint32_t Job::CountGradientLocked(size_t slot, uint64_t b, uint64_t n) {
   if (!clocks_.AddGradient(slot, b, n)) return 0;
   if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
   if (opts_.consistency.mode == ConsistencyMode::kBsp) return FinishRoundIfCompleteLocked(b);
-  if (!held_.empty()) ReleaseLocked();                   // ssp: the slowest may have moved
+  if (holds_.held() > 0) ReleaseLocked();                // ssp: the slowest may have moved
   if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
   return 0;
 }

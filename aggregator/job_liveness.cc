@@ -25,29 +25,24 @@ void Job::Tick() {
   {
     MutexLock lock(&mu_);
     const auto hold_limit = std::chrono::duration<double>(opts_.hold_limit_s);
-    held_.erase(std::remove_if(held_.begin(), held_.end(),
-                               [&](HeldCommand& held) REQUIRES(mu_) {
-                                 if (now - held.since < hold_limit) return false;
-                                 Slot& s = slots_[held.slot];
-                                 ++s.hold_timeouts;
-                                 const std::string why =
-                                     std::string(held.write ? "gradient write" : "read") + " of block " +
-                                     std::to_string(held.first_block) + " by lun " + std::to_string(s.lun) +
-                                     " (iteration " + std::to_string(clocks_.clock(held.slot, held.first_block)) +
-                                     ", mode " + FormatConsistency(opts_.consistency) + ") waited " +
-                                     Fixed(opts_.hold_limit_s, 1) +
-                                     " s (hold_limit) for learners behind it: " + WhoIsBehindLocked(held);
-                                 log_(why);
-                                 ReleaseOneLocked(held, Status::DeadlineExceeded(why));
-                                 return true;
-                               }),
-                held_.end());
+    holds_.Release([&](const HeldCommand& held) REQUIRES(mu_) -> std::optional<Status> {
+      if (now - held.since < hold_limit) return std::nullopt;
+      Slot& s = slots_[held.slot];
+      ++s.hold_timeouts;
+      const std::string why = std::string(held.write ? "gradient write" : "read") + " of block " +
+                              std::to_string(held.first_block) + " by lun " + std::to_string(s.lun) + " (iteration " +
+                              std::to_string(clocks_.clock(held.slot, held.first_block)) + ", mode " +
+                              FormatConsistency(opts_.consistency) + ") waited " + Fixed(opts_.hold_limit_s, 1) +
+                              " s (hold_limit) for learners behind it: " + WhoIsBehindLocked(held);
+      log_(why);
+      return OnReleaseLocked(held, Status::DeadlineExceeded(why));
+    });
 
     size_t dead = 0;
     bool died = false;
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& s = slots_[k];
-      if (clocks_.live(k) && s.held == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
+      if (clocks_.live(k) && holds_.held(k) == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
         clocks_.MarkDead(k);
         ++s.deaths;
         died = true;

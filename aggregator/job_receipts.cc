@@ -27,15 +27,11 @@ void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset
 }
 
 void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
-  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) REQUIRES(mu_) {
-    const bool fenced = held.write && slots_[held.slot].lun == lun && held.initiator == initiator;
-    if (fenced) {
-      ReleaseOneLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
-                                                      " reconnected and will resend what its receipt lacks"));
-    }
-    return fenced;
+  holds_.Release([&](const HeldCommand& held) REQUIRES(mu_) -> std::optional<Status> {
+    if (!held.write || slots_[held.slot].lun != lun || held.initiator != initiator) return std::nullopt;
+    return OnReleaseLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
+                                                          " reconnected and will resend what its receipt lacks"));
   });
-  held_.erase(it, held_.end());
 }
 
 Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,

@@ -58,7 +58,7 @@ std::string Job::StatusJson() const {
   j << "  \"global_step\": " << clocks_.global_step() << ",\n";
   j << "  \"updates\": " << clocks_.updates() << ",\n";
   j << "  \"rejected_writes\": " << rejected_writes_.load() << ",\n";
-  j << "  \"held_now\": " << held_.size() << ",\n";
+  j << "  \"held_now\": " << holds_.held() << ",\n";
   j << "  \"uptime_s\": " << Fixed(Seconds(now - started_), 3) << ",\n";
   j << "  \"dead_after_s\": " << FloatText(opts_.dead_after_s) << ",\n";
   j << "  \"hold_limit_s\": " << FloatText(opts_.hold_limit_s) << ",\n";
@@ -87,7 +87,7 @@ std::string Job::StatusJson() const {
           : clocks_.live(k) ? "live"
                             : "dead")
       << "\", \"iteration\": " << clocks_.iteration(k) << ", \"idle_s\": " << Fixed(Seconds(now - s.last_io), 3)
-      << ", \"held\": " << s.held << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
+      << ", \"held\": " << holds_.held(k) << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
       << ", \"bytes_read\": " << s.bytes_read << ", \"bytes_written\": " << s.bytes_written
       << ", \"holds\": " << s.holds << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
       << ", \"staleness_last\": " << s.lead_last << ", \"staleness_max\": " << s.lead_max
