@@ -3,7 +3,7 @@
 // released, waiting for their slot's main thread to take them. A held
 // command is the caller's opaque pointer and what the Job needs to decide
 // on it; whether it may run is the Job's decision (Release's `decide`), not
-// this object's. At a failover (issue 40) these are what the learners must
+// this object's. At a failover these are what the learners must
 // be told to resend.
 //
 // Not thread-safe: the Job keeps its Holds GUARDED_BY its mu_ and calls

@@ -121,7 +121,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "holds.h"
@@ -423,7 +422,7 @@ class Job {
   // Learner `slot`'s write `initiator` made, counted at receipt unit `unit`,
   // gave a gradient towards round `round` (its clock then).
   void RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round) REQUIRES(mu_);
-  // The receipts as words (SaveReceiptsLocked) as at round boundary R: the
+  // The receipts as words (Receipts::Save) as at round boundary R: the
   // writes towards rounds R+1 and later uncounted.
   std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R) REQUIRES(mu_);
   // Write() without the gate and the receipt.
@@ -499,6 +498,9 @@ class Job {
   // Lock order: a model block's lock, then mu_; never the other way.
   // Which lock guards a member, and which a *Locked call needs, are
   // annotations (thread_annotations.h) that clang builds check.
+  // A copy of the job's state (a checkpoint, a replica) holds
+  // the model, clocks_ and receipts_ (with their row windows); holds_ are
+  // the commands a server that takes over must have the learners resend.
   mutable Mutex mu_;
   LearnerClocks clocks_ GUARDED_BY(mu_);
   std::vector<Slot> slots_ GUARDED_BY(mu_);       // index = clocks_ learner
