@@ -85,7 +85,7 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
 
 Job::~Job() {
   {
-    std::lock_guard<std::mutex> lock(ticker_mu_);
+    MutexLock lock(&ticker_mu_);
     stopping_ = true;
   }
   ticker_cv_.notify_all();
@@ -93,36 +93,36 @@ Job::~Job() {
 }
 
 size_t Job::AddLearner(uint64_t lun, std::function<void()> wake, const std::string& dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t slot = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].lun == lun && !slots_[i].attached) slot = i;  // from a checkpoint, or re-added
   }
   if (slot == slots_.size()) {
     clocks_.AddLearner();
-    slots_.emplace_back();
+    AddSlotLocked();
   }
   Slot& s = slots_[slot];
   s.lun = lun;
   s.attached = true;
   s.dtype = dtype;
-  s.wake = std::move(wake);
+  holds_.SetWake(slot, std::move(wake));
   s.last_io = Clock::now();
   return slot;
 }
 
+void Job::AddSlotLocked() {
+  slots_.emplace_back();
+  receipts_.AddSlot();
+  holds_.AddSlot();
+}
+
 void Job::RemoveLearner(size_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = slots_[slot];
-  for (const HeldCommand& h : held_) {
-    if (h.slot == slot && h.write) --s.receipts[h.initiator].in_progress;  // dropped: never run
+  MutexLock lock(&mu_);
+  for (const HeldCommand& h : holds_.Drop(slot)) {
+    if (h.write) receipts_.DropWrite(slot, h.initiator);  // dropped: never run
   }
-  held_.erase(std::remove_if(held_.begin(), held_.end(), [&](const HeldCommand& h) { return h.slot == slot; }),
-              held_.end());
-  s.attached = false;
-  s.held = 0;
-  s.released.clear();
-  s.wake = nullptr;
+  slots_[slot].attached = false;
   clocks_.MarkDead(slot);
   ReleaseLocked();                 // the others may no longer wait for it
   rounds_may_be_complete_ = true;  // the ticker finishes them

@@ -11,7 +11,7 @@
 //   - the Job's own ticker thread: hold limits, liveness, bsp rounds freed by
 //     a death, periodic checkpoints.
 //
-// Holding commands. A read (or a bsp write, or an ssp write past a round
+// Holding commands (holds.h). A read (or a bsp write, or an ssp write past a round
 // boundary being written) that may not run yet is kept by the Job, never by
 // a blocked thread: Admit() returns kHold and keeps the caller's opaque
 // command pointer. When it may run, or when it has waited
@@ -28,7 +28,7 @@
 // says why, until a control command `resume=1`; then it goes on with the
 // live learners, and fails again when another learner dies.
 //
-// Receipts (exactly-once pushes; doc/libblkps.md "Faults"). For every learner slot
+// Receipts (receipts.h; exactly-once pushes; doc/libblkps.md "Faults"). For every learner slot
 // and initiator the Job counts the writes it has applied, by the 512-byte
 // unit each write starts at. A learner whose connection dropped reads its
 // receipt (the control LUN's receipts region, blkps/control_lun.h) after
@@ -94,7 +94,8 @@
 // The code, by what it does:
 //   job.cc             lifetime and learner slots
 //   job_holds.cc       admission: whether a command may run now, held
-//                      commands and their release
+//                      commands and their release; the held and released
+//                      commands themselves are an object (holds.h)
 //   job_gradients.cc   reads, gradient writes and bsp rounds
 //   job_liveness.cc    the ticker: hold limits, dead learners, max_dead,
 //                      periodic checkpoints
@@ -102,7 +103,9 @@
 //   job_status.cc      status JSON and the control LUN's counters
 //   job_control.cc     control commands (lr=..., resume=1, fence=<lun>)
 //   job_receipts.cc    receipts: the write gate, counting applied writes,
-//                      reading them, fences, their checkpoint section
+//                      reading them, fences; the receipts themselves, their
+//                      bound and checkpoint section are an object of their
+//                      own (receipts.h), as the clocks are (learner_clocks.h)
 //   job_round_boundary.cc  a scaled-out bsp or ssp job's checkpoints at one
 //                      round on every shard
 //   job_row_windows.cc row windows: a table's rows in batches, one command
@@ -125,16 +128,17 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "hashed_table.h"
+#include "holds.h"
 #include "learner_clocks.h"
 #include "model.h"
+#include "mutex.h"
+#include "receipts.h"
 #include "status.h"
 
 namespace blkps::server {
@@ -231,10 +235,7 @@ class Job {
   // initiator name) keys the receipt; a write is in progress on it from
   // here until Write() returns or its hold fails.
   Admission Admit(size_t slot, bool write, uint64_t offset, uint64_t len, void* cmd, const std::string& initiator = "");
-  struct Released {
-    void* cmd;
-    Status status;  // OK: run it now; otherwise fail it with this
-  };
+  using Released = Holds::Released;  // OK: run it now; otherwise fail it
   std::vector<Released> TakeReleased(size_t slot);
 
   // A learner's READ: the weights. Unavailable if the job has failed.
@@ -313,11 +314,11 @@ class Job {
 
   // Receipts count writes by the unit of this many device bytes they start
   // at (blkps/control_lun.h's BLKPS_CONTROL_RECEIPT_UNIT).
-  static constexpr uint64_t kReceiptUnit = 512;
+  static constexpr uint64_t kReceiptUnit = Receipts::kUnit;
   // Ranks that control's rank= takes: 0 .. kMaxRanks - 1.
   static constexpr uint64_t kMaxRanks = 1 << 16;
   // Receipts kept per learner slot (see "Receipts" above).
-  static constexpr size_t kReceiptsPerSlot = 8;
+  static constexpr size_t kReceiptsPerSlot = Receipts::kPerSlot;
   struct ReceiptNumbers {
     uint64_t writes_applied = 0;
     uint64_t writes_in_progress = 0;
@@ -369,46 +370,17 @@ class Job {
  private:
   using Clock = std::chrono::steady_clock;
   static double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-  struct HeldCommand {
-    void* cmd;
-    size_t slot;
-    bool write;
-    std::string initiator;
-    uint64_t first_block, last_block;
-    Clock::time_point since;
-  };
-  // One initiator's row window: its last push applied, its last pull.
-  struct RowWindow {
-    uint64_t push_sequence = 0, push_tag = 0, pushes_applied = 0, rows_applied = 0;
-    uint64_t pull_sequence = 0, pull_tag = 0, pull_width = 0;
-    std::vector<uint64_t> pull_ids;
-    bool busy = false;  // a push is being applied (a resend waits for it)
-  };
-  // One initiator's writes to one slot.
-  struct Receipt {
-    // unit -> writes applied that start there (mod 2^32). Hashed: a table's
-    // pushes touch units all over the device, and a tree's walk (a cache
-    // miss a level) was the largest part of a pushed row's cost in the
-    // plugin (doc/embeddings.md "Bench").
-    std::unordered_map<uint64_t, uint32_t> applied;
-    uint64_t writes_applied = 0;
-    uint64_t in_progress = 0;  // admitted, not yet finished or failed
-    uint64_t last_use = 0;     // receipt_uses_ at its initiator's last I/O
-    // Its row windows (job.h "Row windows"), made on first use.
-    std::vector<RowWindow> windows;
-  };
+  using HeldCommand = Holds::Command;
+  using Receipt = Receipts::Receipt;
   struct Slot {
     uint64_t lun = 0;
     bool attached = false;  // a LUN serves it now
     std::string dtype;      // the LUN's wire type, for status
-    std::function<void()> wake;
     Clock::time_point last_io;
     // Its last write's admission; never, before one. A slot that pushed
     // within dead_after takes part in the job's async steps
     // (PushingLearnersLocked).
     Clock::time_point last_push = Clock::time_point::min();
-    uint32_t held = 0;
-    std::vector<Released> released;
     // Counters for status.
     uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
@@ -419,7 +391,6 @@ class Job {
     std::vector<uint64_t> read_version, own_since_read;
     uint64_t push_staleness_max = 0, push_staleness_sum = 0, pushes_measured = 0, stale_pushes = 0;
     bool told_stale = false;
-    std::map<std::string, Receipt> receipts;  // by initiator name
   };
 
   Job(const std::string& name, const JobOptions& opts, Logger log, std::unique_ptr<Model> model);
@@ -446,54 +417,53 @@ class Job {
   Status AwaitRoundBoundary(size_t slot, uint64_t* round);
   void EndRoundBoundary(uint64_t round);
   // The round a checkpoint asked by `slot` (kNoSlot: control) is for.
-  uint64_t BoundaryAskedLocked(size_t slot) const;
+  uint64_t BoundaryAskedLocked(size_t slot) const REQUIRES(mu_);
   // Whether the shard has reached boundary R (it may be past it too).
-  bool BoundaryReachedLocked(uint64_t R) const;
+  bool BoundaryReachedLocked(uint64_t R) const REQUIRES(mu_);
   // "" if no block (bsp) or live learner (ssp) is past R; else what is,
   // in words. Who keeps it from R, in words.
-  std::string PastBoundaryLocked(uint64_t R) const;
-  std::string BehindBoundaryLocked(uint64_t R) const;
+  std::string PastBoundaryLocked(uint64_t R) const REQUIRES(mu_);
+  std::string BehindBoundaryLocked(uint64_t R) const REQUIRES(mu_);
   // "lun L<what>I, ..." for each live learner k that at(k) gives an
   // iteration I, in slot order.
   std::string LiveLearnersLocked(const std::string& what,
-                                 const std::function<std::optional<uint64_t>(size_t)>& at) const;
+                                 const std::function<std::optional<uint64_t>(size_t)>& at) const REQUIRES(mu_);
   // "" if the shard is exactly at R (a checkpoint's instant); else why not.
-  std::string NotAtBoundaryLocked(uint64_t R) const;
+  std::string NotAtBoundaryLocked(uint64_t R) const REQUIRES(mu_);
   // ssp: whether `slot`'s write of blocks [first_block, last_block] is
   // held by a round boundary being written (towards an iteration past it).
-  bool HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_block) const;
+  bool HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_block) const REQUIRES(mu_);
   // Whether every block is at one round (a periodic checkpoint's moment).
   bool AtOneRound() const;
   // The generation of round boundary R: numbered by its round, so that
   // every shard gives a round the same number whatever else it was asked.
   uint64_t RoundGeneration(uint64_t R) const;
   // The clocks as words (LearnerClocks::Save) as at round boundary R.
-  std::vector<uint64_t> SaveClocksAtRoundLocked(uint64_t R) const;
+  std::vector<uint64_t> SaveClocksAtRoundLocked(uint64_t R) const REQUIRES(mu_);
   // Learner `slot`'s write `initiator` made, counted at receipt unit `unit`,
-  // gave a gradient towards round `round` (its clock then). REQUIRES mu_.
-  void RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round);
-  // The receipts as words (SaveReceiptsLocked) as at round boundary R: the
-  // writes towards rounds R+1 and later uncounted. REQUIRES mu_.
-  std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R);
+  // gave a gradient towards round `round` (its clock then).
+  void RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round) REQUIRES(mu_);
+  // The receipts as words (Receipts::Save) as at round boundary R: the
+  // writes towards rounds R+1 and later uncounted.
+  std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R) REQUIRES(mu_);
   // Write() without the gate and the receipt.
   Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // ApplyWrite without the failed-job check.
   Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
   // Learner `slot`'s gradient for `n` parameters of block b was applied:
-  // counted on its clocks; a bsp round it completes is applied, ssp's held
-  // commands that may pass are released. REQUIRES: mu_, held by `lock`.
-  void CountGradientLocked(size_t slot, uint64_t b, uint64_t n, std::unique_lock<std::mutex>& lock);
-  // The receipts as words for a checkpoint section, and back. REQUIRES mu_.
-  std::vector<uint64_t> SaveReceiptsLocked() const;
-  Status RestoreReceiptsLocked(const std::vector<uint64_t>& words);
+  // counted on its clocks; ssp's held commands that may pass are released;
+  // a bsp round it completes is finished (FinishRoundIfCompleteLocked),
+  // and the gradients to average returned (0: none), for the caller to
+  // apply once it has released mu_. REQUIRES: b's write lock.
+  uint32_t CountGradientLocked(size_t slot, uint64_t b, uint64_t n) REQUIRES(mu_);
   // A write of `initiator` ends, applied (counted at `offset`'s unit) or not;
   // `round`: the round its gradient was towards (RoundBoundaries() only).
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round);
-  // The row windows as words for a checkpoint section, and back. REQUIRES mu_.
-  std::vector<uint64_t> SaveRowWindowsLocked() const;
-  Status RestoreRowWindowsLocked(const std::vector<uint64_t>& words);
-  // The slot of learner LUN `lun`, or slots_.size(). REQUIRES mu_.
-  size_t SlotOfLunLocked(uint64_t lun) const;
+  // The row windows as words for a checkpoint section, and back.
+  std::vector<uint64_t> SaveRowWindowsLocked() const REQUIRES(mu_);
+  Status RestoreRowWindowsLocked(const std::vector<uint64_t>& words) REQUIRES(mu_);
+  // The slot of learner LUN `lun`, or slots_.size().
+  size_t SlotOfLunLocked(uint64_t lun) const REQUIRES(mu_);
   // Checks a batch against the table (ids, width, a push's values).
   Status CheckRowBatch(const char* what, const RowBatch& batch) const;
   // ---- Hashed tables (job_hashed_table.cc) ----
@@ -515,14 +485,7 @@ class Job {
   // gate closed, or at Create).
   std::vector<uint64_t> SaveHashedRows() const;
   Status RestoreHashedRows(const std::vector<uint64_t>& words);
-  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not.
-  void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied);
-  // `initiator` does I/O on slot `s`: its receipt (made for a write, found
-  // for a read; nullptr if none) becomes the most recently used, and the
-  // slot's least recently used one beyond kReceiptsPerSlot is dropped.
-  // REQUIRES mu_.
-  Receipt* UseReceiptLocked(Slot& s, const std::string& initiator, bool write);
-  void FenceLocked(uint64_t lun, const std::string& initiator);
+  void FenceLocked(uint64_t lun, const std::string& initiator) REQUIRES(mu_);
   // Writes hold the checkpoint gate while they apply and count a gradient;
   // Checkpoint closes it (new writes wait) and waits for the running ones.
   void EnterWriteGate();
@@ -530,34 +493,42 @@ class Job {
   void Tick();
   void TickerLoop();
 
-  // REQUIRES mu_ for the *Locked calls.
   // Whether `slot`'s read or write of blocks [first_block, last_block] may
   // run now.
-  bool MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t last_block) const;
+  bool MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t last_block) const REQUIRES(mu_);
   // Moves held commands that may now run (or must fail) to their slots'
   // released lists and wakes those slots.
-  void ReleaseLocked();
-  void ReleaseOneLocked(HeldCommand& held, Status status);
+  void ReleaseLocked() REQUIRES(mu_);
+  // The Job's part in releasing a held command with `status` (Holds::Release
+  // does the rest): a read's lead is recorded, a failed write's receipt no
+  // longer counts it in progress. Returns `status`.
+  Status OnReleaseLocked(const HeldCommand& held, Status status) REQUIRES(mu_);
+  // A new learner slot: in slots_ and in the parts kept by slot.
+  void AddSlotLocked() REQUIRES(mu_);
   // A read of blocks [first_block, last_block] is admitted: its lead (ssp
   // staleness) and the blocks' versions it will see.
-  void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block);
+  void RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block) REQUIRES(mu_);
   // Async/ssp: the push staleness of `slot`'s push to block b, counted for
   // status and the guard rail; returns the staleness its gradient is
   // applied with (UpdateRule::ApplyStale; 0 without staleness_aware).
-  uint64_t PushStalenessLocked(size_t slot, uint64_t b);
+  uint64_t PushStalenessLocked(size_t slot, uint64_t b) REQUIRES(mu_);
   // The learners taking part in async steps at `now`: slots whose last push
   // is at most dead_after old (read-only and spare LUNs never count). The N
   // of doc/async.md: a push is applied as at least N-1 updates stale, and
   // blkps.torch scales its pushes by the same N (status and counters
   // "pushing_learners").
-  size_t PushingLearnersLocked(Clock::time_point now) const;
+  size_t PushingLearnersLocked(Clock::time_point now) const REQUIRES(mu_);
   static constexpr uint64_t kNeverRead = ~uint64_t{0};
-  bool FailedLocked() const { return !failure_.empty(); }
+  bool FailedLocked() const REQUIRES(mu_) { return !failure_.empty(); }
   // Control's tag=: OK if `tag` may be one.
   static Status CheckTag(const std::string& tag);
-  std::string WhoIsBehindLocked(const HeldCommand& held) const;
-  // bsp: finishes block b's round if complete. REQUIRES: b's write lock.
-  void FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock);
+  std::string WhoIsBehindLocked(const HeldCommand& held) const REQUIRES(mu_);
+  // bsp: finishes block b's round if complete: releases what waited for it
+  // and returns the number of gradients given, which the caller applies
+  // with Model::ApplyAverageLocked once it has released mu_ (still holding
+  // b's write lock, so that the readers released see the round's update);
+  // 0 if the round is not complete. REQUIRES: b's write lock.
+  uint32_t FinishRoundIfCompleteLocked(uint64_t b) REQUIRES(mu_);
 
   const std::string name_;
   const JobOptions opts_;
@@ -566,75 +537,77 @@ class Job {
   std::unique_ptr<HashedTable> hashed_;  // a hashed table's rows; null for any other job
 
   // Lock order: a model block's lock, then mu_; never the other way.
-  mutable std::mutex mu_;
-  LearnerClocks clocks_;           // guarded by mu_
-  std::vector<Slot> slots_;        // guarded by mu_; index = clocks_ learner
-  std::vector<HeldCommand> held_;  // guarded by mu_
-  std::string failure_;            // guarded by mu_; non-empty: failed
-  std::string tag_;                // guarded by mu_; control's tag=
-  std::string control_error_;      // guarded by mu_; why the last control write was refused
-  uint64_t control_refused_ = 0;   // guarded by mu_; control writes refused since the start
-  bool stop_ = false;              // guarded by mu_; control's stop=1
+  // Which lock guards a member, and which a *Locked call needs, are
+  // annotations (thread_annotations.h) that clang builds check.
+  // A copy of the job's state (a checkpoint, a replica) holds
+  // the model, clocks_ and receipts_ (with their row windows); holds_ are
+  // the commands a server that takes over must have the learners resend.
+  mutable Mutex mu_;
+  LearnerClocks clocks_ GUARDED_BY(mu_);
+  std::vector<Slot> slots_ GUARDED_BY(mu_);       // index = clocks_ learner
+  Holds holds_ GUARDED_BY(mu_);                   // by slots_ index
+  std::string failure_ GUARDED_BY(mu_);           // non-empty: failed
+  std::string tag_ GUARDED_BY(mu_);               // control's tag=
+  std::string control_error_ GUARDED_BY(mu_);     // why the last control write was refused
+  uint64_t control_refused_ GUARDED_BY(mu_) = 0;  // control writes refused since the start
+  bool stop_ GUARDED_BY(mu_) = false;             // control's stop=1
   // Control's rank= heartbeats: rank -> its run and when it last beat.
   struct RankBeat {
     std::string run;
     Clock::time_point last;
   };
-  std::map<uint64_t, RankBeat> ranks_;   // guarded by mu_
-  uint64_t receipt_uses_ = 0;            // guarded by mu_; orders Receipt::last_use
-  std::condition_variable windows_cv_;   // with mu_: a RowWindow stopped being busy
-  bool rounds_may_be_complete_ = false;  // guarded by mu_: a slot went away
-  std::atomic<bool> failed_{false};      // failure_ non-empty, for the data path
+  std::map<uint64_t, RankBeat> ranks_ GUARDED_BY(mu_);
+  Receipts receipts_ GUARDED_BY(mu_);                    // by slots_ index
+  std::condition_variable windows_cv_;                   // with mu_: a RowWindow stopped being busy
+  bool rounds_may_be_complete_ GUARDED_BY(mu_) = false;  // a slot went away
+  std::atomic<bool> failed_{false};                      // failure_ non-empty, for the data path
   // RoundBoundaries(): the writes applied towards rounds the shard has not
   // finished on every block (older ones are pruned), and a wake-up for
   // checkpoints waiting for a round.
   struct RoundWrite {
-    size_t slot;
-    std::string initiator;
-    uint64_t unit;
+    Receipts::Write write;
     uint64_t round;
   };
-  std::vector<RoundWrite> round_writes_;  // guarded by mu_
-  size_t round_writes_prune_at_ = 64;     // guarded by mu_
-  std::condition_variable round_cv_;      // with mu_: a round finished
-  uint32_t checkpoints_waiting_ = 0;      // guarded by mu_: in AwaitRoundBoundary
-  uint64_t waiting_round_ = 0;            // guarded by mu_: the round the last of them waits for
+  std::vector<RoundWrite> round_writes_ GUARDED_BY(mu_);
+  size_t round_writes_prune_at_ GUARDED_BY(mu_) = 64;
+  std::condition_variable round_cv_;                  // with mu_: a round finished
+  uint32_t checkpoints_waiting_ GUARDED_BY(mu_) = 0;  // in AwaitRoundBoundary
+  uint64_t waiting_round_ GUARDED_BY(mu_) = 0;        // the round the last of them waits for
   // ssp: round boundary -> checkpoints between their AwaitRoundBoundary
   // and EndRoundBoundary. Writes past the lowest are held.
-  std::map<uint64_t, uint32_t> boundaries_;  // guarded by mu_
+  std::map<uint64_t, uint32_t> boundaries_ GUARDED_BY(mu_);
   std::atomic<uint64_t> rejected_writes_{0};
   const Clock::time_point started_ = Clock::now();
 
-  std::mutex checkpoint_mu_;  // one checkpoint at a time
-  std::string job_id_;        // set by LoadCheckpoint, then constant
-  uint64_t generation_ = 0;   // guarded by checkpoint_mu_: the last one asked for
+  Mutex checkpoint_mu_;                                 // one checkpoint at a time
+  std::string job_id_;                                  // set by LoadCheckpoint, then constant
+  uint64_t generation_ GUARDED_BY(checkpoint_mu_) = 0;  // the last one asked for
   // RoundBoundaries(): the round boundary of this shard's last part written
   // since the start; none yet: kNoRound.
   static constexpr uint64_t kNoRound = ~uint64_t{0};
-  uint64_t round_written_ = kNoRound;  // guarded by checkpoint_mu_
+  uint64_t round_written_ GUARDED_BY(checkpoint_mu_) = kNoRound;
   // Whether this shard has written a part at boundary `round` or a later
-  // one. REQUIRES checkpoint_mu_.
-  bool RoundWrittenLocked(uint64_t round) const;
+  // one.
+  bool RoundWrittenLocked(uint64_t round) const REQUIRES(checkpoint_mu_);
   // RoundBoundaries(): round R is generation round_generation_base_ + 1 +
   // R - round_base_, both fixed at the start: the generation loaded and its
   // round (a new job: the newest number in the folder, round 0), the same on
   // every shard. Set by LoadCheckpoint, then constant.
   uint64_t round_generation_base_ = 0, round_base_ = 0;
-  std::mutex gate_mu_;
+  Mutex gate_mu_;
   std::condition_variable gate_cv_;
-  uint32_t writes_running_ = 0;  // guarded by gate_mu_
-  bool gate_closed_ = false;     // guarded by gate_mu_
-  // Guarded by mu_:
-  uint64_t checkpoints_ = 0;
-  uint64_t written_generation_ = 0;  // this server's last durable part (or the loaded one)
-  std::string checkpoint_error_;
-  double checkpoint_seconds_ = 0;
-  double checkpoint_stall_seconds_ = 0;  // writes waited this long for the last
-  Clock::time_point last_checkpoint_;
+  uint32_t writes_running_ GUARDED_BY(gate_mu_) = 0;
+  bool gate_closed_ GUARDED_BY(gate_mu_) = false;
+  uint64_t checkpoints_ GUARDED_BY(mu_) = 0;
+  uint64_t written_generation_ GUARDED_BY(mu_) = 0;  // this server's last durable part (or the loaded one)
+  std::string checkpoint_error_ GUARDED_BY(mu_);
+  double checkpoint_seconds_ GUARDED_BY(mu_) = 0;
+  double checkpoint_stall_seconds_ GUARDED_BY(mu_) = 0;  // writes waited this long for the last
+  Clock::time_point last_checkpoint_ GUARDED_BY(mu_);
 
-  std::mutex ticker_mu_;
+  Mutex ticker_mu_;
   std::condition_variable ticker_cv_;
-  bool stopping_ = false;  // guarded by ticker_mu_
+  bool stopping_ GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;
 };
 

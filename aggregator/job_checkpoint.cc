@@ -45,10 +45,10 @@ Status Job::Checkpoint(size_t slot) {
     // A request for a round this shard has written (another learner's
     // fsync of the same round, which the others may have gone on from)
     // returns once that part is durable.
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     round = BoundaryAskedLocked(slot);
-    lock.unlock();
-    std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+    lock.Unlock();
+    MutexLock one_at_a_time(&checkpoint_mu_);
     if (RoundWrittenLocked(round)) return Status::OK();
   }
   // Waits before it takes checkpoint_mu_: a request for a later round
@@ -62,16 +62,16 @@ Status Job::Checkpoint(size_t slot) {
 bool Job::RoundWrittenLocked(uint64_t round) const { return round_written_ != kNoRound && round <= round_written_; }
 
 Status Job::FailCheckpoint(const Status& why, uint64_t round) {
-  std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+  MutexLock one_at_a_time(&checkpoint_mu_);
   const uint64_t generation = generation_ = round != kNoCheckpointRound ? RoundGeneration(round) : generation_ + 1;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_checkpoint_ = Clock::now();
   checkpoint_error_ = "generation " + std::to_string(generation) + " failed: " + why.message();
   return why;
 }
 
 Status Job::WriteCheckpoint(uint64_t round) {
-  std::lock_guard<std::mutex> one_at_a_time(checkpoint_mu_);
+  MutexLock one_at_a_time(&checkpoint_mu_);
   const Clock::time_point start = Clock::now();
   const bool at_round = round != kNoCheckpointRound;
   if (at_round && RoundWrittenLocked(round)) return Status::OK();  // by a request for it that came first
@@ -86,22 +86,22 @@ Status Job::WriteCheckpoint(uint64_t round) {
     // The instant: the write gate closed (new writes wait) and the running
     // writes finished, so every gradient in the snapshot has its receipt
     // count in it too, and none after it has.
-    std::unique_lock<std::mutex> gate(gate_mu_);
+    MutexLock gate(&gate_mu_);
     gate_closed_ = true;
-    gate_cv_.wait(gate, [&] { return writes_running_ == 0; });
-    gate.unlock();
+    while (writes_running_ > 0) gate.Wait(gate_cv_);
+    gate.Unlock();
     snapshot = model_->TakeSnapshot([&] {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (at_round) past = NotAtBoundaryLocked(round);
       clocks = at_round ? SaveClocksAtRoundLocked(round) : clocks_.Save();
-      receipts = at_round ? SaveReceiptsAtRoundLocked(round) : SaveReceiptsLocked();
+      receipts = at_round ? SaveReceiptsAtRoundLocked(round) : receipts_.Save();
       row_windows = SaveRowWindowsLocked();
       hashed_rows = SaveHashedRows();
       for (const Slot& slot : slots_) luns.push_back(slot.lun);
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
     });
-    gate.lock();
+    gate.Lock();
     gate_closed_ = false;
     gate_cv_.notify_all();
   }
@@ -134,7 +134,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
   bool committed = opts_.shards <= 1;  // a set of one is committed by its rename
   if (s.ok() && !committed) s = CommitCheckpointGeneration(opts_.checkpoint, id, opts_.keep_generations, &committed);
   const double took = Seconds(Clock::now() - start);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_checkpoint_ = Clock::now();
   if (!s.ok()) {
     checkpoint_error_ = "generation " + std::to_string(generation) + " failed: " + s.message();
@@ -154,6 +154,10 @@ Status Job::WriteCheckpoint(uint64_t round) {
 }
 
 Status Job::LoadCheckpoint() {
+  // Create() calls this before anyone else can reach the Job: the locks are
+  // taken for the analysis's sake (in the usual order), never waited for.
+  MutexLock one_at_a_time(&checkpoint_mu_);
+  MutexLock lock(&mu_);
   job_id_ = opts_.job_id;
   CheckpointSet set;
   Status s = opts_.fresh ? Status::NotFound("fresh=1") : ReadCheckpointSet(opts_.checkpoint, &set);
@@ -231,11 +235,16 @@ Status Job::LoadCheckpoint() {
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   const Clock::time_point now = Clock::now();
   for (uint64_t lun : luns) {
-    slots_.emplace_back();
+    AddSlotLocked();
     slots_.back().lun = lun;
     slots_.back().last_io = now;
   }
-  s = RestoreReceiptsLocked(receipts);
+  std::vector<size_t> pushed;
+  s = receipts_.Restore(receipts, &pushed);
+  // A slot that had pushed took part before the restart: it counts for
+  // async steps from the restart on (for dead_after, as its learner
+  // reconnects), so the restart changes no step's size.
+  for (size_t slot : pushed) slots_[slot].last_push = now;
   if (s.ok()) s = RestoreRowWindowsLocked(row_windows);
   if (s.ok() && hashed_ != nullptr) s = RestoreHashedRows(hashed_rows);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());

@@ -54,7 +54,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   // control write succeeds: the writer sees only a SCSI error. Every refusal
   // is counted (control_refused).
   auto refuse = [this](Status why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     control_error_ = why.message();
     ++control_refused_;
     return why;
@@ -114,7 +114,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (s.ok() && opts_.checkpoint.empty()) {
       s = Status::InvalidArgument("control: checkpoint: this model has no checkpoint= file");
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     control_error_ = s.ok() ? "" : s.message();
     return s;
   }
@@ -155,7 +155,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
       fence_lun = digits ? std::strtoull(l.value.c_str(), nullptr, 10) : 0;
       bool exists = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         exists = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == fence_lun; });
       }
       if (!digits || !exists) {
@@ -179,7 +179,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     SetRuleParam(key, v);
     log_("control: " + key + " set to " + FloatShort(v));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const Line& l : lines) {
     if (l.key == "tag") tag_ = l.value;
   }

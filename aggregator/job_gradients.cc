@@ -10,7 +10,7 @@ namespace blkps::server {
 
 Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
   return model_->Read(offset, dst, len);
@@ -18,7 +18,7 @@ Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
 
 Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights& take) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
   return model_->ReadParams(first, count, take);
@@ -29,7 +29,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   EnterWriteGate();
   uint64_t round = 0;  // the round its gradient is towards: its clock on its first block
   if (RoundBoundaries() && offset / sizeof(float) < model_->num_params()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     round = clocks_.clock(slot, model_->BlockOf(offset / sizeof(float)));
   }
   Status s = ApplyWrite(slot, offset, src, len, values);
@@ -42,7 +42,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
 
 Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
   return ApplyAdmittedWrite(slot, offset, src, len, values);
@@ -53,30 +53,34 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
   Model::BlockStaleness staleness;
   if (!bsp && !model_->table().is_table()) {  // a table: as written (CheckTableJob)
     staleness = [&](uint64_t b) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       return PushStalenessLocked(slot, b);
     };
   }
   Status s = model_->ApplyGradient(
       offset, src, len,
       [&](uint64_t b, uint64_t n) {
-        std::unique_lock<std::mutex> lock(mu_);
-        CountGradientLocked(slot, b, n, lock);
+        uint32_t given = 0;
+        {
+          MutexLock lock(&mu_);
+          given = CountGradientLocked(slot, b, n);
+        }
+        // Readers released by the round wait for this block's lock, which
+        // ApplyGradient holds here, so they see the round's update.
+        if (given > 0) model_->ApplyAverageLocked(b, given);
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);
   return s;
 }
 
-void Job::CountGradientLocked(size_t slot, uint64_t b, uint64_t n, std::unique_lock<std::mutex>& lock) {
-  if (!clocks_.AddGradient(slot, b, n)) return;
+uint32_t Job::CountGradientLocked(size_t slot, uint64_t b, uint64_t n) {
+  if (!clocks_.AddGradient(slot, b, n)) return 0;
   if (!slots_[slot].own_since_read.empty()) ++slots_[slot].own_since_read[b];
-  if (opts_.consistency.mode == ConsistencyMode::kBsp) {
-    FinishRoundIfCompleteLocked(b, lock);
-  } else {
-    if (!held_.empty()) ReleaseLocked();                   // ssp: the slowest may have moved
-    if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
-  }
+  if (opts_.consistency.mode == ConsistencyMode::kBsp) return FinishRoundIfCompleteLocked(b);
+  if (holds_.held() > 0) ReleaseLocked();                // ssp: the slowest may have moved
+  if (checkpoints_waiting_ > 0) round_cv_.notify_all();  // ssp: towards a round boundary
+  return 0;
 }
 
 uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
@@ -116,15 +120,12 @@ size_t Job::PushingLearnersLocked(Clock::time_point now) const {
   return n;
 }
 
-void Job::FinishRoundIfCompleteLocked(uint64_t b, std::unique_lock<std::mutex>& lock) {
-  if (!clocks_.RoundComplete(b)) return;
+uint32_t Job::FinishRoundIfCompleteLocked(uint64_t b) {
+  if (!clocks_.RoundComplete(b)) return 0;
   const uint32_t given = clocks_.FinishRound(b);
   ReleaseLocked();
   round_cv_.notify_all();  // a checkpoint may wait for this round
-  lock.unlock();
-  // Readers released above wait for this block's lock, which the caller
-  // holds, so they see the round's update.
-  model_->ApplyAverageLocked(b, given);
+  return given;
 }
 
 }  // namespace blkps::server

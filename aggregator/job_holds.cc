@@ -14,13 +14,13 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
                           const std::string& initiator) {
   const uint64_t first_param = offset / sizeof(float);
   const uint64_t end_param = std::min(model_->num_params(), (offset + len + sizeof(float) - 1) / sizeof(float));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Slot& s = slots_[slot];
   s.last_io = Clock::now();
   if (write) s.last_push = s.last_io;
   (write ? s.writes : s.reads) += 1;
   (write ? s.bytes_written : s.bytes_read) += len;
-  Receipt* receipt = UseReceiptLocked(s, initiator, write);
+  Receipt* receipt = receipts_.Use(slot, initiator, write);
   if (write) ++receipt->in_progress;
   if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
   if (!clocks_.live(slot)) {
@@ -34,8 +34,7 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
     if (!write) RecordLeadLocked(slot, first, last);
     return Admission::kRun;
   }
-  held_.push_back(HeldCommand{cmd, slot, write, initiator, first, last, Clock::now()});
-  ++s.held;
+  holds_.Hold(HeldCommand{cmd, slot, write, initiator, first, last, Clock::now()});
   ++s.holds;
   return Admission::kHold;
 }
@@ -46,10 +45,8 @@ bool Job::MayPassLocked(size_t slot, bool write, uint64_t first_block, uint64_t 
 }
 
 std::vector<Job::Released> Job::TakeReleased(size_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Released> out;
-  out.swap(slots_[slot].released);
-  return out;
+  MutexLock lock(&mu_);
+  return holds_.Take(slot);
 }
 
 void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_block) {
@@ -70,29 +67,18 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
   ++s.lead_count;
 }
 
-void Job::ReleaseOneLocked(HeldCommand& held, Status status) {
-  Slot& s = slots_[held.slot];
+Status Job::OnReleaseLocked(const HeldCommand& held, Status status) {
   if (status.ok() && !held.write) RecordLeadLocked(held.slot, held.first_block, held.last_block);
-  if (held.write && !status.ok()) {
-    Receipt& r = s.receipts[held.initiator];
-    if (r.in_progress > 0) --r.in_progress;  // it will never run
-  }
-  s.released.push_back(Released{held.cmd, std::move(status)});
-  --s.held;
-  if (s.wake) s.wake();
+  if (held.write && !status.ok()) receipts_.DropWrite(held.slot, held.initiator);  // it will never run
+  return status;
 }
 
 void Job::ReleaseLocked() {
-  auto it = std::remove_if(held_.begin(), held_.end(), [&](HeldCommand& held) {
-    if (FailedLocked()) {
-      ReleaseOneLocked(held, Status::Unavailable(failure_));
-      return true;
-    }
-    const bool may_pass = MayPassLocked(held.slot, held.write, held.first_block, held.last_block);
-    if (may_pass) ReleaseOneLocked(held, Status::OK());
-    return may_pass;
+  holds_.Release([&](const HeldCommand& held) REQUIRES(mu_) -> std::optional<Status> {
+    if (FailedLocked()) return OnReleaseLocked(held, Status::Unavailable(failure_));
+    if (!MayPassLocked(held.slot, held.write, held.first_block, held.last_block)) return std::nullopt;
+    return OnReleaseLocked(held, Status::OK());
   });
-  held_.erase(it, held_.end());
 }
 
 std::string Job::WhoIsBehindLocked(const HeldCommand& held) const {

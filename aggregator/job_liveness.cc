@@ -23,31 +23,26 @@ void Job::Tick() {
   std::vector<uint64_t> bsp_blocks;  // rounds a death may have completed
   bool checkpoint_due = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto hold_limit = std::chrono::duration<double>(opts_.hold_limit_s);
-    held_.erase(std::remove_if(held_.begin(), held_.end(),
-                               [&](HeldCommand& held) {
-                                 if (now - held.since < hold_limit) return false;
-                                 Slot& s = slots_[held.slot];
-                                 ++s.hold_timeouts;
-                                 const std::string why =
-                                     std::string(held.write ? "gradient write" : "read") + " of block " +
-                                     std::to_string(held.first_block) + " by lun " + std::to_string(s.lun) +
-                                     " (iteration " + std::to_string(clocks_.clock(held.slot, held.first_block)) +
-                                     ", mode " + FormatConsistency(opts_.consistency) + ") waited " +
-                                     Fixed(opts_.hold_limit_s, 1) +
-                                     " s (hold_limit) for learners behind it: " + WhoIsBehindLocked(held);
-                                 log_(why);
-                                 ReleaseOneLocked(held, Status::DeadlineExceeded(why));
-                                 return true;
-                               }),
-                held_.end());
+    holds_.Release([&](const HeldCommand& held) REQUIRES(mu_) -> std::optional<Status> {
+      if (now - held.since < hold_limit) return std::nullopt;
+      Slot& s = slots_[held.slot];
+      ++s.hold_timeouts;
+      const std::string why = std::string(held.write ? "gradient write" : "read") + " of block " +
+                              std::to_string(held.first_block) + " by lun " + std::to_string(s.lun) + " (iteration " +
+                              std::to_string(clocks_.clock(held.slot, held.first_block)) + ", mode " +
+                              FormatConsistency(opts_.consistency) + ") waited " + Fixed(opts_.hold_limit_s, 1) +
+                              " s (hold_limit) for learners behind it: " + WhoIsBehindLocked(held);
+      log_(why);
+      return OnReleaseLocked(held, Status::DeadlineExceeded(why));
+    });
 
     size_t dead = 0;
     bool died = false;
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& s = slots_[k];
-      if (clocks_.live(k) && s.held == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
+      if (clocks_.live(k) && holds_.held(k) == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
         clocks_.MarkDead(k);
         ++s.deaths;
         died = true;
@@ -81,8 +76,12 @@ void Job::Tick() {
   }
   for (uint64_t b : bsp_blocks) {
     std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b);
-    std::unique_lock<std::mutex> lock(mu_);
-    FinishRoundIfCompleteLocked(b, lock);
+    uint32_t given = 0;
+    {
+      MutexLock lock(&mu_);
+      given = FinishRoundIfCompleteLocked(b);
+    }
+    if (given > 0) model_->ApplyAverageLocked(b, given);
   }
 
   // A scaled-out bsp or ssp job's part is taken at a round boundary: the
@@ -98,11 +97,14 @@ void Job::TickerLoop() {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!ticker_cv_.wait_for(lock, kTick, [&] { return stopping_; })) {
-    lock.unlock();
+  MutexLock lock(&ticker_mu_);
+  for (;;) {
+    const Clock::time_point next = Clock::now() + kTick;
+    while (!stopping_ && Clock::now() < next) lock.WaitUntil(ticker_cv_, next);
+    if (stopping_) return;
+    lock.Unlock();
     Tick();
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -45,7 +45,7 @@ std::string Job::PastBoundaryLocked(uint64_t R) const {
     return "this shard is at round " + std::to_string(clocks_.max_round()) +
            " already (fsync after the pushes of a round, before those of the next)";
   }
-  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) {
+  const std::string past = LiveLearnersLocked(" towards iteration ", [&](size_t k) REQUIRES(mu_) {
     return clocks_.furthest_iteration(k) > R ? std::optional<uint64_t>(clocks_.furthest_iteration(k)) : std::nullopt;
   });
   if (past.empty()) return "";
@@ -57,7 +57,7 @@ std::string Job::BehindBoundaryLocked(uint64_t R) const {
   if (opts_.consistency.mode != ConsistencyMode::kSsp) {
     return "some of its blocks are at round " + std::to_string(clocks_.global_step()) + ": a learner is behind";
   }
-  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) {
+  return "learners behind it: " + LiveLearnersLocked(" at iteration ", [&](size_t k) REQUIRES(mu_) {
            return clocks_.iteration(k) < R ? std::optional<uint64_t>(clocks_.iteration(k)) : std::nullopt;
          });
 }
@@ -83,7 +83,7 @@ bool Job::HeldAtBoundaryLocked(size_t slot, uint64_t first_block, uint64_t last_
 }
 
 Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t R = BoundaryAskedLocked(slot);
   *round = R;
   const bool ssp = opts_.consistency.mode == ConsistencyMode::kSsp;
@@ -92,16 +92,20 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
   const std::string why = "a scaled-out " + FormatConsistency(opts_.consistency) +
                           " job's checkpoint is taken at one round on every shard "
                           "(doc/server.md \"One round on every shard\")";
-  const auto not_past = [&] {
+  const auto not_past = [&]() REQUIRES(mu_) {
     const std::string past = PastBoundaryLocked(R);
     if (past.empty()) return Status::OK();
     return Status::IOError("the checkpoint asked for " + unit + std::to_string(R) + " but " + past + "; " + why);
   };
   if (Status s = not_past(); !s.ok()) return s;
-  const auto limit = std::chrono::duration<double>(opts_.hold_limit_s);
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.hold_limit_s));
   ++checkpoints_waiting_;  // status "waiting_round"
   waiting_round_ = R;
-  const bool reached = round_cv_.wait_for(lock, limit, [&] { return FailedLocked() || BoundaryReachedLocked(R); });
+  bool reached = false;
+  while (!(reached = FailedLocked() || BoundaryReachedLocked(R)) && Clock::now() < deadline) {
+    lock.WaitUntil(round_cv_, deadline);
+  }
   --checkpoints_waiting_;
   if (FailedLocked()) return Status::Unavailable(failure_);
   if (!reached) {
@@ -112,7 +116,7 @@ Status Job::AwaitRoundBoundary(size_t slot, uint64_t* round) {
 }
 
 void Job::EndRoundBoundary(uint64_t R) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = boundaries_.find(R);
   if (it == boundaries_.end()) return;  // bsp holds nothing
   if (--it->second == 0) boundaries_.erase(it);
@@ -131,7 +135,7 @@ uint64_t Job::RoundGeneration(uint64_t R) const {
 }
 
 bool Job::AtOneRound() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return NotAtBoundaryLocked(BoundaryAskedLocked(kNoSlot)).empty();
 }
 
@@ -142,7 +146,7 @@ std::vector<uint64_t> Job::SaveClocksAtRoundLocked(uint64_t R) const {
 
 void Job::RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint64_t unit, uint64_t round) {
   if (opts_.consistency.mode == ConsistencyMode::kSsp) return;  // ssp's parts leave nothing out
-  round_writes_.push_back(RoundWrite{slot, initiator, unit, round});
+  round_writes_.push_back(RoundWrite{{slot, initiator, unit}, round});
   if (round_writes_.size() < round_writes_prune_at_) return;
   // A write towards a round every block has finished is in every later
   // boundary: no checkpoint leaves it out.
@@ -154,24 +158,11 @@ void Job::RecordRoundWriteLocked(size_t slot, const std::string& initiator, uint
 }
 
 std::vector<uint64_t> Job::SaveReceiptsAtRoundLocked(uint64_t R) {
-  // Uncount the later rounds' writes, save, count them again: all under mu_,
-  // so no one sees the receipts in between.
-  std::vector<std::pair<Receipt*, uint64_t>> uncounted;
+  std::vector<Receipts::Write> later;
   for (const RoundWrite& w : round_writes_) {
-    if (w.round < R) continue;
-    auto it = slots_[w.slot].receipts.find(w.initiator);
-    if (it == slots_[w.slot].receipts.end()) continue;  // dropped (kReceiptsPerSlot): nothing to uncount
-    Receipt& r = it->second;
-    --r.applied[w.unit];
-    --r.writes_applied;
-    uncounted.emplace_back(&r, w.unit);
+    if (w.round >= R) later.push_back(w.write);
   }
-  std::vector<uint64_t> words = SaveReceiptsLocked();
-  for (const auto& [r, unit] : uncounted) {
-    ++r->applied[unit];
-    ++r->writes_applied;
-  }
-  return words;
+  return receipts_.SaveWithout(later);
 }
 
 }  // namespace blkps::server

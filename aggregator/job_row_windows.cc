@@ -68,30 +68,31 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   size_t slot;
   RowWindow* window = nullptr;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     slot = SlotOfLunLocked(lun);
     if (slot == slots_.size()) {
-      lock.unlock();
+      lock.Unlock();
       LeaveWriteGate();
       return Status::InvalidArgument("row window push: no learner LUN " + std::to_string(lun) + " in this model");
     }
-    Receipt* r = UseReceiptLocked(slots_[slot], initiator, true);
+    Receipt* r = receipts_.Use(slot, initiator, true);
     if (r->windows.empty()) r->windows.resize(kRowWindowsPerLun);
     window = &r->windows[batch.window];
     ++r->in_progress;  // keeps the receipt (and the window) from being dropped
-    windows_cv_.wait(lock, [&] { return !window->busy; });
-    auto finish = [&] {
-      --r->in_progress;
-      lock.unlock();
-      LeaveWriteGate();
-    };
+    while (window->busy) lock.Wait(windows_cv_);
+    // Ends a push refused or resent: then mu_ is released, then the gate.
+    auto finish = [&]() REQUIRES(mu_) { --r->in_progress; };
     if (batch.sequence == window->push_sequence && batch.tag == window->push_tag) {
       finish();  // a resend of the batch applied last: acknowledged, not applied again
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::OK();
     }
     if (batch.sequence <= window->push_sequence) {
       const std::string last = std::to_string(window->push_sequence);
       finish();
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::InvalidArgument("row window push: sequence " + std::to_string(batch.sequence) +
                                      " does not follow the window's last push " + last +
                                      " (nor resend it: another tag); read the window's state and go on from " + last +
@@ -100,6 +101,8 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
     if (FailedLocked()) {
       const std::string why = failure_;
       finish();
+      lock.Unlock();
+      LeaveWriteGate();
       return Status::Unavailable(why);
     }
     window->busy = true;
@@ -112,10 +115,11 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   // In one pass by block; counted as a write of each row alone would be (a
   // block's clock ticks per block's worth of parameters). A hashed table's
   // rows count on its stand-in model's one block; a push that needs rows
-  // the full table cannot free is refused whole (ResourceExhausted).
+  // the full table cannot free is refused whole (ResourceExhausted). A
+  // table is async (CheckTableJob): no bsp round to finish.
   auto count_rows = [&](uint64_t b, uint64_t rows) {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width, lock);
+    MutexLock lock(&mu_);
+    for (uint64_t k = 0; k < rows; ++k) CountGradientLocked(slot, b, batch.width);
   };
   if (hashed_ != nullptr) {
     s = hashed_->PushRows(batch.ids, batch.count, batch.rows);
@@ -125,7 +129,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   }
   if (!s.ok()) rejected_writes_.fetch_add(1);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // A checked batch applies whole: its rows are in range, of the table's
     // width and finite, and a job failing meanwhile does not stop it; or,
     // refused by a full hashed table, not at all.
@@ -136,7 +140,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
       window->rows_applied += batch.count;
     }
     window->busy = false;
-    Receipt& r = slots_[slot].receipts[initiator];
+    Receipt& r = receipts_.At(slot, initiator);
     --r.in_progress;
     if (s.ok()) ++r.writes_applied;
   }
@@ -148,7 +152,7 @@ Status Job::PushRowBatch(uint64_t lun, const std::string& initiator, const RowBa
 Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBatch& batch) {
   Status s = CheckRowBatch("row window pull", batch);
   if (!s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const size_t slot = SlotOfLunLocked(lun);
   if (slot == slots_.size()) {
     return Status::InvalidArgument("row window pull: no learner LUN " + std::to_string(lun) + " in this model");
@@ -157,7 +161,7 @@ Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBa
   sl.last_io = Clock::now();
   ++sl.reads;
   sl.bytes_read += batch.count * batch.width * sizeof(float);
-  Receipt* r = UseReceiptLocked(sl, initiator, true);
+  Receipt* r = receipts_.Use(slot, initiator, true);
   if (r->windows.empty()) r->windows.resize(kRowWindowsPerLun);
   RowWindow& window = r->windows[batch.window];
   window.pull_sequence = batch.sequence;
@@ -170,21 +174,21 @@ Status Job::PullRowBatch(uint64_t lun, const std::string& initiator, const RowBa
 Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t window, RowWindowNumbers* numbers,
                           uint64_t first_row, uint64_t rows, float* out) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
   thread_local std::vector<uint64_t> ids;  // the rows asked for, copied out of the window under mu_
   ids.clear();
   *numbers = RowWindowNumbers{};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // No such LUN or window: zeros, as a receipt where there is none, so
     // that the whole control LUN reads.
     const size_t slot = SlotOfLunLocked(lun);
     const Receipt* r = nullptr;
     if (slot < slots_.size() && window < kRowWindowsPerLun) {
       slots_[slot].last_io = Clock::now();
-      r = UseReceiptLocked(slots_[slot], initiator, false);
+      r = receipts_.Use(slot, initiator, false);
     }
     if (r != nullptr && !r->windows.empty()) {
       const RowWindow& w = r->windows[window];
@@ -210,7 +214,7 @@ Status Job::ReadRowWindow(uint64_t lun, const std::string& initiator, uint64_t w
 std::vector<uint64_t> Job::SaveRowWindowsLocked() const {
   std::vector<uint64_t> words{0};
   for (size_t slot = 0; slot < slots_.size(); ++slot) {
-    for (const auto& [initiator, r] : slots_[slot].receipts) {
+    for (const auto& [initiator, r] : receipts_.of(slot)) {
       for (uint64_t w = 0; w < r.windows.size(); ++w) {
         const RowWindow& window = r.windows[w];
         if (window.pushes_applied == 0) continue;
@@ -241,7 +245,7 @@ Status Job::RestoreRowWindowsLocked(const std::vector<uint64_t>& words) {
     i += name_words;
     const uint64_t w = words[i];
     if (w >= kRowWindowsPerLun) return bad;
-    Receipt& r = *UseReceiptLocked(slots_[slot], initiator, true);
+    Receipt& r = *receipts_.Use(slot, initiator, true);
     if (r.windows.empty()) r.windows.resize(kRowWindowsPerLun);
     RowWindow& window = r.windows[w];
     window.push_sequence = words[i + 1];

@@ -12,7 +12,7 @@ namespace blkps::server {
 namespace {}  // namespace
 
 Job::Counters Job::GetCounters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Counters c;
   c.params = model_->num_params();
   c.blocks = model_->num_blocks();
@@ -30,7 +30,7 @@ Job::Counters Job::GetCounters() const {
 std::string Job::StatusJson() const {
   std::ostringstream j;
   const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Model& m = *model_;
   size_t live = 0;
   for (size_t k = 0; k < slots_.size(); ++k) live += clocks_.live(k) ? 1 : 0;
@@ -54,7 +54,7 @@ std::string Job::StatusJson() const {
   j << "  \"global_step\": " << clocks_.global_step() << ",\n";
   j << "  \"updates\": " << clocks_.updates() << ",\n";
   j << "  \"rejected_writes\": " << rejected_writes_.load() << ",\n";
-  j << "  \"held_now\": " << held_.size() << ",\n";
+  j << "  \"held_now\": " << holds_.held() << ",\n";
   j << "  \"uptime_s\": " << Fixed(Seconds(now - started_), 3) << ",\n";
   j << "  \"dead_after_s\": " << FloatText(opts_.dead_after_s) << ",\n";
   j << "  \"hold_limit_s\": " << FloatText(opts_.hold_limit_s) << ",\n";
@@ -83,7 +83,7 @@ std::string Job::StatusJson() const {
           : clocks_.live(k) ? "live"
                             : "dead")
       << "\", \"iteration\": " << clocks_.iteration(k) << ", \"idle_s\": " << Fixed(Seconds(now - s.last_io), 3)
-      << ", \"held\": " << s.held << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
+      << ", \"held\": " << holds_.held(k) << ", \"reads\": " << s.reads << ", \"writes\": " << s.writes
       << ", \"bytes_read\": " << s.bytes_read << ", \"bytes_written\": " << s.bytes_written
       << ", \"holds\": " << s.holds << ", \"hold_timeouts\": " << s.hold_timeouts << ", \"deaths\": " << s.deaths
       << ", \"staleness_last\": " << s.lead_last << ", \"staleness_max\": " << s.lead_max
