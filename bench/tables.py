@@ -459,7 +459,7 @@ def embeddings_1tb():
         ["rows", f"{rows_total / 1e9:.2f}·10⁹"],
         ["memory per server (weights + adagrad state)", f"{2e12 / servers / 1e9:.0f} GB"],
         ["bitmap of rows made, per server", f"{rows_total / 8 / servers / 1e6:.0f} MB"],
-        ["tgtd CPU per row pulled and pushed (measured with rule sgd)", f"{cpu_us:.0f} µs"],
+        ["tgtd CPU per row pulled and pushed (measured with rule sgd)", f"{cpu_us:.2g} µs"],
         ["rows pulled and pushed per second, one server", f"{per_server:,.0f}"],
         [f"rows pulled and pushed per second, {servers} servers", f"{servers * per_server:,.0f}"],
         ["batches of 3,000 distinct rows per second, all learners", f"{servers * per_server / 3000:.0f}"],
