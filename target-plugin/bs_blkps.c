@@ -193,6 +193,13 @@ static void refuse_inline(struct scsi_cmd *cmd)
 		eprintf("blkps: lun %" PRIu64 " wake: %m\n", cmd->dev->lun);
 }
 
+/* Main thread: an asynchronous command that failed, its sense set, ends. */
+static void finish_failed(struct scsi_cmd *cmd)
+{
+	scsi_set_in_resid_by_actual(cmd, 0);
+	target_cmd_io_done(cmd, scsi_get_result(cmd));
+}
+
 /* Main thread: completes the refused inline commands of `info`. */
 static void complete_refused_inline(struct bs_blkps_info *info)
 {
@@ -202,8 +209,7 @@ static void complete_refused_inline(struct bs_blkps_info *info)
 		cmd = list_first_entry(&info->refused_inline, struct scsi_cmd,
 				       bs_list);
 		list_del(&cmd->bs_list);
-		scsi_set_in_resid_by_actual(cmd, 0);
-		target_cmd_io_done(cmd, scsi_get_result(cmd));
+		finish_failed(cmd);
 	}
 }
 
@@ -250,8 +256,7 @@ static void bs_blkps_released(int fd, int events, void *data)
 			continue;
 		}
 		complete_io(cmd, r, io_name(cmd), err);
-		scsi_set_in_resid_by_actual(cmd, 0);
-		target_cmd_io_done(cmd, scsi_get_result(cmd));
+		finish_failed(cmd);
 	}
 }
 
