@@ -2,8 +2,8 @@
 # The probe of issue 35 (doc/server.md "One round on every shard"), run by
 # hand, not in CI: ScaleOut.kill-restart-bsp (2 bsp learners through
 # `blkps target start --tgtd 2`, kill -9 of one shard's tgtd, `blkps target
-# restart`) N times, each killing a random shard once both learners are past
-# a random round. Each run checks that the restarted shards are at one
+# restart`) N times, each killing a random shard once both learners have
+# paused after a random round. Each run checks that the restarted shards are at one
 # round with every learner at it, and that in the end every shard's weights
 # are the rounds' averages of the gradients it holds and each learner's
 # pushes minus those its shards hold are what libblkps told it was lost.
@@ -18,14 +18,14 @@ runs=${1:-20}
 RANDOM=${2:-1}
 passed=0
 for run in $(seq "$runs"); do
-  at=$((4 + RANDOM % 10)) shard=$((RANDOM % 2))
+  at=$((5 + RANDOM % 9)) shard=$((RANDOM % 2))  # after the first generation (round 4)
   if out=$(BLKPS_KILL_AT_ROUND=$at BLKPS_KILL_SHARD=$shard \
     "$top/tests/scaleout_test.sh" "$top" "$build" kill-restart-bsp 2>&1); then
     passed=$((passed + 1))
-    echo "run $run: kill shard $shard past round $at: ok: $(grep '^restarted at round' <<< "$out");" \
+    echo "run $run: kill shard $shard after round $at: ok: $(grep '^restarted at round' <<< "$out");" \
       "$(grep '^lost ' <<< "$out")"
   else
-    echo "run $run: kill shard $shard past round $at: FAILED: $(tail -2 <<< "$out" | tr '\n' ' ')"
+    echo "run $run: kill shard $shard after round $at: FAILED: $(tail -2 <<< "$out" | tr '\n' ' ')"
   fi
 done
 echo "$passed of $runs runs exact"

@@ -9,22 +9,22 @@ shard 1: a checkpoint taken at an instant, not at a round boundary, would
 hold learner 2 one round apart on the two shards. The learners meet through
 empty files in MARKS (half-<r>: learner 2's first half of round r is
 pushed; synced-<r>: learner 1 synced after round r), until the test has
-restarted the shards (MARKS/restarted, written before the learners go on):
-after a restart each learner's pushes that the restart lost are lost on
-each shard apart, so a round's pull may need the other's next push, and
-the meeting would deadlock. (A learner's own reconnect count cannot tell:
-it is stopped between its last I/O and the restart, and its first I/O after
-it may be behind a meeting.) A deadlock would end only when the server
-declares both dead, and a round completed without a learner breaks the
-test's count of the gradients. They write their last
-finished round to MARKS/progress-<learner>.
+restarted the shards (MARKS/restarted, written before the learners go on).
+Both pause after round PAUSE's pull (before learner 1's sync of it), write
+it to MARKS/paused-<learner> and wait for MARKS/restarted: with no I/O of
+theirs in flight, the restart loses the same pushes of each learner on
+every shard. (Stopped anywhere else, one learner could be left one push
+apart on the two shards, ahead of the other on one and behind it on the
+other; then each one's pull waits for the other's next push, and a round
+completed without a learner once the server declares them dead breaks
+the test's count of the gradients.) They write their last finished round
+to MARKS/progress-<learner>.
 
 ssp (MODE ssp:<s>): both learners sync every 4 rounds (the consistent
 point of doc/server.md "One round on every shard"). Learner 1 pushes such
 a round only once every shard holds learner 2's fsync of it, waiting for
 learner 1 (status checkpoint.waiting_round); its own fsync then finds the
-part written. After round PAUSE each writes it to MARKS/paused-<learner>
-and waits for MARKS/restarted; the test pauses them at different rounds.
+part written. They pause as in bsp, at rounds the test gives each.
 After the restart they sync only at the end: a learner's own round count
 is no longer its iteration on the shards, and an fsync asks for that.
 
@@ -33,7 +33,7 @@ stopped), syncs (so that pushed_bytes_lost is complete) and prints
 pushed_bytes_lost and how many halves (one shard's part of a push) it
 pushed.
 
-usage: scaleout_round_learner.py URL PARAMS LEARNER ROUNDS MARKS [MODE [PAUSE]]
+usage: scaleout_round_learner.py URL PARAMS LEARNER ROUNDS MARKS MODE PAUSE
 """
 
 import os
@@ -68,13 +68,13 @@ def wait_for(marks, name, limit_s=300, meeting=True):
 
 def main():
     url, n, learner, rounds, marks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    mode = sys.argv[6] if len(sys.argv) > 6 else "bsp"
+    mode, pause = sys.argv[6], int(sys.argv[7])
     g = np.full(n, 1.0 if learner == 1 else 3.0, dtype=np.float32)
     with blkps.Model(url) as m:
         if mode == "bsp":
-            bsp_rounds(m, g, learner, rounds, marks)
+            bsp_rounds(m, g, learner, rounds, marks, pause)
         else:
-            ssp_rounds(url, m, g, learner, rounds, marks, int(sys.argv[7]))
+            ssp_rounds(url, m, g, learner, rounds, marks, pause)
         made = 2 * rounds + top_up(url, m, g, learner, rounds)
         wait_for(marks, "finish", meeting=False)
         m.sync()
@@ -96,11 +96,15 @@ def ssp_rounds(url, m, g, learner, rounds, marks, pause):
             m.push(0, g)
             m.pull(0, n)
             if r == pause:
-                progress(marks, learner, r, "paused")
-                wait_for(marks, "restarted", meeting=False)
+                pause_for_restart(marks, learner, r)
             if meeting and not restarted(marks):
                 m.sync()  # a generation, at iteration r for both
             progress(marks, learner, r)
+
+
+def pause_for_restart(marks, learner, r):
+    progress(marks, learner, r, "paused")
+    wait_for(marks, "restarted", meeting=False)
 
 
 def until_waiting(control, r, marks, limit_s=60):
@@ -115,7 +119,7 @@ def until_waiting(control, r, marks, limit_s=60):
         time.sleep(0.01)
 
 
-def bsp_rounds(m, g, learner, rounds, marks):
+def bsp_rounds(m, g, learner, rounds, marks, pause):
     n = len(g)
     half = n // 2  # one 1 MiB stripe unit on each tgtd
     for r in range(1, rounds + 1):
@@ -127,6 +131,8 @@ def bsp_rounds(m, g, learner, rounds, marks):
         else:
             m.push(0, g)
         m.pull(0, n)
+        if r == pause:
+            pause_for_restart(marks, learner, r)
         if learner == 1 and r % 4 == 0:
             if r < rounds:
                 wait_for(marks, f"half-{r + 1}")

@@ -45,15 +45,15 @@
 #     2 bsp learners through 2 tgtds (pushing 1 and 3 a round, then waiting
 #     for the test before their last sync; learner 1 syncs every 4 rounds
 #     while learner 2 has already pushed the next round's gradient to shard
-#     0 but not to shard 1); with the learners stopped, kill -9 of shard 1's
-#     tgtd and `target restart`: both shards come back on their ports from
-#     one generation whose parts are at one round with every learner at it;
-#     the learners go on and finish, and on each shard the
-#     weights are the rounds' averages of the gradients it holds, and each
-#     learner's pushes minus those its shards hold are the pushes libblkps
-#     told it were lost. BLKPS_KILL_AT_ROUND (default 10) and
-#     BLKPS_KILL_SHARD (default 1) move the kill
-#     (bench/kill_restart_bsp_probe.sh).
+#     0 but not to shard 1); with both learners paused after round
+#     BLKPS_KILL_AT_ROUND's pull (default 10) and stopped, kill -9 of shard
+#     BLKPS_KILL_SHARD's tgtd (default 1) and `target restart`: both shards
+#     come back on their ports from one generation whose parts are at one
+#     round with every learner at it; the learners go on and finish, and on
+#     each shard the weights are the rounds' averages of the gradients it
+#     holds, and each learner's pushes minus those its shards hold are the
+#     pushes libblkps told it were lost (bench/kill_restart_bsp_probe.sh
+#     moves the kill).
 #   scaleout_test.sh <repo> <build dir> kill-restart-ssp
 #     The same in ssp:2, both learners syncing every 4 rounds (learner 2's
 #     fsync first, waiting on the shards for learner 1's push), learner 1
@@ -167,22 +167,20 @@ case "$what" in
     kill_restart_start "$mode"
     rounds=24
     kill_at=${BLKPS_KILL_AT_ROUND:-10} kill_shard=${BLKPS_KILL_SHARD:-1}
+    [ "$kill_at" -gt 4 ] || fail "BLKPS_KILL_AT_ROUND=$kill_at: the first generation is taken after round 4"
     mkdir -p "$state/marks"
     for learner in 1 2; do
-      # ssp: learner 1 pauses after round $kill_at, learner 2 one later.
+      # bsp: both pause after round $kill_at; ssp: learner 1 there, learner
+      # 2 one later.
+      pause=$kill_at
+      if [ "$mode" != bsp ]; then pause=$((kill_at + learner - 1)); fi
       "$py" "$top/tests/scaleout_round_learner.py" "layout:$state/ps/slot-$learner.layout" "$ck_params" "$learner" \
-        "$rounds" "$state/marks" "$mode" $((kill_at + learner - 1)) > "$state/lost-$learner" \
-        2> "$state/learner-$learner.log" &
+        "$rounds" "$state/marks" "$mode" "$pause" > "$state/lost-$learner" 2> "$state/learner-$learner.log" &
       learner_pids[learner]=$!
     done
-    # Stop both learners once both are past round $kill_at (bsp) or have
-    # paused there (ssp) (polled, bounded), so that the restarted job is
-    # seen before they go on.
-    if [ "$mode" = bsp ]; then
-      both_past "$kill_at" "$state/marks/progress-1" "$state/marks/progress-2"
-    else
-      both_past 1 "$state/marks/paused-1" "$state/marks/paused-2"
-    fi
+    # Stop both learners once both have paused (polled, bounded), so that
+    # the restarted job is seen before they go on.
+    both_past 1 "$state/marks/paused-1" "$state/marks/paused-2"
     kill -STOP "${learner_pids[1]}" "${learner_pids[2]}"
     kill -9 "$(cat "$state/ps/shard-$kill_shard/tgtd.pid")"
     "$blkps" target restart --dir "$state/ps" > "$state/restarted" || fail "restart: $(cat "$state/restarted")"
