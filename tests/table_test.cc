@@ -486,6 +486,20 @@ TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
   EXPECT_EQ(keys, BLKPS_STATUS_TABLE_KEYS) << status;
 }
 
+// The start-time memory check of a hashed table counts its fixed part (the
+// slot array and one row) beside its one-row stand-in model: not CAPACITY
+// rows, which memory= bounds at run time, and not nothing.
+TEST(TableOptions, HashedTableMemoryCheckCountsItsSlotArrayAndOneRow) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("table=hash:1048576:32;rule=adam", &o).ok());
+  std::unique_ptr<UpdateRule> rule;
+  ASSERT_TRUE(MakeUpdateRule(o.job.model.rule, 0, &rule).ok());
+  uint64_t memory = 0;
+  ASSERT_TRUE(Job::MemoryBytes(o.job, &memory).ok());
+  EXPECT_EQ(memory, Model::MemoryBytes(o.job.model, *rule) + HashedTable::SlotArrayBytes(1048576) +
+                        HashedTable::RowBytes(32, *rule));
+}
+
 TEST(TableOptions, TableDeclaresRowsAndWidth) {
   LuOptions o;
   Status s = ParseLuOptions("table=1000:128;rule=adagrad;init=normal:0.01;seed=3", &o);
