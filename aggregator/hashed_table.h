@@ -12,13 +12,13 @@
 // shifts the entries after it back (no tombstones), so probes stay as short
 // as the load alone makes them.
 //
-// Rows live in a pool of CAPACITY rows, handed out in order as ids are
+// Rows live in a pool of row_limit() rows, handed out in order as ids are
 // pushed: row k's weights at [k*width, (k+1)*width) and its rule state at
-// the same parameters of the rule (an UpdateRule of CAPACITY*width
+// the same parameters of the rule (an UpdateRule of row_limit()*width
 // parameters: adam's moments and step count per value, as for a dense
-// table). The pool is anonymous memory for the rows the table may make
-// (row_limit(), below), committed as rows are made, so a table costs its
-// slot array (fixed, at CAPACITY) and the rows it holds.
+// table). The pool is anonymous memory, committed as rows are made, so a
+// table costs its slot array (fixed, at CAPACITY) and the rows it holds;
+// row_limit() (below) is CAPACITY or what the memory bound holds.
 //
 //   - A pull of an id without a row gives the id's initial values
 //     (InitializeRow keyed by the id) and makes nothing.

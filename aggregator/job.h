@@ -207,8 +207,9 @@ class Job {
   // Bytes of memory the model of a job with `opts` needs (Model::MemoryBytes
   // with the mode's accumulator; for a hashed table, its stand-in's plus the
   // table's fixed part, HashedTable::StartBytes): what Create() checks
-  // against the available memory or memory=. Tools ask it for co-located shards, which share one host's
-  // memory (blkps-bsopts). Non-OK with the reason for an unknown rule.
+  // against the available memory or memory=. Tools ask it for co-located
+  // shards, which share one host's memory (blkps-bsopts). Non-OK with the
+  // reason for an unknown rule.
   static Status MemoryBytes(const JobOptions& opts, uint64_t* out);
   ~Job();
   Job(const Job&) = delete;

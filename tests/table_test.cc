@@ -18,6 +18,7 @@
 #include "job.h"
 #include "json_check.h"
 #include "lu_options.h"
+#include "temp_dir.h"
 
 namespace blkps::server {
 namespace {
@@ -449,13 +450,11 @@ TEST(TableJob, HashedTableRestartsFromItsCheckpointExactly) {
 // the rule state's size and bytes) per row made, and the file of a table of
 // 2^20 possible rows with 3 made is a few pages.
 TEST(TableJob, HashedTableCheckpointGrowsWithTheRowsMadeOnly) {
-  char path[] = "/tmp/blkps-hashed-size-XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  std::remove(path);
+  blkps_test::TempDir dir("blkps-hashed-size");
+  ASSERT_FALSE(dir.path.empty());
+  const std::string path = dir.path + "/h.ckpt";
   LuOptions o;
-  ASSERT_TRUE(ParseLuOptions(std::string("table=hash:1048576:32;rule=adagrad;checkpoint=") + path, &o).ok());
+  ASSERT_TRUE(ParseLuOptions("table=hash:1048576:32;rule=adagrad;checkpoint=" + path, &o).ok());
   std::shared_ptr<Job> job;
   ASSERT_TRUE(Job::Create("h", o.job, nullptr, &job).ok());
   job->AddLearner(1, [] {});
@@ -484,7 +483,6 @@ TEST(TableJob, HashedTableCheckpointGrowsWithTheRowsMadeOnly) {
   EXPECT_EQ(many, (3 + 1000 * row_words) * 8);
   EXPECT_LE(few_file, 64u << 10) << "a checkpoint of 3 rows made";
   EXPECT_LE(many_file - few_file, many - few + 4096);
-  std::remove(path);
 }
 
 // An operator's lr= reaches a hashed table's rows, as it does a model's.
