@@ -71,6 +71,12 @@ uint64_t HashedTable::RowBytes(uint64_t width, const UpdateRule& rule) {
   return width * (sizeof(float) + rule.state_bytes_per_param()) + bookkeeping;
 }
 
+uint64_t HashedTable::StartBytes(uint64_t capacity, uint64_t width, const UpdateRule& rule) {
+  return SlotArrayBytes(capacity) + RowBytes(width, rule);
+}
+
+uint64_t HashedTable::StateRowBytes(const StateArray& array) const { return array.bytes / row_limit_; }
+
 Status HashedTable::Create(const HashedTableOptions& opts, std::unique_ptr<HashedTable>* out) {
   const std::string shape = "table=hash:" + std::to_string(opts.capacity) + ":" + std::to_string(opts.width);
   if (opts.capacity == 0 || opts.capacity > kMaxCapacity) {
@@ -87,30 +93,31 @@ Status HashedTable::Create(const HashedTableOptions& opts, std::unique_ptr<Hashe
   std::unique_ptr<UpdateRule> rule;
   Status s = MakeUpdateRule(opts.rule, 0, &rule);
   if (!s.ok()) return s;
-  const uint64_t fixed = SlotArrayBytes(opts.capacity), per_row = RowBytes(opts.width, *rule);
+  const uint64_t start = StartBytes(opts.capacity, opts.width, *rule), per_row = RowBytes(opts.width, *rule);
   const uint64_t bound = opts.memory_limit_bytes != 0 ? opts.memory_limit_bytes : AvailableMemoryBytes();
   uint64_t row_limit = opts.capacity;
   if (bound != 0) {
-    if (fixed + per_row > bound) {
-      return Status::ResourceExhausted("table: " + shape + " needs " + Mib(fixed + per_row) +
+    if (start > bound) {
+      return Status::ResourceExhausted("table: " + shape + " needs " + Mib(start) +
                                        " for its slot array and one row, but " +
                                        (opts.memory_limit_bytes != 0 ? "memory= allows " : "the host has ") +
                                        Mib(bound) + "; lower CAPACITY, raise memory= or shard the table");
     }
-    row_limit = std::min(row_limit, (bound - fixed) / per_row);
+    row_limit = std::min(row_limit, (bound - SlotArrayBytes(opts.capacity)) / per_row);
   }
-  s = MakeUpdateRule(opts.rule, opts.capacity * opts.width, &rule);
+  // The pool is mapped for the rows the table may make, not for CAPACITY:
+  // under memory= a table of many possible rows maps no more than it may use.
+  s = MakeUpdateRule(opts.rule, row_limit * opts.width, &rule);
   if (!s.ok()) return s;
   std::unique_ptr<HashedTable> table(new HashedTable(opts, SlotsFor(opts.capacity), row_limit, std::move(rule)));
   const uint64_t slots = table->slot_count();
-  for (Status a :
-       {PageBuffer::Allocate(slots, sizeof(uint64_t), "the hashed table's slots", &table->slot_ids_),
-        PageBuffer::Allocate(slots, sizeof(uint32_t), "the hashed table's slots", &table->slot_rows_),
-        PageBuffer::Allocate(opts.capacity, sizeof(uint64_t), "the hashed table's ids", &table->row_ids_),
-        PageBuffer::Allocate(opts.capacity, sizeof(uint32_t), "the hashed table's order", &table->prev_),
-        PageBuffer::Allocate(opts.capacity, sizeof(uint32_t), "the hashed table's order", &table->next_),
-        PageBuffer::Allocate(opts.capacity, sizeof(uint64_t), "the hashed table's pushes", &table->last_push_),
-        PageBuffer::Allocate(opts.capacity * opts.width, sizeof(float), "the weights", &table->weights_)}) {
+  for (Status a : {PageBuffer::Allocate(slots, sizeof(uint64_t), "the hashed table's slots", &table->slot_ids_),
+                   PageBuffer::Allocate(slots, sizeof(uint32_t), "the hashed table's slots", &table->slot_rows_),
+                   PageBuffer::Allocate(row_limit, sizeof(uint64_t), "the hashed table's ids", &table->row_ids_),
+                   PageBuffer::Allocate(row_limit, sizeof(uint32_t), "the hashed table's order", &table->prev_),
+                   PageBuffer::Allocate(row_limit, sizeof(uint32_t), "the hashed table's order", &table->next_),
+                   PageBuffer::Allocate(row_limit, sizeof(uint64_t), "the hashed table's pushes", &table->last_push_),
+                   PageBuffer::Allocate(row_limit * opts.width, sizeof(float), "the weights", &table->weights_)}) {
     if (!a.ok()) return a;
   }
   *out = std::move(table);
@@ -223,8 +230,8 @@ void HashedTable::AppendLocked(uint32_t row) {
 void HashedTable::MakeRowLocked(uint64_t id, uint32_t row) {
   InitializeRow(init_, id, weights_.as<float>() + row * width_, width_);
   for (const StateArray& a : rule_->state()) {
-    const uint64_t elem = a.bytes / (capacity_ * width_);
-    std::memset(static_cast<char*>(a.data) + row * width_ * elem, 0, width_ * elem);
+    const uint64_t part = StateRowBytes(a);
+    std::memset(static_cast<char*>(a.data) + row * part, 0, part);
   }
   row_ids_.as<uint64_t>()[row] = id;
   last_push_.as<uint64_t>()[row] = updates_;
@@ -332,7 +339,7 @@ std::vector<HashedTable::Row> HashedTable::SaveRows() const {
     const float* w = weights_.as<float>() + row * width_;
     r.weights.assign(w, w + width_);
     for (const StateArray& a : state) {
-      const uint64_t part = width_ * (a.bytes / (capacity_ * width_));
+      const uint64_t part = StateRowBytes(a);
       const char* p = static_cast<const char*>(a.data) + row * part;
       r.state.emplace_back(p, p + part);
     }
@@ -365,7 +372,7 @@ Status HashedTable::RestoreRows(uint64_t updates, uint64_t evictions, const std:
     MakeRowLocked(r.id, row);
     std::memcpy(weights_.as<float>() + row * width_, r.weights.data(), width_ * sizeof(float));
     for (size_t i = 0; i < state.size(); ++i) {
-      const uint64_t part = width_ * (state[i].bytes / (capacity_ * width_));
+      const uint64_t part = StateRowBytes(state[i]);
       if (r.state[i].size() != part) return bad("a row of another rule state");
       std::memcpy(static_cast<char*>(state[i].data) + row * part, r.state[i].data(), part);
     }

@@ -12,12 +12,13 @@
 // shifts the entries after it back (no tombstones), so probes stay as short
 // as the load alone makes them.
 //
-// Rows live in a pool of CAPACITY rows, handed out in order as ids are
+// Rows live in a pool of row_limit() rows, handed out in order as ids are
 // pushed: row k's weights at [k*width, (k+1)*width) and its rule state at
-// the same parameters of the rule (an UpdateRule of CAPACITY*width
+// the same parameters of the rule (an UpdateRule of row_limit()*width
 // parameters: adam's moments and step count per value, as for a dense
 // table). The pool is anonymous memory, committed as rows are made, so a
-// table costs its slot array (fixed, at CAPACITY) and the rows it holds.
+// table costs its slot array (fixed, at CAPACITY) and the rows it holds;
+// row_limit() (below) is CAPACITY or what the memory bound holds.
 //
 //   - A pull of an id without a row gives the id's initial values
 //     (InitializeRow keyed by the id) and makes nothing.
@@ -80,8 +81,9 @@ struct HashedTableOptions {
 
 class HashedTable {
  public:
-  // Creates an empty table. The memory check counts the slot array and one
-  // row; the rows beyond are bounded at run time (row_limit()). On failure
+  // Creates an empty table. The memory check counts StartBytes(): the slot
+  // array and one row; the rows beyond are bounded at run time (row_limit()),
+  // and only they are mapped (never CAPACITY rows past the bound). On failure
   // returns non-OK with a one-line reason (InvalidArgument: a bad capacity,
   // width, init or rule; ResourceExhausted: the slot array and a row do not
   // fit the bound) and leaves *out untouched.
@@ -121,6 +123,9 @@ class HashedTable {
   // The parts of MemoryBytes(): the fixed part and the cost of one row.
   static uint64_t SlotArrayBytes(uint64_t capacity);
   static uint64_t RowBytes(uint64_t width, const UpdateRule& rule);
+  // What the start-time memory check counts for a table of this shape: the
+  // slot array and one row (Job::MemoryBytes adds it to the model's).
+  static uint64_t StartBytes(uint64_t capacity, uint64_t width, const UpdateRule& rule);
 
   // The probes of the ids held: a lookup of id x reads probe(x) slots,
   // 1 + its distance from its home slot.
@@ -154,6 +159,9 @@ class HashedTable {
   HashedTable(const HashedTableOptions& opts, uint64_t slots, uint64_t row_limit, std::unique_ptr<UpdateRule> rule);
 
   uint64_t HomeSlot(uint64_t id) const;
+  // Bytes of one row's part of a rule state array (the arrays hold
+  // row_limit_ rows).
+  uint64_t StateRowBytes(const StateArray& array) const;
   // The row of `id`, or kNoRow. REQUIRES: mu_ held.
   uint32_t FindLocked(uint64_t id) const;
   // Puts id -> row in the index. REQUIRES: mu_ held exclusively; id absent.

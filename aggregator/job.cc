@@ -40,6 +40,9 @@ Status Job::MemoryBytes(const JobOptions& opts, uint64_t* out) {
   Status s = MakeUpdateRule(opts.model.rule, 0, &rule);
   if (!s.ok()) return s;
   *out = Model::MemoryBytes(ModelOptionsOf(opts), *rule);
+  // A hashed table's model is a one-row stand-in; its rows are counted at
+  // run time against memory= (HashedTable::row_limit), its fixed part here.
+  if (opts.hashed_capacity != 0) *out += HashedTable::StartBytes(opts.hashed_capacity, opts.model.table.width, *rule);
   return Status::OK();
 }
 

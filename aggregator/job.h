@@ -205,9 +205,11 @@ class Job {
   static Status Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out);
 
   // Bytes of memory the model of a job with `opts` needs (Model::MemoryBytes
-  // with the mode's accumulator): what Create() checks against the available
-  // memory. Tools ask it for co-located shards, which share one host's
-  // memory (blkps-bsopts). Non-OK with the reason for an unknown rule.
+  // with the mode's accumulator; for a hashed table, its stand-in's plus the
+  // table's fixed part, HashedTable::StartBytes): what Create() checks
+  // against the available memory or memory=. Tools ask it for co-located
+  // shards, which share one host's memory (blkps-bsopts). Non-OK with the
+  // reason for an unknown rule.
   static Status MemoryBytes(const JobOptions& opts, uint64_t* out);
   ~Job();
   Job(const Job&) = delete;

@@ -53,7 +53,9 @@ std::string Job::TableStatusJson() const {
     << ", \"rows_made\": " << (hashed ? hashed_->RowsMade() : model_->RowsMade())
     << ", \"hashed\": " << (hashed ? "true" : "false") << ", \"row_limit\": " << (hashed ? hashed_->row_limit() : rows)
     << ", \"evict\": " << JsonString(EvictionRuleText(opts_.evict))
-    << ", \"evictions\": " << (hashed ? hashed_->Evictions() : 0) << "}";
+    << ", \"evictions\": " << (hashed ? hashed_->Evictions() : 0)
+    << ", \"memory_bytes\": " << (hashed ? hashed_->MemoryBytes() : Model::MemoryBytes(opts_.model, model_->rule()))
+    << "}";
   return j.str();
 }
 

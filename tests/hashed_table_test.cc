@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <list>
 #include <map>
 #include <random>
@@ -256,6 +257,33 @@ TEST(HashedTable, MemoryBoundBelowTheSlotArrayIsRefusedAtCreation) {
   Status s = HashedTable::Create(o, &t);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
   EXPECT_NE(s.message().find("memory="), std::string::npos) << s.message();
+}
+
+// The process's mapped memory (VmSize), in bytes.
+uint64_t MappedBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    uint64_t kib = 0;
+    if (key == "VmSize:" && in >> kib) return kib * 1024;
+  }
+  return 0;
+}
+
+// A table of 10^8 possible rows held to 1,000 by memory= maps its slot
+// array and those 1,000 rows, not 10^8 rows' weights and rule state.
+TEST(HashedTable, MemoryBoundedTableMapsOnlyTheRowsItMayMake) {
+  HashedTableOptions o = Options(100000000, 16, "adam");
+  std::unique_ptr<UpdateRule> rule;
+  ASSERT_TRUE(MakeUpdateRule(o.rule, 0, &rule).ok());
+  const uint64_t row = HashedTable::RowBytes(16, *rule);
+  o.memory_limit_bytes = HashedTable::SlotArrayBytes(o.capacity) + 1000 * row;
+  const uint64_t before = MappedBytes();
+  auto t = Make(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->row_limit(), 1000u);
+  const uint64_t mapped = MappedBytes() - before;
+  EXPECT_LE(mapped, o.memory_limit_bytes + (1 << 20)) << mapped << " bytes mapped";
 }
 
 // Issue 38: 10^6 rows made of 10^8 possible ids cost at most 1.5 times the

@@ -144,7 +144,7 @@ os.close(fd)
 PY
   head -c 65536 "$mnt/control" | tr -d '\0' | "$py" -c 'import json, sys
 t = json.load(sys.stdin)["table"]
-assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1, "hashed": False, "row_limit": 1000, "evict": "none", "evictions": 0}, t' || fail "status table"
+assert t == {"rows": 1000, "width": 128, "row_bytes": 512, "rows_made": 1, "hashed": False, "row_limit": 1000, "evict": "none", "evictions": 0, "memory_bytes": 512128}, t' || fail "status table"
   unmount_by_signal
   ;;
 chap)

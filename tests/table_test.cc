@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "blkps/control_lun.h"
+#include "checkpoint_file.h"
 #include "job.h"
 #include "json_check.h"
 #include "lu_options.h"
+#include "temp_dir.h"
 
 namespace blkps::server {
 namespace {
@@ -443,6 +445,46 @@ TEST(TableJob, HashedTableRestartsFromItsCheckpointExactly) {
   std::remove(path);
 }
 
+// A hashed table's checkpoint holds the rows made, not CAPACITY rows: its
+// "hashed.rows" section grows by one row's words (id, last push, weights,
+// the rule state's size and bytes) per row made, and the file of a table of
+// 2^20 possible rows with 3 made is a few pages.
+TEST(TableJob, HashedTableCheckpointGrowsWithTheRowsMadeOnly) {
+  blkps_test::TempDir dir("blkps-hashed-size");
+  ASSERT_FALSE(dir.path.empty());
+  const std::string path = dir.path + "/h.ckpt";
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("table=hash:1048576:32;rule=adagrad;checkpoint=" + path, &o).ok());
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("h", o.job, nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  auto rows_section = [&](uint64_t* file_bytes) {
+    EXPECT_TRUE(job->Checkpoint().ok());
+    CheckpointHeader header;
+    EXPECT_TRUE(ReadCheckpointHeader(path, &header).ok());
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    *file_bytes = static_cast<uint64_t>(in.tellg());
+    for (const auto& [name, bytes] : header.sections) {
+      if (name == "hashed.rows") return bytes;
+    }
+    ADD_FAILURE() << "no hashed.rows section";
+    return uint64_t{0};
+  };
+  std::vector<uint64_t> ids(1000);
+  for (uint64_t k = 0; k < ids.size(); ++k) ids[k] = k * 0x9e3779b97f4a7c15ull;
+  std::vector<float> grads(ids.size() * 32, 0.5f);
+  ASSERT_TRUE(job->PushRowBatch(1, "iqn.learner", {0, 1, 7, ids.data(), 3, 32, grads.data()}).ok());
+  uint64_t few_file = 0, many_file = 0;
+  const uint64_t few = rows_section(&few_file);
+  ASSERT_TRUE(job->PushRowBatch(1, "iqn.learner", {0, 2, 7, ids.data(), ids.size(), 32, grads.data()}).ok());
+  const uint64_t many = rows_section(&many_file);
+  const uint64_t row_words = 2 + 32 / 2 + 1 + 32 / 2;  // id, last push, weights, adagrad's size and sum
+  EXPECT_EQ(few, (3 + 3 * row_words) * 8);
+  EXPECT_EQ(many, (3 + 1000 * row_words) * 8);
+  EXPECT_LE(few_file, 64u << 10) << "a checkpoint of 3 rows made";
+  EXPECT_LE(many_file - few_file, many - few + 4096);
+}
+
 // An operator's lr= reaches a hashed table's rows, as it does a model's.
 TEST(TableJob, ControlLrStepsAHashedTablesRows) {
   LuOptions o;
@@ -484,6 +526,20 @@ TEST(TableJob, StatusShowsTheTableWithTheKeysTheHeaderLists) {
     keys += (keys.empty() ? "" : " ") + (*m)[1].str();
   }
   EXPECT_EQ(keys, BLKPS_STATUS_TABLE_KEYS) << status;
+}
+
+// The start-time memory check of a hashed table counts its fixed part (the
+// slot array and one row) beside its one-row stand-in model: not CAPACITY
+// rows, which memory= bounds at run time, and not nothing.
+TEST(TableOptions, HashedTableMemoryCheckCountsItsSlotArrayAndOneRow) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("table=hash:1048576:32;rule=adam", &o).ok());
+  std::unique_ptr<UpdateRule> rule;
+  ASSERT_TRUE(MakeUpdateRule(o.job.model.rule, 0, &rule).ok());
+  uint64_t memory = 0;
+  ASSERT_TRUE(Job::MemoryBytes(o.job, &memory).ok());
+  EXPECT_EQ(memory, Model::MemoryBytes(o.job.model, *rule) + HashedTable::SlotArrayBytes(1048576) +
+                        HashedTable::RowBytes(32, *rule));
 }
 
 TEST(TableOptions, TableDeclaresRowsAndWidth) {

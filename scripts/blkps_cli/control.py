@@ -89,7 +89,7 @@ def print_status(s):
         t = s["table"]
         if t.get("hashed"):
             print(f"table: hashed, {t['rows_made']} of at most {t['row_limit']} rows of {t['width']} values made, "
-                  f"evict={t['evict']}, {t['evictions']} evictions")
+                  f"evict={t['evict']}, {t['evictions']} evictions, {human_bytes(t['memory_bytes'])} held")
         else:
             print(f"table: {t['rows']} rows of {t['width']} values ({t['row_bytes']} bytes), {t['rows_made']} made")
     aware = "staleness-aware steps" if s["staleness_aware"] else "stale pushes applied as written"

@@ -164,8 +164,10 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 #define BLKPS_STATUS_CHECKPOINT_KEYS \
   "path job shard shards generation written last_seconds last_stall_seconds every_s error waiting_round"
 /* "table" is null for a dense model; for a table, an object of these
- * (hashed: whether ids are any 64-bit value, table=hash:CAPACITY:WIDTH). */
-#define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made hashed row_limit evict evictions"
+ * (hashed: whether ids are any 64-bit value, table=hash:CAPACITY:WIDTH;
+ * memory_bytes: the table's bytes by the server's accounting, a hashed
+ * table's slot array and rows made, a dense table's every row). */
+#define BLKPS_STATUS_TABLE_KEYS "rows width row_bytes rows_made hashed row_limit evict evictions memory_bytes"
 /* Each entry of the "ranks" array: a collective rank's last heartbeat
  * (control command rank=<rank>:<run>, blkps.torch; doc/pytorch.md). */
 #define BLKPS_STATUS_RANK_KEYS "rank run state idle_s"
