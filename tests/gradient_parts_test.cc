@@ -1,0 +1,164 @@
+// A bsp gradient in parts (doc/server.md "A gradient in parts"): blocks in
+// the parts= range take each learner's gradient in K writes a round, applied
+// once, as the average of the learners' sums of parts. Through the Job,
+// without tgt (tests/fault_test.cc drives the same through a real tgtd with
+// cut connections).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "job.h"
+
+namespace blkps::server {
+namespace {
+
+// 48 parameters in blocks of 16: blocks 0 and 1 (the range [0, 32), "the
+// tied weight") take two parts a round; block 2 one write.
+constexpr uint64_t kParams = 48;
+constexpr uint64_t kTied = 32;
+
+JobOptions PartsOptions(const std::string& mode) {
+  JobOptions o;
+  o.model.num_params = kParams;
+  o.model.block_bytes = 64;
+  o.model.rule.lr = 1.0f;  // sgd: w -= the round's average
+  EXPECT_TRUE(ParseConsistency(mode, &o.consistency).ok());
+  o.parts = GradientParts{0, kTied, 2};
+  return o;
+}
+
+// Admits and applies `g` at parameter `first` from `slot` as `initiator`.
+void Give(Job& job, size_t slot, uint64_t first, const std::vector<float>& g, const std::string& initiator = "") {
+  ASSERT_EQ(job.Admit(slot, true, first * 4, g.size() * 4, nullptr, initiator), Job::Admission::kRun);
+  ASSERT_TRUE(job.Write(slot, first * 4, g.data(), g.size() * 4, initiator).ok());
+}
+
+std::vector<float> Weights(const Job& job) {
+  std::vector<float> w(kParams);
+  EXPECT_TRUE(job.ReadWeights(0, w.data(), kParams * 4).ok());
+  return w;
+}
+
+// Small integers: every sum and average below is exact in float32.
+std::vector<float> Gradient(std::mt19937& rng, uint64_t n) {
+  std::vector<float> g(n);
+  for (float& x : g) x = static_cast<float>(static_cast<int>(rng() % 17) - 8);
+  return g;
+}
+
+// Each learner gives the tied range twice (the head's part, then the rows'
+// part) and the rest once, interleaved with the other learner's; the round
+// is applied once, when the last part arrives, as the one-process step on
+// the average of the learners' summed parts.
+TEST(GradientParts, TwoPartsFromEachOfTwoLearnersGiveTheRoundsAverageOnce) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  std::vector<float> reference(kParams, 0.0f);
+  std::mt19937 rng(37);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> head[2], rows[2], rest[2];
+    for (int l = 0; l < 2; ++l) {
+      head[l] = Gradient(rng, kTied);
+      rows[l] = Gradient(rng, kTied);
+      rest[l] = Gradient(rng, kParams - kTied);
+    }
+    const std::vector<float> before = reference;
+    for (uint64_t i = 0; i < kParams; ++i) {
+      reference[i] -= i < kTied ? (head[0][i] + rows[0][i] + head[1][i] + rows[1][i]) / 2.0f
+                                : (rest[0][i - kTied] + rest[1][i - kTied]) / 2.0f;
+    }
+    Give(*job, a, 0, head[0]);
+    Give(*job, b, 0, head[1]);
+    Give(*job, b, kTied, rest[1]);
+    Give(*job, a, kTied, rest[0]);
+    Give(*job, b, 0, rows[1]);
+    std::vector<float> tied_waits = Weights(*job);
+    EXPECT_EQ(std::vector<float>(tied_waits.begin(), tied_waits.begin() + kTied),
+              std::vector<float>(before.begin(), before.begin() + kTied))
+        << "round " << round << ": applied before learner 1's second part";
+    Give(*job, a, 0, rows[0]);
+    ASSERT_EQ(Weights(*job), reference) << "round " << round;
+    for (size_t slot : {a, b}) EXPECT_EQ(job->Admit(slot, false, 0, kParams * 4, nullptr), Job::Admission::kRun);
+  }
+}
+
+// Rounds complete inside the write that completes them: its readers are on
+// the released list when that write returns.
+TEST(GradientParts, ALearnerGivingOnePartHoldsTheRoundsReaders) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  const std::vector<float> ones(kTied, 1.0f);
+  Give(*job, a, 0, ones);
+  Give(*job, a, 0, ones);
+  Give(*job, b, 0, ones);
+  int read = 0;
+  ASSERT_EQ(job->Admit(a, false, 0, kTied * 4, &read), Job::Admission::kHold);
+  EXPECT_TRUE(job->TakeReleased(a).empty());
+  Give(*job, b, 0, ones);  // its second part completes the round
+  const std::vector<Job::Released> released = job->TakeReleased(a);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].cmd, &read);
+  EXPECT_TRUE(released[0].status.ok());
+  EXPECT_EQ(Weights(*job)[0], -2.0f);  // (1 + 1 + 1 + 1) / 2
+}
+
+// A (K+1)-th part is the next round's first: it waits for this round, then
+// counts towards the next.
+TEST(GradientParts, AThirdPartWaitsForTheRound) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+  const std::vector<float> ones(kTied, 1.0f);
+  Give(*job, a, 0, ones);
+  Give(*job, a, 0, ones);
+  int third = 0;
+  ASSERT_EQ(job->Admit(a, true, 0, kTied * 4, &third), Job::Admission::kHold);
+  Give(*job, b, 0, ones);
+  EXPECT_TRUE(job->TakeReleased(a).empty());
+  Give(*job, b, 0, ones);
+  const std::vector<Job::Released> released = job->TakeReleased(a);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].cmd, &third);
+  ASSERT_TRUE(released[0].status.ok());
+  ASSERT_TRUE(job->Write(a, 0, ones.data(), kTied * 4).ok());
+  EXPECT_EQ(Weights(*job)[0], -2.0f);  // round 1 only; the third part waits in round 2's sum
+  Give(*job, a, 0, ones);
+  Give(*job, b, 0, ones);
+  Give(*job, b, 0, ones);
+  EXPECT_EQ(Weights(*job)[0], -4.0f);
+}
+
+// A learner tells its parts apart by its receipt: each part is one more
+// write counted at the unit it starts at, so after a reconnect it resends
+// only a part the count lacks (doc/libblkps.md "Faults").
+TEST(GradientParts, EachPartCountsOnceOnTheLearnersReceipt) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
+  const size_t a = job->AddLearner(1, [] {});
+  job->AddLearner(2, [] {});
+  std::vector<uint32_t> counts(1);
+  const std::vector<float> ones(kTied, 1.0f);
+  Give(*job, a, 0, ones, "iqn.a");
+  job->GetReceipt(1, "iqn.a", 0, &counts);
+  EXPECT_EQ(counts[0], 1u);
+  Give(*job, a, 0, ones, "iqn.a");
+  const Job::ReceiptNumbers n = job->GetReceipt(1, "iqn.a", 0, &counts);
+  EXPECT_EQ(counts[0], 2u);
+  EXPECT_EQ(n.writes_applied, 2u);
+}
+
+TEST(GradientParts, AreRefusedWhereEachWriteIsAStep) {
+  for (const char* mode : {"async", "ssp:2"}) {
+    std::shared_ptr<Job> job;
+    const Status s = Job::Create("m", PartsOptions(mode), nullptr, &job);
+    EXPECT_EQ(s.message().rfind("parts: only with mode=bsp", 0), 0u) << mode << ": " << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace blkps::server
