@@ -340,6 +340,54 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
   }
 }
 
+// The same with the whole model's gradient in two parts a round
+// (doc/server.md "A gradient in parts"): learner l pushes l + 1, then l + 2,
+// then pulls; the round's average of the summed parts, 4, is added once per
+// iteration, however the cuts fall between and inside the parts.
+TEST(CutConnections, BspGradientInTwoPartsIsExactAfterCuts) {
+  TargetProcess target(
+      "params=" + std::to_string(kParams) + ";rule=sum;mode=bsp;parts=0:" + std::to_string(kParams) + ":2", "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  CuttingProxy proxy(target.port());
+  ASSERT_TRUE(proxy.ok()) << proxy.error();
+
+  constexpr int kIterations = 15, kCuts = 12;
+  proxy.CutAt(RandomCuts(3737, kCuts, 2 * 2 * kIterations * kModelBytes));
+  std::string errors[2];
+  auto learner = [&](int l) {
+    std::string error;
+    auto m = Open(ViaPort(target.url(l + 1), proxy.port()), "parts" + std::to_string(l), &error);
+    if (!m) {
+      errors[l] = error;
+      return;
+    }
+    const std::vector<float> head(kParams, static_cast<float>(l + 1)), rows(kParams, static_cast<float>(l + 2));
+    std::vector<float> w(kParams);
+    for (int t = 0; t < kIterations; ++t) {
+      if (m->Push(0, head.data(), kParams) != 0 || m->Push(0, rows.data(), kParams) != 0 ||
+          m->Pull(0, w.data(), kParams) != 0) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + m->last_error();
+        return;
+      }
+      const std::string wrong = CountWrong(w, 4.0f * (t + 1));
+      if (!wrong.empty()) {
+        errors[l] = "iteration " + std::to_string(t) + ": " + wrong;
+        return;
+      }
+    }
+  };
+  std::thread a(learner, 0), b(learner, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_GT(proxy.cuts(), 0);
+  EXPECT_EQ(CountWrong(Weights(target.url()), 4.0f * kIterations), "");
+  for (int lun = 1; lun <= 2; ++lun) {
+    EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(kIterations));
+  }
+}
+
 // Opening a model ends by reading the initiator's receipt; an open whose
 // connection is cut there fails instead of going on without exactly-once.
 TEST(CutConnections, AnOpenThatCannotReadItsReceiptFails) {

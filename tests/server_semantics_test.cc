@@ -339,6 +339,66 @@ TEST(ServerSemantics, BspWithFourLearnersGivesExactlyTheSequentialWeights) {
   }
 }
 
+// A tied weight's gradient in two parts a round (doc/server.md "A gradient in
+// parts"): blocks 0 and 1 take the head's part, then the rows' part, the
+// rest of the model one gradient between them; the weights equal one
+// process's sgd steps on the average of the learners' summed parts.
+TEST(ServerSemantics, BspGradientInTwoPartsEqualsTheOneProcessSteps) {
+  constexpr int kLearners = 2, kIterations = 6;
+  constexpr uint64_t kTied = 2048;  // model blocks 0 and 1
+  TargetProcess target(Bsopts("mode=bsp;rule=sgd;lr=1;parts=0:2048:2"), "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  // Learner l's parts at iteration t: IntGradients(l, t) on the whole model
+  // (the head's, and the rest's), then IntGradients(l + kLearners, t) on the
+  // tied blocks (the rows').
+  std::vector<std::vector<float>> reference(kIterations + 1, std::vector<float>(kParams, 0.0f));
+  for (int t = 0; t < kIterations; ++t) {
+    for (uint64_t i = 0; i < kParams; ++i) {
+      float sum = 0;
+      for (int l = 0; l < kLearners; ++l)
+        sum += IntGradient(l, t, i) + (i < kTied ? IntGradient(l + kLearners, t, i) : 0);
+      reference[t + 1][i] = reference[t][i] - sum / kLearners;
+    }
+  }
+  std::vector<std::string> errors(kLearners);
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLearners; ++l) {
+    threads.emplace_back([&, l] {
+      std::string error;
+      auto m = OpenModel(target.url(l + 1), "parts" + std::to_string(l), &error, 1024);
+      if (!m) {
+        errors[l] = error;
+        return;
+      }
+      std::vector<float> w(kParams);
+      for (int t = 0;; ++t) {
+        if (m->Pull(0, w.data(), kParams) != 0) {
+          errors[l] = "iteration " + std::to_string(t) + ": pull: " + m->last_error();
+          return;
+        }
+        const int64_t bad = FirstBitDifference(w, reference[t]);
+        if (bad >= 0) {
+          errors[l] = "iteration " + std::to_string(t) + ": parameter " + std::to_string(bad) + " is " +
+                      std::to_string(w[bad]) + ", the one-process reference has " + std::to_string(reference[t][bad]);
+          return;
+        }
+        if (t == kIterations) return;
+        const std::vector<float> head = IntGradients(l, t), rows = IntGradients(l + kLearners, t);
+        if (m->Push(0, head.data(), kParams) != 0 || m->Push(0, rows.data(), kTied) != 0) {
+          errors[l] = "iteration " + std::to_string(t) + ": push: " + m->last_error();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int l = 0; l < kLearners; ++l) EXPECT_EQ(errors[l], "") << "learner " << l << " (LUN " << l + 1 << ")";
+  // One update a round of each of the 3 blocks: sgd would not tell a round
+  // of the summed parts from two rounds of one part each.
+  const std::string status = ReadStatus(target.control_url());
+  EXPECT_EQ(JsonValue(status, "updates"), std::to_string(3 * kIterations)) << status;
+}
+
 // ---- 2. ssp ------------------------------------------------------------------
 
 struct ScheduleResult {
