@@ -42,6 +42,14 @@ std::vector<float> Weights(const Job& job) {
   return w;
 }
 
+// Whether `slot`'s released commands are exactly `cmd`, to run now. Rounds
+// complete inside the write that completes them: what they release is on
+// the released list when that write returns.
+bool ReleasedToRun(Job& job, size_t slot, const void* cmd) {
+  const std::vector<Job::Released> released = job.TakeReleased(slot);
+  return released.size() == 1 && released[0].cmd == cmd && released[0].status.ok();
+}
+
 // Small integers: every sum and average below is exact in float32.
 std::vector<float> Gradient(std::mt19937& rng, uint64_t n) {
   std::vector<float> g(n);
@@ -49,14 +57,25 @@ std::vector<float> Gradient(std::mt19937& rng, uint64_t n) {
   return g;
 }
 
+// A bsp job of PartsOptions with learners a (LUN 1) and b (LUN 2).
+class GradientParts : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job_).ok());
+    a = job_->AddLearner(1, [] {});
+    b = job_->AddLearner(2, [] {});
+  }
+  std::shared_ptr<Job> job_;
+  Job& job() { return *job_; }
+  size_t a = 0, b = 0;
+  const std::vector<float> ones = std::vector<float>(kTied, 1.0f);
+};
+
 // Each learner gives the tied range twice (the head's part, then the rows'
 // part) and the rest once, interleaved with the other learner's; the round
 // is applied once, when the last part arrives, as the one-process step on
 // the average of the learners' summed parts.
-TEST(GradientParts, TwoPartsFromEachOfTwoLearnersGiveTheRoundsAverageOnce) {
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
-  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
+TEST_F(GradientParts, TwoPartsFromEachOfTwoLearnersGiveTheRoundsAverageOnce) {
   std::vector<float> reference(kParams, 0.0f);
   std::mt19937 rng(37);
   for (int round = 0; round < 3; ++round) {
@@ -71,91 +90,70 @@ TEST(GradientParts, TwoPartsFromEachOfTwoLearnersGiveTheRoundsAverageOnce) {
       reference[i] -= i < kTied ? (head[0][i] + rows[0][i] + head[1][i] + rows[1][i]) / 2.0f
                                 : (rest[0][i - kTied] + rest[1][i - kTied]) / 2.0f;
     }
-    Give(*job, a, 0, head[0]);
-    Give(*job, b, 0, head[1]);
-    Give(*job, b, kTied, rest[1]);
-    Give(*job, a, kTied, rest[0]);
-    Give(*job, b, 0, rows[1]);
-    std::vector<float> tied_waits = Weights(*job);
+    Give(job(), a, 0, head[0]);
+    Give(job(), b, 0, head[1]);
+    Give(job(), b, kTied, rest[1]);
+    Give(job(), a, kTied, rest[0]);
+    Give(job(), b, 0, rows[1]);
+    std::vector<float> tied_waits = Weights(job());
     EXPECT_EQ(std::vector<float>(tied_waits.begin(), tied_waits.begin() + kTied),
               std::vector<float>(before.begin(), before.begin() + kTied))
         << "round " << round << ": applied before learner 1's second part";
-    Give(*job, a, 0, rows[0]);
-    ASSERT_EQ(Weights(*job), reference) << "round " << round;
-    for (size_t slot : {a, b}) EXPECT_EQ(job->Admit(slot, false, 0, kParams * 4, nullptr), Job::Admission::kRun);
+    Give(job(), a, 0, rows[0]);
+    ASSERT_EQ(Weights(job()), reference) << "round " << round;
+    for (size_t slot : {a, b}) EXPECT_EQ(job().Admit(slot, false, 0, kParams * 4, nullptr), Job::Admission::kRun);
   }
 }
 
-// Rounds complete inside the write that completes them: its readers are on
-// the released list when that write returns.
-TEST(GradientParts, ALearnerGivingOnePartHoldsTheRoundsReaders) {
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
-  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
-  const std::vector<float> ones(kTied, 1.0f);
-  Give(*job, a, 0, ones);
-  Give(*job, a, 0, ones);
-  Give(*job, b, 0, ones);
+TEST_F(GradientParts, ALearnerGivingOnePartHoldsTheRoundsReaders) {
+  Give(job(), a, 0, ones);
+  Give(job(), a, 0, ones);
+  Give(job(), b, 0, ones);
   int read = 0;
-  ASSERT_EQ(job->Admit(a, false, 0, kTied * 4, &read), Job::Admission::kHold);
-  EXPECT_TRUE(job->TakeReleased(a).empty());
-  Give(*job, b, 0, ones);  // its second part completes the round
-  const std::vector<Job::Released> released = job->TakeReleased(a);
-  ASSERT_EQ(released.size(), 1u);
-  EXPECT_EQ(released[0].cmd, &read);
-  EXPECT_TRUE(released[0].status.ok());
-  EXPECT_EQ(Weights(*job)[0], -2.0f);  // (1 + 1 + 1 + 1) / 2
+  ASSERT_EQ(job().Admit(a, false, 0, kTied * 4, &read), Job::Admission::kHold);
+  EXPECT_TRUE(job().TakeReleased(a).empty());
+  Give(job(), b, 0, ones);  // its second part completes the round
+  ASSERT_TRUE(ReleasedToRun(job(), a, &read));
+  EXPECT_EQ(Weights(job())[0], -2.0f);  // (1 + 1 + 1 + 1) / 2
 }
 
 // A (K+1)-th part is the next round's first: it waits for this round, then
 // counts towards the next.
-TEST(GradientParts, AThirdPartWaitsForTheRound) {
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
-  const size_t a = job->AddLearner(1, [] {}), b = job->AddLearner(2, [] {});
-  const std::vector<float> ones(kTied, 1.0f);
-  Give(*job, a, 0, ones);
-  Give(*job, a, 0, ones);
+TEST_F(GradientParts, AThirdPartWaitsForTheRound) {
+  Give(job(), a, 0, ones);
+  Give(job(), a, 0, ones);
   int third = 0;
-  ASSERT_EQ(job->Admit(a, true, 0, kTied * 4, &third), Job::Admission::kHold);
-  Give(*job, b, 0, ones);
-  EXPECT_TRUE(job->TakeReleased(a).empty());
-  Give(*job, b, 0, ones);
-  const std::vector<Job::Released> released = job->TakeReleased(a);
-  ASSERT_EQ(released.size(), 1u);
-  EXPECT_EQ(released[0].cmd, &third);
-  ASSERT_TRUE(released[0].status.ok());
-  ASSERT_TRUE(job->Write(a, 0, ones.data(), kTied * 4).ok());
-  EXPECT_EQ(Weights(*job)[0], -2.0f);  // round 1 only; the third part waits in round 2's sum
-  Give(*job, a, 0, ones);
-  Give(*job, b, 0, ones);
-  Give(*job, b, 0, ones);
-  EXPECT_EQ(Weights(*job)[0], -4.0f);
+  ASSERT_EQ(job().Admit(a, true, 0, kTied * 4, &third), Job::Admission::kHold);
+  Give(job(), b, 0, ones);
+  EXPECT_TRUE(job().TakeReleased(a).empty());
+  Give(job(), b, 0, ones);
+  ASSERT_TRUE(ReleasedToRun(job(), a, &third));
+  ASSERT_TRUE(job().Write(a, 0, ones.data(), kTied * 4).ok());
+  EXPECT_EQ(Weights(job())[0], -2.0f);  // round 1 only; the third part waits in round 2's sum
+  Give(job(), a, 0, ones);
+  Give(job(), b, 0, ones);
+  Give(job(), b, 0, ones);
+  EXPECT_EQ(Weights(job())[0], -4.0f);
 }
 
 // A learner tells its parts apart by its receipt: each part is one more
 // write counted at the unit it starts at, so after a reconnect it resends
 // only a part the count lacks (doc/libblkps.md "Faults").
-TEST(GradientParts, EachPartCountsOnceOnTheLearnersReceipt) {
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", PartsOptions("bsp"), nullptr, &job).ok());
-  const size_t a = job->AddLearner(1, [] {});
-  job->AddLearner(2, [] {});
+TEST_F(GradientParts, EachPartCountsOnceOnTheLearnersReceipt) {
   std::vector<uint32_t> counts(1);
-  const std::vector<float> ones(kTied, 1.0f);
-  Give(*job, a, 0, ones, "iqn.a");
-  job->GetReceipt(1, "iqn.a", 0, &counts);
+  Give(job(), a, 0, ones, "iqn.a");
+  job().GetReceipt(1, "iqn.a", 0, &counts);
   EXPECT_EQ(counts[0], 1u);
-  Give(*job, a, 0, ones, "iqn.a");
-  const Job::ReceiptNumbers n = job->GetReceipt(1, "iqn.a", 0, &counts);
+  Give(job(), a, 0, ones, "iqn.a");
+  const Job::ReceiptNumbers n = job().GetReceipt(1, "iqn.a", 0, &counts);
   EXPECT_EQ(counts[0], 2u);
   EXPECT_EQ(n.writes_applied, 2u);
 }
 
-TEST(GradientParts, AreRefusedWhereEachWriteIsAStep) {
+TEST_F(GradientParts, AreRefusedWhereEachWriteIsAStep) {
   for (const char* mode : {"async", "ssp:2"}) {
-    std::shared_ptr<Job> job;
-    const Status s = Job::Create("m", PartsOptions(mode), nullptr, &job);
+    std::shared_ptr<Job> refused;
+    const Status s = Job::Create("m", PartsOptions(mode), nullptr, &refused);
     EXPECT_EQ(s.message().rfind("parts: only with mode=bsp", 0), 0u) << mode << ": " << s.message();
   }
 }
