@@ -69,7 +69,7 @@ Status CheckGradientParts(const GradientParts& parts, const ConsistencyOptions& 
   }
   if (shards > 1) {
     return Status::InvalidArgument("parts: not yet for a scaled-out model (shard= of " + std::to_string(shards) +
-                                   "): serve it from one tgtd (blkps target start --tgtd 1) or leave parts out");
+                                   "): serve it from one tgtd or leave parts out");
   }
   const uint64_t end = parts.first + parts.count;
   const auto boundary = [&](uint64_t p) { return p % block_params == 0 || p == num_params; };
