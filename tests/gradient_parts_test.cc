@@ -5,7 +5,10 @@
 // cut connections).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,6 +137,37 @@ TEST_F(GradientParts, AThirdPartWaitsForTheRound) {
   Give(job(), b, 0, ones);
   Give(job(), b, 0, ones);
   EXPECT_EQ(Weights(job())[0], -4.0f);
+}
+
+// A learner that stops after one part is declared dead after dead_after; the
+// round then completes with the gradients given, and the part it gave stays
+// in the sum (doc/server.md "Learner failure").
+TEST_F(GradientParts, ALearnerDeadAfterOnePartLeavesItInTheRound) {
+  JobOptions o = PartsOptions("bsp");
+  o.dead_after_s = 0.2;
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool woken = false;
+  const size_t first = job->AddLearner(1, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    woken = true;
+    cv.notify_all();
+  });
+  const size_t second = job->AddLearner(2, [] {});
+  Give(*job, first, 0, ones);
+  Give(*job, first, 0, ones);
+  Give(*job, second, 0, ones);  // then nothing
+  int read = 0;
+  ASSERT_EQ(job->Admit(first, false, 0, kTied * 4, &read), Job::Admission::kHold);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return woken; }));
+  }
+  ASSERT_TRUE(ReleasedToRun(*job, first, &read));
+  EXPECT_EQ(Weights(*job)[0], -3.0f);  // (1 + 1 + 1) over the one learner that gave all its parts
+  EXPECT_NE(job->StatusJson().find("\"state\": \"dead\""), std::string::npos) << job->StatusJson();
 }
 
 // A learner tells its parts apart by its receipt: each part is one more
