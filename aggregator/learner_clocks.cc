@@ -36,7 +36,6 @@ std::string FormatConsistency(const ConsistencyOptions& opts) {
 }
 
 Status ParseGradientParts(const std::string& text, GradientParts* out) {
-  GradientParts parts;
   char* end = nullptr;
   const char* at = text.c_str();
   // Three decimal fields separated by ':', nothing else (strtoull would take
