@@ -12,8 +12,8 @@
 // writes its whole gradient once per iteration, with plain pwrite(), ticks
 // every block's clock once per iteration, whatever its request sizes.
 // A block in the GradientParts range takes K parts instead: the gradient is
-// complete once K times the block's parameters are written (doc/server.md
-// "A gradient in parts"); nothing else changes.
+// complete once K times the block's parameters are written
+// (doc/server.md "A gradient in parts"); nothing else changes.
 //
 // The gates (min_live(b): the least clock[·][b] over live learners):
 //   async   reads and writes always pass.

@@ -345,10 +345,11 @@ TEST(ServerSemantics, BspWithFourLearnersGivesExactlyTheSequentialWeights) {
   }
 }
 
-// A tied weight's gradient in two parts a round (doc/server.md "A gradient in
-// parts"): blocks 0 and 1 take the head's part, then the rows' part, the
-// rest of the model one gradient between them; the weights equal one
-// process's sgd steps on the average of the learners' summed parts.
+// A tied weight's gradient in two parts a round
+// (doc/server.md "A gradient in parts"): blocks 0 and 1 take the head's
+// part (pushed with the rest of the model's gradient), then the rows' part;
+// the weights equal one process's sgd steps on the average of the learners'
+// summed parts.
 TEST(ServerSemantics, BspGradientInTwoPartsEqualsTheOneProcessSteps) {
   constexpr int kLearners = 2, kIterations = 6;
   constexpr uint64_t kTied = 2048;  // model blocks 0 and 1
