@@ -101,7 +101,7 @@ TEST_F(GradientParts, TwoPartsFromEachOfTwoLearnersGiveTheRoundsAverageOnce) {
     std::vector<float> tied_waits = Weights(job());
     EXPECT_EQ(std::vector<float>(tied_waits.begin(), tied_waits.begin() + kTied),
               std::vector<float>(before.begin(), before.begin() + kTied))
-        << "round " << round << ": applied before learner 1's second part";
+        << "round " << round << ": applied before learner a's second part";
     Give(job(), a, 0, rows[0]);
     ASSERT_EQ(Weights(job()), reference) << "round " << round;
     for (size_t slot : {a, b}) EXPECT_EQ(job().Admit(slot, false, 0, kParams * 4, nullptr), Job::Admission::kRun);
@@ -145,29 +145,29 @@ TEST_F(GradientParts, AThirdPartWaitsForTheRound) {
 TEST_F(GradientParts, ALearnerDeadAfterOnePartLeavesItInTheRound) {
   JobOptions o = PartsOptions("bsp");
   o.dead_after_s = 0.2;
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  std::shared_ptr<Job> quick;  // its own job: dead_after 0.2 s
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &quick).ok());
   std::mutex mu;
   std::condition_variable cv;
   bool woken = false;
-  const size_t first = job->AddLearner(1, [&] {
+  const size_t first = quick->AddLearner(1, [&] {
     std::lock_guard<std::mutex> lock(mu);
     woken = true;
     cv.notify_all();
   });
-  const size_t second = job->AddLearner(2, [] {});
-  Give(*job, first, 0, ones);
-  Give(*job, first, 0, ones);
-  Give(*job, second, 0, ones);  // then nothing
+  const size_t second = quick->AddLearner(2, [] {});
+  Give(*quick, first, 0, ones);
+  Give(*quick, first, 0, ones);
+  Give(*quick, second, 0, ones);  // then nothing
   int read = 0;
-  ASSERT_EQ(job->Admit(first, false, 0, kTied * 4, &read), Job::Admission::kHold);
+  ASSERT_EQ(quick->Admit(first, false, 0, kTied * 4, &read), Job::Admission::kHold);
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return woken; }));
   }
-  ASSERT_TRUE(ReleasedToRun(*job, first, &read));
-  EXPECT_EQ(Weights(*job)[0], -3.0f);  // (1 + 1 + 1) over the one learner that gave all its parts
-  EXPECT_NE(job->StatusJson().find("\"state\": \"dead\""), std::string::npos) << job->StatusJson();
+  ASSERT_TRUE(ReleasedToRun(*quick, first, &read));
+  EXPECT_EQ(Weights(*quick)[0], -3.0f);  // (1 + 1 + 1) over the one learner that gave all its parts
+  EXPECT_NE(quick->StatusJson().find("\"state\": \"dead\""), std::string::npos) << quick->StatusJson();
 }
 
 // A learner tells its parts apart by its receipt: each part is one more
