@@ -49,6 +49,9 @@ Status Job::MemoryBytes(const JobOptions& opts, uint64_t* out) {
 Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out) {
   Status s = CheckTableJob(opts);
   if (!s.ok()) return s;
+  s = CheckGradientParts(opts.parts, opts.consistency, opts.model.num_params, opts.model.block_bytes / sizeof(float),
+                         opts.shards);
+  if (!s.ok()) return s;
   JobOptions o = opts;
   o.model = ModelOptionsOf(opts);
   // A checkpoint replaces every weight: initialising them first would only
@@ -78,12 +81,14 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
       opts_(opts),
       log_(log ? std::move(log) : [](const std::string&) {}),
       model_(std::move(model)),
-      clocks_(opts.consistency,
-              [&] {
-                std::vector<uint64_t> params(model_->num_blocks());
-                for (uint64_t b = 0; b < params.size(); ++b) params[b] = model_->BlockParams(b);
-                return params;
-              }()),
+      clocks_(
+          opts.consistency,
+          [&] {
+            std::vector<uint64_t> params(model_->num_blocks());
+            for (uint64_t b = 0; b < params.size(); ++b) params[b] = model_->BlockParams(b);
+            return params;
+          }(),
+          opts.parts),
       last_checkpoint_(Clock::now()) {}
 
 Job::~Job() {

@@ -151,6 +151,9 @@ struct JobOptions {
   uint64_t hashed_capacity = 0;
   EvictionRule evict;
   ConsistencyOptions consistency;
+  // bsp: blocks whose gradient comes in parts (CheckGradientParts;
+  // doc/server.md "A gradient in parts").
+  GradientParts parts;
   double dead_after_s = 10;  // no I/O this long: a learner is dead
   double hold_limit_s = 20;  // longest a command is held; under the
                              // initiators' ~30 s command timeout

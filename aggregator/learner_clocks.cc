@@ -35,8 +35,73 @@ std::string FormatConsistency(const ConsistencyOptions& opts) {
   return "?";
 }
 
-LearnerClocks::LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params)
-    : opts_(opts), block_params_(std::move(block_params)), blocks_(block_params_.size()) {}
+Status ParseGradientParts(const std::string& text, GradientParts* out) {
+  char* end = nullptr;
+  const char* at = text.c_str();
+  // Three decimal fields separated by ':', nothing else (strtoull would take
+  // a sign or spaces).
+  bool ok = text.find_first_not_of("0123456789:") == std::string::npos;
+  uint64_t fields[3] = {0, 0, 0};
+  for (int i = 0; ok && i < 3; ++i) {
+    errno = 0;
+    fields[i] = std::strtoull(at, &end, 10);
+    ok = end != at && errno == 0 && *end == (i < 2 ? ':' : '\0');
+    at = end + 1;
+  }
+  if (!ok || fields[1] == 0 || fields[2] < 2 || fields[2] > kMaxGradientParts ||
+      fields[0] > std::numeric_limits<uint64_t>::max() - fields[1]) {
+    return Status::InvalidArgument("parts: expected FIRST:COUNT:K, parameters [FIRST, FIRST+COUNT) in whole model "
+                                   "blocks whose gradient comes in K writes a round, COUNT > 0, K from 2 to " +
+                                   std::to_string(kMaxGradientParts) + " (e.g. 0:262144:2), got '" + text + "'");
+  }
+  *out = GradientParts{fields[0], fields[1], static_cast<uint32_t>(fields[2])};
+  return Status::OK();
+}
+
+Status CheckGradientParts(const GradientParts& parts, const ConsistencyOptions& consistency, uint64_t num_params,
+                          uint64_t block_params, uint32_t shards) {
+  if (parts.count == 0) return Status::OK();
+  if (consistency.mode != ConsistencyMode::kBsp) {
+    return Status::InvalidArgument("parts: only with mode=bsp (" + FormatConsistency(consistency) +
+                                   " applies each write on arrival, so K parts would be K steps of the rule); "
+                                   "use mode=bsp or leave parts out");
+  }
+  if (shards > 1) {
+    return Status::InvalidArgument("parts: not yet for a scaled-out model (shard= of " + std::to_string(shards) +
+                                   "): serve it from one tgtd or leave parts out");
+  }
+  const uint64_t end = parts.first + parts.count;
+  const auto boundary = [&](uint64_t p) { return p % block_params == 0 || p == num_params; };
+  if (end > num_params || !boundary(parts.first) || !boundary(end)) {
+    const uint64_t first = std::min(parts.first / block_params * block_params, num_params);
+    const uint64_t last = std::min((end + block_params - 1) / block_params * block_params, num_params);
+    return Status::InvalidArgument(
+        "parts: " + std::to_string(parts.first) + ":" + std::to_string(parts.count) + ":" + std::to_string(parts.k) +
+        " does not start and end at model blocks of " + std::to_string(block_params) + " parameters inside the " +
+        std::to_string(num_params) + " of the model; e.g. parts=" + std::to_string(first) + ":" +
+        std::to_string(std::max(last, first + 1) - first) + ":" + std::to_string(parts.k));
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// Each block's parameters, times parts.k where the block lies wholly inside
+// the parts range.
+std::vector<uint64_t> GradientParams(std::vector<uint64_t> block_params, const GradientParts& parts) {
+  uint64_t start = 0;  // block b's first parameter
+  for (uint64_t& n : block_params) {
+    const bool inside = parts.count > 0 && start >= parts.first && start + n <= parts.first + parts.count;
+    start += n;
+    if (inside) n *= parts.k;
+  }
+  return block_params;
+}
+
+}  // namespace
+
+LearnerClocks::LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params, GradientParts parts)
+    : opts_(opts), gradient_params_(GradientParams(std::move(block_params), parts)), blocks_(gradient_params_.size()) {}
 
 size_t LearnerClocks::AddLearner() {
   learners_.push_back(Learner{true, std::vector<LearnerBlock>(blocks_.size())});
@@ -90,8 +155,8 @@ bool LearnerClocks::WriteMayPass(size_t l, uint64_t first, uint64_t last) const 
 bool LearnerClocks::AddGradient(size_t l, uint64_t b, uint64_t n) {
   LearnerBlock& mine = learners_[l].blocks[b];
   mine.partial += n;
-  if (mine.partial < block_params_[b]) return false;
-  mine.partial -= block_params_[b];
+  if (mine.partial < gradient_params_[b]) return false;
+  mine.partial -= gradient_params_[b];
   ++mine.clock;
   if (opts_.mode == ConsistencyMode::kBsp) {
     ++blocks_[b].contributors;

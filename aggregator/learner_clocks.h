@@ -11,6 +11,9 @@
 // (a write may cover part of a block or many blocks). So a learner that
 // writes its whole gradient once per iteration, with plain pwrite(), ticks
 // every block's clock once per iteration, whatever its request sizes.
+// A block in the GradientParts range takes K parts instead: the gradient is
+// complete once K times the block's parameters are written
+// (doc/server.md "A gradient in parts"); nothing else changes.
 //
 // The gates (min_live(b): the least clock[·][b] over live learners):
 //   async   reads and writes always pass.
@@ -52,14 +55,36 @@ struct ConsistencyOptions {
 Status ParseConsistency(const std::string& text, ConsistencyOptions* out);
 std::string FormatConsistency(const ConsistencyOptions& opts);
 
+// parts=FIRST:COUNT:K (doc/server.md "A gradient in parts"): the model
+// blocks of parameters [first, first + count) take each learner's gradient
+// in k writes a round. count 0: no such blocks.
+struct GradientParts {
+  uint64_t first = 0;
+  uint64_t count = 0;
+  uint32_t k = 1;
+};
+
+// "FIRST:COUNT:K" (K from 2 to kMaxGradientParts, COUNT > 0) -> *out;
+// InvalidArgument naming `parts` otherwise.
+constexpr uint32_t kMaxGradientParts = 16;
+Status ParseGradientParts(const std::string& text, GradientParts* out);
+// OK if `parts` can serve a model of num_params parameters in blocks of
+// block_params, in `consistency`, on `shards` servers: none, or bsp on one
+// server and a range of whole blocks inside the model. Else InvalidArgument,
+// one line starting with `parts: `, saying what to give instead.
+Status CheckGradientParts(const GradientParts& parts, const ConsistencyOptions& consistency, uint64_t num_params,
+                          uint64_t block_params, uint32_t shards);
+
 class LearnerClocks {
  public:
-  // block_params[b]: number of parameters in model block b.
-  LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params);
+  // block_params[b]: number of parameters in model block b. The blocks that
+  // lie wholly inside `parts` take parts.k gradients a round (a block only
+  // partly inside takes one; CheckGradientParts refuses such a range).
+  LearnerClocks(ConsistencyOptions opts, std::vector<uint64_t> block_params, GradientParts parts = {});
 
   const ConsistencyOptions& options() const { return opts_; }
   size_t num_learners() const { return learners_.size(); }
-  size_t num_blocks() const { return block_params_.size(); }
+  size_t num_blocks() const { return gradient_params_.size(); }
 
   // Adds a live learner whose clocks start where the live learners are (as
   // Rejoin). Returns its index.
@@ -74,7 +99,8 @@ class LearnerClocks {
   bool WriteMayPass(size_t l, uint64_t first, uint64_t last) const;
 
   // Records that learner l wrote `n` parameters of block b. Returns true if
-  // that completed its gradient for b (its clock for b ticked).
+  // that completed its gradient for b (its clock for b ticked): all its
+  // parts, in a GradientParts block.
   // bsp: REQUIRES WriteMayPass(l, b, b) held when the write was admitted.
   bool AddGradient(size_t l, uint64_t b, uint64_t n);
 
@@ -135,7 +161,9 @@ class LearnerClocks {
   uint64_t MinLiveClock(uint64_t b, size_t except, uint64_t fallback) const;
 
   const ConsistencyOptions opts_;
-  const std::vector<uint64_t> block_params_;
+  // Parameters a learner writes to block b for one gradient: the block's,
+  // times its parts.
+  const std::vector<uint64_t> gradient_params_;
   std::vector<Block> blocks_;
   std::vector<Learner> learners_;
 };

@@ -207,6 +207,12 @@ const LuOptionKey kLuOptionTable[] = {
      [](const std::string&, const std::string& value, Parsing* p) {
        return ParseConsistency(value, &p->opts.job.consistency);
      }},
+    {"parts",
+     "<first>:<count>:<k>: bsp: the whole model blocks of parameters [first, first+count) take each learner's "
+     "gradient in k writes a round (doc/server.md \"A gradient in parts\")",
+     [](const std::string&, const std::string& value, Parsing* p) {
+       return ParseGradientParts(value, &p->opts.job.parts);
+     }},
     {"dead_after", "<s>: seconds without I/O before a learner is dead (default 10)",
      [](const std::string& key, const std::string& value, Parsing* p) {
        if (!ParseSeconds(value, 0, true, 86400, &p->opts.job.dead_after_s)) {
@@ -406,6 +412,9 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
   if (opts.job.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");
   }
+  Status s = CheckGradientParts(opts.job.parts, opts.job.consistency, opts.job.model.num_params,
+                                opts.job.model.block_bytes / sizeof(float), opts.job.shards);
+  if (!s.ok()) return s;
   *out = opts;
   return Status::OK();
 }

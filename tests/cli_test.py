@@ -594,6 +594,16 @@ def test_tgtd_above_stripe_units_refused():
             fail(f"expected one line refusing --tgtd 2, got exit {t.rc}: {t.err}")
 
 
+def test_tgtds_for_parts_refused():
+    # parts= names whole blocks of one server's model (doc/server.md "A
+    # gradient in parts"): only one tgtd serves it.
+    with Target("params=1000000;mode=bsp;parts=0:262144:2", "--tgtd", "2") as t:
+        lines = t.err.splitlines()
+        if t.rc == 0 or lines != ["blkps: --tgtd: 2 tgtds cannot serve a gradient in parts (parts=); give --tgtd 1 "
+                                  "(or leave --tgtd out)"]:
+            fail(f"expected one line refusing --tgtd 2, got exit {t.rc}: {t.err}")
+
+
 def test_scaled_operator_keys():
     # --operator over 2 tgtds: OPERATOR_URL and OPERATOR_CHAP_FILE name each
     # shard's, shard 0 first, and show labels them by shard.

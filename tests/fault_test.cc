@@ -296,16 +296,20 @@ TEST(CutConnections, EngineSumIsExactAfterManyCuts) {
   EXPECT_EQ(CountWrong(Weights(target.url()), kSteps + 1), "");
 }
 
-// Two learners in bsp push g_l = 2l + 1 (1 and 3) and pull; the round's
-// average, 2, is added per iteration. Each pull must see exactly 2(t + 1).
-TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
-  TargetProcess target("params=" + std::to_string(kParams) + ";rule=sum;mode=bsp", "--luns 2");
+// Two learners in bsp on `bsopts` (a rule=sum model of kParams) push, each
+// iteration, their gradient's parts (learner l part p: every parameter
+// parts[l][p], each part one Push of the whole model) and pull, through
+// 12 cuts at seeded points; every pull must see exactly step·(t + 1), and
+// the clocks end at `iterations`.
+void ExpectExactBspThroughCuts(const std::string& bsopts, uint32_t seed, int iterations,
+                               const std::vector<float> (&parts)[2], float step) {
+  TargetProcess target(bsopts, "--luns 2");
   ASSERT_TRUE(target.ok()) << target.start_output();
   CuttingProxy proxy(target.port());
   ASSERT_TRUE(proxy.ok()) << proxy.error();
 
-  constexpr int kIterations = 30, kCuts = 12;
-  proxy.CutAt(RandomCuts(1515, kCuts, 2 * kIterations * kModelBytes));
+  constexpr int kCuts = 12;
+  proxy.CutAt(RandomCuts(seed, kCuts, 2 * parts[0].size() * iterations * kModelBytes));
   std::string errors[2];
   auto learner = [&](int l) {
     std::string error;
@@ -314,14 +318,17 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
       errors[l] = error;
       return;
     }
-    const std::vector<float> g(kParams, static_cast<float>(2 * l + 1));
+    std::vector<std::vector<float>> g;
+    for (float value : parts[l]) g.emplace_back(kParams, value);
     std::vector<float> w(kParams);
-    for (int t = 0; t < kIterations; ++t) {
-      if (m->Push(0, g.data(), kParams) != 0 || m->Pull(0, w.data(), kParams) != 0) {
+    for (int t = 0; t < iterations; ++t) {
+      bool ok = true;
+      for (const std::vector<float>& part : g) ok = ok && m->Push(0, part.data(), kParams) == 0;
+      if (!ok || m->Pull(0, w.data(), kParams) != 0) {
         errors[l] = "iteration " + std::to_string(t) + ": " + m->last_error();
         return;
       }
-      const std::string wrong = CountWrong(w, 2.0f * (t + 1));
+      const std::string wrong = CountWrong(w, step * (t + 1));
       if (!wrong.empty()) {
         errors[l] = "iteration " + std::to_string(t) + ": " + wrong;
         return;
@@ -334,10 +341,27 @@ TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
   EXPECT_GT(proxy.cuts(), 0);
-  EXPECT_EQ(CountWrong(Weights(target.url()), 2.0f * kIterations), "");
+  EXPECT_EQ(CountWrong(Weights(target.url()), step * iterations), "");
   for (int lun = 1; lun <= 2; ++lun) {
-    EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(kIterations));
+    EXPECT_EQ(Field(LearnerStatus(target.control_url(), lun), "iteration"), std::to_string(iterations));
   }
+}
+
+// Two learners in bsp push g_l = 2l + 1 (1 and 3) and pull; the round's
+// average, 2, is added per iteration. Each pull must see exactly 2(t + 1).
+TEST(CutConnections, BspTwoLearnersExactAndNeverStuck) {
+  ExpectExactBspThroughCuts("params=" + std::to_string(kParams) + ";rule=sum;mode=bsp", 1515, 30, {{1.0f}, {3.0f}},
+                            2.0f);
+}
+
+// The same with the whole model's gradient in two parts a round
+// (doc/server.md "A gradient in parts"): learner l pushes l + 1, then l + 2,
+// then pulls; the round's average of the summed parts, 4, is added once per
+// iteration, however the cuts fall between and inside the parts.
+TEST(CutConnections, BspGradientInTwoPartsIsExactAfterCuts) {
+  ExpectExactBspThroughCuts(
+      "params=" + std::to_string(kParams) + ";rule=sum;mode=bsp;parts=0:" + std::to_string(kParams) + ":2", 3737, 15,
+      {{1.0f, 2.0f}, {2.0f, 3.0f}}, 4.0f);
 }
 
 // Opening a model ends by reading the initiator's receipt; an open whose

@@ -152,5 +152,57 @@ TEST(LearnerClocks, SaveAndRestoreRoundTrip) {
   EXPECT_FALSE(other.Restore(a.Save()).ok());
 }
 
+TEST(ParseGradientParts, TakesFirstCountAndParts) {
+  GradientParts p;
+  ASSERT_TRUE(ParseGradientParts("1024:2048:2", &p).ok());
+  EXPECT_EQ(p.first, 1024u);
+  EXPECT_EQ(p.count, 2048u);
+  EXPECT_EQ(p.k, 2u);
+  for (const char* bad : {"", "0:16", "0:16:1", "0:16:17", "0:0:2", "a:16:2", "0:16:2:", "-1:16:2", " 0:16:2",
+                          "0:16:2x", "18446744073709551615:1:2"}) {
+    Status s = ParseGradientParts(bad, &p);
+    EXPECT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.message().rfind("parts: ", 0), 0u) << s.message();
+  }
+}
+
+TEST(CheckGradientParts, WantsBspOneServerAndWholeBlocks) {
+  const GradientParts blocks_1_and_2{16, 32, 2};
+  EXPECT_TRUE(CheckGradientParts({}, Async(), 100, 16, 4).ok());  // none: anything goes
+  EXPECT_TRUE(CheckGradientParts(blocks_1_and_2, Bsp(), 100, 16, 1).ok());
+  EXPECT_TRUE(CheckGradientParts({96, 4, 2}, Bsp(), 100, 16, 1).ok());  // the short last block
+  const Status ssp = CheckGradientParts(blocks_1_and_2, Ssp(1), 100, 16, 1);
+  EXPECT_EQ(ssp.message().rfind("parts: only with mode=bsp (ssp:1 ", 0), 0u) << ssp.message();
+  const Status sharded = CheckGradientParts(blocks_1_and_2, Bsp(), 100, 16, 2);
+  EXPECT_EQ(sharded.message().rfind("parts: not yet for a scaled-out model", 0), 0u) << sharded.message();
+  const Status ragged = CheckGradientParts({10, 20, 2}, Bsp(), 100, 16, 1);
+  EXPECT_EQ(ragged.message(),
+            "parts: 10:20:2 does not start and end at model blocks of 16 parameters inside the 100 of the model; "
+            "e.g. parts=0:32:2");
+  EXPECT_FALSE(CheckGradientParts({96, 8, 2}, Bsp(), 100, 16, 1).ok());  // past the model's end
+}
+
+// Blocks 0 and 1 of {4, 4, 4} take two parts; block 2 one.
+TEST(LearnerClocks, BspBlockInPartsTicksAtItsLastPartOnly) {
+  LearnerClocks c(Bsp(), {4, 4, 4}, GradientParts{0, 8, 2});
+  c.AddLearner();
+  c.AddLearner();
+  EXPECT_FALSE(c.AddGradient(0, 0, 4));   // part 1
+  EXPECT_TRUE(c.WriteMayPass(0, 0, 0));   // part 2 may come in this round
+  EXPECT_TRUE(c.ReadMayPass(0, 0, 0));    // and it may read this round's weights between
+  EXPECT_TRUE(c.AddGradient(0, 0, 4));    // part 2: its gradient is complete
+  EXPECT_FALSE(c.WriteMayPass(0, 0, 0));  // a third part waits for the round
+  EXPECT_TRUE(c.AddGradient(0, 2, 4));    // block 2: one write, as ever
+  EXPECT_FALSE(c.WriteMayPass(0, 2, 2));
+  EXPECT_FALSE(c.AddGradient(1, 0, 3));  // learner 1: its parts in other pieces
+  EXPECT_FALSE(c.AddGradient(1, 0, 3));
+  EXPECT_FALSE(c.RoundComplete(0));  // learner 1 has given one part and a half
+  EXPECT_TRUE(c.AddGradient(1, 0, 2));
+  ASSERT_TRUE(c.RoundComplete(0));
+  EXPECT_EQ(c.FinishRound(0), 2u);  // two learners' gradients: the average over 2
+  EXPECT_EQ(c.clock(0, 0), 1u);
+  EXPECT_EQ(c.clock(1, 0), 1u);
+}
+
 }  // namespace
 }  // namespace blkps::server

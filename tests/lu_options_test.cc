@@ -170,5 +170,15 @@ TEST(LuOptions, ControlCharactersAreRefusedInOneLine) {
   EXPECT_EQ(ErrorOf(std::string("params=10;lr=0.1\0", 17)).rfind("bsopts: control character 0x00 at byte 16", 0), 0u);
 }
 
+TEST(LuOptions, PartsNeedBspAndWholeBlocks) {
+  LuOptions o;
+  ASSERT_TRUE(ParseLuOptions("params=1000;block=1K;mode=bsp;parts=256:512:2", &o).ok());
+  EXPECT_EQ(o.job.parts.first, 256u);
+  EXPECT_EQ(o.job.parts.count, 512u);
+  EXPECT_EQ(o.job.parts.k, 2u);
+  EXPECT_EQ(ErrorOf("params=1000;block=1K;parts=256:512:2").rfind("parts: only with mode=bsp", 0), 0u);
+  EXPECT_EQ(ErrorOf("params=1000;block=1K;mode=bsp;parts=100:512:2").rfind("parts: 100:512:2 does not start", 0), 0u);
+}
+
 }  // namespace
 }  // namespace blkps::server

@@ -269,56 +269,62 @@ class ChildLearner {
 
 // ---- 1. bsp ------------------------------------------------------------------
 
+// reference[t]: the weights of a rule=sgd;lr=1 model after t rounds, each
+// applying the mean over `learners` of gradient(l, t, i) (sums of small
+// integers over a power of two: exact).
+std::vector<std::vector<float>> SequentialReference(int iterations, int learners,
+                                                    const std::function<float(int, int, uint64_t)>& gradient) {
+  std::vector<std::vector<float>> reference(iterations + 1, std::vector<float>(kParams, 0.0f));
+  for (int t = 0; t < iterations; ++t) {
+    for (uint64_t i = 0; i < kParams; ++i) {
+      float sum = 0;
+      for (int l = 0; l < learners; ++l) sum += gradient(l, t, i);
+      reference[t + 1][i] = reference[t][i] - sum / static_cast<float>(learners);
+    }
+  }
+  return reference;
+}
+
+// One bsp learner against a sequential reference, on 1 KiB requests (every
+// pull and push is several commands in flight, each covering part of a model
+// block): at iteration t it pulls and must see exactly reference[t], bsp's
+// read guarantee, then, before the last, pushes with push(m, t) (0 or the
+// failing Push's value). Returns "" or what went wrong.
+std::string FollowTheReference(const std::string& url, const std::string& who,
+                               const std::vector<std::vector<float>>& reference,
+                               const std::function<int(blkps::Model&, int)>& push) {
+  std::string error;
+  auto m = OpenModel(url, who, &error, 1024);
+  if (!m) return error;
+  std::vector<float> w(kParams);
+  for (int t = 0;; ++t) {
+    if (m->Pull(0, w.data(), kParams) != 0) return "iteration " + std::to_string(t) + ": pull: " + m->last_error();
+    const int64_t bad = FirstBitDifference(w, reference[t]);
+    if (bad >= 0) {
+      return "iteration " + std::to_string(t) + ": parameter " + std::to_string(bad) + " is " + std::to_string(w[bad]) +
+             ", the sequential reference after " + std::to_string(t) + " rounds has " +
+             std::to_string(reference[t][bad]);
+    }
+    if (t + 1 == static_cast<int>(reference.size())) return "";
+    if (push(*m, t) != 0) return "iteration " + std::to_string(t) + ": push: " + m->last_error();
+  }
+}
+
 TEST(ServerSemantics, BspWithFourLearnersGivesExactlyTheSequentialWeights) {
   constexpr int kLearners = 4, kIterations = 8;
   TargetProcess target(Bsopts("mode=bsp;rule=sgd;lr=1"), "--luns 4");
   ASSERT_TRUE(target.ok()) << target.start_output();
 
-  // reference[t]: the weights after t rounds, each round applying the mean
-  // of the 4 learners' gradients (sums of small integers, divided by 4: exact).
-  std::vector<std::vector<float>> reference(kIterations + 1, std::vector<float>(kParams, 0.0f));
-  for (int t = 0; t < kIterations; ++t) {
-    for (uint64_t i = 0; i < kParams; ++i) {
-      float sum = 0;
-      for (int l = 0; l < kLearners; ++l) sum += IntGradient(l, t, i);
-      reference[t + 1][i] = reference[t][i] - sum / 4.0f;
-    }
-  }
+  const std::vector<std::vector<float>> reference = SequentialReference(kIterations, kLearners, IntGradient);
 
   std::vector<std::string> errors(kLearners);
   std::vector<std::thread> threads;
   for (int l = 0; l < kLearners; ++l) {
     threads.emplace_back([&, l] {
-      std::string error;
-      // 1 KiB requests: every pull and push is several commands in flight,
-      // each covering part of a model block.
-      auto m = OpenModel(target.url(l + 1), "bsp" + std::to_string(l), &error, 1024);
-      if (!m) {
-        errors[l] = error;
-        return;
-      }
       std::mt19937 rng(1000 + l);
-      std::vector<float> w(kParams);
-      for (int t = 0;; ++t) {
-        // bsp's read guarantee: at iteration t a learner sees exactly the
-        // weights after t complete rounds.
-        if (m->Pull(0, w.data(), kParams) != 0) {
-          errors[l] = "iteration " + std::to_string(t) + ": pull: " + m->last_error();
-          return;
-        }
-        const int64_t bad = FirstBitDifference(w, reference[t]);
-        if (bad >= 0) {
-          errors[l] = "iteration " + std::to_string(t) + ": parameter " + std::to_string(bad) + " is " +
-                      std::to_string(w[bad]) + ", the sequential reference after " + std::to_string(t) +
-                      " rounds has " + std::to_string(reference[t][bad]);
-          return;
-        }
-        if (t == kIterations) return;
-        if (PushInRandomPieces(*m, IntGradients(l, t), rng) != 0) {
-          errors[l] = "iteration " + std::to_string(t) + ": push: " + m->last_error();
-          return;
-        }
-      }
+      errors[l] =
+          FollowTheReference(target.url(l + 1), "bsp" + std::to_string(l), reference,
+                             [&](blkps::Model& m, int t) { return PushInRandomPieces(m, IntGradients(l, t), rng); });
     });
   }
   for (std::thread& t : threads) t.join();
@@ -337,6 +343,43 @@ TEST(ServerSemantics, BspWithFourLearnersGivesExactlyTheSequentialWeights) {
   for (int lun = 1; lun <= kLearners; ++lun) {
     EXPECT_EQ(JsonValue(LearnerStatus(status, lun), "iteration"), std::to_string(kIterations)) << status;
   }
+}
+
+// A tied weight's gradient in two parts a round
+// (doc/server.md "A gradient in parts"): blocks 0 and 1 take the head's
+// part (pushed with the rest of the model's gradient), then the rows' part;
+// the weights equal one process's sgd steps on the average of the learners'
+// summed parts.
+TEST(ServerSemantics, BspGradientInTwoPartsEqualsTheOneProcessSteps) {
+  constexpr int kLearners = 2, kIterations = 6;
+  constexpr uint64_t kTied = 2048;  // model blocks 0 and 1
+  TargetProcess target(Bsopts("mode=bsp;rule=sgd;lr=1;parts=0:2048:2"), "--luns 2");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  // Learner l's parts at iteration t: IntGradients(l, t) on the whole model
+  // (the head's, and the rest's), then IntGradients(l + kLearners, t) on the
+  // tied blocks (the rows').
+  const std::vector<std::vector<float>> reference =
+      SequentialReference(kIterations, kLearners, [](int l, int t, uint64_t i) {
+        return IntGradient(l, t, i) + (i < kTied ? IntGradient(l + kLearners, t, i) : 0.0f);
+      });
+  std::vector<std::string> errors(kLearners);
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLearners; ++l) {
+    threads.emplace_back([&, l] {
+      errors[l] =
+          FollowTheReference(target.url(l + 1), "parts" + std::to_string(l), reference, [&](blkps::Model& m, int t) {
+            const std::vector<float> head = IntGradients(l, t), rows = IntGradients(l + kLearners, t);
+            const int rc = m.Push(0, head.data(), kParams);
+            return rc != 0 ? rc : m.Push(0, rows.data(), kTied);
+          });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int l = 0; l < kLearners; ++l) EXPECT_EQ(errors[l], "") << "learner " << l << " (LUN " << l + 1 << ")";
+  // One update a round of each of the 3 blocks: sgd would not tell a round
+  // of the summed parts from two rounds of one part each.
+  const std::string status = ReadStatus(target.control_url());
+  EXPECT_EQ(JsonValue(status, "updates"), std::to_string(3 * kIterations)) << status;
 }
 
 // ---- 2. ssp ------------------------------------------------------------------

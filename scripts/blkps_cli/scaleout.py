@@ -54,7 +54,8 @@ def single_tgtd_features(a, model):
     """The options of `a` that only one tgtd serves, as option names."""
     named = [("--port", a.port != "auto"), ("--transport iser", a.transport == "iser"),
              ("--null-lun", a.null_lun), ("--rdwr-lun", bool(a.rdwr_lun)), ("--iqn", bool(a.iqn)),
-             ("a table (table=)", any(key == "table" for key, _ in model["options"]))]
+             ("a table (table=)", any(key == "table" for key, _ in model["options"])),
+             ("a gradient in parts (parts=)", any(key == "parts" for key, _ in model["options"]))]
     return [name for name, given in named if given]
 
 
