@@ -20,10 +20,11 @@ Contract:
   every failure line.
 - fail(message) ends the test (exit status 1) with the one line
   "NAME: message"; check(condition, message) fails unless condition.
-- Server(bsopts, luns=1): a private server (`blkps target start`, through
+- Server(bsopts, luns=1, tgtds=1): a private server (`blkps target start`, through
   torch_fashion_job.start_server: its own tgtd, control socket, free
   loopback port and state folder; learners declared dead after 60 s, not
-  10, as a loaded machine needs), up when the constructor returns; it stops
+  10, as a loaded machine needs), over `tgtds` tgtds if given (blkps target
+  start --tgtd: its URLs are then layout: files), up when the constructor returns; it stops
   when the test process ends, whatever the end. Use it as `with
   testbed.Server(...) as server:` to stop it and remove its folder on
   leaving the block, also on failure. A failed start fails the test.
@@ -77,12 +78,12 @@ class Server:
     CONTROL_URL, ...); url, urls, control; target: the learner LUNs' URL
     with {slot} for the LUN (blkps.torch.init)."""
 
-    def __init__(self, bsopts, luns=1):
+    def __init__(self, bsopts, luns=1, tgtds=None):
         import torch_fashion_job as job  # learner/examples: the one Python starter of a private server
         self._job = job
         self.state = tempfile.mkdtemp(prefix=f"blkps-{NAME.split()[0]}-")
         try:
-            self.env = job.start_server(self.state, bsopts, luns, BUILD)
+            self.env = job.start_server(self.state, bsopts, luns, BUILD, tgtds)
         except subprocess.CalledProcessError as e:
             job.stop_server(self.state)
             fail(f"the server did not start ({e}); bsopts {bsopts}")
