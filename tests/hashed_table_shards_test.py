@@ -16,9 +16,15 @@ Cases:
   torch      blkps.torch.Embedding on the 2-shard table, fed int64 ids
              (negative ones too: their two's-complement pattern), trains to
              the rows of a local torch.nn.Embedding over a few steps.
+  mount      blkps-mount of the hashed layout is refused in one line that
+             says a hashed table is reached through the row windows.
 
-Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch
+Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch|mount
 """
+import os
+import subprocess
+import tempfile
+
 import numpy as np
 
 import testbed
@@ -132,5 +138,19 @@ def torch_embedding_trains_as_a_local_table():
     print("hashed_table_shards_test torch: ok")
 
 
+def mount_is_refused_in_one_line():
+    with testbed.Server(f"table=hash:64:{WIDTH}", tgtds=2) as server, tempfile.TemporaryDirectory() as mountpoint:
+        try:
+            out = subprocess.run([os.path.join(build, "learner", "mount", "blkps-mount"), "-f", mountpoint,
+                                  f"slot1={server.url}"], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["fusermount3", "-u", mountpoint])
+            fail("blkps-mount mounted a hashed table")
+        lines = out.stderr.strip().splitlines()
+        check(out.returncode != 0 and len(lines) == 1 and "reached through the row windows only" in lines[0],
+              f"not refused in one line (exit {out.returncode}): {out.stderr.strip()}")
+    print("hashed_table_shards_test mount: ok")
+
+
 testbed.run({"reference": rows_match_a_dict_reference, "full": full_shard_refuses_its_part_and_the_others_apply_theirs,
-             "torch": torch_embedding_trains_as_a_local_table}, None)
+             "torch": torch_embedding_trains_as_a_local_table, "mount": mount_is_refused_in_one_line}, None)
