@@ -13,9 +13,10 @@ Cases:
              full) is refused in one line naming the shards that applied
              their part: they did, whole, and the full shard applied
              nothing.
-  torch      blkps.torch.Embedding on the 2-shard table, fed int64 ids
-             (negative ones too: their two's-complement pattern), trains to
-             the rows of a local torch.nn.Embedding over a few steps.
+  torch      blkps.torch.Embedding (pushes overlapped), then EmbeddingBag,
+             on the 2-shard table, fed int64 ids (negative ones too: their
+             two's-complement pattern), train to the rows of a local
+             torch.nn.Embedding over a few steps.
   mount      blkps-mount of the hashed layout is refused in one line that
              says a hashed table is reached through the row windows.
 
@@ -117,7 +118,7 @@ def torch_embedding_trains_as_a_local_table():
     with testbed.Server(f"table=hash:256:{WIDTH};rule=sgd;lr={LR};init=uniform:0.05;seed=3", tgtds=2) as server:
         with blkps.Model(server.url) as table:
             initial = table.pull_rows(pool.view(np.uint64), WIDTH)
-            emb = bps.Embedding(table, 0, WIDTH)
+            emb = bps.Embedding(table, 0, WIDTH, overlap=2)  # pushes queued, read-your-writes
             local = torch.nn.Embedding(pool.size, WIDTH)
             with torch.no_grad():
                 local.weight.copy_(torch.from_numpy(initial))
@@ -131,6 +132,14 @@ def torch_embedding_trains_as_a_local_table():
                 ((local(torch.from_numpy(at)) - target) ** 2).sum().backward()
                 opt.step()
             emb.flush()
+            bag = bps.EmbeddingBag(table, 0, WIDTH, mode="sum")
+            for _ in range(2):
+                at = rng.integers(0, pool.size, (4, 4))  # 4 bags of 4 ids
+                ((bag(torch.from_numpy(pool[at])) - target[:4]) ** 2).sum().backward()
+                opt.zero_grad()
+                bags = torch.nn.functional.embedding_bag(torch.from_numpy(at), local.weight, mode="sum")
+                ((bags - target[:4]) ** 2).sum().backward()
+                opt.step()
             got = table.pull_rows(pool.view(np.uint64), WIDTH)
             worst = np.max(np.abs(got - local.weight.detach().numpy()))
             check(worst < 1e-5, f"the server's rows differ from the local table's by up to {worst}")

@@ -555,7 +555,9 @@ class Model(_Handle):
         float32, that shape). Each row is read once; on a blkps table the
         rows go in batches through the server's row windows (a few commands
         per batch), elsewhere as few requests as their places allow, many in
-        flight."""
+        flight. On a hashed table (table_hashed) an id is any 64-bit value:
+        an int64 array's negative ids are taken as their two's-complement
+        pattern (-1 is 2**64 - 1)."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64).reshape(-1)
         if out is None:
             out = np.empty((ids.size, width), dtype=np.float32)
