@@ -64,16 +64,9 @@ def rows_match_a_dict_reference():
             check([t["rows_made"] for t in shard_tables(server)] == [0, 0], "a pull of ids without rows made rows")
             pushed = set()
             for _ in range(12):
-                ids = pool[(rng.zipf(1.05, 200) - 1) % pool.size]
-                grads = rng.integers(-3, 4, (ids.size, WIDTH)).astype(np.float32)
-                model.push_rows(ids, grads)
-                summed = {}
-                for i, g in zip(ids.tolist(), grads.astype(np.float64)):
-                    summed[i] = summed.get(i, 0) + g
-                for i, g in summed.items():
-                    if np.any(g):  # a zero row gradient is none and makes no row
-                        weights[i] = weights[i] - LR * g
-                        pushed.add(i)
+                for i, g in testbed.push_zipf_batch(model, pool, rng, 200, WIDTH)[1].items():
+                    weights[i] = weights[i] - LR * g
+                    pushed.add(i)
             got = model.pull_rows(pool, WIDTH)
             worst = np.max(np.abs(got - np.array([weights[i] for i in pool.tolist()])))
             check(worst < 1e-5, f"rows differ from the dict reference by up to {worst}")

@@ -38,6 +38,11 @@ Contract:
   for a test that acts while the learners run; finish() kills (by pid) the
   learners still running when it is left by an exception.
 - with_server(bsopts, luns, body): body(server) on a Server, stopped after.
+- push_zipf_batch(model, pool, rng, size, width): pushes a batch of `size`
+  ids drawn from `pool` by Zipf(1.05) (repeats likely) with small integer
+  gradients through model.push_rows; returns the ids pushed and a dict of
+  each distinct id's summed gradient (float64) whose row the push changed,
+  a zero sum being none.
 - run(cases, learner): the test's entry point: with first argument
   "learner", learner([KIND,] config) in a learner process; else the case
   of that name, cases[NAME]().
@@ -127,6 +132,17 @@ class Server:
 def with_server(bsopts, luns, body):
     with Server(bsopts, luns) as server:
         body(server)
+
+
+def push_zipf_batch(model, pool, rng, size, width):
+    import numpy as np
+    ids = pool[(rng.zipf(1.05, size) - 1) % pool.size]
+    grads = rng.integers(-3, 4, (ids.size, width)).astype(np.float32)
+    model.push_rows(ids, grads)
+    summed = {}
+    for i, g in zip(ids.tolist(), grads.astype(np.float64)):
+        summed[i] = summed.get(i, 0) + g
+    return ids, {i: g for i, g in summed.items() if np.any(g)}
 
 
 def finish(procs):
