@@ -173,8 +173,8 @@ PY
     # A hashed table is not striped: its shards split the ids by hash, each
     # with CAPACITY / 2 rounded up, and its layout is no block device
     # (blkps-layout read, what blkps login --layout asks, refuses it).
-    "$blkps" shards start --dir "$state/hashed" --shards 2 --stripe-unit 512 --plugin "$plugin" --owner-pid $$ \
-      --bsopts "table=hash:1001:32" >/dev/null || fail "shards start refused a hashed table"
+    shards_start "$state/hashed" "table=hash:1001:32" --shards 2 --stripe-unit 512 ||
+      fail "shards start refused a hashed table"
     hashed_layout=$("$blkps" shards show --dir "$state/hashed" --get LAYOUT)
     grep -qx "kind = hashed" "$hashed_layout" || fail "the hashed table's layout does not say kind = hashed"
     for d in "$state"/hashed/shard-*; do
