@@ -180,7 +180,8 @@ PY
     for d in "$state"/hashed/shard-*; do
       "$blkps" status --dir "$d" | grep -q "0 of at most 501 rows" || fail "$d does not serve 1001 / 2 rows rounded up"
     done
-    out=$("$build/learner/tools/blkps-layout" read "$hashed_layout" 2>&1) && fail "blkps-layout read took a hashed layout"
+    out=$("$build/learner/tools/blkps-layout" read "$hashed_layout" 2>&1) &&
+      fail "blkps-layout read took a hashed layout"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
     case "$out" in *"reached through the row windows only"*) ;; *) fail "wrong refusal: $out" ;; esac
     "$blkps" shards stop --dir "$state/hashed"

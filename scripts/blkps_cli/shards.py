@@ -213,8 +213,9 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=())
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
     shard's control LUN (control lines: the job's control, blkps.control).
     `unit` is the stripe unit, or HASHED for a hashed table's layout
-    (`kind = hashed`, no stripe unit). `levels` and `labels` (one per shard) are comments: how the shards
-    are grouped (a two-level stripe, serve_parts.py) and where each is."""
+    (`kind = hashed`, no stripe unit). `levels` and `labels` (one per
+    shard) are comments: how the shards are grouped (a two-level stripe,
+    serve_parts.py) and where each is."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
@@ -298,6 +299,6 @@ def add_parser(sub):
     t.set_defaults(run=command_stop)
     w = cmds.add_parser("show", help="print the layout files and control URLs")
     w.add_argument("--dir", required=True)
-    w.add_argument("--get", action="append", metavar="KEY", help="print this shards.env value (SHARDS, KIND, STRIPE_UNIT, "
-                   "PARAMS, SHARD_PARAMS, SHARD_DIRS, LAYOUT, LAYOUTS, CONTROL_URLS); repeatable")
+    w.add_argument("--get", action="append", metavar="KEY", help="print this shards.env value (SHARDS, KIND, "
+                   "STRIPE_UNIT, PARAMS, SHARD_PARAMS, SHARD_DIRS, LAYOUT, LAYOUTS, CONTROL_URLS); repeatable")
     w.set_defaults(run=command_show)
