@@ -19,8 +19,10 @@ Cases:
              torch.nn.Embedding over a few steps.
   mount      blkps-mount of the hashed layout is refused in one line that
              says a hashed table is reached through the row windows.
+  plain-io   a plain pull and push of the hashed layout are refused in one
+             line naming pull_rows and push_rows, before any shard sees them.
 
-Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch|mount
+Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch|mount|plain-io
 """
 import os
 import subprocess
@@ -154,5 +156,22 @@ def mount_is_refused_in_one_line():
     print("hashed_table_shards_test mount: ok")
 
 
+def plain_io_is_refused_in_one_line():
+    with testbed.Server(f"table=hash:64:{WIDTH}", tgtds=2) as server:
+        with blkps.Model(server.url) as model:
+            for what, call in (("pull", lambda: model.pull(0, WIDTH)),
+                               ("push", lambda: model.push(0, np.ones(WIDTH, np.float32)))):
+                try:
+                    call()
+                    fail(f"a plain {what} of the hashed layout was not refused")
+                except OSError as e:
+                    check("\n" not in e.strerror and "(kind = hashed)" in e.strerror
+                          and "pull_rows and push_rows" in e.strerror, f"unclear error: {e.strerror}")
+        made = [t["rows_made"] for t in shard_tables(server)]
+        check(made == [0, 0], f"a refused push made rows: {made}")
+    print("hashed_table_shards_test plain-io: ok")
+
+
 testbed.run({"reference": rows_match_a_dict_reference, "full": full_shard_refuses_its_part_and_the_others_apply_theirs,
-             "torch": torch_embedding_trains_as_a_local_table, "mount": mount_is_refused_in_one_line}, None)
+             "torch": torch_embedding_trains_as_a_local_table, "mount": mount_is_refused_in_one_line,
+             "plain-io": plain_io_is_refused_in_one_line}, None)
