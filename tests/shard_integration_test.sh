@@ -18,7 +18,9 @@
 #     a table larger than one server's memory (bsopts memory=) is refused by
 #     one target and served over 2 shards: pull_rows/push_rows through
 #     layout: match before - lr * summed gradients, rows sit on the shard
-#     the striping says, a bad stripe unit for the row is refused.
+#     the striping says, a bad stripe unit for the row is refused; a hashed
+#     table's shards serve CAPACITY / 2 rounded up each, and its kind =
+#     hashed layout is refused as a block device (blkps-layout read).
 #   shard_integration_test.sh <repo> <build dir> status-and-set
 #     `blkps set lr=... --dir DIR` reaches every shard, and `blkps status
 #     --dir DIR` reports each.
@@ -168,11 +170,21 @@ PY
       --bsopts "table=$rows:256" 2>&1) && fail "a stripe unit of 512 bytes took rows of 1024 bytes"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
     case "$out" in *"a multiple of its row's 1024 bytes"*) ;; *) fail "wrong refusal: $out" ;; esac
-    # A hashed table is not striped (its ids go to shards by hash, to come).
-    out=$("$blkps" shards start --dir "$state/hashed" --shards 2 --stripe-unit 512 --plugin "$plugin" \
-      --bsopts "table=hash:1000:32" 2>&1) && fail "shards start striped a hashed table"
+    # A hashed table is not striped: its shards split the ids by hash, each
+    # with CAPACITY / 2 rounded up, and its layout is no block device
+    # (blkps-layout read, what blkps login --layout asks, refuses it).
+    shards_start "$state/hashed" "table=hash:1001:32" --shards 2 --stripe-unit 512 ||
+      fail "shards start refused a hashed table"
+    hashed_layout=$("$blkps" shards show --dir "$state/hashed" --get LAYOUT)
+    grep -qx "kind = hashed" "$hashed_layout" || fail "the hashed table's layout does not say kind = hashed"
+    for d in "$state"/hashed/shard-*; do
+      "$blkps" status --dir "$d" | grep -q "0 of at most 501 rows" || fail "$d does not serve 1001 / 2 rows rounded up"
+    done
+    out=$("$build/learner/tools/blkps-layout" read "$hashed_layout" 2>&1) &&
+      fail "blkps-layout read took a hashed layout"
     [ "$(echo "$out" | wc -l)" = 1 ] || fail "expected one line, got: $out"
-    case "$out" in *"a hashed table (table=hash:...) is served by one server"*) ;; *) fail "wrong refusal: $out" ;; esac
+    case "$out" in *"reached through the row windows only"*) ;; *) fail "wrong refusal: $out" ;; esac
+    "$blkps" shards stop --dir "$state/hashed"
     "$blkps" shards start --dir "$state/two" --shards 2 --stripe-unit 512 --plugin "$plugin" --owner-pid $$ \
       --bsopts "$table" >/dev/null
     layout=$("$blkps" shards show --dir "$state/two" --get LAYOUT)

@@ -216,6 +216,26 @@ TEST(ShardLayoutTest, ControlLinesNameEachShardsControlLunInShardOrder) {
   EXPECT_TRUE(layout.controls.empty());
 }
 
+TEST(ShardLayoutTest, AHashedLayoutNamesShardsWithoutAStripeUnit) {
+  ShardLayout layout;
+  Status status =
+      ParseShardLayout("kind = hashed\nshard = a/1\nshard = b/1\ncontrol = a/2\ncontrol = b/2\n", "m.layout", &layout);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(layout.kind, ShardLayout::Kind::kHashed);
+  EXPECT_EQ(layout.stripe_unit, 0u);
+  ASSERT_EQ(layout.shards.size(), 2u);
+  EXPECT_EQ(layout.shards[1].target, "b/1");
+  EXPECT_EQ(layout.controls.size(), 2u);
+}
+
+TEST(ShardLayoutTest, ALayoutWithoutAKindIsStriped) {
+  ShardLayout layout;
+  ASSERT_TRUE(ParseShardLayout("stripe_unit = 4096\nshard = a\n", "m.layout", &layout).ok());
+  EXPECT_EQ(layout.kind, ShardLayout::Kind::kStriped);
+  ASSERT_TRUE(ParseShardLayout("kind = striped\nstripe_unit = 4096\nshard = a\n", "m.layout", &layout).ok());
+  EXPECT_EQ(layout.kind, ShardLayout::Kind::kStriped);
+}
+
 // The message of parsing `text` as file "m.layout" (expected to fail).
 std::string ParseError(const std::string& text) {
   ShardLayout layout;
@@ -228,7 +248,7 @@ std::string ParseError(const std::string& text) {
 
 TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\nbogus = 1\n"),
-            "blkps: m.layout:3: unknown key 'bogus'; expected stripe_unit, "
+            "blkps: m.layout:3: unknown key 'bogus'; expected kind, stripe_unit, "
             "dtype, shard or control");
   EXPECT_EQ(ParseError("stripe_unit = 1024\ndtype = half\nshard = a\n"),
             "blkps: m.layout:2: dtype: expected one of float32, bfloat16, "
@@ -258,6 +278,21 @@ TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
                                        "one");
   EXPECT_EQ(ParseError("stripe_unit = 512\n"), "blkps: m.layout: no 'shard = <target>' line; a layout needs at "
                                                "least one shard");
+}
+
+TEST(ShardLayoutTest, AHashedLayoutRefusesAStripeUnitADtypeAndAnUnknownKind) {
+  EXPECT_EQ(ParseError("kind = hashed\nstripe_unit = 4096\nshard = a\n"),
+            "blkps: m.layout:2: a kind = hashed layout has no stripe_unit: a hashed table's rows go to shards by "
+            "their id's hash, as float32; remove the line");
+  EXPECT_NE(ParseError("dtype = bfloat16\nkind = hashed\nshard = a\n")
+                .find("m.layout:1: a kind = hashed layout "
+                      "has no dtype"),
+            std::string::npos);
+  EXPECT_EQ(ParseError("kind = hash\nshard = a\n"), "blkps: m.layout:1: kind: expected striped or hashed, got 'hash'");
+  EXPECT_EQ(ParseError("kind = hashed\nkind = hashed\nshard = a\n"),
+            "blkps: m.layout:2: kind given twice (first on line 1)");
+  EXPECT_EQ(ParseError("kind = hashed\n"), "blkps: m.layout: no 'shard = <target>' line; a layout needs at least "
+                                           "one shard");
 }
 
 // --- StripedDevice over regular files, through the public API ---

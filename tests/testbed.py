@@ -20,10 +20,11 @@ Contract:
   every failure line.
 - fail(message) ends the test (exit status 1) with the one line
   "NAME: message"; check(condition, message) fails unless condition.
-- Server(bsopts, luns=1): a private server (`blkps target start`, through
+- Server(bsopts, luns=1, tgtds=1): a private server (`blkps target start`, through
   torch_fashion_job.start_server: its own tgtd, control socket, free
   loopback port and state folder; learners declared dead after 60 s, not
-  10, as a loaded machine needs), up when the constructor returns; it stops
+  10, as a loaded machine needs), over `tgtds` tgtds if given (blkps target
+  start --tgtd: its URLs are then layout: files), up when the constructor returns; it stops
   when the test process ends, whatever the end. Use it as `with
   testbed.Server(...) as server:` to stop it and remove its folder on
   leaving the block, also on failure. A failed start fails the test.
@@ -37,6 +38,11 @@ Contract:
   for a test that acts while the learners run; finish() kills (by pid) the
   learners still running when it is left by an exception.
 - with_server(bsopts, luns, body): body(server) on a Server, stopped after.
+- push_zipf_batch(model, pool, rng, size, width): pushes a batch of `size`
+  ids drawn from `pool` by Zipf(1.05) (repeats likely) with small integer
+  gradients through model.push_rows; returns the ids pushed and a dict of
+  each distinct id's summed gradient (float64) whose row the push changed,
+  a zero sum being none.
 - run(cases, learner): the test's entry point: with first argument
   "learner", learner([KIND,] config) in a learner process; else the case
   of that name, cases[NAME]().
@@ -77,12 +83,12 @@ class Server:
     CONTROL_URL, ...); url, urls, control; target: the learner LUNs' URL
     with {slot} for the LUN (blkps.torch.init)."""
 
-    def __init__(self, bsopts, luns=1):
+    def __init__(self, bsopts, luns=1, tgtds=None):
         import torch_fashion_job as job  # learner/examples: the one Python starter of a private server
         self._job = job
         self.state = tempfile.mkdtemp(prefix=f"blkps-{NAME.split()[0]}-")
         try:
-            self.env = job.start_server(self.state, bsopts, luns, BUILD)
+            self.env = job.start_server(self.state, bsopts, luns, BUILD, tgtds)
         except subprocess.CalledProcessError as e:
             job.stop_server(self.state)
             fail(f"the server did not start ({e}); bsopts {bsopts}")
@@ -126,6 +132,17 @@ class Server:
 def with_server(bsopts, luns, body):
     with Server(bsopts, luns) as server:
         body(server)
+
+
+def push_zipf_batch(model, pool, rng, size, width):
+    import numpy as np
+    ids = pool[(rng.zipf(1.05, size) - 1) % pool.size]
+    grads = rng.integers(-3, 4, (ids.size, width)).astype(np.float32)
+    model.push_rows(ids, grads)
+    summed = {}
+    for i, g in zip(ids.tolist(), grads.astype(np.float64)):
+        summed[i] = summed.get(i, 0) + g
+    return ids, {i: g for i, g in summed.items() if np.any(g)}
 
 
 def finish(procs):

@@ -546,6 +546,12 @@ void OpenFiles(Mount* mount) {
     Status status;
     std::unique_ptr<Device> first = OpenDevice(file->target, prefix + "-1", &status);
     if (first == nullptr) Fail(file->name + ": " + status.message());
+    if (first->table_hashed()) {
+      // Its LUN is a one-row stand-in that takes no READ or WRITE.
+      Fail(file->name + ": " + file->target +
+           " serves a hashed table (table=hash:...), which is no file of bytes: it is reached through the row "
+           "windows only (pull_rows and push_rows, doc/embeddings.md); leave it out of the mount");
+    }
     const uint32_t block = first->logical_block_size();
     uint64_t request =
         mount->options.request_bytes != 0 ? mount->options.request_bytes : first->default_request_bytes();

@@ -173,6 +173,7 @@ int blkps_push_rows(blkps_model* m, const uint64_t* ids, uint64_t n, uint64_t wi
 }
 
 uint64_t blkps_table_width(const blkps_model* m) { return m->model->table_width(); }
+int blkps_table_hashed(const blkps_model* m) { return m->model->table_hashed() ? 1 : 0; }
 
 int blkps_sync(blkps_model* m) { return m->model->Sync(); }
 
@@ -240,7 +241,9 @@ int blkps_layout_describe(const char* path, char* out, size_t out_len) {
   const blkps::Status status = blkps::ReadShardLayout(path, &layout);
   std::string text;
   if (status.ok()) {
-    text = "{\"stripe_unit\": " + std::to_string(layout.stripe_unit) +
+    const bool hashed = layout.kind == blkps::ShardLayout::Kind::kHashed;
+    text = "{\"kind\": " + JsonString(hashed ? "hashed" : "striped") +
+           ", \"stripe_unit\": " + std::to_string(layout.stripe_unit) +
            ", \"dtype\": " + JsonString(blkps::wire::DtypeName(layout.dtype)) +
            ", \"shards\": " + JsonTargets(layout.shards) + ", \"controls\": " + JsonTargets(layout.controls) + "}";
   } else {

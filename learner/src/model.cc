@@ -447,6 +447,7 @@ int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float
 }
 
 uint64_t Model::table_width() const { return device_->table_width(); }
+bool Model::table_hashed() const { return device_->table_hashed(); }
 
 int Model::Sync() {
   Settle();

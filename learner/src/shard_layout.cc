@@ -35,7 +35,7 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
   std::istringstream lines(text);
   std::string raw;
   int line = 0;
-  int unit_line = 0, dtype_line = 0;
+  int unit_line = 0, dtype_line = 0, kind_line = 0;
   while (std::getline(lines, raw)) {
     ++line;
     const std::string content = Trim(raw.substr(0, raw.find('#')));
@@ -46,7 +46,20 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
     }
     const std::string key = Trim(content.substr(0, eq));
     const std::string value = Trim(content.substr(eq + 1));
-    if (key == "stripe_unit") {
+    if (key == "kind") {
+      if (kind_line != 0) {
+        return Status::Error(EINVAL, "%s:%d: kind given twice (first on line %d)", name.c_str(), line, kind_line);
+      }
+      if (value == "striped") {
+        layout->kind = ShardLayout::Kind::kStriped;
+      } else if (value == "hashed") {
+        layout->kind = ShardLayout::Kind::kHashed;
+      } else {
+        return Status::Error(EINVAL, "%s:%d: kind: expected striped or hashed, got '%s'", name.c_str(), line,
+                             value.c_str());
+      }
+      kind_line = line;
+    } else if (key == "stripe_unit") {
       if (unit_line != 0) {
         return Status::Error(EINVAL,
                              "%s:%d: stripe_unit given twice (first on line "
@@ -93,12 +106,19 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
       layout->controls.push_back({value, line});
     } else {
       return Status::Error(EINVAL,
-                           "%s:%d: unknown key '%s'; expected stripe_unit, "
+                           "%s:%d: unknown key '%s'; expected kind, stripe_unit, "
                            "dtype, shard or control",
                            name.c_str(), line, key.c_str());
     }
   }
-  if (unit_line == 0) {
+  if (layout->kind == ShardLayout::Kind::kHashed && (unit_line != 0 || dtype_line != 0)) {
+    return Status::Error(EINVAL,
+                         "%s:%d: a kind = hashed layout has no %s: a hashed table's rows go to shards by their "
+                         "id's hash, as float32; remove the line",
+                         name.c_str(), unit_line != 0 ? unit_line : dtype_line,
+                         unit_line != 0 ? "stripe_unit" : "dtype");
+  }
+  if (unit_line == 0 && layout->kind == ShardLayout::Kind::kStriped) {
     return Status::Error(EINVAL,
                          "%s: no 'stripe_unit = <bytes>' line; a layout needs "
                          "one",

@@ -21,6 +21,19 @@
 // layout; a relative path is taken relative to the layout file's folder.
 // See StripeMap for where each model byte lives.
 //
+// `kind` (at most once) says how the model is spread: `striped` (the
+// default: stripe units, as above) or `hashed`, a hashed table
+// (table=hash:CAPACITY:WIDTH) whose rows go to shards by their id:
+// id's row is on shard blkps_feature_id_shard(id, shards)
+// (blkps/feature_id.h), under the id itself. A hashed layout has no
+// stripe_unit and no dtype (a hashed table is float32 and striped by
+// nothing); its shard and control lines are as above.
+//
+//   # blkps shard layout: a hashed table, its rows split by id hash,
+//   kind = hashed
+//   shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1
+//   shard = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1
+//
 // Plain values and free functions; thread-compatible.
 
 #ifndef BLKPS_LEARNER_SHARD_LAYOUT_H_
@@ -36,11 +49,13 @@
 namespace blkps {
 
 struct ShardLayout {
+  enum class Kind { kStriped, kHashed };
   struct Shard {
     std::string target;  // as OpenDevice takes it
     int line;            // where the layout file names it (1-based)
   };
-  uint64_t stripe_unit = 0;                   // float32 model bytes; > 0 and a multiple of 512
+  Kind kind = Kind::kStriped;
+  uint64_t stripe_unit = 0;                   // float32 model bytes; > 0 and a multiple of 512 (0 if hashed)
   wire::Dtype dtype = wire::Dtype::kFloat32;  // of the shards' LUNs
   std::vector<Shard> shards;
   std::vector<Shard> controls;  // empty, or one per shard

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "blkps/feature_id.h"
 #include "device_worker.h"
 #include "shard_layout.h"
 
@@ -43,6 +44,13 @@ std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::
                               names[s].c_str(), shards[s]->logical_block_size(), names[0].c_str(), block);
       return nullptr;
     }
+    if (shards[s]->table_hashed()) {
+      *status = Status::Error(EINVAL,
+                              "%s serves a hashed table (table=hash:...), whose rows go to shards by their id's "
+                              "hash, not by stripes: its layout needs a 'kind = hashed' line and no stripe_unit",
+                              names[s].c_str());
+      return nullptr;
+    }
     total += shards[s]->size_bytes();
   }
   if (stripe_unit % block != 0) {
@@ -66,8 +74,38 @@ std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::
       return nullptr;
     }
   }
+  return Make(map, block, std::move(shards), std::move(names), false, status);
+}
+
+std::unique_ptr<StripedDevice> StripedDevice::CreateHashed(std::vector<std::unique_ptr<Device>> shards,
+                                                           std::vector<std::string> names, Status* status) {
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (!shards[s]->table_hashed() || !shards[s]->has_row_windows()) {
+      *status = Status::Error(EINVAL,
+                              "%s does not serve a hashed table (table=hash:CAPACITY:WIDTH) with row windows, "
+                              "but the layout says kind = hashed; start every shard with the same table=hash: "
+                              "(blkps shards start does)",
+                              names[s].c_str());
+      return nullptr;
+    }
+    if (shards[s]->table_width() != shards[0]->table_width()) {
+      *status = Status::Error(EINVAL, "%s has rows of %llu values but %s of %llu; all shards serve one table width",
+                              names[s].c_str(), static_cast<ull>(shards[s]->table_width()), names[0].c_str(),
+                              static_cast<ull>(shards[0]->table_width()));
+      return nullptr;
+    }
+  }
+  const uint64_t bytes = shards[0]->size_bytes();
+  const uint32_t block = shards[0]->logical_block_size();  // before shards moves
+  return Make(StripeMap(bytes, 1, bytes), block, std::move(shards), std::move(names), true, status);
+}
+
+std::unique_ptr<StripedDevice> StripedDevice::Make(const StripeMap& map, uint32_t block_size,
+                                                   std::vector<std::unique_ptr<Device>> shards,
+                                                   std::vector<std::string> names, bool hashed, Status* status) {
   try {
-    return std::unique_ptr<StripedDevice>(new StripedDevice(map, block, std::move(shards), std::move(names)));
+    return std::unique_ptr<StripedDevice>(
+        new StripedDevice(map, block_size, std::move(shards), std::move(names), hashed));
   } catch (const std::system_error& e) {
     *status = Status::Error(EAGAIN, "cannot start a thread per shard: %s", e.what());
   } catch (const std::bad_alloc&) {
@@ -77,8 +115,8 @@ std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::
 }
 
 StripedDevice::StripedDevice(const StripeMap& map, uint32_t block_size, std::vector<std::unique_ptr<Device>> shards,
-                             std::vector<std::string> names)
-    : map_(map), block_size_(block_size), shards_(std::move(shards)), names_(std::move(names)) {
+                             std::vector<std::string> names, bool hashed)
+    : map_(map), block_size_(block_size), hashed_(hashed), shards_(std::move(shards)), names_(std::move(names)) {
   // One shard needs no worker: the caller's thread runs it.
   if (shards_.size() > 1) {
     for (size_t s = 0; s < shards_.size(); ++s) {
@@ -114,7 +152,10 @@ uint64_t StripedDevice::max_request_bytes() const {
 }
 
 Status StripedDevice::RunOnShards(const std::vector<bool>& busy, const std::function<Status(uint32_t)>& job) {
-  const std::vector<Status> results = RunEach(workers_, busy, job);
+  return FirstFailure(RunEach(workers_, busy, job));
+}
+
+Status StripedDevice::FirstFailure(const std::vector<Status>& results) const {
   for (size_t s = 0; s < results.size(); ++s) {
     if (!results[s].ok()) {
       return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(), Reason(results[s]));
@@ -198,8 +239,16 @@ void StripedDevice::SplitByShard(const std::vector<IoRequest>& requests, ShardBa
   }
 }
 
+Status StripedDevice::RefusePlainIo(const char* operation) const {
+  return Status::Error(EOPNOTSUPP,
+                       "%s: the layout is a hashed table's (kind = hashed), which takes no plain reads or writes: "
+                       "reach its rows with pull_rows and push_rows",
+                       operation);
+}
+
 Status StripedDevice::Transfer(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth) {
   const uint32_t count = static_cast<uint32_t>(shards_.size());
+  if (hashed_) return RefusePlainIo(DirectionName(direction));
   try {
     ShardBatch batch;
     SplitByShard(requests, &batch);
@@ -227,6 +276,12 @@ Status StripedDevice::TransferRows(Direction direction, const uint64_t* ids, uin
     std::vector<std::vector<uint64_t>> local(count), position(count);
     std::vector<StripePiece> pieces;
     for (uint64_t k = 0; k < n; ++k) {
+      if (hashed_) {
+        const uint32_t shard = blkps_feature_id_shard(ids[k], count);
+        local[shard].push_back(ids[k]);
+        position[shard].push_back(k);
+        continue;
+      }
       pieces.clear();
       map_.Map(ids[k] * row_bytes, row_bytes, &pieces);
       local[pieces[0].shard].push_back(pieces[0].shard_offset / row_bytes);
@@ -242,10 +297,24 @@ Status StripedDevice::TransferRows(Direction direction, const uint64_t* ids, uin
         std::memcpy(values[s].data() + j * width, rows + position[s][j] * width, row_bytes);
       }
     }
-    Status status = RunOnShards(busy, [&](uint32_t s) {
+    std::vector<Status> results = RunEach(workers_, busy, [&](uint32_t s) {
       return shards_[s]->TransferRows(direction, local[s].data(), local[s].size(), width, values[s].data(),
                                       queue_depth);
     });
+    Status status = FirstFailure(results);
+    if (!status.ok() && direction == Direction::kWrite) {
+      // The shards that took their part keep it: say which, so that no one
+      // pushes the batch again whole and applies it twice there.
+      std::string applied;
+      for (uint32_t s = 0; s < count; ++s) {
+        if (busy[s] && results[s].ok()) applied += (applied.empty() ? "" : ", ") + std::to_string(s);
+      }
+      if (!applied.empty()) {
+        status =
+            Status::Error(status.code(), "%s; shard(s) %s applied their part of this push (do not push it again whole)",
+                          Reason(status), applied.c_str());
+      }
+    }
     if (!status.ok() || direction == Direction::kWrite) return status;
     for (uint32_t s = 0; s < count; ++s) {
       for (size_t j = 0; j < position[s].size(); ++j) {
@@ -262,6 +331,7 @@ Status StripedDevice::TransferRows(Direction direction, const uint64_t* ids, uin
 Status StripedDevice::Exchange(const std::vector<IoRequest>& writes, const std::vector<IoRequest>& reads,
                                uint32_t queue_depth, const ConsumeFn* consume) {
   const uint32_t count = static_cast<uint32_t>(shards_.size());
+  if (hashed_) return RefusePlainIo("exchange");
   try {
     ShardBatch write_batch, read_batch;
     SplitByShard(writes, &write_batch);
@@ -318,6 +388,9 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
         return nullptr;
       }
       shards.push_back(std::move(device));
+    }
+    if (layout.kind == ShardLayout::Kind::kHashed) {
+      return StripedDevice::CreateHashed(std::move(shards), std::move(names), status);
     }
     return StripedDevice::Create(layout.device_stripe_unit(), std::move(shards), std::move(names), status);
   } catch (const std::bad_alloc&) {

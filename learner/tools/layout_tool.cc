@@ -9,7 +9,9 @@
 //       block, which must divide the stripe unit.
 //   blkps-layout read FILE
 //       the layout file's stripe unit on the first line, then each shard's
-//       target, one per line, in stripe order.
+//       target, one per line, in stripe order. A hashed table's layout
+//       (kind = hashed) has no stripe to present as one device: refused,
+//       since a hashed table is reached through the row windows only.
 //   blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...
 //       writes each shard's part of the model file FILE (N parameters) to its
 //       OUT (one per shard), e.g. to give every shard its initial weights.
@@ -149,6 +151,13 @@ int Read(const Args& a) {
   if (!s.ok()) {
     // ShardLayout's messages already start with "blkps: <file>:<line>: ...".
     std::fprintf(stderr, "%s\n", s.message().c_str());
+    return 1;
+  }
+  if (layout.kind == blkps::ShardLayout::Kind::kHashed) {
+    std::fprintf(stderr,
+                 "blkps: layout read: %s is a hashed table's layout (kind = hashed), which is no block device: a "
+                 "hashed table is reached through the row windows only (pull_rows and push_rows, doc/embeddings.md)\n",
+                 a.operands[0].c_str());
     return 1;
   }
   std::printf("%llu\n", static_cast<unsigned long long>(layout.stripe_unit));

@@ -54,7 +54,7 @@ def single_tgtd_features(a, model):
     """The options of `a` that only one tgtd serves, as option names."""
     named = [("--port", a.port != "auto"), ("--transport iser", a.transport == "iser"),
              ("--null-lun", a.null_lun), ("--rdwr-lun", bool(a.rdwr_lun)), ("--iqn", bool(a.iqn)),
-             ("a table (table=)", any(key == "table" for key, _ in model["options"])),
+             ("a table (table=ROWS:WIDTH)", model["table_width"] and not model.get("hashed_capacity")),
              ("a gradient in parts (parts=)", any(key == "parts" for key, _ in model["options"]))]
     return [name for name, given in named if given]
 
@@ -104,6 +104,8 @@ def tgtds_for(a, model, parts=1):
         served = f"{parts} parts of {a.tgtd}" if parts > 1 else str(a.tgtd)
         raise UserError("--tgtd", f"the checkpoint {dict(model['options'])['checkpoint']} was written by {saved} "
                         f"tgtd(s), not {served}", f"give --tgtd {saved // parts} (or leave --tgtd out)")
+    if model.get("hashed_capacity"):
+        return a.tgtd  # split by id hash (shards.plan_hashed): no stripe units to fill
     unit = stripe_unit(model, a.tgtd * parts)
     if -(-model["params"] * 4 // unit) < a.tgtd * parts:
         raise UserError("--tgtd", f"a model of {model['params']} parameters fills fewer than {a.tgtd * parts} "
@@ -135,7 +137,8 @@ def start(a, model, tgtds, plan=None):
                   "CONTROL_URL": "layout:" + layouts[0], "CONTROL_URLS": [env["CONTROL_URL"] for env in envs],
                   "NULL_URL": "", "RDWR_URL": "", "OPERATOR_URL": [env["OPERATOR_URL"] for env in envs],
                   "OPERATOR_CHAP_FILE": [env["OPERATOR_CHAP_FILE"] for env in envs],
-                  "ALLOW": envs[0]["ALLOW"], "TRANSPORT": a.transport, "TGTD": tgtds, "STRIPE_UNIT": unit,
+                  "ALLOW": envs[0]["ALLOW"], "TRANSPORT": a.transport, "TGTD": tgtds,
+                  "STRIPE_UNIT": 0 if model.get("hashed_capacity") else unit,
                   "SHARD_DIRS": [os.path.join(folder, f"shard-{k}") for k in range(tgtds)],
                   "PIDS": [env["PID"] for env in envs]}
         state.write(os.path.join(folder, state.TARGET_ENV), values)

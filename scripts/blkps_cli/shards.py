@@ -11,6 +11,12 @@ A table (table=ROWS:WIDTH, doc/embeddings.md "Tables over shards") is
 striped the same way; its stripe unit holds whole rows, so shard K serves
 table=(its bytes / row bytes):WIDTH, and its model block is the stripe unit
 unless block= is given.
+
+A hashed table (table=hash:CAPACITY:WIDTH, doc/embeddings.md "Hashed ids")
+is not striped: id's row lives on shard blkps_feature_id_shard(id, S), so
+shard K serves table=hash:ceil(CAPACITY / S):WIDTH with the same options
+otherwise (the same seed: an id's initial row does not depend on its
+shard), and the layout files say `kind = hashed`.
 """
 
 import collections
@@ -82,9 +88,6 @@ def stripe(what, model, stripe_unit, shards):
     block, each shard's size in bytes). `stripe_unit` is --stripe-unit's
     text (K, M suffixes)."""
     block, width = model["block_bytes"], model["table_width"]
-    if model.get("hashed_capacity"):
-        raise UserError("--bsopts", "a hashed table (table=hash:...) is served by one server for now: its rows "
-                        "are not striped", "start it with blkps target start, without --tgtd")
     unit = layout_tool(what, ["bytes", stripe_unit])[0]
     if width:
         row_bytes = 4 * width
@@ -103,11 +106,40 @@ def plan_shards(what, model, stripe_unit, count, folder, identity, serves=None):
     the shards this host serves: `serves`, their numbers in the stripe
     (default all), its i-th in folder/shard-i. `identity`: the checkpoint
     pairs of every shard (checkpoints.shard_options)."""
-    unit, block, sizes = stripe(what, model, stripe_unit, count)
     serves = range(count) if serves is None else serves
+    if model.get("hashed_capacity"):
+        return plan_hashed(model, count, identity, serves)
+    unit, block, sizes = stripe(what, model, stripe_unit, count)
     return Plan(unit, [shard_bsopts(model["options"], k, sizes[k] // 4, os.path.join(folder, f"shard-{i}"),
                                     model["table_width"], block, identity) for i, k in enumerate(serves)],
                 [sizes[k] for k in serves])
+
+
+HASHED = "hashed"  # a Plan's unit when the shards split a hashed table by id
+
+
+def hashed_shard_capacity(capacity, count):
+    """The rows each of `count` shards of a hashed table of `capacity` rows
+    may make: capacity / count rounded up, so that together they hold at
+    least `capacity` (ids spread evenly by their hash, not exactly)."""
+    return -(-capacity // count)
+
+
+def plan_hashed(model, count, identity, serves):
+    """The Plan of a hashed table over `count` shards (plan_shards): shard K
+    serves table=hash:(hashed_shard_capacity):WIDTH, its other options as
+    given (seed included), then `identity`."""
+    if count > 1 and checkpoints.checkpoint_path(model) is not None:
+        raise UserError("--bsopts", "checkpoint= of a hashed table split over several shards is not served yet "
+                        "(each shard's rows would need one checkpoint set)",
+                        "leave checkpoint= out, or serve the table from one tgtd")
+    table = f"hash:{hashed_shard_capacity(model['hashed_capacity'], count)}:{model['table_width']}"
+    bsopts = []
+    for k in serves:
+        pairs = [(key, table if key == "table" else value) for key, value in model["options"]]
+        bsopts.append(";".join([f"{key}={value}" for key, value in pairs] +
+                               [f"{key}={value.format(k=k)}" for key, value in identity]))
+    return Plan(HASHED, bsopts, [model["params"] * 4 for _ in serves])
 
 
 def start(a, what="shards start", name="shard", model=None, plan=None):
@@ -133,7 +165,7 @@ def start(a, what="shards start", name="shard", model=None, plan=None):
         os.makedirs(d, exist_ok=True)
     try:
         init = dict(model["options"]).get("init", "")
-        if init.startswith("file:"):
+        if init.startswith("file:") and unit != HASHED:
             layout_tool(what, ["split", "--stripe-unit", unit, "--shards", str(len(dirs)),
                                "--params", str(params), init[len("file:"):],
                                *[os.path.join(d, "init.f32") for d in dirs]])
@@ -153,7 +185,8 @@ def start(a, what="shards start", name="shard", model=None, plan=None):
         stop(folder)
         raise
     state.write(os.path.join(folder, state.SHARDS_ENV), {
-        "SHARDS": len(dirs), "STRIPE_UNIT": unit, "PARAMS": params, "SHARD_PARAMS": [str(n // 4) for n in sizes],
+        "SHARDS": len(dirs), "KIND": HASHED if unit == HASHED else "striped",
+        "STRIPE_UNIT": 0 if unit == HASHED else unit, "PARAMS": params, "SHARD_PARAMS": [str(n // 4) for n in sizes],
         "SHARD_DIRS": dirs, "LAYOUT": layouts[0], "LAYOUTS": layouts,
         "CONTROL_URLS": [env["CONTROL_URL"] for env in envs]})
     return layouts, envs
@@ -179,15 +212,19 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=())
     """DIR/slot-L.layout for every learner slot L, each written atomically: LUN L of every shard
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
     shard's control LUN (control lines: the job's control, blkps.control).
-    `levels` and `labels` (one per shard) are comments: how the shards
-    are grouped (a two-level stripe, serve_parts.py) and where each is."""
+    `unit` is the stripe unit, or HASHED for a hashed table's layout
+    (`kind = hashed`, no stripe unit). `levels` and `labels` (one per
+    shard) are comments: how the shards are grouped (a two-level stripe,
+    serve_parts.py) and where each is."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
         with open(path + ".tmp", "w") as f:
             f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
-                    f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
-                    f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else ""))
+                    + (f"# a hashed table split by id hash over {len(envs)} shard(s).\nkind = {HASHED}\n"
+                       if unit == HASHED else
+                       f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
+                       f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else "")))
             for env, label in zip(envs, labels or [""] * len(envs)):
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n"))
             for env in envs:
@@ -262,6 +299,6 @@ def add_parser(sub):
     t.set_defaults(run=command_stop)
     w = cmds.add_parser("show", help="print the layout files and control URLs")
     w.add_argument("--dir", required=True)
-    w.add_argument("--get", action="append", metavar="KEY", help="print this shards.env value (SHARDS, STRIPE_UNIT, "
-                   "PARAMS, SHARD_PARAMS, SHARD_DIRS, LAYOUT, LAYOUTS, CONTROL_URLS); repeatable")
+    w.add_argument("--get", action="append", metavar="KEY", help="print this shards.env value (SHARDS, KIND, "
+                   "STRIPE_UNIT, PARAMS, SHARD_PARAMS, SHARD_DIRS, LAYOUT, LAYOUTS, CONTROL_URLS); repeatable")
     w.set_defaults(run=command_show)

@@ -16,7 +16,8 @@ target.env:
   METRICS, METRICS_PID  with --metrics: the exporter's ADDR:PORT and pid
                 (blkps_cli/metrics.py); also in a --tgtd N target.env
 shards.env:
-  SHARDS, STRIPE_UNIT (bytes), PARAMS (the whole model's), SHARD_PARAMS,
+  SHARDS, KIND (striped, or hashed: a hashed table split by id hash, whose
+  STRIPE_UNIT is 0), STRIPE_UNIT (bytes), PARAMS (the whole model's), SHARD_PARAMS,
   SHARD_DIRS (each shard's --dir, holding its target.env), LAYOUT (slot 1's
   layout file), LAYOUTS (every slot's), CONTROL_URLS (each shard's)
 """

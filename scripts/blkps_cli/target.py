@@ -36,7 +36,8 @@ def start_locked(a, part=None):
     if tgtds > 1:
         env = scaleout.start(a, model, tgtds, part and part.plan)
         print("\n".join(scaleout.labelled_urls(env)))
-        print(f"tgtds: {tgtds} (--tgtd), stripe unit {env['STRIPE_UNIT']} bytes")
+        split = "ids split by hash" if model.get("hashed_capacity") else f"stripe unit {env['STRIPE_UNIT']} bytes"
+        print(f"tgtds: {tgtds} (--tgtd), {split}")
     else:
         if part:
             a.bsopts = part.plan.bsopts[0]

@@ -203,6 +203,10 @@ BLKPS_EXPORT int blkps_push_rows(blkps_model *m, const uint64_t *ids, uint64_t n
 /* The table's values per row, the only width the two above take; 0 for a
  * dense model or a device that does not say (blkps::Model::table_width). */
 BLKPS_EXPORT uint64_t blkps_table_width(const blkps_model *m);
+/* 1 when the table is hashed (table=hash:CAPACITY:WIDTH, on one server or a
+ * kind = hashed layout): its row ids are any 64-bit value; else 0
+ * (blkps::Model::table_hashed). */
+BLKPS_EXPORT int blkps_table_hashed(const blkps_model *m);
 
 /* fsync / SCSI SYNCHRONIZE CACHE: the server checkpoints the model durably
  * before this returns. */
@@ -275,9 +279,11 @@ BLKPS_EXPORT uint64_t blkps_control_receipt_units(uint64_t device_bytes);
  * (blkps.control): the layout file as values, and the stripe arithmetic.
  *
  * Reads layout file `path` and writes it to out as one NUL-terminated line
- * of JSON: {"stripe_unit": BYTES, "dtype": "float32", "shards": [TARGET,
- * ...], "controls": [TARGET, ...]} (controls: each shard's control LUN in
- * shard order, or []; relative paths resolved against the file's folder).
+ * of JSON: {"kind": "striped", "stripe_unit": BYTES, "dtype": "float32",
+ * "shards": [TARGET, ...], "controls": [TARGET, ...]} (kind "hashed", with
+ * stripe_unit 0, for a hashed table's layout; controls: each shard's
+ * control LUN in shard order, or []; relative paths resolved against the
+ * file's folder).
  * Returns 0; -ERANGE when out_len is too small; or the parser's negative
  * errno with its one-line message in out. */
 BLKPS_EXPORT int blkps_layout_describe(const char *path, char *out, size_t out_len);

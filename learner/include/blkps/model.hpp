@@ -171,6 +171,10 @@ class BLKPS_EXPORT Model {
   // not say (a file or block device, a target without a blkps control
   // LUN), where any width is taken.
   uint64_t table_width() const;
+  // Whether that table is hashed (table=hash:CAPACITY:WIDTH, on one server
+  // or over a `kind = hashed` layout): PullRows and PushRows then take any
+  // 64-bit id, and plain Pull and Push are refused.
+  bool table_hashed() const;
 
   // ---- Streaming (doc/libblkps.md "Streaming") ----------------------------
   // A submission returns at once with a ticket; the transfer runs on the

@@ -157,6 +157,8 @@ def _declare(lib):
     lib.blkps_push_rows.restype = ctypes.c_int
     lib.blkps_table_width.argtypes = [handle]
     lib.blkps_table_width.restype = ctypes.c_uint64
+    lib.blkps_table_hashed.argtypes = [handle]
+    lib.blkps_table_hashed.restype = ctypes.c_int
     lib.blkps_read_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
     lib.blkps_read_bytes.restype = ctypes.c_int
     lib.blkps_write_bytes.argtypes = [handle, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
@@ -553,7 +555,9 @@ class Model(_Handle):
         float32, that shape). Each row is read once; on a blkps table the
         rows go in batches through the server's row windows (a few commands
         per batch), elsewhere as few requests as their places allow, many in
-        flight."""
+        flight. On a hashed table (table_hashed) an id is any 64-bit value:
+        an int64 array's negative ids are taken as their two's-complement
+        pattern (-1 is 2**64 - 1)."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64).reshape(-1)
         if out is None:
             out = np.empty((ids.size, width), dtype=np.float32)
@@ -582,6 +586,14 @@ class Model(_Handle):
         anything is sent); 0 for a dense model or a device that does not say
         (a file, a target without a blkps control LUN)."""
         return self._lib.blkps_table_width(self._open_handle())
+
+    @property
+    def table_hashed(self):
+        """Whether the table is hashed (table=hash:CAPACITY:WIDTH, on one
+        server or split over shards by a `kind = hashed` layout): pull_rows
+        and push_rows then take any 64-bit id (doc/embeddings.md "Hashed
+        ids")."""
+        return bool(self._lib.blkps_table_hashed(self._open_handle()))
 
     def read_bytes(self, offset, length):
         """Returns device bytes [offset, offset + length) as bytes (e.g. the

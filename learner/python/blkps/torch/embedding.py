@@ -29,6 +29,13 @@ used out) instead of the server; such a row misses the updates of the last
 S steps at most (this learner's own too: the server's rule is not applied
 locally). Off by default; S = 0 is no cache.
 
+On a hashed table (table=hash:CAPACITY:WIDTH, one server or a `kind =
+hashed` layout; doc/embeddings.md "Hashed ids") the ids are feature ids:
+any int64, a negative one standing for its two's-complement 64-bit pattern
+(-1 is id 2**64 - 1), and num_embeddings bounds nothing (the table's
+CAPACITY does, on the server); the cache and overlapped pushes work as
+above, keyed by the id.
+
 A module is driven from one thread, like its Model; while pushes are
 queued the pusher uses the Model, so other uses of it wait for flush().
 """
@@ -131,8 +138,9 @@ class _ServerTable(torch.nn.Module):
         if width and embedding_dim != width:
             raise ValueError(f"blkps: the table's rows are {width} values wide (its server's table=ROWS:{width}), "
                              f"not embedding_dim={embedding_dim}: pass embedding_dim={width}")
+        self.hashed = table.table_hashed  # any 64-bit id; num_embeddings bounds nothing
         capacity = table.size_bytes // (4 * embedding_dim)
-        if num_embeddings > capacity:
+        if not self.hashed and num_embeddings > capacity:
             raise ValueError(f"blkps: the table device holds {capacity} rows of {embedding_dim} values, "
                              f"not {num_embeddings}; start it with table={num_embeddings}:{embedding_dim}")
         if overlap < 0 or cache_rows < 0 or max_staleness < 0:
@@ -210,10 +218,10 @@ class _ServerTable(torch.nn.Module):
         """The distinct rows of `ids` (a tensor of any shape), and each id's
         index into them."""
         flat = ids.reshape(-1).to("cpu", torch.int64)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+        if flat.numel() and not self.hashed and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
             raise IndexError(f"blkps: row ids must be in [0, {self.num_embeddings})")
         unique, inverse = torch.unique(flat, return_inverse=True)
-        unique = unique.numpy().astype(np.uint64)
+        unique = unique.numpy().astype(np.uint64)  # a negative id: its two's-complement pattern
         anchor = self._anchor.to(ids.device) if ids.device.type != "cpu" else self._anchor
         rows = _ServerRows.apply(anchor, self, unique, self._fetch(unique))
         return rows, inverse.to(ids.device).reshape(ids.shape)
