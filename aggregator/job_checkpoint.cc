@@ -16,6 +16,10 @@
 namespace blkps::server {
 namespace {
 
+// Keys of Identity() that only some jobs have: a file with one of them
+// refuses a job without it, as a job with one refuses a file without it.
+constexpr const char* kOptionalIdentityKeys[] = {"table", "parts"};
+
 // The checkpoint's metadata: what a loaded file must match.
 std::map<std::string, std::string> Identity(const JobOptions& opts) {
   const TableShape& table = opts.model.table;
@@ -30,6 +34,8 @@ std::map<std::string, std::string> Identity(const JobOptions& opts) {
   if (opts.hashed_capacity != 0) {
     identity["table"] = "hash:" + std::to_string(opts.hashed_capacity) + ":" + std::to_string(table.width);
   }
+  // A round's clocks count a block's parts (doc/server.md "A gradient in parts").
+  if (opts.parts.count != 0) identity["parts"] = FormatGradientParts(opts.parts);
   return identity;
 }
 
@@ -190,7 +196,9 @@ Status Job::LoadCheckpoint() {
   CheckpointHeader header;
   s = ReadCheckpointHeader(path, &header);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
-  for (const auto& [key, want] : Identity(opts_)) {
+  std::map<std::string, std::string> identity = Identity(opts_);
+  for (const char* key : kOptionalIdentityKeys) identity.emplace(key, "(none)");
+  for (const auto& [key, want] : identity) {
     auto it = header.meta.find(key);
     const std::string got = it == header.meta.end() ? "(none)" : it->second;
     if (got != want) {

@@ -58,6 +58,11 @@ Status ParseGradientParts(const std::string& text, GradientParts* out) {
   return Status::OK();
 }
 
+std::string FormatGradientParts(const GradientParts& parts) {
+  if (parts.count == 0) return "";
+  return std::to_string(parts.first) + ":" + std::to_string(parts.count) + ":" + std::to_string(parts.k);
+}
+
 Status CheckGradientParts(const GradientParts& parts, const ConsistencyOptions& consistency, uint64_t num_params,
                           uint64_t block_params, uint32_t shards) {
   if (parts.count == 0) return Status::OK();

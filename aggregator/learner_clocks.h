@@ -68,6 +68,8 @@ struct GradientParts {
 // InvalidArgument naming `parts` otherwise.
 constexpr uint32_t kMaxGradientParts = 16;
 Status ParseGradientParts(const std::string& text, GradientParts* out);
+// The text ParseGradientParts reads back ("FIRST:COUNT:K"); "" for none.
+std::string FormatGradientParts(const GradientParts& parts);
 // OK if `parts` can serve a model of num_params parameters in blocks of
 // block_params, in `consistency`, on `shards` servers: none, or bsp on one
 // server and a range of whole blocks inside the model. Else InvalidArgument,

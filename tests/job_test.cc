@@ -721,5 +721,25 @@ TEST_F(JobCheckpoint, CheckpointOfAnotherRuleIsRefused) {
   EXPECT_NE(s.message().find("rule=adam"), std::string::npos) << s.message();
 }
 
+// A round's clocks count a block's parts (doc/server.md "A gradient in parts"):
+// a file written with parts= and a job without them refuse each other.
+TEST_F(JobCheckpoint, CheckpointWithOtherGradientPartsIsRefusedEitherWay) {
+  for (const bool parts_written : {true, false}) {
+    JobOptions written = AdamOptions(), loaded = AdamOptions();
+    written.checkpoint = loaded.checkpoint = dir_.path + (parts_written ? "/written-in-parts" : "/loaded-in-parts");
+    (parts_written ? written : loaded).parts = GradientParts{0, 32, 2};
+    const std::string named = parts_written ? "parts=0:32:2 but" : "parts=(none) but";
+    {
+      std::shared_ptr<Job> job;
+      ASSERT_TRUE(Job::Create("m", written, nullptr, &job).ok());
+      ASSERT_TRUE(job->Checkpoint().ok());
+    }
+    std::shared_ptr<Job> job;
+    Status s = Job::Create("m", loaded, nullptr, &job);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(named), std::string::npos) << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace blkps::server
