@@ -42,6 +42,7 @@ std::string Job::StatusJson() const {
   j << "  \"blocks\": " << m.num_blocks() << ",\n";
   j << "  \"table\": " << TableStatusJson() << ",\n";
   j << "  \"mode\": " << JsonString(FormatConsistency(opts_.consistency)) << ",\n";
+  j << "  \"parts\": " << JsonString(FormatGradientParts(opts_.parts)) << ",\n";
   j << "  \"rule\": " << JsonString(m.rule().name()) << ",\n";
   j << "  \"tag\": " << JsonString(tag_) << ",\n";
   j << "  \"rule_params\": {";

@@ -74,6 +74,12 @@ class GradientParts : public testing::Test {
   const std::vector<float> ones = std::vector<float>(kTied, 1.0f);
 };
 
+// The status names the range and the parts, as parts= reads them, so that a
+// learner or an operator can read them back (doc/server.md "Status and control").
+TEST_F(GradientParts, AreNamedInTheStatus) {
+  EXPECT_NE(job().StatusJson().find("\"parts\": \"0:32:2\""), std::string::npos) << job().StatusJson();
+}
+
 // Each learner gives the tied range twice (the head's part, then the rows'
 // part) and the rest once, interleaved with the other learner's; the round
 // is applied once, when the last part arrives, as the one-process step on
