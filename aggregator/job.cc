@@ -46,6 +46,8 @@ Status Job::MemoryBytes(const JobOptions& opts, uint64_t* out) {
 Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, std::shared_ptr<Job>* out) {
   Status s = CheckTableJob(opts);
   if (!s.ok()) return s;
+  s = CheckReplicaJob(opts, opts.replica_channel != nullptr);
+  if (!s.ok()) return s;
   JobOptions o = opts;
   o.model = ModelOptionsOf(opts);
   // A checkpoint replaces every weight: initialising them first would only
@@ -65,6 +67,10 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
     s = job->LoadCheckpoint();
     if (!s.ok()) return s;
   }
+  if (o.replica_channel) {
+    s = o.replica_channel->Hello(ReplicaHello(*job->model_));
+    if (!s.ok()) return Status::Unavailable("replicate_to: backup " + o.replica_channel->peer() + ": " + s.message());
+  }
   job->ticker_ = std::thread([j = job.get()] { j->TickerLoop(); });
   *out = std::move(job);
   return Status::OK();
@@ -81,6 +87,8 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
                 for (uint64_t b = 0; b < params.size(); ++b) params[b] = model_->BlockParams(b);
                 return params;
               }()),
+      block_sequences_(model_->num_blocks()),
+      standby_(opts.backup),
       last_checkpoint_(Clock::now()) {}
 
 Job::~Job() {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "blkps/byte_size.hpp"
+#include "replica_link.h"
 
 namespace blkps::server {
 namespace {
@@ -279,6 +280,27 @@ const LuOptionKey kLuOptionTable[] = {
        p->opts.job.keep_generations = static_cast<uint32_t>(n);
        return Status::OK();
      }},
+    {"replicate_to",
+     "HOST:PORT: this server is a primary: every push is on its backup, listening there (backup=), before its "
+     "WRITE completes (doc/replicas.md)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       sockaddr_in address;
+       Status s = ParseReplicaAddress(value, &address);
+       if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
+       p->opts.replicate_to = value;
+       return Status::OK();
+     }},
+    {"backup",
+     "HOST:PORT: this server is a backup: it listens there for its primary (replicate_to=) and serves learners only "
+     "once promoted (doc/replicas.md)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       sockaddr_in address;
+       Status s = ParseReplicaAddress(value, &address);
+       if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
+       p->opts.backup_at = value;
+       p->opts.job.backup = true;
+       return Status::OK();
+     }},
     {"fresh", "1: start a new job over an existing checkpoint instead of loading it (default 0)",
      [](const std::string& key, const std::string& value, Parsing* p) {
        if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
@@ -403,6 +425,8 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
     Status s = CheckTableJob(opts.job);
     if (!s.ok()) return s;
   }
+  Status replicas = CheckReplicaJob(opts.job, !opts.replicate_to.empty());
+  if (!replicas.ok()) return replicas;
   if (opts.job.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");
   }
