@@ -49,6 +49,15 @@ bool ParseFloat(const std::string& text, float* out) {
   return true;
 }
 
+// A replica option's HOST:PORT (replica_link.h's parser) into *out.
+Status TakeReplicaAddress(const std::string& key, const std::string& value, std::string* out) {
+  sockaddr_in address;
+  Status s = ParseReplicaAddress(value, &address);
+  if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
+  *out = value;
+  return Status::OK();
+}
+
 }  // namespace
 
 Status SplitLuOptions(const std::string& bsopts, LuOptionPairs* pairs) {
@@ -284,22 +293,14 @@ const LuOptionKey kLuOptionTable[] = {
      "HOST:PORT: this server is a primary: every push is on its backup, listening there (backup=), before its "
      "WRITE completes (doc/replicas.md)",
      [](const std::string& key, const std::string& value, Parsing* p) {
-       sockaddr_in address;
-       Status s = ParseReplicaAddress(value, &address);
-       if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
-       p->opts.replicate_to = value;
-       return Status::OK();
+       return TakeReplicaAddress(key, value, &p->opts.replicate_to);
      }},
     {"backup",
      "HOST:PORT: this server is a backup: it listens there for its primary (replicate_to=) and serves learners only "
      "once promoted (doc/replicas.md)",
      [](const std::string& key, const std::string& value, Parsing* p) {
-       sockaddr_in address;
-       Status s = ParseReplicaAddress(value, &address);
-       if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
-       p->opts.backup_at = value;
        p->opts.job.backup = true;
-       return Status::OK();
+       return TakeReplicaAddress(key, value, &p->opts.backup_at);
      }},
     {"fresh", "1: start a new job over an existing checkpoint instead of loading it (default 0)",
      [](const std::string& key, const std::string& value, Parsing* p) {
