@@ -52,6 +52,8 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
   s = CheckGradientParts(opts.parts, opts.consistency, opts.model.num_params, opts.model.block_bytes / sizeof(float),
                          opts.shards);
   if (!s.ok()) return s;
+  s = CheckReplicaJob(opts, opts.replica_channel != nullptr);
+  if (!s.ok()) return s;
   JobOptions o = opts;
   o.model = ModelOptionsOf(opts);
   // A checkpoint replaces every weight: initialising them first would only
@@ -71,6 +73,10 @@ Status Job::Create(const std::string& name, const JobOptions& opts, Logger log, 
     s = job->LoadCheckpoint();
     if (!s.ok()) return s;
   }
+  if (o.replica_channel) {
+    s = o.replica_channel->Hello(ReplicaHello(*job->model_));
+    if (!s.ok()) return Status::Unavailable("replicate_to: backup " + o.replica_channel->peer() + ": " + s.message());
+  }
   job->ticker_ = std::thread([j = job.get()] { j->TickerLoop(); });
   *out = std::move(job);
   return Status::OK();
@@ -89,6 +95,8 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
             return params;
           }(),
           opts.parts),
+      block_sequences_(model_->num_blocks()),
+      standby_(opts.backup),
       last_checkpoint_(Clock::now()) {}
 
 Job::~Job() {

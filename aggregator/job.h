@@ -111,6 +111,9 @@
 //   job_row_windows.cc row windows: a table's rows in batches, one command
 //                      each way, with a receipt per batch (below)
 //   job_hashed_table.cc  a hashed table: its creation, checks and status
+//   job_replica.cc     replicas: a primary's pushes sent to its backup, a
+//                      backup's records applied, promotion (the records
+//                      themselves: replication.h)
 //
 // Row windows (blkps/control_lun.h "Row windows"). A table's rows also move
 // in batches through windows on the control LUN, BLKPS_CONTROL_WINDOWS_PER_LUN
@@ -119,6 +122,15 @@
 // batches and rows applied), checkpointed with the receipts, and the ids of
 // the last pull, in memory only. A push runs inside the write gate: its
 // rows and its window's counters are one step for checkpoints.
+//
+// Replicas (doc/replicas.md "Replicas"; replication.h). A primary
+// (opts.replica_channel) sends, for every push it applied, the new state of
+// the blocks it touched, with its receipt and clocks, and Write() returns
+// only once the backup has applied it; if it cannot, the write fails and
+// the job fails (nothing is acknowledged without the backup). A backup
+// (opts.backup) is on standby: its learners' READ, WRITE and checkpoints
+// are refused (Standby) and it applies its primary's records
+// (ApplyReplica) until Promote(). Async dense jobs only.
 #pragma once
 
 #include <atomic>
@@ -139,6 +151,7 @@
 #include "model.h"
 #include "mutex.h"
 #include "receipts.h"
+#include "replication.h"
 #include "status.h"
 
 namespace blkps::server {
@@ -169,6 +182,10 @@ struct JobOptions {
   uint32_t keep_generations = 2;
   bool fresh = false;
   double checkpoint_every_s = 0;  // periodic checkpoints; 0: only on fsync
+  // Replicas ("Replicas" below): a primary's channel to its backup (the
+  // plugin makes it from replicate_to=), or this job is a backup (backup=).
+  std::shared_ptr<ReplicaChannel> replica_channel;
+  bool backup = false;
   // Async and ssp (doc/server.md "Asynchronous training"): a push's staleness τ is
   // the number of other learners' updates applied to its block between the
   // pusher's last read of that block and the push. With staleness_aware, the push is
@@ -195,6 +212,11 @@ Status CheckTableJob(const JobOptions& opts);
 // The part of CheckTableJob for a hashed table (job_hashed_table.cc): not
 // yet sharded (InvalidArgument for shard=).
 Status CheckHashedTableJob(const JobOptions& opts);
+// Replicas ("Replicas" below): a primary (`primary`: it has a backup) or a
+// backup (opts.backup) serves an async dense model only for now; not both.
+// InvalidArgument with a one-line reason, naming the option; OK for a job
+// without replicas.
+Status CheckReplicaJob(const JobOptions& opts, bool primary);
 
 class Job {
  public:
@@ -333,6 +355,21 @@ class Job {
   // counts->size() units; zeros and no writes where there is none.
   ReceiptNumbers GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,
                             std::vector<uint32_t>* counts) const;
+
+  // Replicas ("Replicas" above; job_replica.cc). A backup: whether its
+  // primary's HELLO matches this job (InvalidArgument saying what differs),
+  // and one PUSH record applied (its blocks' newer states, its clocks, its
+  // receipt). Both return Unavailable once promoted: a promoted backup
+  // follows no one.
+  Status CheckReplicaHello(const std::string& hello);
+  Status ApplyReplica(const std::string& body);
+  // A backup serves learners from now on, as a primary without a backup.
+  // Unavailable if this job is not a backup on standby.
+  Status Promote();
+  // A backup not promoted: learner I/O and checkpoints are refused.
+  bool standby() const { return standby_.load(); }
+  // What a backup on standby answers a learner's I/O or a checkpoint.
+  static Status StandbyStatus();
   // ---- Row windows (job_row_windows.cc) ----
   // One batch of rows through window `window` of learner LUN `lun`, from
   // `initiator`: ids[0..count) of rows of `width` values; a push's rows
@@ -452,9 +489,15 @@ class Job {
   // writes towards rounds R+1 and later uncounted.
   std::vector<uint64_t> SaveReceiptsAtRoundLocked(uint64_t R) REQUIRES(mu_);
   // Write() without the gate and the receipt.
-  Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
+  // `push` (a primary's, else null) gets the new state of each block.
+  Status ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
+                    ReplicaPush* push = nullptr);
   // ApplyWrite without the failed-job check.
-  Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values);
+  Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
+                            ReplicaPush* push = nullptr);
+  // A primary: sends `push` and waits for the backup. If it cannot be
+  // acknowledged, fails the job and returns Unavailable with the reason.
+  Status Replicate(ReplicaPush* push);
   // Learner `slot`'s gradient for `n` parameters of block b was applied:
   // counted on its clocks; ssp's held commands that may pass are released;
   // a bsp round it completes is finished (FinishRoundIfCompleteLocked),
@@ -582,6 +625,11 @@ class Job {
   // and EndRoundBoundary. Writes past the lowest are held.
   std::map<uint64_t, uint32_t> boundaries_ GUARDED_BY(mu_);
   std::atomic<uint64_t> rejected_writes_{0};
+  // Replicas: each block's state number (replication.h), a backup not yet
+  // promoted, and the records acknowledged (primary) or applied (backup).
+  BlockSequences block_sequences_;
+  std::atomic<bool> standby_{false};
+  std::atomic<uint64_t> replica_records_{0};
   const Clock::time_point started_ = Clock::now();
 
   Mutex checkpoint_mu_;                                 // one checkpoint at a time

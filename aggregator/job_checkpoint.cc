@@ -44,6 +44,7 @@ std::map<std::string, std::string> Identity(const JobOptions& opts) {
 Status Job::Checkpoint() { return Checkpoint(kNoSlot); }
 
 Status Job::Checkpoint(size_t slot) {
+  if (standby()) return StandbyStatus();
   if (opts_.checkpoint.empty()) return Status::OK();
   if (!RoundBoundaries()) return WriteCheckpoint(kNoCheckpointRound);
   uint64_t round = kNoCheckpointRound;

@@ -84,7 +84,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (eq == std::string::npos || !IsKey(key)) {
       return bad(
           "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
-          "rank=<rank>:<run> or checkpoint=1, one a line, got '" +
+          "rank=<rank>:<run>, checkpoint=1 or promote=1, one a line, got '" +
           ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -117,6 +117,13 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     MutexLock lock(&mu_);
     control_error_ = s.ok() ? "" : s.message();
     return s;
+  }
+  // promote=1 (a backup serves learners from now on; doc/replicas.md) comes
+  // alone too: it fails on a server that is not a backup.
+  if (std::any_of(lines.begin(), lines.end(), [](const Line& l) { return l.key == "promote"; })) {
+    if (lines.size() != 1 || lines[0].value != "1") return bad("promote: expected promote=1, alone in its write");
+    Status s = Promote();
+    return s.ok() ? s : refuse(s);
   }
   std::map<std::string, float> params;
   bool resume = false;

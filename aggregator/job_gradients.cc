@@ -5,10 +5,12 @@
 #include "job.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace blkps::server {
 
 Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
+  if (standby()) return StandbyStatus();
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
@@ -17,6 +19,7 @@ Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
 }
 
 Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights& take) {
+  if (standby()) return StandbyStatus();
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
@@ -32,23 +35,32 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
     MutexLock lock(&mu_);
     round = clocks_.clock(slot, model_->BlockOf(offset / sizeof(float)));
   }
-  Status s = ApplyWrite(slot, offset, src, len, values);
+  std::optional<ReplicaPush> push;  // a primary's: sent before the WRITE completes
+  if (opts_.replica_channel) {
+    MutexLock lock(&mu_);
+    push.emplace(slots_[slot].lun, initiator, device_offset / kReceiptUnit);
+  }
+  Status s = ApplyWrite(slot, offset, src, len, values, push ? &*push : nullptr);
   // Counted inside the gate: a checkpoint holds both the gradient and its
   // count, or neither.
   FinishWrite(slot, initiator, device_offset, s.ok(), round);
   LeaveWriteGate();
+  if (s.ok() && push && !push->empty()) s = Replicate(&*push);
   return s;
 }
 
-Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values) {
+Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
+                       ReplicaPush* push) {
+  if (standby()) return StandbyStatus();
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
   }
-  return ApplyAdmittedWrite(slot, offset, src, len, values);
+  return ApplyAdmittedWrite(slot, offset, src, len, values, push);
 }
 
-Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values) {
+Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
+                               ReplicaPush* push) {
   const bool bsp = opts_.consistency.mode == ConsistencyMode::kBsp;
   Model::BlockStaleness staleness;
   if (!bsp && !model_->table().is_table()) {  // a table: as written (CheckTableJob)
@@ -68,6 +80,7 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
         // Readers released by the round wait for this block's lock, which
         // ApplyGradient holds here, so they see the round's update.
         if (given > 0) model_->ApplyAverageLocked(b, given);
+        if (push) push->AddBlockLocked(*model_, b, block_sequences_.NextLocked(b), n);
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);

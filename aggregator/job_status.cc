@@ -69,6 +69,12 @@ std::string Job::StatusJson() const {
   j << "  \"control_error\": " << JsonString(control_error_) << ",\n";
   j << "  \"control_refused\": " << control_refused_ << ",\n";
   j << "  \"stop\": " << (stop_ ? "true" : "false") << ",\n";
+  j << "  \"replica\": \""
+    << (standby()                               ? "backup"
+        : opts_.backup || opts_.replica_channel ? "primary"
+                                                : "none")
+    << "\",\n";
+  j << "  \"replica_records\": " << replica_records_.load() << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"job\": " << JsonString(job_id_)
     << ", \"shard\": " << opts_.shard << ", \"shards\": " << opts_.shards << ", \"generation\": " << written_generation_
     << ", \"written\": " << checkpoints_ << ", \"last_seconds\": " << Fixed(checkpoint_seconds_, 3)

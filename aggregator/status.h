@@ -21,6 +21,7 @@ class Status {
     kUnavailable,        // the job has failed (too many learners dead)
     kDeadlineExceeded,   // a held command waited past its bound
     kPermissionDenied,   // the caller may not do this (the learners' control LUN)
+    kStandby,            // a backup not promoted: it serves no learner (doc/replicas.md)
   };
 
   Status() = default;
@@ -33,6 +34,7 @@ class Status {
   static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
   static Status DeadlineExceeded(std::string msg) { return Status(Code::kDeadlineExceeded, std::move(msg)); }
   static Status PermissionDenied(std::string msg) { return Status(Code::kPermissionDenied, std::move(msg)); }
+  static Status Standby(std::string msg) { return Status(Code::kStandby, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -62,6 +62,10 @@ static struct bs_blkps_info *BS_BLKPS_I(struct scsi_lu *lu)
 
 /* SPC-4's INSUFFICIENT RESOURCES, which tgt's scsi.h does not name. */
 #define BLKPS_ASC_INSUFFICIENT_RESOURCES 0x5503
+/* SPC-4's LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE: a
+ * backup not promoted (doc/replicas.md); path-failover initiators take it
+ * as "use another path". */
+#define BLKPS_ASC_PORT_IN_STANDBY 0x040b
 
 static void set_sense(struct scsi_cmd *cmd, uint8_t key, uint16_t asc)
 {
@@ -104,6 +108,9 @@ static void complete_io(struct scsi_cmd *cmd, enum blkps_io_result r,
 		break;
 	case BLKPS_IO_WINDOWS_ONLY:
 		set_sense(cmd, ILLEGAL_REQUEST, ASC_INVALID_OP_CODE);
+		break;
+	case BLKPS_IO_STANDBY:
+		set_sense(cmd, NOT_READY, BLKPS_ASC_PORT_IN_STANDBY);
 		break;
 	}
 	eprintf("blkps: lun %" PRIu64 " %s at byte %" PRIu64 ": %s\n",

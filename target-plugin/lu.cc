@@ -12,6 +12,7 @@
 
 #include "blkps/wire_dtype.hpp"
 #include "lu_core.h"
+#include "replica_link.h"
 
 namespace server = blkps::server;
 using blkps::server::lu_core::ControlRead;
@@ -63,10 +64,28 @@ class JobRegistry {
       *out = open;
       return server::Status::OK();
     }
-    server::Status s = server::Job::Create(
-        name, lu.options.job, [name](const std::string& line) { Log("model '" + name + "': " + line); }, out);
+    const server::Job::Logger log = [name](const std::string& line) { Log("model '" + name + "': " + line); };
+    server::JobOptions options = lu.options.job;
+    if (!lu.options.replicate_to.empty()) {  // a primary: its backup first (doc/replicas.md)
+      std::shared_ptr<server::ReplicaLink> link;
+      server::Status s = server::ReplicaLink::Connect(lu.options.replicate_to, &link);
+      if (!s.ok())
+        return server::Status::Unavailable("replicate_to: backup " + lu.options.replicate_to + ": " + s.message());
+      options.replica_channel = std::move(link);
+    }
+    entry.listener.reset();  // a backup's port, if a job of this name had it
+    server::Status s = server::Job::Create(name, options, log, out);
     if (!s.ok()) return s;
-    entry = Entry{*out, lu.options.model_bsopts};
+    std::unique_ptr<server::ReplicaListener> listener;
+    if (!lu.options.backup_at.empty()) {
+      s = server::ReplicaListener::Listen(lu.options.backup_at, *out, log, &listener);
+      if (!s.ok()) {
+        out->reset();
+        return s;
+      }
+      log("a backup on standby: follows its primary at " + lu.options.backup_at + " until promoted");
+    }
+    entry = Entry{*out, lu.options.model_bsopts, std::move(listener)};
     return server::Status::OK();
   }
 
@@ -74,6 +93,9 @@ class JobRegistry {
   struct Entry {
     std::weak_ptr<server::Job> job;
     std::string bsopts;  // what created it, dtype aside (LuOptions::model_bsopts)
+    // A backup's replication port (backup=): it follows the primary while
+    // tgtd runs or until a job of this name is created again.
+    std::unique_ptr<server::ReplicaListener> listener;
   };
   std::mutex mu_;
   std::map<std::string, Entry> jobs_;
@@ -93,6 +115,7 @@ blkps_io_result ToIoResult(const server::Status& s, char* err, size_t errlen) {
     case server::Status::Code::kIOError: return BLKPS_IO_CHECKPOINT_FAILED;
     case server::Status::Code::kPermissionDenied: return BLKPS_IO_WRITE_PROTECT;
     case server::Status::Code::kResourceExhausted: return BLKPS_IO_TABLE_FULL;
+    case server::Status::Code::kStandby: return BLKPS_IO_STANDBY;
     default: return BLKPS_IO_BAD_DATA;
   }
 }

@@ -53,6 +53,9 @@ enum blkps_io_result {
   BLKPS_IO_WINDOWS_ONLY,      /* ILLEGAL REQUEST, INVALID COMMAND OPERATION
                                  CODE: a hashed table's learner LUN takes
                                  no READ or WRITE (row windows only) */
+  BLKPS_IO_STANDBY,           /* NOT READY, LOGICAL UNIT NOT ACCESSIBLE,
+                                 TARGET PORT IN STANDBY STATE: a backup
+                                 not promoted (doc/replicas.md) */
 };
 
 /* Where the core's event lines go (one line, no newline); set once at load. */

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "blkps/byte_size.hpp"
+#include "replica_link.h"
 
 namespace blkps::server {
 namespace {
@@ -46,6 +47,15 @@ bool ParseFloat(const std::string& text, float* out) {
   if (*end != '\0' || errno != 0 || !std::isfinite(v)) return false;
   *out = v;
   return true;
+}
+
+// A replica option's HOST:PORT (replica_link.h's parser) into *out.
+Status TakeReplicaAddress(const std::string& key, const std::string& value, std::string* out) {
+  sockaddr_in address;
+  Status s = ParseReplicaAddress(value, &address);
+  if (!s.ok()) return Status::InvalidArgument(key + ": " + s.message());
+  *out = value;
+  return Status::OK();
 }
 
 }  // namespace
@@ -285,6 +295,19 @@ const LuOptionKey kLuOptionTable[] = {
        p->opts.job.keep_generations = static_cast<uint32_t>(n);
        return Status::OK();
      }},
+    {"replicate_to",
+     "HOST:PORT: this server is a primary: every push is on its backup, listening there (backup=), before its "
+     "WRITE completes (doc/replicas.md)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       return TakeReplicaAddress(key, value, &p->opts.replicate_to);
+     }},
+    {"backup",
+     "HOST:PORT: this server is a backup: it listens there for its primary (replicate_to=) and serves learners only "
+     "once promoted (doc/replicas.md)",
+     [](const std::string& key, const std::string& value, Parsing* p) {
+       p->opts.job.backup = true;
+       return TakeReplicaAddress(key, value, &p->opts.backup_at);
+     }},
     {"fresh", "1: start a new job over an existing checkpoint instead of loading it (default 0)",
      [](const std::string& key, const std::string& value, Parsing* p) {
        if (value != "0" && value != "1") return Bad(key, "0 or 1", value);
@@ -409,6 +432,8 @@ Status ParseLuOptions(const std::string& bsopts, LuOptions* out) {
     Status s = CheckTableJob(opts.job);
     if (!s.ok()) return s;
   }
+  Status replicas = CheckReplicaJob(opts.job, !opts.replicate_to.empty());
+  if (!replicas.ok()) return replicas;
   if (opts.job.model.num_params == 0) {
     return Status::InvalidArgument("params: required (the number of float32 parameters), e.g. params=1000000");
   }

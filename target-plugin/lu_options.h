@@ -25,6 +25,9 @@ struct LuOptions {
   bool learners_access = false;               // access=learners
   wire::Dtype dtype = wire::Dtype::kFloat32;  // this LUN's view of the model
   JobOptions job;
+  // Replicas (doc/replicas.md): the backup's address (replicate_to=), or
+  // this backup's own (backup=); the job's channel is made at its creation.
+  std::string replicate_to, backup_at;
   // The options that define the model: bsopts without dtype, pairs in the
   // order given. LUNs joining one model must give the same.
   std::string model_bsopts;

@@ -11,7 +11,8 @@ build-folder-from-environment, hashed-table-over-server-tasks-refused. Cases tha
 integration): start-labels-urls, set-shows-reason, model-too-large,
 owner-pid-watchdog, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
-concurrent-shards-starts-one-serves, colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys.
+concurrent-shards-starts-one-serves, colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys,
+replicas-start-promote-stop.
 """
 import io
 import os
@@ -669,6 +670,35 @@ def test_build_folder_from_environment():
     finally:
         blkps("target", "stop", "--dir", os.path.join(fake, "state"))
         subprocess.run(["rm", "-rf", fake])
+
+
+def test_replicas_start_promote_stop():
+    # --replicas 2 (doc/replicas.md): a backup on standby in DIR/backup,
+    # promoted by `blkps target promote`, stopped with its primary.
+    import json
+    with Target("params=1000;rule=sum", "--tgtd", "1", "--replicas", "2") as t:
+        if t.rc != 0:
+            fail(f"start failed: {t.err}")
+        backup = os.path.join(t.dir, "backup")
+        if f"backup: {backup} (serves learners once promoted: blkps target promote --dir {t.dir})" not in t.out:
+            fail(f"start does not name the backup: {t.out}")
+        pids = [blkps("target", "show", "--dir", d, "--get", "PID")[1].strip() for d in (t.dir, backup)]
+
+        def role():
+            rc, out, err = blkps("status", "--dir", backup, "--json")
+            return json.loads(out)["replica"] if rc == 0 else f"status failed: {err}"
+        if role() != "backup":
+            fail(f"the backup's status says {role()}")
+        rc, out, err = blkps("target", "promote", "--dir", t.dir)
+        if rc != 0 or not re.match(r"promoted: learners use iscsi://127\.0\.0\.1:\d+/", out):
+            fail(f"promote: exit {rc}: {out} {err}")
+        if role() != "primary":
+            fail(f"after promote the status says {role()}")
+        expect_one_line_error(["target", "promote", "--dir", t.dir],
+                              "blkps: target promote: the backup refused: promote: this server is not a backup")
+        blkps("target", "stop", "--dir", t.dir)
+        if any(running(int(p)) for p in pids):
+            fail(f"a tgtd of {pids} still runs after stop")
 
 
 test = globals().get("test_" + case.replace("-", "_"))

@@ -43,6 +43,10 @@ class RawLun {
   RawLun& operator=(const RawLun&) = delete;
 
   bool connected() const { return connected_; }
+  // A dropped connection is reconnected at most once: with the target gone
+  // for good, the command in flight and every later one fail instead of
+  // waiting for it.
+  void GiveUpWhenTargetIsGone() { iscsi_set_reconnect_max_retries(ctx_, 0); }
   std::string error() const { return iscsi_get_error(ctx_); }
 
   // READ(16) of `blocks` logical blocks at `lba`; the data into *data if

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from . import chap, checkpoints, metrics, restart, scaleout, state, tgtd
+from . import chap, checkpoints, metrics, replicas, restart, scaleout, state, tgtd
 from .arguments import port_or_auto, positive_int
 from .errors import UserError
 from .processes import running
@@ -33,6 +33,8 @@ def start_locked(a, part=None):
         raise UserError("--fresh", "starts a new job over a checkpoint, and --bsopts names none (checkpoint=)",
                         "leave --fresh out")
     tgtds = part.tgtds if part else scaleout.tgtds_for(a, model)
+    if getattr(a, "replicas", 1) > 1 and tgtds > 1:
+        raise UserError("--replicas", f"a backup for each of {tgtds} tgtds is not done yet", "give --tgtd 1")
     if tgtds > 1:
         env = scaleout.start(a, model, tgtds, part and part.plan)
         print("\n".join(scaleout.labelled_urls(env)))
@@ -43,8 +45,17 @@ def start_locked(a, part=None):
             a.bsopts = part.plan.bsopts[0]
         if a.fresh:
             a.bsopts += ";fresh=1"
-        env = tgtd.Target(a.dir).start(tgtd.Options.of(a))
+        if getattr(a, "replicas", 1) > 1:
+            a.bsopts = replicas.start_backup(a)
+        try:
+            env = tgtd.Target(a.dir).start(tgtd.Options.of(a))
+        except BaseException:
+            replicas.stop(a.dir)  # a failed start leaves nothing running
+            raise
         print("\n".join(tgtd.labelled_urls(env)))
+        if getattr(a, "replicas", 1) > 1:
+            print(f"backup: {replicas.backup_dir(a.dir)} (serves learners once promoted: blkps target promote "
+                  f"--dir {a.dir})")
     if a.metrics:
         try:
             env = metrics.start(os.path.abspath(a.dir), *a.metrics, a.metrics_auth)
@@ -85,6 +96,7 @@ def stop(folder, final_checkpoint=True):
     if scaleout.running(folder):
         scaleout.stop(folder)
     tgtd.Target(folder).stop()
+    replicas.stop(folder)  # after its primary, which needs it for every write
     if failure:
         raise failure
     return line
@@ -150,13 +162,14 @@ def add_parser(sub):
                        description="A blkps parameter server: a private tgtd (its own control socket, log and port "
                        "in --dir) serving a model on LUNs 1..N, one per learner slot, and its status and control "
                        "LUN N+1. start writes DIR/target.env; scripts read it with `blkps target show --get KEY`.")
-    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,serve,stop,restart,show}")
+    cmds = p.add_subparsers(dest="target_command", required=True, metavar="{start,serve,stop,restart,show,promote}")
     s = cmds.add_parser("start", help="start a target", description="Starts a target; prints its learner and "
                         "control URLs, labelled. Every failure prints one line and leaves no tgtd.")
     add_start_arguments(s)
     add_tgtd_argument(s)
     metrics.add_start_arguments(s)
     s.set_defaults(run=command_start)
+    replicas.add_arguments(s, cmds)
     t = cmds.add_parser("stop", help="stop a target, after a final checkpoint (quiet when none runs)",
                         description="Stops a target. A model with checkpoint= first writes a final checkpoint "
                         "generation on every tgtd, so that no acknowledged push is lost, and says how long it took; "

@@ -1,0 +1,87 @@
+// Job's side of replicas (job.h "Replicas"; doc/replicas.md): the checks at
+// Create, a primary's push sent to its backup before its WRITE completes, a
+// backup's records applied, and promotion.
+#include "job.h"
+
+namespace blkps::server {
+
+Status CheckReplicaJob(const JobOptions& opts, bool primary) {
+  if (!primary && !opts.backup) return Status::OK();
+  const char* key = opts.backup ? "backup" : "replicate_to";
+  if (primary && opts.backup) {
+    return Status::InvalidArgument("backup: a server is a primary (replicate_to=) or a backup (backup=), not both");
+  }
+  if (opts.consistency.mode != ConsistencyMode::kAsync) {
+    return Status::InvalidArgument(std::string(key) + ": replicas serve async jobs only for now; use mode=async");
+  }
+  if (opts.model.table.is_table() || opts.hashed_capacity > 0) {
+    return Status::InvalidArgument(std::string(key) + ": replicas serve dense models only for now, not tables");
+  }
+  return Status::OK();
+}
+
+Status Job::StandbyStatus() {
+  return Status::Standby("this server is a backup on standby: it serves learners once promoted (blkps target "
+                         "promote); until then use its primary");
+}
+
+Status Job::Replicate(ReplicaPush* push) {
+  Status s = opts_.replica_channel->Push(push->Body());
+  if (s.ok()) {
+    replica_records_.fetch_add(1);
+    return s;
+  }
+  MutexLock lock(&mu_);
+  if (!FailedLocked()) {
+    failure_ = "job failed: backup " + opts_.replica_channel->peer() + ": " + s.message() +
+               ": a write is not acknowledged without its backup; promote the backup (blkps target promote) or "
+               "restart both";
+    failed_.store(true);
+    log_(failure_);
+  }
+  return Status::Unavailable(failure_);
+}
+
+Status Job::CheckReplicaHello(const std::string& hello) {
+  if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
+  return blkps::server::CheckReplicaHello(*model_, hello);
+}
+
+Status Job::ApplyReplica(const std::string& body) {
+  if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
+  ReplicaRecord record;
+  Status s = ParseReplicaPush(*model_, body, &record);
+  if (!s.ok()) return s;
+  size_t slot = 0;
+  {
+    MutexLock lock(&mu_);
+    slot = SlotOfLunLocked(record.lun);
+    if (slot == slots_.size()) {
+      return Status::InvalidArgument("replica record for learner LUN " + std::to_string(record.lun) +
+                                     ", which this backup does not serve: give it the primary's LUNs");
+    }
+  }
+  for (const ReplicaRecord::Block& b : record.blocks) {
+    std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b.block);
+    if (block_sequences_.TakeIfNewerLocked(b.block, b.sequence)) RestoreBlockLocked(*model_, b.block, b.state);
+    MutexLock lock(&mu_);
+    clocks_.AddGradient(slot, b.block, b.given);
+  }
+  MutexLock lock(&mu_);
+  receipts_.FinishWrite(slot, record.initiator, record.receipt_unit, true);
+  replica_records_.fetch_add(1);
+  return Status::OK();
+}
+
+Status Job::Promote() {
+  bool expected = true;
+  if (!standby_.compare_exchange_strong(expected, false)) {
+    return Status::Unavailable("promote: this server is not a backup on standby");
+  }
+  log_("promoted: this backup serves learners from now on, as a primary without a backup; it follows no "
+       "primary (" +
+       std::to_string(replica_records_.load()) + " records applied)");
+  return Status::OK();
+}
+
+}  // namespace blkps::server

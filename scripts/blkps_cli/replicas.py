@@ -1,0 +1,71 @@
+"""`blkps target start --replicas 2` and `blkps target promote`: a shard's
+backup (doc/replicas.md). The backup is a target of its own in DIR/backup,
+started before the primary with the shard's options plus
+backup=127.0.0.1:PORT (a free loopback port); the primary, in DIR, gets
+replicate_to= that address. A target served by one tgtd only, for now.
+"""
+
+import os
+
+from . import control, state, tgtd
+from .errors import UserError
+
+BACKUP_FOLDER = "backup"
+
+
+def backup_dir(folder):
+    """Where the backup of the target in `folder` keeps its state."""
+    return os.path.join(os.path.abspath(folder), BACKUP_FOLDER)
+
+
+def start_backup(a):
+    """Starts the backup of the target that `a` (blkps target start's
+    options) describes; returns the --bsopts its primary starts with."""
+    address = f"127.0.0.1:{tgtd.free_port('127.0.0.1')}"
+    options = tgtd.Options.of(a)
+    # The learners' portal and the benchmark LUNs are the primary's.
+    options.bsopts, options.port = f"{a.bsopts};backup={address}", "auto"
+    options.null_lun, options.rdwr_lun, options.metrics = False, None, None
+    tgtd.Target(backup_dir(a.dir)).start(options)
+    return f"{a.bsopts};replicate_to={address}"
+
+
+def stop(folder):
+    """Stops the backup of the target in `folder`, if it has one."""
+    folder = backup_dir(folder)
+    if os.path.isdir(folder):
+        tgtd.stop_watchdog(folder)
+        tgtd.Target(folder).stop()
+
+
+def command_promote(a):
+    """Has the backup of the target in a.dir serve learners (control
+    command promote=1 on its control LUN)."""
+    folder = backup_dir(a.dir)
+    if not os.path.isdir(folder):
+        raise UserError("target promote", f"{os.path.abspath(a.dir)} has no backup",
+                        "start the target with --replicas 2")
+    env = state.target(folder, "target promote")
+    url, chap_file = (env["OPERATOR_URL"], env["OPERATOR_CHAP_FILE"]) if env.get("OPERATOR_URL") else \
+        (env["CONTROL_URL"], None)
+    with control.open_control(url, chap_file, None) as c:
+        try:
+            c.command("promote=1")
+        except OSError as e:
+            reason = c.status().get("control_error") or f"{e.strerror} (tgtd's log has the reason)"
+            raise UserError("target promote", f"the backup refused: {reason}") from None
+    print(f"promoted: learners use {env['URL']} from now on")
+    return 0
+
+
+def add_arguments(start, cmds):
+    """--replicas on `blkps target start` (the parser `start`), and the
+    `promote` command on target's subparsers `cmds`."""
+    start.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                       help="2: a backup tgtd (in DIR/backup) holds every push before its WRITE completes and serves "
+                       "learners once promoted (doc/replicas.md); async, one tgtd")
+    p = cmds.add_parser("promote", help="have a target's backup serve learners",
+                        description="Promotes the backup of a target started with --replicas 2: it serves learners "
+                        "from now on, at its own portal (printed). Stop the primary first if it still runs.")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(run=command_promote)

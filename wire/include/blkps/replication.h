@@ -1,0 +1,74 @@
+/*
+ * replication.h: what a shard's primary and its backup say to each other
+ * (doc/replicas.md), the one place that states it. Both ends are the server
+ * (the primary's plugin connects to the backup's `backup=HOST:PORT`); it is
+ * here, beside the control LUN's contract, so that a reader in another
+ * language finds the bytes in one file.
+ *
+ * One TCP connection, primary to backup. Every message is a frame: a
+ * struct blkps_replica_frame (32 bytes, little-endian), then `bytes` bytes
+ * of body. The primary sends HELLO once, then PUSH records; the backup
+ * answers each with ACK (same sequence) once it has applied it, or with
+ * REFUSE (body: a one-line reason) and closes the connection.
+ *
+ * HELLO body: four u64, the primary's geometry: parameters, block bytes,
+ * per-parameter arrays (weights, then the rule's state arrays), bytes of the
+ * rule's name that follow; then the rule's name. A backup that serves
+ * anything else refuses.
+ *
+ * PUSH body (one learner WRITE applied on the primary):
+ *   struct blkps_replica_push
+ *   the initiator's name (initiator_bytes, no NUL)
+ *   `blocks` times: struct blkps_replica_block, then the block's part of
+ *   each per-parameter array in HELLO's order (weights first), each
+ *   params * 4 bytes, params being the block's parameters.
+ * The backup counts the write on the initiator's receipt of LUN `lun` at
+ * `receipt_unit`, adds `given` gradients to each block's clocks, and takes a
+ * block's state only if its `sequence` is above the one it holds: records
+ * of concurrent pushes may arrive in either order, and the newest state of
+ * a block includes every push applied to it before.
+ */
+#ifndef BLKPS_REPLICATION_H
+#define BLKPS_REPLICATION_H
+
+#include <stdint.h>
+
+#define BLKPS_REPLICA_MAGIC "blkpsrep" /* 8 bytes, no NUL */
+#define BLKPS_REPLICA_VERSION 1
+
+enum blkps_replica_kind {
+  BLKPS_REPLICA_HELLO = 1,
+  BLKPS_REPLICA_PUSH = 2,
+  BLKPS_REPLICA_ACK = 3,
+  BLKPS_REPLICA_REFUSE = 4,
+};
+
+struct blkps_replica_frame {
+  char magic[8];     /* BLKPS_REPLICA_MAGIC */
+  uint32_t version;  /* BLKPS_REPLICA_VERSION */
+  uint32_t kind;     /* enum blkps_replica_kind */
+  uint64_t sequence; /* PUSH: 1, 2, ... per connection; ACK: the PUSH's; else 0 */
+  uint64_t bytes;    /* body bytes that follow */
+};
+
+struct blkps_replica_push {
+  uint64_t lun;             /* the learner LUN written */
+  uint64_t receipt_unit;    /* where the write started, in receipt units */
+  uint64_t initiator_bytes; /* the initiator's name that follows */
+  uint64_t blocks;          /* block states that follow it */
+};
+
+struct blkps_replica_block {
+  uint64_t block;    /* model block index */
+  uint64_t sequence; /* the block's state number on the primary, from 1 */
+  uint64_t given;    /* parameters of the block the push gave (its clocks) */
+  uint64_t params;   /* parameters in the block */
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(struct blkps_replica_frame) == 32, "frame layout");
+static_assert(sizeof(struct blkps_replica_push) == 32, "push layout");
+static_assert(sizeof(struct blkps_replica_block) == 32, "block layout");
+#endif
+
+#endif /* BLKPS_REPLICATION_H */
