@@ -169,7 +169,6 @@ def add_parser(sub):
     add_tgtd_argument(s)
     metrics.add_start_arguments(s)
     s.set_defaults(run=command_start)
-    replicas.add_arguments(s, cmds)
     t = cmds.add_parser("stop", help="stop a target, after a final checkpoint (quiet when none runs)",
                         description="Stops a target. A model with checkpoint= first writes a final checkpoint "
                         "generation on every tgtd, so that no acknowledged push is lost, and says how long it took; "
@@ -197,6 +196,7 @@ def add_parser(sub):
     how.add_argument("--json", action="store_true", help="print target.env as JSON")
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
     w.set_defaults(run=command_show)
+    replicas.add_arguments(s, cmds)  # --replicas on start; promote, the rare one, listed last
     # The --owner-pid watchdog (started by start; not for people).
     d = cmds.add_parser("watch")
     d.add_argument("--dir", required=True)
