@@ -36,6 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     blkps::server::LuOptions o;
     if (!blkps::server::ParseLuOptions(kBsopts, &o).ok()) std::abort();
     o.job.checkpoint = path;
+    std::atexit([] { unlink(path.c_str()); });  // the run leaves no file behind
     return o;
   }();
 
