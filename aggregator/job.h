@@ -209,9 +209,6 @@ struct JobOptions {
 // InvalidArgument with a one-line reason for a table job that asks for
 // anything else; OK for a dense one.
 Status CheckTableJob(const JobOptions& opts);
-// The part of CheckTableJob for a hashed table (job_hashed_table.cc): not
-// yet sharded (InvalidArgument for shard=).
-Status CheckHashedTableJob(const JobOptions& opts);
 // Replicas ("Replicas" below): a primary (`primary`: it has a backup) or a
 // backup (opts.backup) serves an async dense model only for now; not both.
 // InvalidArgument with a one-line reason, naming the option; OK for a job

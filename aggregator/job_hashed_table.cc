@@ -10,15 +10,6 @@
 
 namespace blkps::server {
 
-Status CheckHashedTableJob(const JobOptions& opts) {
-  if (opts.hashed_capacity == 0) return Status::OK();
-  if (opts.shards > 1) {
-    return Status::InvalidArgument("shard: a hashed table (table=hash:...) is served by one server for now; leave "
-                                   "shard= out");
-  }
-  return Status::OK();
-}
-
 Status Job::CreateHashedTable() {
   if (opts_.hashed_capacity == 0) return Status::OK();
   HashedTableOptions table;

@@ -17,12 +17,16 @@ Cases:
              on the 2-shard table, fed int64 ids (negative ones too: their
              two's-complement pattern), train to the rows of a local
              torch.nn.Embedding over a few steps.
+  checkpoint with checkpoint=, the shards' files make one checkpoint set:
+             rows pushed on both shards, `target stop` (its final
+             generation), a new start from the set: every shard serves
+             the same rows and has made the same rows, at one generation.
   mount      blkps-mount of the hashed layout is refused in one line that
              says a hashed table is reached through the row windows.
   plain-io   a plain pull and push of the hashed layout are refused in one
              line naming pull_rows and push_rows, before any shard sees them.
 
-Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch|mount|plain-io
+Usage: hashed_table_shards_test.py <repo> <build dir> reference|full|torch|checkpoint|mount|plain-io
 """
 import os
 import subprocess
@@ -142,6 +146,34 @@ def torch_embedding_trains_as_a_local_table():
     print("hashed_table_shards_test torch: ok")
 
 
+def a_checkpoint_set_restores_every_shards_rows():
+    rng = np.random.default_rng(11)
+    pool = rng.integers(0, 2**64, 300, dtype=np.uint64)
+    with tempfile.TemporaryDirectory() as folder:
+        bsopts = (f"table=hash:1024:{WIDTH};rule=adagrad;lr={LR};init=uniform:0.05;seed=3;"
+                  f"checkpoint={folder}/table.ckpt")
+        with testbed.Server(bsopts, tgtds=2) as server:
+            with blkps.Model(server.url) as model:
+                for _ in range(6):
+                    testbed.push_zipf_batch(model, pool, rng, 100, WIDTH)
+                before = model.pull_rows(pool, WIDTH)
+            made = [t["rows_made"] for t in shard_tables(server)]
+            check(all(made), f"the pushes did not make rows on both shards: {made}")
+        # Leaving the block stopped the server: `target stop` wrote a final
+        # generation on both shards.
+        with testbed.Server(bsopts, tgtds=2) as server:
+            with open_control(server.control) as control:
+                shards = control.status()["shards"]
+            generations = {s["checkpoint"]["generation"] for s in shards}
+            check(len(generations) == 1 and 0 not in generations,
+                  f"the shards did not start from one generation: {generations}")
+            again = [s["table"]["rows_made"] for s in shards]
+            check(again == made, f"the shards made {again} rows after the restart, not {made}")
+            with blkps.Model(server.url) as model:
+                check(np.array_equal(model.pull_rows(pool, WIDTH), before), "the restarted shards serve other rows")
+    print("hashed_table_shards_test checkpoint: ok")
+
+
 def mount_is_refused_in_one_line():
     with testbed.Server(f"table=hash:64:{WIDTH}", tgtds=2) as server, tempfile.TemporaryDirectory() as mountpoint:
         try:
@@ -173,5 +205,6 @@ def plain_io_is_refused_in_one_line():
 
 
 testbed.run({"reference": rows_match_a_dict_reference, "full": full_shard_refuses_its_part_and_the_others_apply_theirs,
-             "torch": torch_embedding_trains_as_a_local_table, "mount": mount_is_refused_in_one_line,
+             "torch": torch_embedding_trains_as_a_local_table, "checkpoint": a_checkpoint_set_restores_every_shards_rows,
+             "mount": mount_is_refused_in_one_line,
              "plain-io": plain_io_is_refused_in_one_line}, None)

@@ -579,7 +579,6 @@ TEST(TableOptions, BadTablesAreRefusedInOneLine) {
       {"table=hash:0:4", "table:"},
       {"table=10:4;evict=lru-push", "evict: only for a hashed table"},
       {"table=hash:10:4;evict=sometimes", "evict:"},
-      {"table=hash:10:4;checkpoint=/tmp/t.ckpt;shard=0/2", "shard: a hashed table"},
       {"table=10:4;mode=ssp:1", "mode=async"},
       {"table=10:4;block=20", "block:"},
       {"table=10:4;staleness_aware=1", "staleness_aware:"},

@@ -128,11 +128,8 @@ def hashed_shard_capacity(capacity, count):
 def plan_hashed(model, count, identity, serves):
     """The Plan of a hashed table over `count` shards (plan_shards): shard K
     serves table=hash:(hashed_shard_capacity):WIDTH, its other options as
-    given (seed included), then `identity`."""
-    if count > 1 and checkpoints.checkpoint_path(model) is not None:
-        raise UserError("--bsopts", "checkpoint= of a hashed table split over several shards is not served yet "
-                        "(each shard's rows would need one checkpoint set)",
-                        "leave checkpoint= out, or serve the table from one tgtd")
+    given (seed included), then `identity` (with checkpoint=, shard=K/N:
+    the shards' files make one checkpoint set, as a dense model's)."""
     table = f"hash:{hashed_shard_capacity(model['hashed_capacity'], count)}:{model['table_width']}"
     bsopts = []
     for k in serves:
