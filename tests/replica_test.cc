@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <blkps/control_lun.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -269,6 +270,25 @@ TEST(Replicas, APrimaryWhoseBackupIsGoneAcknowledgesNoMoreWrites) {
   // NOT READY, MANUAL INTERVENTION REQUIRED: the job failed, saying why.
   EXPECT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "sense 0x2 0x0403");
   EXPECT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "sense 0x2 0x0403");
+  EXPECT_TRUE(Contains(StatusJson(shard.primary), "backup " + shard.address)) << StatusJson(shard.primary);
+}
+
+// A backup that stops answering (SIGSTOP: alive, its connection open) is
+// waited for at most ReplicaLink::kAckTimeoutSeconds; then the write fails
+// as if the backup were gone, and so does every later one.
+TEST(Replicas, APrimaryWhoseBackupStopsAnsweringFailsTheWrite) {
+  ReplicatedShard shard(kModel + ";rule=sum");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  RawLun lun(shard.primary.url(1), Learner(1));
+  ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
+  const pid_t backup = static_cast<pid_t>(std::stol(shard.backup.pid()));
+  ASSERT_EQ(kill(backup, SIGSTOP), 0);
+  const std::string stalled = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes));
+  const std::string after = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes));
+  ASSERT_EQ(kill(backup, SIGCONT), 0);  // before any assertion: the fixture stops it
+  EXPECT_EQ(stalled, "sense 0x2 0x0403");
+  EXPECT_EQ(after, "sense 0x2 0x0403");
   EXPECT_TRUE(Contains(StatusJson(shard.primary), "backup " + shard.address)) << StatusJson(shard.primary);
 }
 
