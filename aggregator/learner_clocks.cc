@@ -80,11 +80,11 @@ Status CheckGradientParts(const GradientParts& parts, const ConsistencyOptions& 
   if (end > num_params || !boundary(parts.first) || !boundary(end)) {
     const uint64_t first = std::min(parts.first / block_params * block_params, num_params);
     const uint64_t last = std::min((end + block_params - 1) / block_params * block_params, num_params);
-    return Status::InvalidArgument(
-        "parts: " + std::to_string(parts.first) + ":" + std::to_string(parts.count) + ":" + std::to_string(parts.k) +
-        " does not start and end at model blocks of " + std::to_string(block_params) + " parameters inside the " +
-        std::to_string(num_params) + " of the model; e.g. parts=" + std::to_string(first) + ":" +
-        std::to_string(std::max(last, first + 1) - first) + ":" + std::to_string(parts.k));
+    return Status::InvalidArgument("parts: " + FormatGradientParts(parts) +
+                                   " does not start and end at model blocks of " + std::to_string(block_params) +
+                                   " parameters inside the " + std::to_string(num_params) +
+                                   " of the model; e.g. parts=" + std::to_string(first) + ":" +
+                                   std::to_string(std::max(last, first + 1) - first) + ":" + std::to_string(parts.k));
   }
   return Status::OK();
 }
