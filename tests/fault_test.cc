@@ -617,13 +617,12 @@ TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
   ASSERT_NE(m, nullptr) << error;
   const std::vector<float> ones(1 << 14, 1.0f);
   ASSERT_EQ(m->Push(0, ones.data(), ones.size()), 0) << m->last_error();
-  const pid_t tgtd = static_cast<pid_t>(std::atol(target.pid().c_str()));
-  ASSERT_GT(tgtd, 0);
   struct Continue {  // tgtd runs again however the test ends, so that it can be stopped
-    pid_t pid;
-    ~Continue() { kill(pid, SIGCONT); }
-  } resume{tgtd};
-  ASSERT_EQ(kill(tgtd, SIGSTOP), 0);
+    TargetProcess* target;
+    ~Continue() { target->ContinueTgtd(); }
+  } resume{&target};
+  std::string why;
+  ASSERT_TRUE(target.StopTgtd(&why)) << why;
   proxy.CutAll();
   const auto start = std::chrono::steady_clock::now();
   const int pushed = m->Push(0, ones.data(), ones.size());

@@ -9,7 +9,6 @@
 #include <arpa/inet.h>
 #include <blkps/control_lun.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -282,11 +281,12 @@ TEST(Replicas, APrimaryWhoseBackupStopsAnsweringFailsTheWrite) {
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
   RawLun lun(shard.primary.url(1), Learner(1));
   ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
-  const pid_t backup = static_cast<pid_t>(std::stol(shard.backup.pid()));
-  ASSERT_EQ(kill(backup, SIGSTOP), 0);
+  std::string why;
+  const bool stopped = shard.backup.StopTgtd(&why);
   const std::string stalled = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes));
   const std::string after = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes));
-  ASSERT_EQ(kill(backup, SIGCONT), 0);  // before any assertion: the fixture stops it
+  shard.backup.ContinueTgtd();  // before any assertion: the fixture stops it
+  ASSERT_TRUE(stopped) << why;
   EXPECT_EQ(stalled, "sense 0x2 0x0403");
   EXPECT_EQ(after, "sense 0x2 0x0403");
   EXPECT_TRUE(Contains(StatusJson(shard.primary), "backup " + shard.address)) << StatusJson(shard.primary);

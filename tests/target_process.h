@@ -8,6 +8,7 @@
 // it, the command's --owner-pid watchdog stops tgtd instead.
 #pragma once
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,6 +118,32 @@ class TargetProcess {
     return true;
   }
 
+  // Stops tgtd with SIGSTOP, as a hung server would be (alive, its sockets
+  // open, answering nothing), and waits until every one of its threads is
+  // stopped: kill() only wakes one thread, and until the stop reaches the
+  // others they may still answer a command. Returns false, with the reason
+  // in *why, if that does not happen within timeout_s. ContinueTgtd() undoes it.
+  bool StopTgtd(std::string* why, double timeout_s = 30) {
+    const pid_t p = static_cast<pid_t>(std::atol(Env("PID").c_str()));
+    if (p <= 0 || kill(p, SIGSTOP) != 0) {
+      if (why) *why = "no tgtd to stop (pid " + std::to_string(p) + ")";
+      return false;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (!EveryThreadStopped(p)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        if (why) *why = "tgtd " + std::to_string(p) + " still runs after SIGSTOP";
+        return false;
+      }
+      usleep(5000);
+    }
+    return true;
+  }
+  void ContinueTgtd() {
+    const pid_t p = static_cast<pid_t>(std::atol(Env("PID").c_str()));
+    if (p > 0) kill(p, SIGCONT);
+  }
+
   // Starts the target again in the same --dir, with the same --bsopts and
   // options, on the same port (so that learners' sessions can reconnect), e.g.
   // after KillTgtd(). Returns ok(); start_output() has the command's output.
@@ -149,6 +176,27 @@ class TargetProcess {
   }
 
  private:
+  // Whether every thread of process p is in state T (stopped), from
+  // /proc/p/task/*/stat, whose third field is the state.
+  static bool EveryThreadStopped(pid_t p) {
+    const std::string tasks = "/proc/" + std::to_string(p) + "/task";
+    DIR* dir = opendir(tasks.c_str());
+    if (!dir) return false;
+    bool stopped = true;
+    int seen = 0;
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream stat(tasks + "/" + e->d_name + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');                                  // the name may hold spaces
+      if (paren == std::string::npos || paren + 2 >= line.size()) continue;  // the thread just ended
+      ++seen;
+      if (line[paren + 2] != 'T') stopped = false;
+    }
+    closedir(dir);
+    return stopped && seen > 0;
+  }
   void Start(const std::string& extra) {
     start_status_ = RunCommand(Blkps() + " target start --dir " + ShellQuote(dir_) + " --plugin " +
                                    ShellQuote(BLKPS_PLUGIN) + " --owner-pid " + std::to_string(getpid()) +
