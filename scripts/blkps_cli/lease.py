@@ -211,16 +211,7 @@ def start_keeper(folder, a, role):
 def stop_keeper(folder):
     """Ends the lease keeper of the tgtd in `folder`, if it runs (it
     revokes its lease)."""
-    try:
-        with open(os.path.join(folder, KEEPER_PID)) as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except (OSError, ValueError):
-        return
-    if b"lease" not in argv or folder.encode() not in argv:
-        return  # the pid was reused: not ours
-    processes.terminate(pid, 5)
+    processes.stop_recorded(os.path.join(folder, KEEPER_PID), "lease", folder)
 
 
 def start(a):
