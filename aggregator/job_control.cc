@@ -1,8 +1,9 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
 // stop=1|0, tag=<text>, rank=<rank>:<run>, lease_until=<ms> (job.h,
-// "Receipts", "Replicas", Control) or checkpoint=1 or promote=1, alone. One grammar, one parser: a block is parsed and
-// checked whole, then applied whole or not at all.
+// "Receipts", "Replicas", Control) or checkpoint=1 or promote=1, alone.
+// One grammar, one parser: a block is parsed and checked whole, then
+// applied whole or not at all.
 #include "job.h"
 
 #include <algorithm>

@@ -26,7 +26,7 @@ bool LeaseFence::Extend(uint64_t until_ms) {
   uint64_t held = until_ms_.load();
   while (held < until_ms && !until_ms_.compare_exchange_weak(held, until_ms)) {
   }
-  return refused_.exchange(false);
+  return NowMs() <= until_ms_.load() && refused_.exchange(false);
 }
 
 Status LeaseFence::Admit(bool* lapsed_first) {

@@ -30,8 +30,8 @@ class LeaseFence {
 
   // Moves the deadline to `until_ms` (CLOCK_MONOTONIC ms) if that is later
   // than the one held: renewals may arrive out of order, and a deadline a
-  // renewal confirmed stays valid. Returns whether the fence was closed
-  // (the deadline had passed) before: the caller logs the reopening.
+  // renewal confirmed stays valid. Returns true if this reopened a fence
+  // that had refused a write: the caller logs the reopening.
   bool Extend(uint64_t until_ms);
   // OK if this job holds no lease or its deadline has not passed; otherwise
   // Standby saying so, which a learner takes as "use another server".
