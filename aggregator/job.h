@@ -113,7 +113,8 @@
 //   job_hashed_table.cc  a hashed table: its creation, checks and status
 //   job_replica.cc     replicas: a primary's pushes sent to its backup, a
 //                      backup's records applied, promotion (the records
-//                      themselves: replication.h)
+//                      themselves: replication.h), and a leased primary's
+//                      fence (lease_fence.h)
 //
 // Row windows (blkps/control_lun.h "Row windows"). A table's rows also move
 // in batches through windows on the control LUN, BLKPS_CONTROL_WINDOWS_PER_LUN
@@ -130,7 +131,10 @@
 // the job fails (nothing is acknowledged without the backup). A backup
 // (opts.backup) is on standby: its learners' READ, WRITE and checkpoints
 // are refused (Standby) and it applies its primary's records
-// (ApplyReplica) until Promote(). Async dense jobs only.
+// (ApplyReplica) until Promote(). Async dense jobs only. A primary that
+// holds a lease (control lease_until=, doc/replicas.md "Failover by a
+// lease") admits and acknowledges learner writes only until the lease's
+// deadline (LeaseFence); without lease_until= there is no such deadline.
 #pragma once
 
 #include <atomic>
@@ -148,6 +152,7 @@
 #include "hashed_table.h"
 #include "holds.h"
 #include "learner_clocks.h"
+#include "lease_fence.h"
 #include "model.h"
 #include "mutex.h"
 #include "receipts.h"
@@ -495,6 +500,9 @@ class Job {
   // A primary: sends `push` and waits for the backup. If it cannot be
   // acknowledged, fails the job and returns Unavailable with the reason.
   Status Replicate(ReplicaPush* push);
+  // OK unless this job holds a lease whose deadline passed (Standby, and
+  // one log line per lapse).
+  Status CheckLease();
   // Learner `slot`'s gradient for `n` parameters of block b was applied:
   // counted on its clocks; ssp's held commands that may pass are released;
   // a bsp round it completes is finished (FinishRoundIfCompleteLocked),
@@ -627,6 +635,7 @@ class Job {
   BlockSequences block_sequences_;
   std::atomic<bool> standby_{false};
   std::atomic<uint64_t> replica_records_{0};
+  LeaseFence lease_;  // lease_until=: the writes a leased primary acknowledges
   const Clock::time_point started_ = Clock::now();
 
   Mutex checkpoint_mu_;                                 // one checkpoint at a time

@@ -1,8 +1,9 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
-// stop=1|0, tag=<text>, rank=<rank>:<run> (job.h, "Receipts", Control) or
-// checkpoint=1, alone. One grammar, one parser: a block is parsed and
-// checked whole, then applied whole or not at all.
+// stop=1|0, tag=<text>, rank=<rank>:<run>, lease_until=<ms> (job.h,
+// "Receipts", "Replicas", Control) or checkpoint=1 or promote=1, alone.
+// One grammar, one parser: a block is parsed and checked whole, then
+// applied whole or not at all.
 #include "job.h"
 
 #include <algorithm>
@@ -84,7 +85,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (eq == std::string::npos || !IsKey(key)) {
       return bad(
           "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
-          "rank=<rank>:<run>, checkpoint=1 or promote=1, one a line, got '" +
+          "rank=<rank>:<run>, lease_until=<ms>, checkpoint=1 or promote=1, one a line, got '" +
           ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -131,6 +132,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   uint64_t fence_lun = 0;
   bool fence = false;
   std::optional<std::pair<uint64_t, std::string>> beat;  // rank=
+  std::optional<uint64_t> lease_until;                   // CLOCK_MONOTONIC ms
   for (const Line& l : lines) {
     if (l.key == "resume") {
       if (l.value != "1") return bad("resume: expected resume=1, got '" + ShowBytes(l.value) + "'");
@@ -156,6 +158,17 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
                    ">:<run, 1 to 32 lower-case hex digits>, got '" + ShowBytes(l.value) + "'");
       }
       beat.emplace(r, run);
+    } else if (l.key == "lease_until") {
+      // The lease keeper's deadline (lease_fence.h), in milliseconds on
+      // CLOCK_MONOTONIC; only a keeper on this host can know that clock.
+      const bool digits =
+          !l.value.empty() && l.value.size() <= 15 && l.value.find_first_not_of("0123456789") == std::string::npos;
+      const uint64_t ms = digits ? std::strtoull(l.value.c_str(), nullptr, 10) : 0;
+      if (ms == 0) {
+        return bad("lease_until: expected lease_until=<milliseconds on this host's CLOCK_MONOTONIC, above 0>, got '" +
+                   ShowBytes(l.value) + "'");
+      }
+      lease_until = ms;
     } else if (l.key == "fence") {
       const bool digits =
           !l.value.empty() && l.value.size() <= 19 && l.value.find_first_not_of("0123456789") == std::string::npos;
@@ -182,6 +195,9 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   }
 
   // Apply: nothing here can fail.
+  if (lease_until && lease_.Extend(*lease_until)) {
+    log_("lease renewed: this primary acknowledges learner writes again");
+  }
   for (const auto& [key, v] : params) {
     SetRuleParam(key, v);
     log_("control: " + key + " set to " + FloatShort(v));

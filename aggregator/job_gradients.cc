@@ -46,12 +46,17 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   FinishWrite(slot, initiator, device_offset, s.ok(), round);
   LeaveWriteGate();
   if (s.ok() && push && !push->empty()) s = Replicate(&*push);
+  // Acknowledged only while the lease holds (a lease may lapse while the
+  // backup has the record): the receipt says it was applied.
+  if (s.ok()) s = CheckLease();
   return s;
 }
 
 Status Job::ApplyWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
                        ReplicaPush* push) {
   if (standby()) return StandbyStatus();
+  Status leased = CheckLease();
+  if (!leased.ok()) return leased;
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);

@@ -1,6 +1,6 @@
 // Job's side of replicas (job.h "Replicas"; doc/replicas.md): the checks at
 // Create, a primary's push sent to its backup before its WRITE completes, a
-// backup's records applied, and promotion.
+// backup's records applied, promotion, and a leased primary's fence.
 #include "job.h"
 
 namespace blkps::server {
@@ -40,6 +40,13 @@ Status Job::Replicate(ReplicaPush* push) {
     log_(failure_);
   }
   return Status::Unavailable(failure_);
+}
+
+Status Job::CheckLease() {
+  bool lapsed_first = false;
+  Status s = lease_.Admit(&lapsed_first);
+  if (lapsed_first) log_("lease lapsed: this primary acknowledges no learner write from now on (" + s.message() + ")");
+  return s;
 }
 
 Status Job::CheckReplicaHello(const std::string& hello) {

@@ -30,7 +30,7 @@ unit_targets=(aggregator_test update_rule_test checkpoint_file_test crc32c_test 
               wire_convert_test chap_file_check)
 # Unit tests that run no code of this build, left to the normal unit stage:
 # the Python and shell ones (an ASan libblkps.so does not load into python3).
-uninstrumented="NodeScripts|Cli\\.|Serve\\.|Labels\\.|PythonBinding\\.|Gpu\\.|Format\\.|Docs\\.|ClusterNet\\.|ClusterResults\\.|Monitoring\\.|Torch\\.|Horovod\\.|Overlap\\."
+uninstrumented="NodeScripts|Cli\\.|Serve\\.|Labels\\.|PythonBinding\\.|Gpu\\.|Format\\.|Docs\\.|ClusterNet\\.|ClusterResults\\.|Monitoring\\.|Torch\\.|Horovod\\.|Overlap\\.|Lease\\."
 fuzz_options=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DBLKPS_FUZZ=ON)
 for stage in "${stages[@]}"; do
   case "$stage" in

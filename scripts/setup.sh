@@ -39,6 +39,7 @@ packages=(
   help2man                  # man pages from the commands' --help
   prometheus                # promtool and a real Prometheus for tests/monitoring_test.py
   slurmctld slurmd munge slurm-client   # a Slurm cluster out of namespaces: tests/slurm_cluster_test.py
+  etcd-server               # leases for replicas' failover: tests/lease_test.py starts private members
   clang-format clang-tidy   # scripts/format.sh, -DBLKPS_CLANG_TIDY=ON
   clang libclang-rt-14-dev    # -DBLKPS_FUZZ=ON (libFuzzer), scripts/checked-tests.sh
   qemu-system-x86 open-iscsi mdadm dmsetup udev kmod busybox-static   # tests/vm: learner-node guests
@@ -59,10 +60,29 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
   progress "installing ${#missing[@]} Debian package(s) (a few minutes): ${missing[*]}"
   apt-get update -qq || die "apt-get update failed"
+  # etcd-server's postinst starts a system etcd on 127.0.0.1:2379 and enables
+  # it at boot; blkps needs the binary only (tests start private members). A
+  # policy-rc.d (Debian's way for an installer to veto service starts) denies
+  # etcd's start for this install, unless the machine has its own policy.
+  policy=/usr/sbin/policy-rc.d
+  if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ ! -e "$policy" ]; then
+    cat >"$policy" <<'POLICY'
+#!/bin/sh
+# blkps setup.sh, while it installs: no system etcd
+[ "$1" = etcd ] && exit 101
+exit 0
+POLICY
+    chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   # One line per package as dpkg sets it up.
   apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1 |
     sed -un 's/^Setting up \([^ ]*\) .*/setup: set up \1/p' \
     || die "apt-get install failed for: ${missing[*]}"
+  if [[ " ${missing[*]} " == *" etcd-server "* ]]; then
+    if command -v update-rc.d >/dev/null; then update-rc.d etcd disable >/dev/null 2>&1 || true; fi
+    if [ -d /run/systemd/system ]; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
+  fi
 else
   say "Debian packages present"
 fi

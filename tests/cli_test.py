@@ -258,6 +258,17 @@ def test_wildcard_address_needs_allow():
                               starts)
 
 
+def test_lease_options_refused():
+    # --lease decides between a primary and its backup (doc/replicas.md
+    # "Failover by a lease"): without --replicas 2, or with a TTL under
+    # etcd's shortest, one line before any tgtd starts.
+    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--lease",
+                           "127.0.0.1:2379"], "blkps: --lease: decides which of a primary and its backup serves")
+    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--replicas",
+                           "2", "--lease", "127.0.0.1:2379", "--lease-ttl", "1"],
+                          "blkps: target start: argument --lease-ttl: invalid lease TTL in whole seconds")
+
+
 def test_set_needs_operator():
     # D3: with --operator, set and status --dir log in to the operator target
     # with DIR/operator.chap; the learners' control LUN refuses set whatever

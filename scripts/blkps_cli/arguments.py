@@ -17,3 +17,14 @@ def port_or_auto(text):
 
 
 port_or_auto.__name__ = "port (or auto)"
+
+
+def lease_ttl(text):
+    """A lease's TTL: whole seconds, 2 or more (etcd's shortest is about 1.5 s)."""
+    value = positive_int(text)
+    if value < 2:
+        raise ValueError(text)
+    return value
+
+
+lease_ttl.__name__ = "lease TTL in whole seconds (2 or more)"

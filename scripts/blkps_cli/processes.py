@@ -1,5 +1,6 @@
-"""The processes the command starts beside tgtd (exporters, watchdogs), as
-seen from another command: whether one runs, and ending one by its id."""
+"""The processes the command starts beside tgtd (exporters, watchdogs, lease
+keepers), as seen from another command: whether one runs, and ending one by
+its id."""
 
 import os
 import signal
@@ -26,3 +27,19 @@ def terminate(pid, wait_s):
     deadline = time.monotonic() + wait_s
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def stop_recorded(pid_file, word, folder, wait_s=5):
+    """Ends (terminate) the process whose pid `pid_file` holds if it is
+    still ours: its command line holds `word` (its subcommand) and
+    `folder`. Quiet when there is no such file or process."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except (OSError, ValueError):
+        return
+    if word.encode() not in argv or folder.encode() not in argv:
+        return  # the pid was reused: not ours
+    terminate(pid, wait_s)

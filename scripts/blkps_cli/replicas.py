@@ -38,6 +38,15 @@ def stop(folder):
         tgtd.Target(folder).stop()
 
 
+def operator_control(folder, what):
+    """The control LUN of the target in `folder` that takes operators'
+    commands (its operator target's with --operator), open."""
+    env = state.target(folder, what)
+    url, chap_file = (env["OPERATOR_URL"], env["OPERATOR_CHAP_FILE"]) if env.get("OPERATOR_URL") else \
+        (env["CONTROL_URL"], None)
+    return control.open_control(url, chap_file, None)
+
+
 def command_promote(a):
     """Has the backup of the target in a.dir serve learners (control
     command promote=1 on its control LUN)."""
@@ -46,9 +55,7 @@ def command_promote(a):
         raise UserError("target promote", f"{os.path.abspath(a.dir)} has no backup",
                         "start the target with --replicas 2")
     env = state.target(folder, "target promote")
-    url, chap_file = (env["OPERATOR_URL"], env["OPERATOR_CHAP_FILE"]) if env.get("OPERATOR_URL") else \
-        (env["CONTROL_URL"], None)
-    with control.open_control(url, chap_file, None) as c:
+    with operator_control(folder, "target promote") as c:
         try:
             c.command("promote=1")
         except OSError as e:

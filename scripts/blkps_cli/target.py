@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from . import chap, checkpoints, metrics, replicas, restart, scaleout, state, tgtd
+from . import chap, checkpoints, lease, metrics, replicas, restart, scaleout, state, tgtd
 from .arguments import port_or_auto, positive_int
 from .errors import UserError
 from .processes import running
@@ -23,6 +23,7 @@ def command_start(a, part=None):
 
 def start_locked(a, part=None):
     metrics.check_start_options(a)
+    lease.check_options(a)
     if scaleout.running(a.dir):
         if len(scaleout.dead_tgtds(state.target(a.dir))) < int(state.target(a.dir)["TGTD"]):
             raise UserError("target start", f"a target is already running in {os.path.abspath(a.dir)}",
@@ -52,6 +53,12 @@ def start_locked(a, part=None):
         except BaseException:
             replicas.stop(a.dir)  # a failed start leaves nothing running
             raise
+        if getattr(a, "lease", None):
+            try:
+                lease.start(a)
+            except BaseException:
+                stop(a.dir, final_checkpoint=False)
+                raise
         print("\n".join(tgtd.labelled_urls(env)))
         if getattr(a, "replicas", 1) > 1:
             print(f"backup: {replicas.backup_dir(a.dir)} (serves learners once promoted: blkps target promote "
@@ -93,6 +100,7 @@ def stop(folder, final_checkpoint=True):
     shards = state.shards(folder)
     for d in [folder, *(shards["SHARD_DIRS"].split() if shards else [])]:
         tgtd.stop_watchdog(d)
+    lease.stop(folder)  # before the tgtds: a keeper whose tgtd ends gives its lease to the backup
     if scaleout.running(folder):
         scaleout.stop(folder)
     tgtd.Target(folder).stop()
@@ -197,6 +205,7 @@ def add_parser(sub):
     how.add_argument("--tgtadm", action="store_true", help="print tgtadm's view of the target")
     w.set_defaults(run=command_show)
     replicas.add_arguments(s, cmds)  # --replicas on start; promote, the rare one, listed last
+    lease.add_arguments(s, cmds)  # --lease on start; the lease keeper (started by start; not for people)
     # The --owner-pid watchdog (started by start; not for people).
     d = cmds.add_parser("watch")
     d.add_argument("--dir", required=True)

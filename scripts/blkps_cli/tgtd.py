@@ -562,13 +562,4 @@ def started_with(folder):
 def stop_watchdog(folder):
     """Ends the --owner-pid watchdog of the target in `folder`, if it runs:
     it would stop the tgtd restarted in its place."""
-    try:
-        with open(os.path.join(folder, WATCHDOG_PID)) as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except (OSError, ValueError):
-        return
-    if b"watch" not in argv or folder.encode() not in argv:
-        return  # the pid was reused: not ours
-    processes.terminate(pid, 5)
+    processes.stop_recorded(os.path.join(folder, WATCHDOG_PID), "watch", folder)

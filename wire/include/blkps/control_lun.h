@@ -159,7 +159,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
   "model params device_bytes block_bytes blocks table mode parts rule tag rule_params " \
   "global_step updates rejected_writes held_now uptime_s dead_after_s "                 \
   "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners "   \
-  "failed failure control_error control_refused stop replica replica_records "          \
+  "failed failure control_error control_refused stop replica replica_records lease "    \
   "checkpoint "                                                                         \
   "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS \

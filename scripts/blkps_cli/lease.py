@@ -1,0 +1,253 @@
+"""Failover by a lease (doc/replicas.md "Failover by a lease"): who is a
+shard's primary is decided by a lease in etcd, not by a person.
+
+`blkps target start --replicas 2 --lease ENDPOINTS` starts a lease keeper
+(`blkps target lease`, this module's command_keep) beside each tgtd, the
+primary's first, in the tgtd's folder (its pid in lease.pid, its log in
+lease.log). Both use the key blkps/lease/<IQN>; its value names the holder.
+
+- The primary's keeper creates the key on a lease of TTL seconds, only if
+  the key is absent (a txn on its create revision being 0), renews the
+  lease every TTL/3, and after each renewal etcd confirmed tells its
+  plugin the deadline (control lease_until=): the renewal's send time
+  + TTL - TTL/4, in ms on CLOCK_MONOTONIC. The plugin acknowledges no
+  learner write past it (aggregator/lease_fence.h), so a keeper that is
+  stuck fences its own primary before etcd lets the lease go.
+- The backup's keeper reads the key every TTL/4; once it is gone, it
+  creates it on its own lease (the same txn), tells its plugin the
+  deadline, promotes its tgtd (promote=1) and holds the lease as above.
+- A keeper whose tgtd dies (or stops answering the control LUN) revokes
+  its lease at once: the backup takes over without waiting for the TTL.
+  One that is stopped (SIGTERM, blkps target stop) revokes it too.
+"""
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+from . import etcd, processes, replicas, state, tgtd, tools
+from .arguments import lease_ttl
+from .errors import UserError
+
+KEEPER_PID = "lease.pid"
+KEEPER_LOG = "lease.log"
+
+
+def key_of(env):
+    """The etcd key of the shard that target.env `env` serves."""
+    return f"blkps/lease/{env['IQN']}"
+
+
+def endpoint_urls(text):
+    """ENDPOINTS of --lease ("HOST:PORT,..." or URLs) as base URLs."""
+    urls = [e if "://" in e else f"http://{e}" for e in text.split(",") if e]
+    if not urls:
+        raise UserError("--lease", f"expected HOST:PORT[,HOST:PORT...] of etcd members, got {text!r}")
+    return urls
+
+
+class Keeper:
+    """One tgtd's lease keeper: holds or watches its shard's key."""
+
+    def __init__(self, folder, endpoints, ttl):
+        self.folder, self.ttl = folder, ttl
+        self.etcd = etcd.Etcd(endpoint_urls(endpoints), timeout_s=ttl / 4)
+        self.env = state.target(folder, "target lease")
+        self.key = key_of(self.env)
+        self.me = f"{self.env['URL']} ({folder})"
+        self.lease = None
+        self.target = tgtd.Target(folder)
+        self._control = None
+
+    def log(self, line):
+        stamp = datetime.datetime.now().isoformat(sep=" ", timespec="milliseconds")
+        with open(os.path.join(self.folder, KEEPER_LOG), "a") as f:
+            f.write(f"{stamp} {line}\n")
+
+    def tell(self, command):
+        """Writes `command` to the tgtd's control LUN (OSError if it does
+        not take it)."""
+        if self._control is None:
+            self._control = replicas.operator_control(self.folder, "target lease")
+        self._control.command(command)
+
+    def acquire(self):
+        """Creates the key on a new lease if it is absent; whether it did
+        (then the plugin has its first deadline)."""
+        sent = time.monotonic()
+        lease = self.etcd.grant(self.ttl)
+        if not self.etcd.create(self.key, self.me, lease):
+            self.etcd.revoke(lease)
+            return False
+        self.lease = lease
+        self.fence(sent)
+        return True
+
+    def fence(self, sent):
+        """Tells the plugin the deadline of a lease renewed at `sent`."""
+        self.tell(f"lease_until={int((sent + self.ttl - self.ttl / 4) * 1000)}")
+
+    def hold(self):
+        """Renews the lease every TTL/3 until the tgtd dies (revoked) or
+        etcd says it lapsed. Returns the exit status."""
+        failing = None
+        while True:
+            if not self.target.alive():
+                return self.release(f"gave up the lease: tgtd ({self.env['PID']}) is not running")
+            sent = time.monotonic()
+            try:
+                ttl = self.etcd.keepalive(self.lease)
+            except etcd.Error as e:
+                if failing is None:
+                    self.log(f"renewal failed ({e}); the plugin refuses writes once its deadline passes")
+                failing = str(e)
+                ttl = None
+            if ttl == 0:
+                self.log("lost the lease: etcd let it lapse (this keeper was stopped or cut off for longer than "
+                         "the TTL); this primary acknowledges no write from now on")
+                return 1
+            if ttl:
+                if failing is not None:
+                    self.log("renewed again")
+                    failing = None
+                try:
+                    self.fence(sent)
+                except OSError as e:
+                    return self.release(f"gave up the lease: the plugin did not take its deadline ({e})")
+            time.sleep(max(0.0, sent + self.ttl / 3 - time.monotonic()))
+
+    def follow(self):
+        """A backup's watch: once the key is gone, takes it and promotes
+        the tgtd. Returns the exit status (of hold(), as the primary)."""
+        holder, seen = None, time.monotonic()
+        while True:
+            if not self.target.alive():
+                self.log(f"stopped: tgtd ({self.env['PID']}) is not running")
+                return 1
+            try:
+                value = self.etcd.get(self.key)
+                if value is None and self.acquire():
+                    break
+                if value is not None:
+                    holder, seen = value, time.monotonic()
+            except etcd.Error:
+                pass  # etcd is out of reach: so is a new lease; try again
+            except OSError as e:
+                return self.release(f"gave up the lease: the plugin did not take its deadline ({e})")
+            time.sleep(self.ttl / 4)
+        try:
+            self.tell("promote=1")
+        except OSError as e:
+            return self.release(f"gave up the lease: promote=1 failed ({e})")
+        self.log(f"became primary: the lease of {holder or 'no one'} lapsed ({time.monotonic() - seen:.1f} s after "
+                 f"this keeper last saw it held); this tgtd serves learners at {self.env['URL']}")
+        return self.hold()
+
+    def release(self, why):
+        """Revokes the lease if held; logs `why`. Returns 1."""
+        if self.lease is not None:
+            try:
+                self.etcd.revoke(self.lease)
+            except etcd.Error as e:
+                why += f" (revoking it failed: {e}; it lapses after its TTL)"
+            self.lease = None
+        self.log(why)
+        return 1
+
+
+def command_keep(a):
+    """`blkps target lease` (started by start_keeper; not for people). Prints
+    one line once it holds the key (primary) or watches it (backup), or
+    "error: ..." and exits."""
+    folder = os.path.abspath(a.dir)
+    os.environ["BLKPS_RECONNECT_SECONDS"] = str(a.ttl)  # a dead tgtd must not hold the keeper
+    keeper = Keeper(folder, a.endpoints, a.ttl)
+
+    def started(line):
+        keeper.log(line)
+        print(line, flush=True)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    try:
+        if a.role == "primary":
+            try:
+                held = keeper.acquire()
+            except OSError as e:  # etcd, or the plugin's control LUN
+                keeper.release(f"could not take the lease: {e}")
+                started(f"error: {e}")
+                return 1
+            if not held:
+                started(f"error: {keeper.key} is held by {keeper.etcd.get(keeper.key)}")
+                return 1
+            started(f"holds {keeper.key} (TTL {a.ttl} s)")
+            return keeper.hold()
+        started(f"watches {keeper.key} (TTL {a.ttl} s)")
+        return keeper.follow()
+    except KeyboardInterrupt:  # SIGTERM: blkps target stop
+        return keeper.release("stopped")
+
+
+def start_keeper(folder, a, role):
+    """Starts the lease keeper of the tgtd in `folder` as `role` (primary:
+    returns once it holds the key; backup: once it watches it). A
+    UserError if it could not."""
+    with open(os.path.join(folder, KEEPER_LOG), "a") as log:
+        keeper = subprocess.Popen([tools.script("blkps"), "target", "lease", "--dir", folder, "--endpoints",
+                                   a.lease, "--ttl", str(a.lease_ttl), "--role", role], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True)
+    with open(os.path.join(folder, KEEPER_PID), "w") as f:
+        f.write(f"{keeper.pid}\n")
+    line = keeper.stdout.readline().strip()
+    keeper.stdout.close()
+    if not line or line.startswith("error: "):
+        keeper.wait()
+        why = line.removeprefix("error: ") or f"it exited; {os.path.join(folder, KEEPER_LOG)} says why"
+        raise UserError("--lease", f"the {role}'s lease keeper: {why}",
+                        "check the etcd endpoints, or stop the target that holds the key")
+
+
+def stop_keeper(folder):
+    """Ends the lease keeper of the tgtd in `folder`, if it runs (it
+    revokes its lease)."""
+    processes.stop_recorded(os.path.join(folder, KEEPER_PID), "lease", folder)
+
+
+def start(a):
+    """The keepers of a target started with --replicas 2 --lease: the
+    primary's (it takes the key), then the backup's (it watches)."""
+    primary = os.path.abspath(a.dir)
+    start_keeper(primary, a, "primary")
+    start_keeper(replicas.backup_dir(primary), a, "backup")
+
+
+def stop(folder):
+    """Ends both keepers of the target in `folder`, the backup's first (so
+    that it does not take over from a primary being stopped)."""
+    folder = os.path.abspath(folder)
+    stop_keeper(replicas.backup_dir(folder))
+    stop_keeper(folder)
+
+
+def check_options(a):
+    if a.lease and getattr(a, "replicas", 1) < 2:
+        raise UserError("--lease", "decides which of a primary and its backup serves", "give --replicas 2 with it")
+
+
+def add_arguments(start_parser, cmds):
+    """--lease and --lease-ttl on `blkps target start`; the keeper's own
+    command on target's subparsers `cmds` (not for people)."""
+    start_parser.add_argument("--lease", metavar="HOST:PORT[,...]",
+                              help="with --replicas 2: etcd members (client URLs); a lease there decides which "
+                              "replica is primary, and the backup takes over when the primary's lapses "
+                              '(doc/replicas.md "Failover by a lease")')
+    start_parser.add_argument("--lease-ttl", type=lease_ttl, default=2, metavar="S",
+                              help="the lease's TTL in whole seconds, 2 or more (default 2): a primary that "
+                              "stops renewing refuses writes after 3/4 of it, its backup takes over after it")
+    k = cmds.add_parser("lease")
+    k.add_argument("--dir", required=True)
+    k.add_argument("--endpoints", required=True)
+    k.add_argument("--ttl", type=lease_ttl, required=True)
+    k.add_argument("--role", choices=("primary", "backup"), required=True)
+    k.set_defaults(run=command_keep)

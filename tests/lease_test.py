@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""Failover by a lease (doc/replicas.md "Failover by a lease"), end to
+end: `blkps target start --tgtd 1 --replicas 2 --lease ...` against a
+private three-member etcd (etcd_cluster.py), real tgtds on loopback,
+pushes written through libblkps.
+
+Cases:
+  primary-killed-backup-takes-over   kill -9 of the primary's tgtd: the
+      backup becomes primary (status, its keeper's log) and takes pushes.
+  stopped-keeper-fences-primary      the primary's keeper SIGSTOPped (the
+      split-brain attempt): the old primary refuses pushes once its
+      deadline passed, and the backup takes over.
+  etcd-member-killed-lease-held      kill -9 of etcd's leader: the
+      primary's lease is renewed after it and nothing fails over.
+
+Waits are for a state (status, a log line) with generous deadlines; no
+timing is asserted.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import testbed
+
+top, build, args = testbed.setup("lease_test")
+import blkps  # noqa: E402  (this checkout's package, this build's library)
+import etcd_cluster  # noqa: E402
+
+BLKPS = os.path.join(top, "scripts", "blkps")
+PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
+TTL = 2
+WAIT_S = 60  # for a state the test waits for: far above any failover here
+
+
+def blkps_cli(*argv):
+    """Runs `blkps ARGV`: (exit status, stdout, stderr)."""
+    out = subprocess.run([BLKPS, *argv], capture_output=True, text=True)
+    return out.returncode, out.stdout, out.stderr
+
+
+def status(folder):
+    rc, out, err = blkps_cli("status", "--dir", folder, "--json")
+    testbed.check(rc == 0, f"blkps status --dir {folder}: {err.strip()}")
+    return json.loads(out)
+
+
+def wait_for(what, condition):
+    """Returns condition()'s first true value, asked until WAIT_S passed."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        value = condition()
+        if value:
+            return value
+        testbed.check(time.monotonic() < deadline, f"not within {WAIT_S} s: {what}")
+        time.sleep(0.1)
+
+
+def log_of(folder):
+    with open(os.path.join(folder, "lease.log")) as f:
+        return f.read()
+
+
+def keeper_pid(folder):
+    with open(os.path.join(folder, "lease.pid")) as f:
+        return int(f.read())
+
+
+class LeasedTarget:
+    """A target with a backup and leases in `cluster`, stopped on leaving
+    the block (also on failure)."""
+
+    def __init__(self, cluster):
+        self.dir = tempfile.mkdtemp(prefix="blkps-lease-test-")
+        self.backup = os.path.join(self.dir, "backup")
+        rc, _, err = blkps_cli("target", "start", "--dir", self.dir, "--plugin", PLUGIN, "--owner-pid",
+                               str(os.getpid()), "--tgtd", "1", "--replicas", "2", "--lease", cluster.endpoints,
+                               "--lease-ttl", str(TTL), "--bsopts", "params=1024;rule=sum")
+        if rc != 0:
+            self.__exit__()
+            testbed.fail(f"target start: {err.strip()}")
+        self.models = {}
+
+    def url(self, folder):
+        rc, out, err = blkps_cli("target", "show", "--dir", folder, "--get", "URL")
+        testbed.check(rc == 0, f"target show --dir {folder}: {err.strip()}")
+        return out.strip()
+
+    def push(self, folder):
+        """Pushes ones to parameters 0..127 through the learner LUN of the
+        tgtd in `folder`: None if acknowledged, else the error's text."""
+        if folder not in self.models:
+            self.models[folder] = blkps.Model(self.url(folder))
+        try:
+            self.models[folder].write_bytes(0, b"\x00\x00\x80\x3f" * 128)
+            return None
+        except OSError as e:
+            return str(e)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for model in getattr(self, "models", {}).values():
+            model.close()
+        for folder in (self.backup, self.dir):  # a keeper this test stopped must run to end
+            try:
+                os.kill(keeper_pid(folder), signal.SIGCONT)
+            except (OSError, ValueError):
+                pass
+        blkps_cli("target", "stop", "--dir", self.dir, "--no-checkpoint")
+        subprocess.run(["rm", "-rf", self.dir])
+
+
+def test_primary_killed_backup_takes_over():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        testbed.check(t.push(t.dir) is None, "a push to the primary failed before any fault")
+        testbed.check(status(t.backup)["replica"] == "backup", "the backup is not on standby at the start")
+        rc, pid, _ = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
+        os.kill(int(pid), signal.SIGKILL)
+        wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+        took_over = re.compile(r"became primary: the lease of .* lapsed \([0-9.]+ s after")
+        line = wait_for("the backup's keeper logs its takeover", lambda: took_over.search(log_of(t.backup)))
+        testbed.check(t.push(t.backup) is None, f"the new primary refused a push after: {line.group(0)}")
+        testbed.check(status(t.backup)["lease"].startswith("held: "), "the new primary holds no lease")
+
+
+def test_stopped_keeper_fences_primary():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        testbed.check(t.push(t.dir) is None, "a push to the primary failed before any fault")
+        os.kill(keeper_pid(t.dir), signal.SIGSTOP)
+        refusal = wait_for("the old primary refuses pushes", lambda: t.push(t.dir))
+        # NOT READY, TARGET PORT IN STANDBY STATE: "use another path".
+        testbed.check("NOT READY (asc/ascq 0x040b)" in refusal, f"the refusal is not the standby sense: {refusal}")
+        testbed.check(status(t.dir)["lease"].startswith("lapsed "), f"status: {status(t.dir)['lease']!r}")
+        wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+        testbed.check(t.push(t.dir) is not None, "the old primary took a push after the backup took over")
+        testbed.check(t.push(t.backup) is None, "the new primary refused a push")
+
+
+def etcd_leader(cluster):
+    """The index of the member that leads the cluster now."""
+    for k, url in enumerate(cluster.clients):
+        request = urllib.request.Request(url + "/v3/maintenance/status", data=b"{}")
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            s = json.loads(answer.read())
+        if s.get("leader") == s["header"]["member_id"]:
+            return k
+    testbed.fail("no etcd member says it leads")
+
+
+def test_etcd_member_killed_lease_held():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        cluster.kill(etcd_leader(cluster))
+        killed = time.monotonic()
+
+        def renewed_since_kill():
+            # "held: S s left": a deadline of renewal-send + 3/4 TTL later
+            # than killed + 3/4 TTL says etcd confirmed a renewal sent after it.
+            asked = time.monotonic()
+            held = re.match(r"held: ([0-9.]+) s left", status(t.dir)["lease"])
+            return held and asked + float(held.group(1)) > killed + TTL * 3 / 4
+        wait_for("a renewal of the primary's lease after the kill", renewed_since_kill)
+        testbed.check(status(t.backup)["replica"] == "backup", "the backup took over")
+        testbed.check(t.push(t.dir) is None, "the primary refused a push")
+        testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
+
+
+testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_takes_over,
+             "stopped-keeper-fences-primary": test_stopped_keeper_fences_primary,
+             "etcd-member-killed-lease-held": test_etcd_member_killed_lease_held}, None)
+print(f"lease_test {args[0]}: ok")
