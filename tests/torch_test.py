@@ -7,7 +7,7 @@ would) and compares the result with a single-process PyTorch reference.
 
 Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver,
 gradient-async-leaver, look-ahead, buckets,
-mismatch, broadcast, buffers, tied-parts, tied-refusals, fashion-lib, fashion-mount.
+mismatch, broadcast, buffers, tied-parts, tied-early, tied-refusals, fashion-lib, fashion-mount.
 """
 import json
 import subprocess
@@ -165,30 +165,34 @@ def learner(config):
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
-    probe = config.get("overlap_probe")
+    # overlap_probe: the first layer's gradient comes last in backward: wait
+    # there until the communication thread has pushed a bucket, so a push
+    # that only happened in step() would time out here. tied_probe: the
+    # same for the head's part of the tied weight, waited for where the
+    # weight's gradient is complete (its rows' part still to push).
+    probe = ((model[0].weight, lambda: opt.pushes) if config.get("overlap_probe") else
+             (model.tok.weight, lambda: opt.part_pushes) if config.get("tied_probe") else None)
     if probe:
-        # The first layer's gradient comes last in backward: wait there until
-        # the communication thread has pushed a bucket, so a push that only
-        # happened in step() would time out here.
         seen = []
+        counted = probe[1]
 
         def wait_for_push(grad):
             if pushes_before[0] is None:
                 return
             deadline = time.monotonic() + 20
-            while opt.pushes == pushes_before[0] and time.monotonic() < deadline:
+            while counted() == pushes_before[0] and time.monotonic() < deadline:
                 time.sleep(0.001)
-            seen.append(opt.pushes - pushes_before[0])
-        model[0].weight.register_hook(wait_for_push)
+            seen.append(counted() - pushes_before[0])
+        probe[0].register_hook(wait_for_push)
         pushes_before = [None]
     for t in range(config["steps"]):
         if probe:
-            pushes_before[0] = opt.pushes if t < 2 else None  # probe the first two steps
+            pushes_before[0] = counted() if t < 2 else None  # probe the first two steps
         opt.zero_grad()
         loss_of(model, *batch(t, bps.rank(), config["model"])).backward()
         opt.step()
-    out.update(pushes=opt.pushes, part_pushes=opt.part_pushes, transfers=opt.transfers, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
-               weights=flat(model).tolist(), look_ahead=opt.look_ahead)
+    out.update(pushes=opt.pushes, part_pushes=opt.part_pushes, transfers=opt.transfers, steps=opt.steps,
+               buckets=len(getattr(opt, "buckets", [])), weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
     if config["model"] == "bn":
@@ -552,6 +556,21 @@ def case_tied_parts():
     with_server(f"params={count};rule=sgd;lr={lr};mode=bsp;block=1K;{GPT_PARTS}", 2, body)
 
 
+def case_tied_early():
+    """The head's part of the tied weight is pushed while backward still
+    runs: before the weight's whole gradient (the rows' part) is complete."""
+    count = params_of("gpt")
+
+    def body(server):
+        config = {"model": "gpt", "optimizer": "gradient", "lr": 0.1, "steps": 2, "seed": 0, "tied_head": True,
+                  "tied_probe": True}
+        r = server.run_learners(config, 1)[0]
+        check(r["pushed_during_backward"] == [1, 1],
+              f"head parts pushed before the end of backward, by step: {r['pushed_during_backward']}, expected [1, 1]")
+        print(f"tied weight: the head's part pushed during backward in each step {r['pushed_during_backward']}")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp;block=1K;{GPT_PARTS}", 1, body)
+
+
 def case_tied_refusals():
     """A server that takes a range in parts and a learner that pushes it
     once (its rounds would wait until hold_limit), and a tied_head for a
@@ -594,6 +613,7 @@ CASES = {
     "broadcast": case_broadcast,
     "buffers": case_buffers,
     "tied-parts": case_tied_parts,
+    "tied-early": case_tied_early,
     "tied-refusals": case_tied_refusals,
     "fashion-lib": lambda: case_fashion("lib"),
     "fashion-mount": lambda: case_fashion("mount"),
