@@ -1,7 +1,8 @@
 """blkps.torch.pipeline: the one place that opens connections to the model
 target. A transport opens them (blkps.Model by default: each thread
 opens its own); the communication thread of gradient mode (Pipeline) hands
-the optimizer's buckets to its connection as submissions and takes their
+the optimizer's buckets (and a tied weight's head part, blkps.torch.tied)
+to its connection as submissions and takes their
 completions, so that the training thread never waits for the network
 unless it asks to.
 

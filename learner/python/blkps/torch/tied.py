@@ -43,7 +43,8 @@ PARTS = 2  # what blkps.torch pushes: the head's part and the rest
 
 def server_parts(status):
     """(FIRST, COUNT, K) of the server's parts= as its status shows it
-    (doc/server.md "Status": "FIRST:COUNT:K", or ""), or None."""
+    (doc/server.md "Status and control": `parts` is "FIRST:COUNT:K" or
+    ""), or None."""
     text = (status or {}).get("parts", "")
     if not text:
         return None
