@@ -80,8 +80,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     server must take that weight's blocks in two parts
     (--bsopts parts=FIRST:COUNT:2): the head's part is pushed as soon as
     the head's backward is done, the rest at the end
-    (doc/pytorch.md "A tied weight in two parts"). A server with parts= and no tied_head
-    given is refused, in one line, as is the converse.
+    (doc/pytorch.md "A tied weight in two parts"). A server with parts=
+    and no tied_head given is refused, in one line, as is the converse.
     transport (tests and tools): what opens the connections to the model
     target, transport(target, dtype=None) (blkps.torch.pipeline; None:
     blkps.Model)."""
