@@ -232,8 +232,8 @@ class Optimizer:
             b.landed = False  # a pipeline: weights landed beside the parameters, not swapped in yet
         self._comm = Pipeline(self, self._connect)
         if self._tied_range is not None:
-            first, count, k = self._tied_range
-            self._tied = TiedWeight(self.layout, self.flat, self._options.tied_head, first, count, k,
+            first, count, index = self._tied_range
+            self._tied = TiedWeight(self.layout, self.flat, self._options.tied_head, first, count, index,
                                     self._tied_gradient)
         for k, ((_, p), g) in enumerate(zip(self.layout.named, self._grad_views)):
             if not p.requires_grad:

@@ -61,8 +61,9 @@ def _parts_for(status, offset, numel):
 
 
 def check_parts(status, layout, tied_head, gradient_mode, pull_during_backward):
-    """The TiedWeight range for `tied_head` (a module whose `weight` is a
-    parameter of `layout`), or None when there is none to push in parts.
+    """(FIRST, COUNT, index): the server's range and the layout index of
+    `tied_head`'s weight (a module whose `weight` is a parameter of
+    `layout`), or None when there is none to push in parts.
     Refuses, in one line saying what to give, a server and an optimizer that
     disagree: the server takes parts but nothing here pushes them (its rounds
     would wait for the missing part until hold_limit), or tied_head is given
@@ -84,8 +85,8 @@ def check_parts(status, layout, tied_head, gradient_mode, pull_during_backward):
     if not isinstance(weight, torch.nn.Parameter) or id(weight) not in index:
         raise ValueError(f"blkps.torch: tied_head={type(tied_head).__name__}: its weight is not one of the model's "
                          "parameters; give the output head module whose weight is the tied embedding's")
-    k = index[id(weight)]
-    name, offset, numel = layout.named[k][0], layout.offsets[k], weight.numel()
+    at = index[id(weight)]
+    name, offset, numel = layout.named[at][0], layout.offsets[at], weight.numel()
     if not gradient_mode:
         raise ValueError("blkps.torch: tied_head needs gradient mode (DistributedOptimizer(None, ...)): delta mode "
                          "pushes the change of the weights in one push")
@@ -103,11 +104,11 @@ def check_parts(status, layout, tied_head, gradient_mode, pull_during_backward):
     if pull_during_backward:
         raise ValueError("blkps.torch: tied_head with pull_during_backward=True: a pull between the two parts "
                          "would read the weights before the round; leave pull_during_backward unset in bsp")
-    return first, count, k
+    return first, count, at
 
 
 class TiedWeight:
-    """The head's part of parameter `k` of `layout` (the weight of module
+    """The head's part of parameter `index` of `layout` (the weight of module
     `head`), over the server's range [first, first + count): its buffer on
     the model's device, its host staging for the wire of `flat`
     (blkps.torch.staging.FlatModel, whose copy-out stream it shares), and
@@ -115,14 +116,14 @@ class TiedWeight:
     thread after each of the head's gradients: the optimizer queues the
     part's push once the step's passes are in."""
 
-    def __init__(self, layout, flat, head, first, count, k, on_gradient):
+    def __init__(self, layout, flat, head, first, count, index, on_gradient):
         self.first, self.count = first, count
         self.end = first + count
-        self.name = layout.named[k][0]
-        self._weight = layout.named[k][1]
+        self.name = layout.named[index][0]
+        self._weight = layout.named[index][1]
         self._flat, self._on_gradient = flat, on_gradient
         self._accumulator = None  # the weight's AccumulateGrad node: found at the first forward
-        at = layout.offsets[k] - first
+        at = layout.offsets[index] - first
         if flat.cuda:
             self.gradient = torch.zeros(count, dtype=torch.float32, device=flat.device)
             self._host = host_tensor(count, WIRE_TORCH_DTYPES[flat.wire], True)
