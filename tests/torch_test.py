@@ -7,7 +7,7 @@ would) and compares the result with a single-process PyTorch reference.
 
 Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver,
 gradient-async-leaver, look-ahead, buckets,
-mismatch, broadcast, buffers, fashion-lib, fashion-mount.
+mismatch, broadcast, buffers, tied-parts, tied-early, tied-refusals, fashion-lib, fashion-mount.
 """
 import json
 import subprocess
@@ -47,14 +47,50 @@ def bn_model(seed):
     return torch.nn.Sequential(torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 10))
 
 
-MODELS = {"mlp": mlp, "bn": bn_model}
+class TinyGpt(torch.nn.Module):
+    """A GPT-like model with a tied input/output embedding: position rows
+    [0, 384), the token rows (the tied weight) [384, 1344), one mixing
+    layer [1344, 1944); the output head reads the token rows again."""
+    VOCAB, WIDTH, CONTEXT = 40, 24, 16
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Embedding(self.CONTEXT, self.WIDTH)
+        self.tok = torch.nn.Embedding(self.VOCAB, self.WIDTH)
+        self.mix = torch.nn.Linear(self.WIDTH, self.WIDTH)
+        self.head = torch.nn.Linear(self.WIDTH, self.VOCAB, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids):
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        return self.head(torch.tanh(self.mix(h)))
 
 
-def batch(step, rank):
+def tiny_gpt(seed):
+    torch.manual_seed(seed)
+    return TinyGpt()
+
+
+MODELS = {"mlp": mlp, "bn": bn_model, "gpt": tiny_gpt}
+# The tied model's server: blocks of 256 parameters; parts= the blocks of
+# the token rows [384, 1344) and their neighbours (position rows, the mixing
+# layer's first weights), as the refusal of a server without parts names them.
+GPT_PARTS = "parts=256:1280:2"
+
+
+def batch(step, rank, model_name="mlp"):
     rng = np.random.default_rng(1000 * step + rank)
+    if model_name == "gpt":  # 4 sequences of 8 tokens, each predicting the next
+        ids = torch.from_numpy(rng.integers(0, TinyGpt.VOCAB, (4, 9)))
+        return ids[:, :-1], ids[:, 1:]
     x = torch.from_numpy(rng.normal(size=(BATCH, 20)).astype(np.float32))
     y = torch.from_numpy(rng.integers(0, 10, BATCH))
     return x, y
+
+
+def loss_of(model, x, y):
+    out = model(x)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
 def flat(model):
@@ -69,8 +105,7 @@ def reference(model_name, learners, steps, lr):
         grads = []
         for r in range(learners):
             model.zero_grad()
-            x, y = batch(t, r)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss_of(model, *batch(t, r, model_name)).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         with torch.no_grad():
             for k, p in enumerate(model.parameters()):
@@ -123,37 +158,41 @@ def learner(config):
         delays["pull"] = 1.0
     transport = torch_transports.Transport(delays)
     opt = bps.DistributedOptimizer(local, named_parameters=model.named_parameters(),
+                                   tied_head=model.head if config.get("tied_head") else None,
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
                                    pull_during_backward=config.get("pull_during_backward"), transport=transport)
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
-    probe = config.get("overlap_probe")
+    # overlap_probe: the first layer's gradient comes last in backward: wait
+    # there until the communication thread has pushed a bucket, so a push
+    # that only happened in step() would time out here. tied_probe: the
+    # same for the head's part of the tied weight, waited for where the
+    # weight's gradient is complete (its rows' part still to push).
+    probe = ((model[0].weight, lambda: opt.pushes) if config.get("overlap_probe") else
+             (model.tok.weight, lambda: opt.part_pushes) if config.get("tied_probe") else None)
     if probe:
-        # The first layer's gradient comes last in backward: wait there until
-        # the communication thread has pushed a bucket, so a push that only
-        # happened in step() would time out here.
         seen = []
+        counted = probe[1]
 
         def wait_for_push(grad):
             if pushes_before[0] is None:
                 return
             deadline = time.monotonic() + 20
-            while opt.pushes == pushes_before[0] and time.monotonic() < deadline:
+            while counted() == pushes_before[0] and time.monotonic() < deadline:
                 time.sleep(0.001)
-            seen.append(opt.pushes - pushes_before[0])
-        model[0].weight.register_hook(wait_for_push)
+            seen.append(counted() - pushes_before[0])
+        probe[0].register_hook(wait_for_push)
         pushes_before = [None]
     for t in range(config["steps"]):
         if probe:
-            pushes_before[0] = opt.pushes if t < 2 else None  # probe the first two steps
+            pushes_before[0] = counted() if t < 2 else None  # probe the first two steps
         opt.zero_grad()
-        x, y = batch(t, bps.rank())
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss_of(model, *batch(t, bps.rank(), config["model"])).backward()
         opt.step()
-    out.update(pushes=opt.pushes, transfers=opt.transfers, steps=opt.steps, buckets=len(getattr(opt, "buckets", [])),
-               weights=flat(model).tolist(), look_ahead=opt.look_ahead)
+    out.update(pushes=opt.pushes, part_pushes=opt.part_pushes, transfers=opt.transfers, steps=opt.steps,
+               buckets=len(getattr(opt, "buckets", [])), weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
     if config["model"] == "bn":
@@ -485,6 +524,72 @@ def case_buffers():
     with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp", 2, body)
 
 
+def case_tied_parts():
+    """A tied input/output embedding through a server that takes its blocks
+    in two parts (parts=): 2 bsp learners push the head's part as the
+    head's backward ends and the rest at the end of backward; the model
+    equals the one-process reference (autograd's one sum of both uses'
+    gradients) and the server saw each learner write the range twice a
+    round."""
+    lr = 0.1
+    count = params_of("gpt")
+    first, span, _ = (int(v) for v in GPT_PARTS.split("=")[1].split(":"))
+
+    def body(server):
+        config = {"model": "gpt", "optimizer": "gradient", "lr": lr, "steps": STEPS, "seed": 0, "tied_head": True}
+        reports = server.run_learners(config, 2)
+        status = server.status()
+        check(all(lun["deaths"] == 0 for lun in status["learners"]),
+              "a learner was declared dead (a round went on without it): the comparison is void")
+        check(all(r["part_pushes"] == STEPS for r in reports),
+              f"head parts pushed: {[r['part_pushes'] for r in reports]}, expected {STEPS} each")
+        want = reference("gpt", 2, STEPS, lr)
+        for rank, r in enumerate(reports):
+            check_close(r["weights"], want, f"learner {rank}'s final weights")
+        diff = check_close(server.weights(count), want, "the server's weights")
+        check(status["global_step"] == STEPS, f"{status['global_step']} bsp rounds, expected {STEPS}")
+        for lun in status["learners"]:  # the whole model once and the parts range once more, a round
+            check(lun["bytes_written"] == STEPS * (status["device_bytes"] + 4 * span),
+                  f"LUN {lun['lun']} wrote {lun['bytes_written']} bytes in {STEPS} steps: expected the model "
+                  f"({status['device_bytes']}) and the head's part of [{first}, {first + span}) each step")
+        print(f"tied weight in 2 parts: 2 learners, bsp, {STEPS} steps: max difference {diff:g}")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=bsp;block=1K;{GPT_PARTS}", 2, body)
+
+
+def case_tied_early():
+    """The head's part of the tied weight is pushed while backward still
+    runs: before the weight's whole gradient (the rows' part) is complete."""
+    count = params_of("gpt")
+
+    def body(server):
+        config = {"model": "gpt", "optimizer": "gradient", "lr": 0.1, "steps": 2, "seed": 0, "tied_head": True,
+                  "tied_probe": True}
+        r = server.run_learners(config, 1)[0]
+        check(r["pushed_during_backward"] == [1, 1],
+              f"head parts pushed before the end of backward, by step: {r['pushed_during_backward']}, expected [1, 1]")
+        print(f"tied weight: the head's part pushed during backward in each step {r['pushed_during_backward']}")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp;block=1K;{GPT_PARTS}", 1, body)
+
+
+def case_tied_refusals():
+    """A server that takes a range in parts and a learner that pushes it
+    once (its rounds would wait until hold_limit), and a tied_head for a
+    server without parts=, are refused in one line saying what to give."""
+    count = params_of("gpt")
+    for bsopts, tied, words in ((f"mode=bsp;block=1K;{GPT_PARTS}", False, "give tied_head="),
+                                ("mode=bsp;block=1K", True, f"--bsopts \"mode=bsp;{GPT_PARTS}\"")):
+        with testbed.Server(f"params={count};rule=sgd;lr=0.1;{bsopts}", 1) as server:
+            bps.init(target=server.target, control=server.control, env={})
+            model = tiny_gpt(0)
+            try:
+                bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
+                                         tied_head=model.head if tied else None).close()
+                fail(f"tied_head={tied} was accepted by a server with {bsopts}")
+            except ValueError as e:
+                check(words in str(e) and "\n" not in str(e), f"unclear refusal: {e}")
+                print(f"refused: {e}")
+
+
 def case_fashion(via):
     out = subprocess.run([sys.executable, job.__file__, "--learners", "2", "--mode", "bsp", "--via", via,
                           "--build", build, "--epochs", "4", "--train-subset", "6000",
@@ -507,6 +612,9 @@ CASES = {
     "mismatch": case_mismatch,
     "broadcast": case_broadcast,
     "buffers": case_buffers,
+    "tied-parts": case_tied_parts,
+    "tied-early": case_tied_early,
+    "tied-refusals": case_tied_refusals,
     "fashion-lib": lambda: case_fashion("lib"),
     "fashion-mount": lambda: case_fashion("mount"),
 }

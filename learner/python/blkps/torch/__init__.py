@@ -65,8 +65,9 @@ of a model, buckets), staging (the flat buffers and host staging),
 optimizer (the core, with its own OptimizerOptions), pipeline (the one
 module that opens connections to the model target, through an injectable
 transport, and the communication thread), collectives, compression,
-early_stopping, embedding, and horovod (Horovod's names, translated into
-the core's). This file only re-exports.
+early_stopping, embedding, tied (a tied weight pushed in two parts), and
+horovod (Horovod's names, translated into the core's). This file only
+re-exports.
 """
 
 from blkps.collectives import RankDied

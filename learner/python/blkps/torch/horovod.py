@@ -21,7 +21,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
                          op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=None, bucket_bytes=None,
                          pull_during_backward=None, overlap_pull=None, skip_nonfinite=False, look_ahead=None,
-                         pipeline=None, transport=None):
+                         pipeline=None, transport=None, tied_head=None):
     """Wraps `optimizer` (delta mode) or None (gradient mode) so that step()
     trains through this learner's model target (init()). named_parameters
     (model.named_parameters()) fixes the device layout; it is required in
@@ -75,13 +75,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     pushes, overlapped, skipped_steps, forward_waits, seconds (gradient
     mode: copy_out, push, pull, exchange, step_wait, weights_wait,
     pipeline_wait), bytes (gradient mode: pushed, pulled on the wire).
+    tied_head (gradient mode, bsp): the output head module whose weight
+    is tied to an earlier use (GPT-2's lm_head, whose weight is wte's); the
+    server must take that weight's blocks in two parts
+    (--bsopts parts=FIRST:COUNT:2): the head's part is pushed as soon as
+    the head's backward is done, the rest at the end
+    (doc/pytorch.md "A tied weight in two parts"). A server with parts=
+    and no tied_head given is refused, in one line, as is the converse.
     transport (tests and tools): what opens the connections to the model
     target, transport(target, dtype=None) (blkps.torch.pipeline; None:
     blkps.Model)."""
     horovod = _HorovodOptions(compression, backward_passes_per_step, op, gradient_predivide_factor, process_set)
     options = horovod.optimizer_options(bucket_bytes=bucket_bytes, pull_during_backward=pull_during_backward,
                                         overlap_pull=overlap_pull, skip_nonfinite=skip_nonfinite,
-                                        look_ahead=look_ahead, pipeline=pipeline)
+                                        look_ahead=look_ahead, pipeline=pipeline, tied_head=tied_head)
     if session.active_optimizer is not None:
         session.active_optimizer.close()
         session.active_optimizer = None

@@ -21,6 +21,7 @@ from blkps.pushing_learners import PushingLearners as _PushingLearners
 from blkps.torch.staging import FlatModel
 from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets
 from blkps.torch.pipeline import Pipeline, connector
+from blkps.torch.tied import TiedWeight, check_parts
 from blkps.torch.session import exchange
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
@@ -39,11 +40,13 @@ class OptimizerOptions:
     pushes move the model by the learners' mean or sum);
     backward_passes_per_step, bucket_bytes (None: DEFAULT_BUCKET_BYTES,
     PIPELINED_BUCKET_BYTES for a pipelined learner), pull_during_backward,
-    overlap_pull, skip_nonfinite, look_ahead, pipeline."""
+    overlap_pull, skip_nonfinite, look_ahead, pipeline; tied_head (the
+    output head module whose weight is tied, pushed in two parts:
+    blkps.torch.tied)."""
 
     def __init__(self, wire="float32", combine=None, backward_passes_per_step=1,
                  bucket_bytes=None, pull_during_backward=None, overlap_pull=None,
-                 skip_nonfinite=False, look_ahead=None, pipeline=None):
+                 skip_nonfinite=False, look_ahead=None, pipeline=None, tied_head=None):
         if combine not in (None, "average", "sum"):
             raise ValueError(f"blkps.torch: combine={combine!r}: expected None, 'average' or 'sum'")
         self.wire, self.combine = wire, combine
@@ -51,6 +54,7 @@ class OptimizerOptions:
         self.bucket_bytes, self.pull_during_backward = bucket_bytes, pull_during_backward
         self.overlap_pull, self.skip_nonfinite = overlap_pull, skip_nonfinite
         self.look_ahead, self.pipeline = look_ahead, pipeline
+        self.tied_head = tied_head
 
     def push_scale(self, mode, size_, delta):
         """The factor on what a learner pushes so that the model moves as
@@ -131,6 +135,8 @@ class Optimizer:
             raise
         self.mode = status["mode"] if status else "bsp"
         try:
+            self._tied_range = check_parts(status, layout, options.tied_head, optimizer is None,
+                                           pull_during_backward)
             self.pipeline = _pipeline_of(pipeline, optimizer is None, status["mode"] if status else None,
                                          layout.device)
         except ValueError:
@@ -181,6 +187,7 @@ class Optimizer:
         self._hooks = []
         self._push_device = None
         self._forward_hook = None
+        self._tied = None  # gradient mode with tied_head: the head's part (blkps.torch.tied)
         if optimizer is None:
             self.pull_during_backward = (self.mode != "bsp" if pull_during_backward is None
                                          else bool(pull_during_backward))
@@ -224,6 +231,10 @@ class Optimizer:
             b.arrived.set()
             b.landed = False  # a pipeline: weights landed beside the parameters, not swapped in yet
         self._comm = Pipeline(self, self._connect)
+        if self._tied_range is not None:
+            first, count, index = self._tied_range
+            self._tied = TiedWeight(self.layout, self.flat, self._options.tied_head, first, count, index,
+                                    self._tied_gradient)
         for k, ((_, p), g) in enumerate(zip(self.layout.named, self._grad_views)):
             if not p.requires_grad:
                 continue  # frozen: pushed as zeros by step()
@@ -351,6 +362,26 @@ class Optimizer:
                     self._queue(b)
                 # else step() queues it once its last exchange is done
 
+    def _tied_gradient(self, added):
+        """The head's gradient of the tied weight came (TiedWeight.add):
+        push its part once the step's passes are in (skip_nonfinite:
+        step() pushes it); one after the part was pushed was dropped."""
+        if not added:
+            self._misuse = (f"blkps.torch: a second gradient for {self._tied.name} through its output head "
+                            "before step(), dropped: its part was already pushed; call step() after each backward()")
+        elif self._tied.passes == self.backward_passes_per_step and not self.skip_nonfinite:
+            self._queue_part()
+
+    def _queue_part(self, zero=False):
+        """Queues the push of the tied weight's head part (zeros when `zero`)."""
+        self._tied.ready(self.push_scale, zero)
+        self._comm.push_part(self._tied, zero)
+
+    @property
+    def part_pushes(self):
+        """Tied weight's head parts pushed (tied_head; else 0)."""
+        return self._tied.pushes if self._tied is not None else 0
+
     def _queue(self, bucket, zero=False):
         """Queues the bucket's push (zeros when `zero`) and, when pulling
         during backward, its pull; on a GPU its copy to the host starts now."""
@@ -380,6 +411,8 @@ class Optimizer:
         gradient: zeros; a skipped step: zeros, or nothing in async) and
         waits for every push of this step."""
         self.backward_done = True
+        if self._tied is not None and not self._tied.queued:  # the head got no gradient, or skip_nonfinite
+            self._queue_part(zero=skipped)
         for b in self.buckets:
             if not b.queued:
                 if skipped and self.mode == "async":
@@ -424,7 +457,8 @@ class Optimizer:
         self._comm.raise_error()
 
     def _gradient_step(self, skipped=False):
-        if self.skip_nonfinite and not skipped and not self.flat.gradient_finite():
+        if self.skip_nonfinite and not skipped and not (self.flat.gradient_finite() and
+                                                        (self._tied is None or self._tied.finite())):
             skipped = True
         self.skipped_steps += skipped
         if self.pipeline:
@@ -439,6 +473,8 @@ class Optimizer:
                 self._queue_pull(b)
         self.flat.release_gradient()
         self.gradient.zero_()
+        if self._tied is not None:
+            self._tied.reset()
         for b in self.buckets:
             b.waiting, b.queued = b.needed, False
         self._passes = [0] * len(self.layout.named)
@@ -563,6 +599,8 @@ class Optimizer:
         if self.optimizer is None:
             self.flat.release_gradient()  # a pipeline's copies out of it may still run
             self.gradient.zero_()
+            if self._tied is not None and not self._tied.queued:
+                self._tied.reset()
         else:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -659,6 +697,8 @@ class Optimizer:
         if getattr(self, "_forward_hook", None) is not None:
             self._forward_hook.remove()
             self._forward_hook = None
+        if getattr(self, "_tied", None) is not None:
+            self._tied.close()
         for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()

@@ -1,7 +1,8 @@
 """blkps.torch.pipeline: the one place that opens connections to the model
 target. A transport opens them (blkps.Model by default: each thread
 opens its own); the communication thread of gradient mode (Pipeline) hands
-the optimizer's buckets to its connection as submissions and takes their
+the optimizer's buckets (and a tied weight's head part, blkps.torch.tied)
+to its connection as submissions and takes their
 completions, so that the training thread never waits for the network
 unless it asks to.
 
@@ -61,6 +62,14 @@ class Pipeline:
             self._pushes_in_flight += 1
         self._queue(("push", bucket, zero))
 
+    def push_part(self, part, zero):
+        """Queues the push of a tied weight's part (blkps.torch.tied; zeros
+        when `zero`): one call of its own at part.first, never joined with
+        a bucket's."""
+        with self._idle:
+            self._pushes_in_flight += 1
+        self._queue(("part", part, zero))
+
     def pull(self, bucket):
         """Queues the bucket's pull."""
         self._queue(("pull", bucket, False))
@@ -113,7 +122,7 @@ class Pipeline:
                 # Adjacent buckets queued meanwhile join this call (fewer, larger
                 # transfers); a step's pulls join in batches that double from one
                 # bucket, so the first layers' weights arrive first and early.
-                limit = len(self._owner.buckets) if kind == "push" else self.pull_batch
+                limit = {"push": len(self._owner.buckets), "part": 1}.get(kind, self.pull_batch)
                 following = self._take_adjacent(batch, kind, limit)
                 ticket = None
                 try:
@@ -152,9 +161,15 @@ class Pipeline:
     def _submit(self, device, kind, batch):
         """Hands the adjacent buckets of `batch` ((bucket, zero) pairs) to
         `device` as one submission of `kind` ("push": an exchange with
-        pull_during_backward, else a push; "pull"); its ticket."""
-        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
+        pull_during_backward, else a push; "pull"; "part": a tied weight's
+        part alone, pushed); its ticket."""
         sixteen = self._owner.flat.sixteen
+        if kind == "part":
+            part, zero = batch[0]
+            host = part.host(zero)
+            self._owner.bytes["pushed"] += host.nbytes
+            return (device.submit_push16 if sixteen else device.submit_push)(part.first, host)
+        first, end = min(b.first for b, _ in batch), max(b.end for b, _ in batch)
         if kind == "pull":
             into = self._owner.flat.host_weights(first, end)
             self._owner.bytes["pulled"] += into.nbytes
@@ -177,13 +192,15 @@ class Pipeline:
         buckets are released to the training thread."""
         if error is not None and self._error is None:
             self._error = error
-        pulled = kind == "pull" or self._owner.pull_during_backward
+        pulled = kind == "pull" or (kind == "push" and self._owner.pull_during_backward)
         if seconds:
             self._owner.transfers += 1
             part = "pull" if kind == "pull" else "exchange" if pulled else "push"
             self._owner.seconds[part] += seconds
             if kind == "push":
                 self._owner.pushes += len(batch)
+            elif kind == "part":
+                batch[0][0].pushes += 1
             else:
                 self.pull_batch = min(2 * self.pull_batch, len(self._owner.buckets))
         for b, _ in batch:
@@ -192,7 +209,7 @@ class Pipeline:
                 b.landed = self._owner.pipeline
             if pulled:
                 b.arrived.set()
-            if kind == "push":
+            if kind != "pull":
                 with self._idle:
                     self._pushes_in_flight -= 1
                     self._idle.notify_all()
