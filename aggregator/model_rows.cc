@@ -33,19 +33,27 @@ const std::vector<std::pair<uint64_t, uint64_t>>& ById(const uint64_t* ids, uint
 
 // A batch's rows lie far apart (ids spread over a table many times the
 // caches' size), so each row's first touch waits for memory: asking for
-// the row kRowsAhead places on while this one is copied or applied lets
-// those waits overlap the work (with huge pages, page_buffer.h, the two
-// together more than halved a random row's apply in a loop on this
-// project's machines). The first kPrefetchBytes of a row: the hardware's
-// own prefetcher follows a row read in order.
+// the row kRowsAhead places on (its weights, and its rule state when it is
+// applied) while this one is copied or applied lets those waits overlap
+// the work (with huge pages, page_buffer.h, the two together more than
+// halved a random row's apply in a loop on this project's machines). The
+// first kPrefetchBytes of a row: the hardware's own prefetcher follows a
+// row read in order.
 constexpr size_t kRowsAhead = 4;
 constexpr uint64_t kPrefetchBytes = 2048;
 
 template <int kForWrite>
-void PrefetchRow(const float* row, uint64_t row_bytes) {
-  const char* p = reinterpret_cast<const char*>(row);
+void PrefetchRow(const void* row, uint64_t row_bytes) {
+  const char* p = static_cast<const char*>(row);
   for (uint64_t at = 0; at < std::min(row_bytes, kPrefetchBytes); at += 64) __builtin_prefetch(p + at, kForWrite);
 }
+
+// An array of one value per parameter that a row's apply writes (the
+// weights, the rule's state): its base and bytes per parameter.
+struct ParamArray {
+  const char* base;
+  uint64_t value_bytes;
+};
 
 }  // namespace
 
@@ -95,6 +103,9 @@ Status Model::ApplyRows(const uint64_t* ids, uint64_t count, const float* rows, 
   const uint64_t width = table_.width;
   const uint64_t rows_per_block = block_bytes_ / table_.row_bytes();
   const auto& by_id = ById(ids, count);
+  std::vector<ParamArray> written{{reinterpret_cast<const char*>(weights_), sizeof(float)}};
+  for (const StateArray& a : rule_->state())
+    written.push_back({static_cast<const char*>(a.data), a.bytes / num_params_});
   for (size_t i = 0; i < by_id.size();) {
     const uint64_t block = by_id[i].first / rows_per_block;
     size_t end = i;
@@ -103,7 +114,11 @@ Status Model::ApplyRows(const uint64_t* ids, uint64_t count, const float* rows, 
     // write: the range of the group's first row, which lies in the block.
     ForEachBlockLocked(ParamRange{by_id[i].first * width, width}, [&](uint64_t, uint64_t, uint64_t) {
       for (size_t j = i; j < end; ++j) {
-        if (j + kRowsAhead < by_id.size()) PrefetchRow<1>(weights_ + by_id[j + kRowsAhead].first * width, width * 4);
+        if (j + kRowsAhead < by_id.size()) {
+          for (const ParamArray& a : written) {
+            PrefetchRow<1>(a.base + by_id[j + kRowsAhead].first * width * a.value_bytes, width * a.value_bytes);
+          }
+        }
         ApplyTableLocked(by_id[j].first * width, rows + by_id[j].second * width, width);
       }
       if (applied) applied(block, end - i);
