@@ -382,7 +382,19 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
       names.push_back(layout_path + ":" + std::to_string(shard.line) + ": shard " + std::to_string(s) + " (" +
                       shard.target + ")");
       Status opened;
-      std::unique_ptr<Device> device = OpenDevice(shard.target, initiator_name, sessions, &opened);
+      std::unique_ptr<Device> device;
+      if (shard.replicas.empty()) {
+        device = OpenDevice(shard.target, initiator_name, sessions, &opened);
+      } else if (sessions > 1) {
+        opened = Status::Error(EINVAL,
+                               "several sessions (sessions=%u) to a shard with replicas are not done yet; "
+                               "open it with one session",
+                               sessions);
+      } else {
+        std::vector<std::string> replicas = {shard.target};
+        replicas.insert(replicas.end(), shard.replicas.begin(), shard.replicas.end());
+        device = OpenIscsiDevice(replicas, initiator_name, &opened);
+      }
       if (device == nullptr) {
         *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(), Reason(opened));
         return nullptr;

@@ -1,0 +1,188 @@
+// Learners follow a failover (doc/replicas.md "Learners follow a failover"):
+// a learner through libblkps (blkps::Model) opens a layout that lists a
+// shard's primary and its backup, both real tgtds on loopback
+// (ReplicatedShard). What is checked: training goes on through a kill -9 of
+// the primary and a promotion by hand, every push applied exactly once on
+// the backup; a learner that opens while the primary is down finds the
+// promoted backup; with no replica serving, the learner fails in one line
+// naming the shard and every replica.
+#include <stdlib.h>
+#include <blkps/model.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replicated_shard.h"
+#include "target_process.h"
+#include "temp_dir.h"
+
+namespace blkps_test {
+namespace {
+
+// 16 model blocks of 1024 parameters, rule sum: weights are exact sums of
+// small integers whatever the order, so they compare with a reference.
+constexpr uint64_t kParams = 16 * 1024;
+constexpr uint64_t kBlockParams = 1024;
+constexpr uint64_t kBlocks = kParams / kBlockParams;
+const std::string kModel = "params=" + std::to_string(kParams) + ";block=4K;rule=sum;staleness_aware=0";
+
+// BLKPS_RECONNECT_SECONDS for the life of one test.
+class ReconnectSeconds {
+ public:
+  explicit ReconnectSeconds(const char* seconds) { setenv("BLKPS_RECONNECT_SECONDS", seconds, 1); }
+  ~ReconnectSeconds() { unsetenv("BLKPS_RECONNECT_SECONDS"); }
+};
+
+// A layout (learner/src/shard_layout.h) of one shard: learner LUN 1 of the
+// primary, its backup's as the replica. Returns "layout:PATH".
+std::string WriteLayout(const TempDir& dir, const ReplicatedShard& shard) {
+  const std::string path = dir.path + "/slot-1.layout";
+  std::ofstream(path) << "stripe_unit = 1048576\n"
+                      << "shard = " << shard.primary.url(1) << "\n"
+                      << "replica = " << shard.backup.url(1) << "\n";
+  return "layout:" + path;
+}
+
+std::unique_ptr<blkps::Model> Open(const std::string& target, const std::string& who, std::string* error) {
+  blkps::OpenOptions o;
+  o.initiator_name = "iqn.2026-11.io.blkps.test:follow-" + who;
+  return blkps::Model::Open(target, o, error);
+}
+
+// Every weight of learner LUN 1 of `target`, read under a reader's name.
+std::vector<float> Weights(const TargetProcess& target) {
+  std::string error;
+  auto m = Open(target.url(1), "reader", &error);
+  std::vector<float> w(kParams, -1.0f);
+  EXPECT_NE(m, nullptr) << error;
+  if (m != nullptr) {
+    EXPECT_EQ(m->Pull(0, w.data(), kParams), 0) << m->last_error();
+  }
+  return w;
+}
+
+TEST(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheBackupOnce) {
+  ReconnectSeconds reconnect("60");
+  ReplicatedShard shard(kModel);
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  TempDir dir;
+  std::string error;
+  auto learner = Open(WriteLayout(dir, shard), "learner", &error);
+  ASSERT_NE(learner, nullptr) << error;
+
+  // The learner pushes one block of a small integer at a time; every push
+  // must return 0 (acknowledged) and goes into the reference once.
+  std::vector<float> reference(kParams, 0.0f);
+  std::mutex mu;
+  std::condition_variable cv;
+  int pushed = 0;
+  bool promoted = false;
+  std::string failure;
+  std::thread training([&] {
+    std::mt19937 rng(11);
+    for (int after_promotion = 0; after_promotion < 200;) {
+      const uint64_t block = rng() % kBlocks;
+      std::vector<float> g(kBlockParams, static_cast<float>(1 + rng() % 4));
+      if (learner->Push(block * kBlockParams, g.data(), kBlockParams) != 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure = learner->last_error();
+        break;
+      }
+      for (uint64_t i = 0; i < kBlockParams; ++i) reference[block * kBlockParams + i] += g[i];
+      std::lock_guard<std::mutex> lock(mu);
+      ++pushed;
+      if (promoted) ++after_promotion;
+      cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    pushed = -1;  // done
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pushed >= 200 || pushed < 0; });
+  }
+  std::string why;
+  const bool killed = shard.primary.KillTgtd(&why);
+  const std::string promote = Command(shard.backup, "promote=1");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    promoted = true;
+  }
+  training.join();
+  ASSERT_TRUE(killed) << why;
+  ASSERT_EQ(promote, "GOOD");
+  ASSERT_EQ(failure, "") << "training stopped at the failover";
+  EXPECT_GE(learner->reconnects(), 1u);
+  learner.reset();
+  EXPECT_EQ(Weights(shard.backup), reference) << "the backup does not hold every push exactly once";
+}
+
+TEST(ReplicasFollow, ALearnerThatOpensWhileThePrimaryIsDownFindsThePromotedBackup) {
+  ReconnectSeconds reconnect("10");
+  ReplicatedShard shard(kModel);
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  std::string why;
+  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
+  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
+  TempDir dir;
+  std::string error;
+  auto learner = Open(WriteLayout(dir, shard), "late", &error);
+  ASSERT_NE(learner, nullptr) << error;
+  std::vector<float> g(kBlockParams, 2.0f);
+  ASSERT_EQ(learner->Push(0, g.data(), kBlockParams), 0) << learner->last_error();
+  learner.reset();
+  EXPECT_EQ(Weights(shard.backup)[0], 2.0f);
+}
+
+TEST(ReplicasFollow, WithNoReplicaServingTheLearnerFailsInOneLineNamingTheShardAndEveryReplica) {
+  ReconnectSeconds reconnect("2");
+  ReplicatedShard shard(kModel);
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  TempDir dir;
+  std::string error;
+  auto learner = Open(WriteLayout(dir, shard), "learner", &error);
+  ASSERT_NE(learner, nullptr) << error;
+  std::vector<float> g(kBlockParams, 1.0f);
+  ASSERT_EQ(learner->Push(0, g.data(), kBlockParams), 0) << learner->last_error();
+  std::string why;
+  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
+  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
+  EXPECT_NE(learner->Push(0, g.data(), kBlockParams), 0);
+  const std::string message = learner->last_error();
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_NE(message.find("slot-1.layout:2: shard 0"), std::string::npos) << message;
+  EXPECT_NE(message.find(shard.primary.url(1)), std::string::npos) << message;
+  EXPECT_NE(message.find(shard.backup.url(1)), std::string::npos) << message;
+}
+
+TEST(ReplicasFollow, ALearnerOpeningWhileThePrimaryIsDownAndTheBackupOnStandbyIsToldWhatEachAnswered) {
+  ReplicatedShard shard(kModel);
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  std::string why;
+  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
+  TempDir dir;
+  std::string error;
+  auto learner = Open(WriteLayout(dir, shard), "late", &error);
+  ASSERT_EQ(learner, nullptr);
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_NE(error.find("cannot connect to portal"), std::string::npos) << error;
+  EXPECT_NE(error.find(shard.backup.url(1) + ": on standby"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace blkps_test
