@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -71,18 +72,31 @@ std::vector<float> Weights(const TargetProcess& target) {
   return w;
 }
 
-TEST(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheBackupOnce) {
+// A shard, its backup and a layout that lists both, for each test.
+class ReplicasFollow : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(shard_.backup.ok()) << shard_.backup.start_output();
+    ASSERT_TRUE(shard_.primary.ok()) << shard_.primary.start_output();
+  }
+  // A learner over the layout, under its own initiator name; nullptr and
+  // the reason in *error if the open fails.
+  std::unique_ptr<blkps::Model> OpenLayout(const std::string& who, std::string* error) {
+    return Open(WriteLayout(dir_, shard_), who, error);
+  }
+  ReplicatedShard shard_{kModel};
+  TempDir dir_;
+};
+
+TEST_F(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheBackupOnce) {
   ReconnectSeconds reconnect("60");
-  ReplicatedShard shard(kModel);
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  TempDir dir;
   std::string error;
-  auto learner = Open(WriteLayout(dir, shard), "learner", &error);
+  auto learner = OpenLayout("learner", &error);
   ASSERT_NE(learner, nullptr) << error;
 
-  // The learner pushes one block of a small integer at a time; every push
-  // must return 0 (acknowledged) and goes into the reference once.
+  // The learner streams pushes of one block of a small integer, up to 8 in
+  // flight (SubmitPush); every one must complete with 0 (acknowledged) and
+  // goes into the reference once.
   std::vector<float> reference(kParams, 0.0f);
   std::mutex mu;
   std::condition_variable cv;
@@ -91,18 +105,37 @@ TEST(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheB
   std::string failure;
   std::thread training([&] {
     std::mt19937 rng(11);
-    for (int after_promotion = 0; after_promotion < 200;) {
-      const uint64_t block = rng() % kBlocks;
-      std::vector<float> g(kBlockParams, static_cast<float>(1 + rng() % 4));
-      if (learner->Push(block * kBlockParams, g.data(), kBlockParams) != 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        failure = learner->last_error();
-        break;
+    std::map<blkps::Model::Ticket, std::pair<uint64_t, std::vector<float>>> in_flight;  // block, gradient
+    std::vector<blkps::Model::Completion> done;
+    int after_promotion = 0;
+    for (;;) {
+      while (in_flight.size() < 8 && after_promotion < 200) {
+        const uint64_t block = rng() % kBlocks;
+        std::vector<float> g(kBlockParams, static_cast<float>(1 + rng() % 4));
+        blkps::Model::Ticket ticket = 0;
+        if (learner->SubmitPush(block * kBlockParams, g.data(), kBlockParams, &ticket) != 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          failure = learner->last_error();
+          after_promotion = 200;  // submit no more
+          break;
+        }
+        in_flight[ticket] = {block, std::move(g)};
       }
-      for (uint64_t i = 0; i < kBlockParams; ++i) reference[block * kBlockParams + i] += g[i];
+      if (in_flight.empty()) break;
+      done.clear();
+      learner->Complete(&done, in_flight.size(), -1);
       std::lock_guard<std::mutex> lock(mu);
-      ++pushed;
-      if (promoted) ++after_promotion;
+      for (const blkps::Model::Completion& c : done) {
+        if (c.result != 0 && failure.empty()) failure = c.error;
+        const auto& [block, g] = in_flight[c.ticket];
+        if (c.result == 0) {
+          for (uint64_t i = 0; i < kBlockParams; ++i) reference[block * kBlockParams + i] += g[i];
+        }
+        in_flight.erase(c.ticket);
+        ++pushed;
+        if (promoted) ++after_promotion;
+      }
+      if (!failure.empty()) after_promotion = 200;  // submit no more
       cv.notify_all();
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -114,8 +147,8 @@ TEST(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheB
     cv.wait(lock, [&] { return pushed >= 200 || pushed < 0; });
   }
   std::string why;
-  const bool killed = shard.primary.KillTgtd(&why);
-  const std::string promote = Command(shard.backup, "promote=1");
+  const bool killed = shard_.primary.KillTgtd(&why);
+  const std::string promote = Command(shard_.backup, "promote=1");
   {
     std::lock_guard<std::mutex> lock(mu);
     promoted = true;
@@ -126,62 +159,50 @@ TEST(ReplicasFollow, TrainingGoesOnThroughAKill9OfThePrimaryAndEveryPushIsOnTheB
   ASSERT_EQ(failure, "") << "training stopped at the failover";
   EXPECT_GE(learner->reconnects(), 1u);
   learner.reset();
-  EXPECT_EQ(Weights(shard.backup), reference) << "the backup does not hold every push exactly once";
+  EXPECT_EQ(Weights(shard_.backup), reference) << "the backup does not hold every push exactly once";
 }
 
-TEST(ReplicasFollow, ALearnerThatOpensWhileThePrimaryIsDownFindsThePromotedBackup) {
+TEST_F(ReplicasFollow, ALearnerThatOpensWhileThePrimaryIsDownFindsThePromotedBackup) {
   ReconnectSeconds reconnect("10");
-  ReplicatedShard shard(kModel);
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
   std::string why;
-  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
-  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
-  TempDir dir;
+  ASSERT_TRUE(shard_.primary.KillTgtd(&why)) << why;
+  ASSERT_EQ(Command(shard_.backup, "promote=1"), "GOOD");
   std::string error;
-  auto learner = Open(WriteLayout(dir, shard), "late", &error);
+  auto learner = OpenLayout("late", &error);
   ASSERT_NE(learner, nullptr) << error;
   std::vector<float> g(kBlockParams, 2.0f);
   ASSERT_EQ(learner->Push(0, g.data(), kBlockParams), 0) << learner->last_error();
   learner.reset();
-  EXPECT_EQ(Weights(shard.backup)[0], 2.0f);
+  EXPECT_EQ(Weights(shard_.backup)[0], 2.0f);
 }
 
-TEST(ReplicasFollow, WithNoReplicaServingTheLearnerFailsInOneLineNamingTheShardAndEveryReplica) {
+TEST_F(ReplicasFollow, WithNoReplicaServingTheLearnerFailsInOneLineNamingTheShardAndEveryReplica) {
   ReconnectSeconds reconnect("2");
-  ReplicatedShard shard(kModel);
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  TempDir dir;
   std::string error;
-  auto learner = Open(WriteLayout(dir, shard), "learner", &error);
+  auto learner = OpenLayout("learner", &error);
   ASSERT_NE(learner, nullptr) << error;
   std::vector<float> g(kBlockParams, 1.0f);
   ASSERT_EQ(learner->Push(0, g.data(), kBlockParams), 0) << learner->last_error();
   std::string why;
-  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
-  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
+  ASSERT_TRUE(shard_.primary.KillTgtd(&why)) << why;
+  ASSERT_TRUE(shard_.backup.KillTgtd(&why)) << why;
   EXPECT_NE(learner->Push(0, g.data(), kBlockParams), 0);
   const std::string message = learner->last_error();
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   EXPECT_NE(message.find("slot-1.layout:2: shard 0"), std::string::npos) << message;
-  EXPECT_NE(message.find(shard.primary.url(1)), std::string::npos) << message;
-  EXPECT_NE(message.find(shard.backup.url(1)), std::string::npos) << message;
+  EXPECT_NE(message.find(shard_.primary.url(1)), std::string::npos) << message;
+  EXPECT_NE(message.find(shard_.backup.url(1)), std::string::npos) << message;
 }
 
-TEST(ReplicasFollow, ALearnerOpeningWhileThePrimaryIsDownAndTheBackupOnStandbyIsToldWhatEachAnswered) {
-  ReplicatedShard shard(kModel);
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+TEST_F(ReplicasFollow, ALearnerOpeningWhileThePrimaryIsDownAndTheBackupOnStandbyIsToldWhatEachAnswered) {
   std::string why;
-  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
-  TempDir dir;
+  ASSERT_TRUE(shard_.primary.KillTgtd(&why)) << why;
   std::string error;
-  auto learner = Open(WriteLayout(dir, shard), "late", &error);
+  auto learner = OpenLayout("late", &error);
   ASSERT_EQ(learner, nullptr);
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_NE(error.find("cannot connect to portal"), std::string::npos) << error;
-  EXPECT_NE(error.find(shard.backup.url(1) + ": on standby"), std::string::npos) << error;
+  EXPECT_NE(error.find(shard_.backup.url(1) + ": on standby"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -57,20 +57,21 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   std::chrono::milliseconds backoff(50);
   int attempts = 0;
   std::string error;
-  // With several replicas: the last error of each, by replica.
+  // With several replicas: the last error of each, by replica (each is
+  // tried before the deadline is checked).
   std::vector<std::string> errors(spec_.replicas.size());
   const size_t was = replica_;
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
-  // Each replica is tried in turn from the current one on (a primary that
-  // restarts keeps its place); a round of them is one attempt's backoff.
+  // The replicas are tried in turn from the current one on (a target that
+  // restarts is tried first); the backoff comes after each round of them.
   for (;;) {
     iscsi_ = LogIn(spec_, replica_, &error, deadline);
     ++attempts;
     if (iscsi_ != nullptr && spec_.replicated()) {
       Status s = ProbeServing(iscsi_, lun_, block_size_, deadline);
       if (!s.ok()) {
-        error = s.message();
+        error = s.reason();
         iscsi_destroy_context(iscsi_);
         iscsi_ = nullptr;
       }
@@ -78,7 +79,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (iscsi_ != nullptr && receipts) {
       Status s = FenceAndReadReceipt(&counts, deadline);
       if (s.ok()) break;
-      error = s.message();
+      error = s.reason();
       iscsi_destroy_context(iscsi_);
       iscsi_ = nullptr;
     }
@@ -92,7 +93,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
       std::string last = error;
       if (spec_.replicated()) {
         last = "no replica serves; last errors: ";
-        for (size_t r = 0; r < errors.size(); ++r) last += (r > 0 ? "; " : "") + errors[r];  // each was tried
+        for (size_t r = 0; r < errors.size(); ++r) last += (r > 0 ? "; " : "") + errors[r];
       }
       return Status::Error(EIO,
                            "%s: the connection was lost; gave up reconnecting after %d attempts in %.1f s (deadline "

@@ -460,11 +460,6 @@ Status ReadCapacity(iscsi_context* iscsi, const std::string& name, int lun, uint
   return Status();
 }
 
-// A status's message without its "blkps: ".
-std::string Reason(const Status& s) {
-  return s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
-}
-
 }  // namespace
 
 std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, const std::string& initiator_name,
@@ -517,7 +512,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
   uint32_t block_size = 0;
   uint64_t size_bytes = 0;
   std::string tried;
-  for (; replica < spec.replicas.size() && iscsi == nullptr; ++replica) {
+  for (; replica < spec.replicas.size(); ++replica) {
     const Replica& r = spec.replicas[replica];
     std::string login_error;
     iscsi = LogIn(spec, replica, &login_error);
@@ -532,18 +527,19 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
       s = ReadCapacity(iscsi, r.name, spec.lun, &block_size, &size_bytes);
       if (s.ok() && spec.replicated()) {
         s = ProbeServing(iscsi, spec.lun, block_size, kNoDeadline);
-        if (!s.ok()) s = Status::Error(s.code(), "%s: %s", r.name.c_str(), Reason(s).c_str());
+        if (!s.ok()) s = Status::Error(s.code(), "%s: %s", r.name.c_str(), s.reason());
       }
       if (!s.ok()) {
         iscsi_destroy_context(iscsi);
         iscsi = nullptr;
       }
     }
-    if (!s.ok() && !spec.replicated()) {
+    if (s.ok()) break;
+    if (!spec.replicated()) {
       *status = std::move(s);
       return nullptr;
     }
-    if (!s.ok()) tried += (tried.empty() ? "" : "; ") + Reason(s);
+    tried += std::string(tried.empty() ? "" : "; ") + s.reason();
   }
   if (iscsi == nullptr) {
     *status = Status::Error(EIO,
@@ -552,7 +548,6 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
                             spec.name.c_str(), spec.replicas.size(), tried.c_str());
     return nullptr;
   }
-  --replica;
   auto fail = [&](Status error) {
     *status = std::move(error);
     iscsi_destroy_context(iscsi);
@@ -567,11 +562,10 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
   auto device = std::make_unique<IscsiDevice>(iscsi, spec, replica, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);
   if (control_lun >= 0) {
-    auto why = Reason;
     // A table's width, so that rows of another width are refused before
     // they are sent (Device::table_width).
     if (Status s = device->ReadTableWidth(); !s.ok()) {
-      *status = Status::Error(s.code(), "%s; open the model again", why(s).c_str());
+      *status = Status::Error(s.code(), "%s; open the model again", s.reason());
       return nullptr;
     }
     // Where the receipt starts: what the server has applied of this
@@ -586,7 +580,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
       device->ExpectReceipt(std::move(counts));
     } else if (s.code() == EIO) {
       *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
-                              why(s).c_str());
+                              s.reason());
       return nullptr;
     }
   }
