@@ -5,7 +5,8 @@
 // the primary and a promotion by hand, every push applied exactly once on
 // the backup; a learner that opens while the primary is down finds the
 // promoted backup; with no replica serving, the learner fails in one line
-// naming the shard and every replica.
+// naming the shard and every replica; the replicas of a LUN present one
+// SCSI identity (for dm-multipath), read by INQUIRY (RawLun).
 #include <stdlib.h>
 #include <blkps/model.hpp>
 
@@ -23,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "raw_lun.h"
 #include "replicated_shard.h"
 #include "target_process.h"
 #include "temp_dir.h"
@@ -203,6 +205,27 @@ TEST_F(ReplicasFollow, ALearnerOpeningWhileThePrimaryIsDownAndTheBackupOnStandby
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_NE(error.find("cannot connect to portal"), std::string::npos) << error;
   EXPECT_NE(error.find(shard_.backup.url(1) + ": on standby"), std::string::npos) << error;
+}
+
+// Learner LUN `lun`'s unit serial number (VPD page 0x80) and device
+// identification (VPD page 0x83) pages on `target`, one after the other.
+std::vector<uint8_t> ScsiIdentity(const TargetProcess& target, int lun) {
+  RawLun raw(target.url(lun), "iqn.2026-11.io.blkps.test:identity");
+  std::vector<uint8_t> serial, id;
+  EXPECT_EQ(raw.Inquiry(0x80, &serial), "GOOD");
+  EXPECT_EQ(raw.Inquiry(0x83, &id), "GOOD");
+  serial.insert(serial.end(), id.begin(), id.end());
+  return serial;
+}
+
+TEST_F(ReplicasFollow, TheReplicasOfALunPresentOneScsiIdentityOfTheirOwn) {
+  // What dm-multipath groups paths by: the same LUN on both replicas is
+  // one disk, another LUN is another, and neither is tgt's default (the
+  // same for LUN 1 of every target, "beaf11").
+  const std::vector<uint8_t> lun1 = ScsiIdentity(shard_.primary, 1);
+  EXPECT_EQ(ScsiIdentity(shard_.backup, 1), lun1) << "the replicas of LUN 1 present two identities";
+  EXPECT_NE(ScsiIdentity(shard_.primary, 2), lun1) << "LUNs 1 and 2 present one identity";
+  EXPECT_EQ(std::string(lun1.begin(), lun1.end()).find("beaf1"), std::string::npos) << "tgt's default serial";
 }
 
 }  // namespace
