@@ -1,12 +1,12 @@
 #include "shard_layout.h"
 
-#include "device.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "device.h"
 
 namespace blkps {
 namespace {
