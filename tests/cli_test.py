@@ -694,6 +694,16 @@ def test_replicas_start_promote_stop():
         if f"backup: {backup} (serves learners once promoted: blkps target promote --dir {t.dir})" not in t.out:
             fail(f"start does not name the backup: {t.out}")
         pids = [blkps("target", "show", "--dir", d, "--get", "PID")[1].strip() for d in (t.dir, backup)]
+        # The layout a learner follows the failover with: LUN 1 of the primary, then the backup's.
+        layout = os.path.join(t.dir, "slot-1.layout")
+        if f"learner 1, following a failover: layout:{layout}" not in t.out:
+            fail(f"start does not name the layout that lists both replicas: {t.out}")
+        urls = [blkps("target", "show", "--dir", d, "--get", "URL")[1].strip() for d in (t.dir, backup)]
+        with open(layout) as f:
+            lines = [line.split("#")[0].strip() for line in f]
+        named = [line for line in lines if line.startswith(("shard", "replica"))]
+        if named != [f"shard = {urls[0]}", f"replica = {urls[1]}"]:
+            fail(f"the layout does not list the primary then the backup {urls}: {lines}")
 
         def role():
             rc, out, err = blkps("status", "--dir", backup, "--json")
@@ -710,6 +720,8 @@ def test_replicas_start_promote_stop():
         blkps("target", "stop", "--dir", t.dir)
         if any(running(int(p)) for p in pids):
             fail(f"a tgtd of {pids} still runs after stop")
+        if os.path.exists(layout):
+            fail("the layout naming the stopped replicas is left after stop")
 
 
 test = globals().get("test_" + case.replace("-", "_"))

@@ -79,6 +79,13 @@ class RawLun {
     return status >= SCSI_STATUS_CANCELLED ? -1 : status;
   }
 
+  // INQUIRY of vital product data page `page` (0x80 the unit serial number,
+  // 0x83 the device identification): the page's bytes into *data.
+  std::string Inquiry(uint8_t page, std::vector<uint8_t>* data) {
+    scsi_task* t = iscsi_inquiry_sync(ctx_, url_->lun, 1, page, 255);
+    return Finish(t, data);
+  }
+
   // MODE SENSE(6) or (10) of all pages with allocation length `alloc`.
   std::string ModeSense(bool ten, uint8_t alloc) {
     scsi_task* t = ten ? iscsi_modesense10_sync(ctx_, url_->lun, 0, 1, SCSI_MODESENSE_PC_CURRENT,

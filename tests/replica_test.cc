@@ -6,11 +6,7 @@
 // primary acknowledged is on the backup after a kill -9 of the primary, a
 // backup serves learners only once promoted, and a primary whose backup is
 // gone acknowledges nothing more.
-#include <arpa/inet.h>
 #include <blkps/control_lun.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -26,6 +22,7 @@
 #include <vector>
 
 #include "raw_lun.h"
+#include "replicated_shard.h"
 #include "target_process.h"
 
 namespace blkps_test {
@@ -41,40 +38,6 @@ constexpr uint64_t kBlocks = kDeviceBytes / kBlockBytes;
 const std::string kModel = "params=" + std::to_string(kParams) + ";block=4K";
 
 std::string Learner(int k) { return "iqn.2026-11.io.blkps.test:learner-" + std::to_string(k); }
-
-// A loopback port nobody listens on now (the backup's replication port).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A shard and its backup: the backup first (the primary connects to it when
-// its model is created), both with `bsopts` and two learner LUNs.
-struct ReplicatedShard {
-  explicit ReplicatedShard(const std::string& bsopts)
-      : address("127.0.0.1:" + std::to_string(FreePort())),
-        backup(bsopts + ";backup=" + address, "--luns 2"),
-        primary(bsopts + ";replicate_to=" + address, "--luns 2") {}
-  const std::string address;
-  TargetProcess backup;
-  TargetProcess primary;
-};
-
-// A control command (doc/server.md "Status and control") through the
-// control LUN of `target`; GOOD or the sense.
-std::string Command(const TargetProcess& target, const std::string& command) {
-  RawLun control(target.control_url(), "iqn.2026-11.io.blkps.test:operator");
-  std::vector<uint8_t> block(kRawLbaBytes, 0);
-  std::memcpy(block.data(), command.data(), command.size());
-  return control.Write(BLKPS_CONTROL_COMMANDS_OFFSET / kRawLbaBytes, block);
-}
 
 std::string StatusJson(const TargetProcess& target) {
   RawLun control(target.control_url(), "iqn.2026-11.io.blkps.test:operator");

@@ -236,6 +236,21 @@ TEST(ShardLayoutTest, ALayoutWithoutAKindIsStriped) {
   EXPECT_EQ(layout.kind, ShardLayout::Kind::kStriped);
 }
 
+TEST(ShardLayoutTest, ReplicaLinesListAShardsBackupsAfterItsPrimary) {
+  ShardLayout layout;
+  Status status = ParseShardLayout("stripe_unit = 4096\n"
+                                   "shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:a/1\n"
+                                   "replica = iscsi://127.0.0.1:3263/iqn.2026-11.io.blkps:a/1\n"
+                                   "replica = iscsi://127.0.0.1:3265/iqn.2026-11.io.blkps:a/1\n"
+                                   "shard = iscsi://127.0.0.1:3262/iqn.2026-11.io.blkps:b/1\n",
+                                   "m.layout", &layout);
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(layout.shards.size(), 2u);
+  EXPECT_EQ(layout.shards[0].replicas, (std::vector<std::string>{"iscsi://127.0.0.1:3263/iqn.2026-11.io.blkps:a/1",
+                                                                 "iscsi://127.0.0.1:3265/iqn.2026-11.io.blkps:a/1"}));
+  EXPECT_TRUE(layout.shards[1].replicas.empty()) << "a shard without replica lines has its primary only";
+}
+
 // The message of parsing `text` as file "m.layout" (expected to fail).
 std::string ParseError(const std::string& text) {
   ShardLayout layout;
@@ -246,10 +261,27 @@ std::string ParseError(const std::string& text) {
   return status.message();
 }
 
+TEST(ShardLayoutTest, AMalformedReplicaLineIsAOneLineError) {
+  const std::string head = "stripe_unit = 4096\nshard = iscsi://h:1/iqn.x:a/1\n";
+  EXPECT_EQ(ParseError("stripe_unit = 4096\nreplica = iscsi://h:2/iqn.x:a/1\nshard = iscsi://h:1/iqn.x:a/1\n"),
+            "blkps: m.layout:2: replica before any shard line; put it under the shard it is a replica of");
+  EXPECT_EQ(ParseError(head + "replica = iscsi://h:2/iqn.x:a/2\n"),
+            "blkps: m.layout:3: replica: expected an iscsi:// URL of LUN 1, as its shard on line 2, got "
+            "'iscsi://h:2/iqn.x:a/2'");
+  EXPECT_EQ(ParseError(head + "replica = /dev/sdb\n"),
+            "blkps: m.layout:3: replica: expected an iscsi:// URL of LUN 1, as its shard on line 2, got '/dev/sdb'");
+  EXPECT_EQ(ParseError(head + "replica = iscsi://h:1/iqn.x:a/1\n"),
+            "blkps: m.layout:3: replica iscsi://h:1/iqn.x:a/1 is named twice for the shard on line 2; name each "
+            "replica once");
+  EXPECT_EQ(ParseError("stripe_unit = 4096\nshard = a.bin\nreplica = iscsi://h:1/iqn.x:a/1\n"),
+            "blkps: m.layout:3: replica of shard line 2, which is no iscsi:// or iser:// URL; only a LUN served over "
+            "iSCSI has replicas");
+}
+
 TEST(ShardLayoutTest, ErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("stripe_unit = 512\nshard = a\nbogus = 1\n"),
             "blkps: m.layout:3: unknown key 'bogus'; expected kind, stripe_unit, "
-            "dtype, shard or control");
+            "dtype, shard, replica or control");
   EXPECT_EQ(ParseError("stripe_unit = 1024\ndtype = half\nshard = a\n"),
             "blkps: m.layout:2: dtype: expected one of float32, bfloat16, "
             "float16, got 'half'");

@@ -176,6 +176,16 @@ std::unique_ptr<Device> OpenFileDeviceWith(const std::string& path, OpenFileFn o
 // names a credentials file in BLKPS_CHAP_FILE (doc/server.md, "Authentication and
 // access"). Errors never show a secret (MaskTarget).
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status);
+// The replicas of one LUN (a layout's shard line and its replica lines;
+// doc/replicas.md "Learners follow a failover"), the primary first: the
+// device logs in to the first that serves learners (a backup on standby is
+// skipped), and when its session breaks or answers standby it follows to
+// the next that serves, within the reconnect deadline. Every URL names the
+// same LUN over the same transport; credentials are the first URL's (or
+// BLKPS_CHAP_FILE's), for all. If none serves: one line naming each
+// replica and what it answered.
+std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& replicas, const std::string& initiator_name,
+                                        Status* status);
 
 // `target` as messages show it: an URL's credentials (between "://" and '@',
 // and its query) replaced by "***".

@@ -216,8 +216,15 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
     // A dropped session ends every command in flight with CANCELLED
     // (noautoreconnect); a failing poll ends them when the context goes.
     bool dropped = !Service().ok();
+    // A replica that answers standby applied nothing: with another replica
+    // to follow to, its session is as good as dropped.
+    auto standby = [&](const Command& command) {
+      return spec_.replicated() && command.status == SCSI_STATUS_CHECK_CONDITION &&
+             IsStandbySense(command.sense.key, command.sense.ascq);
+    };
     for (const Command& command : commands_) {
-      dropped = dropped || (command.task != nullptr && command.done && command.status == SCSI_STATUS_CANCELLED);
+      dropped = dropped || (command.task != nullptr && command.done &&
+                            (command.status == SCSI_STATUS_CANCELLED || standby(command)));
     }
     if (dropped) {
       iscsi_destroy_context(iscsi_);  // runs the callbacks of what it held
@@ -226,7 +233,7 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
     std::vector<size_t> ended_with_session;
     for (Command& command : commands_) {
       if (command.task == nullptr || !(command.done || dropped)) continue;
-      if (dropped && (!command.done || command.status == SCSI_STATUS_CANCELLED)) {
+      if (dropped && (!command.done || command.status == SCSI_STATUS_CANCELLED || standby(command))) {
         ended_with_session.push_back(command.index);
       } else if (command.status != SCSI_STATUS_GOOD) {
         if (result.ok()) result = CommandError(describe(command.index), command);

@@ -17,7 +17,11 @@
 // device keeps what it expects the receipt to say (expected_); after a target
 // restart from a checkpoint the receipt is the checkpoint's, and writes it
 // acknowledged that the receipt lacks were lost with the server's memory:
-// counted in writes_lost() and said on stderr. Without a control LUN (a target
+// counted in writes_lost() and said on stderr. A LUN with several replicas
+// (a layout's replica lines) reconnects to the first that serves, from the
+// current one on, and reads the receipt there: a backup holds every write
+// its primary acknowledged (doc/replicas.md "Learners follow a failover").
+// Without a control LUN (a target
 // not made by blkps) the device resends every write in flight, as libiscsi
 // would.
 #ifndef BLKPS_LEARNER_ISCSI_DEVICE_H_
@@ -55,12 +59,14 @@ Status ReconnectSeconds(uint64_t device_bytes, double* seconds);
 
 class IscsiDevice : public Device {
  public:
-  // Takes ownership of the logged-in context. `control_lun`: the target's
-  // control LUN, whose receipts make writes exactly-once; -1 if none.
-  IscsiDevice(iscsi_context* iscsi, SessionSpec spec, uint64_t size_bytes, uint32_t block_size,
+  // Takes ownership of the logged-in context, a session with replica
+  // `replica` of spec.replicas. `control_lun`: the target's control LUN,
+  // whose receipts make writes exactly-once; -1 if none.
+  IscsiDevice(iscsi_context* iscsi, SessionSpec spec, size_t replica, uint64_t size_bytes, uint32_t block_size,
               uint64_t default_request_bytes, uint64_t max_request_bytes, int control_lun)
       : iscsi_(iscsi),
         spec_(std::move(spec)),
+        replica_(replica),
         name_(spec_.name),
         lun_(spec_.lun),
         size_bytes_(size_bytes),
@@ -136,8 +142,10 @@ class IscsiDevice : public Device {
   Status RunRequests(Direction direction, const std::vector<IoRequest>& requests, uint32_t queue_depth,
                      const ConsumeFn* consume);
   Status Service();
-  // The session dropped and every command of it has ended; `dropped` lists
-  // the batch's commands that were in flight. Logs in again and stores in
+  // The session dropped (or, with several replicas, its replica answered
+  // standby) and every command of it has ended; `dropped` lists the batch's
+  // commands that were in flight or refused as standby. Logs in again, to
+  // the first replica that serves from the current one on, and stores in
   // *resend those to send again: all of them, except writes (commands
   // [0, writes->size())) that the receipt shows applied.
   Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
@@ -150,6 +158,7 @@ class IscsiDevice : public Device {
 
   iscsi_context* iscsi_;  // null while reconnecting failed
   const SessionSpec spec_;
+  size_t replica_;  // which of spec_.replicas the session is with
   const std::string& name_;
   const int lun_;
   const uint64_t size_bytes_;

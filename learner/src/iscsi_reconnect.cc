@@ -1,5 +1,6 @@
 // IscsiDevice's reconnect (iscsi_device.h says the contract, "Exactly-once
-// writes"): logging in again with backoff until BLKPS_RECONNECT_SECONDS,
+// writes"): logging in again with backoff until BLKPS_RECONNECT_SECONDS, to
+// the first of the LUN's replicas that serves,
 // fencing the old session's writes on the control LUN, reading the receipt,
 // and choosing what to resend; writes the server lost with a restart are
 // counted and said on stderr.
@@ -56,32 +57,58 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   std::chrono::milliseconds backoff(50);
   int attempts = 0;
   std::string error;
+  // With several replicas: the last error of each, by replica (each is
+  // tried before the deadline is checked).
+  std::vector<std::string> errors(spec_.replicas.size());
+  const size_t was = replica_;
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
+  // The replicas are tried in turn from the current one on (a target that
+  // restarts is tried first); the backoff comes after each round of them.
   for (;;) {
-    iscsi_ = LogIn(spec_, &error, deadline);
+    iscsi_ = LogIn(spec_, replica_, &error, deadline);
     ++attempts;
+    if (iscsi_ != nullptr && spec_.replicated()) {
+      Status s = ProbeServing(iscsi_, lun_, block_size_, deadline);
+      if (!s.ok()) {
+        error = s.reason();
+        iscsi_destroy_context(iscsi_);
+        iscsi_ = nullptr;
+      }
+    }
     if (iscsi_ != nullptr && receipts) {
       Status s = FenceAndReadReceipt(&counts, deadline);
       if (s.ok()) break;
-      error = s.message();
+      error = s.reason();
       iscsi_destroy_context(iscsi_);
       iscsi_ = nullptr;
     }
     if (iscsi_ != nullptr) break;
+    errors[replica_] = spec_.replicas[replica_].name + ": " + error;
+    replica_ = (replica_ + 1) % spec_.replicas.size();
+    if (replica_ != was) continue;  // the next replica at once
     if (std::chrono::steady_clock::now() + backoff > deadline) {
       const double tried = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       reconnect_seconds_ += tried;
+      std::string last = error;
+      if (spec_.replicated()) {
+        last = "no replica serves; last errors: ";
+        for (size_t r = 0; r < errors.size(); ++r) last += (r > 0 ? "; " : "") + errors[r];
+      }
       return Status::Error(EIO,
                            "%s: the connection was lost; gave up reconnecting after %d attempts in %.1f s (deadline "
                            "%.0f s, BLKPS_RECONNECT_SECONDS); last error: %s; reopen the model",
-                           name_.c_str(), attempts, tried, spec_.reconnect_seconds, error.c_str());
+                           name_.c_str(), attempts, tried, spec_.reconnect_seconds, last.c_str());
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
   }
   ++reconnects_;
   reconnect_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (replica_ != was) {
+    fprintf(stderr, "blkps: %s: followed a failover: replica %s serves it now\n", name_.c_str(),
+            spec_.replicas[replica_].name.c_str());
+  }
   if (!receipts) {
     if (writes != nullptr && !said_no_receipts_) {
       said_no_receipts_ = true;

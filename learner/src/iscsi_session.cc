@@ -142,7 +142,7 @@ struct LoginEnd {
 // *error. Connecting and logging in give up at `deadline` (a target that
 // accepts the connection and never answers the login must not hold a
 // reconnect past it).
-iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadline) {
+iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline) {
   iscsi_context* iscsi = iscsi_create_context(spec.initiator.c_str());
   if (iscsi == nullptr) {
     *error = "cannot create an iSCSI context for " + spec.initiator;
@@ -152,7 +152,8 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadl
     iscsi_destroy_context(iscsi);
     return nullptr;
   }
-  iscsi_set_targetname(iscsi, spec.target.c_str());
+  const Replica& to = spec.replicas[replica];
+  iscsi_set_targetname(iscsi, to.target.c_str());
   iscsi_set_session_type(iscsi, ISCSI_SESSION_NORMAL);
   iscsi_set_header_digest(iscsi, ISCSI_HEADER_DIGEST_NONE);
   iscsi_set_initial_r2t(iscsi, ISCSI_INITIAL_R2T_NO);
@@ -174,7 +175,7 @@ iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadl
     end->status = status;
   };
   LoginEnd* end = new LoginEnd;
-  if (iscsi_full_connect_async(iscsi, spec.portal.c_str(), spec.lun, on_login, end) != 0) {
+  if (iscsi_full_connect_async(iscsi, to.portal.c_str(), spec.lun, on_login, end) != 0) {
     delete end;
     *error = LastError(iscsi);
     iscsi_destroy_context(iscsi);
@@ -290,6 +291,27 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
   return Status();
 }
 
+Status ProbeServing(iscsi_context* iscsi, int lun, uint32_t block_size, Deadline deadline) {
+  scsi_task* task = PastUnitAttentions(
+      iscsi,
+      [&](iscsi_command_cb cb, void* end) {
+        return iscsi_read16_task(iscsi, lun, 0, block_size, block_size, 0, 0, 0, 0, 0, cb, end);
+      },
+      deadline);
+  Status status;
+  if (task == nullptr) {
+    status = Status::Error(EIO, "probe read failed: %s", LastError(iscsi).c_str());
+  } else if (task->status == SCSI_STATUS_CHECK_CONDITION && IsStandbySense(task->sense.key, task->sense.ascq)) {
+    status = Status::Error(EAGAIN, "on standby (a backup not promoted)");
+  } else if (task->status == SCSI_STATUS_CHECK_CONDITION) {
+    status = Status::Error(EIO, "target returned %s", ScsiSenseMessage(task->sense.key, task->sense.ascq).c_str());
+  } else if (task->status != SCSI_STATUS_GOOD) {
+    status = Status::Error(EIO, "probe read failed: %s", LastError(iscsi).c_str());
+  }
+  if (task != nullptr) scsi_free_scsi_task(task);
+  return status;
+}
+
 namespace {
 
 // The capacity in bytes of `lun`, or 0 if READ CAPACITY(16) fails.
@@ -395,57 +417,135 @@ Status DiagnoseConnectFailure(const std::string& name, const std::string& portal
   return status;
 }
 
-}  // namespace
-
-std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status) {
-  SessionSpec spec;
-  spec.iser = url.rfind("iser://", 0) == 0;
-  spec.initiator = initiator_name.empty() ? DefaultInitiatorName() : initiator_name;
-  iscsi_context* scratch = iscsi_create_context(spec.initiator.c_str());
-  if (scratch == nullptr) {
-    *status = Status::Error(ENOMEM, "cannot create an iSCSI context for %s", spec.initiator.c_str());
-    return nullptr;
-  }
+// Parses `url` into *replica, its LUN and its credentials (the URL's).
+Status ParseReplicaUrl(iscsi_context* scratch, const std::string& url, Replica* replica, int* lun,
+                       ChapCredentials* chap) {
   iscsi_url* parsed = iscsi_parse_full_url(scratch, url.c_str());
   if (parsed == nullptr) {
     std::string why = LastError(scratch);  // libiscsi quotes the URL: mask it
     for (size_t at = why.find(url); at != std::string::npos; at = why.find(url, at + 1)) {
       why.replace(at, url.size(), MaskTarget(url));
     }
-    *status = Status::Error(EINVAL, "bad target URL: %s", why.c_str());
-    iscsi_destroy_context(scratch);
+    return Status::Error(EINVAL, "bad target URL: %s", why.c_str());
+  }
+  *chap = {parsed->user, parsed->passwd, parsed->target_user, parsed->target_passwd};
+  const bool iser = url.rfind("iser://", 0) == 0;
+  replica->name = std::string(iser ? "iser://" : "iscsi://") + parsed->portal + "/" + parsed->target + "/" +
+                  std::to_string(parsed->lun);
+  replica->portal = parsed->portal;
+  replica->target = parsed->target;
+  *lun = parsed->lun;
+  iscsi_destroy_url(parsed);
+  return Status();
+}
+
+// The LUN's logical block size and capacity in bytes (READ CAPACITY(16)).
+Status ReadCapacity(iscsi_context* iscsi, const std::string& name, int lun, uint32_t* block_size,
+                    uint64_t* size_bytes) {
+  scsi_task* task =
+      RunToEnd(iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, lun, cb, end); });
+  if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
+    Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s", name.c_str(), LastError(iscsi).c_str());
+    if (task != nullptr) scsi_free_scsi_task(task);
+    return error;
+  }
+  auto* capacity = static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task));
+  if (capacity == nullptr || capacity->block_length == 0) {
+    scsi_free_scsi_task(task);
+    return Status::Error(EIO, "%s: cannot decode READ CAPACITY(16) data", name.c_str());
+  }
+  *block_size = capacity->block_length;
+  *size_bytes = (capacity->returned_lba + 1) * *block_size;
+  scsi_free_scsi_task(task);
+  return Status();
+}
+
+}  // namespace
+
+std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, const std::string& initiator_name,
+                                        Status* status) {
+  SessionSpec spec;
+  spec.iser = urls.front().rfind("iser://", 0) == 0;
+  spec.initiator = initiator_name.empty() ? DefaultInitiatorName() : initiator_name;
+  iscsi_context* scratch = iscsi_create_context(spec.initiator.c_str());
+  if (scratch == nullptr) {
+    *status = Status::Error(ENOMEM, "cannot create an iSCSI context for %s", spec.initiator.c_str());
     return nullptr;
   }
-  // CHAP: the URL's credentials, else BLKPS_CHAP_FILE's.
-  spec.chap = {parsed->user, parsed->passwd, parsed->target_user, parsed->target_passwd};
-  const char* chap_file = std::getenv("BLKPS_CHAP_FILE");
-  if (spec.chap.user.empty() && chap_file != nullptr && *chap_file != '\0') {
-    Status s = ReadChapFile(chap_file, &spec.chap);
+  for (size_t r = 0; r < urls.size(); ++r) {
+    Replica replica;
+    ChapCredentials chap;
+    int lun = 0;
+    Status s = ParseReplicaUrl(scratch, urls[r], &replica, &lun, &chap);
+    if (s.ok() && r > 0 && (lun != spec.lun || (urls[r].rfind("iser://", 0) == 0) != spec.iser)) {
+      s = Status::Error(EINVAL, "replica %s: serves LUN %d over %s; every replica serves LUN %d over %s as %s does",
+                        replica.name.c_str(), lun, urls[r].substr(0, urls[r].find(':')).c_str(), spec.lun,
+                        spec.iser ? "iser" : "iscsi", spec.replicas[0].name.c_str());
+    }
     if (!s.ok()) {
       *status = std::move(s);
-      iscsi_destroy_url(parsed);
       iscsi_destroy_context(scratch);
       return nullptr;
     }
+    if (r == 0) {
+      // CHAP: the first URL's credentials, else BLKPS_CHAP_FILE's; the same
+      // for every replica.
+      spec.chap = chap;
+      spec.lun = lun;
+    }
+    spec.replicas.push_back(std::move(replica));
   }
-  spec.name = std::string(spec.iser ? "iser://" : "iscsi://") + parsed->portal + "/" + parsed->target + "/" +
-              std::to_string(parsed->lun);
-  spec.portal = parsed->portal;
-  spec.target = parsed->target;
-  spec.lun = parsed->lun;
-  iscsi_destroy_url(parsed);
   iscsi_destroy_context(scratch);
+  const char* chap_file = std::getenv("BLKPS_CHAP_FILE");
+  if (spec.chap.user.empty() && chap_file != nullptr && *chap_file != '\0') {
+    if (Status s = ReadChapFile(chap_file, &spec.chap); !s.ok()) {
+      *status = std::move(s);
+      return nullptr;
+    }
+  }
+  spec.name = spec.replicas[0].name;
 
-  std::string login_error;
-  iscsi_context* iscsi = LogIn(spec, &login_error);
-  if (iscsi == nullptr && spec.iser) {
-    *status =
-        Status::Error(ENODEV, "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
-                      spec.name.c_str(), login_error.c_str());
-    return nullptr;
+  // The first replica that logs in and serves (one replica: the first that
+  // logs in, as always); what each other one answered, for the error.
+  iscsi_context* iscsi = nullptr;
+  size_t replica = 0;
+  uint32_t block_size = 0;
+  uint64_t size_bytes = 0;
+  std::string tried;
+  for (; replica < spec.replicas.size(); ++replica) {
+    const Replica& r = spec.replicas[replica];
+    std::string login_error;
+    iscsi = LogIn(spec, replica, &login_error);
+    Status s;
+    if (iscsi == nullptr && spec.iser) {
+      s = Status::Error(ENODEV,
+                        "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
+                        r.name.c_str(), login_error.c_str());
+    } else if (iscsi == nullptr) {
+      s = DiagnoseConnectFailure(r.name, r.portal, r.target, spec.lun, login_error);
+    } else {
+      s = ReadCapacity(iscsi, r.name, spec.lun, &block_size, &size_bytes);
+      if (s.ok() && spec.replicated()) {
+        s = ProbeServing(iscsi, spec.lun, block_size, kNoDeadline);
+        if (!s.ok()) s = Status::Error(s.code(), "%s: %s", r.name.c_str(), s.reason());
+      }
+      if (!s.ok()) {
+        iscsi_destroy_context(iscsi);
+        iscsi = nullptr;
+      }
+    }
+    if (s.ok()) break;
+    if (!spec.replicated()) {
+      *status = std::move(s);
+      return nullptr;
+    }
+    tried += std::string(tried.empty() ? "" : "; ") + s.reason();
   }
   if (iscsi == nullptr) {
-    *status = DiagnoseConnectFailure(spec.name, spec.portal, spec.target, spec.lun, login_error);
+    *status = Status::Error(EIO,
+                            "no replica of %s serves learners; tried %zu: %s; start one, or promote a backup "
+                            "(blkps target promote)",
+                            spec.name.c_str(), spec.replicas.size(), tried.c_str());
     return nullptr;
   }
   auto fail = [&](Status error) {
@@ -453,39 +553,19 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
     iscsi_destroy_context(iscsi);
     return nullptr;
   };
-
-  scsi_task* task = RunToEnd(
-      iscsi, [&](iscsi_command_cb cb, void* end) { return iscsi_readcapacity16_task(iscsi, spec.lun, cb, end); });
-  if (task == nullptr || task->status != SCSI_STATUS_GOOD) {
-    Status error = Status::Error(EIO, "%s: READ CAPACITY(16) failed: %s", spec.name.c_str(), LastError(iscsi).c_str());
-    if (task != nullptr) scsi_free_scsi_task(task);
-    return fail(std::move(error));
-  }
-  auto* capacity = static_cast<scsi_readcapacity16*>(scsi_datain_unmarshall(task));
-  if (capacity == nullptr || capacity->block_length == 0) {
-    scsi_free_scsi_task(task);
-    return fail(Status::Error(EIO, "%s: cannot decode READ CAPACITY(16) data", spec.name.c_str()));
-  }
-  const uint32_t block_size = capacity->block_length;
-  const uint64_t size_bytes = (capacity->returned_lba + 1) * block_size;
-  scsi_free_scsi_task(task);
   if (Status s = ReconnectSeconds(size_bytes, &spec.reconnect_seconds); !s.ok()) return fail(std::move(s));
 
   uint64_t max_request_bytes = MaxRequestBytes(iscsi, spec.lun, block_size);
   if (spec.iser) max_request_bytes = std::min(max_request_bytes, kIserMaxRequestBytes);
   const uint64_t default_request_bytes = spec.iser ? kIserMaxRequestBytes : kDefaultRequestBytes;
   const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
-  auto device = std::make_unique<IscsiDevice>(iscsi, spec, size_bytes, block_size, default_request_bytes,
+  auto device = std::make_unique<IscsiDevice>(iscsi, spec, replica, size_bytes, block_size, default_request_bytes,
                                               max_request_bytes, control_lun);
   if (control_lun >= 0) {
-    // A failed read's message, without its "blkps: ", to go on with.
-    auto why = [](const Status& s) {
-      return s.message().rfind("blkps: ", 0) == 0 ? s.message().substr(7) : s.message();
-    };
     // A table's width, so that rows of another width are refused before
     // they are sent (Device::table_width).
     if (Status s = device->ReadTableWidth(); !s.ok()) {
-      *status = Status::Error(s.code(), "%s; open the model again", why(s).c_str());
+      *status = Status::Error(s.code(), "%s; open the model again", s.reason());
       return nullptr;
     }
     // Where the receipt starts: what the server has applied of this
@@ -500,7 +580,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
       device->ExpectReceipt(std::move(counts));
     } else if (s.code() == EIO) {
       *status = Status::Error(s.code(), "%s; exactly-once pushes need it, so the open fails: open the model again",
-                              why(s).c_str());
+                              s.reason());
       return nullptr;
     }
   }
@@ -511,9 +591,14 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::strin
 
 namespace blkps {
 
-// device.h's entry point; the work is iscsi::OpenIscsiDevice's, above.
+// device.h's entry points; the work is iscsi::OpenIscsiDevice's, above.
 std::unique_ptr<Device> OpenIscsiDevice(const std::string& url, const std::string& initiator_name, Status* status) {
-  return iscsi::OpenIscsiDevice(url, initiator_name, status);
+  return iscsi::OpenIscsiDevice({url}, initiator_name, status);
+}
+
+std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& replicas, const std::string& initiator_name,
+                                        Status* status) {
+  return iscsi::OpenIscsiDevice(replicas, initiator_name, status);
 }
 
 }  // namespace blkps

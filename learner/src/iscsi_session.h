@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "device.h"
 #include "status.h"
@@ -67,21 +68,38 @@ int ServiceWithoutSigpipe(iscsi_context* iscsi, int revents);
 // characters an IQN allows: the initiator name when the user gives none.
 std::string DefaultInitiatorName();
 
+// One replica of the LUN: a target at a portal (doc/replicas.md, "Learners
+// follow a failover"). Every replica serves the same LUN number, and its
+// control LUN at the number the first replica's has (targets made alike).
+struct Replica {
+  std::string name;  // its URL without credentials, for messages
+  std::string portal, target;
+};
+
 // What it takes to log in again.
 struct SessionSpec {
-  std::string name;  // the URL without credentials, for messages
-  std::string initiator, portal, target;
+  std::string name;  // the first replica's URL without credentials, for messages
+  std::string initiator;
+  std::vector<Replica> replicas;  // the primary first; at least one
   ChapCredentials chap;
   int lun = 0;
   bool iser = false;
   double reconnect_seconds = 0;  // how long a lost session is retried
+  // Several replicas: a replica is used only once it serves (ProbeServing).
+  bool replicated() const { return replicas.size() > 1; }
 };
 
-// A logged-in context for `spec`, or nullptr with libiscsi's reason in
-// *error. Connecting and logging in give up at `deadline` (a target that
-// accepts the connection and never answers the login must not hold a
-// reconnect past it).
-iscsi_context* LogIn(const SessionSpec& spec, std::string* error, Deadline deadline = kNoDeadline);
+// A logged-in context for replica `replica` of `spec`, or nullptr with
+// libiscsi's reason in *error. Connecting and logging in give up at
+// `deadline` (a target that accepts the connection and never answers the
+// login must not hold a reconnect past it).
+iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline = kNoDeadline);
+
+// Whether the replica behind a logged-in context serves learners: a READ of
+// the LUN's first block. EAGAIN when it answers standby (IsStandbySense: a
+// backup not promoted), EIO when the read fails otherwise. Only for
+// replicated LUNs: the read counts as the learner's.
+Status ProbeServing(iscsi_context* iscsi, int lun, uint32_t block_size, Deadline deadline);
 
 // Starts a command with `start(callback, private_data)` (an iscsi_*_task
 // call) and services `iscsi` until it ends; returns its task, or nullptr if

@@ -36,6 +36,9 @@ constexpr Meaning kMeanings[] = {
     {7, 0x2700, "WRITE PROTECTED",
      "this region or LUN is read-only to this session: the control LUN's status, counters and receipts, or the "
      "weights and operator commands on the learners' control LUN"},
+    {kStandbySenseKey, kStandbyAscAscq, "LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE",
+     "this server is a shard's backup on standby: it serves learners once promoted (blkps target promote); a layout "
+     "that lists the shard's replicas has libblkps follow to the one that serves"},
     {3, 0x0c00, "WRITE ERROR", "the server could not write its checkpoint (its log and status say why)"},
     {5, 0x5503, "INSUFFICIENT RESOURCES",
      "a hashed table is full: the push needed rows it cannot make and nothing was applied; give its server an "

@@ -14,6 +14,13 @@ namespace blkps {
 // learner have a meaning; any other pair is named by its numbers.
 std::string ScsiSenseMessage(int key, int asc_ascq);
 
+// NOT READY, LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE: what
+// a shard's backup answers a learner's I/O until it is promoted
+// (doc/replicas.md). Nothing was applied; another replica may serve.
+constexpr int kStandbySenseKey = 2;
+constexpr int kStandbyAscAscq = 0x040b;
+inline bool IsStandbySense(int key, int asc_ascq) { return key == kStandbySenseKey && asc_ascq == kStandbyAscAscq; }
+
 }  // namespace blkps
 
 #endif  // BLKPS_LEARNER_SCSI_SENSE_H_

@@ -1,9 +1,12 @@
 #include "shard_layout.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "device.h"
 
 namespace blkps {
 namespace {
@@ -27,6 +30,45 @@ bool ParseStripeUnit(const std::string& value, uint64_t* unit) {
 }
 
 bool IsUrl(const std::string& target) { return target.find("://") != std::string::npos; }
+
+// An iscsi:// or iser:// URL's scheme ("iscsi://") and LUN (the text after
+// its last '/'); false for anything else.
+bool SchemeAndLun(const std::string& target, std::string* scheme, std::string* lun) {
+  const size_t colon = target.find("://");
+  const size_t slash = target.rfind('/');
+  if (colon == std::string::npos || slash == std::string::npos || slash < colon + 3) return false;
+  *scheme = target.substr(0, colon + 3);
+  *lun = target.substr(slash + 1);
+  return (*scheme == "iscsi://" || *scheme == "iser://") && !lun->empty() &&
+         lun->find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Checks a replica line's URL against its shard (the last shard line).
+Status CheckReplica(const std::string& value, const ShardLayout::Shard* shard, const std::string& name, int line) {
+  if (shard == nullptr) {
+    return Status::Error(EINVAL, "%s:%d: replica before any shard line; put it under the shard it is a replica of",
+                         name.c_str(), line);
+  }
+  std::string scheme, lun, shard_scheme, shard_lun;
+  if (!SchemeAndLun(shard->target, &shard_scheme, &shard_lun)) {
+    return Status::Error(EINVAL,
+                         "%s:%d: replica of shard line %d, which is no iscsi:// or iser:// URL; only a LUN "
+                         "served over iSCSI has replicas",
+                         name.c_str(), line, shard->line);
+  }
+  if (!SchemeAndLun(value, &scheme, &lun) || scheme != shard_scheme || lun != shard_lun) {
+    return Status::Error(EINVAL, "%s:%d: replica: expected an %s URL of LUN %s, as its shard on line %d, got '%s'",
+                         name.c_str(), line, shard_scheme.c_str(), shard_lun.c_str(), shard->line,
+                         MaskTarget(value).c_str());
+  }
+  const bool twice = value == shard->target ||
+                     std::find(shard->replicas.begin(), shard->replicas.end(), value) != shard->replicas.end();
+  if (twice) {
+    return Status::Error(EINVAL, "%s:%d: replica %s is named twice for the shard on line %d; name each replica once",
+                         name.c_str(), line, MaskTarget(value).c_str(), shard->line);
+  }
+  return Status();
+}
 
 }  // namespace
 
@@ -104,10 +146,14 @@ Status ParseShardLayout(const std::string& text, const std::string& name, ShardL
                              name.c_str(), line, value.c_str());
       }
       layout->controls.push_back({value, line});
+    } else if (key == "replica") {
+      ShardLayout::Shard* shard = layout->shards.empty() ? nullptr : &layout->shards.back();
+      if (Status s = CheckReplica(value, shard, name, line); !s.ok()) return s;
+      shard->replicas.push_back(value);
     } else {
       return Status::Error(EINVAL,
                            "%s:%d: unknown key '%s'; expected kind, stripe_unit, "
-                           "dtype, shard or control",
+                           "dtype, shard, replica or control",
                            name.c_str(), line, key.c_str());
     }
   }

@@ -21,6 +21,17 @@
 // layout; a relative path is taken relative to the layout file's folder.
 // See StripeMap for where each model byte lives.
 //
+// `replica` lines (doc/replicas.md "Learners follow a failover") name the
+// other replicas of the shard line above them, in the order libblkps tries
+// them after it when the shard's session breaks or answers standby: the
+// shard line is the primary, each replica line a backup. A replica is an
+// iscsi:// or iser:// URL of the shard's scheme and LUN (the same LUN on
+// another target, usually another portal); a shard without replica lines
+// has one replica, as layouts always had.
+//
+//   shard = iscsi://127.0.0.1:3261/iqn.2026-11.io.blkps:model/1
+//   replica = iscsi://127.0.0.1:3263/iqn.2026-11.io.blkps:model/1
+//
 // `kind` (at most once) says how the model is spread: `striped` (the
 // default: stripe units, as above) or `hashed`, a hashed table
 // (table=hash:CAPACITY:WIDTH) whose rows go to shards by their id:
@@ -53,6 +64,9 @@ struct ShardLayout {
   struct Shard {
     std::string target;  // as OpenDevice takes it
     int line;            // where the layout file names it (1-based)
+    // The shard's other replicas (replica lines), tried in this order after
+    // `target`; empty for a shard of one replica and for control lines.
+    std::vector<std::string> replicas = {};
   };
   Kind kind = Kind::kStriped;
   uint64_t stripe_unit = 0;                   // float32 model bytes; > 0 and a multiple of 512 (0 if hashed)
@@ -65,7 +79,9 @@ struct ShardLayout {
 
 // Parses the text of a layout file; `name` (the file's path) prefixes every
 // message, with the line: "blkps: <name>:<line>: ...". Relative shard paths
-// are left as written. On failure returns the error; *layout is then
+// are left as written. A malformed replica line (before any shard, not a URL
+// of its shard's scheme and LUN, or naming a replica twice) is an error.
+// On failure returns the error; *layout is then
 // unspecified.
 Status ParseShardLayout(const std::string& text, const std::string& name, ShardLayout* layout);
 

@@ -22,6 +22,8 @@ class Status {
   bool ok() const { return code_ == 0; }
   int code() const { return code_; }  // errno value; 0 when ok
   const std::string& message() const { return message_; }
+  // The message without its "blkps: ", to go on with in another message.
+  const char* reason() const { return message_.c_str() + (message_.rfind("blkps: ", 0) == 0 ? 7 : 0); }
 
  private:
   int code_ = 0;

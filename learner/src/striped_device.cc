@@ -24,12 +24,6 @@ using ull = unsigned long long;
 // Most iovecs in one shard request: preadv/pwritev's limit (libaio).
 constexpr int kMaxIovecs = IOV_MAX;
 
-// The message of `status` without its "blkps: " prefix.
-const char* Reason(const Status& status) {
-  const std::string& m = status.message();
-  return m.rfind("blkps: ", 0) == 0 ? m.c_str() + 7 : m.c_str();
-}
-
 }  // namespace
 
 std::unique_ptr<StripedDevice> StripedDevice::Create(uint64_t stripe_unit, std::vector<std::unique_ptr<Device>> shards,
@@ -158,7 +152,7 @@ Status StripedDevice::RunOnShards(const std::vector<bool>& busy, const std::func
 Status StripedDevice::FirstFailure(const std::vector<Status>& results) const {
   for (size_t s = 0; s < results.size(); ++s) {
     if (!results[s].ok()) {
-      return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(), Reason(results[s]));
+      return Status::Error(results[s].code(), "%s: %s", names_[s].c_str(), results[s].reason());
     }
   }
   return Status();
@@ -312,7 +306,7 @@ Status StripedDevice::TransferRows(Direction direction, const uint64_t* ids, uin
       if (!applied.empty()) {
         status =
             Status::Error(status.code(), "%s; shard(s) %s applied their part of this push (do not push it again whole)",
-                          Reason(status), applied.c_str());
+                          status.reason(), applied.c_str());
       }
     }
     if (!status.ok() || direction == Direction::kWrite) return status;
@@ -382,9 +376,21 @@ std::unique_ptr<Device> OpenStripedDevice(const std::string& layout_path, const 
       names.push_back(layout_path + ":" + std::to_string(shard.line) + ": shard " + std::to_string(s) + " (" +
                       shard.target + ")");
       Status opened;
-      std::unique_ptr<Device> device = OpenDevice(shard.target, initiator_name, sessions, &opened);
+      std::unique_ptr<Device> device;
+      if (shard.replicas.empty()) {
+        device = OpenDevice(shard.target, initiator_name, sessions, &opened);
+      } else if (sessions > 1) {
+        opened = Status::Error(EINVAL,
+                               "several sessions (sessions=%u) to a shard with replicas are not done yet; "
+                               "open it with one session",
+                               sessions);
+      } else {
+        std::vector<std::string> replicas = {shard.target};
+        replicas.insert(replicas.end(), shard.replicas.begin(), shard.replicas.end());
+        device = OpenIscsiDevice(replicas, initiator_name, &opened);
+      }
       if (device == nullptr) {
-        *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(), Reason(opened));
+        *status = Status::Error(opened.code(), "%s: %s", names.back().c_str(), opened.reason());
         return nullptr;
       }
       shards.push_back(std::move(device));

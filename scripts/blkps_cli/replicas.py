@@ -3,14 +3,20 @@ backup (doc/replicas.md). The backup is a target of its own in DIR/backup,
 started before the primary with the shard's options plus
 backup=127.0.0.1:PORT (a free loopback port); the primary, in DIR, gets
 replicate_to= that address. A target served by one tgtd only, for now.
+DIR/slot-L.layout names learner LUN L of the primary and of the backup, for
+learners that follow a failover (libblkps, layout:PATH).
 """
 
+import glob
 import os
 
-from . import control, state, tgtd
+from . import control, shards, state, tgtd
 from .errors import UserError
 
 BACKUP_FOLDER = "backup"
+# The stripe unit of a one-shard layout: any serves (one shard holds every
+# unit); a multiple of 1024, as 16-bit shards need.
+ONE_SHARD_STRIPE_UNIT = 1 << 20
 
 
 def backup_dir(folder):
@@ -30,12 +36,25 @@ def start_backup(a):
     return f"{a.bsopts};replicate_to={address}"
 
 
+def write_layouts(folder, env, model):
+    """DIR/slot-L.layout for every learner LUN L of the primary (its
+    target.env `env`, serving `model`, tgtd.check_bsopts's): the primary's
+    LUN L with the backup's as its replica, so that libblkps follows a
+    failover (doc/replicas.md "Learners follow a failover"). Their paths."""
+    backup = state.target(backup_dir(folder), "target start")
+    return shards.write_layouts(os.path.abspath(folder), [env], len(env["URLS"].split()), ONE_SHARD_STRIPE_UNIT,
+                                model["params"], model["dtype"], backups=[backup])
+
+
 def stop(folder):
-    """Stops the backup of the target in `folder`, if it has one."""
-    folder = backup_dir(folder)
-    if os.path.isdir(folder):
-        tgtd.stop_watchdog(folder)
-        tgtd.Target(folder).stop()
+    """Stops the backup of the target in `folder`, if it has one, and
+    removes the layouts that name it."""
+    backup = backup_dir(folder)
+    if os.path.isdir(backup):
+        for layout in glob.glob(os.path.join(os.path.abspath(folder), "slot-*.layout")):
+            os.remove(layout)
+        tgtd.stop_watchdog(backup)
+        tgtd.Target(backup).stop()
 
 
 def operator_control(folder, what):

@@ -205,14 +205,16 @@ def mib(n):
     return f"{-(-n // (1 << 20))} MiB"
 
 
-def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=()):
+def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=(), backups=()):
     """DIR/slot-L.layout for every learner slot L, each written atomically: LUN L of every shard
     (16-bit shards, --bsopts dtype: a dtype line says so), and every
     shard's control LUN (control lines: the job's control, blkps.control).
     `unit` is the stripe unit, or HASHED for a hashed table's layout
     (`kind = hashed`, no stripe unit). `levels` and `labels` (one per
     shard) are comments: how the shards are grouped (a two-level stripe,
-    serve_parts.py) and where each is."""
+    serve_parts.py) and where each is. `backups` (one per shard, or none):
+    each shard's backup target.env, its LUN L a replica line under the
+    shard's (doc/replicas.md "Learners follow a failover")."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
@@ -222,8 +224,10 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=())
                        if unit == HASHED else
                        f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
                        f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else "")))
-            for env, label in zip(envs, labels or [""] * len(envs)):
+            for k, (env, label) in enumerate(zip(envs, labels or [""] * len(envs))):
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n"))
+                if backups:
+                    f.write(f"replica = {backups[k]['URLS'].split()[lun - 1]}  # its backup\n")
             for env in envs:
                 f.write(f"control = {env['CONTROL_URL']}\n")
         os.replace(path + ".tmp", path)  # a learner waiting for it never reads half a file

@@ -63,6 +63,8 @@ def start_locked(a, part=None):
         if getattr(a, "replicas", 1) > 1:
             print(f"backup: {replicas.backup_dir(a.dir)} (serves learners once promoted: blkps target promote "
                   f"--dir {a.dir})")
+            for lun, path in enumerate(replicas.write_layouts(a.dir, env, model), 1):
+                print(f"learner {lun}, following a failover: layout:{path}")
     if a.metrics:
         try:
             env = metrics.start(os.path.abspath(a.dir), *a.metrics, a.metrics_auth)

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import fcntl
 import glob
+import hashlib
 import ipaddress
 import json
 import os
@@ -117,6 +118,23 @@ def check_bsopts(bsopts, what="--bsopts"):
         reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
         raise UserError(what, reason.removeprefix("blkps: --bsopts: "), "see doc/server.md, \"--bsopts reference\"")
     return json.loads(out.stdout)
+
+
+def replica_identity(bsopts, lun):
+    """tgtadm's --params that give learner LUN `lun` of a replicated shard
+    (--bsopts with replicate_to= or backup=) one SCSI identity on every
+    replica: scsi_id and scsi_sn, 32 hex digits named by the replication
+    address the primary and its backup share, so that a path-failover
+    initiator (dm-multipath) sees the replicas' LUNs as one disk (doc/replicas.md,
+    "Learners follow a failover"). None for a shard without replicas."""
+    if "replicate_to=" not in bsopts and "backup=" not in bsopts:
+        return None
+    options = dict(check_bsopts(bsopts)["options"])
+    address = options.get("replicate_to") or options.get("backup")
+    if not address:
+        return None
+    digits = hashlib.sha256(f"blkps replica {address} lun {lun}".encode()).hexdigest()[:32]
+    return f"scsi_id={digits},scsi_sn={digits}"
 
 
 class Target:
@@ -334,6 +352,11 @@ class Target:
             self._admin(a, f"creating model LUN {lun}",
                         ["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun), "--bstype", "blkps",
                          "--backing-store", a.name, "--bsopts", a.bsopts], CREATE_TIMEOUT_S)
+            identity = replica_identity(a.bsopts, lun)
+            if identity:
+                self._admin(a, f"setting model LUN {lun}'s SCSI identity",
+                            ["--op", "update", "--mode", "logicalunit", "--tid", "1", "--lun", str(lun),
+                             "--params", identity])
             urls.append(f"{base}/{lun}")
         lun = a.luns + 1
         self._admin(a, f"creating the control LUN {lun}",
