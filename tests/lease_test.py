@@ -12,6 +12,11 @@ Cases:
       deadline passed, and the backup takes over.
   etcd-member-killed-lease-held      kill -9 of etcd's leader: the
       primary's lease is renewed after it and nothing fails over.
+  learner-follows-the-lease          a learner pushing through libblkps
+      over the layout `target start` wrote (doc/replicas.md "Learners
+      follow a failover") while the primary's tgtd is killed: the backup
+      takes over by the lease, the learner follows it with no error, and
+      the backup holds every acknowledged push exactly once.
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -22,6 +27,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -30,6 +36,7 @@ import testbed
 top, build, args = testbed.setup("lease_test")
 import blkps  # noqa: E402  (this checkout's package, this build's library)
 import etcd_cluster  # noqa: E402
+import numpy as np  # noqa: E402
 
 BLKPS = os.path.join(top, "scripts", "blkps")
 PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
@@ -170,7 +177,51 @@ def test_etcd_member_killed_lease_held():
         testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
 
+def test_learner_follows_the_lease():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        layout = os.path.join(t.dir, "slot-1.layout")
+        ones = np.ones(128, dtype=np.float32)
+        acknowledged = [0]
+        failure = []
+        stop = threading.Event()
+
+        def learner():
+            # Each push adds 1 to parameters 0..127 (rule sum): the weights
+            # count the pushes applied.
+            try:
+                with blkps.Model("layout:" + layout) as m:
+                    while not stop.is_set():
+                        m.push(0, ones)
+                        acknowledged[0] += 1
+            except OSError as e:
+                failure.append(str(e))
+
+        os.environ["BLKPS_RECONNECT_SECONDS"] = str(WAIT_S)
+        pushing = threading.Thread(target=learner)
+        pushing.start()
+        try:
+            wait_for("20 pushes acknowledged by the primary", lambda: acknowledged[0] >= 20 or failure)
+            rc, pid, _ = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
+            os.kill(int(pid), signal.SIGKILL)
+            at_kill = acknowledged[0]
+            wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+            wait_for("20 more pushes acknowledged after the kill", lambda: acknowledged[0] >= at_kill + 20 or failure)
+        finally:
+            stop.set()
+            pushing.join()
+            del os.environ["BLKPS_RECONNECT_SECONDS"]
+        testbed.check(not failure, f"the learner failed: {failure}")
+        with blkps.Model(t.url(t.backup)) as reader:
+            weights = reader.pull(0, 1024)
+        expected = np.zeros(1024, dtype=np.float32)
+        expected[:128] = acknowledged[0]
+        testbed.check(np.array_equal(weights, expected),
+                      f"{acknowledged[0]} pushes acknowledged, but the new primary's weights 0..127 are "
+                      f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
+
+
 testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_takes_over,
              "stopped-keeper-fences-primary": test_stopped_keeper_fences_primary,
-             "etcd-member-killed-lease-held": test_etcd_member_killed_lease_held}, None)
+             "etcd-member-killed-lease-held": test_etcd_member_killed_lease_held,
+             "learner-follows-the-lease": test_learner_follows_the_lease}, None)
 print(f"lease_test {args[0]}: ok")
