@@ -231,7 +231,7 @@ def stop(folder):
 
 
 def check_options(a):
-    if a.lease and getattr(a, "replicas", 1) < 2:
+    if getattr(a, "lease", None) and getattr(a, "replicas", 1) < 2:  # serve --part has neither
         raise UserError("--lease", "decides which of a primary and its backup serves", "give --replicas 2 with it")
 
 
