@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "blkps/wire_convert.h"
 #include "job.h"
 
 namespace blkps::server {
@@ -48,7 +49,7 @@ Status Job::CheckRowBatch(const char* what, const RowBatch& batch) const {
   }
   if (batch.rows == nullptr) return Status::OK();
   const uint64_t values = batch.count * batch.width;
-  const uint64_t i = FirstNonFinite(batch.rows, values);
+  const uint64_t i = wire::FirstNonFinite32(batch.rows, values);
   if (i != values) {
     return Status::InvalidArgument(std::string(what) + ": the gradient of id " +
                                    std::to_string(batch.ids[i / batch.width]) + " (position " +

@@ -19,34 +19,6 @@ std::string Mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 
 }  // namespace
 
-// FirstNonFinite (model.h) tests the exponent bits: branch-free, so the
-// compiler vectorises it. It reads every gradient before the rule does (a
-// write, or a row window's push, is refused whole), and in the baseline's
-// SSE2 it cost tgtd as much CPU per byte as sgd's saxpy;
-// clones for AVX2 and AVX-512, picked at load time, halve that
-// (bench/server-cpu.py; doc/performance.md). One version under GCC's
-// ThreadSanitizer, whose runtime is not up when ifunc resolvers run.
-#if !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-size_t
-FirstNonFinite(const float* g, size_t n) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(g);
-  constexpr uint32_t kExponent = 0x7f800000u;
-  constexpr size_t kChunk = 1024;
-  for (size_t start = 0; start < n; start += kChunk) {
-    const size_t end = std::min(n, start + kChunk);
-    uint32_t bad = 0;
-    for (size_t i = start; i < end; ++i) bad |= ((bits[i] & kExponent) == kExponent);
-    if (bad) {
-      for (size_t i = start; i < end; ++i) {
-        if ((bits[i] & kExponent) == kExponent) return i;
-      }
-    }
-  }
-  return n;
-}
-
 namespace {
 
 // Hands the gradient of parameters [at, at + n) of a write whose values src
@@ -256,7 +228,7 @@ Status Model::CheckValues(uint64_t offset, const void* src, size_t len, const ch
   bool nan = false;
   if (values == wire::Dtype::kFloat32) {
     const float* g = static_cast<const float*>(src);
-    bad = FirstNonFinite(g, count);
+    bad = wire::FirstNonFinite32(g, count);
     nan = bad != count && std::isnan(g[bad]);
   } else {  // on the 16-bit values themselves, half the bytes, none widened yet
     const uint16_t* h = static_cast<const uint16_t*>(src);

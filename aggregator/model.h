@@ -98,11 +98,6 @@ struct ModelOptions {
 // memory= gives one.
 uint64_t AvailableMemoryBytes();
 
-// Index of the first non-finite float (NaN or infinite) in g[0..n), or n if
-// all are finite: the check every float32 gradient passes before it is
-// applied, vectorised.
-size_t FirstNonFinite(const float* g, size_t n);
-
 class Model {
  public:
   // Creates and initialises a model. On failure returns non-OK with a

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -182,6 +183,31 @@ TEST(TableTarget, RowsOfAnotherWidthThanTheTablesAreRefusedBeforeSending) {
   EXPECT_EQ(m->PushRows(&id, 1, 64, half.data()), -EINVAL);
   EXPECT_TRUE(Contains(m->last_error(), "the table's rows are 128 values wide")) << m->last_error();
   EXPECT_EQ(m->PullRows(&id, 1, 64, half.data()), -EINVAL);
+  ASSERT_EQ(m->Pull(0, after.data(), after.size()), 0) << m->last_error();
+  EXPECT_EQ(after, before);
+  EXPECT_TRUE(Contains(Status(target), "\"writes\": 0,")) << Status(target);  // LUN 1 saw no write
+}
+
+// push_rows sums a batch's gradients per distinct row and checks the sums
+// before it sends anything: a NaN anywhere in the batch, or two finite
+// gradients of one id whose sum overflows, fail the call in one line and
+// leave the table and the server's counts as they were.
+TEST(TableTarget, PushRowsWithANonFiniteSumSendsNothing) {
+  TargetProcess target("table=1000:128;rule=sgd;lr=1;init=normal:0.1;seed=5");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  auto m = Open(target.url(1), "nonfinite");
+  ASSERT_NE(m, nullptr);
+  std::vector<float> before(1000 * 128), after(1000 * 128);
+  ASSERT_EQ(m->Pull(0, before.data(), before.size()), 0) << m->last_error();
+  const std::vector<uint64_t> ids = {3, 900, 3, 17};
+  std::vector<float> grads(ids.size() * 128, 0.5f);
+  grads[3 * 128 + 127] = std::nanf("");  // id 17's last value
+  EXPECT_EQ(m->PushRows(ids.data(), ids.size(), 128, grads.data()), -EINVAL);
+  EXPECT_TRUE(Contains(m->last_error(), "a summed gradient is NaN; nothing was sent")) << m->last_error();
+  grads[3 * 128 + 127] = 0.5f;
+  grads[0 * 128 + 64] = grads[2 * 128 + 64] = std::numeric_limits<float>::max();  // id 3, twice
+  EXPECT_EQ(m->PushRows(ids.data(), ids.size(), 128, grads.data()), -EINVAL);
+  EXPECT_TRUE(Contains(m->last_error(), "a summed gradient is infinite; nothing was sent")) << m->last_error();
   ASSERT_EQ(m->Pull(0, after.data(), after.size()), 0) << m->last_error();
   EXPECT_EQ(after, before);
   EXPECT_TRUE(Contains(Status(target), "\"writes\": 0,")) << Status(target);  // LUN 1 saw no write

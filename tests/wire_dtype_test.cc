@@ -141,6 +141,26 @@ TEST_P(WireDtype, FirstNonFiniteFindsTheFirstNanOrInf) {
   EXPECT_EQ(blkps::wire::FirstNonFinite16(t, v.data(), 5000), 5000u);
 }
 
+// float32, the check of every gradient before the server applies it and
+// before libblkps sends a push_rows batch: the first NaN or infinity, in any
+// place of a chunk, or n; the largest finite values and the smallest
+// subnormals pass.
+TEST(WireFloat32, FirstNonFiniteFindsTheFirstNanOrInf) {
+  std::vector<float> v(5000, 1.0f);
+  v[10] = std::numeric_limits<float>::max();
+  v[11] = -std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(blkps::wire::FirstNonFinite32(v.data(), v.size()), v.size());
+  for (size_t at : {size_t{0}, size_t{1023}, size_t{1024}, size_t{4999}}) {
+    std::vector<float> w = v;
+    w[at] = std::numeric_limits<float>::quiet_NaN();
+    if (at + 1 < w.size()) w[at + 1] = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(blkps::wire::FirstNonFinite32(w.data(), w.size()), at) << at;
+    EXPECT_EQ(blkps::wire::FirstNonFinite32(w.data(), at), at) << "stops at n";
+    w[at] = -std::numeric_limits<float>::infinity();
+    EXPECT_EQ(blkps::wire::FirstNonFinite32(w.data(), w.size()), at) << at;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, WireDtype, ::testing::Values(Dtype::kBfloat16, Dtype::kFloat16),
                          [](const ::testing::TestParamInfo<Dtype>& info) {
                            return std::string(blkps::wire::DtypeName(info.param));

@@ -59,6 +59,13 @@ Status CheckByteRange(const char* operation, uint64_t offset, uint64_t length, c
   return Status();
 }
 
+// row[0..n) += g[0..n): a batch's gradients never alias its sums, and with
+// that said (__restrict) the compiler vectorises the loop; without it perf
+// saw push_rows spend an eighth of the learner's time in this sum, scalar.
+void AddRow(float* __restrict row, const float* __restrict g, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) row[i] += g[i];
+}
+
 // TransferRows on a device with row windows: each distinct row once (a
 // push's gradients summed per row, checked finite before anything is sent),
 // a batch in a few commands (device.h TransferRows). A pull that the server
@@ -71,15 +78,11 @@ Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Directio
     const uint64_t m = distinct.rows.size();
     std::vector<float> values(m * width, 0.0f);
     if (direction == Direction::kWrite) {
-      for (uint64_t k = 0; k < n; ++k) {
-        float* row = values.data() + distinct.row_of_id[k] * width;
-        for (uint64_t i = 0; i < width; ++i) row[i] += grads[k * width + i];
-      }
-      for (float v : values) {
-        if (!std::isfinite(v)) {
-          return Status::Error(EINVAL, "push_rows: a summed gradient is %s; nothing was sent",
-                               std::isnan(v) ? "NaN" : "infinite");
-        }
+      for (uint64_t k = 0; k < n; ++k) AddRow(values.data() + distinct.row_of_id[k] * width, grads + k * width, width);
+      const size_t bad = wire::FirstNonFinite32(values.data(), values.size());
+      if (bad != values.size()) {
+        return Status::Error(EINVAL, "push_rows: a summed gradient is %s; nothing was sent",
+                             std::isnan(values[bad]) ? "NaN" : "infinite");
       }
       return device.TransferRows(direction, distinct.rows.data(), m, width, values.data(), queue_depth);
     }

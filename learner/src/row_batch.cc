@@ -3,17 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
+#include <utility>
 
 namespace blkps {
 
 DistinctRows::DistinctRows(const uint64_t* ids, uint64_t n) {
-  std::vector<uint64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return ids[a] < ids[b]; });
+  // (id, position) pairs sorted as they are: a comparison reads no other
+  // array (perf saw the sort through `ids` take 8% of a push's learner time).
+  std::vector<std::pair<uint64_t, uint64_t>> by_id(n);
+  for (uint64_t k = 0; k < n; ++k) by_id[k] = {ids[k], k};
+  std::sort(by_id.begin(), by_id.end());
   row_of_id.resize(n);
-  for (uint64_t k : order) {
-    if (rows.empty() || rows.back() != ids[k]) rows.push_back(ids[k]);
+  for (const auto& [id, k] : by_id) {
+    if (rows.empty() || rows.back() != id) rows.push_back(id);
     row_of_id[k] = rows.size() - 1;
   }
 }

@@ -51,6 +51,13 @@ void Widen(Dtype t, const uint16_t* src, float* dst, size_t n);
 // any of it; libblkps checks a Push16 with it. REQUIRES: t != kFloat32.
 size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n);
 
+// Index of the first value in v[0..n) that is NaN or infinite (its exponent
+// bits all ones), or n if there is none: the check every float32 gradient
+// passes before it is applied (the plugin, a write or a row window's push)
+// or sent (libblkps's push_rows). Branch-free within chunks, so the compiler
+// vectorises it; clones for AVX2 and AVX-512 are picked at load time.
+size_t FirstNonFinite32(const float* v, size_t n);
+
 // The same with a chosen kernel, for tests and benchmarks.
 // REQUIRES: KernelSupported(k).
 size_t NarrowWith(Kernel k, Dtype t, const float* src, uint16_t* dst, size_t n);
