@@ -132,16 +132,20 @@ size_t FirstNonFinite16With(Kernel k, Dtype t, const uint16_t* v, size_t n) {
 
 size_t FirstNonFinite16(Dtype t, const uint16_t* v, size_t n) { return FirstNonFinite16With(ActiveKernel(), t, v, n); }
 
+namespace {
+
 // The exponent bits' test, branch-free within a chunk. In the baseline's SSE2
 // it cost tgtd as much CPU per byte as sgd's saxpy; the clones for AVX2 and
 // AVX-512 halve that (bench/server-cpu.py; doc/performance.md). One version
 // under GCC's ThreadSanitizer, whose runtime is not up when ifunc resolvers
-// run.
+// run. Internal: GCC gives a target_clones dispatcher of an external
+// function default visibility whatever -fvisibility says, and libblkps.so
+// exports none of wire's functions (tests/install/install_test.sh).
 #if !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 size_t
-FirstNonFinite32(const float* v, size_t n) {
+FirstNonFinite32Cloned(const float* v, size_t n) {
   constexpr uint32_t kExponent = 0x7f800000u;
   constexpr size_t kChunk = 1024;
   for (size_t start = 0; start < n; start += kChunk) {
@@ -162,5 +166,9 @@ FirstNonFinite32(const float* v, size_t n) {
   }
   return n;
 }
+
+}  // namespace
+
+size_t FirstNonFinite32(const float* v, size_t n) { return FirstNonFinite32Cloned(v, n); }
 
 }  // namespace blkps::wire
