@@ -9,7 +9,7 @@ demo-options, progress-lines, device-larger-warning, layout, mount-point-missing
 no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused,
 build-folder-from-environment, hashed-table-over-server-tasks-refused. Cases that start their own tgtd (label
 integration): start-labels-urls, set-shows-reason, model-too-large,
-owner-pid-watchdog, folder-with-space, status-shows-stale-pushes,
+owner-pid-watchdog, start-after-tgtd-killed, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
 concurrent-shards-starts-one-serves, colocated-shards-share-memory, tgtd-above-cores-refused, scaled-operator-keys,
 replicas-start-promote-stop.
@@ -17,6 +17,7 @@ replicas-start-promote-stop.
 import io
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -335,6 +336,46 @@ def test_owner_pid_watchdog():
         if os.path.exists(os.path.join(folder, "tgtd.pid")) or running(tgtd):
             fail("the target still runs after its owner died")
     finally:
+        blkps("target", "stop", "--dir", folder)
+        subprocess.run(["rm", "-rf", folder])
+
+
+def test_start_after_tgtd_killed():
+    # kill -9 of a target's tgtd leaves its --owner-pid watchdog, which stops
+    # whatever tgtd its folder names once it notices the death: a start in
+    # that folder ends it first, or the tgtd just started (a restart on the
+    # same port, with learners waiting to log in again) could be stopped.
+    # The old watchdog is held (SIGSTOP) so that it cannot notice first.
+    owner = subprocess.Popen(["sleep", "600"])
+    folder = target_dir()
+    def recorded(name):
+        with open(os.path.join(folder, name)) as f:
+            return int(f.read())
+    start = ["target", "start", "--dir", folder, "--plugin", PLUGIN, "--owner-pid", str(owner.pid), "--bsopts",
+             "params=1000"]
+    watchdog = None
+    try:
+        rc, _, err = blkps(*start)
+        if rc != 0:
+            fail(f"start failed: {err}")
+        tgtd, watchdog = recorded("tgtd.pid"), recorded("watchdog.pid")
+        os.kill(watchdog, signal.SIGSTOP)
+        os.kill(tgtd, signal.SIGKILL)
+        deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
+        while running(tgtd) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rc, _, err = blkps(*start)
+        if rc != 0:
+            fail(f"the start after kill -9 failed: {err}")
+        if running(watchdog):
+            fail(f"the dead tgtd's watchdog {watchdog} still runs after a new start in its folder")
+        if not running(recorded("tgtd.pid")) or recorded("watchdog.pid") == watchdog:
+            fail("the new start has no tgtd or no watchdog of its own")
+    finally:
+        if watchdog and running(watchdog):
+            os.kill(watchdog, signal.SIGKILL)
+        owner.kill()
+        owner.wait()
         blkps("target", "stop", "--dir", folder)
         subprocess.run(["rm", "-rf", folder])
 

@@ -232,10 +232,17 @@ class Node:
                      f"{command_line([*update, 'node.session.auth.password_in', '-v'])} {masked}")
 
     def wait_for(self, paths):
-        """Waits until every path is a block device (udev makes the by-path links)."""
-        self.run(["udevadm", "settle"])
+        """Waits until every path is a block device (udev makes the by-path
+        links). `udevadm settle` first, which waits for udev's queue; one that
+        fails (a busy udevd has closed its socket: "Failed to wait for daemon
+        to reply") is said in a line and the paths are waited for all the same."""
         if self.a.dry_run:
+            print(command_line(["udevadm", "settle"]))
             return
+        rc = subprocess.run(["udevadm", "settle"], stdout=sys.stderr).returncode
+        if rc != 0:
+            print(f"blkps: {self.what}: 'udevadm settle' failed (exit {rc}); waiting for {' '.join(paths)} all the "
+                  "same", file=sys.stderr)
         deadline = time.monotonic() + self.a.timeout
         for p in paths:
             while not is_block(p):

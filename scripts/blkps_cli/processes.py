@@ -22,6 +22,7 @@ def terminate(pid, wait_s):
     not a reused id."""
     try:
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)  # a stopped process ends too
     except ProcessLookupError:
         return
     deadline = time.monotonic() + wait_s

@@ -261,6 +261,9 @@ class Target:
         if self.alive():
             raise UserError(what, f"a target is already running in {self.dir} (pid {self.pid()})",
                             f"stop it first: blkps target stop --dir {self.dir}")
+        # The watchdog of a tgtd that died here (kill -9, a crash) would stop
+        # the tgtd started now when it notices the death.
+        stop_watchdog(self.dir)
         env = dict(os.environ, TGT_IPC_SOCKET=self.socket)
         tgtd_cwd = None
         plugin = a.plugin or tools.built("bs_blkps.so")
