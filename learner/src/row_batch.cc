@@ -1,9 +1,10 @@
 #include "row_batch.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
+
+#include "blkps/wire_convert.h"
 
 namespace blkps {
 
@@ -71,9 +72,8 @@ RowBatch::RowBatch(Direction direction, const uint64_t* ids, uint64_t n, uint64_
 const float* RowBatch::FirstNonFinite() const {
   for (uint64_t at : staged_at_) {
     const float* row = reinterpret_cast<const float*>(staging_.data() + at);
-    for (uint64_t i = 0; i < width_; ++i) {
-      if (!std::isfinite(row[i])) return row + i;
-    }
+    const size_t bad = wire::FirstNonFinite32(row, width_);
+    if (bad < width_) return row + bad;
   }
   return nullptr;
 }
