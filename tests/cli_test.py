@@ -7,7 +7,7 @@ Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
 no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused,
-build-folder-from-environment, hashed-table-over-server-tasks-refused. Cases that start their own tgtd (label
+build-folder-from-environment. Cases that start their own tgtd (label
 integration): start-labels-urls, set-shows-reason, model-too-large,
 owner-pid-watchdog, start-after-tgtd-killed, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
@@ -655,18 +655,6 @@ def test_tgtds_for_parts_refused():
         if t.rc == 0 or lines != ["blkps: --tgtd: 2 tgtds cannot serve a gradient in parts (parts=); give --tgtd 1 "
                                   "(or leave --tgtd out)"]:
             fail(f"expected one line refusing --tgtd 2, got exit {t.rc}: {t.err}")
-
-
-def test_hashed_table_over_server_tasks_refused():
-    # A hashed table splits over one host's tgtds (--tgtd N), not over
-    # server tasks (--part K/S): refused before any tgtd starts.
-    with tempfile.TemporaryDirectory() as state:
-        rc, _, err = blkps("target", "serve", "--part", "0/2", "--dir", os.path.join(state, "t"), "--plugin", PLUGIN,
-                           "--owner-pid", str(os.getpid()), "--bsopts", "table=hash:100:8", timeout=60)
-        lines = err.splitlines()
-        if rc == 0 or len(lines) != 1 or not lines[0].startswith("blkps: --bsopts: a hashed table (table=hash:...) "
-                                                                 "is not split over server tasks yet"):
-            fail(f"expected one line refusing --part of a hashed table, got exit {rc}: {err}")
 
 
 def test_scaled_operator_keys():

@@ -10,7 +10,7 @@ start their own tgtds (integration): sigterm-keeps-pushes, two-parts-assemble-la
 tgtd-death-exits-nonzero, two-level-parts-serve-a-flat-stripe,
 two-level-parts-restart-from-final-generation,
 restart-with-other-tgtd-count-refused, parts-with-other-tgtd-counts-refused,
-chap-file-in-job-folder.
+chap-file-in-job-folder, hashed-table-over-parts.
 """
 import json
 import os
@@ -29,6 +29,8 @@ os.environ["BLKPS_BUILD"] = build
 sys.path.insert(0, os.path.join(top, "learner", "python"))
 sys.path.insert(0, os.path.join(top, "scripts"))
 import blkps  # noqa: E402 (after its path)
+import blkps.feature_ids  # noqa: E402
+from blkps.control import open_control  # noqa: E402
 from blkps_cli.processes import running  # noqa: E402 (a zombie counts as ended)
 
 UNIT = 262144  # parameters in one 1 MiB stripe unit
@@ -141,6 +143,38 @@ def two_parts_assemble_layout():
                 fail(f"serve exited {rc}: {err}")
     if os.path.exists(os.path.join(jobdir, "slot-1.layout")):
         fail("the layout outlived its servers")
+
+
+def hashed_table_over_parts():
+    """A hashed table served as 2 parts x 2 tgtds: the layout says kind =
+    hashed over the 4 shards of the flat order, and rows pushed through it
+    (push_rows) land on the shard of their id's hash, which made exactly
+    those rows, and read back (pull_rows) as the rule made them."""
+    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    rng = np.random.default_rng(38)
+    ids = rng.integers(0, 2**64, 200, dtype=np.uint64)
+    grads = rng.standard_normal((ids.size, 8)).astype(np.float32)
+    bsopts = "table=hash:4000:8;rule=sgd;lr=1;init=zeros"
+    with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir) as s0, \
+            Serve(bsopts, "--part", "1/2", "--tgtd", "2", "--publish", jobdir) as s1:
+        layout = wait_for_layout(jobdir)
+        with open(layout) as f:
+            text = f.read()
+        if "kind = hashed" not in text or text.count("shard = ") != 4:
+            fail(f"the layout is not a hashed table over 4 shards: {text!r}")
+        with blkps.Model("layout:" + layout) as m:
+            m.push_rows(ids, grads)
+            if not np.array_equal(m.pull_rows(ids, 8), -grads):
+                fail("rows pulled through the layout are not minus their push")
+        with open_control("layout:" + layout) as control:
+            made = [shard["table"]["rows_made"] for shard in control.status()["shards"]]
+        want = np.bincount(blkps.feature_ids.shards(ids, 4), minlength=4).tolist()
+        if made != want:
+            fail(f"the shards made {made} rows, not the {want} of their ids' hashes")
+        for s in (s0, s1):
+            rc, _, err = s.terminate()
+            if rc != 0:
+                fail(f"serve exited {rc}: {err}")
 
 
 def wait_for_layout(jobdir):
@@ -359,6 +393,6 @@ CASES = {"bad-part-refused": bad_part_refused, "sigterm-keeps-pushes": sigterm_k
          "two-level-parts-restart-from-final-generation": two_level_parts_restart_from_final_generation,
          "restart-with-other-tgtd-count-refused": restart_with_other_tgtd_count_refused,
          "parts-with-other-tgtd-counts-refused": parts_with_other_tgtd_counts_refused,
-         "chap-file-in-job-folder": chap_file_in_job_folder}
+         "chap-file-in-job-folder": chap_file_in_job_folder, "hashed-table-over-parts": hashed_table_over_parts}
 CASES[case]()
 print(f"serve_test {case}: ok")

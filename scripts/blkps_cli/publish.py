@@ -46,9 +46,10 @@ def publish(jobdir, served, envs, model):
     (blkps-bsopts's JSON of the WHOLE model); then, if every part is
     present, the layouts."""
     os.makedirs(os.path.join(jobdir, SERVERS), exist_ok=True)
+    unit = served.plan.unit if served.plan.unit == shards.HASHED else int(served.plan.unit)  # a layout's unit
     values = {"part": served.part, "parts": served.parts, "tgtds": served.tgtds, "host": socket.gethostname(),
               "portals": [portal(env["URL"]) for env in envs], "urls": [env["URLS"].split() for env in envs],
-              "control_urls": [env["CONTROL_URL"] for env in envs], "stripe_unit": int(served.plan.unit),
+              "control_urls": [env["CONTROL_URL"] for env in envs], "stripe_unit": unit,
               "params": model["params"], "dtype": model["dtype"]}
     path = part_path(jobdir, served.part, served.parts)
     with open(path + ".tmp", "w") as f:

@@ -128,7 +128,7 @@ def start(a, model, tgtds, plan=None):
     if tgtd.Target(folder).alive():
         raise UserError("target start", f"a target is already running in {folder}",
                         f"stop it first: blkps target stop --dir {a.dir}")
-    unit = int(plan.unit) if plan else stripe_unit(model, tgtds)
+    unit = plan.unit if plan else stripe_unit(model, tgtds)  # shards.HASHED for a hashed table's plan
     options = types.SimpleNamespace(**vars(a))
     options.shards, options.stripe_unit = tgtds, str(unit)
     layouts, envs = shards.start(options, "target start", a.name, model, plan)
@@ -138,7 +138,7 @@ def start(a, model, tgtds, plan=None):
                   "NULL_URL": "", "RDWR_URL": "", "OPERATOR_URL": [env["OPERATOR_URL"] for env in envs],
                   "OPERATOR_CHAP_FILE": [env["OPERATOR_CHAP_FILE"] for env in envs],
                   "ALLOW": envs[0]["ALLOW"], "TRANSPORT": a.transport, "TGTD": tgtds,
-                  "STRIPE_UNIT": 0 if model.get("hashed_capacity") else unit,
+                  "STRIPE_UNIT": 0 if model.get("hashed_capacity") else int(unit),
                   "SHARD_DIRS": [os.path.join(folder, f"shard-{k}") for k in range(tgtds)],
                   "PIDS": [env["PID"] for env in envs]}
         state.write(os.path.join(folder, state.TARGET_ENV), values)

@@ -45,13 +45,11 @@ def part_and_tgtd(shard, parts):
 def plan(a, model, part, parts):
     """The Part that `blkps target serve` options `a` serve of the WHOLE
     model `model` (blkps-bsopts's JSON). Refuses, in one line, what the
-    parts cannot share: a hashed table, init=file:, a checkpointed model
-    without one job id, a tgtd count the model or its checkpoint set cannot
-    take."""
+    parts cannot share: init=file:, a checkpointed model without one job
+    id, a tgtd count the model or its checkpoint set cannot take. A hashed
+    table's S x T shards split it by id hash (shards.plan_hashed), in the
+    same flat order."""
     given = dict(model["options"])
-    if parts > 1 and model.get("hashed_capacity"):
-        raise UserError("--bsopts", "a hashed table (table=hash:...) is not split over server tasks yet",
-                        "serve it from one task, with --tgtd N to split it over that host's tgtds")
     if parts > 1 and given.get("init", "").startswith("file:"):
         raise UserError("--bsopts", "init=file: is not split over server tasks yet",
                         "start the parts from init=zeros, normal or uniform (or a checkpoint)")
