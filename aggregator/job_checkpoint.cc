@@ -12,6 +12,7 @@
 #include "checkpoint_file.h"
 #include "checkpoint_set.h"
 #include "number_text.h"
+#include "table_checkpoint.h"
 
 namespace blkps::server {
 namespace {
@@ -119,15 +120,24 @@ Status Job::WriteCheckpoint(uint64_t round) {
   const std::string file = CheckpointPartPath(opts_.checkpoint, opts_.shard, opts_.shards, generation);
   std::vector<CheckpointSection> sections;
   const std::vector<Model::Array>& arrays = snapshot->arrays();
+  // A dense table's arrays hold its rows made (table_checkpoint.h).
+  std::unique_ptr<MadeRowsWriter> made_rows;
+  if (opts_.model.table.is_table() && hashed_ == nullptr) {
+    made_rows = std::make_unique<MadeRowsWriter>(*model_, *snapshot);
+    meta[kMadeRowsKey] = kMadeRowsValue;
+  }
   for (size_t k = 0; k < arrays.size(); ++k) {
     // At a round boundary the round's sum is empty: what was given towards
     // the next round is left out.
     const bool empty = at_round && arrays[k].name == "accumulator";
-    sections.emplace_back(arrays[k].name, arrays[k].bytes, [&, k, empty](uint64_t offset, uint64_t len, void* out) {
-      if (opts_.checkpoint_hook) opts_.checkpoint_hook(arrays[k].name, offset);
-      if (empty) std::memset(out, 0, len);
-      else snapshot->Read(k, offset, len, out);
-    });
+    const bool rows = made_rows != nullptr && arrays[k].elem_bytes != 0;
+    sections.emplace_back(arrays[k].name, rows ? made_rows->Bytes(k) : arrays[k].bytes,
+                          [&, k, empty, rows](uint64_t offset, uint64_t len, void* out) {
+                            if (opts_.checkpoint_hook) opts_.checkpoint_hook(arrays[k].name, offset);
+                            if (empty) std::memset(out, 0, len);
+                            else if (rows) made_rows->Fill(k, offset, len, out);
+                            else snapshot->Read(k, offset, len, out);
+                          });
   }
   sections.push_back({"clocks", clocks.data(), clocks.size() * sizeof(uint64_t)});
   sections.push_back({"luns", luns.data(), luns.size() * sizeof(uint64_t)});
@@ -209,7 +219,15 @@ Status Job::LoadCheckpoint() {
     }
   }
   std::vector<CheckpointDest> dests;
-  for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
+  // A table's file of rows made (table_checkpoint.h; the identity checked
+  // above that this is that table) fills buffers first.
+  std::unique_ptr<MadeRowsLoader> made_rows;
+  if (header.meta[kMadeRowsKey] == kMadeRowsValue && opts_.model.table.is_table() && hashed_ == nullptr) {
+    made_rows = std::make_unique<MadeRowsLoader>(model_->Arrays(), header, opts_.model.table.width);
+    dests = made_rows->dests();
+  } else {
+    for (const Model::Array& a : model_->Arrays()) dests.push_back({a.name, a.data, a.bytes});
+  }
   std::vector<uint64_t> clocks, luns, receipts, row_windows, hashed_rows;
   bool has_receipts = false;     // files written before receipts have none
   bool has_row_windows = false;  // nor, before row windows, this
@@ -236,6 +254,8 @@ Status Job::LoadCheckpoint() {
   if (hashed_ != nullptr) dests.push_back({"hashed.rows", hashed_rows.data(), hashed_rows.size() * sizeof(uint64_t)});
   s = ReadCheckpointSections(path, dests);
   if (!s.ok()) return Status::InvalidArgument("checkpoint: " + s.message());
+  if (made_rows != nullptr) s = made_rows->Scatter();
+  if (!s.ok()) return Status::InvalidArgument("checkpoint: " + path + ": " + s.message());
   s = clocks_.Restore(clocks);
   if (s.ok() && clocks_.num_learners() != luns.size()) {
     s = Status::InvalidArgument("its clocks are for " + std::to_string(clocks_.num_learners()) +

@@ -465,6 +465,16 @@ void Model::Snapshot::Freed(uint64_t bytes) {
   model_->copy_room_cv_.notify_all();
 }
 
+void Model::Snapshot::Skip(size_t k, uint64_t block) {
+  std::shared_lock<std::shared_mutex> lock(model_->block_locks_[block]);
+  Part& p = PartOf(k, block);
+  p.read = PartBytes(k, block);
+  if (p.before) {
+    p.before.reset();
+    Freed(p.read);
+  }
+}
+
 void Model::Snapshot::Read(size_t k, uint64_t offset, uint64_t len, void* out) {
   const Array& a = arrays_[k];
   char* dst = static_cast<char*>(out);

@@ -342,6 +342,9 @@ class Model::Snapshot {
   // instant into out. Each byte is read at most once (a block's copy is
   // freed when all of it has been read).
   void Read(size_t k, uint64_t offset, uint64_t len, void* out);
+  // Nothing more of arrays()[k]'s part of `block` will be read: a copy of
+  // it is freed, and writes to the block copy none of it from now on.
+  void Skip(size_t k, uint64_t block);
   // Bytes the model's writes have copied for this snapshot so far, and the
   // most its copies held at once.
   uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }

@@ -487,6 +487,79 @@ TEST(TableJob, HashedTableCheckpointGrowsWithTheRowsMadeOnly) {
   EXPECT_LE(many_file - few_file, many - few + 4096);
 }
 
+// A dense table's checkpoint holds the rows made (table_checkpoint.h): a
+// table of 256 MiB (weights and adagrad state) with 2 rows made writes a
+// file of a few pages, a restart from it commits memory for those rows only
+// and serves them as written, and a file of whole arrays (as written before)
+// still loads.
+TEST(TableJob, DenseTableCheckpointHoldsTheRowsMadeOnly) {
+  blkps_test::TempDir dir("blkps-table-rows");
+  ASSERT_FALSE(dir.path.empty());
+  const std::string path = dir.path + "/t.ckpt";
+  LuOptions o;
+  ASSERT_TRUE(
+      ParseLuOptions("table=262144:128;rule=adagrad;lr=0.5;init=normal:0.1;seed=3;checkpoint=" + path, &o).ok());
+  const uint64_t rows[] = {7, 200000};
+  std::vector<float> want(2 * 128), got(2 * 128);
+  {
+    std::shared_ptr<Job> job;
+    ASSERT_TRUE(Job::Create("t", o.job, nullptr, &job).ok());
+    const size_t slot = job->AddLearner(1, [] {});
+    std::vector<float> g(128, 0.25f);
+    for (size_t i = 0; i < 2; ++i) {
+      ASSERT_TRUE(job->Write(slot, rows[i] * 512, g.data(), 512, "iqn.a").ok());
+      ASSERT_TRUE(job->Read(slot, rows[i] * 512, want.data() + i * 128, 512).ok());
+    }
+    ASSERT_TRUE(job->Checkpoint().ok());
+  }
+  CheckpointHeader header;
+  ASSERT_TRUE(ReadCheckpointHeader(path, &header).ok());
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  EXPECT_LE(static_cast<uint64_t>(in.tellg()), 128u << 10) << "a checkpoint of 2 rows made";
+  for (const auto& [name, bytes] : header.sections) {
+    if (name == "weights" || name == "adagrad.s") {
+      EXPECT_EQ(bytes, 2u * 512) << name;
+    }
+  }
+  auto restarted = [&](uint64_t* grew) {
+    const uint64_t before = ResidentBytes();
+    std::shared_ptr<Job> job;
+    Status s = Job::Create("t", o.job, nullptr, &job);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (!s.ok()) return;
+    *grew = ResidentBytes() - before;
+    const size_t slot = job->AddLearner(1, [] {});
+    for (size_t i = 0; i < 2; ++i) ASSERT_TRUE(job->Read(slot, rows[i] * 512, got.data() + i * 128, 512).ok());
+    EXPECT_EQ(got, want);
+    EXPECT_NE(job->StatusJson().find("\"rows_made\": 2"), std::string::npos) << job->StatusJson();
+  };
+  uint64_t grew = 0;
+  restarted(&grew);
+  // Each row made commits at most a 2 MiB huge page of each array.
+  EXPECT_LT(grew, uint64_t{24} << 20);
+
+  // The same file with whole arrays, as blkps wrote tables before.
+  std::vector<std::vector<char>> data;
+  std::vector<CheckpointDest> dests;
+  for (const auto& [name, bytes] : header.sections) data.emplace_back(bytes);
+  for (size_t k = 0; k < data.size(); ++k) dests.push_back({header.sections[k].first, data[k].data(), data[k].size()});
+  ASSERT_TRUE(ReadCheckpointSections(path, dests).ok());
+  std::vector<std::vector<char>> whole(data.size());
+  std::vector<CheckpointSection> sections;
+  for (size_t k = 0; k < data.size(); ++k) {
+    whole[k] = data[k];
+    if (header.sections[k].first == "weights" || header.sections[k].first == "adagrad.s") {
+      whole[k].assign(uint64_t{262144} * 512, 0);
+      for (size_t i = 0; i < 2; ++i) std::copy_n(data[k].data() + i * 512, 512, whole[k].data() + rows[i] * 512);
+    }
+    sections.push_back({header.sections[k].first, whole[k].data(), whole[k].size()});
+  }
+  header.meta.erase("table.arrays");
+  ASSERT_TRUE(WriteCheckpointFile(path, header.meta, sections).ok());
+  got.assign(got.size(), 0.0f);
+  restarted(&grew);
+}
+
 // An operator's lr= reaches a hashed table's rows, as it does a model's.
 TEST(TableJob, ControlLrStepsAHashedTablesRows) {
   LuOptions o;
