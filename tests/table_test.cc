@@ -18,6 +18,7 @@
 #include "job.h"
 #include "json_check.h"
 #include "lu_options.h"
+#include "table_checkpoint.h"
 #include "temp_dir.h"
 
 namespace blkps::server {
@@ -184,6 +185,30 @@ TEST(Table, UnwrittenRowsCommitNoMemory) {
   // huge page each (page_buffer.h), 16 MiB for the 4 rows, not the 256 MiB.
   EXPECT_LT(ResidentBytes() - before, uint64_t{24} << 20);
   EXPECT_EQ(m->RowsMade(), 4u);
+}
+
+// While a table's checkpoint of rows made runs, a push to a block with no
+// row made at the instant copies nothing for it, and one to a block with a
+// row made does not change what the checkpoint reads of that row.
+TEST(Table, CheckpointOfRowsMadeCopiesOnlyTheBlocksItReads) {
+  const ModelOptions o = TableOptions(16384, 256);  // 1 KiB rows, 1024 to a block
+  auto m = MakeTable(o);
+  ASSERT_EQ(m->num_blocks(), 16u);
+  std::vector<float> g(256, 1.0f);
+  ASSERT_TRUE(m->ApplyGradient(5 * 1024, g.data(), 1024).ok());  // row 5, block 0
+  const std::vector<float> at_instant = ReadRow(*m, 5);
+  auto snapshot = m->TakeSnapshot(nullptr);
+  MadeRowsWriter rows(*m, *snapshot);
+  ASSERT_EQ(rows.rows_made(), 1u);
+  ASSERT_TRUE(m->ApplyGradient(9000 * 1024, g.data(), 1024).ok());  // block 8: no row made
+  EXPECT_EQ(snapshot->bytes_copied(), 0u);
+  ASSERT_TRUE(m->ApplyGradient(5 * 1024, g.data(), 1024).ok());  // block 0: copied first
+  EXPECT_EQ(snapshot->bytes_copied(), uint64_t{1} << 20);
+  ASSERT_EQ(rows.Bytes(0), 1024u);
+  std::vector<float> read(256);
+  rows.Fill(0, 0, 1024, read.data());
+  EXPECT_EQ(read, at_instant);
+  EXPECT_NE(ReadRow(*m, 5), at_instant);
 }
 
 TEST(Table, AssignedWeightsMakeTheirRows) {
