@@ -222,7 +222,9 @@ Status Job::LoadCheckpoint() {
   // A table's file of rows made (table_checkpoint.h; the identity checked
   // above that this is that table) fills buffers first.
   std::unique_ptr<MadeRowsLoader> made_rows;
-  if (header.meta[kMadeRowsKey] == kMadeRowsValue && opts_.model.table.is_table() && hashed_ == nullptr) {
+  const auto arrays_hold = header.meta.find(kMadeRowsKey);
+  if (arrays_hold != header.meta.end() && arrays_hold->second == kMadeRowsValue && opts_.model.table.is_table() &&
+      hashed_ == nullptr) {
     made_rows = std::make_unique<MadeRowsLoader>(model_->Arrays(), header, opts_.model.table.width);
     dests = made_rows->dests();
   } else {
