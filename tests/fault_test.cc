@@ -634,6 +634,25 @@ TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
               m->last_error().c_str());
 }
 
+// An open of a target that accepts the connection and never answers the
+// login (tgtd stopped with SIGSTOP) fails in one line once the command
+// timeout has passed, instead of waiting for ever.
+TEST(StoppedTgtd, AnOpenWhoseLoginIsNeverAnsweredFails) {
+  TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  struct Continue {  // tgtd runs again however the test ends, so that it can be stopped
+    TargetProcess* target;
+    ~Continue() { target->ContinueTgtd(); }
+  } resume{&target};
+  std::string why;
+  ASSERT_TRUE(target.StopTgtd(&why)) << why;
+  std::string error;
+  auto m = Open(target.url(), "stopped-open", &error);
+  EXPECT_EQ(m, nullptr) << "an open of a stopped target succeeded";
+  EXPECT_NE(error.find("did not answer the login within 30 s"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
 // tgtd is killed after a learner's last push, before any checkpoint has
 // them: the learner is told only at its next I/O, so its Sync() must
 // reconnect, count exactly the pushes since the last checkpoint as lost, and

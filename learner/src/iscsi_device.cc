@@ -201,6 +201,7 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
       command = Command();
       command.index = next.front();
       command.task = start(command.index, &command);
+      command.started = std::chrono::steady_clock::now();
       if (command.task == nullptr) {
         result = Status::Error(EIO, "%s: cannot queue the command: %s", describe(command.index).c_str(),
                                LastError(iscsi_).c_str());
@@ -222,9 +223,18 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
       return spec_.replicated() && command.status == SCSI_STATUS_CHECK_CONDITION &&
              IsStandbySense(command.sense.key, command.sense.ascq);
     };
+    // libiscsi times commands out on TCP only (its iSER transport never
+    // scans them): on iSER a command unanswered for kCommandTimeoutSeconds
+    // drops the session, and the reconnect's receipts say what to resend.
+    const auto now = std::chrono::steady_clock::now();
+    auto unanswered = [&](const Command& command) {
+      return spec_.iser && !command.done && now - command.started > std::chrono::seconds(kCommandTimeoutSeconds);
+    };
     for (const Command& command : commands_) {
-      dropped = dropped || (command.task != nullptr && command.done &&
-                            (command.status == SCSI_STATUS_CANCELLED || standby(command)));
+      dropped =
+          dropped ||
+          (command.task != nullptr && command.done && (command.status == SCSI_STATUS_CANCELLED || standby(command))) ||
+          (command.task != nullptr && unanswered(command));
     }
     if (dropped) {
       iscsi_destroy_context(iscsi_);  // runs the callbacks of what it held

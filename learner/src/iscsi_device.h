@@ -27,6 +27,7 @@
 #ifndef BLKPS_LEARNER_ISCSI_DEVICE_H_
 #define BLKPS_LEARNER_ISCSI_DEVICE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -47,6 +48,7 @@ struct Command {
   int status = SCSI_STATUS_GOOD;
   scsi_sense sense{};
   std::string transport_error;  // libiscsi's message when status says so
+  std::chrono::steady_clock::time_point started;
 };
 
 // libiscsi's callback for every command of a batch: fills in the Command

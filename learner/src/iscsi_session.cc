@@ -184,7 +184,7 @@ iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error
   while (!end->done) {
     const bool late = std::chrono::steady_clock::now() >= deadline;
     if (late || !ServiceUntil(iscsi, deadline)) {
-      *error = late ? "the target did not answer the login before the reconnect deadline" : LastError(iscsi);
+      *error = late ? "the target did not answer the login in time" : LastError(iscsi);
       iscsi_destroy_context(iscsi);  // may run on_login, synchronously: `end` is freed after it
       delete end;
       return nullptr;
@@ -218,8 +218,11 @@ void OnCommandEnd(iscsi_context*, int status, void* command_data, void* private_
 
 }  // namespace
 
-// Gives up (nullptr) at `deadline`; the caller then destroys the context.
+// Gives up (nullptr) at `deadline`, or after kCommandTimeoutSeconds (which
+// libiscsi enforces itself on TCP only); the caller then destroys the
+// context.
 scsi_task* RunToEnd(iscsi_context* iscsi, const StartCommand& start, Deadline deadline) {
+  deadline = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds));
   CommandEnd* end = new CommandEnd;
   if (start(OnCommandEnd, end) == nullptr) {
     delete end;
@@ -279,7 +282,7 @@ Status SyncTransfer(iscsi_context* iscsi, int lun, Direction direction, uint64_t
     const bool late = task == nullptr && std::chrono::steady_clock::now() >= deadline;
     const std::string why = cancelled ? "the connection was lost"
                             : sensed  ? "target returned " + ScsiSenseMessage(task->sense.key, task->sense.ascq)
-                            : late    ? "no answer before the reconnect deadline"
+                            : late    ? "no answer in time"
                                       : LastError(iscsi);
     if (task != nullptr) scsi_free_scsi_task(task);
     if (!good) {
@@ -515,9 +518,13 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
   for (; replica < spec.replicas.size(); ++replica) {
     const Replica& r = spec.replicas[replica];
     std::string login_error;
+    const Deadline login_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds);
     iscsi = LogIn(spec, replica, &login_error);
     Status s;
-    if (iscsi == nullptr && spec.iser) {
+    if (iscsi == nullptr && std::chrono::steady_clock::now() >= login_deadline) {
+      s = Status::Error(ETIMEDOUT, "%s: the target did not answer the login within %d s", r.name.c_str(),
+                        kCommandTimeoutSeconds);
+    } else if (iscsi == nullptr && spec.iser) {
       s = Status::Error(ENODEV,
                         "%s: iSER transport unavailable (no RDMA device on this host?): %s; use iscsi:// instead",
                         r.name.c_str(), login_error.c_str());

@@ -50,8 +50,9 @@ constexpr int kReconnectWaitMs = 100;
 constexpr int kCommandTimeoutSeconds = 30;
 
 // When a blocking step gives up. A reconnect bounds every step by what is
-// left of BLKPS_RECONNECT_SECONDS; other steps have none (libiscsi's own
-// command timeout, kCommandTimeoutSeconds, bounds them).
+// left of BLKPS_RECONNECT_SECONDS; an open bounds its login, and every
+// step bounds each command, by kCommandTimeoutSeconds (libiscsi enforces
+// its command timeout on TCP only, never on iSER).
 using Deadline = std::chrono::steady_clock::time_point;
 constexpr Deadline kNoDeadline = Deadline::max();
 
