@@ -51,6 +51,12 @@ def learner(url, initiator, k, params, rounds, start, pushed, pulled):
         pulled.wait()
 
 
+def pull_whole(url, initiator, params, weights):
+    """Pulls the whole model into the shared array `weights`."""
+    with blkps.Model(url, initiator_name=initiator) as m:
+        m.pull_into(0, np.frombuffer(weights.get_obj(), dtype=np.float32, count=params))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--params", type=int, required=True)
@@ -59,17 +65,28 @@ def main():
     p.add_argument("--initiator", help="initiator name of this process; learner k's is IQN-k (default: libblkps's)")
     p.add_argument("urls", nargs="+")
     a = p.parse_args()
-    with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
-        initial = m.pull(0, a.params)
     n = len(a.urls)
+    # On iser:// every process that opens the model starts as a new process
+    # (spawn), not a fork of this one, and this one opens none itself: a
+    # fork of a process that has opened an iser:// model inherits librdmacm's
+    # process-wide RDMA state, and libiscsi's iSER then corrupts the child's
+    # heap ("double free or corruption", seen on soft-RoCE); and this
+    # process's second iser:// open once hung in CI (soft-RoCE; cause not
+    # found). Elsewhere fork, which starts faster.
+    ctx = multiprocessing.get_context("spawn" if any(u.startswith("iser://") for u in a.urls) else "fork")
+
+    def pulled_whole():
+        weights = ctx.Array("f", a.params)
+        proc = ctx.Process(target=pull_whole, args=(a.urls[0], a.initiator, a.params, weights))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            sys.exit(f"push_pull: the pull of the whole model failed (exit {proc.exitcode})")
+        return np.frombuffer(weights.get_obj(), dtype=np.float32, count=a.params).copy()
+
+    initial = pulled_whole()
     # Three barriers shared with the learners: pushes start, pushes done,
     # pulls done; this process is the (n+1)th party of each.
-    # On iser:// learners start as new processes (spawn), not forks of this
-    # one: a fork of a process that has opened an iser:// model inherits
-    # librdmacm's process-wide RDMA state, and libiscsi's iSER then corrupts
-    # the child's heap ("double free or corruption", seen on soft-RoCE).
-    # Elsewhere fork, which starts faster.
-    ctx = multiprocessing.get_context("spawn" if any(u.startswith("iser://") for u in a.urls) else "fork")
     start, pushed, pulled = (ctx.Barrier(n + 1, timeout=120) for _ in range(3))
     procs = [ctx.Process(target=learner, args=(url, a.initiator and f"{a.initiator}-{k + 1}", k, a.params,
                                                            a.rounds, start, pushed, pulled))
@@ -89,8 +106,7 @@ def main():
     moved = n * a.rounds * a.params * 4 / 1e6
     print(f"push {moved / (t1 - t0):.1f} MB/s, pull {moved / (t2 - t1):.1f} MB/s "
           f"({n} learners, {a.rounds} x {a.params * 4 >> 10} KiB each)")
-    with blkps.Model(a.urls[0], initiator_name=a.initiator) as m:
-        final = m.pull(0, a.params)
+    final = pulled_whole()
     gain = a.rounds * n * (n + 1) / 2 / (n if a.mode == "bsp" else 1)
     require_exact("push_pull", final, initial + np.float32(gain))
     print(f"weights exact: initial + {gain}")
