@@ -11,6 +11,7 @@ namespace blkps::server {
 
 Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
   if (standby()) return StandbyStatus();
+  if (Status leased = CheckLease(); !leased.ok()) return leased;  // a backup may serve newer weights
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);
@@ -20,6 +21,7 @@ Status Job::Read(size_t, uint64_t offset, void* dst, size_t len) {
 
 Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights& take) {
   if (standby()) return StandbyStatus();
+  if (Status leased = CheckLease(); !leased.ok()) return leased;  // a backup may serve newer weights
   if (failed_.load()) {
     MutexLock lock(&mu_);
     return Status::Unavailable(failure_);

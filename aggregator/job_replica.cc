@@ -45,7 +45,8 @@ Status Job::Replicate(ReplicaPush* push) {
 Status Job::CheckLease() {
   bool lapsed_first = false;
   Status s = lease_.Admit(&lapsed_first);
-  if (lapsed_first) log_("lease lapsed: this primary acknowledges no learner write from now on (" + s.message() + ")");
+  if (lapsed_first)
+    log_("lease lapsed: this primary serves no learner read or write from now on (" + s.message() + ")");
   return s;
 }
 

@@ -1,7 +1,9 @@
 // The fence of a primary that holds a lease (doc/replicas.md "Failover by a
-// lease"): the deadline past which it acknowledges no learner write, because
-// its lease in the coordination service (etcd) may have lapsed and a backup
-// may be the primary by then.
+// lease"): the deadline past which it acknowledges no learner write and
+// serves no learner read, because its lease in the coordination service
+// (etcd) may have lapsed and a backup may be the primary by then (with newer
+// weights, and learners must find it: a read they take as "serving" would
+// send them back here).
 //
 // Who moves the deadline: the lease keeper (`blkps target lease`), after
 // each renewal that etcd confirmed, through the control command

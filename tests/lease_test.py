@@ -17,6 +17,10 @@ Cases:
       follow a failover") while the primary's tgtd is killed: the backup
       takes over by the lease, the learner follows it with no error, and
       the backup holds every acknowledged push exactly once.
+  learner-follows-past-a-frozen-primary   the same while the primary's
+      tgtd is stopped (SIGSTOP) until the backup took over by the lease,
+      then woken: the learner follows and every acknowledged push is held
+      exactly once.
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -177,7 +181,10 @@ def test_etcd_member_killed_lease_held():
         testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
 
-def test_learner_follows_the_lease():
+def learner_follows_through(fault):
+    """A learner pushes through the layout while fault(t) strikes the
+    primary: the backup takes over by the lease, the learner follows it with
+    no error, and the backup holds every acknowledged push exactly once."""
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
         layout = os.path.join(t.dir, "slot-1.layout")
         ones = np.ones(128, dtype=np.float32)
@@ -201,11 +208,9 @@ def test_learner_follows_the_lease():
         pushing.start()
         try:
             wait_for("20 pushes acknowledged by the primary", lambda: acknowledged[0] >= 20 or failure)
-            rc, pid, _ = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
-            os.kill(int(pid), signal.SIGKILL)
-            at_kill = acknowledged[0]
-            wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
-            wait_for("20 more pushes acknowledged after the kill", lambda: acknowledged[0] >= at_kill + 20 or failure)
+            at_fault = acknowledged[0]
+            fault(t)
+            wait_for("20 more pushes acknowledged after the fault", lambda: acknowledged[0] >= at_fault + 20 or failure)
         finally:
             stop.set()
             pushing.join()
@@ -220,8 +225,35 @@ def test_learner_follows_the_lease():
                       f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
 
 
+def primary_pid(t):
+    rc, pid, err = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
+    testbed.check(rc == 0, f"target show: {err.strip()}")
+    return int(pid)
+
+
+def test_learner_follows_the_lease():
+    def kill(t):
+        os.kill(primary_pid(t), signal.SIGKILL)
+        wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+    learner_follows_through(kill)
+
+
+def test_learner_follows_past_a_frozen_primary():
+    def freeze(t):
+        # The primary's tgtd stopped past its lease: the backup takes over;
+        # woken, the old primary must refuse what it received meanwhile.
+        pid = primary_pid(t)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    learner_follows_through(freeze)
+
+
 testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_takes_over,
              "stopped-keeper-fences-primary": test_stopped_keeper_fences_primary,
              "etcd-member-killed-lease-held": test_etcd_member_killed_lease_held,
-             "learner-follows-the-lease": test_learner_follows_the_lease}, None)
+             "learner-follows-the-lease": test_learner_follows_the_lease,
+             "learner-follows-past-a-frozen-primary": test_learner_follows_past_a_frozen_primary}, None)
 print(f"lease_test {args[0]}: ok")
