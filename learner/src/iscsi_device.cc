@@ -223,19 +223,22 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
       return spec_.replicated() && command.status == SCSI_STATUS_CHECK_CONDITION &&
              IsStandbySense(command.sense.key, command.sense.ascq);
     };
-    // libiscsi times commands out on TCP only (its iSER transport never
-    // scans them): on iSER a command unanswered for kCommandTimeoutSeconds
-    // drops the session, and the reconnect's receipts say what to resend.
+    // A command unanswered too long drops the session, and the reconnect's
+    // receipts say what to resend: on a LUN with replicas after
+    // kReplicaSilenceSeconds (the replica may be frozen or cut off), on iSER
+    // after kCommandTimeoutSeconds (libiscsi times commands out on TCP only).
     const auto now = std::chrono::steady_clock::now();
     auto unanswered = [&](const Command& command) {
-      return spec_.iser && !command.done && now - command.started > std::chrono::seconds(kCommandTimeoutSeconds);
+      const int limit = spec_.replicated() ? kReplicaSilenceSeconds : spec_.iser ? kCommandTimeoutSeconds : 0;
+      return limit > 0 && !command.done && now - command.started > std::chrono::seconds(limit);
     };
+    bool silent = false;
     for (const Command& command : commands_) {
-      dropped =
-          dropped ||
-          (command.task != nullptr && command.done && (command.status == SCSI_STATUS_CANCELLED || standby(command))) ||
-          (command.task != nullptr && unanswered(command));
+      silent = silent || (command.task != nullptr && unanswered(command));
+      dropped = dropped || (command.task != nullptr && command.done &&
+                            (command.status == SCSI_STATUS_CANCELLED || standby(command)));
     }
+    dropped = dropped || silent;
     if (dropped) {
       iscsi_destroy_context(iscsi_);  // runs the callbacks of what it held
       iscsi_ = nullptr;
@@ -264,7 +267,7 @@ Status IscsiDevice::RunCommands(size_t count, uint32_t queue_depth, const StartF
     }
     if (dropped) {
       std::vector<size_t> resend;
-      Status s = Reconnect(ended_with_session, writes, &resend);
+      Status s = Reconnect(ended_with_session, writes, &resend, silent);
       if (!s.ok()) {
         lost_ = s;
         return s;

@@ -147,11 +147,14 @@ class IscsiDevice : public Device {
   // The session dropped (or, with several replicas, its replica answered
   // standby) and every command of it has ended; `dropped` lists the batch's
   // commands that were in flight or refused as standby. Logs in again, to
-  // the first replica that serves from the current one on, and stores in
+  // the first replica that serves from the current one on (the next one on
+  // if `silent`), and stores in
   // *resend those to send again: all of them, except writes (commands
   // [0, writes->size())) that the receipt shows applied.
+  // `silent`: the replica left no answer (kReplicaSilenceSeconds): the
+  // next replica is tried first, this one last.
   Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
-                   std::vector<size_t>* resend);
+                   std::vector<size_t>* resend, bool silent);
   // Fences this initiator's writes on the server and waits until none is in
   // progress; then reads the receipt. Gives up at `deadline`.
   Status FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline);

@@ -47,7 +47,7 @@ Status ReconnectSeconds(uint64_t device_bytes, double* seconds) {
 }
 
 Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
-                              std::vector<size_t>* resend) {
+                              std::vector<size_t>* resend, bool silent) {
   // The receipt is read after every reconnect, whatever the batch: a target
   // restarted while the device was reading or idle lost writes too.
   const bool receipts = !expected_.empty();
@@ -64,12 +64,21 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   std::vector<uint32_t> counts;
   // The new session may drop too, before the receipt is read: start again.
   // The replicas are tried in turn from the current one on (a target that
-  // restarts is tried first); the backoff comes after each round of them.
+  // restarts is tried first), from the next one on if the current one went
+  // silent; the backoff comes after each round of them.
+  if (silent) replica_ = (replica_ + 1) % spec_.replicas.size();
+  const size_t first = replica_;
   for (;;) {
-    iscsi_ = LogIn(spec_, replica_, &error, deadline);
+    // With replicas, one that does not log in and answer the probe within
+    // kReplicaSilenceSeconds is left for the next.
+    const Deadline attempt =
+        spec_.replicated()
+            ? std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(kReplicaSilenceSeconds))
+            : deadline;
+    iscsi_ = LogIn(spec_, replica_, &error, attempt);
     ++attempts;
     if (iscsi_ != nullptr && spec_.replicated()) {
-      Status s = ProbeServing(iscsi_, lun_, block_size_, deadline);
+      Status s = ProbeServing(iscsi_, lun_, block_size_, attempt);
       if (!s.ok()) {
         error = s.reason();
         iscsi_destroy_context(iscsi_);
@@ -86,7 +95,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (iscsi_ != nullptr) break;
     errors[replica_] = spec_.replicas[replica_].name + ": " + error;
     replica_ = (replica_ + 1) % spec_.replicas.size();
-    if (replica_ != was) continue;  // the next replica at once
+    if (replica_ != first) continue;  // the next replica at once
     if (std::chrono::steady_clock::now() + backoff > deadline) {
       const double tried = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       reconnect_seconds_ += tried;

@@ -48,6 +48,13 @@ constexpr int kReconnectWaitMs = 100;
 // SCSI layer: a hung server must not hang the learner. blkps servers bound
 // their held commands well below it.
 constexpr int kCommandTimeoutSeconds = 30;
+// On a LUN with replicas, a command unanswered this long, or a reconnect's
+// login and probe of one replica taking longer, counts the replica as gone
+// (frozen, or its host cut off): the learner tries the next replica, so
+// that it follows a failover within seconds. Replicas serve async jobs,
+// whose commands the server never holds, and a reconnect to a replica
+// that was only slow costs a login and a receipt read (exactly once still).
+constexpr int kReplicaSilenceSeconds = 3;
 
 // When a blocking step gives up. A reconnect bounds every step by what is
 // left of BLKPS_RECONNECT_SECONDS; an open bounds its login, and every
