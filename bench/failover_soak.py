@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""The failover soak (doc/replicas.md "Failover soak"): each fault of
+tests/lease_test.py's learner cases, repeated --times times, each run a
+fresh three-member etcd, a primary and its backup with lease keepers, and
+two learners pushing through libblkps over their layouts. Each run checks
+exactly that the new primary holds every acknowledged push once, and
+prints the time from the fault to the first push acknowledged after it;
+this script counts the passes and collects those times.
+
+  sudo bench/failover_soak.py [--times N] [--faults kill,freeze,silent]
+                              [--out DIR] [--build DIR]
+
+Faults (the lease test's cases; doc/replicas.md "Failover by a lease"):
+  kill    the primary's tgtd killed (kill -9)
+  freeze  the primary's tgtd stopped (SIGSTOP) until the backup took over,
+          then woken
+  silent  the primary's tgtd stopped for good: what a host cut off from the
+          network looks like to the learners (the connection stays up and
+          nothing answers); not a cut link itself
+
+Writes failover-soak.md and failover-soak.json to --out (default
+bench/results/failover-soak). Exit status 1 if any run failed.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = {"kill": "learner-follows-the-lease", "freeze": "learner-follows-past-a-frozen-primary",
+         "silent": "learner-follows-past-a-silent-primary"}
+FIRST_ACK = re.compile(r"the first push acknowledged after the fault: ([0-9.]+) s after it")
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--times", type=int, default=20, help="runs of each fault (default 20)")
+    p.add_argument("--faults", default="kill,freeze,silent", help="comma-separated, of: " + ", ".join(CASES))
+    p.add_argument("--out", default=os.path.join(top, "bench", "results", "failover-soak"))
+    p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
+    a = p.parse_args()
+    a.faults = a.faults.split(",")
+    unknown = [f for f in a.faults if f not in CASES]
+    if unknown or a.times < 1:
+        p.error(f"unknown fault {unknown[0]!r}" if unknown else "--times must be 1 or more")
+    return a
+
+
+def run_once(a, fault):
+    """One run of the fault's case: (passed, seconds to the first ack after
+    the fault or None, the case's last line)."""
+    out = subprocess.run([sys.executable, os.path.join(top, "tests", "lease_test.py"), top, a.build, CASES[fault]],
+                         capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    first = FIRST_ACK.search(text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return out.returncode == 0, float(first.group(1)) if first else None, lines[-1] if lines else ""
+
+
+def main():
+    a = parse()
+    if os.geteuid() != 0:
+        sys.exit("failover_soak: needs root (tgtd): sudo " + sys.argv[0])
+    os.makedirs(a.out, exist_ok=True)
+    results = {}
+    started = time.time()
+    for fault in a.faults:
+        runs = results[fault] = []
+        for k in range(a.times):
+            passed, seconds, last = run_once(a, fault)
+            runs.append({"passed": passed, "first_ack_s": seconds, "last_line": last})
+            print(f"failover soak: {fault} {k + 1}/{a.times}: {'pass' if passed else 'FAIL'}"
+                  f"{f', first ack after {seconds:.2f} s' if seconds is not None else ''}"
+                  f"{'' if passed else ': ' + last}", file=sys.stderr, flush=True)
+    load = os.getloadavg()[0]
+    with open(os.path.join(a.out, "failover-soak.json"), "w") as f:
+        json.dump({"times": a.times, "minutes": (time.time() - started) / 60, "load_average": load,
+                   "faults": results}, f, indent=2)
+    lines = ["# Failover soak: a primary's fault under two learners, each fault repeated", "",
+             f"Each run: a fresh three-member etcd, a primary and its backup (lease TTL 2 s), two learners "
+             f"pushing through libblkps over their layouts; the run passes if the learners follow with no "
+             f"error and the new primary holds every acknowledged push exactly once. Loopback; load average "
+             f"{load:.1f} at the end. Command: `sudo bench/failover_soak.py --times {a.times} "
+             f"--faults {','.join(a.faults)}`.", "",
+             "| fault | runs | passed | first ack after the fault: median | max |",
+             "|---|---:|---:|---:|---:|"]
+    for fault, runs in results.items():
+        times = [r["first_ack_s"] for r in runs if r["first_ack_s"] is not None]
+        median = f"{statistics.median(times):.2f} s" if times else "-"
+        worst = f"{max(times):.2f} s" if times else "-"
+        lines.append(f"| {fault} | {len(runs)} | {sum(r['passed'] for r in runs)} | {median} | {worst} |")
+    with open(os.path.join(a.out, "failover-soak.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["passed"] for runs in results.values() for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
