@@ -599,6 +599,23 @@ TEST(KillTgtd, ALearnerGivesUpAtTheReconnectDeadline) {
   EXPECT_NE(m->last_error().find("(deadline 2 s, BLKPS_RECONNECT_SECONDS)"), std::string::npos) << m->last_error();
 }
 
+// `target`'s tgtd stopped (SIGSTOP) for the scope: it runs again however
+// the test ends, so that it can be stopped.
+class FrozenTgtd {
+ public:
+  explicit FrozenTgtd(TargetProcess* target) : target_(target), ok_(target->StopTgtd(&why_)) {}
+  ~FrozenTgtd() { target_->ContinueTgtd(); }
+  FrozenTgtd(const FrozenTgtd&) = delete;
+  FrozenTgtd& operator=(const FrozenTgtd&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+
+ private:
+  TargetProcess* target_;
+  std::string why_;
+  bool ok_;
+};
+
 // D5: a target that accepts connections and never answers (tgtd stopped
 // with SIGSTOP, the connections cut) must not hold a reconnect past
 // BLKPS_RECONNECT_SECONDS: the login and every command of the reconnect are
@@ -617,12 +634,8 @@ TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
   ASSERT_NE(m, nullptr) << error;
   const std::vector<float> ones(1 << 14, 1.0f);
   ASSERT_EQ(m->Push(0, ones.data(), ones.size()), 0) << m->last_error();
-  struct Continue {  // tgtd runs again however the test ends, so that it can be stopped
-    TargetProcess* target;
-    ~Continue() { target->ContinueTgtd(); }
-  } resume{&target};
-  std::string why;
-  ASSERT_TRUE(target.StopTgtd(&why)) << why;
+  const FrozenTgtd frozen(&target);
+  ASSERT_TRUE(frozen.ok()) << frozen.why();
   proxy.CutAll();
   const auto start = std::chrono::steady_clock::now();
   const int pushed = m->Push(0, ones.data(), ones.size());
@@ -640,12 +653,8 @@ TEST(StoppedTgtd, AHangingLoginEndsAtTheReconnectDeadline) {
 TEST(StoppedTgtd, AnOpenWhoseLoginIsNeverAnsweredFails) {
   TargetProcess target("params=" + std::to_string(1 << 14) + ";rule=sum");
   ASSERT_TRUE(target.ok()) << target.start_output();
-  struct Continue {  // tgtd runs again however the test ends, so that it can be stopped
-    TargetProcess* target;
-    ~Continue() { target->ContinueTgtd(); }
-  } resume{&target};
-  std::string why;
-  ASSERT_TRUE(target.StopTgtd(&why)) << why;
+  const FrozenTgtd frozen(&target);
+  ASSERT_TRUE(frozen.ok()) << frozen.why();
   std::string error;
   auto m = Open(target.url(), "stopped-open", &error);
   EXPECT_EQ(m, nullptr) << "an open of a stopped target succeeded";
