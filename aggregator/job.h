@@ -149,6 +149,7 @@
 #include <thread>
 #include <vector>
 
+#include "backup_verdict.h"
 #include "hashed_table.h"
 #include "holds.h"
 #include "learner_clocks.h"
@@ -498,7 +499,10 @@ class Job {
   Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
                             ReplicaPush* push = nullptr);
   // A primary: sends `push` and waits for the backup. If it cannot be
-  // acknowledged, fails the job and returns Unavailable with the reason.
+  // acknowledged, a leased primary waits for the backup's verdict
+  // (backup_verdict.h) and acknowledges alone once the backup is declared
+  // outdated, as it does every write from then on; otherwise (no lease, or
+  // no verdict in time) fails the job and returns Unavailable.
   Status Replicate(ReplicaPush* push);
   // OK unless this job holds a lease whose deadline passed (Standby, and
   // one log line per lapse).
@@ -635,7 +639,8 @@ class Job {
   BlockSequences block_sequences_;
   std::atomic<bool> standby_{false};
   std::atomic<uint64_t> replica_records_{0};
-  LeaseFence lease_;  // lease_until=: the writes a leased primary acknowledges
+  LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges
+  BackupVerdict backup_;  // a leased primary's lost backup: wait, or go on alone
   const Clock::time_point started_ = Clock::now();
 
   Mutex checkpoint_mu_;                                 // one checkpoint at a time

@@ -1,7 +1,8 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
 // stop=1|0, tag=<text>, rank=<rank>:<run>, lease_until=<ms> (job.h,
-// "Receipts", "Replicas", Control) or checkpoint=1 or promote=1, alone.
+// "Receipts", "Replicas", Control) or checkpoint=1, promote=1 or
+// backup_outdated=1, alone.
 // One grammar, one parser: a block is parsed and checked whole, then
 // applied whole or not at all.
 #include "job.h"
@@ -85,7 +86,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (eq == std::string::npos || !IsKey(key)) {
       return bad(
           "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
-          "rank=<rank>:<run>, lease_until=<ms>, checkpoint=1 or promote=1, one a line, got '" +
+          "rank=<rank>:<run>, lease_until=<ms>, checkpoint=1, promote=1 or backup_outdated=1, one a line, got '" +
           ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -125,6 +126,19 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     if (lines.size() != 1 || lines[0].value != "1") return bad("promote: expected promote=1, alone in its write");
     Status s = Promote();
     return s.ok() ? s : refuse(s);
+  }
+  // backup_outdated=1 (a lease keeper's verdict on a lost backup, after it
+  // recorded it in etcd; backup_verdict.h) comes alone too: it fails on a
+  // primary whose backup is not lost.
+  if (std::any_of(lines.begin(), lines.end(), [](const Line& l) { return l.key == "backup_outdated"; })) {
+    if (lines.size() != 1 || lines[0].value != "1") {
+      return bad("backup_outdated: expected backup_outdated=1, alone in its write");
+    }
+    Status s = backup_.DeclareOutdated();
+    if (!s.ok()) return refuse(s);
+    log_("backup declared outdated by the lease keeper: this primary acknowledges writes alone from now on "
+         "(degraded); the backup must not be promoted");
+    return s;
   }
   std::map<std::string, float> params;
   bool resume = false;

@@ -26,10 +26,18 @@ Status Job::StandbyStatus() {
 }
 
 Status Job::Replicate(ReplicaPush* push) {
+  if (backup_.outdated()) return Status::OK();  // degraded: acknowledged alone
   Status s = opts_.replica_channel->Push(push->Body());
   if (s.ok()) {
     replica_records_.fetch_add(1);
     return s;
+  }
+  if (lease_.leased()) {
+    const std::string why = opts_.replica_channel->peer() + ": " + s.message();
+    if (backup_.Lost(why)) {
+      log_("backup lost: " + why + ": writes wait for the lease keeper to declare it outdated (backup_outdated=1)");
+    }
+    if (backup_.AwaitOutdated()) return Status::OK();
   }
   MutexLock lock(&mu_);
   if (!FailedLocked()) {

@@ -75,6 +75,7 @@ std::string Job::StatusJson() const {
                                                 : "none")
     << "\",\n";
   j << "  \"replica_records\": " << replica_records_.load() << ",\n";
+  j << "  \"backup\": " << JsonString(backup_.Describe()) << ",\n";
   j << "  \"lease\": " << JsonString(lease_.Describe()) << ",\n";
   j << "  \"checkpoint\": {\"path\": " << JsonString(opts_.checkpoint) << ", \"job\": " << JsonString(job_id_)
     << ", \"shard\": " << opts_.shard << ", \"shards\": " << opts_.shards << ", \"generation\": " << written_generation_

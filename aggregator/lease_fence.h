@@ -40,6 +40,8 @@ class LeaseFence {
   // `lapsed_first` is set true on the first refusal after a deadline
   // passed (one log line per lapse), untouched otherwise.
   Status Admit(bool* lapsed_first);
+  // Whether lease_until= was ever given: this job is leased.
+  bool leased() const { return until_ms_.load() != 0; }
   // For status: "" without a lease, "held: S s left", or "lapsed S s ago:
   // ..." (one line).
   std::string Describe() const;

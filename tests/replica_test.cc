@@ -39,13 +39,6 @@ const std::string kModel = "params=" + std::to_string(kParams) + ";block=4K";
 
 std::string Learner(int k) { return "iqn.2026-11.io.blkps.test:learner-" + std::to_string(k); }
 
-std::string StatusJson(const TargetProcess& target) {
-  RawLun control(target.control_url(), "iqn.2026-11.io.blkps.test:operator");
-  std::vector<uint8_t> status;
-  control.Read(0, 8, &status);
-  return std::string(status.begin(), status.end()).c_str();
-}
-
 // The weights, through learner LUN 1 under a reader's own name.
 std::vector<uint8_t> Weights(const TargetProcess& target) {
   RawLun reader(target.url(1), "iqn.2026-11.io.blkps.test:reader");

@@ -54,6 +54,14 @@ inline std::string Command(const TargetProcess& target, const std::string& comma
   return control.Write(BLKPS_CONTROL_COMMANDS_OFFSET / kRawLbaBytes, block);
 }
 
+// The status JSON of `target` (its control LUN's first 4 KiB).
+inline std::string StatusJson(const TargetProcess& target) {
+  RawLun control(target.control_url(), "iqn.2026-11.io.blkps.test:operator");
+  std::vector<uint8_t> status;
+  control.Read(0, 8, &status);
+  return std::string(status.begin(), status.end()).c_str();
+}
+
 }  // namespace blkps_test
 
 #endif  // BLKPS_TESTS_REPLICATED_SHARD_H_

@@ -155,12 +155,12 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 /* The status object's keys, space-separated, in the order the server writes
  * them: the top level, the "checkpoint" object, and each entry of the
  * "learners" and "ranks" arrays. Their meanings are in doc/server.md, "Status and control". */
-#define BLKPS_STATUS_KEYS                                                               \
-  "model params device_bytes block_bytes blocks table mode parts rule tag rule_params " \
-  "global_step updates rejected_writes held_now uptime_s dead_after_s "                 \
-  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners "   \
-  "failed failure control_error control_refused stop replica replica_records lease "    \
-  "checkpoint "                                                                         \
+#define BLKPS_STATUS_KEYS                                                                   \
+  "model params device_bytes block_bytes blocks table mode parts rule tag rule_params "     \
+  "global_step updates rejected_writes held_now uptime_s dead_after_s "                     \
+  "hold_limit_s max_dead staleness_aware stale_bound live_learners pushing_learners "       \
+  "failed failure control_error control_refused stop replica replica_records backup lease " \
+  "checkpoint "                                                                             \
   "learners ranks"
 #define BLKPS_STATUS_CHECKPOINT_KEYS \
   "path job shard shards generation written last_seconds last_stall_seconds every_s error waiting_round"
