@@ -23,6 +23,13 @@ Cases:
       exactly once.
   learner-follows-past-a-silent-primary   the same while the primary's
       tgtd stays stopped (as a host cut off looks to the learner).
+  backup-killed-training-goes-on     kill -9 of the backup's tgtd while two
+      learners push: the primary's keeper records the backup as outdated in
+      etcd, the primary goes on alone, and holds every acknowledged push
+      exactly once.
+  outdated-backup-never-promoted     the backup stopped (SIGSTOP) while the
+      learners push, so it misses pushes; then the primary killed: the
+      backup's keeper refuses to take over (etcd says it is outdated).
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -183,6 +190,68 @@ def test_etcd_member_killed_lease_held():
         testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
 
+class Learners:
+    """Two learners pushing ones to parameters 0..127 (rule sum) through
+    their layouts of target `t`, in threads, from entering the block to
+    leaving it: `acknowledged` counts each one's acknowledged pushes,
+    `failure` their errors, `first_after` the time of the first push
+    acknowledged that began after `mark()`."""
+
+    def __init__(self, t):
+        self.t = t
+        self.acknowledged = [0, 0]
+        self.failure = []
+        self.marked, self.first_after = None, None
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._push, args=(k,)) for k in range(2)]
+
+    def _push(self, k):
+        ones = np.ones(128, dtype=np.float32)
+        try:
+            with blkps.Model("layout:" + os.path.join(self.t.dir, f"slot-{k + 1}.layout")) as m:
+                while not self._stop.is_set():
+                    began = time.monotonic()
+                    m.push(0, ones)
+                    self.acknowledged[k] += 1
+                    if self.marked is not None and began > self.marked and self.first_after is None:
+                        self.first_after = time.monotonic()
+        except OSError as e:
+            self.failure.append(str(e))
+
+    def mark(self):
+        self.marked = time.monotonic()
+
+    def wait_for_more(self, what, pushes=20):
+        """Waits until each learner had `pushes` more acknowledged (or one failed)."""
+        at = list(self.acknowledged)
+        wait_for(f"{pushes} more pushes of each learner acknowledged {what}",
+                 lambda: all(a >= f + pushes for a, f in zip(self.acknowledged, at)) or self.failure)
+
+    def __enter__(self):
+        os.environ["BLKPS_RECONNECT_SECONDS"] = str(WAIT_S)
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        del os.environ["BLKPS_RECONNECT_SECONDS"]
+
+    def check_exactly_once(self, folder):
+        """No learner failed, and the tgtd in `folder` holds every
+        acknowledged push exactly once."""
+        testbed.check(not self.failure, f"a learner failed: {self.failure}")
+        with blkps.Model(self.t.url(folder)) as reader:
+            weights = reader.pull(0, 1024)
+        expected = np.zeros(1024, dtype=np.float32)
+        expected[:128] = sum(self.acknowledged)
+        testbed.check(np.array_equal(weights, expected),
+                      f"{sum(self.acknowledged)} pushes acknowledged, but {folder}'s weights 0..127 are "
+                      f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
+
+
 def learner_follows_through(fault, repair=lambda t, pid: None):
     """Two learners push through their layouts while fault(t, pid) strikes
     the primary (its tgtd's pid): the backup takes over by the lease, the
@@ -192,55 +261,50 @@ def learner_follows_through(fault, repair=lambda t, pid: None):
     Prints the time from the fault to the first push acknowledged after it."""
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
         pid = primary_pid(t)
-        ones = np.ones(128, dtype=np.float32)
-        acknowledged = [0, 0]  # by learner
-        failure = []
-        stop = threading.Event()
-        fault_at, first_after = [None], [None]  # time.monotonic() of the fault and of the next ack
-
-        def learner(k):
-            # Each push adds 1 to parameters 0..127 (rule sum): the weights
-            # count the pushes applied, both learners'.
+        with Learners(t) as learners:
+            learners.wait_for_more("by the primary")
             try:
-                with blkps.Model("layout:" + os.path.join(t.dir, f"slot-{k + 1}.layout")) as m:
-                    while not stop.is_set():
-                        began = time.monotonic()
-                        m.push(0, ones)
-                        acknowledged[k] += 1
-                        if fault_at[0] is not None and began > fault_at[0] and first_after[0] is None:
-                            first_after[0] = time.monotonic()
-            except OSError as e:
-                failure.append(str(e))
-
-        os.environ["BLKPS_RECONNECT_SECONDS"] = str(WAIT_S)
-        learners = [threading.Thread(target=learner, args=(k,)) for k in range(2)]
-        for thread in learners:
-            thread.start()
-        try:
-            wait_for("20 pushes of each learner acknowledged by the primary",
-                     lambda: min(acknowledged) >= 20 or failure)
-            try:
-                fault_at[0] = time.monotonic()
+                learners.mark()
                 fault(t, pid)
-                at_fault = list(acknowledged)  # the primary answers no more from here on
-                wait_for("20 more pushes of each learner acknowledged after the fault",
-                         lambda: all(a >= f + 20 for a, f in zip(acknowledged, at_fault)) or failure)
+                learners.wait_for_more("after the fault")
             finally:
                 repair(t, pid)
+        testbed.check(not learners.failure, f"a learner failed: {learners.failure}")
+        print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
+        learners.check_exactly_once(t.backup)
+
+
+def test_backup_killed_training_goes_on():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        with Learners(t) as learners:
+            learners.wait_for_more("by the primary")
+            rc, pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
+            os.kill(int(pid), signal.SIGKILL)
+            learners.wait_for_more("after the backup's kill")
+        learners.check_exactly_once(t.dir)
+        testbed.check(status(t.dir)["backup"].startswith("outdated: "), f"primary: {status(t.dir)['backup']!r}")
+        testbed.check("declared the backup outdated" in log_of(t.dir), f"primary's keeper: {log_of(t.dir)}")
+
+
+def test_outdated_backup_never_promoted():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        rc, backup_pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
+        backup_pid = int(backup_pid)
+        try:
+            with Learners(t) as learners:
+                learners.wait_for_more("by the primary")
+                # The backup alive but answering nothing (its host cut off
+                # from the primary): it misses the pushes from here on.
+                os.kill(backup_pid, signal.SIGSTOP)
+                learners.wait_for_more("while the backup is stopped")
+            learners.check_exactly_once(t.dir)
+            os.kill(primary_pid(t), signal.SIGKILL)
+            wait_for("the backup's keeper refuses to take over",
+                     lambda: "but etcd says this backup missed acknowledged pushes" in log_of(t.backup))
         finally:
-            stop.set()
-            for thread in learners:
-                thread.join()
-            del os.environ["BLKPS_RECONNECT_SECONDS"]
-        testbed.check(not failure, f"a learner failed: {failure}")
-        print(f"the first push acknowledged after the fault: {first_after[0] - fault_at[0]:.2f} s after it")
-        with blkps.Model(t.url(t.backup)) as reader:
-            weights = reader.pull(0, 1024)
-        expected = np.zeros(1024, dtype=np.float32)
-        expected[:128] = sum(acknowledged)
-        testbed.check(np.array_equal(weights, expected),
-                      f"{sum(acknowledged)} pushes acknowledged, but the new primary's weights 0..127 are "
-                      f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
+            os.kill(backup_pid, signal.SIGCONT)
+        testbed.check(status(t.backup)["replica"] == "backup", "the outdated backup was promoted")
+        testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
 
 def primary_pid(t):
@@ -285,5 +349,7 @@ testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_take
              "etcd-member-killed-lease-held": test_etcd_member_killed_lease_held,
              "learner-follows-the-lease": test_learner_follows_the_lease,
              "learner-follows-past-a-frozen-primary": test_learner_follows_past_a_frozen_primary,
-             "learner-follows-past-a-silent-primary": test_learner_follows_past_a_silent_primary}, None)
+             "learner-follows-past-a-silent-primary": test_learner_follows_past_a_silent_primary,
+             "backup-killed-training-goes-on": test_backup_killed_training_goes_on,
+             "outdated-backup-never-promoted": test_outdated_backup_never_promoted}, None)
 print(f"lease_test {args[0]}: ok")

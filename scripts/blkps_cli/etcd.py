@@ -77,6 +77,19 @@ class Etcd:
         })
         return bool(answer.get("succeeded"))
 
+    def put_if(self, key, value, guard, guard_value):
+        """Puts `key` = `value` (on no lease: it outlives its writer) only
+        if key `guard` holds `guard_value`; whether it did."""
+        answer = self.call("/v3/kv/txn", {
+            "compare": [{"key": _b64(guard), "target": "VALUE", "result": "EQUAL", "value": _b64(guard_value)}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
+        })
+        return bool(answer.get("succeeded"))
+
+    def delete(self, key):
+        """Deletes `key` if it exists."""
+        self.call("/v3/kv/deleterange", {"key": _b64(key)})
+
     def get(self, key):
         """`key`'s value, or None if it does not exist."""
         kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs") or []

@@ -19,6 +19,14 @@ lease.log). Both use the key blkps/lease/<IQN>; its value names the holder.
 - A keeper whose tgtd dies (or stops answering the control LUN) revokes
   its lease at once: the backup takes over without waiting for the TTL.
   One that is stopped (SIGTERM, blkps target stop) revokes it too.
+- A backup that missed acknowledged pushes is never promoted (doc/
+  replicas.md "A backup that is lost"): when the primary's status says
+  its backup is lost, its keeper writes blkps/lease/<IQN>/outdated (not
+  on a lease: it outlives the primary), in a transaction that succeeds
+  only while the lease key names this keeper, and only then tells its
+  plugin backup_outdated=1 (it acknowledges writes alone from then on).
+  The backup's keeper never takes the key while that key exists.
+  `blkps target start` deletes it: both replicas start from one state.
 """
 
 import datetime
@@ -40,6 +48,11 @@ def key_of(env):
     return f"blkps/lease/{env['IQN']}"
 
 
+def outdated_key_of(env):
+    """The etcd key that says the shard's backup missed acknowledged pushes."""
+    return key_of(env) + "/outdated"
+
+
 def endpoint_urls(text):
     """ENDPOINTS of --lease ("HOST:PORT,..." or URLs) as base URLs."""
     urls = [e if "://" in e else f"http://{e}" for e in text.split(",") if e]
@@ -56,6 +69,7 @@ class Keeper:
         self.etcd = etcd.Etcd(endpoint_urls(endpoints), timeout_s=ttl / 4)
         self.env = state.target(folder, "target lease")
         self.key = key_of(self.env)
+        self.outdated_key = outdated_key_of(self.env)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
         self.target = tgtd.Target(folder)
@@ -114,24 +128,46 @@ class Keeper:
                     failing = None
                 try:
                     self.fence(sent)
+                    self.judge_backup()
+                except etcd.Error as e:  # the backup's verdict: tried again at the next renewal
+                    self.log(f"could not record the lost backup as outdated in etcd ({e}); trying again")
                 except OSError as e:
-                    return self.release(f"gave up the lease: the plugin did not take its deadline ({e})")
+                    return self.release(f"gave up the lease: the plugin's control LUN failed ({e})")
             time.sleep(max(0.0, sent + self.ttl / 3 - time.monotonic()))
+
+    def judge_backup(self):
+        """If the plugin says its backup is lost: records in etcd that it
+        is outdated (only while this keeper's key names it), then tells the
+        plugin, which acknowledges writes alone from then on."""
+        lost = self._control.status().get("backup", "")
+        if not lost.startswith("lost: "):
+            return
+        if not self.etcd.put_if(self.outdated_key, lost.removeprefix("lost: "), self.key, self.me):
+            return  # the key is no longer this keeper's: the next renewal says the lease lapsed
+        self.tell("backup_outdated=1")
+        self.log(f"declared the backup outdated ({lost.removeprefix('lost: ')}): it is never promoted; this "
+                 f"primary acknowledges writes alone")
 
     def follow(self):
         """A backup's watch: once the key is gone, takes it and promotes
         the tgtd. Returns the exit status (of hold(), as the primary)."""
-        holder, seen = None, time.monotonic()
+        holder, seen, said = None, time.monotonic(), None
         while True:
             if not self.target.alive():
                 self.log(f"stopped: tgtd ({self.env['PID']}) is not running")
                 return 1
             try:
                 value = self.etcd.get(self.key)
-                if value is None and self.acquire():
-                    break
                 if value is not None:
                     holder, seen = value, time.monotonic()
+                else:  # the lease lapsed: take over, unless this backup missed pushes
+                    outdated = self.etcd.get(self.outdated_key)
+                    if outdated is None and self.acquire():
+                        break
+                    if outdated is not None and outdated != said:
+                        self.log(f"will not take over: the lease of {holder or 'no one'} lapsed, but etcd says this "
+                                 f"backup missed acknowledged pushes ({outdated})")
+                    said = outdated
             except etcd.Error:
                 pass  # etcd is out of reach: so is a new lease; try again
             except OSError as e:
@@ -216,8 +252,15 @@ def stop_keeper(folder):
 
 def start(a):
     """The keepers of a target started with --replicas 2 --lease: the
-    primary's (it takes the key), then the backup's (it watches)."""
+    primary's (it takes the key), then the backup's (it watches). Both
+    replicas start from one state: an outdated mark left by an earlier
+    run goes first."""
     primary = os.path.abspath(a.dir)
+    try:
+        etcd.Etcd(endpoint_urls(a.lease), timeout_s=a.lease_ttl).delete(
+            outdated_key_of(state.target(primary, "target start")))
+    except etcd.Error as e:
+        raise UserError("--lease", f"etcd: {e}", "check the etcd endpoints") from None
     start_keeper(primary, a, "primary")
     start_keeper(replicas.backup_dir(primary), a, "backup")
 
