@@ -10,7 +10,7 @@ goes first alternating) so that machine noise hits both alike:
     windows; a batch's distinct rows are moved once);
   - contiguous: the same bytes as one range, pull_into and push of
     distinct x width floats from parameter 0 (the rate the issue's bar is
-    set against).
+    set against); with --hashed, of a dense model on a second target.
 Each call is timed, and tgtd's CPU and socket bytes read around it, on its
 own. Every row of the batches and of the contiguous range is pushed once
 before the rounds (a row's first push makes it: its initial values and
@@ -22,6 +22,7 @@ included) and distinct rows per second; the rows side's ratio to
 contiguous is of distinct rows per second.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,6 +48,11 @@ def parse():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--permute", action=argparse.BooleanOptionalAction, default=True,
                    help="scatter the ids over the table by a fixed permutation (default: on)")
+    p.add_argument("--hashed", type=int, default=0, metavar="CAPACITY",
+                   help="serve a hashed table of CAPACITY rows (table=hash:CAPACITY:WIDTH) keyed by ids in "
+                        "[0, --rows), instead of a dense table of --rows rows; the contiguous side then runs on "
+                        "a dense model of its own on a second target (a hashed table is reached through the row "
+                        "windows only)")
     p.add_argument("--out", default=os.path.join(top, "bench", "results", "embeddings"))
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     return p.parse_args()
@@ -86,12 +92,13 @@ def rate(fn, ids_list, seconds):
             return ids_done / took, rows_done / took
 
 
-def rates_side_by_side(fns, ids_list, seconds, server_pid):
+def rates_side_by_side(fns, ids_list, seconds, server_pids):
     """Runs each of fns (name -> fn(ids)) on the same batch in turn, batch
     after batch (who goes first alternating), for about `seconds` in all;
     returns, per name, (ids/s,
     distinct rows/s, server CPU microseconds per row, server socket bytes
-    per row) over its own calls."""
+    per row) over its own calls, the server being its tgtd
+    (server_pids[name])."""
     done = {name: [0, 0, 0.0, 0.0, 0] for name in fns}  # ids, rows, seconds, cpu s, bytes
     k = 0
     start = time.perf_counter()
@@ -101,11 +108,11 @@ def rates_side_by_side(fns, ids_list, seconds, server_pid):
         k += 1
         order = list(fns.items())
         for name, fn in order if k % 2 else order[::-1]:
-            before = server_counters(server_pid)
+            before = server_counters(server_pids[name])
             t0 = time.perf_counter()
             fn(ids)
             took = time.perf_counter() - t0
-            after = server_counters(server_pid)
+            after = server_counters(server_pids[name])
             d = done[name]
             d[0] += len(ids)
             d[1] += rows
@@ -129,41 +136,59 @@ def server_counters(pid):
     return cpu, io["rchar"] + io["wchar"]
 
 
-def served(a, width, ids_list):
-    import blkps
+def start_target(a, bsopts, what):
+    """A private target serving `bsopts`: (its folder, `target show`'s
+    environment, its tgtd's pid). Exits with one line if it did not start."""
     state = tempfile.mkdtemp(prefix="blkps-emb-bench-")
-    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--owner-pid",
-                              str(os.getpid()), "--plugin", os.path.join(a.build, "target-plugin", "bs_blkps.so"),
-                              "--bsopts", f"table={a.rows}:{width};rule=sgd;lr=1e-6;init=normal:0.01"],
+    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--owner-pid", str(os.getpid()), "--plugin",
+                              os.path.join(a.build, "target-plugin", "bs_blkps.so"), "--bsopts", bsopts],
                              stdout=subprocess.DEVNULL)
     if started.returncode != 0:
         subprocess.run(["rm", "-rf", state])
-        sys.exit(f"embeddings: the target for width {width} did not start (its error is above)")
+        sys.exit(f"embeddings: the target for {what} did not start (its error is above)")
+    env = json.loads(subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
+                                    capture_output=True, text=True).stdout)
+    with open(os.path.join(state, "tgtd.pid")) as f:
+        return state, env, int(f.read())
+
+
+def stop_target(state):
+    subprocess.run([BLKPS, "target", "stop", "--dir", state], stdout=subprocess.DEVNULL)
+    subprocess.run(["rm", "-rf", state])
+
+
+def served(a, width, ids_list):
+    import blkps
+    rule = "rule=sgd;lr=1e-6;init=normal:0.01"
+    # Per batch, the floats pull_rows and push_rows move (its distinct
+    # rows'), worked out before the clock runs.
+    floats = {id(ids): len(np.unique(ids)) * width for ids in ids_list}
+    table = f"hash:{a.hashed}:{width}" if a.hashed else f"{a.rows}:{width}"
+    states = []
     try:
-        env = json.loads(subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
-                                        capture_output=True, text=True).stdout)
-        with open(os.path.join(state, "tgtd.pid")) as f:
-            pid = int(f.read())
+        states.append(start_target(a, f"table={table};{rule}", f"width {width}"))
+        if a.hashed:  # the contiguous side's dense model, on a target of its own
+            states.append(start_target(a, f"params={max(floats.values())};{rule}", f"width {width}, contiguous"))
+        (_, env, pid), (_, dense_env, dense_pid) = states[0], states[-1]
         grads = np.full((a.batch, width), 1e-3, dtype=np.float32)
         pulled = np.empty((a.batch, width), dtype=np.float32)  # every batch has a.batch ids
         flat_grads, flat_pulled = grads.reshape(-1), pulled.reshape(-1)
         runs = {}
-        with blkps.Model(env["URL"], queue_depth=a.qd) as table:
-            # Per batch, the floats pull_rows and push_rows move (its distinct
-            # rows'), worked out before the clock runs.
-            floats = {id(ids): len(np.unique(ids)) * width for ids in ids_list}
+        with contextlib.ExitStack() as models:
+            rows = models.enter_context(blkps.Model(env["URL"], queue_depth=a.qd))
+            dense = models.enter_context(blkps.Model(dense_env["URL"], queue_depth=a.qd)) if a.hashed else rows
             for ids in ids_list:  # every row made, the batches' and the contiguous range's
-                table.push_rows(ids, grads[:len(ids)])
-            table.push(0, flat_grads[:max(floats.values())])
+                rows.push_rows(ids, grads[:len(ids)])
+            dense.push(0, flat_grads[:max(floats.values())])
             sides = {
-                "pull": {"blkps": lambda ids: table.pull_rows(ids, width, pulled),
-                         "contiguous": lambda ids: table.pull_into(0, flat_pulled[:floats[id(ids)]])},
-                "push": {"blkps": lambda ids: table.push_rows(ids, grads),
-                         "contiguous": lambda ids: table.push(0, flat_grads[:floats[id(ids)]])},
+                "pull": {"blkps": lambda ids: rows.pull_rows(ids, width, pulled),
+                         "contiguous": lambda ids: dense.pull_into(0, flat_pulled[:floats[id(ids)]])},
+                "push": {"blkps": lambda ids: rows.push_rows(ids, grads),
+                         "contiguous": lambda ids: dense.push(0, flat_grads[:floats[id(ids)]])},
             }
             for r in range(a.rounds):
                 for op, fns in sides.items():
-                    got = rates_side_by_side(fns, ids_list, 2 * a.seconds, pid)
+                    got = rates_side_by_side(fns, ids_list, 2 * a.seconds, {"blkps": pid, "contiguous": dense_pid})
                     for side, g in got.items():
                         runs.setdefault((side, op), []).append(g)
                     print(f"width {width} round {r + 1}/{a.rounds}: {op} rows {got['blkps'][1]:,.0f} rows/s "
@@ -173,14 +198,22 @@ def served(a, width, ids_list):
         return {f"{side}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
                 for (side, op), got in runs.items()}
     finally:
-        subprocess.run([BLKPS, "target", "stop", "--dir", state], stdout=subprocess.DEVNULL)
-        subprocess.run(["rm", "-rf", state])
+        for state, _, _ in states:
+            stop_target(state)
 
 
 def local_torch(a, width, ids_list):
+    """The same batches through a local EmbeddingBag: of --rows rows, or
+    with --hashed of the rows the batches use (ids renumbered before the
+    clock runs), as a hashed table holds only the rows made."""
     import torch
     torch.set_num_threads(1)
-    emb = torch.nn.EmbeddingBag(a.rows, width, mode="sum", sparse=True)
+    rows = a.rows
+    if a.hashed:
+        used, renumbered = np.unique(np.concatenate(ids_list), return_inverse=True)
+        ids_list = np.split(renumbered.astype(np.uint64), np.cumsum([len(ids) for ids in ids_list])[:-1])
+        rows = len(used)
+    emb = torch.nn.EmbeddingBag(rows, width, mode="sum", sparse=True)
     opt = torch.optim.SGD(emb.parameters(), lr=1e-6)
 
     def step(ids):
@@ -200,7 +233,7 @@ def main():
     ids_list = batches(a.rows, a.batch, 16, a.permute)
     distinct = statistics.mean(len(np.unique(ids)) for ids in ids_list)
     results = {"rows": a.rows, "batch": a.batch, "distinct_per_batch": distinct, "qd": a.qd,
-               "seconds": a.seconds, "rounds": a.rounds, "permute": a.permute, "widths": {}}
+               "seconds": a.seconds, "rounds": a.rounds, "permute": a.permute, "hashed": a.hashed, "widths": {}}
     for width in widths:
         r = served(a, width, ids_list)
         r["local_torch.step"] = local_torch(a, width, ids_list)
@@ -209,15 +242,20 @@ def main():
     with open(os.path.join(a.out, "embeddings.json"), "w") as f:
         json.dump(results, f, indent=2)
     scattered = "scattered by a fixed permutation" if a.permute else "not permuted (hot ids side by side)"
+    table = (f"ids in [0, {a.rows:,}) keyed into a hashed table of {a.hashed:,} rows (table=hash:{a.hashed}:WIDTH; "
+             f"the contiguous side on a dense model of a second target; local torch: a table of the rows the "
+             f"batches use)" if a.hashed else f"{a.rows:,} rows")
     lines = ["# Embedding rows through blkps's row windows vs the same bytes contiguous vs local torch",
              "",
-             f"{a.rows:,} rows, batches of {a.batch} Zipf(1.05) ids ({distinct:.0f} distinct on average), "
+             f"{table}, batches of {a.batch} Zipf(1.05) ids ({distinct:.0f} distinct on average), "
              f"{scattered}, queue depth {a.qd}, median of {a.rounds} rounds (each op: {2 * a.seconds:g} s of "
              f"batches, each sent as rows and as contiguous bytes in turn, each call timed on its own; rows made "
              f"before). Rows: pull_rows/push_rows, distinct rows/s; contiguous: the same bytes (distinct x width "
-             f"floats) as one range on the same LUN, in rows/s; ratio: rows ÷ contiguous. Load average "
+             f"floats) as one range on {'the second target' if a.hashed else 'the same LUN'}, in rows/s; ratio: rows ÷ "
+             f"contiguous. Load average "
              f"{os.getloadavg()[0]:.1f} at the end. Command: `sudo bench/embeddings.sh --rows {a.rows} "
-             f"--batch {a.batch} --qd {a.qd} --widths {a.widths}{'' if a.permute else ' --no-permute'}`.",
+             f"--batch {a.batch} --qd {a.qd} --widths {a.widths}{'' if a.permute else ' --no-permute'}"
+             f"{f' --hashed {a.hashed}' if a.hashed else ''}`.",
              "",
              "| width | row bytes | pull rows/s | contiguous | ratio | push rows/s | contiguous | ratio | "
              "local torch step ids/s |",
