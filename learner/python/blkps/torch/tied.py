@@ -39,6 +39,8 @@ the communication thread; everything else on the training thread, between
 steps or while the part is not queued.
 """
 
+import collections
+
 import torch
 
 from blkps.torch.staging import WIRE_TORCH_DTYPES, as_numpy, host_tensor
@@ -301,8 +303,8 @@ class RowsFirst:
         self._queue_pull = queue_pull
         self.due = False  # this step's pull of the buckets is not queued yet
         self.rows = 0     # rows read first, all steps
-        self.reads = 0    # calls that read them
-        self.order = []   # tests: ("rows", step) and ("matrix", step) as each is queued or read
+        # The last events, oldest first: "rows" (read) and "matrix" (its pull queued).
+        self.order = collections.deque(maxlen=16)
         self._handles = [m.register_forward_hook(self._after_reader) for m in readers]
         self._readers = set(id(m) for m in readers)
 
@@ -330,7 +332,6 @@ class RowsFirst:
             return False
         self._flat.pull_ranges(self._device, ranges)
         self.rows += sum(end - first for first, end in ranges) // self.tied.width
-        self.reads += len(ranges)
         self.order.append("rows")
         return True
 
