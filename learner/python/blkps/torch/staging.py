@@ -375,10 +375,11 @@ class FlatModel:
                 error = error or c.error
         if error is not None:
             raise error
-        if self.weights is not self.host_weights_all:
+        if self.weights is not self.host_weights_all and ranges:  # one gather, one copy, one scatter
+            index = torch.cat([torch.arange(first, end) for first, end in ranges])
+            values = self.host_weights_all[index].to(self.device, torch.float32)
             with torch.no_grad():
-                for first, end in ranges:
-                    self.weights[first:end].copy_(self.host_weights_all[first:end])
+                self.weights.index_copy_(0, index.to(self.device), values)
 
     def push_all(self, device):
         """Pushes the whole gradient buffer through `device`."""
