@@ -565,8 +565,8 @@ def case_tied_parts():
 def case_tied_rows_first():
     """With overlap_pull, the tied weight's token rows are read first, by
     the embedding's forward pre-hook, from the round's blocks; 2 bsp
-    learners still equal the one-process reference (a row read before its
-    round were complete, or from the wrong place, would not)."""
+    learners still equal the one-process reference (rows left as the
+    previous round's, or read from the wrong place, would not)."""
     lr = 0.1
     count = params_of("gpt")
 
