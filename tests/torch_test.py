@@ -7,7 +7,8 @@ would) and compares the result with a single-process PyTorch reference.
 
 Cases: init (no server), gradient-mode, delta-mode, delta-async, delta-async-leaver,
 gradient-async-leaver, look-ahead, buckets,
-mismatch, broadcast, buffers, tied-parts, tied-early, tied-refusals, fashion-lib, fashion-mount.
+mismatch, broadcast, buffers, tied-parts, tied-early, tied-rows-first, tied-rows-order,
+tied-refusals, tied-max-norm, fashion-lib, fashion-mount.
 """
 import json
 import subprocess
@@ -161,7 +162,8 @@ def learner(config):
                                    tied_head=model.head if config.get("tied_head") else None,
                                    bucket_bytes=config.get("bucket_bytes", SMALL_BUCKET),
                                    look_ahead=config.get("look_ahead"),
-                                   pull_during_backward=config.get("pull_during_backward"), transport=transport)
+                                   pull_during_backward=config.get("pull_during_backward"),
+                                   overlap_pull=config.get("overlap_pull"), transport=transport)
     out = {"initial": flat(model).tolist() if config.get("report_initial") else None}
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     out["after_broadcast"] = flat(model).tolist() if config.get("report_initial") else None
@@ -191,10 +193,14 @@ def learner(config):
         opt.zero_grad()
         loss_of(model, *batch(t, bps.rank(), config["model"])).backward()
         opt.step()
+    if config.get("overlap_pull"):
+        opt.drain()  # step() returned before the weights arrived
     out.update(pushes=opt.pushes, part_pushes=opt.part_pushes, transfers=opt.transfers, steps=opt.steps,
                buckets=len(getattr(opt, "buckets", [])), weights=flat(model).tolist(), look_ahead=opt.look_ahead)
     if probe:
         out["pushed_during_backward"] = seen
+    if opt.rows_first is not None:
+        out["rows_first"] = {"order": list(opt.rows_first.order), "rows": opt.rows_first.rows}
     if config["model"] == "bn":
         out["running_mean"] = model[0].running_mean.tolist()
     if config.get("double_backward"):
@@ -556,6 +562,50 @@ def case_tied_parts():
     with_server(f"params={count};rule=sgd;lr={lr};mode=bsp;block=1K;{GPT_PARTS}", 2, body)
 
 
+def case_tied_rows_first():
+    """With overlap_pull, the tied weight's token rows are read first, by
+    the embedding's forward pre-hook, from the round's blocks; 2 bsp
+    learners still equal the one-process reference (rows left as the
+    previous round's, or read from the wrong place, would not)."""
+    lr = 0.1
+    count = params_of("gpt")
+
+    def body(server):
+        config = {"model": "gpt", "optimizer": "gradient", "lr": lr, "steps": STEPS, "seed": 0, "tied_head": True,
+                  "overlap_pull": True}
+        reports = server.run_learners(config, 2)
+        check(all(lun["deaths"] == 0 for lun in server.status()["learners"]),
+              "a learner was declared dead (a round went on without it): the comparison is void")
+        check(all(r["rows_first"]["rows"] > 0 for r in reports), "no token rows were read first")
+        want = reference("gpt", 2, STEPS, lr)
+        for rank, r in enumerate(reports):
+            check_close(r["weights"], want, f"learner {rank}'s final weights")
+        diff = check_close(server.weights(count), want, "the server's weights")
+        print(f"tied weight, token rows first: 2 learners, bsp, {STEPS} steps: max difference {diff:g}")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=bsp;block=1K;{GPT_PARTS}", 2, body)
+
+
+def case_tied_rows_order():
+    """With overlap_pull, each forward after the second step() (the first
+    step() learns which modules read the weight) reads the batch's distinct
+    token rows of the tied weight before the whole matrix's pull is even
+    queued: the embedding waits for its rows only, the output head for the
+    matrix."""
+    count = params_of("gpt")
+
+    def body(server):
+        config = {"model": "gpt", "optimizer": "gradient", "lr": 0.1, "steps": 4, "seed": 0, "tied_head": True,
+                  "overlap_pull": True}
+        r = server.run_learners(config, 1)[0]["rows_first"]
+        # The last matrix: the one drain() queues before the weights are read.
+        check(r["order"] == ["rows", "matrix"] * 2 + ["matrix"],
+              f"the tied weight's pulls in order: {r['order']}, expected the rows, then the matrix, each step")
+        distinct = sum(len(set(batch(t, 0, "gpt")[0].reshape(-1).tolist())) for t in (2, 3))
+        check(r["rows"] == distinct, f"{r['rows']} token rows read first, expected the batches' {distinct} distinct")
+        print(f"tied weight: steps 3 and 4 read their {distinct} distinct token rows, then pulled the matrix")
+    with_server(f"params={count};rule=sgd;lr=0.1;mode=bsp;block=1K;{GPT_PARTS}", 1, body)
+
+
 def case_tied_early():
     """The head's part of the tied weight is pushed while backward still
     runs: before the weight's whole gradient (the rows' part) is complete."""
@@ -590,6 +640,28 @@ def case_tied_refusals():
                 print(f"refused: {e}")
 
 
+def case_tied_max_norm():
+    """Token rows first with an nn.Embedding that renormalises its rows in
+    place (max_norm: the matrix's pull would overwrite them) is refused at
+    the first step, in one line saying what to give."""
+    count = params_of("gpt")
+    with testbed.Server(f"params={count};rule=sgd;lr=0.1;mode=bsp;block=1K;{GPT_PARTS}", 1) as server:
+        bps.init(target=server.target, control=server.control, env={})
+        model = tiny_gpt(0)
+        model.tok.max_norm = 1.0
+        opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(), tied_head=model.head,
+                                       overlap_pull=True)
+        try:
+            loss_of(model, *batch(0, 0, "gpt")).backward()
+            opt.step()
+            fail("an embedding with max_norm was accepted for token rows first")
+        except ValueError as e:
+            check("max_norm=None" in str(e) and "\n" not in str(e), f"unclear refusal: {e}")
+            print(f"refused: {e}")
+        finally:
+            opt.close()
+
+
 def case_fashion(via):
     out = subprocess.run([sys.executable, job.__file__, "--learners", "2", "--mode", "bsp", "--via", via,
                           "--build", build, "--epochs", "4", "--train-subset", "6000",
@@ -614,6 +686,9 @@ CASES = {
     "buffers": case_buffers,
     "tied-parts": case_tied_parts,
     "tied-early": case_tied_early,
+    "tied-rows-first": case_tied_rows_first,
+    "tied-rows-order": case_tied_rows_order,
+    "tied-max-norm": case_tied_max_norm,
     "tied-refusals": case_tied_refusals,
     "fashion-lib": lambda: case_fashion("lib"),
     "fashion-mount": lambda: case_fashion("mount"),

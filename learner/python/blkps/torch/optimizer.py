@@ -21,7 +21,7 @@ from blkps.pushing_learners import PushingLearners as _PushingLearners
 from blkps.torch.staging import FlatModel
 from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets
 from blkps.torch.pipeline import Pipeline, connector
-from blkps.torch.tied import TiedWeight, check_parts
+from blkps.torch.tied import RowsFirst, TiedWeight, check_parts
 from blkps.torch.session import exchange
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
@@ -188,6 +188,7 @@ class Optimizer:
         self._push_device = None
         self._forward_hook = None
         self._tied = None  # gradient mode with tied_head: the head's part (blkps.torch.tied)
+        self.rows_first = None  # ... and overlap_pull, from the first step(): the tied weight's pull order
         if optimizer is None:
             self.pull_during_backward = (self.mode != "bsp" if pull_during_backward is None
                                          else bool(pull_during_backward))
@@ -269,6 +270,8 @@ class Optimizer:
         if self._unread_due:
             self._unread_due = False
             self._wait_buckets(self._unread_buckets)
+        if self.rows_first is not None and self.rows_first.reads_rows(module, _inputs):
+            return
         buckets = self._buckets_of_module.get(module)
         if buckets is None:
             buckets = self._buckets_of_params(_params_read(module, self._ran))
@@ -289,8 +292,16 @@ class Optimizer:
         self._learning = False
         read = {id(p) for m in self._ran for p in _params_read(m, self._ran)}
         self._unread_buckets = self._buckets_of_params(p for _, p in self.layout.named if id(p) not in read)
+        if self._tied is not None:
+            readers = self._tied.readers(self._ran)
+            if readers:
+                self.rows_first = RowsFirst(self._tied, self.flat, self.device,
+                                            self._buckets_of_params([self._tied.weight]), readers,
+                                            self._queue_pull)
 
     def _wait_buckets(self, buckets):
+        if self.rows_first is not None:
+            self.rows_first.queue_due(buckets)
         for b in buckets:
             self._wait_arrived(b)
             self.flat.wait_weights(b.first, b.end)
@@ -470,7 +481,8 @@ class Optimizer:
             self.flat.after_compute()
             self._comm.pull_batch = 1  # the step's first pull: one bucket, the first layers'
             for b in reversed(self.buckets):  # the first layers' weights first
-                self._queue_pull(b)
+                if self.rows_first is None or not self.rows_first.defers(b):
+                    self._queue_pull(b)
         self.flat.release_gradient()
         self.gradient.zero_()
         if self._tied is not None:
@@ -699,6 +711,8 @@ class Optimizer:
             self._forward_hook = None
         if getattr(self, "_tied", None) is not None:
             self._tied.close()
+        if getattr(self, "rows_first", None) is not None:
+            self.rows_first.close()
         for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
             if conn is not None:
                 conn.close()

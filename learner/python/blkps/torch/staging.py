@@ -358,6 +358,29 @@ class FlatModel:
             self._arrived[(0, self.count)].synchronize()
         self.swap_in(0, self.count)
 
+    def pull_ranges(self, device, ranges):
+        """Pulls the weights of the parameter ranges `ranges` ([(first,
+        end)], disjoint) through `device` (a blkps.Model with nothing else in
+        flight: the training thread's), all submitted before the first is
+        waited for, and makes them the parameters' on the compute stream,
+        behind its work so far; no look-ahead (bsp only). Raises the first
+        failure once all have ended. REQUIRES: no pull of the ranges in
+        flight on another connection; not a pipeline."""
+        submit = device.submit_pull16_into if self.sixteen else device.submit_pull_into
+        flight = {submit(first, self._np_weights[first:end]) for first, end in ranges}
+        error = None
+        while flight:
+            for c in device.complete():
+                flight.discard(c.ticket)
+                error = error or c.error
+        if error is not None:
+            raise error
+        if self.weights is not self.host_weights_all and ranges:  # one gather, one copy, one scatter
+            index = torch.cat([torch.arange(first, end) for first, end in ranges])
+            values = self.host_weights_all[index].to(self.device, torch.float32)
+            with torch.no_grad():
+                self.weights.index_copy_(0, index.to(self.device), values)
+
     def push_all(self, device):
         """Pushes the whole gradient buffer through `device`."""
         self.gradient_ready(0, self.count)

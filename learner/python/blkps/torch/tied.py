@@ -16,6 +16,11 @@ gradient in parts"; doc/pytorch.md "A tied weight in two parts").
   every other parameter in the range): the flat gradient, pushed by the
   ordinary buckets at the end of backward.
 
+- The pull order (RowsFirst, with overlap_pull): after step() the
+  embedding's forward pre-hook reads only its input's token rows of the
+  weight; the whole matrix's pull is queued once that forward is done and
+  waited for by the output head's pre-hook.
+
 Exactness: autograd would add the head's and the rows' gradients once
 (two addends: the order does not matter) into the weight's gradient; the
 learner's two parts are exactly those two addends. The server adds the
@@ -33,6 +38,8 @@ training thread on the CPU, autograd's device thread on a GPU); host() on
 the communication thread; everything else on the training thread, between
 steps or while the part is not queued.
 """
+
+import collections
 
 import torch
 
@@ -120,7 +127,9 @@ class TiedWeight:
         self.first, self.count = first, count
         self.end = first + count
         self.name = layout.named[index][0]
-        self._weight = layout.named[index][1]
+        self.weight = self._weight = layout.named[index][1]
+        self.offset = layout.offsets[index]  # of the weight in the flat model
+        self.width = self._weight[0].numel() if self._weight.dim() else 1  # values in a row
         self._flat, self._on_gradient = flat, on_gradient
         self._accumulator = None  # the weight's AccumulateGrad node: found at the first forward
         at = layout.offsets[index] - first
@@ -140,6 +149,18 @@ class TiedWeight:
 
     def close(self):
         self._handle.remove()
+
+    def readers(self, ran):
+        """The modules among `ran` (those whose forward ran) that read the
+        weight's rows first: nn.Embedding modules whose weight it is.
+        Refuses, in one line, one that renormalises rows in its forward."""
+        found = [m for m in ran if isinstance(m, torch.nn.Embedding) and m.weight is self._weight]
+        for m in found:
+            if m.max_norm is not None:
+                raise ValueError(f"blkps.torch: tied_head with an nn.Embedding of max_norm={m.max_norm}: its "
+                                 f"forward rescales rows of {self.name} in place, which the next pull "
+                                 "overwrites; give max_norm=None")
+        return found
 
     def _after_head(self, _module, _inputs, output):
         """After each forward of the head: hooks the node that hands the
@@ -238,3 +259,92 @@ class TiedWeight:
         GPU after FlatModel.release_gradient())."""
         self.gradient.zero_()
         self.queued, self.passes = False, 0
+
+
+def row_ranges(ids, offset, width, rows):
+    """[(first, end)] parameter ranges that hold the rows `ids` (a tensor
+    of row indices) of a weight of `rows` rows `width` values wide at
+    `offset`: each distinct row once, in row order, adjacent rows in one
+    range; None when an id is not a row (the embedding's forward says so)."""
+    ranges = []
+    distinct = torch.unique(ids.detach().reshape(-1).cpu()).tolist()
+    if distinct and not 0 <= distinct[0] <= distinct[-1] < rows:
+        return None
+    for r in distinct:
+        first, end = offset + r * width, offset + (r + 1) * width
+        if ranges and ranges[-1][1] == first:
+            ranges[-1][1] = end
+        else:
+            ranges.append([first, end])
+    return [tuple(r) for r in ranges]
+
+
+class RowsFirst:
+    """bsp with overlap_pull (doc/pytorch.md "A tied weight in two parts"):
+    the pull order of the tied weight `tied` (a TiedWeight). After step()
+    the buckets that hold the weight (`buckets`) are not pulled with the
+    others: the forward pre-hook of each nn.Embedding whose weight it is
+    (the readers, found among the modules that ran at the first step)
+    reads only the rows of its input's token ids, on the training thread's
+    connection, into the parameters; once that forward is done the
+    buckets' pull is queued (`queue_pull`, the optimizer's), and the
+    output head's pre-hook waits for them as for any bucket. A wait for
+    one of the buckets before that (another module reads them, drain())
+    queues them at once.
+
+    Exactness: a bsp read of a block waits until the block's round is
+    complete on the server (doc/server.md), both parts in; the rows read
+    are that round's, and the whole matrix's pull brings the same values."""
+
+    def __init__(self, tied, flat, device, buckets, readers, queue_pull):
+        self.tied, self._flat, self._device = tied, flat, device
+        self.buckets = buckets
+        self._ids = {id(b) for b in buckets}
+        self._queue_pull = queue_pull
+        self.due = False  # this step's pull of the buckets is not queued yet
+        self.rows = 0     # rows read first, all steps
+        # The last events, oldest first: "rows" (read) and "matrix" (its pull queued).
+        self.order = collections.deque(maxlen=16)
+        self._handles = [m.register_forward_hook(self._after_reader) for m in readers]
+        self._readers = set(id(m) for m in readers)
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+
+    def defers(self, bucket):
+        """Whether the step's pull of `bucket` waits for the readers (its
+        weights are marked not arrived: the due pull)."""
+        if id(bucket) not in self._ids:
+            return False
+        bucket.arrived.clear()
+        self.due = True
+        return True
+
+    def reads_rows(self, module, inputs):
+        """A forward pre-hook: when `module` is a reader and the buckets'
+        pull is still due, reads the rows of its input ids into the
+        parameters and returns True (the module waits for nothing more)."""
+        if not self.due or id(module) not in self._readers or not inputs:
+            return False
+        ranges = row_ranges(inputs[0], self.tied.offset, self.tied.width, self.tied.weight.shape[0])
+        if ranges is None:
+            return False
+        self._flat.pull_ranges(self._device, ranges)
+        self.rows += sum(end - first for first, end in ranges) // self.tied.width
+        self.order.append("rows")
+        return True
+
+    def _after_reader(self, module, _inputs, _output):
+        self.queue_due()
+
+    def queue_due(self, buckets=None):
+        """Queues the buckets' pull if it is due (`buckets`: only when one
+        of those is the weight's)."""
+        if not self.due or (buckets is not None and not any(id(b) in self._ids for b in buckets)):
+            return
+        self.due = False
+        self.order.append("matrix")
+        self._flat.after_compute()
+        for b in reversed(self.buckets):
+            self._queue_pull(b)
