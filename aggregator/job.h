@@ -333,10 +333,14 @@ class Job {
   // kMaxRanks, run 1 to 32 lower-case hex digits naming the run; status
   // "ranks" shows each rank's last one (the latest run's), so that ranks
   // waiting in a collective tell a dead rank from a slow one.
+  // pipeline=<lun>:<depth> (depth 0 or 1, the LUN a learner's) is that
+  // learner's pipeline depth: its pushes' staleness counts from its
+  // depth-th read back (Slot::pipeline_depth;
+  // doc/async.md "Pipelined learners").
   // With ControlRights::kLearner (the learners' control LUN) only the
   // commands a learner itself sends are taken: fence= (libblkps,
-  // exactly-once after a reconnect), tag= (blkps.torch's fingerprint) and
-  // rank=; a block with any other line is refused whole with
+  // exactly-once after a reconnect), tag= (blkps.torch's fingerprint),
+  // rank= and pipeline=; a block with any other line is refused whole with
   // PermissionDenied.
   enum class ControlRights { kOperator, kLearner };
   Status Control(const std::string& commands, const std::string& initiator = "",
@@ -431,9 +435,17 @@ class Job {
     uint64_t holds = 0, hold_timeouts = 0, deaths = 0;
     uint64_t lead_last = 0, lead_max = 0, lead_sum = 0, lead_count = 0;  // the lead of its reads
     // Push staleness (async/ssp): block versions at the slot's last read of
-    // each block (kNeverRead before one), the slot's own complete gradients
-    // to it since (they are not stale to it), and what its pushes measured.
-    std::vector<uint64_t> read_version, own_since_read;
+    // each block (kNeverRead before one), at its read before that (a read
+    // that followed a push of its own to the block: its previous step's),
+    // the slot's own complete gradients to it since the last read (they are
+    // not stale to it), and what its pushes measured.
+    std::vector<uint64_t> read_version, previous_step_read_version, own_since_read;
+    // The learner's pipeline depth (control pipeline=<lun>:<depth>, 0 or 1):
+    // its gradients are taken on the weights of its depth-th read back of a
+    // block, so τ is counted from that read
+    // (doc/async.md "Pipelined learners"). Not checkpointed: the learner
+    // says it when it opens.
+    uint64_t pipeline_depth = 0;
     uint64_t push_staleness_max = 0, push_staleness_sum = 0, pushes_measured = 0, stale_pushes = 0;
     bool told_stale = false;
   };

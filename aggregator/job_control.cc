@@ -1,8 +1,8 @@
 // Control commands for a running Job (written to the control LUN): a rule
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
-// stop=1|0, tag=<text>, rank=<rank>:<run>, lease_until=<ms> (job.h,
-// "Receipts", "Replicas", Control) or checkpoint=1, promote=1 or
-// backup_outdated=1, alone.
+// stop=1|0, tag=<text>, rank=<rank>:<run>, pipeline=<lun>:<depth>,
+// lease_until=<ms> (job.h, "Receipts", "Replicas", Control) or
+// checkpoint=1, promote=1 or backup_outdated=1, alone.
 // One grammar, one parser: a block is parsed and checked whole, then
 // applied whole or not at all.
 #include "job.h"
@@ -20,10 +20,12 @@ namespace blkps::server {
 namespace {
 
 // The commands a learner sends itself (Job::ControlRights::kLearner).
-bool IsLearnerCommand(const std::string& key) { return key == "fence" || key == "tag" || key == "rank"; }
+bool IsLearnerCommand(const std::string& key) {
+  return key == "fence" || key == "tag" || key == "rank" || key == "pipeline";
+}
 
-// A key: lower-case letters, digits and '_'. Any key but resume, fence and
-// tag names a rule parameter, which the rule checks.
+// A key: lower-case letters, digits and '_'. Any key but the commands
+// Control() takes names a rule parameter, which the rule checks.
 bool IsKey(const std::string& key) {
   return !key.empty() && key.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
 }
@@ -84,10 +86,10 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
     const std::string key = line.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
     if (eq == std::string::npos || !IsKey(key)) {
-      return bad(
-          "expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text> or "
-          "rank=<rank>:<run>, lease_until=<ms>, checkpoint=1, promote=1 or backup_outdated=1, one a line, got '" +
-          ShowBytes(line) + "'");
+      return bad("expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text>, "
+                 "rank=<rank>:<run>, pipeline=<learner LUN>:<depth>, lease_until=<ms>, checkpoint=1, promote=1 or "
+                 "backup_outdated=1, one a line, got '" +
+                 ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
       return bad(key + ": the value holds a space or a byte outside printable ASCII: '" + ShowBytes(line) + "'");
@@ -100,10 +102,10 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   if (rights == ControlRights::kLearner) {
     for (const Line& l : lines) {
       if (IsLearnerCommand(l.key)) continue;
-      return refuse(Status::PermissionDenied("control: " + l.key +
-                                             ": the learners' control LUN takes only fence=, tag= and rank=; operators "
-                                             "write "
-                                             "through the model's operator target (blkps target start --operator)"));
+      return refuse(Status::PermissionDenied(
+          "control: " + l.key +
+          ": the learners' control LUN takes only fence=, tag=, rank= and pipeline=; "
+          "operators write through the model's operator target (blkps target start --operator)"));
     }
   }
   // checkpoint=1 comes alone: it is the one command that can fail once
@@ -140,12 +142,20 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
          "(degraded); the backup must not be promoted");
     return s;
   }
+  // Whether `text` is the number of one of this model's learner LUNs (*lun).
+  auto learner_lun = [this](const std::string& text, uint64_t* lun) {
+    const bool digits = !text.empty() && text.size() <= 19 && text.find_first_not_of("0123456789") == std::string::npos;
+    *lun = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+    MutexLock lock(&mu_);
+    return digits && std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == *lun; });
+  };
   std::map<std::string, float> params;
   bool resume = false;
   std::optional<bool> stop;
   uint64_t fence_lun = 0;
   bool fence = false;
   std::optional<std::pair<uint64_t, std::string>> beat;  // rank=
+  std::optional<std::pair<uint64_t, uint64_t>> depth;    // pipeline=: LUN, depth
   std::optional<uint64_t> lease_until;                   // CLOCK_MONOTONIC ms
   for (const Line& l : lines) {
     if (l.key == "resume") {
@@ -183,16 +193,19 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
                    ShowBytes(l.value) + "'");
       }
       lease_until = ms;
-    } else if (l.key == "fence") {
-      const bool digits =
-          !l.value.empty() && l.value.size() <= 19 && l.value.find_first_not_of("0123456789") == std::string::npos;
-      fence_lun = digits ? std::strtoull(l.value.c_str(), nullptr, 10) : 0;
-      bool exists = false;
-      {
-        MutexLock lock(&mu_);
-        exists = std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.lun == fence_lun; });
+    } else if (l.key == "pipeline") {
+      const size_t colon = l.value.find(':');
+      const std::string lun = l.value.substr(0, colon);
+      const std::string d = colon == std::string::npos ? "" : l.value.substr(colon + 1);
+      uint64_t n = 0;
+      if (!learner_lun(lun, &n) || (d != "0" && d != "1")) {
+        return bad("pipeline: expected pipeline=<the LUN of a learner of this model>:<its pipeline depth, 0 or 1>, "
+                   "got '" +
+                   ShowBytes(l.value) + "'");
       }
-      if (!digits || !exists) {
+      depth.emplace(n, d == "1" ? 1 : 0);
+    } else if (l.key == "fence") {
+      if (!learner_lun(l.value, &fence_lun)) {
         return bad("fence: expected fence=<the LUN of a learner of this model>, got '" + ShowBytes(l.value) + "'");
       }
       fence = true;
@@ -222,6 +235,9 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   }
   if (fence) FenceLocked(fence_lun, initiator);
   if (beat) ranks_[beat->first] = RankBeat{beat->second, Clock::now()};
+  for (Slot& s : slots_) {
+    if (depth && s.lun == depth->first) s.pipeline_depth = depth->second;
+  }
   if (stop) {
     stop_ = *stop;
     log_(stop_ ? "control: stop asked: learners stop training" : "control: stop withdrawn");

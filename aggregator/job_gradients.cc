@@ -114,7 +114,12 @@ uint64_t Job::PushStalenessLocked(size_t slot, uint64_t b) {
   const size_t pushing = std::max<size_t>(PushingLearnersLocked(Clock::now()), 1);
   const uint64_t round = opts_.staleness_aware ? pushing - 1 : 0;
   if (s.read_version.empty() || s.read_version[b] == kNeverRead) return round;  // nothing read: unknown
-  const uint64_t tau = clocks_.version(b) - s.read_version[b] - s.own_since_read[b];
+  // A pipelined learner's gradient is on the weights of its previous step's
+  // read: the updates since, its own push of that step included, are stale
+  // to it (before a second step's read: its only read).
+  const uint64_t previous = s.previous_step_read_version[b];
+  const uint64_t read = s.pipeline_depth > 0 && previous != kNeverRead ? previous : s.read_version[b];
+  const uint64_t tau = clocks_.version(b) - read - s.own_since_read[b];
   s.push_staleness_max = std::max(s.push_staleness_max, tau);
   s.push_staleness_sum += tau;
   ++s.pushes_measured;

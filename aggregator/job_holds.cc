@@ -55,9 +55,14 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
   Slot& s = slots_[slot];
   if (s.read_version.empty()) {
     s.read_version.assign(clocks_.num_blocks(), kNeverRead);
+    s.previous_step_read_version.assign(clocks_.num_blocks(), kNeverRead);
     s.own_since_read.assign(clocks_.num_blocks(), 0);
   }
   for (uint64_t b = first_block; b <= last_block; ++b) {
+    // A read after a push of its own starts the slot's next step on b; a
+    // read again without one (the rest of a block, a re-read) is the same
+    // step's.
+    if (s.own_since_read[b] > 0) s.previous_step_read_version[b] = s.read_version[b];
     s.read_version[b] = clocks_.version(b);
     s.own_since_read[b] = 0;
   }

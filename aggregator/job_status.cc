@@ -99,7 +99,7 @@ std::string Job::StatusJson() const {
       << ", \"staleness_mean\": " << Fixed(mean, 3) << ", \"push_staleness_max\": " << s.push_staleness_max
       << ", \"push_staleness_mean\": "
       << Fixed(s.pushes_measured ? static_cast<double>(s.push_staleness_sum) / s.pushes_measured : 0.0, 3)
-      << ", \"stale_pushes\": " << s.stale_pushes << "}";
+      << ", \"stale_pushes\": " << s.stale_pushes << ", \"pipeline_depth\": " << s.pipeline_depth << "}";
   }
   j << (slots_.empty() ? "],\n" : "\n  ],\n");
   // Ranks are dead by the same bound as learners: no heartbeat for

@@ -53,8 +53,8 @@ import gpu_report  # noqa: E402
 import gpu_waits  # noqa: E402
 
 # tests/gpu_test.py's cases but bench (Gpu.CheckRunsEveryCaseButTheBench keeps them in step).
-CHECK_CASES = ["wire-patterns", "staging", "look-ahead-switched", "pipeline", "overlap-server", "pipelined", "skipped",
-               "layout", "cuda", "cuda-async"]
+CHECK_CASES = ["wire-patterns", "staging", "look-ahead-switched", "pipeline", "overlap-server", "pipelined",
+               "pipeline-depth", "skipped", "layout", "cuda", "cuda-async"]
 SKIP = 77
 LR = 0.01
 MODELS = {"resnet50": 128, "gpt2": 16}  # model: batch

@@ -37,6 +37,9 @@ Cases:
   pipelined      pipeline=True on the CPU, async, 1 learner: the
                  one-step-delayed reference exactly, with skipped steps
                  too; bsp and delta mode refuse it.
+  pipeline-depth a pipelined learner alone: the server counts its own
+                 previous push as stale to it (τ = 1, applied at 1/2);
+                 unpipelined, τ = 0 (status pipeline_depth 1 and 0).
   bench          bench/gpu.sh's measurement on the CPU (--device cpu,
                  ResNet-50 at batch 2, 2 shards), async and bsp: a record
                  per run with every field, rank 0's waits by module, no
@@ -407,11 +410,13 @@ def reference(learners, steps, lr, skipped=(), model_fn=mlp):
     return flat(model)
 
 
-def delayed_reference(steps, lr, skipped=(), model_fn=mlp):
+def delayed_reference(steps, lr, skipped=(), model_fn=mlp, stale_scale=1.0):
     """One process, one learner, updates one step delayed (a pipeline):
     step t's gradient is taken on the weights after update t-2 (steps 0
-    and 1 on the initial weights), and SGD applies it to the newest; a
-    skipped step (in `skipped`) updates nothing."""
+    and 1 on the initial weights), and SGD applies it to the newest, after
+    the first scaled by `stale_scale` (a staleness-aware server's step for
+    a push one update stale: 1/2); a skipped step (in `skipped`) updates
+    nothing."""
     model = model_fn(0)
     params = list(model.parameters())
     history = [[p.detach().clone() for p in params]]  # the weights after each update
@@ -422,7 +427,7 @@ def delayed_reference(steps, lr, skipped=(), model_fn=mlp):
         model.zero_grad()
         x, y = batch(t, 0)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        scale = 0.0 if t in skipped else lr
+        scale = 0.0 if t in skipped else lr if t == 0 else lr * stale_scale
         history.append([w - scale * p.grad for w, p in zip(history[-1], params)])
     with torch.no_grad():
         for p, w in zip(params, history[-1]):
@@ -455,7 +460,7 @@ def case_pipelined():
                       f"one-step-delayed reference by {diff:g}")
             print(f"pipelined async: 1 learner equals the one-step-delayed reference over {steps} steps "
                   f"(skipped {sorted(skipped)})")
-        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async;staleness_aware=0", 1, body)
 
     def refusals(server):
         bps.init(target=server.target, control=server.control, env={})
@@ -468,6 +473,31 @@ def case_pipelined():
                 check(want in str(e) and "\n" not in str(e), f"refusal: {e}")
         print("pipeline=True refused in bsp and in delta mode")
     with_server(f"params={count};rule=sgd;lr={lr};mode=bsp", 1, refusals)
+
+
+def case_pipeline_depth():
+    """A learner tells the server its pipeline depth (pipeline=<lun>:<d>):
+    pipelined, one learner alone, each push after the first is one update
+    stale to it (its own previous push), so the staleness-aware server
+    applies it at 1/2, and status says depth 1 and τ = 1; unpipelined,
+    depth 0 and τ = 0, every push whole."""
+    lr, steps = 0.1, 4
+    count = bps.param_count(mlp(0))
+    for pipeline in (True, False):
+        def body(server):
+            config = {"optimizer": "gradient", "lr": lr, "steps": steps, "seed": 0, "pipeline": pipeline,
+                      "look_ahead": 0.0}
+            server.run_learners(config, 1)
+            learner = server.status()["learners"][0]
+            depth = int(pipeline)
+            check(learner["pipeline_depth"] == depth and learner["push_staleness_max"] == depth,
+                  f"pipeline={pipeline}: status says depth {learner['pipeline_depth']}, "
+                  f"push staleness at most {learner['push_staleness_max']}; expected {depth} and {depth}")
+            want = delayed_reference(steps, lr, stale_scale=0.5) if pipeline else reference(1, steps, lr)
+            diff = float(np.max(np.abs(server.weights(count) - want)))
+            check(diff <= 1e-6, f"pipeline={pipeline}: the server's weights differ from the reference by {diff:g}")
+            print(f"pipeline={pipeline}: depth {depth}, pushes {depth} update(s) stale to it, applied as such")
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, body)
 
 
 def case_skipped():
@@ -621,7 +651,7 @@ def case_cuda_async():
             check(diff <= (1e-5 if wire == "float32" else 2e-2), f"pipelined async on CUDA, {wire} wire: "
                   f"differs from the one-step-delayed reference by {diff:g}")
             print(f"cuda async pipelined, {wire} wire: 1 learner, the one-step-delayed CPU reference ({diff:g})")
-        with_server(f"params={count};rule=sgd;lr={lr};mode=async;dtype={wire}", 1, body)
+        with_server(f"params={count};rule=sgd;lr={lr};mode=async;dtype={wire};staleness_aware=0", 1, body)
 
 
 def run_bench(out, *options, copy_to=None):
@@ -792,6 +822,7 @@ CASES = {
     "skipped": case_skipped,
     "overlap-server": case_overlap_server,
     "pipelined": case_pipelined,
+    "pipeline-depth": case_pipeline_depth,
     "layout": case_layout,
     "cuda": case_cuda,
     "cuda-async": case_cuda_async,

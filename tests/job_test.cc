@@ -253,6 +253,68 @@ TEST(Job, AsyncStepGrowsWhenALearnerStopsPushing) {
   EXPECT_EQ(job->GetCounters().pushing_learners, 1u);
 }
 
+// One pipelined learner (pipeline=<lun>:1;
+// doc/async.md "Pipelined learners") reads, pushes, reads, pushes: its second gradient was taken on
+// the weights of its first read, so its own first push is one update stale
+// to it (τ = 1) and, staleness-aware, applied at 1/2; status counts it.
+void PushTwiceReadingBeforeEach(Job& job, size_t slot, const std::vector<float>& g) {
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_EQ(job.Admit(slot, false, 0, g.size() * 4, nullptr), Job::Admission::kRun);
+    Push(job, slot, 0, g);
+  }
+}
+
+TEST(Job, PipelinedLearnerCountsItsPreviousStepsPushAsStale) {
+  JobOptions o = Options(16, "async");  // sgd, lr 1, staleness-aware
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t slot = job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("pipeline=1:1", "learner", Job::ControlRights::kLearner).ok());
+  PushTwiceReadingBeforeEach(*job, slot, std::vector<float>(16, 1.0f));
+  for (float w : ReadAll(*job, 16)) EXPECT_FLOAT_EQ(w, -(1.0f + 0.5f));
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("\"push_staleness_max\": 1, \"push_staleness_mean\": 0.500, \"stale_pushes\": 0, "
+                        "\"pipeline_depth\": 1}"),
+            std::string::npos)
+      << status;
+}
+
+// pipeline=<lun>:0 is the default: τ counts from the learner's last read,
+// its own pushes are never stale to it, and each push is applied whole.
+TEST(Job, PipelineDepthZeroCountsFromTheLastRead) {
+  JobOptions o = Options(16, "async");
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  const size_t slot = job->AddLearner(1, [] {});
+  ASSERT_TRUE(job->Control("pipeline=1:1").ok());
+  ASSERT_TRUE(job->Control("pipeline=1:0").ok());
+  PushTwiceReadingBeforeEach(*job, slot, std::vector<float>(16, 1.0f));
+  for (float w : ReadAll(*job, 16)) EXPECT_FLOAT_EQ(w, -2.0f);
+  const std::string status = job->StatusJson();
+  EXPECT_NE(status.find("\"push_staleness_max\": 0, \"push_staleness_mean\": 0.000, \"stale_pushes\": 0, "
+                        "\"pipeline_depth\": 0}"),
+            std::string::npos)
+      << status;
+}
+
+// pipeline= takes one of the model's learner LUNs and a depth of 0 or 1,
+// and says so in one line otherwise; nothing of the write is done.
+TEST(Job, ControlPipelineRefusesAnotherLunOrDepth) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", Options(16, "async"), nullptr, &job).ok());
+  job->AddLearner(1, [] {});
+  for (const char* bad : {"pipeline=2:1", "pipeline=1:2", "pipeline=1", "pipeline=:1", "pipeline=1:1\nlr=-1"}) {
+    const Status s = job->Control(bad);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << bad;
+    if (std::string(bad).find("lr") == std::string::npos) {
+      EXPECT_NE(s.message().find("expected pipeline=<the LUN of a learner of this model>:<its pipeline depth, 0 or 1>"),
+                std::string::npos)
+          << s.message();
+    }
+  }
+  EXPECT_NE(job->StatusJson().find("\"pipeline_depth\": 0}"), std::string::npos) << job->StatusJson();
+}
+
 // A learner's staleness_last is the lead of its latest read over the
 // slowest live learner, beside the most and the mean of all its reads.
 TEST(Job, StalenessLastIsTheLatestReadsLead) {

@@ -15,8 +15,9 @@
  *                             whole and applied whole: a bad line fails it
  *                             (ILLEGAL REQUEST) and nothing of it is done.
  *                             On the learners' control LUN (--bsopts
- *                             access=learners) only fence=, tag= and
- *                             rank= (blkps.torch's heartbeat) are taken,
+ *                             access=learners) only fence=, tag=,
+ *                             rank= (blkps.torch's heartbeat) and
+ *                             pipeline= are taken,
  *                             and weights are refused (DATA PROTECT).
  *                             READ returns zeros.
  *   [1 MiB - 4 KiB, 1 MiB)    counters: a fixed binary record
@@ -175,7 +176,7 @@ static inline uint64_t blkps_control_lun_bytes(uint64_t device_bytes, uint64_t c
 #define BLKPS_STATUS_LEARNER_KEYS                                                                                  \
   "lun dtype state iteration idle_s held reads writes bytes_read bytes_written "                                   \
   "holds hold_timeouts deaths staleness_last staleness_max staleness_mean push_staleness_max push_staleness_mean " \
-  "stale_pushes"
+  "stale_pushes pipeline_depth"
 
 /* The first 8 bytes of the counters record. */
 #define BLKPS_CONTROL_COUNTERS_MAGIC "blkpsctr"

@@ -91,15 +91,22 @@ class Layout:
 _COMPRESSION_OF_WIRE = {"float32": "none", "float16": "fp16", "bfloat16": "bf16"}  # in messages
 
 
+def learner_lun(target_):
+    """The learner LUN that an iscsi:// or iser:// target names; None for
+    any other target (a file, a block device)."""
+    m = re.fullmatch(r"(?:iscsi|iser)://.*/(\d+)", target_ or "")
+    return int(m.group(1)) if m else None
+
+
 def _lun_dtype(status, target_):
     """The learner LUN's dtype as the status shows it: the LUN that an
     iscsi:// or iser:// target names, else the one dtype every attached
     learner LUN has; None when the status cannot tell."""
     learners = [entry for entry in status.get("learners", []) if entry.get("dtype")]
-    m = re.fullmatch(r"(?:iscsi|iser)://.*/(\d+)", target_ or "")
-    if m:
+    lun = learner_lun(target_)
+    if lun is not None:
         for entry in learners:
-            if entry["lun"] == int(m.group(1)):
+            if entry["lun"] == lun:
                 return entry["dtype"]
     dtypes = {entry["dtype"] for entry in learners}
     return dtypes.pop() if len(dtypes) == 1 else None

@@ -19,7 +19,7 @@ from blkps import metrics as _metrics
 from blkps.control import open_control as _open_control
 from blkps.pushing_learners import PushingLearners as _PushingLearners
 from blkps.torch.staging import FlatModel
-from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets
+from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets, learner_lun
 from blkps.torch.pipeline import Pipeline, connector
 from blkps.torch.tied import RowsFirst, TiedWeight, check_parts
 from blkps.torch.session import exchange
@@ -145,6 +145,16 @@ class Optimizer:
         if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0 + self.pipeline:
             self.close()
             raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, {1 + self.pipeline}]")
+        lun = learner_lun(job.target)
+        if self._ctl and self.mode != "bsp" and lun is not None:
+            # The server counts a push's staleness from the read its gradient
+            # was taken on: a pipeline's is one step back
+            # (doc/async.md "Pipelined learners").
+            try:
+                self._ctl.command(f"pipeline={lun}:{int(self.pipeline)}")
+            except Exception:
+                self.close()
+                raise
         self._options, self._look_ahead_given = options, look_ahead
         # The N of async steps, the server's (bsp: none; no control LUN: the launcher's size).
         self._pushing = _PushingLearners(job.size, self._ctl if self.mode != "bsp" else None)
