@@ -67,12 +67,14 @@ class Etcd:
         """A new lease of `ttl_s` seconds; its id."""
         return self.call("/v3/lease/grant", {"TTL": str(ttl_s)})["ID"]
 
-    def create(self, key, value, lease):
-        """Puts `key` = `value` on `lease` only if `key` does not exist
-        (its create revision is 0); whether it did."""
+    def create(self, key, value, lease, absent=()):
+        """Puts `key` = `value` on `lease` only if neither `key` nor any key
+        of `absent` exists (their create revisions are 0), in one
+        transaction; whether it did."""
         k = _b64(key)
         answer = self.call("/v3/kv/txn", {
-            "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "compare": [{"key": _b64(c), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                        for c in (key, *absent)],
             "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
         })
         return bool(answer.get("succeeded"))

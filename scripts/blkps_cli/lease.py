@@ -92,7 +92,9 @@ class Keeper:
         (then the plugin has its first deadline)."""
         sent = time.monotonic()
         lease = self.etcd.grant(self.ttl)
-        if not self.etcd.create(self.key, self.me, lease):
+        # Never while the backup is marked outdated: the check and the take
+        # are one transaction.
+        if not self.etcd.create(self.key, self.me, lease, absent=(self.outdated_key,)):
             self.etcd.revoke(lease)
             return False
         self.lease = lease
