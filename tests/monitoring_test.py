@@ -223,13 +223,14 @@ def canned_status(**changes):
     learner = {"lun": 1, "dtype": "float32", "state": "live", "iteration": 7, "idle_s": 0.5, "held": 0,
                "reads": 10, "writes": 9, "bytes_read": 4096, "bytes_written": 4096, "holds": 1, "hold_timeouts": 0,
                "deaths": 0, "staleness_last": 0, "staleness_max": 1, "staleness_mean": 0.5, "push_staleness_max": 2,
-               "push_staleness_mean": 1.0, "stale_pushes": 0}
+               "push_staleness_mean": 1.0, "stale_pushes": 0, "pipeline_depth": 1}
     return {"model": 'odd "name\\', "params": 1000, "device_bytes": 4096, "block_bytes": 4096, "blocks": 1,
             "table": None, "mode": "async", "rule": "sgd", "tag": "", "rule_params": {"lr": 0.01},
             "global_step": 3, "updates": 9, "rejected_writes": 0, "held_now": 0, "uptime_s": 12.5,
             "dead_after_s": 10, "hold_limit_s": 20, "max_dead": 0, "staleness_aware": True, "stale_bound": 8,
             "live_learners": 1, "pushing_learners": 1, "failed": False, "failure": "", "control_error": "control: no",
-            "control_refused": 2, "stop": False,
+            "control_refused": 2, "stop": False, "replica": "primary", "replica_records": 5,
+            "backup": "outdated: 127.0.0.1:3270: connection lost", "lease": "held: 1.2 s left",
             "checkpoint": {"path": "", "job": "", "shard": 0, "shards": 1, "generation": 4, "written": 0,
                            "last_seconds": 0.0, "last_stall_seconds": 0.0, "every_s": 0, "error": ""},
             "learners": [dict(learner, **changes), dict(learner, lun=2, state="dead", **changes)],
@@ -253,6 +254,9 @@ def test_exposition_passes_promtool():
                  'blkps_control_refused_total{shard="0"} 2', 'blkps_pushing_learners{shard="0"} 1',
                  'blkps_checkpoint_generation{shard="1"} 4', 'blkps_rank_state{shard="0",rank="1",state="dead"} 1',
                  'blkps_rank_idle_seconds{shard="0",rank="1"} 31.0',
+                 'blkps_learner_pipeline_depth{shard="0",lun="1"} 1',
+                 'blkps_replica_role{shard="0",role="primary"} 1', 'blkps_backup_state{shard="0",state="lost"} 0',
+                 'blkps_backup_state{shard="0",state="outdated"} 1', 'blkps_lease_lapsed{shard="0"} 0',
                  'model="odd \\"name\\\\"'):
         if line not in text:
             fail(f"expected {line!r} in:\n{text}")

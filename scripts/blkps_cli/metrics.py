@@ -173,7 +173,13 @@ LEARNER_METRICS = (
     ("push_staleness_mean", "blkps_learner_push_staleness_mean_updates", "gauge",
      "Mean updates between the learner's read of a block and its push to it."),
     ("stale_pushes", "blkps_learner_stale_pushes_total", "counter", "The learner's pushes staler than stale_bound."),
+    ("pipeline_depth", "blkps_learner_pipeline_depth", "gauge",
+     "The learner's pipeline depth (0 or 1): its pushes' staleness counts from that many reads back."),
 )
+# A replica's states as status says them (doc/replicas.md): its role, and a
+# leased primary's backup.
+REPLICA_ROLES = ("none", "primary", "backup")
+BACKUP_STATES = ("lost", "outdated")
 LEARNER_STATES = ("live", "dead", "detached")
 
 
@@ -203,6 +209,17 @@ def write_status(out, shard, s):
         out.add("blkps_checkpoint_generation", "gauge",
                 "The shard's last durable checkpoint generation (or the one it loaded).", c["generation"],
                 shard=shard)
+    if "replica" in s:
+        for role in REPLICA_ROLES:
+            out.add("blkps_replica_role", "gauge", "1 for the server's replica role (none, primary, backup).",
+                    s["replica"] == role, shard=shard, role=role)
+        for state_name in BACKUP_STATES:
+            out.add("blkps_backup_state", "gauge",
+                    "1 while a leased primary's backup is lost (writes wait for a verdict) or outdated (the primary "
+                    "acknowledges writes alone).", s.get("backup", "").startswith(state_name + ": "), shard=shard,
+                    state=state_name)
+        out.add("blkps_lease_lapsed", "gauge", "1 while the server's lease has lapsed: it serves no learner.",
+                s.get("lease", "").startswith("lapsed "), shard=shard)
     for rank in s.get("ranks", []):  # blkps.torch's collective ranks, by their heartbeats
         for state_name in ("live", "dead"):
             out.add("blkps_rank_state", "gauge", "1 for a collective rank's state by its heartbeats (live, dead).",
