@@ -137,24 +137,17 @@ def server_counters(pid):
 
 
 def start_target(a, bsopts, what):
-    """A private target serving `bsopts`: (its folder, `target show`'s
-    environment, its tgtd's pid). Exits with one line if it did not start."""
+    """A private target serving `bsopts` (torch_fashion_job.start_server,
+    the one Python starter): (its folder, `target show`'s environment, its
+    tgtd's pid). Exits with one line if it did not start."""
+    import torch_fashion_job as job
     state = tempfile.mkdtemp(prefix="blkps-emb-bench-")
-    started = subprocess.run([BLKPS, "target", "start", "--dir", state, "--owner-pid", str(os.getpid()), "--plugin",
-                              os.path.join(a.build, "target-plugin", "bs_blkps.so"), "--bsopts", bsopts],
-                             stdout=subprocess.DEVNULL)
-    if started.returncode != 0:
-        subprocess.run(["rm", "-rf", state])
+    try:
+        env = job.start_server(state, bsopts, 1, a.build)
+    except subprocess.CalledProcessError:
+        job.stop_server(state)
         sys.exit(f"embeddings: the target for {what} did not start (its error is above)")
-    env = json.loads(subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,
-                                    capture_output=True, text=True).stdout)
-    with open(os.path.join(state, "tgtd.pid")) as f:
-        return state, env, int(f.read())
-
-
-def stop_target(state):
-    subprocess.run([BLKPS, "target", "stop", "--dir", state], stdout=subprocess.DEVNULL)
-    subprocess.run(["rm", "-rf", state])
+    return state, env, int(env["PID"])
 
 
 def served(a, width, ids_list):
@@ -198,8 +191,9 @@ def served(a, width, ids_list):
         return {f"{side}.{op}": [statistics.median(v[i] for v in got) for i in range(4)]
                 for (side, op), got in runs.items()}
     finally:
+        import torch_fashion_job as job
         for state, _, _ in states:
-            stop_target(state)
+            job.stop_server(state)
 
 
 def local_torch(a, width, ids_list):
@@ -228,6 +222,7 @@ def main():
     a = parse()
     os.environ.setdefault("BLKPS_LIB", os.path.join(a.build, "learner", "libblkps.so"))
     sys.path.insert(0, os.path.join(top, "learner", "python"))
+    sys.path.insert(0, os.path.join(top, "learner", "examples"))
     os.makedirs(a.out, exist_ok=True)
     widths = [int(w) for w in a.widths.split(",")]
     ids_list = batches(a.rows, a.batch, 16, a.permute)
