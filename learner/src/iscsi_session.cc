@@ -138,10 +138,8 @@ struct LoginEnd {
 
 }  // namespace
 
-// A logged-in context for `spec`, or nullptr with libiscsi's reason in
-// *error. Connecting and logging in give up at `deadline` (a target that
-// accepts the connection and never answers the login must not hold a
-// reconnect past it).
+const char kLoginUnanswered[] = "the target did not answer the login in time";
+
 iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline) {
   iscsi_context* iscsi = iscsi_create_context(spec.initiator.c_str());
   if (iscsi == nullptr) {
@@ -162,7 +160,11 @@ iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error
   // A dropped session fails the commands in flight (CANCELLED) and the
   // device reconnects itself (see the top of this file).
   iscsi_set_noautoreconnect(iscsi, 1);
-  iscsi_set_timeout(iscsi, kCommandTimeoutSeconds);
+  // The login's commands time out in libiscsi two seconds after
+  // `deadline` would: its clock counts whole seconds, and an unanswered
+  // login must end here, named kLoginUnanswered, not as libiscsi's
+  // "command timed out". Later commands get kCommandTimeoutSeconds.
+  iscsi_set_timeout(iscsi, kCommandTimeoutSeconds + 2);
   if (!spec.chap.user.empty()) {
     iscsi_set_initiator_username_pwd(iscsi, spec.chap.user.c_str(), spec.chap.secret.c_str());
   }
@@ -184,7 +186,7 @@ iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error
   while (!end->done) {
     const bool late = std::chrono::steady_clock::now() >= deadline;
     if (late || !ServiceUntil(iscsi, deadline)) {
-      *error = late ? "the target did not answer the login in time" : LastError(iscsi);
+      *error = late ? kLoginUnanswered : LastError(iscsi);
       iscsi_destroy_context(iscsi);  // may run on_login, synchronously: `end` is freed after it
       delete end;
       return nullptr;
@@ -197,6 +199,7 @@ iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error
     iscsi_destroy_context(iscsi);
     return nullptr;
   }
+  iscsi_set_timeout(iscsi, kCommandTimeoutSeconds);
   return iscsi;
 }
 
@@ -519,9 +522,9 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
     const Replica& r = spec.replicas[replica];
     std::string login_error;
     const Deadline login_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds);
-    iscsi = LogIn(spec, replica, &login_error);
+    iscsi = LogIn(spec, replica, &login_error, login_deadline);
     Status s;
-    if (iscsi == nullptr && std::chrono::steady_clock::now() >= login_deadline) {
+    if (iscsi == nullptr && login_error == kLoginUnanswered) {
       s = Status::Error(ETIMEDOUT, "%s: the target did not answer the login within %d s", r.name.c_str(),
                         kCommandTimeoutSeconds);
     } else if (iscsi == nullptr && spec.iser) {

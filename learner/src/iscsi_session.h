@@ -100,7 +100,10 @@ struct SessionSpec {
 // A logged-in context for replica `replica` of `spec`, or nullptr with
 // libiscsi's reason in *error. Connecting and logging in give up at
 // `deadline` (a target that accepts the connection and never answers the
-// login must not hold a reconnect past it).
+// login must not hold a reconnect past it). A login that was never
+// answered, whether `deadline` or libiscsi's own command timeout ended it,
+// leaves exactly kLoginUnanswered in *error.
+extern const char kLoginUnanswered[];
 iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline = kNoDeadline);
 
 // Whether the replica behind a logged-in context serves learners: a READ of
