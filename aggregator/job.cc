@@ -97,6 +97,7 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
           opts.parts),
       block_sequences_(model_->num_blocks()),
       standby_(opts.backup),
+      backup_(opts.replica_channel),
       last_checkpoint_(Clock::now()) {}
 
 Job::~Job() {

@@ -115,6 +115,8 @@
 //                      backup's records applied, promotion (the records
 //                      themselves: replication.h), and a leased primary's
 //                      fence (lease_fence.h)
+//   job_catch_up.cc    replicas: a returning backup caught up from a
+//                      snapshot plus the stream, on both sides
 //
 // Row windows (blkps/control_lun.h "Row windows"). A table's rows also move
 // in batches through windows on the control LUN, BLKPS_CONTROL_WINDOWS_PER_LUN
@@ -373,6 +375,22 @@ class Job {
   // A backup serves learners from now on, as a primary without a backup.
   // Unavailable if this job is not a backup on standby.
   Status Promote();
+  // A primary whose backup was declared outdated: whether it is (for the
+  // plugin, which then looks for the backup's return).
+  bool BackupOutdated() const { return backup_.outdated(); }
+  // A primary: catches up a backup that returned, reached through
+  // `channel` (doc/replicas.md "A backup that returns"; job_catch_up.cc):
+  // HELLO; at one instant (writes gated and drained, as for a checkpoint)
+  // the counts, and from then on every write's record too; then every
+  // block's state as at that instant, while training goes on. OK once the
+  // backup is in sync again. FailedPrecondition unless the backup is
+  // outdated; the channel's error (the backup stays outdated) if the
+  // backup refuses or is lost. A checkpoint waits for a catch-up.
+  Status CatchUp(std::shared_ptr<ReplicaChannel> channel);
+  // A backup: a catch-up's SNAPSHOT_BEGIN and SNAPSHOT records
+  // (wire/include/blkps/replication.h). Unavailable once promoted.
+  Status BeginReplicaSnapshot(const std::string& body);
+  Status ApplyReplicaSnapshot(const std::string& body);
   // A backup not promoted: learner I/O and checkpoints are refused.
   bool standby() const { return standby_.load(); }
   // What a backup on standby answers a learner's I/O or a checkpoint.
@@ -510,12 +528,14 @@ class Job {
   // ApplyWrite without the failed-job check.
   Status ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, size_t len, wire::Dtype values,
                             ReplicaPush* push = nullptr);
-  // A primary: sends `push` and waits for the backup. If it cannot be
-  // acknowledged, a leased primary waits for the backup's verdict
-  // (backup_verdict.h) and acknowledges alone once the backup is declared
-  // outdated, as it does every write from then on; otherwise (no lease, or
-  // no verdict in time) fails the job and returns Unavailable.
-  Status Replicate(ReplicaPush* push);
+  // A primary: sends `push` through `channel` and waits for the backup. If
+  // it cannot be acknowledged, a leased primary waits for the backup's
+  // verdict (backup_verdict.h) and acknowledges alone once the backup is
+  // declared outdated, as it does every write from then on (and at once
+  // where `channel` was catching a backup up, or was replaced); otherwise
+  // (no lease, or no verdict in time) fails the job and returns
+  // Unavailable.
+  Status Replicate(ReplicaPush* push, ReplicaChannel& channel);
   // OK unless this job holds a lease whose deadline passed (Standby, and
   // one log line per lapse).
   Status CheckLease();
@@ -556,9 +576,12 @@ class Job {
   Status RestoreHashedRows(const std::vector<uint64_t>& words);
   void FenceLocked(uint64_t lun, const std::string& initiator) REQUIRES(mu_);
   // Writes hold the checkpoint gate while they apply and count a gradient;
-  // Checkpoint closes it (new writes wait) and waits for the running ones.
+  // Checkpoint and CatchUp close it (new writes wait) and wait for the
+  // running ones, take their instant, and open it again.
   void EnterWriteGate();
   void LeaveWriteGate();
+  void CloseWriteGate();
+  void OpenWriteGate();
   void Tick();
   void TickerLoop();
 
@@ -652,7 +675,7 @@ class Job {
   std::atomic<bool> standby_{false};
   std::atomic<uint64_t> replica_records_{0};
   LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges
-  BackupVerdict backup_;  // a leased primary's lost backup: wait, or go on alone
+  BackupVerdict backup_;  // a primary's backup: in sync, lost, outdated or catching up
   const Clock::time_point started_ = Clock::now();
 
   Mutex checkpoint_mu_;                                 // one checkpoint at a time

@@ -94,10 +94,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
     // The instant: the write gate closed (new writes wait) and the running
     // writes finished, so every gradient in the snapshot has its receipt
     // count in it too, and none after it has.
-    MutexLock gate(&gate_mu_);
-    gate_closed_ = true;
-    while (writes_running_ > 0) gate.Wait(gate_cv_);
-    gate.Unlock();
+    CloseWriteGate();
     snapshot = model_->TakeSnapshot([&] {
       MutexLock lock(&mu_);
       if (at_round) past = NotAtBoundaryLocked(round);
@@ -109,9 +106,7 @@ Status Job::WriteCheckpoint(uint64_t round) {
       step = clocks_.global_step();
       for (const auto& [key, value] : model_->rule().params()) meta["rule." + key] = FloatText(value);
     });
-    gate.Lock();
-    gate_closed_ = false;
-    gate_cv_.notify_all();
+    OpenWriteGate();
   }
   // Writes go on from here; the snapshot keeps what they change first.
   const double stalled = Seconds(Clock::now() - start);

@@ -37,8 +37,13 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
     MutexLock lock(&mu_);
     round = clocks_.clock(slot, model_->BlockOf(offset / sizeof(float)));
   }
-  std::optional<ReplicaPush> push;  // a primary's: sent before the WRITE completes
-  if (opts_.replica_channel) {
+  // A primary's record, sent before the WRITE completes through the
+  // channel its backup had when the write entered the gate (none while the
+  // backup is outdated: a catch-up's snapshot, taken with the gate closed,
+  // has this write or the record goes to it).
+  std::optional<ReplicaPush> push;
+  std::shared_ptr<ReplicaChannel> channel = backup_.ChannelForWrite();
+  if (channel) {
     MutexLock lock(&mu_);
     push.emplace(slots_[slot].lun, initiator, device_offset / kReceiptUnit);
   }
@@ -47,7 +52,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   // count, or neither.
   FinishWrite(slot, initiator, device_offset, s.ok(), round);
   LeaveWriteGate();
-  if (s.ok() && push && !push->empty()) s = Replicate(&*push);
+  if (s.ok() && push && !push->empty()) s = Replicate(&*push, *channel);
   // Acknowledged only while the lease holds (a lease may lapse while the
   // backup has the record): the receipt says it was applied.
   if (s.ok()) s = CheckLease();

@@ -20,6 +20,18 @@ void Job::LeaveWriteGate() {
   if (--writes_running_ == 0) gate_cv_.notify_all();
 }
 
+void Job::CloseWriteGate() {
+  MutexLock gate(&gate_mu_);
+  gate_closed_ = true;
+  while (writes_running_ > 0) gate.Wait(gate_cv_);
+}
+
+void Job::OpenWriteGate() {
+  MutexLock gate(&gate_mu_);
+  gate_closed_ = false;
+  gate_cv_.notify_all();
+}
+
 void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round) {
   MutexLock lock(&mu_);
   receipts_.FinishWrite(slot, initiator, offset / kReceiptUnit, applied);

@@ -1,6 +1,7 @@
 // Job's side of replicas (job.h "Replicas"; doc/replicas.md): the checks at
 // Create, a primary's push sent to its backup before its WRITE completes, a
-// backup's records applied, promotion, and a leased primary's fence.
+// backup's records applied, promotion, and a leased primary's fence. A
+// returning backup's catch-up: job_catch_up.cc.
 #include "job.h"
 
 namespace blkps::server {
@@ -25,23 +26,29 @@ Status Job::StandbyStatus() {
                          "promote); until then use its primary");
 }
 
-Status Job::Replicate(ReplicaPush* push) {
-  if (backup_.outdated()) return Status::OK();  // degraded: acknowledged alone
-  Status s = opts_.replica_channel->Push(push->Body());
+Status Job::Replicate(ReplicaPush* push, ReplicaChannel& channel) {
+  Status s = channel.Send(ReplicaChannel::Record::kPush, push->Body());
   if (s.ok()) {
     replica_records_.fetch_add(1);
     return s;
   }
-  if (lease_.leased()) {
-    const std::string why = opts_.replica_channel->peer() + ": " + s.message();
-    if (backup_.Lost(why)) {
+  const std::string why = channel.peer() + ": " + s.message();
+  // Without a lease a backup is never declared outdated: the job fails.
+  switch (lease_.leased() ? backup_.Failed(&channel, why) : BackupVerdict::Loss::kLost) {
+    case BackupVerdict::Loss::kAlone: return Status::OK();
+    case BackupVerdict::Loss::kCatchUpEnded:
+      log_("backup catch-up failed: " + why + ": it stays outdated; writes are acknowledged alone");
+      return Status::OK();
+    case BackupVerdict::Loss::kLostNow:
       log_("backup lost: " + why + ": writes wait for the lease keeper to declare it outdated (backup_outdated=1)");
-    }
-    if (backup_.AwaitOutdated()) return Status::OK();
+      [[fallthrough]];
+    case BackupVerdict::Loss::kLost:
+      if (lease_.leased() && backup_.AwaitOutdated()) return Status::OK();
+      break;
   }
   MutexLock lock(&mu_);
   if (!FailedLocked()) {
-    failure_ = "job failed: backup " + opts_.replica_channel->peer() + ": " + s.message() +
+    failure_ = "job failed: backup " + channel.peer() + ": " + s.message() +
                ": a write is not acknowledged without its backup; promote the backup (blkps target promote) or "
                "restart both";
     failed_.store(true);

@@ -67,6 +67,21 @@ void ReplicaPush::AddBlockLocked(Model& model, uint64_t block, uint64_t sequence
   ++blocks_;
 }
 
+void ReplicaPush::AddSnapshotBlock(Model& model, Model::Snapshot& snapshot, uint64_t block, uint64_t sequence) {
+  const uint64_t params = model.BlockParams(block);
+  const blkps_replica_block head{block, sequence, 0, params};
+  body_.append(reinterpret_cast<const char*>(&head), sizeof head);
+  const uint64_t first = FirstParam(model, block);
+  const std::vector<Model::Array>& arrays = snapshot.arrays();
+  for (size_t k = 0; k < arrays.size(); ++k) {  // BlockArrays' order: the model's, per-parameter ones
+    if (arrays[k].elem_bytes == 0) continue;
+    const size_t at = body_.size();
+    body_.resize(at + params * arrays[k].elem_bytes);
+    snapshot.Read(k, first * arrays[k].elem_bytes, params * arrays[k].elem_bytes, &body_[at]);
+  }
+  ++blocks_;
+}
+
 const std::string& ReplicaPush::Body() {
   std::memcpy(&body_[offsetof(blkps_replica_push, blocks)], &blocks_, sizeof blocks_);
   return body_;
@@ -100,6 +115,32 @@ Status ParseReplicaPush(Model& model, const std::string& body, ReplicaRecord* ou
     at += b.params * elem_bytes;
   }
   if (at != body.size()) return bad("bytes after its last block");
+  return Status::OK();
+}
+
+std::string ReplicaCounts::Body() const {
+  std::string body;
+  for (const std::vector<uint64_t>* words : {&luns, &clocks, &receipts}) {
+    AppendWords(&body, {words->size()});
+    body.append(reinterpret_cast<const char*>(words->data()), words->size() * sizeof(uint64_t));
+  }
+  return body;
+}
+
+Status ReplicaCounts::Parse(const std::string& body, ReplicaCounts* out) {
+  size_t at = 0;
+  for (std::vector<uint64_t>* words : {&out->luns, &out->clocks, &out->receipts}) {
+    uint64_t n = 0;
+    if (body.size() - at < sizeof n) return Status::InvalidArgument("replica snapshot: counts past their end");
+    std::memcpy(&n, body.data() + at, sizeof n);
+    at += sizeof n;
+    if (n > (body.size() - at) / sizeof(uint64_t))
+      return Status::InvalidArgument("replica snapshot: counts past their end");
+    words->resize(n);
+    std::memcpy(words->data(), body.data() + at, n * sizeof(uint64_t));
+    at += n * sizeof(uint64_t);
+  }
+  if (at != body.size()) return Status::InvalidArgument("replica snapshot: bytes after its counts");
   return Status::OK();
 }
 

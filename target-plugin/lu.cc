@@ -74,6 +74,7 @@ class JobRegistry {
       options.replica_channel = std::move(link);
     }
     entry.listener.reset();  // a backup's port, if a job of this name had it
+    entry.rejoiner.reset();
     server::Status s = server::Job::Create(name, options, log, out);
     if (!s.ok()) return s;
     std::unique_ptr<server::ReplicaListener> listener;
@@ -85,7 +86,11 @@ class JobRegistry {
       }
       log("a backup on standby: follows its primary at " + lu.options.backup_at + " until promoted");
     }
-    entry = Entry{*out, lu.options.model_bsopts, std::move(listener)};
+    std::unique_ptr<server::BackupRejoiner> rejoiner;
+    if (!lu.options.replicate_to.empty()) {
+      rejoiner = std::make_unique<server::BackupRejoiner>(lu.options.replicate_to, *out, log);
+    }
+    entry = Entry{*out, lu.options.model_bsopts, std::move(listener), std::move(rejoiner)};
     return server::Status::OK();
   }
 
@@ -96,6 +101,8 @@ class JobRegistry {
     // A backup's replication port (backup=): it follows the primary while
     // tgtd runs or until a job of this name is created again.
     std::unique_ptr<server::ReplicaListener> listener;
+    // A primary's watch for its outdated backup's return (replicate_to=).
+    std::unique_ptr<server::BackupRejoiner> rejoiner;
   };
   std::mutex mu_;
   std::map<std::string, Entry> jobs_;

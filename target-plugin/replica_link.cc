@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -111,6 +112,12 @@ ReplicaLink::~ReplicaLink() {
 
 Status ReplicaLink::Hello(const std::string& body) {
   if (!SendFrame(fd_, BLKPS_REPLICA_HELLO, 0, body)) return Status::Unavailable(Errno("send"));
+  // A backup that accepts and never answers (stopped) must not hold the
+  // caller: a returning backup is looked for again and again.
+  pollfd answer_due{fd_, POLLIN, 0};
+  if (poll(&answer_due, 1, static_cast<int>(kAckTimeoutSeconds * 1000)) == 0) {
+    return Status::Unavailable("no answer to HELLO in " + std::to_string(static_cast<int>(kAckTimeoutSeconds)) + " s");
+  }
   blkps_replica_frame f;
   std::string answer;
   Status s = ReceiveFrame(fd_, &f, &answer);
@@ -122,12 +129,15 @@ Status ReplicaLink::Hello(const std::string& body) {
   return Status::OK();
 }
 
-Status ReplicaLink::Push(const std::string& body) {
+Status ReplicaLink::Send(Record kind, const std::string& body) {
+  const uint32_t frame_kind = kind == Record::kPush            ? BLKPS_REPLICA_PUSH
+                              : kind == Record::kSnapshotBegin ? BLKPS_REPLICA_SNAPSHOT_BEGIN
+                                                               : BLKPS_REPLICA_SNAPSHOT;
   uint64_t sequence = 0;
   {
     MutexLock lock(&send_mu_);
     sequence = ++sent_;
-    if (!SendFrame(fd_, BLKPS_REPLICA_PUSH, sequence, body)) Break(Errno("send"));
+    if (!SendFrame(fd_, frame_kind, sequence, body)) Break(Errno("send"));
   }
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -162,6 +172,45 @@ void ReplicaLink::ReadAcks() {
     MutexLock lock(&ack_mu_);
     acked_ = std::max(acked_, f.sequence);
     ack_cv_.notify_all();
+  }
+}
+
+// ---- The primary's watch for its backup's return ---------------------------
+
+BackupRejoiner::BackupRejoiner(std::string address, std::weak_ptr<Job> job, Logger log)
+    : address_(std::move(address)), job_(std::move(job)), log_(std::move(log)) {
+  thread_ = std::thread([this] { Watch(); });
+}
+
+BackupRejoiner::~BackupRejoiner() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+}
+
+void BackupRejoiner::Watch() {
+  std::string said;  // the last reason logged
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      const auto next =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(kRetrySeconds * 1000));
+      while (!stopping_ && std::chrono::steady_clock::now() < next) lock.WaitUntil(stop_cv_, next);
+      if (stopping_) return;
+    }
+    std::shared_ptr<Job> job = job_.lock();
+    if (!job) return;
+    if (!job->BackupOutdated()) continue;
+    std::shared_ptr<ReplicaLink> link;
+    Status s = ReplicaLink::Connect(address_, &link);
+    if (s.ok()) s = job->CatchUp(std::move(link));
+    if (s.ok() || s.message() == said) continue;
+    said = s.message();
+    log_("backup at " + address_ + " not caught up: " + said + "; looking for it again every " +
+         std::to_string(static_cast<int>(kRetrySeconds)) + " s");
   }
 }
 
@@ -211,8 +260,7 @@ void ReplicaListener::Accept() {
     }
     if (followed) {
       SendFrame(fd, BLKPS_REPLICA_REFUSE, 0,
-                "this backup already followed a primary: restart it to follow again (a late backup's catch-up is "
-                "not done yet)");
+                "this backup already followed a primary: restart it to follow again (its primary catches it up)");
       close(fd);
       continue;
     }
@@ -239,6 +287,10 @@ void ReplicaListener::Follow(int fd) {
       s = job->CheckReplicaHello(body);
     } else if (f.kind == BLKPS_REPLICA_PUSH) {
       s = job->ApplyReplica(body);
+    } else if (f.kind == BLKPS_REPLICA_SNAPSHOT_BEGIN) {
+      s = job->BeginReplicaSnapshot(body);
+    } else if (f.kind == BLKPS_REPLICA_SNAPSHOT) {
+      s = job->ApplyReplicaSnapshot(body);
     } else {
       s = Status::InvalidArgument("unexpected frame kind " + std::to_string(f.kind));
     }

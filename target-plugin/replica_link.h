@@ -45,8 +45,9 @@ class ReplicaLink : public ReplicaChannel {
   ReplicaLink(const ReplicaLink&) = delete;
   ReplicaLink& operator=(const ReplicaLink&) = delete;
 
+  // Hello waits kAckTimeoutSeconds for the answer.
   Status Hello(const std::string& body) override;
-  Status Push(const std::string& body) override;
+  Status Send(Record kind, const std::string& body) override;
   std::string peer() const override { return address_; }
 
  private:
@@ -65,6 +66,32 @@ class ReplicaLink : public ReplicaChannel {
   uint64_t acked_ GUARDED_BY(ack_mu_) = 0;  // every PUSH up to it is applied
   std::string broken_ GUARDED_BY(ack_mu_);  // non-empty: why the link is broken
   std::thread reader_;
+};
+
+// A primary's watch for the return of its backup at `address`
+// (doc/replicas.md "A backup that returns"): every kRetrySeconds while the
+// job's backup is outdated, connects to it and catches it up
+// (Job::CatchUp), logging each new reason it could not. Holds the job
+// weakly; destroying it stops the watch (and waits for a catch-up under
+// way).
+class BackupRejoiner {
+ public:
+  using Logger = std::function<void(const std::string&)>;
+  static constexpr double kRetrySeconds = 1;
+  BackupRejoiner(std::string address, std::weak_ptr<Job> job, Logger log);
+  ~BackupRejoiner();
+  BackupRejoiner(const BackupRejoiner&) = delete;
+  BackupRejoiner& operator=(const BackupRejoiner&) = delete;
+
+ private:
+  void Watch();  // the thread
+  const std::string address_;
+  const std::weak_ptr<Job> job_;
+  const Logger log_;
+  Mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 // A backup's replication port: follows one primary per life (a second

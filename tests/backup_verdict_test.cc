@@ -24,13 +24,6 @@ const std::string kLearner = "iqn.2026-11.io.blkps.test:learner-1";
 
 bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// A lease that lasts the test: the keeper's renewal as it would send it.
-std::string LeaseForAMinute() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return "lease_until=" + std::to_string(now.tv_sec * 1000 + now.tv_nsec / 1000000 + 60000);
-}
-
 // A write of ones to the whole model through learner LUN 1.
 std::string PushOnes(RawLun& lun) {
   const std::vector<float> ones(kParams, 1.0f);

@@ -30,6 +30,11 @@ Cases:
   outdated-backup-never-promoted     the backup stopped (SIGSTOP) while the
       learners push, so it misses pushes; then the primary killed: the
       backup's keeper refuses to take over (etcd says it is outdated).
+  restarted-backup-catches-up-and-takes-over   kill -9 of the backup while
+      two learners push; `blkps target restart` starts it and its keeper
+      again; the primary catches it up while the learners go on, its
+      keeper removes the outdated mark, and a kill -9 of the primary then
+      fails over to it with every acknowledged push held exactly once.
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -307,6 +312,25 @@ def test_outdated_backup_never_promoted():
         testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
 
+def test_restarted_backup_catches_up_and_takes_over():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        with Learners(t) as learners:
+            learners.wait_for_more("by the primary")
+            rc, pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
+            os.kill(int(pid), signal.SIGKILL)
+            wait_for("the backup declared outdated", lambda: status(t.dir)["backup"].startswith("outdated: "))
+            learners.wait_for_more("by the primary alone")
+            rc, out, err = blkps_cli("target", "restart", "--dir", t.dir)
+            testbed.check(rc == 0 and "restarted the backup" in out, f"target restart: {out}{err}")
+            wait_for("the backup caught up", lambda: status(t.dir)["backup"] == "")
+            wait_for("the primary's keeper removed the outdated mark", lambda: "the backup caught up" in log_of(t.dir))
+            learners.wait_for_more("after the catch-up")
+            os.kill(primary_pid(t), signal.SIGKILL)
+            wait_for("the caught-up backup took over", lambda: status(t.backup)["replica"] == "primary")
+            learners.wait_for_more("after the failover")
+        learners.check_exactly_once(t.backup)
+
+
 def primary_pid(t):
     rc, pid, err = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
@@ -351,5 +375,6 @@ testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_take
              "learner-follows-past-a-frozen-primary": test_learner_follows_past_a_frozen_primary,
              "learner-follows-past-a-silent-primary": test_learner_follows_past_a_silent_primary,
              "backup-killed-training-goes-on": test_backup_killed_training_goes_on,
-             "outdated-backup-never-promoted": test_outdated_backup_never_promoted}, None)
+             "outdated-backup-never-promoted": test_outdated_backup_never_promoted,
+             "restarted-backup-catches-up-and-takes-over": test_restarted_backup_catches_up_and_takes_over}, None)
 print(f"lease_test {args[0]}: ok")

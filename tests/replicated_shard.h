@@ -12,6 +12,7 @@
 #include <blkps/control_lun.h>
 
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,14 @@ inline std::string Command(const TargetProcess& target, const std::string& comma
   std::vector<uint8_t> block(kRawLbaBytes, 0);
   std::memcpy(block.data(), command.data(), command.size());
   return control.Write(BLKPS_CONTROL_COMMANDS_OFFSET / kRawLbaBytes, block);
+}
+
+// A lease that lasts the test: the keeper's renewal (control
+// lease_until=) as it would send it.
+inline std::string LeaseForAMinute() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return "lease_until=" + std::to_string(now.tv_sec * 1000 + now.tv_nsec / 1000000 + 60000);
 }
 
 // The status JSON of `target` (its control LUN's first 4 KiB).

@@ -88,6 +88,15 @@ class Etcd:
         })
         return bool(answer.get("succeeded"))
 
+    def delete_if(self, key, guard, guard_value):
+        """Deletes `key` only if key `guard` holds `guard_value`; whether
+        the guard held."""
+        answer = self.call("/v3/kv/txn", {
+            "compare": [{"key": _b64(guard), "target": "VALUE", "result": "EQUAL", "value": _b64(guard_value)}],
+            "success": [{"request_delete_range": {"key": _b64(key)}}],
+        })
+        return bool(answer.get("succeeded"))
+
     def delete(self, key):
         """Deletes `key` if it exists."""
         self.call("/v3/kv/deleterange", {"key": _b64(key)})

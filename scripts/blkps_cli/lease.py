@@ -27,10 +27,21 @@ lease.log). Both use the key blkps/lease/<IQN>; its value names the holder.
   plugin backup_outdated=1 (it acknowledges writes alone from then on).
   The backup's keeper never takes the key while that key exists.
   `blkps target start` deletes it: both replicas start from one state.
+- A backup that returns (`blkps target restart` starts a dead backup and
+  its keeper again) is caught up by its primary (doc/replicas.md "A
+  backup that returns"). Once the primary's status says it is in sync
+  again, the primary's keeper deletes the outdated key, in a transaction
+  that succeeds only while the lease key names this keeper: the backup
+  may take over again from then on.
+
+`blkps target start` keeps the endpoints and the TTL in DIR/lease.json,
+for the keeper of a backup restarted later.
 """
 
 import datetime
+import json
 import os
+import types
 import subprocess
 import sys
 import time
@@ -41,6 +52,7 @@ from .errors import UserError
 
 KEEPER_PID = "lease.pid"
 KEEPER_LOG = "lease.log"
+LEASE_OPTIONS = "lease.json"
 
 
 def key_of(env):
@@ -70,6 +82,7 @@ class Keeper:
         self.env = state.target(folder, "target lease")
         self.key = key_of(self.env)
         self.outdated_key = outdated_key_of(self.env)
+        self.marked = None  # whether etcd holds the outdated key (None: not known)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
         self.target = tgtd.Target(folder)
@@ -142,13 +155,30 @@ class Keeper:
         is outdated (only while this keeper's key names it), then tells the
         plugin, which acknowledges writes alone from then on."""
         lost = self._control.status().get("backup", "")
+        if lost == "":
+            return self.clear_backup_mark()
         if not lost.startswith("lost: "):
             return
         if not self.etcd.put_if(self.outdated_key, lost.removeprefix("lost: "), self.key, self.me):
             return  # the key is no longer this keeper's: the next renewal says the lease lapsed
+        self.marked = True
         self.tell("backup_outdated=1")
         self.log(f"declared the backup outdated ({lost.removeprefix('lost: ')}): it is never promoted; this "
                  f"primary acknowledges writes alone")
+
+    def clear_backup_mark(self):
+        """The plugin says its backup is in sync (caught up after it
+        returned): deletes the outdated key, only while this keeper's key
+        names it, so that the backup may take over again."""
+        if self.marked is False:
+            return
+        if self.marked is None and self.etcd.get(self.outdated_key) is None:
+            self.marked = False
+            return
+        if self.etcd.delete_if(self.outdated_key, self.key, self.me):
+            self.marked = False
+            self.log("the backup caught up: it is in sync again and may take over (removed the outdated mark "
+                     "in etcd)")
 
     def follow(self):
         """A backup's watch: once the key is gone, takes it and promotes
@@ -263,8 +293,23 @@ def start(a):
             outdated_key_of(state.target(primary, "target start")))
     except etcd.Error as e:
         raise UserError("--lease", f"etcd: {e}", "check the etcd endpoints") from None
+    with open(os.path.join(primary, LEASE_OPTIONS), "w") as f:
+        json.dump({"lease": a.lease, "lease_ttl": a.lease_ttl}, f)
     start_keeper(primary, a, "primary")
     start_keeper(replicas.backup_dir(primary), a, "backup")
+
+
+def restart_backup_keeper(folder):
+    """Starts the keeper of the backup of the target in `folder` again, as
+    `blkps target start` did (its lease.json), if it had one. Whether it
+    did."""
+    try:
+        with open(os.path.join(os.path.abspath(folder), LEASE_OPTIONS)) as f:
+            options = types.SimpleNamespace(**json.load(f))
+    except FileNotFoundError:
+        return False
+    start_keeper(replicas.backup_dir(folder), options, "backup")
+    return True
 
 
 def stop(folder):

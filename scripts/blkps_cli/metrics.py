@@ -179,7 +179,8 @@ LEARNER_METRICS = (
 # A replica's states as status says them (doc/replicas.md): its role, and a
 # leased primary's backup.
 REPLICA_ROLES = ("none", "primary", "backup")
-BACKUP_STATES = ("lost", "outdated")
+# blkps_backup_state's label -> how status `backup` begins in that state.
+BACKUP_STATES = {"lost": "lost: ", "outdated": "outdated: ", "catching_up": "catching up: "}
 LEARNER_STATES = ("live", "dead", "detached")
 
 
@@ -213,11 +214,11 @@ def write_status(out, shard, s):
         for role in REPLICA_ROLES:
             out.add("blkps_replica_role", "gauge", "1 for the server's replica role (none, primary, backup).",
                     s["replica"] == role, shard=shard, role=role)
-        for state_name in BACKUP_STATES:
+        for state_name, said in BACKUP_STATES.items():
             out.add("blkps_backup_state", "gauge",
-                    "1 while a leased primary's backup is lost (writes wait for a verdict) or outdated (the primary "
-                    "acknowledges writes alone).", s.get("backup", "").startswith(state_name + ": "), shard=shard,
-                    state=state_name)
+                    "1 while a leased primary's backup is lost (writes wait for a verdict), outdated (the primary "
+                    "acknowledges writes alone) or catching up (it returned).", s.get("backup", "").startswith(said),
+                    shard=shard, state=state_name)
         out.add("blkps_lease_lapsed", "gauge", "1 while the server's lease has lapsed: it serves no learner.",
                 s.get("lease", "").startswith("lapsed "), shard=shard)
     for rank in s.get("ranks", []):  # blkps.torch's collective ranks, by their heartbeats

@@ -6,7 +6,10 @@ job) keeps the options it was started with and its port in
 DIR/start.json (tgtd.remember), and its --owner-pid watchdog's pid in DIR/watchdog.pid. A
 restart starts a dead tgtd again with those options on the same port, so
 learners reconnect to the same addresses (their layouts and URLs stay
-valid), and it loads the last committed checkpoint generation. In bsp and
+valid), and it loads the last committed checkpoint generation. A
+target started with --replicas 2 whose backup died gets its backup (and
+the backup's lease keeper) started again instead: the primary catches it
+up (doc/replicas.md "A backup that returns"). In bsp and
 ssp a job is one model at one round: the live shards are restarted too, so
 that every shard serves that same generation. In async only the dead ones
 are. Each learner then reads its receipts and learns exactly what was lost
@@ -18,7 +21,8 @@ target.env stays).
 import os
 import time
 
-from . import checkpoints, metrics, state, tgtd
+from . import checkpoints, lease, metrics, replicas, state, tgtd
+from .errors import UserError
 from .tgtd import START_OPTIONS, started_with
 
 
@@ -33,6 +37,17 @@ def restart_target(folder):
     return t.start(options)
 
 
+def restart_backup(folder):
+    """Starts the dead backup of the live target in `folder` again, and its
+    lease keeper: its primary catches it up while training goes on
+    (doc/replicas.md "A backup that returns")."""
+    env = restart_target(replicas.backup_dir(folder))
+    keeper = lease.restart_backup_keeper(folder)
+    print(f"restarted the backup (dead) on port {env['PORT']}{' with its lease keeper' if keeper else ''}: its "
+          f"primary catches it up while training goes on (status `backup` is empty once it is in sync)")
+    return 0
+
+
 def command_restart(a):
     folder = os.path.abspath(a.dir)
     env = state.read(os.path.join(folder, state.TARGET_ENV))
@@ -43,6 +58,12 @@ def command_restart(a):
     scaled = "TGTD" in env
     dirs = env["SHARD_DIRS"].split() if scaled else [folder]
     dead = [k for k, d in enumerate(dirs) if not tgtd.Target(d).alive()]
+    backup = replicas.backup_dir(folder)
+    if not scaled and os.path.isdir(backup) and not tgtd.Target(backup).alive():
+        if dead:
+            raise UserError("target restart", "the primary and its backup are both dead",
+                            "start the target again (blkps target start)")
+        return restart_backup(folder)
     if not dead:
         print("every tgtd runs: nothing to restart")
         return 0

@@ -9,7 +9,11 @@
  * struct blkps_replica_frame (32 bytes, little-endian), then `bytes` bytes
  * of body. The primary sends HELLO once, then PUSH records; the backup
  * answers each with ACK (same sequence) once it has applied it, or with
- * REFUSE (body: a one-line reason) and closes the connection.
+ * REFUSE (body: a one-line reason) and closes the connection. A backup
+ * that returns to a primary that went on without it (doc/replicas.md
+ * "A backup that returns") gets, after HELLO, one SNAPSHOT_BEGIN, then
+ * PUSH records and SNAPSHOT records interleaved; each is acknowledged as
+ * a PUSH is.
  *
  * HELLO body: four u64, the primary's geometry: parameters, block bytes,
  * per-parameter arrays (weights, then the rule's state arrays), bytes of the
@@ -27,6 +31,22 @@
  * block's state only if its `sequence` is above the one it holds: records
  * of concurrent pushes may arrive in either order, and the newest state of
  * a block includes every push applied to it before.
+ *
+ * SNAPSHOT_BEGIN body: the primary's counts at the snapshot's instant,
+ * u64 words: the number of learner LUNs, then each LUN in the primary's
+ * learner-slot order; the number of clock words, then the clocks; the
+ * number of receipt words, then the receipts (the words of a checkpoint's
+ * "luns", "clocks" and "receipts" sections: doc/server.md "Checkpoints").
+ * The backup replaces its clocks and receipts with these (its learner LUNs
+ * must be the same, in the same order) and forgets every block's state
+ * number: the PUSH records that follow count on top of these.
+ *
+ * SNAPSHOT body: a PUSH body (lun, receipt_unit and initiator_bytes 0,
+ * every block's `given` 0) holding blocks' states as they were at the
+ * snapshot's instant, numbered as they were then. The backup takes a
+ * block's state unless the one it holds is newer (a PUSH made after the
+ * instant): snapshot and stream may reach a block in either order. It
+ * counts no receipt and no clock.
  */
 #ifndef BLKPS_REPLICATION_H
 #define BLKPS_REPLICATION_H
@@ -41,13 +61,15 @@ enum blkps_replica_kind {
   BLKPS_REPLICA_PUSH = 2,
   BLKPS_REPLICA_ACK = 3,
   BLKPS_REPLICA_REFUSE = 4,
+  BLKPS_REPLICA_SNAPSHOT_BEGIN = 5,
+  BLKPS_REPLICA_SNAPSHOT = 6,
 };
 
 struct blkps_replica_frame {
   char magic[8];     /* BLKPS_REPLICA_MAGIC */
   uint32_t version;  /* BLKPS_REPLICA_VERSION */
   uint32_t kind;     /* enum blkps_replica_kind */
-  uint64_t sequence; /* PUSH: 1, 2, ... per connection; ACK: the PUSH's; else 0 */
+  uint64_t sequence; /* PUSH, SNAPSHOT_BEGIN, SNAPSHOT: 1, 2, ... per connection; ACK: theirs; else 0 */
   uint64_t bytes;    /* body bytes that follow */
 };
 
