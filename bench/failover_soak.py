@@ -17,6 +17,11 @@ Faults (the lease test's cases; doc/replicas.md "Failover by a lease"):
   silent  the primary's tgtd stopped for good: what a host cut off from the
           network looks like to the learners (the connection stays up and
           nothing answers); not a cut link itself
+  backup-restart  the backup's tgtd killed, then started again (blkps
+          target restart) and caught up while the learners push; then the
+          primary killed (the fault timed): the caught-up backup takes over
+          (doc/replicas.md "A backup that returns"). Also collects the time
+          from the restart to the backup in sync.
 
 Writes failover-soak.md and failover-soak.json to --out (default
 bench/results/failover-soak). Exit status 1 if any run failed.
@@ -32,14 +37,16 @@ import time
 
 top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"kill": "learner-follows-the-lease", "freeze": "learner-follows-past-a-frozen-primary",
-         "silent": "learner-follows-past-a-silent-primary"}
+         "silent": "learner-follows-past-a-silent-primary",
+         "backup-restart": "restarted-backup-catches-up-and-takes-over"}
 FIRST_ACK = re.compile(r"the first push acknowledged after the fault: ([0-9.]+) s after it")
+IN_SYNC = re.compile(r"the backup was in sync ([0-9.]+) s after the restart began")
 
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--times", type=int, default=20, help="runs of each fault (default 20)")
-    p.add_argument("--faults", default="kill,freeze,silent", help="comma-separated, of: " + ", ".join(CASES))
+    p.add_argument("--faults", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
     p.add_argument("--out", default=os.path.join(top, "bench", "results", "failover-soak"))
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     a = p.parse_args()
@@ -52,13 +59,15 @@ def parse():
 
 def run_once(a, fault):
     """One run of the fault's case: (passed, seconds to the first ack after
-    the fault or None, the case's last line)."""
+    the fault or None, seconds from a backup's restart to its catch-up or
+    None, the case's last line)."""
     out = subprocess.run([sys.executable, os.path.join(top, "tests", "lease_test.py"), top, a.build, CASES[fault]],
                          capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
-    first = FIRST_ACK.search(text)
+    first, in_sync = FIRST_ACK.search(text), IN_SYNC.search(text)
     lines = [line for line in text.splitlines() if line.strip()]
-    return out.returncode == 0, float(first.group(1)) if first else None, lines[-1] if lines else ""
+    return (out.returncode == 0, float(first.group(1)) if first else None,
+            float(in_sync.group(1)) if in_sync else None, lines[-1] if lines else "")
 
 
 def main():
@@ -71,8 +80,8 @@ def main():
     for fault in a.faults:
         runs = results[fault] = []
         for k in range(a.times):
-            passed, seconds, last = run_once(a, fault)
-            runs.append({"passed": passed, "first_ack_s": seconds, "last_line": last})
+            passed, seconds, in_sync, last = run_once(a, fault)
+            runs.append({"passed": passed, "first_ack_s": seconds, "in_sync_s": in_sync, "last_line": last})
             print(f"failover soak: {fault} {k + 1}/{a.times}: {'pass' if passed else 'FAIL'}"
                   f"{f', first ack after {seconds:.2f} s' if seconds is not None else ''}"
                   f"{'' if passed else ': ' + last}", file=sys.stderr, flush=True)
@@ -86,13 +95,17 @@ def main():
              f"error and the new primary holds every acknowledged push exactly once. Loopback; load average "
              f"{load:.1f} at the end. Command: `sudo bench/failover_soak.py --times {a.times} "
              f"--faults {','.join(a.faults)}`.", "",
-             "| fault | runs | passed | first ack after the fault: median | max |",
-             "|---|---:|---:|---:|---:|"]
+             "| fault | runs | passed | first ack after the fault: median | max | backup in sync after its "
+             "restart: median | max |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+
+    def median_and_max(runs, key):
+        times = [r[key] for r in runs if r.get(key) is not None]
+        return (f"{statistics.median(times):.2f} s", f"{max(times):.2f} s") if times else ("-", "-")
     for fault, runs in results.items():
-        times = [r["first_ack_s"] for r in runs if r["first_ack_s"] is not None]
-        median = f"{statistics.median(times):.2f} s" if times else "-"
-        worst = f"{max(times):.2f} s" if times else "-"
-        lines.append(f"| {fault} | {len(runs)} | {sum(r['passed'] for r in runs)} | {median} | {worst} |")
+        first, in_sync = median_and_max(runs, "first_ack_s"), median_and_max(runs, "in_sync_s")
+        lines.append(f"| {fault} | {len(runs)} | {sum(r['passed'] for r in runs)} | {' | '.join(first)} | "
+                     f"{' | '.join(in_sync)} |")
     with open(os.path.join(a.out, "failover-soak.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -320,15 +320,19 @@ def test_restarted_backup_catches_up_and_takes_over():
             os.kill(int(pid), signal.SIGKILL)
             wait_for("the backup declared outdated", lambda: status(t.dir)["backup"].startswith("outdated: "))
             learners.wait_for_more("by the primary alone")
+            restarted = time.monotonic()
             rc, out, err = blkps_cli("target", "restart", "--dir", t.dir)
             testbed.check(rc == 0 and "restarted the backup" in out, f"target restart: {out}{err}")
             wait_for("the backup caught up", lambda: status(t.dir)["backup"] == "")
+            print(f"the backup was in sync {time.monotonic() - restarted:.2f} s after the restart began")
             wait_for("the primary's keeper removed the outdated mark", lambda: "the backup caught up" in log_of(t.dir))
             learners.wait_for_more("after the catch-up")
+            learners.mark()
             os.kill(primary_pid(t), signal.SIGKILL)
             wait_for("the caught-up backup took over", lambda: status(t.backup)["replica"] == "primary")
             learners.wait_for_more("after the failover")
         learners.check_exactly_once(t.backup)
+        print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
 
 
 def primary_pid(t):
