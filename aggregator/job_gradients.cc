@@ -46,6 +46,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   if (channel) {
     MutexLock lock(&mu_);
     push.emplace(slots_[slot].lun, initiator, device_offset / kReceiptUnit);
+    push->Reserve(*model_, len / wire::BytesPerParam(values));
   }
   Status s = ApplyWrite(slot, offset, src, len, values, push ? &*push : nullptr);
   // Counted inside the gate: a checkpoint holds both the gradient and its

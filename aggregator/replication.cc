@@ -56,6 +56,14 @@ ReplicaPush::ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t re
   body_ += initiator;
 }
 
+void ReplicaPush::Reserve(Model& model, uint64_t params) {
+  uint64_t elem_bytes = 0;
+  for (const Model::Array& a : BlockArrays(model)) elem_bytes += a.elem_bytes;
+  const uint64_t block_params = model.BlockParams(0);
+  const uint64_t blocks = std::min<uint64_t>(params / block_params + 2, model.num_blocks());
+  body_.reserve(body_.size() + blocks * (sizeof(blkps_replica_block) + block_params * elem_bytes));
+}
+
 void ReplicaPush::AddBlockLocked(Model& model, uint64_t block, uint64_t sequence, uint64_t given) {
   const uint64_t params = model.BlockParams(block);
   const blkps_replica_block head{block, sequence, given, params};

@@ -56,6 +56,9 @@ Status CheckReplicaHello(Model& model, const std::string& hello);
 class ReplicaPush {
  public:
   ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t receipt_unit);
+  // Makes room for the blocks a push of `params` parameters touches (its
+  // body is built without reallocating).
+  void Reserve(Model& model, uint64_t params);
   // Adds `block`'s state as it is now, numbered `sequence`, with `given`
   // parameters of the push. REQUIRES: the block's write lock, held since
   // the push was applied there.

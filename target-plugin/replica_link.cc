@@ -142,15 +142,18 @@ Status ReplicaLink::Send(Record kind, const std::string& body) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                              std::chrono::duration<double>(kAckTimeoutSeconds));
+  std::condition_variable answered;
   MutexLock lock(&ack_mu_);
+  waiting_[sequence] = &answered;
   while (acked_ < sequence && broken_.empty()) {
     if (std::chrono::steady_clock::now() >= deadline) {
       broken_ = "no acknowledgement in " + std::to_string(static_cast<int>(kAckTimeoutSeconds)) + " s";
-      ack_cv_.notify_all();
+      WakeLocked();
       break;
     }
-    lock.WaitUntil(ack_cv_, deadline);
+    lock.WaitUntil(answered, deadline);
   }
+  waiting_.erase(sequence);
   if (acked_ >= sequence) return Status::OK();
   return Status::Unavailable(broken_);
 }
@@ -158,7 +161,14 @@ Status ReplicaLink::Send(Record kind, const std::string& body) {
 void ReplicaLink::Break(const std::string& why) {
   MutexLock lock(&ack_mu_);
   if (broken_.empty()) broken_ = why;
-  ack_cv_.notify_all();
+  WakeLocked();
+}
+
+void ReplicaLink::WakeLocked() {
+  for (const auto& [sequence, answered] : waiting_) {
+    if (sequence > acked_ && broken_.empty()) break;
+    answered->notify_one();
+  }
 }
 
 void ReplicaLink::ReadAcks() {
@@ -171,7 +181,7 @@ void ReplicaLink::ReadAcks() {
     if (f.kind != BLKPS_REPLICA_ACK) return Break("sent frame kind " + std::to_string(f.kind));
     MutexLock lock(&ack_mu_);
     acked_ = std::max(acked_, f.sequence);
-    ack_cv_.notify_all();
+    WakeLocked();
   }
 }
 
@@ -266,15 +276,17 @@ void ReplicaListener::Accept() {
     }
     followed = true;
     follow_fd_ = fd;
+    const int one = 1;  // an acknowledgement is waited for: send it now (no Nagle delay behind the last one)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     follower_ = std::thread([this, fd] { Follow(fd); });
   }
 }
 
 void ReplicaListener::Follow(int fd) {
   std::string ended = "its connection ended";
+  std::string body;  // kept: a record's size is much like the last one's, and not zeroed again
   for (;;) {
     blkps_replica_frame f;
-    std::string body;
     Status s = ReceiveFrame(fd, &f, &body);
     if (!s.ok()) {
       if (s.code() != Status::Code::kUnavailable) ended = s.message();
@@ -299,6 +311,11 @@ void ReplicaListener::Follow(int fd) {
       ended = "refused: " + s.message();
       break;
     }
+    // Acknowledgements are cumulative: while the next record is already
+    // here, this one's is left to it (one send, and one wake-up of the
+    // primary, for a burst of small records).
+    char next;
+    if (recv(fd, &next, 1, MSG_PEEK | MSG_DONTWAIT) > 0) continue;
     if (!SendFrame(fd, BLKPS_REPLICA_ACK, f.sequence, "")) break;
   }
   log_("replica: stopped following the primary: " + ended + "; this server stays a backup on standby until promoted");

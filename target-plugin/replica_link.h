@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,14 +57,20 @@ class ReplicaLink : public ReplicaChannel {
   void ReadAcks();
   // The link is broken for `why` (the first reason stays).
   void Break(const std::string& why);
+  // Wakes the senders whose records are acknowledged (all of them once the
+  // link is broken).
+  void WakeLocked() REQUIRES(ack_mu_);
 
   const int fd_;
   const std::string address_;
   Mutex send_mu_;  // one frame at a time; sequences in the order sent
   uint64_t sent_ GUARDED_BY(send_mu_) = 0;
   Mutex ack_mu_;
-  std::condition_variable ack_cv_;          // with ack_mu_: acked_ or broken_ changed
-  uint64_t acked_ GUARDED_BY(ack_mu_) = 0;  // every PUSH up to it is applied
+  // The senders waiting, by their record's sequence, each on its own
+  // condition (with ack_mu_): an acknowledgement wakes only those it
+  // answers, not every writer of the LUN.
+  std::map<uint64_t, std::condition_variable*> waiting_ GUARDED_BY(ack_mu_);
+  uint64_t acked_ GUARDED_BY(ack_mu_) = 0;  // every record up to it is applied
   std::string broken_ GUARDED_BY(ack_mu_);  // non-empty: why the link is broken
   std::thread reader_;
 };

@@ -30,10 +30,11 @@ LEARNER = os.path.join(HERE, "torch_fashion.py")
 BLKPS = os.path.join(TOP, "scripts", "blkps")
 
 
-def start_server(state, bsopts, luns, build, tgtds=None):
+def start_server(state, bsopts, luns, build, tgtds=None, replicas=1):
     """Starts a private server in folder `state` (`blkps target start`; it
     stops when this process exits) with `luns` learner LUNs, over `tgtds`
-    tgtds if given (--tgtd; its URLs are then layout: files); returns its
+    tgtds if given (--tgtd; its URLs are then layout: files), with a backup
+    if `replicas` is 2 (--replicas; its URLs are the primary's); returns its
     state as a dict (URL, URLS, CONTROL_URL, ...: `blkps target show --json`). Learners are
     declared dead after 60 s without I/O, not 10, unless `bsopts` gives
     dead_after: a learner's slot counts from the server's start, and
@@ -42,7 +43,8 @@ def start_server(state, bsopts, luns, build, tgtds=None):
     if "dead_after=" not in bsopts:
         bsopts += ";dead_after=60"
     subprocess.run([BLKPS, "target", "start", "--dir", state,
-                    "--luns", str(luns), *(["--tgtd", str(tgtds)] if tgtds else []), "--owner-pid", str(os.getpid()),
+                    "--luns", str(luns), *(["--tgtd", str(tgtds)] if tgtds else []),
+                    *(["--replicas", str(replicas)] if replicas > 1 else []), "--owner-pid", str(os.getpid()),
                     "--plugin", os.path.join(build, "target-plugin", "bs_blkps.so"),
                     "--bsopts", bsopts], check=True, stdout=subprocess.DEVNULL)
     shown = subprocess.run([BLKPS, "target", "show", "--dir", state, "--json"], check=True,

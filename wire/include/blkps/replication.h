@@ -9,7 +9,10 @@
  * struct blkps_replica_frame (32 bytes, little-endian), then `bytes` bytes
  * of body. The primary sends HELLO once, then PUSH records; the backup
  * answers each with ACK (same sequence) once it has applied it, or with
- * REFUSE (body: a one-line reason) and closes the connection. A backup
+ * REFUSE (body: a one-line reason) and closes the connection. ACKs are
+ * cumulative: an ACK of sequence S says that every record up to S is
+ * applied, and a record followed closely by another may get none of its
+ * own. A backup
  * that returns to a primary that went on without it (doc/replicas.md
  * "A backup that returns") gets, after HELLO, one SNAPSHOT_BEGIN, then
  * PUSH records and SNAPSHOT records interleaved; each is acknowledged as

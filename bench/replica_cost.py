@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""What a backup costs (doc/replicas.md "What a backup costs"): the
+pipelined exchange, and a push then a pull, of the whole model through
+libblkps, on a target with a backup (`blkps target start --replicas 2`)
+against the same target without one, both on loopback and running at once
+(one learner works at a time), rounds interleaved with the side that goes
+first alternating, medians per call. With a backup, every WRITE completes
+only once the backup applied its record (the touched blocks' new state and
+the rule's state arrays, doc/replicas.md "What the primary sends"), so the
+primary's tgtd also copies and sends that state and the backup applies it,
+on the same cores.
+
+  sudo bench/replica_cost.py [--params N] [--rule sgd] [--rounds 9]
+                             [--calls 4] [--out DIR] [--build DIR]
+
+Writes replica-cost.md and replica-cost.json to --out (default
+bench/results/replica-cost) and prints the table.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = ("exchange", "push then pull")
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=int, default=1 << 22, help="model parameters (default 4194304: 16 MiB)")
+    p.add_argument("--rule", default="sgd", help="the rule (sgd: weights only; momentum, adam send more state)")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds; medians reported (default 9)")
+    p.add_argument("--calls", type=int, default=4, help="calls of each operation per round and side (default 4)")
+    p.add_argument("--out", default=os.path.join(top, "bench", "results", "replica-cost"))
+    p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
+    a = p.parse_args()
+    if a.params < 1024 or a.rounds < 1 or a.calls < 1:
+        p.error("--params must be 1024 or more, --rounds and --calls 1 or more")
+    return a
+
+
+def seconds_per_call(model, op, grad, out, calls):
+    """The mean seconds of one `op` of the whole model over `calls` calls."""
+    began = time.perf_counter()
+    for _ in range(calls):
+        if op == "exchange":
+            model.exchange(0, grad, out)
+        else:
+            model.push(0, grad)
+            model.pull_into(0, out)
+    return (time.perf_counter() - began) / calls
+
+
+def main():
+    a = parse()
+    if os.geteuid() != 0:
+        sys.exit("replica_cost: needs root (tgtd): sudo " + sys.argv[0])
+    os.environ.setdefault("BLKPS_LIB", os.path.join(a.build, "learner", "libblkps.so"))
+    sys.path.insert(0, os.path.join(top, "learner", "python"))
+    sys.path.insert(0, os.path.join(top, "learner", "examples"))
+    import blkps
+    from torch_fashion_job import start_server, stop_server
+    bsopts = f"params={a.params};rule={a.rule};lr=1e-9"
+    states = {replicas: tempfile.mkdtemp(prefix=f"blkps-replica-cost-{replicas}-") for replicas in (1, 2)}
+    models = {}
+    try:
+        for replicas, state in states.items():
+            env = start_server(state, bsopts, 1, a.build, replicas=replicas)
+            models[replicas] = blkps.Model(env["URL"])
+        grad = np.full(a.params, 1e-3, dtype=np.float32)
+        out = np.empty(a.params, dtype=np.float32)
+        for model in models.values():  # warm: connections, pages
+            seconds_per_call(model, "exchange", grad, out, 1)
+        times = {(op, r): [] for op in OPS for r in (1, 2)}
+        for k in range(a.rounds):
+            for replicas in ((1, 2) if k % 2 == 0 else (2, 1)):
+                for op in OPS:
+                    times[op, replicas].append(seconds_per_call(models[replicas], op, grad, out, a.calls))
+            print(f"replica cost: round {k + 1}/{a.rounds}", file=sys.stderr, flush=True)
+    finally:
+        for model in models.values():
+            model.close()
+        for state in states.values():
+            stop_server(state)
+    load = os.getloadavg()[0]
+    mib = a.params * 4 / 2**20
+    rows = []
+    for op in OPS:
+        one, two = statistics.median(times[op, 1]), statistics.median(times[op, 2])
+        rows.append({"op": op, "one_replica_s": one, "two_replicas_s": two, "ratio": two / one})
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "replica-cost.json"), "w") as f:
+        json.dump({"params": a.params, "rule": a.rule, "rounds": a.rounds, "calls": a.calls, "cpus": os.cpu_count(),
+                   "load_average": load, "times": {f"{op}/{r}": v for (op, r), v in times.items()}, "rows": rows},
+                  f, indent=2)
+    lines = ["# What a backup costs: the whole model through libblkps, with a backup against without", "",
+             f"One learner, one tgtd per side (and the backup's), loopback, {os.cpu_count()} CPUs; a {mib:.0f} MiB "
+             f"model, rule {a.rule}; medians of {a.rounds} interleaved rounds of {a.calls} calls each; load "
+             f"average {load:.1f} at the end. Command: `sudo bench/replica_cost.py --params {a.params} --rule "
+             f"{a.rule} --rounds {a.rounds} --calls {a.calls}`.", "",
+             "| operation | 1 replica | 2 replicas | 2 / 1 |", "|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['one_replica_s'] * 1000:.1f} ms ({mib / r['one_replica_s']:.0f} MiB/s) | "
+                     f"{r['two_replicas_s'] * 1000:.1f} ms ({mib / r['two_replicas_s']:.0f} MiB/s) | "
+                     f"{r['ratio']:.2f} |")
+    with open(os.path.join(a.out, "replica-cost.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
