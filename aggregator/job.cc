@@ -95,7 +95,7 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
             return params;
           }(),
           opts.parts),
-      block_sequences_(model_->num_blocks()),
+      replica_parts_(*model_),
       standby_(opts.backup),
       backup_(opts.replica_channel),
       last_checkpoint_(Clock::now()) {}

@@ -669,9 +669,10 @@ class Job {
   // and EndRoundBoundary. Writes past the lowest are held.
   std::map<uint64_t, uint32_t> boundaries_ GUARDED_BY(mu_);
   std::atomic<uint64_t> rejected_writes_{0};
-  // Replicas: each block's state number (replication.h), a backup not yet
-  // promoted, and the records acknowledged (primary) or applied (backup).
-  BlockSequences block_sequences_;
+  // Replicas: the model's parts and each one's state number (replication.h),
+  // a backup not yet promoted, and the records acknowledged (primary) or
+  // applied (backup).
+  ReplicaParts replica_parts_;
   std::atomic<bool> standby_{false};
   std::atomic<uint64_t> replica_records_{0};
   LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges

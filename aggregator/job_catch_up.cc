@@ -30,7 +30,7 @@ Status Job::CatchUp(std::shared_ptr<ReplicaChannel> channel) {
     // record through `channel`, after the counts.
     CloseWriteGate();
     snapshot = model_->TakeSnapshot([&] {
-      sequences = block_sequences_.CopyLocked();
+      sequences = replica_parts_.CopyLocked();
       MutexLock lock(&mu_);
       counts.clocks = clocks_.Save();
       counts.receipts = receipts_.Save();
@@ -46,10 +46,11 @@ Status Job::CatchUp(std::shared_ptr<ReplicaChannel> channel) {
          " blocks as at one instant, and every write since) while training goes on");
   }
   uint64_t bytes = 0;
-  for (uint64_t b = 0; s.ok() && b < model_->num_blocks();) {
+  for (uint64_t k = 0; s.ok() && k < replica_parts_.count();) {
     ReplicaPush record(0, "", 0);
-    for (; b < model_->num_blocks() && record.bytes() < kSnapshotRecordBytes; ++b) {
-      record.AddSnapshotBlock(*model_, *snapshot, b, sequences[b]);
+    for (; k < replica_parts_.count() && record.bytes() < kSnapshotRecordBytes; ++k) {
+      const ReplicaPart part = replica_parts_.Part(k);
+      if (part.params > 0) record.AddSnapshotPart(*snapshot, part, sequences[k]);
     }
     bytes += record.bytes();
     s = channel->Send(ReplicaChannel::Record::kSnapshot, record.Body());
@@ -73,11 +74,11 @@ Status Job::BeginReplicaSnapshot(const std::string& body) {
   ReplicaCounts counts;
   Status s = ReplicaCounts::Parse(body, &counts);
   if (!s.ok()) return s;
-  // Every block's number forgotten before the counts change: no record is
+  // Every part's number forgotten before the counts change: no record is
   // applied meanwhile (they come in order on one connection).
   for (uint64_t b = 0; b < model_->num_blocks(); ++b) {
     std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b);
-    block_sequences_.ForgetLocked(b);
+    replica_parts_.ForgetBlockLocked(b);
   }
   MutexLock lock(&mu_);
   std::vector<uint64_t> luns;
@@ -104,11 +105,11 @@ Status Job::BeginReplicaSnapshot(const std::string& body) {
 Status Job::ApplyReplicaSnapshot(const std::string& body) {
   if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
   ReplicaRecord record;
-  Status s = ParseReplicaPush(*model_, body, &record);
+  Status s = ParseReplicaPush(*model_, replica_parts_, body, &record);
   if (!s.ok()) return s;
-  for (const ReplicaRecord::Block& b : record.blocks) {
-    std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b.block);
-    if (block_sequences_.TakeUnlessNewerLocked(b.block, b.sequence)) RestoreBlockLocked(*model_, b.block, b.state);
+  for (const ReplicaRecord::Part& p : record.parts) {
+    std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(p.part.block);
+    if (replica_parts_.TakeUnlessNewerLocked(p.part.index, p.sequence)) RestorePartLocked(*model_, p.part, p.state);
   }
   replica_records_.fetch_add(1);
   return Status::OK();

@@ -46,7 +46,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   if (channel) {
     MutexLock lock(&mu_);
     push.emplace(slots_[slot].lun, initiator, device_offset / kReceiptUnit);
-    push->Reserve(*model_, len / wire::BytesPerParam(values));
+    push->Reserve(*model_, len / sizeof(float));
   }
   Status s = ApplyWrite(slot, offset, src, len, values, push ? &*push : nullptr);
   // Counted inside the gate: a checkpoint holds both the gradient and its
@@ -93,7 +93,7 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
         // Readers released by the round wait for this block's lock, which
         // ApplyGradient holds here, so they see the round's update.
         if (given > 0) model_->ApplyAverageLocked(b, given);
-        if (push) push->AddBlockLocked(*model_, b, block_sequences_.NextLocked(b), n);
+        if (push) push->AddBlockLocked(*model_, replica_parts_, b, offset / sizeof(float), len / sizeof(float), n);
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);

@@ -73,7 +73,7 @@ Status Job::CheckReplicaHello(const std::string& hello) {
 Status Job::ApplyReplica(const std::string& body) {
   if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
   ReplicaRecord record;
-  Status s = ParseReplicaPush(*model_, body, &record);
+  Status s = ParseReplicaPush(*model_, replica_parts_, body, &record);
   if (!s.ok()) return s;
   size_t slot = 0;
   {
@@ -84,11 +84,12 @@ Status Job::ApplyReplica(const std::string& body) {
                                      ", which this backup does not serve: give it the primary's LUNs");
     }
   }
-  for (const ReplicaRecord::Block& b : record.blocks) {
-    std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(b.block);
-    if (block_sequences_.TakeIfNewerLocked(b.block, b.sequence)) RestoreBlockLocked(*model_, b.block, b.state);
+  for (const ReplicaRecord::Part& p : record.parts) {
+    std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(p.part.block);
+    if (replica_parts_.TakeIfNewerLocked(p.part.index, p.sequence)) RestorePartLocked(*model_, p.part, p.state);
+    if (p.given == 0) continue;  // the block's clocks come with its first part
     MutexLock lock(&mu_);
-    clocks_.AddGradient(slot, b.block, b.given);
+    clocks_.AddGradient(slot, p.part.block, p.given);
   }
   MutexLock lock(&mu_);
   receipts_.FinishWrite(slot, record.initiator, record.receipt_unit, true);

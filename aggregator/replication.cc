@@ -1,5 +1,5 @@
-// The job's side of replication (replication.h): HELLO, PUSH records built
-// from and restored into model blocks.
+// The job's side of replication (replication.h): HELLO, the model's parts,
+// PUSH records built from and restored into them, a catch-up's counts.
 #include "replication.h"
 
 #include <algorithm>
@@ -22,9 +22,6 @@ std::vector<Model::Array> BlockArrays(Model& model) {
   }
   return arrays;
 }
-
-// The first parameter of `block`: every block but the last is whole.
-uint64_t FirstParam(const Model& model, uint64_t block) { return block * model.BlockParams(0); }
 
 void AppendWords(std::string* out, std::initializer_list<uint64_t> words) {
   for (uint64_t w : words) out->append(reinterpret_cast<const char*>(&w), sizeof w);
@@ -50,6 +47,42 @@ Status CheckReplicaHello(Model& model, const std::string& hello) {
                                  ", rule " + rule + ": give both the same --bsopts");
 }
 
+ReplicaParts::ReplicaParts(const Model& model)
+    : num_params_(model.num_params()),
+      block_params_(model.BlockParams(0)),
+      part_params_(std::min<uint64_t>(BLKPS_REPLICA_PART_PARAMS, block_params_)),
+      parts_per_block_((block_params_ + part_params_ - 1) / part_params_),
+      sequence_(model.num_blocks() * parts_per_block_, 0) {}
+
+ReplicaPart ReplicaParts::Part(uint64_t index) const {
+  const uint64_t block = index / parts_per_block_;
+  const uint64_t first = block * block_params_ + index % parts_per_block_ * part_params_;
+  const uint64_t block_end = std::min(num_params_, (block + 1) * block_params_);
+  return {index, block, first, std::min(part_params_, block_end > first ? block_end - first : 0)};
+}
+
+std::vector<ReplicaPart> ReplicaParts::Overlapping(uint64_t block, uint64_t first, uint64_t n) const {
+  const uint64_t block_first = block * block_params_;
+  const uint64_t from = std::max(first, block_first) - block_first;
+  const uint64_t to = std::min(first + n, block_first + block_params_) - block_first;
+  std::vector<ReplicaPart> parts;
+  for (uint64_t k = from / part_params_; k * part_params_ < to; ++k)
+    parts.push_back(Part(block * parts_per_block_ + k));
+  return parts;
+}
+
+bool ReplicaParts::Find(uint64_t first, uint64_t params, ReplicaPart* out) const {
+  const uint64_t block = first / block_params_;
+  const uint64_t within = first % block_params_;
+  if (first >= num_params_ || within % part_params_ != 0) return false;
+  *out = Part(block * parts_per_block_ + within / part_params_);
+  return out->params == params;
+}
+
+void ReplicaParts::ForgetBlockLocked(uint64_t block) {
+  for (uint64_t k = 0; k < parts_per_block_; ++k) sequence_[block * parts_per_block_ + k] = 0;
+}
+
 ReplicaPush::ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t receipt_unit) {
   const blkps_replica_push head{lun, receipt_unit, initiator.size(), 0};
   body_.append(reinterpret_cast<const char*>(&head), sizeof head);
@@ -59,43 +92,45 @@ ReplicaPush::ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t re
 void ReplicaPush::Reserve(Model& model, uint64_t params) {
   uint64_t elem_bytes = 0;
   for (const Model::Array& a : BlockArrays(model)) elem_bytes += a.elem_bytes;
-  const uint64_t block_params = model.BlockParams(0);
-  const uint64_t blocks = std::min<uint64_t>(params / block_params + 2, model.num_blocks());
-  body_.reserve(body_.size() + blocks * (sizeof(blkps_replica_block) + block_params * elem_bytes));
+  const uint64_t part_params = std::min<uint64_t>(BLKPS_REPLICA_PART_PARAMS, model.BlockParams(0));
+  const uint64_t parts = params / part_params + 2;
+  body_.reserve(body_.size() + parts * (sizeof(blkps_replica_part) + part_params * elem_bytes));
 }
 
-void ReplicaPush::AddBlockLocked(Model& model, uint64_t block, uint64_t sequence, uint64_t given) {
-  const uint64_t params = model.BlockParams(block);
-  const blkps_replica_block head{block, sequence, given, params};
+void ReplicaPush::AddPartHead(const ReplicaPart& part, uint64_t sequence, uint64_t given) {
+  const blkps_replica_part head{part.first, sequence, given, part.params};
   body_.append(reinterpret_cast<const char*>(&head), sizeof head);
-  const uint64_t first = FirstParam(model, block);
-  for (const Model::Array& a : BlockArrays(model)) {
-    body_.append(static_cast<const char*>(a.data) + first * a.elem_bytes, params * a.elem_bytes);
+  ++parts_;
+}
+
+void ReplicaPush::AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n,
+                                 uint64_t given) {
+  for (const ReplicaPart& part : parts.Overlapping(block, first, n)) {
+    AddPartHead(part, parts.NextLocked(part.index), given);
+    given = 0;  // the block's clocks count once
+    for (const Model::Array& a : BlockArrays(model)) {
+      body_.append(static_cast<const char*>(a.data) + part.first * a.elem_bytes, part.params * a.elem_bytes);
+    }
   }
-  ++blocks_;
 }
 
-void ReplicaPush::AddSnapshotBlock(Model& model, Model::Snapshot& snapshot, uint64_t block, uint64_t sequence) {
-  const uint64_t params = model.BlockParams(block);
-  const blkps_replica_block head{block, sequence, 0, params};
-  body_.append(reinterpret_cast<const char*>(&head), sizeof head);
-  const uint64_t first = FirstParam(model, block);
+void ReplicaPush::AddSnapshotPart(Model::Snapshot& snapshot, const ReplicaPart& part, uint64_t sequence) {
+  AddPartHead(part, sequence, 0);
   const std::vector<Model::Array>& arrays = snapshot.arrays();
   for (size_t k = 0; k < arrays.size(); ++k) {  // BlockArrays' order: the model's, per-parameter ones
     if (arrays[k].elem_bytes == 0) continue;
     const size_t at = body_.size();
-    body_.resize(at + params * arrays[k].elem_bytes);
-    snapshot.Read(k, first * arrays[k].elem_bytes, params * arrays[k].elem_bytes, &body_[at]);
+    body_.resize(at + part.params * arrays[k].elem_bytes);
+    snapshot.Read(k, part.first * arrays[k].elem_bytes, part.params * arrays[k].elem_bytes, &body_[at]);
   }
-  ++blocks_;
 }
 
 const std::string& ReplicaPush::Body() {
-  std::memcpy(&body_[offsetof(blkps_replica_push, blocks)], &blocks_, sizeof blocks_);
+  std::memcpy(&body_[offsetof(blkps_replica_push, parts)], &parts_, sizeof parts_);
   return body_;
 }
 
-Status ParseReplicaPush(Model& model, const std::string& body, ReplicaRecord* out) {
+Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::string& body, ReplicaRecord* out) {
   const auto bad = [](const std::string& why) { return Status::InvalidArgument("replica record: " + why); };
   blkps_replica_push head;
   if (body.size() < sizeof head) return bad("shorter than its header");
@@ -108,22 +143,30 @@ Status ParseReplicaPush(Model& model, const std::string& body, ReplicaRecord* ou
   at += head.initiator_bytes;
   uint64_t elem_bytes = 0;
   for (const Model::Array& a : BlockArrays(model)) elem_bytes += a.elem_bytes;
-  out->blocks.clear();
-  for (uint64_t k = 0; k < head.blocks; ++k) {
-    blkps_replica_block b;
-    if (body.size() - at < sizeof b) return bad("block header past its end");
-    std::memcpy(&b, body.data() + at, sizeof b);
-    at += sizeof b;
-    if (b.block >= model.num_blocks() || b.params != model.BlockParams(b.block)) {
-      return bad("block " + std::to_string(b.block) + " of " + std::to_string(b.params) +
+  out->parts.clear();
+  for (uint64_t k = 0; k < head.parts; ++k) {
+    blkps_replica_part p;
+    if (body.size() - at < sizeof p) return bad("part header past its end");
+    std::memcpy(&p, body.data() + at, sizeof p);
+    at += sizeof p;
+    ReplicaPart part;
+    if (!parts.Find(p.first, p.params, &part)) {
+      return bad("a part at parameter " + std::to_string(p.first) + " of " + std::to_string(p.params) +
                  " parameters is not one of this model's");
     }
-    if (body.size() - at < b.params * elem_bytes) return bad("block state past its end");
-    out->blocks.push_back({b.block, b.sequence, b.given, body.data() + at});
-    at += b.params * elem_bytes;
+    if (body.size() - at < p.params * elem_bytes) return bad("part state past its end");
+    out->parts.push_back({part, p.sequence, p.given, body.data() + at});
+    at += p.params * elem_bytes;
   }
-  if (at != body.size()) return bad("bytes after its last block");
+  if (at != body.size()) return bad("bytes after its last part");
   return Status::OK();
+}
+
+void RestorePartLocked(Model& model, const ReplicaPart& part, const char* state) {
+  for (const Model::Array& a : BlockArrays(model)) {
+    std::memcpy(static_cast<char*>(a.data) + part.first * a.elem_bytes, state, part.params * a.elem_bytes);
+    state += part.params * a.elem_bytes;
+  }
 }
 
 std::string ReplicaCounts::Body() const {
@@ -150,15 +193,6 @@ Status ReplicaCounts::Parse(const std::string& body, ReplicaCounts* out) {
   }
   if (at != body.size()) return Status::InvalidArgument("replica snapshot: bytes after its counts");
   return Status::OK();
-}
-
-void RestoreBlockLocked(Model& model, uint64_t block, const char* state) {
-  const uint64_t params = model.BlockParams(block);
-  const uint64_t first = FirstParam(model, block);
-  for (const Model::Array& a : BlockArrays(model)) {
-    std::memcpy(static_cast<char*>(a.data) + first * a.elem_bytes, state, params * a.elem_bytes);
-    state += params * a.elem_bytes;
-  }
 }
 
 }  // namespace blkps::server

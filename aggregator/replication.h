@@ -4,17 +4,19 @@
 // applies, and the channel a primary sends them through (the plugin's TCP
 // link, target-plugin/replica_link.h, implements it).
 //
-// What a record holds is the new state of every block a push touched
-// (weights, then the rule's state arrays), not the gradient: the backup
-// copies the primary's float sums instead of redoing them in some order,
-// so it is equal bit for bit. Each block's states are numbered under its
-// write lock (BlockSequences); a backup keeps a block's state only if its
-// number is newer, so records of concurrent pushes may arrive in any order.
+// What a record holds is the new state of every block part a push touched
+// (weights, then the rule's state arrays; parts of 64 KiB of weights, so
+// that a push of a quarter of a 1 MiB block sends a quarter), not the
+// gradient: the backup copies the primary's float sums instead of redoing
+// them in some order, so it is equal bit for bit. Each part's states are
+// numbered under its block's write lock (ReplicaParts); a backup keeps a
+// part's state only if its number is newer, so records of concurrent
+// pushes may arrive in any order.
 //
 // A backup that returns to a primary that went on without it catches up
 // from a snapshot plus the stream (doc/replicas.md "A backup that
 // returns"): the job's counts at one instant (ReplicaCounts), then the
-// blocks' states as they were at that instant (SNAPSHOT records), sent
+// parts' states as they were at that instant (SNAPSHOT records), sent
 // while the pushes made after it stream as PUSH records.
 #pragma once
 
@@ -52,48 +54,102 @@ std::string ReplicaHello(Model& model);
 // otherwise InvalidArgument saying what differs.
 Status CheckReplicaHello(Model& model, const std::string& hello);
 
+// A block's part: its index over the model, its block, its first
+// parameter (in the model) and its parameters.
+struct ReplicaPart {
+  uint64_t index, block, first, params;
+};
+
+// Where a model's parts are (wire/include/blkps/replication.h: a block's
+// first BLKPS_REPLICA_PART_PARAMS parameters are its part 0, ...), and each
+// part's state number: the primary counts a part's states as pushes change
+// it; a backup holds the number of the state it has. Each number is guarded
+// by its part's block's lock (Model::LockBlock), which clang cannot check.
+class ReplicaParts {
+ public:
+  explicit ReplicaParts(const Model& model);
+  uint64_t count() const { return sequence_.size(); }
+  ReplicaPart Part(uint64_t index) const;
+  // The parts of `block` that model parameters [first, first + n) overlap,
+  // in order.
+  std::vector<ReplicaPart> Overlapping(uint64_t block, uint64_t first, uint64_t n) const;
+  // The part that starts at parameter `first` and has `params` parameters,
+  // if there is one.
+  bool Find(uint64_t first, uint64_t params, ReplicaPart* out) const;
+
+  // Primary: the number of the part's next state. REQUIRES: its block's
+  // write lock.
+  uint64_t NextLocked(uint64_t part) { return ++sequence_[part]; }
+  // Backup: whether a state numbered `sequence` is newer than the one held;
+  // if so it is held from now. REQUIRES: the part's block's write lock.
+  bool TakeIfNewerLocked(uint64_t part, uint64_t sequence) {
+    if (sequence <= sequence_[part]) return false;
+    sequence_[part] = sequence;
+    return true;
+  }
+  // Backup: the same for a SNAPSHOT record's state, which is taken unless
+  // the one held is newer (a state numbered 0 is the part's first).
+  bool TakeUnlessNewerLocked(uint64_t part, uint64_t sequence) {
+    if (sequence < sequence_[part]) return false;
+    sequence_[part] = sequence;
+    return true;
+  }
+  // Backup: forgets every number of `block`'s parts (a catch-up begins).
+  // REQUIRES: the block's write lock.
+  void ForgetBlockLocked(uint64_t block);
+  // Primary: every part's number. REQUIRES: every block's lock.
+  std::vector<uint64_t> CopyLocked() const { return sequence_; }
+
+ private:
+  uint64_t num_params_, block_params_, part_params_, parts_per_block_;
+  std::vector<uint64_t> sequence_;
+};
+
 // One push's PUSH record, made on the primary while the push is applied.
 class ReplicaPush {
  public:
   ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t receipt_unit);
-  // Makes room for the blocks a push of `params` parameters touches (its
+  // Makes room for the parts a push of `params` parameters touches (its
   // body is built without reallocating).
   void Reserve(Model& model, uint64_t params);
-  // Adds `block`'s state as it is now, numbered `sequence`, with `given`
-  // parameters of the push. REQUIRES: the block's write lock, held since
-  // the push was applied there.
-  void AddBlockLocked(Model& model, uint64_t block, uint64_t sequence, uint64_t given);
-  // A SNAPSHOT record's block (made with lun 0, initiator "", unit 0):
-  // `block`'s state as `snapshot` of `model` holds it, numbered `sequence`
-  // (the block's number at the snapshot's instant).
-  void AddSnapshotBlock(Model& model, Model::Snapshot& snapshot, uint64_t block, uint64_t sequence);
+  // Adds the parts of `block` that the push's parameters [first, first + n)
+  // touch, each part's state as it is now, numbered by `parts`; the first
+  // of them carries `given`, the block's parameters the push gave.
+  // REQUIRES: the block's write lock, held since the push was applied there.
+  void AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n, uint64_t given);
+  // A SNAPSHOT record's part (made with lun 0, initiator "", unit 0): its
+  // state as `snapshot` holds it, numbered `sequence` (the
+  // part's number at the snapshot's instant).
+  void AddSnapshotPart(Model::Snapshot& snapshot, const ReplicaPart& part, uint64_t sequence);
   // The body's bytes so far.
   size_t bytes() const { return body_.size(); }
-  bool empty() const { return blocks_ == 0; }
+  bool empty() const { return parts_ == 0; }
   // The record's body, complete.
   const std::string& Body();
 
  private:
+  void AddPartHead(const ReplicaPart& part, uint64_t sequence, uint64_t given);
   std::string body_;
-  uint64_t blocks_ = 0;
+  uint64_t parts_ = 0;
 };
 
 // A PUSH body as the backup reads it. `state` points into the body.
 struct ReplicaRecord {
   uint64_t lun = 0, receipt_unit = 0;
   std::string initiator;
-  struct Block {
-    uint64_t block, sequence, given;
+  struct Part {
+    ReplicaPart part;
+    uint64_t sequence, given;
     const char* state;
   };
-  std::vector<Block> blocks;
+  std::vector<Part> parts;
 };
-// Reads `body` (which must outlive *out) for `model`. InvalidArgument if it
-// is malformed or names blocks `model` does not have.
-Status ParseReplicaPush(Model& model, const std::string& body, ReplicaRecord* out);
-// Sets `block`'s weights and rule state from a record's `state`.
-// REQUIRES: the block's write lock.
-void RestoreBlockLocked(Model& model, uint64_t block, const char* state);
+// Reads `body` (which must outlive *out) for `model` and its `parts`.
+// InvalidArgument if it is malformed or names parts `model` does not have.
+Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::string& body, ReplicaRecord* out);
+// Sets `part`'s weights and rule state from a record's `state`.
+// REQUIRES: the part's block's write lock.
+void RestorePartLocked(Model& model, const ReplicaPart& part, const char* state);
 
 // A SNAPSHOT_BEGIN body: the job's counts at a snapshot's instant, in the
 // words of a checkpoint's sections (wire/include/blkps/replication.h).
@@ -102,37 +158,6 @@ struct ReplicaCounts {
   std::string Body() const;
   // InvalidArgument if `body` is malformed.
   static Status Parse(const std::string& body, ReplicaCounts* out);
-};
-
-// Each block's state number: the primary counts a block's states as pushes
-// change it; a backup holds the number of the state it has. Each entry is
-// guarded by its block's lock (Model::LockBlock), which clang cannot check.
-class BlockSequences {
- public:
-  explicit BlockSequences(uint64_t blocks) : sequence_(blocks, 0) {}
-  // Primary: the number of block's next state. REQUIRES: its write lock.
-  uint64_t NextLocked(uint64_t block) { return ++sequence_[block]; }
-  // Backup: whether a state numbered `sequence` is newer than the one held;
-  // if so it is held from now. REQUIRES: the block's write lock.
-  bool TakeIfNewerLocked(uint64_t block, uint64_t sequence) {
-    if (sequence <= sequence_[block]) return false;
-    sequence_[block] = sequence;
-    return true;
-  }
-  // Backup: the same for a SNAPSHOT record's state, which is taken unless
-  // the one held is newer (a state numbered 0 is the block's first).
-  bool TakeUnlessNewerLocked(uint64_t block, uint64_t sequence) {
-    if (sequence < sequence_[block]) return false;
-    sequence_[block] = sequence;
-    return true;
-  }
-  // Backup: forgets `block`'s number (a catch-up begins).
-  void ForgetLocked(uint64_t block) { sequence_[block] = 0; }
-  // Primary: every block's number. REQUIRES: every block's lock.
-  std::vector<uint64_t> CopyLocked() const { return sequence_; }
-
- private:
-  std::vector<uint64_t> sequence_;
 };
 
 }  // namespace blkps::server

@@ -179,6 +179,11 @@ def soak():
     return _render(_tables(_read("soak", "soak.md"))[0])
 
 
+def replica_cost():
+    """The committed replica cost run's table (bench/replica_cost.py writes it)."""
+    return _render(_tables(_read("replica-cost", "replica-cost.md"))[0])
+
+
 def failover_soak():
     """The committed failover soak's table (bench/failover_soak.py writes it)."""
     return _render(_tables(_read("failover-soak", "failover-soak.md"))[0])
@@ -594,6 +599,7 @@ TABLES = {
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
     "failover-soak": (failover_soak, "bench/results/failover-soak/failover-soak.md"),
+    "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json, no-straggler-4-quiet.json"),

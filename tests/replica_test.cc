@@ -40,20 +40,21 @@ const std::string kModel = "params=" + std::to_string(kParams) + ";block=4K";
 
 std::string Learner(int k) { return "iqn.2026-11.io.blkps.test:learner-" + std::to_string(k); }
 
-// The weights, through learner LUN 1 under a reader's own name.
-std::vector<uint8_t> Weights(const TargetProcess& target) {
+// The weights of a model of `device_bytes`, through learner LUN 1 under a
+// reader's own name.
+std::vector<uint8_t> Weights(const TargetProcess& target, uint64_t device_bytes = kDeviceBytes) {
   RawLun reader(target.url(1), "iqn.2026-11.io.blkps.test:reader");
   std::vector<uint8_t> weights;
-  EXPECT_EQ(reader.Read(0, kDeviceLbas, &weights), "GOOD");
+  EXPECT_EQ(reader.Read(0, static_cast<uint32_t>(device_bytes / kRawLbaBytes), &weights), "GOOD");
   return weights;
 }
 
 // Learner `k`'s receipts for every LUN, as the control LUN serves them to it
 // (header and counts: blkps/control_lun.h).
-std::vector<uint8_t> Receipts(const TargetProcess& target, int k) {
+std::vector<uint8_t> Receipts(const TargetProcess& target, int k, uint64_t device_bytes = kDeviceBytes) {
   RawLun control(target.control_url(), Learner(k));
-  const uint64_t first = blkps_control_receipts_offset(kDeviceBytes);
-  const uint64_t bytes = 3 * blkps_control_receipt_bytes(kDeviceBytes);  // LUNs 0..2 before the control LUN 3
+  const uint64_t first = blkps_control_receipts_offset(device_bytes);
+  const uint64_t bytes = 3 * blkps_control_receipt_bytes(device_bytes);  // LUNs 0..2 before the control LUN 3
   std::vector<uint8_t> receipts;
   EXPECT_EQ(control.Read(first / kRawLbaBytes, bytes / kRawLbaBytes, &receipts), "GOOD");
   return receipts;
@@ -112,6 +113,41 @@ TEST(Replicas, TheBackupEqualsThePrimaryExactlyAfterTwoLearnersPush) {
   EXPECT_TRUE(Weights(shard.backup) == weights) << "the backup's weights differ from the primary's";
   EXPECT_TRUE(Receipts(shard.backup, 1) == receipts1) << "learner 1's receipts differ";
   EXPECT_TRUE(Receipts(shard.backup, 2) == receipts2) << "learner 2's receipts differ";
+}
+
+// A record carries only the parts of a block a push touched (64 KiB of
+// weights each, wire/include/blkps/replication.h): pushes of any range,
+// across parts and blocks of 256 KiB, from two learners, leave the backup
+// the primary exactly. The last block is shorter than one part.
+TEST(Replicas, PushesOfPartsOfLargeBlocksLeaveTheBackupEqual) {
+  constexpr uint64_t kLargeBytes = 2 * (256 << 10) + (40 << 10);  // two blocks of four parts, one of 40 KiB
+  ReplicatedShard shard("params=" + std::to_string(kLargeBytes / 4) +
+                        ";block=256K;rule=adam;lr=0.001;init=uniform:0.1;seed=7");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  std::vector<std::thread> learners;
+  std::atomic<int> failed{0};
+  for (int k = 1; k <= 2; ++k) {
+    learners.emplace_back([&, k] {
+      RawLun lun(shard.primary.url(k), Learner(k));
+      std::mt19937 rng(k);
+      std::normal_distribution<float> value(0.0f, 1.0f);
+      for (int i = 0; i < 100; ++i) {
+        const uint64_t lbas = 1 + rng() % 160;  // up to 80 KiB: one part to three
+        const uint64_t lba = rng() % (kLargeBytes / kRawLbaBytes - lbas + 1);
+        std::vector<float> g(lbas * kRawLbaBytes / 4);
+        for (float& x : g) x = value(rng);
+        if (lun.Write(lba, FloatBytes(g)) != "GOOD") ++failed;
+      }
+    });
+  }
+  for (std::thread& t : learners) t.join();
+  ASSERT_EQ(failed.load(), 0);
+  const std::vector<uint8_t> weights = Weights(shard.primary, kLargeBytes);
+  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1, kLargeBytes);
+  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
+  EXPECT_TRUE(Weights(shard.backup, kLargeBytes) == weights) << "the backup's weights differ from the primary's";
+  EXPECT_TRUE(Receipts(shard.backup, 1, kLargeBytes) == receipts1) << "learner 1's receipts differ";
 }
 
 TEST(Replicas, EveryPushThePrimaryAcknowledgedIsOnTheBackupAfterItsKill9) {

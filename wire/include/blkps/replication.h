@@ -23,17 +23,22 @@
  * rule's name that follow; then the rule's name. A backup that serves
  * anything else refuses.
  *
+ * A block's parts: its first BLKPS_REPLICA_PART_PARAMS parameters are its
+ * part 0, the next its part 1, and so on (the last may be shorter); a
+ * record carries the parts a push touched, each whole, with the part's
+ * state number (counted under the block's lock).
+ *
  * PUSH body (one learner WRITE applied on the primary):
  *   struct blkps_replica_push
  *   the initiator's name (initiator_bytes, no NUL)
- *   `blocks` times: struct blkps_replica_block, then the block's part of
+ *   `parts` times: struct blkps_replica_part, then the part's share of
  *   each per-parameter array in HELLO's order (weights first), each
- *   params * 4 bytes, params being the block's parameters.
+ *   params * 4 bytes.
  * The backup counts the write on the initiator's receipt of LUN `lun` at
- * `receipt_unit`, adds `given` gradients to each block's clocks, and takes a
- * block's state only if its `sequence` is above the one it holds: records
- * of concurrent pushes may arrive in either order, and the newest state of
- * a block includes every push applied to it before.
+ * `receipt_unit`, adds `given` gradients to the clocks of each part's
+ * block, and takes a part's state only if its `sequence` is above the one
+ * it holds: records of concurrent pushes may arrive in either order, and
+ * the newest state of a part includes every push applied to it before.
  *
  * SNAPSHOT_BEGIN body: the primary's counts at the snapshot's instant,
  * u64 words: the number of learner LUNs, then each LUN in the primary's
@@ -41,14 +46,14 @@
  * number of receipt words, then the receipts (the words of a checkpoint's
  * "luns", "clocks" and "receipts" sections: doc/server.md "Checkpoints").
  * The backup replaces its clocks and receipts with these (its learner LUNs
- * must be the same, in the same order) and forgets every block's state
+ * must be the same, in the same order) and forgets every part's state
  * number: the PUSH records that follow count on top of these.
  *
  * SNAPSHOT body: a PUSH body (lun, receipt_unit and initiator_bytes 0,
- * every block's `given` 0) holding blocks' states as they were at the
+ * every part's `given` 0) holding parts' states as they were at the
  * snapshot's instant, numbered as they were then. The backup takes a
- * block's state unless the one it holds is newer (a PUSH made after the
- * instant): snapshot and stream may reach a block in either order. It
+ * part's state unless the one it holds is newer (a PUSH made after the
+ * instant): snapshot and stream may reach a part in either order. It
  * counts no receipt and no clock.
  */
 #ifndef BLKPS_REPLICATION_H
@@ -57,7 +62,9 @@
 #include <stdint.h>
 
 #define BLKPS_REPLICA_MAGIC "blkpsrep" /* 8 bytes, no NUL */
-#define BLKPS_REPLICA_VERSION 1
+#define BLKPS_REPLICA_VERSION 2
+/* A block's part: this many parameters (64 KiB of weights). */
+#define BLKPS_REPLICA_PART_PARAMS 16384u
 
 enum blkps_replica_kind {
   BLKPS_REPLICA_HELLO = 1,
@@ -80,20 +87,21 @@ struct blkps_replica_push {
   uint64_t lun;             /* the learner LUN written */
   uint64_t receipt_unit;    /* where the write started, in receipt units */
   uint64_t initiator_bytes; /* the initiator's name that follows */
-  uint64_t blocks;          /* block states that follow it */
+  uint64_t parts;           /* part states that follow it */
 };
 
-struct blkps_replica_block {
-  uint64_t block;    /* model block index */
-  uint64_t sequence; /* the block's state number on the primary, from 1 */
-  uint64_t given;    /* parameters of the block the push gave (its clocks) */
-  uint64_t params;   /* parameters in the block */
+struct blkps_replica_part {
+  uint64_t first;    /* the part's first parameter (in the model) */
+  uint64_t sequence; /* the part's state number on the primary, from 1 */
+  uint64_t given;    /* parameters of the part's block the push gave (its
+                        clocks), on the block's first part in the record */
+  uint64_t params;   /* parameters in the part */
 };
 
 #ifdef __cplusplus
 static_assert(sizeof(struct blkps_replica_frame) == 32, "frame layout");
 static_assert(sizeof(struct blkps_replica_push) == 32, "push layout");
-static_assert(sizeof(struct blkps_replica_block) == 32, "block layout");
+static_assert(sizeof(struct blkps_replica_part) == 32, "part layout");
 #endif
 
 #endif /* BLKPS_REPLICATION_H */
