@@ -364,8 +364,8 @@ def readme_performance():
     return _render(rows)
 
 
-def _embeddings():
-    with open(os.path.join(RESULTS, "embeddings", "embeddings.json"), encoding="utf-8") as f:
+def _embeddings(folder="embeddings"):
+    with open(os.path.join(RESULTS, folder, "embeddings.json"), encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -413,6 +413,19 @@ def embeddings_rows():
     for width, r in e["widths"].items():
         rows.append([width, str(4 * int(width)), _rate(r, "pull"), _rate(r, "push"),
                      f"{r['local_torch.step'][0]:,.0f}"])
+    return _right(rows, 0)
+
+
+def embeddings_hashed():
+    """bench/embeddings.sh --hashed: a hashed table keyed by ids drawn from
+    --rows possible ones, rows pulled and pushed per width against the
+    same bytes contiguous on a dense model, in the same run, and the local
+    table holding the rows the batches use (doc/embeddings.md "Bench")."""
+    e = _embeddings("embeddings-hashed")
+    rows = [["possible ids", "capacity", "width", *_rate_headers(_one_baseline([e])), "local torch ids/s", "load"]]
+    for width, r in e["widths"].items():
+        rows.append([f"{e['rows']:,}", f"{e['hashed']:,}", width, _rate(r, "pull"), _rate(r, "push"),
+                     f"{r['local_torch.step'][0]:,.0f}", f"{e['load_average']:.1f}"])
     return _right(rows, 0)
 
 
@@ -608,6 +621,7 @@ TABLES = {
     "readme-performance": (readme_performance, "bench/results (cluster-linkrate, data-path-2core, checkpoint)"),
     "embeddings-rows": (embeddings_rows, "bench/results/embeddings"),
     "embeddings-sweep": (embeddings_sweep, "bench/results/embeddings-sweep"),
+    "embeddings-hashed": (embeddings_hashed, "bench/results/embeddings-hashed"),
     "embeddings-row-cost": (embeddings_row_cost, "bench/results/embeddings"),
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),

@@ -26,6 +26,10 @@ namespace {
 constexpr double kReconnectBaseSeconds = 60;
 constexpr double kReconnectBytesPerSecond = 64 << 20;
 constexpr std::chrono::milliseconds kReconnectBackoffMax(1000);
+// With replicas a round asks each one a READ at most (a backup not yet
+// promoted answers "standby" at once): rounds this close follow a
+// promotion within a quarter second of it.
+constexpr std::chrono::milliseconds kReplicaBackoffMax(250);
 
 }  // namespace
 
@@ -66,6 +70,12 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   // The replicas are tried in turn from the current one on (a target that
   // restarts is tried first), from the next one on if the current one went
   // silent; the backoff comes after each round of them.
+  // The replica that went silent rests until the others have had
+  // kReplicaSilenceSeconds to take over: a backup on its way to promotion
+  // answers "standby" meanwhile, and going back to the silent one at once
+  // would wait out its silence again before the backup is tried anew.
+  const size_t silent_replica = silent ? replica_ : spec_.replicas.size();
+  const auto silent_rests_until = start + std::chrono::seconds(kReplicaSilenceSeconds);
   if (silent) replica_ = (replica_ + 1) % spec_.replicas.size();
   const size_t first = replica_;
   for (;;) {
@@ -75,8 +85,12 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
         spec_.replicated()
             ? std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(kReplicaSilenceSeconds))
             : deadline;
-    iscsi_ = LogIn(spec_, replica_, &error, attempt);
-    ++attempts;
+    if (replica_ == silent_replica && std::chrono::steady_clock::now() < silent_rests_until) {
+      error = "it went silent; tried again once the others had " + std::to_string(kReplicaSilenceSeconds) + " s";
+    } else {
+      iscsi_ = LogIn(spec_, replica_, &error, attempt);
+      ++attempts;
+    }
     if (iscsi_ != nullptr && spec_.replicated()) {
       Status s = ProbeServing(iscsi_, lun_, block_size_, attempt);
       if (!s.ok()) {
@@ -110,7 +124,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
                            name_.c_str(), attempts, tried, spec_.reconnect_seconds, last.c_str());
     }
     std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kReconnectBackoffMax));
+    backoff = std::min(backoff * 2, spec_.replicated() ? kReplicaBackoffMax : kReconnectBackoffMax);
   }
   ++reconnects_;
   reconnect_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
