@@ -283,8 +283,7 @@ def test_backup_killed_training_goes_on():
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
         with Learners(t) as learners:
             learners.wait_for_more("by the primary")
-            rc, pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(backup_pid(t), signal.SIGKILL)
             learners.wait_for_more("after the backup's kill")
         learners.check_exactly_once(t.dir)
         testbed.check(status(t.dir)["backup"].startswith("outdated: "), f"primary: {status(t.dir)['backup']!r}")
@@ -293,21 +292,20 @@ def test_backup_killed_training_goes_on():
 
 def test_outdated_backup_never_promoted():
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
-        rc, backup_pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
-        backup_pid = int(backup_pid)
+        backup = backup_pid(t)
         try:
             with Learners(t) as learners:
                 learners.wait_for_more("by the primary")
                 # The backup alive but answering nothing (its host cut off
                 # from the primary): it misses the pushes from here on.
-                os.kill(backup_pid, signal.SIGSTOP)
+                os.kill(backup, signal.SIGSTOP)
                 learners.wait_for_more("while the backup is stopped")
             learners.check_exactly_once(t.dir)
             os.kill(primary_pid(t), signal.SIGKILL)
             wait_for("the backup's keeper refuses to take over",
                      lambda: "but etcd says this backup missed acknowledged pushes" in log_of(t.backup))
         finally:
-            os.kill(backup_pid, signal.SIGCONT)
+            os.kill(backup, signal.SIGCONT)
         testbed.check(status(t.backup)["replica"] == "backup", "the outdated backup was promoted")
         testbed.check("became primary" not in log_of(t.backup), f"backup's keeper: {log_of(t.backup)}")
 
@@ -316,8 +314,7 @@ def test_restarted_backup_catches_up_and_takes_over():
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
         with Learners(t) as learners:
             learners.wait_for_more("by the primary")
-            rc, pid, _ = blkps_cli("target", "show", "--dir", t.backup, "--get", "PID")
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(backup_pid(t), signal.SIGKILL)
             wait_for("the backup declared outdated", lambda: status(t.dir)["backup"].startswith("outdated: "))
             learners.wait_for_more("by the primary alone")
             restarted = time.monotonic()
@@ -336,10 +333,18 @@ def test_restarted_backup_catches_up_and_takes_over():
         print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
 
 
-def primary_pid(t):
-    rc, pid, err = blkps_cli("target", "show", "--dir", t.dir, "--get", "PID")
+def tgtd_pid(folder):
+    rc, pid, err = blkps_cli("target", "show", "--dir", folder, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
     return int(pid)
+
+
+def primary_pid(t):
+    return tgtd_pid(t.dir)
+
+
+def backup_pid(t):
+    return tgtd_pid(t.backup)
 
 
 def test_learner_follows_the_lease():

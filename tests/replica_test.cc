@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -80,6 +81,39 @@ std::vector<uint8_t> Gradient(std::mt19937& rng, uint64_t blocks) {
   return bytes;
 }
 
+// Learners 1 and 2 (LUNs 1 and 2 of `primary`), each in a thread with its
+// own generator seeded by its number, call `push` `pushes` times; the
+// number of pushes that did not answer GOOD.
+int FailedPushesOfTwoLearners(const TargetProcess& primary, int pushes,
+                              const std::function<std::string(RawLun&, std::mt19937&, int)>& push) {
+  std::vector<std::thread> learners;
+  std::atomic<int> failed{0};
+  for (int k = 1; k <= 2; ++k) {
+    learners.emplace_back([&, k] {
+      RawLun lun(primary.url(k), Learner(k));
+      std::mt19937 rng(k);
+      for (int i = 0; i < pushes; ++i) {
+        if (push(lun, rng, i) != "GOOD") ++failed;
+      }
+    });
+  }
+  for (std::thread& t : learners) t.join();
+  return failed.load();
+}
+
+// Promotes the backup of `shard` (a model of `device_bytes`) and expects
+// it to hold the primary's weights (and through them the rule's state)
+// and both learners' receipts, byte for byte.
+void ExpectThePromotedBackupEqualsThePrimary(const ReplicatedShard& shard, uint64_t device_bytes = kDeviceBytes) {
+  const std::vector<uint8_t> weights = Weights(shard.primary, device_bytes);
+  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1, device_bytes);
+  const std::vector<uint8_t> receipts2 = Receipts(shard.primary, 2, device_bytes);
+  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
+  EXPECT_TRUE(Weights(shard.backup, device_bytes) == weights) << "the backup's weights differ from the primary's";
+  EXPECT_TRUE(Receipts(shard.backup, 1, device_bytes) == receipts1) << "learner 1's receipts differ";
+  EXPECT_TRUE(Receipts(shard.backup, 2, device_bytes) == receipts2) << "learner 2's receipts differ";
+}
+
 TEST(Replicas, TheBackupEqualsThePrimaryExactlyAfterTwoLearnersPush) {
   // adam: each push's result depends on the moments every earlier push left,
   // and staleness-aware steps on what the pusher read: a backup that redid
@@ -89,30 +123,15 @@ TEST(Replicas, TheBackupEqualsThePrimaryExactlyAfterTwoLearnersPush) {
   ReplicatedShard shard(kModel + ";rule=adam;lr=0.001;init=uniform:0.1;seed=7");
   ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  std::vector<std::thread> learners;
-  std::atomic<int> failed{0};
-  for (int k = 1; k <= 2; ++k) {
-    learners.emplace_back([&, k] {
-      RawLun lun(shard.primary.url(k), Learner(k));
-      std::mt19937 rng(k);
-      for (int i = 0; i < 150; ++i) {
-        const uint64_t blocks = 1 + rng() % 2;
-        const uint64_t block = rng() % (kBlocks - blocks + 1);
-        std::vector<uint8_t> weights;
-        if (i % 3 == 0) lun.Read(block * kBlockBytes / kRawLbaBytes, kBlockBytes / kRawLbaBytes, &weights);
-        if (lun.Write(block * kBlockBytes / kRawLbaBytes, Gradient(rng, blocks)) != "GOOD") ++failed;
-      }
-    });
-  }
-  for (std::thread& t : learners) t.join();
-  ASSERT_EQ(failed.load(), 0);
-  const std::vector<uint8_t> weights = Weights(shard.primary);
-  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1), receipts2 = Receipts(shard.primary, 2);
-
-  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
-  EXPECT_TRUE(Weights(shard.backup) == weights) << "the backup's weights differ from the primary's";
-  EXPECT_TRUE(Receipts(shard.backup, 1) == receipts1) << "learner 1's receipts differ";
-  EXPECT_TRUE(Receipts(shard.backup, 2) == receipts2) << "learner 2's receipts differ";
+  const int failed = FailedPushesOfTwoLearners(shard.primary, 150, [](RawLun& lun, std::mt19937& rng, int i) {
+    const uint64_t blocks = 1 + rng() % 2;
+    const uint64_t block = rng() % (kBlocks - blocks + 1);
+    std::vector<uint8_t> weights;
+    if (i % 3 == 0) lun.Read(block * kBlockBytes / kRawLbaBytes, kBlockBytes / kRawLbaBytes, &weights);
+    return lun.Write(block * kBlockBytes / kRawLbaBytes, Gradient(rng, blocks));
+  });
+  ASSERT_EQ(failed, 0);
+  ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
 // A record carries only the parts of a block a push touched (64 KiB of
@@ -125,29 +144,16 @@ TEST(Replicas, PushesOfPartsOfLargeBlocksLeaveTheBackupEqual) {
                         ";block=256K;rule=adam;lr=0.001;init=uniform:0.1;seed=7");
   ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  std::vector<std::thread> learners;
-  std::atomic<int> failed{0};
-  for (int k = 1; k <= 2; ++k) {
-    learners.emplace_back([&, k] {
-      RawLun lun(shard.primary.url(k), Learner(k));
-      std::mt19937 rng(k);
-      std::normal_distribution<float> value(0.0f, 1.0f);
-      for (int i = 0; i < 100; ++i) {
-        const uint64_t lbas = 1 + rng() % 160;  // up to 80 KiB: one part to three
-        const uint64_t lba = rng() % (kLargeBytes / kRawLbaBytes - lbas + 1);
-        std::vector<float> g(lbas * kRawLbaBytes / 4);
-        for (float& x : g) x = value(rng);
-        if (lun.Write(lba, FloatBytes(g)) != "GOOD") ++failed;
-      }
-    });
-  }
-  for (std::thread& t : learners) t.join();
-  ASSERT_EQ(failed.load(), 0);
-  const std::vector<uint8_t> weights = Weights(shard.primary, kLargeBytes);
-  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1, kLargeBytes);
-  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
-  EXPECT_TRUE(Weights(shard.backup, kLargeBytes) == weights) << "the backup's weights differ from the primary's";
-  EXPECT_TRUE(Receipts(shard.backup, 1, kLargeBytes) == receipts1) << "learner 1's receipts differ";
+  const int failed = FailedPushesOfTwoLearners(shard.primary, 100, [](RawLun& lun, std::mt19937& rng, int) {
+    std::normal_distribution<float> value(0.0f, 1.0f);
+    const uint64_t lbas = 1 + rng() % 160;  // up to 80 KiB: one part to three
+    const uint64_t lba = rng() % (kLargeBytes / kRawLbaBytes - lbas + 1);
+    std::vector<float> g(lbas * kRawLbaBytes / 4);
+    for (float& x : g) x = value(rng);
+    return lun.Write(lba, FloatBytes(g));
+  });
+  ASSERT_EQ(failed, 0);
+  ExpectThePromotedBackupEqualsThePrimary(shard, kLargeBytes);
 }
 
 TEST(Replicas, EveryPushThePrimaryAcknowledgedIsOnTheBackupAfterItsKill9) {
@@ -347,12 +353,7 @@ TEST(Replicas, ARestartedBackupCatchesUpWhileLearnersPushAndEqualsThePrimary) {
   ASSERT_TRUE(caught_up) << StatusJson(shard.primary) << shard.primary.Log();
   ASSERT_EQ(failed.load(), 0);
   EXPECT_TRUE(Contains(shard.primary.Log(), "caught up")) << shard.primary.Log();
-  const std::vector<uint8_t> weights = Weights(shard.primary);
-  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1), receipts2 = Receipts(shard.primary, 2);
-  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
-  EXPECT_TRUE(Weights(shard.backup) == weights) << "the caught-up backup's weights differ from the primary's";
-  EXPECT_TRUE(Receipts(shard.backup, 1) == receipts1) << "learner 1's receipts differ";
-  EXPECT_TRUE(Receipts(shard.backup, 2) == receipts2) << "learner 2's receipts differ";
+  ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
 TEST(Replicas, APrimaryDoesNotStartWithoutItsBackup) {
