@@ -184,6 +184,11 @@ def replica_cost():
     return _render(_tables(_read("replica-cost", "replica-cost.md"))[0])
 
 
+def catch_up():
+    """The committed catch-up run's table (bench/catch_up.py writes it)."""
+    return _render(_tables(_read("catch-up", "catch-up.md"))[0])
+
+
 def failover_soak():
     """The committed failover soak's table (bench/failover_soak.py writes it)."""
     return _render(_tables(_read("failover-soak", "failover-soak.md"))[0])
@@ -613,6 +618,7 @@ TABLES = {
     "soak": (soak, "bench/results/soak/soak.md"),
     "failover-soak": (failover_soak, "bench/results/failover-soak/failover-soak.md"),
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
+    "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json, no-straggler-4-quiet.json"),

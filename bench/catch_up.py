@@ -1,0 +1,173 @@
+#!/usr/bin/python3
+"""How fast a returning backup catches up (doc/replicas.md "A backup that
+returns"), while a learner trains: a target with a backup (`blkps target
+start --replicas 2`), the lease keeper's part played through the primary's
+control LUN (lease_until=, then backup_outdated=1, as tests/
+backup_verdict_test.cc does: no etcd), one learner pushing the whole model
+in a loop throughout. Each run kills the backup's tgtd, declares it
+outdated once the primary says it is lost, restarts it (`blkps target
+restart`) and waits until the primary says it is in sync. Reports the
+catch-up as the primary logs it (seconds and MiB of state, from its
+instant to the last snapshot record acknowledged), the time from the
+restart to in sync, and the learner's pushes per second alone, during the
+catch-up, and with its backup in sync after it.
+
+  sudo bench/catch_up.py [--params N] [--rule sgd] [--runs 3] [--out DIR]
+                         [--build DIR]
+
+Writes catch-up.md and catch-up.json to --out (default
+bench/results/catch-up) and prints the table.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLKPS = os.path.join(top, "scripts", "blkps")
+CAUGHT_UP = re.compile(r"caught up in ([0-9.]+) s \(([0-9]+) MiB of state\)")
+WAIT_S = 120
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=int, default=1 << 26, help="model parameters (default 67108864: 256 MiB)")
+    p.add_argument("--rule", default="sgd", help="the rule (momentum, adam: more state per parameter)")
+    p.add_argument("--runs", type=int, default=3, help="catch-ups measured (default 3)")
+    p.add_argument("--out", default=os.path.join(top, "bench", "results", "catch-up"))
+    p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
+    a = p.parse_args()
+    if a.params < 1024 or a.runs < 1:
+        p.error("--params must be 1024 or more, --runs 1 or more")
+    return a
+
+
+def wait_for(what, condition):
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            sys.exit(f"catch_up: not within {WAIT_S} s: {what}")
+        time.sleep(0.02)
+
+
+class Learner:
+    """Pushes the whole model in a loop, in a thread; `done` holds each
+    push's end time."""
+
+    def __init__(self, blkps, url, params):
+        self.model = blkps.Model(url)
+        self.grad = np.full(params, 1e-6, dtype=np.float32)
+        self.done, self.error = [], None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                self.model.push(0, self.grad)
+                self.done.append(time.monotonic())
+        except OSError as e:
+            self.error = str(e)
+
+    def rate(self, start, end):
+        """Pushes a second that ended in [start, end)."""
+        return sum(start <= t < end for t in self.done) / (end - start)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self.model.close()
+
+
+def one_run(blkps, a, state, env, learner):
+    control = blkps.control.Control(env["CONTROL_URL"])
+    try:
+        control.command(f"lease_until={int(time.monotonic() * 1000) + 3_600_000}")
+        backup = os.path.join(state, "backup")
+        pid = int(subprocess.run([BLKPS, "target", "show", "--dir", backup, "--get", "PID"], check=True,
+                                 capture_output=True, text=True).stdout)
+        alone_from = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        wait_for("the primary says its backup is lost", lambda: control.status()["backup"].startswith("lost: "))
+        control.command("backup_outdated=1")
+        time.sleep(2)  # the learner alone, for its rate
+        restarted = time.monotonic()
+        subprocess.run([BLKPS, "target", "restart", "--dir", state], check=True, stdout=subprocess.DEVNULL)
+        wait_for("the backup in sync", lambda: control.status()["backup"] == "")
+        in_sync = time.monotonic()
+        time.sleep(2)  # the learner with its backup in sync, for its rate
+    finally:
+        control.close()
+    with open(os.path.join(state, "tgtd.log"), errors="replace") as f:
+        logged = CAUGHT_UP.findall(f.read())
+    if not logged or learner.error:
+        sys.exit(f"catch_up: {learner.error or 'the primary logged no catch-up'}")
+    seconds, mib = float(logged[-1][0]), int(logged[-1][1])
+    return {"catch_up_s": seconds, "state_mib": mib, "mib_per_s": mib / seconds if seconds > 0 else None,
+            "restart_to_in_sync_s": in_sync - restarted,
+            "pushes_per_s_alone": learner.rate(alone_from + 1, restarted),
+            "pushes_per_s_during": learner.rate(in_sync - seconds, in_sync),
+            "pushes_per_s_in_sync": learner.rate(in_sync, in_sync + 2)}
+
+
+def main():
+    a = parse()
+    if os.geteuid() != 0:
+        sys.exit("catch_up: needs root (tgtd): sudo " + sys.argv[0])
+    os.environ.setdefault("BLKPS_LIB", os.path.join(a.build, "learner", "libblkps.so"))
+    sys.path.insert(0, os.path.join(top, "learner", "python"))
+    sys.path.insert(0, os.path.join(top, "learner", "examples"))
+    import blkps
+    import blkps.control  # noqa: F401  (blkps.control.Control)
+    from torch_fashion_job import start_server, stop_server
+    state = tempfile.mkdtemp(prefix="blkps-catch-up-")
+    runs = []
+    try:
+        env = start_server(state, f"params={a.params};rule={a.rule};lr=1e-9", 1, a.build, replicas=2)
+        learner = Learner(blkps, env["URL"], a.params)
+        try:
+            for k in range(a.runs):
+                runs.append(one_run(blkps, a, state, env, learner))
+                r = runs[-1]
+                print(f"catch-up {k + 1}/{a.runs}: {r['state_mib']} MiB in {r['catch_up_s']:.3f} s; in sync "
+                      f"{r['restart_to_in_sync_s']:.2f} s after the restart began", file=sys.stderr, flush=True)
+        finally:
+            learner.stop()
+    finally:
+        stop_server(state)
+    load = os.getloadavg()[0]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "catch-up.json"), "w") as f:
+        json.dump({"params": a.params, "rule": a.rule, "cpus": os.cpu_count(), "load_average": load, "runs": runs},
+                  f, indent=2)
+
+    def median(key):
+        return statistics.median(r[key] for r in runs)
+    lines = ["# A returning backup's catch-up, a learner pushing throughout", "",
+             f"One tgtd and its backup, loopback, {os.cpu_count()} CPUs; a {a.params * 4 / 2**20:.0f} MiB model, "
+             f"rule {a.rule}; one learner pushing the whole model in a loop; medians of {a.runs} catch-ups; load "
+             f"average {load:.1f} at the end. Command: `sudo bench/catch_up.py --params {a.params} --rule {a.rule} "
+             f"--runs {a.runs}`.", "",
+             "| state sent | catch-up (primary's log) | rate | restart to in sync | learner pushes/s alone | during the "
+             "catch-up | in sync after it |", "|---:|---:|---:|---:|---:|---:|---:|",
+             f"| {median('state_mib'):.0f} MiB | {median('catch_up_s'):.2f} s | {median('mib_per_s'):.0f} MiB/s | "
+             f"{median('restart_to_in_sync_s'):.2f} s | {median('pushes_per_s_alone'):.2f} | "
+             f"{median('pushes_per_s_during'):.2f} | {median('pushes_per_s_in_sync'):.2f} |"]
+    with open(os.path.join(a.out, "catch-up.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
