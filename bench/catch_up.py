@@ -19,7 +19,6 @@ Writes catch-up.md and catch-up.json to --out (default
 bench/results/catch-up) and prints the table.
 """
 import argparse
-import json
 import os
 import re
 import signal
@@ -32,7 +31,8 @@ import time
 
 import numpy as np
 
-top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_results import top, use_this_checkout, write_results
+
 BLKPS = os.path.join(top, "scripts", "blkps")
 CAUGHT_UP = re.compile(r"caught up in ([0-9.]+) s \(([0-9]+) MiB of state\)")
 WAIT_S = 120
@@ -124,9 +124,7 @@ def main():
     a = parse()
     if os.geteuid() != 0:
         sys.exit("catch_up: needs root (tgtd): sudo " + sys.argv[0])
-    os.environ.setdefault("BLKPS_LIB", os.path.join(a.build, "learner", "libblkps.so"))
-    sys.path.insert(0, os.path.join(top, "learner", "python"))
-    sys.path.insert(0, os.path.join(top, "learner", "examples"))
+    use_this_checkout(a.build)
     import blkps
     import blkps.control  # noqa: F401  (blkps.control.Control)
     from torch_fashion_job import start_server, stop_server
@@ -146,11 +144,7 @@ def main():
     finally:
         stop_server(state)
     load = os.getloadavg()[0]
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "catch-up.json"), "w") as f:
-        json.dump({"params": a.params, "rule": a.rule, "cpus": os.cpu_count(), "load_average": load, "runs": runs},
-                  f, indent=2)
-
+    numbers = {"params": a.params, "rule": a.rule, "cpus": os.cpu_count(), "load_average": load, "runs": runs}
     def median(key):
         return statistics.median(r[key] for r in runs)
     lines = ["# A returning backup's catch-up, a learner pushing throughout", "",
@@ -163,9 +157,7 @@ def main():
              f"| {median('state_mib'):.0f} MiB | {median('catch_up_s'):.2f} s | {median('mib_per_s'):.0f} MiB/s | "
              f"{median('restart_to_in_sync_s'):.2f} s | {median('pushes_per_s_alone'):.2f} | "
              f"{median('pushes_per_s_during'):.2f} | {median('pushes_per_s_in_sync'):.2f} |"]
-    with open(os.path.join(a.out, "catch-up.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(a.out, "catch-up", numbers, lines)
     return 0
 
 

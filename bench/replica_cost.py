@@ -17,16 +17,17 @@ Writes replica-cost.md and replica-cost.json to --out (default
 bench/results/replica-cost) and prints the table.
 """
 import argparse
-import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_results import cpu_seconds, top, use_this_checkout, write_results
+
 OPS = ("exchange", "push then pull")
 
 
@@ -44,8 +45,11 @@ def parse():
     return a
 
 
-def seconds_per_call(model, op, grad, out, calls):
-    """The mean seconds of one `op` of the whole model over `calls` calls."""
+def timed_calls(model, op, grad, out, calls, pids):
+    """`calls` calls of `op` of the whole model: (seconds a call, cores busy
+    meanwhile: the CPU of this process (the learner) and of the tgtds
+    `pids`, over the wall time)."""
+    cpu = os.times().user + os.times().system + sum(cpu_seconds(p) for p in pids)
     began = time.perf_counter()
     for _ in range(calls):
         if op == "exchange":
@@ -53,34 +57,42 @@ def seconds_per_call(model, op, grad, out, calls):
         else:
             model.push(0, grad)
             model.pull_into(0, out)
-    return (time.perf_counter() - began) / calls
+    wall = time.perf_counter() - began
+    cpu = os.times().user + os.times().system + sum(cpu_seconds(p) for p in pids) - cpu
+    return wall / calls, cpu / wall
 
 
 def main():
     a = parse()
     if os.geteuid() != 0:
         sys.exit("replica_cost: needs root (tgtd): sudo " + sys.argv[0])
-    os.environ.setdefault("BLKPS_LIB", os.path.join(a.build, "learner", "libblkps.so"))
-    sys.path.insert(0, os.path.join(top, "learner", "python"))
-    sys.path.insert(0, os.path.join(top, "learner", "examples"))
+    use_this_checkout(a.build)
     import blkps
     from torch_fashion_job import start_server, stop_server
     bsopts = f"params={a.params};rule={a.rule};lr=1e-9"
     states = {replicas: tempfile.mkdtemp(prefix=f"blkps-replica-cost-{replicas}-") for replicas in (1, 2)}
-    models = {}
+    models, pids = {}, {}
     try:
         for replicas, state in states.items():
             env = start_server(state, bsopts, 1, a.build, replicas=replicas)
             models[replicas] = blkps.Model(env["URL"])
+            pids[replicas] = [int(env["PID"])]
+            if replicas == 2:
+                pids[replicas].append(int(subprocess.run(
+                    [os.path.join(top, "scripts", "blkps"), "target", "show", "--dir", os.path.join(state, "backup"),
+                     "--get", "PID"], check=True, capture_output=True, text=True).stdout))
         grad = np.full(a.params, 1e-3, dtype=np.float32)
         out = np.empty(a.params, dtype=np.float32)
-        for model in models.values():  # warm: connections, pages
-            seconds_per_call(model, "exchange", grad, out, 1)
+        for replicas, model in models.items():  # warm: connections, pages
+            timed_calls(model, "exchange", grad, out, 1, pids[replicas])
         times = {(op, r): [] for op in OPS for r in (1, 2)}
+        cores = {(op, r): [] for op in OPS for r in (1, 2)}
         for k in range(a.rounds):
             for replicas in ((1, 2) if k % 2 == 0 else (2, 1)):
                 for op in OPS:
-                    times[op, replicas].append(seconds_per_call(models[replicas], op, grad, out, a.calls))
+                    seconds, busy = timed_calls(models[replicas], op, grad, out, a.calls, pids[replicas])
+                    times[op, replicas].append(seconds)
+                    cores[op, replicas].append(busy)
             print(f"replica cost: round {k + 1}/{a.rounds}", file=sys.stderr, flush=True)
     finally:
         for model in models.values():
@@ -92,25 +104,23 @@ def main():
     rows = []
     for op in OPS:
         one, two = statistics.median(times[op, 1]), statistics.median(times[op, 2])
-        rows.append({"op": op, "one_replica_s": one, "two_replicas_s": two, "ratio": two / one})
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "replica-cost.json"), "w") as f:
-        json.dump({"params": a.params, "rule": a.rule, "rounds": a.rounds, "calls": a.calls, "cpus": os.cpu_count(),
-                   "load_average": load, "times": {f"{op}/{r}": v for (op, r), v in times.items()}, "rows": rows},
-                  f, indent=2)
+        rows.append({"op": op, "one_replica_s": one, "two_replicas_s": two, "ratio": two / one,
+                     "one_replica_cores": statistics.median(cores[op, 1]),
+                     "two_replicas_cores": statistics.median(cores[op, 2])})
+    numbers = {"params": a.params, "rule": a.rule, "rounds": a.rounds, "calls": a.calls, "cpus": os.cpu_count(),
+               "load_average": load, "times": {f"{op}/{r}": v for (op, r), v in times.items()}, "rows": rows}
     lines = ["# What a backup costs: the whole model through libblkps, with a backup against without", "",
              f"One learner, one tgtd per side (and the backup's), loopback, {os.cpu_count()} CPUs; a {mib:.0f} MiB "
-             f"model, rule {a.rule}; medians of {a.rounds} interleaved rounds of {a.calls} calls each; load "
-             f"average {load:.1f} at the end. Command: `sudo bench/replica_cost.py --params {a.params} --rule "
-             f"{a.rule} --rounds {a.rounds} --calls {a.calls}`.", "",
-             "| operation | 1 replica | 2 replicas | 2 / 1 |", "|---|---:|---:|---:|"]
+             f"model, rule {a.rule}; medians of {a.rounds} interleaved rounds of {a.calls} calls each; cores busy: "
+             f"the CPU time of the learner and the side's tgtds over the wall time; load average {load:.1f} at "
+             f"the end. Command: `sudo bench/replica_cost.py --params {a.params} --rule {a.rule} --rounds "
+             f"{a.rounds} --calls {a.calls}`.", "",
+             "| operation | 1 replica | cores busy | 2 replicas | cores busy | 2 / 1 |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['op']} | {r['one_replica_s'] * 1000:.1f} ms ({mib / r['one_replica_s']:.0f} MiB/s) | "
-                     f"{r['two_replicas_s'] * 1000:.1f} ms ({mib / r['two_replicas_s']:.0f} MiB/s) | "
-                     f"{r['ratio']:.2f} |")
-    with open(os.path.join(a.out, "replica-cost.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                     f"{r['one_replica_cores']:.2f} | {r['two_replicas_s'] * 1000:.1f} ms "
+                     f"({mib / r['two_replicas_s']:.0f} MiB/s) | {r['two_replicas_cores']:.2f} | {r['ratio']:.2f} |")
+    write_results(a.out, "replica-cost", numbers, lines)
     return 0
 
 
