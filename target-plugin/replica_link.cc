@@ -217,6 +217,7 @@ void BackupRejoiner::Watch() {
     std::shared_ptr<ReplicaLink> link;
     Status s = ReplicaLink::Connect(address_, &link);
     if (s.ok()) s = job->CatchUp(std::move(link));
+    if (s.ok()) said.clear();  // a later loss's first reason is said again
     if (s.ok() || s.message() == said) continue;
     said = s.message();
     log_("backup at " + address_ + " not caught up: " + said + "; looking for it again every " +
@@ -258,32 +259,36 @@ ReplicaListener::~ReplicaListener() {
 }
 
 void ReplicaListener::Accept() {
-  bool followed = false;
   for (;;) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0 && errno == EINTR) continue;
     if (fd < 0) return;
+    {
+      // A connection still followed is ended first: the primary opened this
+      // one because it counts that one lost (its far end may not know).
+      MutexLock lock(&mu_);
+      if (follow_fd_ >= 0) shutdown(follow_fd_, SHUT_RDWR);
+    }
+    if (follower_.joinable()) follower_.join();
     MutexLock lock(&mu_);
     if (stopping_) {
       close(fd);
       return;
     }
-    if (followed) {
-      SendFrame(fd, BLKPS_REPLICA_REFUSE, 0,
-                "this backup already followed a primary: restart it to follow again (its primary catches it up)");
-      close(fd);
-      continue;
-    }
-    followed = true;
     follow_fd_ = fd;
     const int one = 1;  // an acknowledgement is waited for: send it now (no Nagle delay behind the last one)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    follower_ = std::thread([this, fd] { Follow(fd); });
+    // Every connection after the first may have missed records: it is
+    // followed from a catch-up's snapshot on, never from a write's record.
+    const bool snapshot_first = followed_;
+    followed_ = true;
+    follower_ = std::thread([this, fd, snapshot_first] { Follow(fd, snapshot_first); });
   }
 }
 
-void ReplicaListener::Follow(int fd) {
+void ReplicaListener::Follow(int fd, bool snapshot_first) {
   std::string ended = "its connection ended";
+  bool snapshot_begun = false;
   std::string body;  // kept: a record's size is much like the last one's, and not zeroed again
   for (;;) {
     blkps_replica_frame f;
@@ -297,10 +302,15 @@ void ReplicaListener::Follow(int fd) {
       s = Status::Unavailable("this backup's model is no longer served");
     } else if (f.kind == BLKPS_REPLICA_HELLO) {
       s = job->CheckReplicaHello(body);
+    } else if (f.kind == BLKPS_REPLICA_PUSH && snapshot_first && !snapshot_begun) {
+      s = Status::Unavailable(
+          "this backup followed a primary before and may have missed records since: only a catch-up follows it "
+          "again (its primary starts one once the backup is declared outdated)");
     } else if (f.kind == BLKPS_REPLICA_PUSH) {
       s = job->ApplyReplica(body);
     } else if (f.kind == BLKPS_REPLICA_SNAPSHOT_BEGIN) {
       s = job->BeginReplicaSnapshot(body);
+      snapshot_begun = snapshot_begun || s.ok();
     } else if (f.kind == BLKPS_REPLICA_SNAPSHOT) {
       s = job->ApplyReplicaSnapshot(body);
     } else {

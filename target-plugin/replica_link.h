@@ -101,10 +101,14 @@ class BackupRejoiner {
   std::thread thread_;
 };
 
-// A backup's replication port: follows one primary per life (a second
-// connection is refused, and so is any after the job's promotion). Records
-// are applied to the job in the order they arrive, each acknowledged once
-// applied. Holds the job weakly: the job's LUNs decide its life.
+// A backup's replication port: follows one connection of its primary at a
+// time, a new one ending the one before (the primary counted it lost).
+// The first connection may follow from a write's record on; every later
+// one only from a catch-up's SNAPSHOT_BEGIN (a write's record before it
+// is refused): a catch-up refused or broken is tried again. Records are
+// applied to the job in the order they arrive, each acknowledged once
+// applied; a promoted job refuses them all. Holds the job weakly: the
+// job's LUNs decide its life.
 class ReplicaListener {
  public:
   using Logger = std::function<void(const std::string&)>;
@@ -118,15 +122,19 @@ class ReplicaListener {
 
  private:
   ReplicaListener(int fd, std::weak_ptr<Job> job, Logger log) : listen_fd_(fd), job_(std::move(job)), log_(log) {}
-  void Accept();        // the acceptor thread
-  void Follow(int fd);  // the follower thread: one primary's frames
+  void Accept();  // the acceptor thread
+  // The follower thread: one connection's frames; `snapshot_first`: a
+  // write's record is refused until a catch-up began.
+  void Follow(int fd, bool snapshot_first);
   const int listen_fd_;
   const std::weak_ptr<Job> job_;
   const Logger log_;
   Mutex mu_;
-  int follow_fd_ GUARDED_BY(mu_) = -1;  // the primary's connection, while followed
+  int follow_fd_ GUARDED_BY(mu_) = -1;     // the primary's connection, while followed
+  bool followed_ GUARDED_BY(mu_) = false;  // a connection was followed
   bool stopping_ GUARDED_BY(mu_) = false;
-  std::thread acceptor_, follower_;
+  std::thread acceptor_;
+  std::thread follower_;  // started and joined by the acceptor, joined last by the destructor
 };
 
 }  // namespace blkps::server

@@ -8,7 +8,8 @@ ports with its own --data-dir in a temporary folder.
 
 Contract: the constructor returns once every member answers /health with
 "true" (within `deadline_s`, else it stops what it started and raises
-RuntimeError naming the member and its log). Leaving the block, or the
+RuntimeError naming the member, with its log's end; a port taken before
+etcd bound it is retried on new ports). Leaving the block, or the
 test process ending any way Python ends, stops each member it started by
 its pid (SIGKILL: the data is a throwaway) and removes the folder.
 """
@@ -24,6 +25,7 @@ import time
 import urllib.request
 
 MEMBERS = 3
+START_ATTEMPTS = 3
 
 
 def _free_ports(count):
@@ -43,34 +45,51 @@ def _free_ports(count):
 
 class EtcdCluster:
     def __init__(self, deadline_s=60):
-        self.folder = tempfile.mkdtemp(prefix="blkps-etcd-")
         self.procs = []
+        self.folder = None
         atexit.register(self.stop)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                why = self._start(deadline_s)
+            except BaseException:
+                self.stop()
+                raise
+            if why is None:
+                return
+            self.stop()
+            # A free port chosen can be taken by another test before etcd
+            # binds it: new ports then; any other reason ends the start.
+            if "address already in use" not in why or attempt == START_ATTEMPTS:
+                raise RuntimeError(why)
+
+    def _start(self, deadline_s):
+        """Starts the members on new ports: None once all are healthy, else
+        why not (the member and its log's last lines)."""
+        self.folder = tempfile.mkdtemp(prefix="blkps-etcd-")
         ports = _free_ports(2 * MEMBERS)
         clients = [f"http://127.0.0.1:{ports[2 * k]}" for k in range(MEMBERS)]
         peers = [f"http://127.0.0.1:{ports[2 * k + 1]}" for k in range(MEMBERS)]
         cluster = ",".join(f"e{k}={peers[k]}" for k in range(MEMBERS))
         self.clients = clients
         self.endpoints = ",".join(c.removeprefix("http://") for c in clients)
-        try:
-            for k in range(MEMBERS):
-                with open(self.log(k), "w") as log:
-                    self.procs.append(subprocess.Popen(
-                        ["etcd", "--name", f"e{k}", "--data-dir", os.path.join(self.folder, f"e{k}"),
-                         "--listen-client-urls", clients[k], "--advertise-client-urls", clients[k],
-                         "--listen-peer-urls", peers[k], "--initial-advertise-peer-urls", peers[k],
-                         "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                         "--initial-cluster-token", os.path.basename(self.folder)],
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-            deadline = time.monotonic() + deadline_s
-            for k in range(MEMBERS):
-                while not self.healthy(k):
-                    if self.procs[k].poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"etcd member e{k} did not become healthy; its log: {self.log(k)}")
-                    time.sleep(0.1)
-        except BaseException:
-            self.stop()
-            raise
+        for k in range(MEMBERS):
+            with open(self.log(k), "w") as log:
+                self.procs.append(subprocess.Popen(
+                    ["etcd", "--name", f"e{k}", "--data-dir", os.path.join(self.folder, f"e{k}"),
+                     "--listen-client-urls", clients[k], "--advertise-client-urls", clients[k],
+                     "--listen-peer-urls", peers[k], "--initial-advertise-peer-urls", peers[k],
+                     "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                     "--initial-cluster-token", os.path.basename(self.folder)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + deadline_s
+        for k in range(MEMBERS):
+            while not self.healthy(k):
+                if self.procs[k].poll() is not None or time.monotonic() > deadline:
+                    with open(self.log(k), errors="replace") as log:
+                        tail = "".join(log.readlines()[-5:])
+                    return f"etcd member e{k} did not become healthy; the end of its log:\n{tail}"
+                time.sleep(0.1)
+        return None
 
     def log(self, k):
         return os.path.join(self.folder, f"e{k}.log")
@@ -94,7 +113,8 @@ class EtcdCluster:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
         self.procs = []
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self):
         return self

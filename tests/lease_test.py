@@ -129,7 +129,21 @@ class LeasedTarget:
     def __enter__(self):
         return self
 
+    def print_logs(self, lines=40):
+        """The last lines of both servers' logs, for a failure's reader."""
+        for folder in (self.dir, self.backup):
+            for name in ("tgtd.log", "lease.log"):
+                try:
+                    with open(os.path.join(folder, name)) as f:
+                        tail = f.readlines()[-lines:]
+                except OSError:
+                    continue
+                print(f"---- {os.path.join(folder, name)} (last {len(tail)} lines)", flush=True)
+                print("".join(tail), end="", flush=True)
+
     def __exit__(self, *exc):
+        if exc and exc[0] is not None:
+            self.print_logs()
         for model in getattr(self, "models", {}).values():
             model.close()
         for folder in (self.backup, self.dir):  # a keeper this test stopped must run to end

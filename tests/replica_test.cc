@@ -356,6 +356,45 @@ TEST(Replicas, ARestartedBackupCatchesUpWhileLearnersPushAndEqualsThePrimary) {
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
+// A connection the restarted backup took and that ended before any catch-up
+// (a stranger's, or a catch-up refused while the backup was still adding
+// its LUNs) does not use up the backup: the primary's catch-up, tried
+// again, follows it.
+TEST(Replicas, AConnectionEndedBeforeTheCatchUpDoesNotKeepTheBackupOutdated) {
+  ReplicatedShard shard(kModel + ";rule=sum");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
+  std::mt19937 rng(1);
+  RawLun learner(shard.primary.url(1), Learner(1));
+  ASSERT_EQ(learner.Write(0, Gradient(rng, 1)), "GOOD");
+  std::string why;
+  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
+  // The primary finds the backup lost with this write, which waits for the
+  // verdict: the primary's catch-up starts only once it is outdated.
+  std::string alone;
+  std::thread write([&] { alone = learner.Write(0, Gradient(rng, 1)); });
+  const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
+  const bool restarted = shard.backup.Restart();
+  const int port = std::stoi(shard.address.substr(shard.address.rfind(':') + 1));
+  const int stranger = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool connected = connect(stranger, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(stranger);  // the backup's first connection since its restart, ended at once
+  const std::string verdict = Command(shard.primary, "backup_outdated=1");
+  write.join();
+  ASSERT_TRUE(lost) << StatusJson(shard.primary);
+  ASSERT_TRUE(restarted) << shard.backup.start_output();
+  ASSERT_TRUE(connected) << "the restarted backup does not listen on " << shard.address;
+  ASSERT_EQ(verdict, "GOOD");
+  ASSERT_EQ(alone, "GOOD");
+  ASSERT_TRUE(StatusShows(shard.primary, "\"backup\": \"\"")) << StatusJson(shard.primary) << shard.primary.Log();
+  ExpectThePromotedBackupEqualsThePrimary(shard);
+}
+
 TEST(Replicas, APrimaryDoesNotStartWithoutItsBackup) {
   TargetProcess primary(kModel + ";rule=sum;replicate_to=127.0.0.1:" + std::to_string(FreePort()));
   EXPECT_FALSE(primary.ok());
