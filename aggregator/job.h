@@ -277,9 +277,11 @@ class Job {
   // A learner's WRITE: its gradient, applied per the consistency mode
   // (Model::ApplyGradient) and counted on the learner's clocks and on
   // `initiator`'s receipt. Errors as Model::ApplyGradient (nothing applied,
-  // nothing counted), or Unavailable. REQUIRES: admitted by Admit() with the
-  // same slot and initiator.
-  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator = "") {
+  // nothing counted), or Unavailable; DeadlineExceeded for a write of a
+  // session a fence of its initiator ended (the learner reconnected and
+  // resends what its receipt lacks). REQUIRES:
+  // admitted by Admit() with the same slot and initiator name.
+  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const Initiator& initiator = {}) {
     return Write(slot, offset, src, len, initiator, offset);
   }
   // The same, for a LUN whose device bytes are not the model's float32 bytes
@@ -287,7 +289,7 @@ class Job {
   // bytes, src holds the gradient as `values` (Model::ApplyGradient), and
   // the receipt counts the write at `device_offset`, where the learner's
   // write started on its own device.
-  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
+  Status Write(size_t slot, uint64_t offset, const void* src, size_t len, const Initiator& initiator,
                uint64_t device_offset, wire::Dtype values = wire::Dtype::kFloat32);
   // Durable checkpoint: the job's next generation; OK and nothing written
   // if no file is configured. A scaled-out job's shard returns once its
@@ -314,8 +316,10 @@ class Job {
   Counters GetCounters() const;
   // Control commands, one `key=value` per line, then NUL padding:
   // a rule parameter (lr, momentum, beta1, beta2, eps), resume=1,
-  // fence=<lun> (fails `initiator`'s held writes on learner LUN <lun>, which
-  // must be one of this model's), stop=1|0 (asks every learner to stop
+  // fence=<lun>[:<session>] (fails `initiator`'s held writes on learner LUN
+  // <lun>, which must be one of this model's; with <session>, 16 lower-case
+  // hex digits, the session that ended: its writes there are refused from
+  // then on, Initiator::session), stop=1|0 (asks every learner to stop
   // training: status "stop", the counters record's stop; stop=0 withdraws
   // it; nothing else changes), or tag=<text>: an opaque label that
   // learners keep with the model (status "tag"; at most 256 of
@@ -345,7 +349,7 @@ class Job {
   // rank= and pipeline=; a block with any other line is refused whole with
   // PermissionDenied.
   enum class ControlRights { kOperator, kLearner };
-  Status Control(const std::string& commands, const std::string& initiator = "",
+  Status Control(const std::string& commands, const Initiator& initiator = {},
                  ControlRights rights = ControlRights::kOperator);
 
   // Receipts count writes by the unit of this many device bytes they start
@@ -574,7 +578,11 @@ class Job {
   // gate closed, or at Create).
   std::vector<uint64_t> SaveHashedRows() const;
   Status RestoreHashedRows(const std::vector<uint64_t>& words);
-  void FenceLocked(uint64_t lun, const std::string& initiator) REQUIRES(mu_);
+  // fence=<lun>[:<ended_session>] of `initiator` (0: none named).
+  void FenceLocked(uint64_t lun, const std::string& initiator, uint64_t ended_session) REQUIRES(mu_);
+  // Whether `initiator`'s write on `slot` comes on a session a fence of
+  // its name ended: DeadlineExceeded then, else OK.
+  Status CheckNotFenced(size_t slot, const Initiator& initiator) const;
   // Writes hold the checkpoint gate while they apply and count a gradient;
   // Checkpoint and CatchUp close it (new writes wait) and wait for the
   // running ones, take their instant, and open it again.

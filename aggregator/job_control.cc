@@ -53,7 +53,7 @@ std::string ShowBytes(const std::string& text) {
 
 }  // namespace
 
-Status Job::Control(const std::string& commands, const std::string& initiator, ControlRights rights) {
+Status Job::Control(const std::string& commands, const Initiator& initiator, ControlRights rights) {
   // A refused command stays in the status JSON (control_error) until the next
   // control write succeeds: the writer sees only a SCSI error. Every refusal
   // is counted (control_refused).
@@ -154,6 +154,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   std::optional<bool> stop;
   uint64_t fence_lun = 0;
   bool fence = false;
+  uint64_t ended_session = 0;                            // fence=<lun>:<session>
   std::optional<std::pair<uint64_t, std::string>> beat;  // rank=
   std::optional<std::pair<uint64_t, uint64_t>> depth;    // pipeline=: LUN, depth
   std::optional<uint64_t> lease_until;                   // CLOCK_MONOTONIC ms
@@ -205,10 +206,16 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
       }
       depth.emplace(n, d == "1" ? 1 : 0);
     } else if (l.key == "fence") {
-      if (!learner_lun(l.value, &fence_lun)) {
-        return bad("fence: expected fence=<the LUN of a learner of this model>, got '" + ShowBytes(l.value) + "'");
+      const size_t colon = l.value.find(':');
+      const std::string session = colon == std::string::npos ? "" : l.value.substr(colon + 1);
+      const bool hex = session.size() == 16 && session.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (!learner_lun(l.value.substr(0, colon), &fence_lun) || (colon != std::string::npos && !hex)) {
+        return bad("fence: expected fence=<the LUN of a learner of this model>[:<the ended session, 16 lower-case "
+                   "hex digits>], got '" +
+                   ShowBytes(l.value) + "'");
       }
       fence = true;
+      ended_session = hex ? std::strtoull(session.c_str(), nullptr, 16) : 0;
     } else {
       char* end = nullptr;
       const float v = std::strtof(l.value.c_str(), &end);
@@ -233,7 +240,7 @@ Status Job::Control(const std::string& commands, const std::string& initiator, C
   for (const Line& l : lines) {
     if (l.key == "tag") tag_ = l.value;
   }
-  if (fence) FenceLocked(fence_lun, initiator);
+  if (fence) FenceLocked(fence_lun, initiator.name, ended_session);
   if (beat) ranks_[beat->first] = RankBeat{beat->second, Clock::now()};
   for (Slot& s : slots_) {
     if (depth && s.lun == depth->first) s.pipeline_depth = depth->second;

@@ -29,7 +29,7 @@ Status Job::ReadParams(uint64_t first, uint64_t count, const Model::TakeWeights&
   return model_->ReadParams(first, count, take);
 }
 
-Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const std::string& initiator,
+Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, const Initiator& initiator,
                   uint64_t device_offset, wire::Dtype values) {
   EnterWriteGate();
   uint64_t round = 0;  // the round its gradient is towards: its clock on its first block
@@ -45,13 +45,16 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
   if (channel) {
     MutexLock lock(&mu_);
-    push.emplace(slots_[slot].lun, initiator, device_offset / kReceiptUnit);
+    push.emplace(slots_[slot].lun, initiator.name, device_offset / kReceiptUnit);
     push->Reserve(*model_, len / sizeof(float));
   }
-  Status s = ApplyWrite(slot, offset, src, len, values, push ? &*push : nullptr);
+  // Checked while the write is in progress on its receipt: a learner that
+  // fences after the check waits for it to end (writes_in_progress).
+  Status s = CheckNotFenced(slot, initiator);
+  if (s.ok()) s = ApplyWrite(slot, offset, src, len, values, push ? &*push : nullptr);
   // Counted inside the gate: a checkpoint holds both the gradient and its
   // count, or neither.
-  FinishWrite(slot, initiator, device_offset, s.ok(), round);
+  FinishWrite(slot, initiator.name, device_offset, s.ok(), round);
   LeaveWriteGate();
   if (s.ok() && push && !push->empty()) s = Replicate(&*push, *channel);
   // Acknowledged only while the lease holds (a lease may lapse while the

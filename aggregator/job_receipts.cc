@@ -38,12 +38,26 @@ void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset
   if (applied && RoundBoundaries()) RecordRoundWriteLocked(slot, initiator, offset / kReceiptUnit, round);
 }
 
-void Job::FenceLocked(uint64_t lun, const std::string& initiator) {
+void Job::FenceLocked(uint64_t lun, const std::string& initiator, uint64_t ended_session) {
+  // A write of the ended session that tgtd had not read off its socket yet
+  // comes after the fence, maybe after the learner read its receipt: it is
+  // refused by its session (CheckNotFenced), never applied behind the
+  // receipt the learner resends by.
+  for (size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (slots_[slot].lun == lun && ended_session != 0) receipts_.EndSession(slot, initiator, ended_session);
+  }
   holds_.Release([&](const HeldCommand& held) REQUIRES(mu_) -> std::optional<Status> {
     if (!held.write || slots_[held.slot].lun != lun || held.initiator != initiator) return std::nullopt;
     return OnReleaseLocked(held, Status::DeadlineExceeded("write fenced: initiator " + initiator +
                                                           " reconnected and will resend what its receipt lacks"));
   });
+}
+
+Status Job::CheckNotFenced(size_t slot, const Initiator& initiator) const {
+  MutexLock lock(&mu_);
+  if (!receipts_.Ended(slot, initiator)) return Status::OK();
+  return Status::DeadlineExceeded("write of an ended session: initiator " + initiator.name +
+                                  " reconnected, fenced it, and resends what its receipt lacks");
 }
 
 Job::ReceiptNumbers Job::GetReceipt(uint64_t lun, const std::string& initiator, uint64_t first_unit,

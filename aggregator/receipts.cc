@@ -53,6 +53,19 @@ void Receipts::DropWrite(size_t slot, const std::string& initiator) {
   if (r.in_progress > 0) --r.in_progress;
 }
 
+void Receipts::EndSession(size_t slot, const std::string& initiator, uint64_t session) {
+  std::vector<uint64_t>& ended = Use(slot, initiator, true)->ended_sessions;
+  if (std::find(ended.begin(), ended.end(), session) != ended.end()) return;
+  if (ended.size() == kEndedSessions) ended.erase(ended.begin());
+  ended.push_back(session);
+}
+
+bool Receipts::Ended(size_t slot, const Initiator& initiator) const {
+  const Receipt* r = initiator.session == 0 ? nullptr : Find(slot, initiator.name);
+  return r != nullptr &&
+         std::find(r->ended_sessions.begin(), r->ended_sessions.end(), initiator.session) != r->ended_sessions.end();
+}
+
 // Layout: receipts; per receipt: slot, writes_applied, initiator length,
 // its bytes in words (zero-padded), number of counters, then (unit, count)
 // pairs. A slot's receipts are saved least recently used first, and restored

@@ -18,11 +18,25 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "status.h"
 
 namespace blkps::server {
+
+// Who sent a learner's command: its iSCSI initiator name, which keys its
+// receipt, and the session it came on, which a fence names once it ended:
+// the token libblkps chooses at each login and sends as the session's
+// initiator alias ("blkps-session-<16 hex digits>"); 0 for any other
+// initiator. Made from a name alone where the session does not matter.
+struct Initiator {
+  Initiator(std::string initiator_name = "", uint64_t session_id = 0)  // NOLINT: a name converts
+      : name(std::move(initiator_name)), session(session_id) {}
+  Initiator(const char* initiator_name) : name(initiator_name) {}  // NOLINT: a name converts
+  std::string name;
+  uint64_t session = 0;
+};
 
 // One initiator's row window: its last push applied, its last pull.
 struct RowWindow {
@@ -39,6 +53,8 @@ class Receipts {
   static constexpr uint64_t kUnit = 512;
   // Receipts kept per learner slot.
   static constexpr size_t kPerSlot = 8;
+  // Ended sessions kept per receipt: a learner's last reconnects.
+  static constexpr size_t kEndedSessions = 8;
 
   // One initiator's writes to one slot.
   struct Receipt {
@@ -50,6 +66,9 @@ class Receipts {
     uint64_t writes_applied = 0;
     uint64_t in_progress = 0;  // admitted, not yet finished or failed
     uint64_t last_use = 0;     // the Receipts' use count at its initiator's last I/O
+    // The last kEndedSessions sessions its initiator's fences ended: their
+    // writes are refused (Initiator::session).
+    std::vector<uint64_t> ended_sessions;
     // Its row windows (job.h "Row windows"), made on first use.
     std::vector<RowWindow> windows;
 
@@ -89,6 +108,11 @@ class Receipts {
   // A held write of `initiator` will never run (failed, fenced, or its LUN
   // went away): no longer in progress.
   void DropWrite(size_t slot, const std::string& initiator);
+  // A fence of `initiator` on `slot` ended `session` (not 0): the receipt,
+  // made if there is none, keeps it among its kEndedSessions most recent.
+  void EndSession(size_t slot, const std::string& initiator, uint64_t session);
+  // Whether `initiator`'s session is one a fence of its name on `slot` ended.
+  bool Ended(size_t slot, const Initiator& initiator) const;
 
   // The receipts as words for a checkpoint's "receipts" section, and back
   // (into receipts of slots already added; InvalidArgument if the words are

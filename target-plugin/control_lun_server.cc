@@ -175,7 +175,7 @@ server::Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t le
 }
 
 server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len,
-                            const std::string& initiator) {
+                            const server::Initiator& initiator) {
   const uint64_t size = ControlSizeBytes(*lu);
   if (offset > size || len > size - offset) return OutsideControlLun(offset, len, size);
   // Who may write what is the LUN's, never the initiator's name: any client
@@ -192,7 +192,7 @@ server::Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint
   // REQUIRES !TouchesReadOnlyRegion(offset, len).
   return ForEachControlRegion(*lu, offset, len, [&](uint64_t region, uint64_t at, uint64_t n, uint64_t pos) {
     if (region == kCommandsOffset) return lu->job->Control(std::string(buf + pos, n), initiator, rights);
-    if (region == WindowsOffset(*lu)) return RowWindowsWrite(lu, at - region, buf + pos, n, initiator);
+    if (region == WindowsOffset(*lu)) return RowWindowsWrite(lu, at - region, buf + pos, n, initiator.name);
     if (region == ExchangeOffset(*lu)) {
       WriteExchange(lu, at - region, n, buf + pos);
       return server::Status::OK();

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "blkps/control_lun.h"
 #include "blkps/wire_dtype.hpp"
 #include "lu_core.h"
 #include "replica_link.h"
@@ -136,24 +138,34 @@ blkps_io_result RefuseHashedTableIo(char* err, size_t errlen) {
   return BLKPS_IO_WINDOWS_ONLY;
 }
 
-// "Initiator: <name> alias: ..." (tgt's it_nexus info) -> <name>.
-std::string InitiatorName(const char* nexus) {
-  const std::string info = nexus ? nexus : "";
-  const std::string key = "Initiator: ";
+// The word after `key` in tgt's it_nexus info ("Initiator: <name> alias:
+// <alias>\n..."); empty if there is none.
+std::string NexusWord(const std::string& info, const std::string& key) {
   const size_t at = info.find(key);
   if (at == std::string::npos) return "";
   const size_t start = at + key.size();
   return info.substr(start, info.find_first_of(" \n", start) - start);
 }
 
-// The initiator name blkps_lu_admit recorded for `cmd`, forgotten here.
-std::string TakeInitiator(blkps_lu* lu, void* cmd) {
+// The initiator of a nexus: its name, and its session token if its alias
+// is libblkps's "blkps-session-<16 lower-case hex digits>" (else 0).
+server::Initiator InitiatorOf(const char* nexus) {
+  const std::string info = nexus ? nexus : "";
+  const std::string alias = NexusWord(info, " alias: ");
+  const std::string prefix = BLKPS_SESSION_ALIAS_PREFIX;
+  const std::string token = alias.rfind(prefix, 0) == 0 ? alias.substr(prefix.size()) : "";
+  const bool hex = token.size() == 16 && token.find_first_not_of("0123456789abcdef") == std::string::npos;
+  return server::Initiator(NexusWord(info, "Initiator: "), hex ? std::strtoull(token.c_str(), nullptr, 16) : 0);
+}
+
+// The initiator blkps_lu_admit recorded for `cmd`, forgotten here.
+server::Initiator TakeInitiator(blkps_lu* lu, void* cmd) {
   std::lock_guard<std::mutex> lock(lu->initiators_mu);
   auto it = lu->initiators.find(cmd);
-  if (it == lu->initiators.end()) return "";
-  std::string name = std::move(it->second);
+  if (it == lu->initiators.end()) return {};
+  server::Initiator initiator = std::move(it->second);
   lu->initiators.erase(it);
-  return name;
+  return initiator;
 }
 
 }  // namespace
@@ -217,7 +229,7 @@ int blkps_lu_runs_inline(const blkps_lu* lu, uint64_t len) {
 
 int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void* cmd, const char* nexus) {
   if (!lu->job) return 0;
-  const std::string initiator = InitiatorName(nexus);
+  const server::Initiator initiator = InitiatorOf(nexus);
   {
     std::lock_guard<std::mutex> lock(lu->initiators_mu);
     lu->initiators[cmd] = initiator;
@@ -229,7 +241,7 @@ int blkps_lu_admit(blkps_lu* lu, int write, uint64_t offset, uint64_t len, void*
     offset = offset / per_param * sizeof(float);
     len = len / per_param * sizeof(float);
   }
-  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd, initiator) == server::Job::Admission::kHold;
+  return lu->job->Admit(lu->slot, write != 0, offset, len, cmd, initiator.name) == server::Job::Admission::kHold;
 }
 
 void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, size_t errlen) {
@@ -246,7 +258,7 @@ void* blkps_lu_take_released(blkps_lu* lu, blkps_io_result* result, char* err, s
 
 blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len, void* cmd, char* err,
                               size_t errlen) {
-  const std::string initiator = TakeInitiator(lu, cmd);
+  const std::string initiator = TakeInitiator(lu, cmd).name;
   if (!lu->job) return BLKPS_IO_NOT_READY;
   if (lu->options.control) {
     return ToIoResult(ControlRead(lu, offset, static_cast<char*>(buf), len, initiator), err, errlen);
@@ -258,7 +270,7 @@ blkps_io_result blkps_lu_read(blkps_lu* lu, uint64_t offset, void* buf, uint64_t
 
 blkps_io_result blkps_lu_write(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, void* cmd, char* err,
                                size_t errlen) {
-  const std::string initiator = TakeInitiator(lu, cmd);
+  const server::Initiator initiator = TakeInitiator(lu, cmd);
   if (!lu->job) return BLKPS_IO_NOT_READY;
   if (lu->options.control) {
     if (TouchesReadOnlyRegion(*lu, offset, len)) {

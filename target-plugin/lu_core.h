@@ -35,7 +35,7 @@ struct blkps_lu {
   // The initiator name of each admitted command, from blkps_lu_admit until
   // it runs or fails.
   std::mutex initiators_mu;
-  std::map<void*, std::string> initiators;
+  std::map<void*, blkps::server::Initiator> initiators;
 
   // Control LUN: the status snapshot reads are served from.
   std::mutex status_mu;
@@ -60,8 +60,9 @@ uint64_t ControlSizeBytes(const blkps_lu& lu);
 bool TouchesReadOnlyRegion(const blkps_lu& lu, uint64_t offset, uint64_t len);
 // READ of [offset, offset + len) as `initiator` sees it (its receipts).
 Status ControlRead(blkps_lu* lu, uint64_t offset, char* buf, uint64_t len, const std::string& initiator);
-// WRITE of [offset, offset + len). REQUIRES !TouchesReadOnlyRegion(offset, len).
-Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len, const std::string& initiator);
+// WRITE of [offset, offset + len) by `initiator` (its fence= names its
+// session). REQUIRES !TouchesReadOnlyRegion(offset, len).
+Status ControlWrite(blkps_lu* lu, uint64_t offset, const char* buf, uint64_t len, const Initiator& initiator);
 
 // ---- The row windows (row_window_server.cc) ----
 // REQUIRES for each: lu->job is open and lu->options.control; `at` counts
@@ -82,7 +83,7 @@ bool IsWire16(const blkps_lu& lu);
 // The 16-bit LUN's size: 2 bytes per parameter, rounded up to a sector.
 uint64_t WireSizeBytes(const blkps_lu& lu);
 Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len);
-Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator);
+Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const Initiator& initiator);
 
 }  // namespace blkps::server::lu_core
 

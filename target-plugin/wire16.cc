@@ -72,7 +72,8 @@ server::Status WireRead(blkps_lu* lu, uint64_t offset, void* buf, uint64_t len) 
 // 16-bit type whole (and the job counts it) as it does a float32 one, then
 // widens it exactly as it applies it, so the rule's bits are those of the
 // widened values written to a float32 LUN.
-server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len, const std::string& initiator) {
+server::Status WireWrite(blkps_lu* lu, uint64_t offset, const void* buf, uint64_t len,
+                         const server::Initiator& initiator) {
   WireRange r;
   server::Status s = ToWireRange(*lu, offset, len, &r);
   if (!s.ok()) return s;

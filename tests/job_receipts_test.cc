@@ -91,6 +91,34 @@ TEST(JobReceipts, FenceFailsTheInitiatorsHeldWritesOnly) {
   EXPECT_FALSE(job->Control("fence=x\n", "iqn.a").ok());
 }
 
+// fence=<lun>:<session> ends that session of the fencing initiator's name:
+// its writes are refused from then on (a late one tgtd read after the
+// fence), nothing applied or counted; the name's other sessions, and the
+// same session token under another name, go on.
+TEST(JobReceipts, AFenceEndsTheSessionItNamesOnly) {
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", SumOptions("async"), nullptr, &job).ok());
+  const size_t slot = job->AddLearner(1, [] {});
+  const std::vector<float> ones(128, 1.0f);
+  const auto write = [&](const Initiator& initiator) {
+    int cmd = 0;
+    job->Admit(slot, true, 0, 512, &cmd, initiator.name);
+    return job->Write(slot, 0, ones.data(), 512, initiator);
+  };
+  ASSERT_TRUE(write({"iqn.a", 0xa1}).ok());
+  ASSERT_TRUE(job->Control("fence=1:00000000000000a1\n", {"iqn.a", 0xa2}).ok());
+  const Status late = write({"iqn.a", 0xa1});
+  EXPECT_EQ(late.code(), Status::Code::kDeadlineExceeded) << late.message();
+  EXPECT_TRUE(write({"iqn.a", 0xa2}).ok());
+  EXPECT_TRUE(write({"iqn.b", 0xa1}).ok());
+  EXPECT_TRUE(write({"iqn.a", 0}).ok());  // no session token: nothing to end
+  Job::ReceiptNumbers n;
+  EXPECT_EQ(Receipt(*job, 1, "iqn.a", &n)[0], 3u);
+  EXPECT_EQ(n.writes_in_progress, 0u);
+  EXPECT_FALSE(job->Control("fence=1:a1\n", {"iqn.a", 0xa2}).ok());
+  EXPECT_FALSE(job->Control("fence=1:00000000000000A1\n", {"iqn.a", 0xa2}).ok());
+}
+
 TEST(JobReceipts, ACheckpointHoldsTheReceiptsOfItsGradients) {
   const TempDir scratch("blkps-receipts-test");
   const std::string& dir = scratch.path;

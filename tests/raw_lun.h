@@ -21,9 +21,11 @@ inline constexpr uint32_t kRawLbaBytes = 512;
 class RawLun {
  public:
   // `initiator` must differ between sessions open at once: two sessions of one
-  // name would reinstate (log out) each other.
-  RawLun(const std::string& url, const std::string& initiator) {
+  // name would reinstate (log out) each other. `alias`, if given, is the
+  // session's initiator alias (libblkps names its session token there).
+  RawLun(const std::string& url, const std::string& initiator, const std::string& alias = "") {
     ctx_ = iscsi_create_context(initiator.c_str());
+    if (!alias.empty()) iscsi_set_alias(ctx_, alias.c_str());
     url_ = iscsi_parse_full_url(ctx_, url.c_str());
     if (!url_) return;
     iscsi_set_targetname(ctx_, url_->target);

@@ -860,6 +860,35 @@ TEST(ServerSemantics, ControlLunSetsTheLearningRateAndWeightsByPlainFileIo) {
 // target admits, whatever initiator name it gives (the operator's too); rule
 // parameters, resume= and weights go through the operator target, which
 // admits only the CHAP account whose secret is in DIR/operator.chap.
+// A write of a session that its learner's fence ended (fence=<lun>:<token>,
+// the token the session logged in with as its alias: blkps/control_lun.h)
+// is refused, also when tgtd reads it only after the fence: the learner
+// resends by the receipt it reads after the fence, and a late write must
+// not be applied behind it. Other sessions of the name, and the same token
+// under another name, go on.
+TEST(ServerSemantics, AWriteOfASessionItsLearnersFenceEndedIsRefused) {
+  TargetProcess target(Bsopts("rule=sum"));
+  ASSERT_TRUE(target.ok()) << target.start_output();
+  const std::string name = InitiatorName("fenced");
+  const std::string ended_token = "00000000000000a1";
+  RawLun ended(target.url(), name, BLKPS_SESSION_ALIAS_PREFIX + ended_token);
+  RawLun next(target.url(), name, BLKPS_SESSION_ALIAS_PREFIX "00000000000000a2");
+  RawLun control(target.control_url(), name);
+  RawLun stranger(target.url(), InitiatorName("stranger"), BLKPS_SESSION_ALIAS_PREFIX + ended_token);
+  const std::vector<uint8_t> ones = FloatBytes(std::vector<float>(kLbaParams, 1.0f));
+  ASSERT_EQ(ended.Write(0, ones), "GOOD");
+  EXPECT_EQ(control.Write(kControlOffset / kLbaBytes, ControlText("fence=1:a1\n")), kBadDataSense);
+  ASSERT_EQ(control.Write(kControlOffset / kLbaBytes, ControlText("fence=1:" + ended_token + "\n")), "GOOD");
+  EXPECT_EQ(ended.Write(0, ones), kHoldTimeoutSense);
+  EXPECT_EQ(next.Write(0, ones), "GOOD");
+  EXPECT_EQ(stranger.Write(0, ones), "GOOD");
+  std::vector<uint8_t> weights;
+  ASSERT_EQ(next.Read(0, 1, &weights), "GOOD");
+  float first = 0;
+  std::memcpy(&first, weights.data(), sizeof first);
+  EXPECT_EQ(first, 3.0f) << "the ended session's late write was applied, or another's was not";
+}
+
 TEST(ServerSemantics, OperatorsAreProvenByTheirCredentialNotByTheirName) {
   TargetProcess target(Bsopts("lr=1"), "--operator");
   ASSERT_TRUE(target.ok()) << target.start_output();

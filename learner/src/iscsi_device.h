@@ -10,8 +10,9 @@
 // is a gradient: resending one the server has already applied counts it twice.
 // So the device, not libiscsi, reconnects a dropped session (libiscsi would
 // resend every command in flight): it logs in again, fences its old writes
-// (the control LUN's fence=<lun>), waits until the server has none in
-// progress, reads its receipt (how many of its writes starting at each
+// (the control LUN's fence=<lun>:<the ended session's token>: held ones
+// fail, and any of that session that tgtd reads only now is refused), waits
+// until the server has none in progress, reads its receipt (how many of its writes starting at each
 // 512-byte unit the server has applied; blkps/control_lun.h) and resends only
 // the writes the receipt lacks. Reads and syncs are resent as they are. The
 // device keeps what it expects the receipt to say (expected_); after a target
@@ -62,11 +63,13 @@ Status ReconnectSeconds(uint64_t device_bytes, double* seconds);
 class IscsiDevice : public Device {
  public:
   // Takes ownership of the logged-in context, a session with replica
-  // `replica` of spec.replicas. `control_lun`: the target's control LUN,
-  // whose receipts make writes exactly-once; -1 if none.
-  IscsiDevice(iscsi_context* iscsi, SessionSpec spec, size_t replica, uint64_t size_bytes, uint32_t block_size,
-              uint64_t default_request_bytes, uint64_t max_request_bytes, int control_lun)
+  // `replica` of spec.replicas that logged in with token `session`
+  // (NewSessionToken). `control_lun`: the target's control LUN, whose
+  // receipts make writes exactly-once; -1 if none.
+  IscsiDevice(iscsi_context* iscsi, uint64_t session, SessionSpec spec, size_t replica, uint64_t size_bytes,
+              uint32_t block_size, uint64_t default_request_bytes, uint64_t max_request_bytes, int control_lun)
       : iscsi_(iscsi),
+        session_(session),
         spec_(std::move(spec)),
         replica_(replica),
         name_(spec_.name),
@@ -155,13 +158,15 @@ class IscsiDevice : public Device {
   // next replica is tried first, this one last.
   Status Reconnect(const std::vector<size_t>& dropped, const std::vector<IoRequest>* writes,
                    std::vector<size_t>* resend, bool silent);
-  // Fences this initiator's writes on the server and waits until none is in
-  // progress; then reads the receipt. Gives up at `deadline`.
-  Status FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline);
+  // Fences this initiator's writes on the server, the session with token
+  // `ended` included, and waits until none is in progress; then reads the
+  // receipt. Gives up at `deadline`.
+  Status FenceAndReadReceipt(uint64_t ended, std::vector<uint32_t>* counts, Deadline deadline);
   void FreeTasks();
   void LogOut();
 
   iscsi_context* iscsi_;  // null while reconnecting failed
+  uint64_t session_;      // the token iscsi_'s session logged in with
   const SessionSpec spec_;
   size_t replica_;  // which of spec_.replicas the session is with
   const std::string& name_;

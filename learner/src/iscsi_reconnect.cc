@@ -75,6 +75,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   // answers "standby" meanwhile, and going back to the silent one at once
   // would wait out its silence again before the backup is tried anew.
   const size_t silent_replica = silent ? replica_ : spec_.replicas.size();
+  const uint64_t ended = session_;  // the session whose writes may still reach the server
   const auto silent_rests_until = start + std::chrono::seconds(kReplicaSilenceSeconds);
   if (silent) replica_ = (replica_ + 1) % spec_.replicas.size();
   const size_t first = replica_;
@@ -88,7 +89,8 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
     if (replica_ == silent_replica && std::chrono::steady_clock::now() < silent_rests_until) {
       error = "it went silent; tried again once the others had " + std::to_string(kReplicaSilenceSeconds) + " s";
     } else {
-      iscsi_ = LogIn(spec_, replica_, &error, attempt);
+      session_ = NewSessionToken();
+      iscsi_ = LogIn(spec_, replica_, session_, &error, attempt);
       ++attempts;
     }
     if (iscsi_ != nullptr && spec_.replicated()) {
@@ -100,7 +102,7 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
       }
     }
     if (iscsi_ != nullptr && receipts) {
-      Status s = FenceAndReadReceipt(&counts, deadline);
+      Status s = FenceAndReadReceipt(ended, &counts, deadline);
       if (s.ok()) break;
       error = s.reason();
       iscsi_destroy_context(iscsi_);
@@ -176,8 +178,10 @@ Status IscsiDevice::Reconnect(const std::vector<size_t>& dropped, const std::vec
   return Status();
 }
 
-Status IscsiDevice::FenceAndReadReceipt(std::vector<uint32_t>* counts, Deadline deadline) {
-  std::string fence = "fence=" + std::to_string(lun_) + "\n";
+Status IscsiDevice::FenceAndReadReceipt(uint64_t ended, std::vector<uint32_t>* counts, Deadline deadline) {
+  char token[17];
+  snprintf(token, sizeof token, "%016llx", static_cast<unsigned long long>(ended));
+  std::string fence = "fence=" + std::to_string(lun_) + ":" + token + "\n";
   fence.resize(block_size_, '\0');
   Status s = SyncTransfer(iscsi_, control_lun_, Direction::kWrite, BLKPS_CONTROL_COMMANDS_OFFSET, fence.data(),
                           fence.size(), block_size_, deadline);

@@ -13,9 +13,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <random>
 
 #include "blkps/control_lun.h"
 #include "iscsi_device.h"
@@ -140,12 +143,24 @@ struct LoginEnd {
 
 const char kLoginUnanswered[] = "the target did not answer the login in time";
 
-iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline) {
+uint64_t NewSessionToken() {
+  static std::mutex mu;
+  static std::mt19937_64 tokens(std::random_device{}());
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t token = 0;
+  while (token == 0) token = tokens();
+  return token;
+}
+
+iscsi_context* LogIn(const SessionSpec& spec, size_t replica, uint64_t session, std::string* error, Deadline deadline) {
   iscsi_context* iscsi = iscsi_create_context(spec.initiator.c_str());
   if (iscsi == nullptr) {
     *error = "cannot create an iSCSI context for " + spec.initiator;
     return nullptr;
   }
+  char alias[64];
+  snprintf(alias, sizeof alias, "%s%016llx", BLKPS_SESSION_ALIAS_PREFIX, static_cast<unsigned long long>(session));
+  iscsi_set_alias(iscsi, alias);
   if (spec.iser && !InitIserTransport(iscsi, error)) {
     iscsi_destroy_context(iscsi);
     return nullptr;
@@ -514,6 +529,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
   // The first replica that logs in and serves (one replica: the first that
   // logs in, as always); what each other one answered, for the error.
   iscsi_context* iscsi = nullptr;
+  const uint64_t session = NewSessionToken();
   size_t replica = 0;
   uint32_t block_size = 0;
   uint64_t size_bytes = 0;
@@ -522,7 +538,7 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
     const Replica& r = spec.replicas[replica];
     std::string login_error;
     const Deadline login_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds);
-    iscsi = LogIn(spec, replica, &login_error, login_deadline);
+    iscsi = LogIn(spec, replica, session, &login_error, login_deadline);
     Status s;
     if (iscsi == nullptr && login_error == kLoginUnanswered) {
       s = Status::Error(ETIMEDOUT, "%s: the target did not answer the login within %d s", r.name.c_str(),
@@ -569,8 +585,8 @@ std::unique_ptr<Device> OpenIscsiDevice(const std::vector<std::string>& urls, co
   if (spec.iser) max_request_bytes = std::min(max_request_bytes, kIserMaxRequestBytes);
   const uint64_t default_request_bytes = spec.iser ? kIserMaxRequestBytes : kDefaultRequestBytes;
   const int control_lun = FindControlLun(iscsi, spec.lun, size_bytes);
-  auto device = std::make_unique<IscsiDevice>(iscsi, spec, replica, size_bytes, block_size, default_request_bytes,
-                                              max_request_bytes, control_lun);
+  auto device = std::make_unique<IscsiDevice>(iscsi, session, spec, replica, size_bytes, block_size,
+                                              default_request_bytes, max_request_bytes, control_lun);
   if (control_lun >= 0) {
     // A table's width, so that rows of another width are refused before
     // they are sent (Device::table_width).

@@ -97,14 +97,20 @@ struct SessionSpec {
   bool replicated() const { return replicas.size() > 1; }
 };
 
-// A logged-in context for replica `replica` of `spec`, or nullptr with
-// libiscsi's reason in *error. Connecting and logging in give up at
+// A new session token (never 0): a session logs in with it in its
+// initiator alias (BLKPS_SESSION_ALIAS_PREFIX), and the fence after a
+// reconnect names the ended session's (iscsi_device.h "Exactly-once writes").
+uint64_t NewSessionToken();
+
+// A logged-in context for replica `replica` of `spec`, its alias naming
+// `session` (NewSessionToken), or nullptr with libiscsi's reason in *error. Connecting and logging in give up at
 // `deadline` (a target that accepts the connection and never answers the
 // login must not hold a reconnect past it). A login that was never
 // answered, whether `deadline` or libiscsi's own command timeout ended it,
 // leaves exactly kLoginUnanswered in *error.
 extern const char kLoginUnanswered[];
-iscsi_context* LogIn(const SessionSpec& spec, size_t replica, std::string* error, Deadline deadline = kNoDeadline);
+iscsi_context* LogIn(const SessionSpec& spec, size_t replica, uint64_t session, std::string* error,
+                     Deadline deadline = kNoDeadline);
 
 // Whether the replica behind a logged-in context serves learners: a READ of
 // the LUN's first block. EAGAIN when it answers standby (IsStandbySense: a

@@ -92,6 +92,14 @@ extern "C" {
 #define BLKPS_CONTROL_STATUS_BYTES (UINT64_C(64) << 10)
 #define BLKPS_CONTROL_COMMANDS_OFFSET (UINT64_C(64) << 10)
 #define BLKPS_CONTROL_COMMANDS_BYTES (BLKPS_CONTROL_COUNTERS_OFFSET - BLKPS_CONTROL_COMMANDS_OFFSET)
+
+/* A libblkps session's initiator alias (sent at login): this prefix, then
+ * 16 lower-case hex digits, a token it chose for that session. A learner
+ * that reconnects names the ended session's token in its fence,
+ * fence=<lun>:<token>: the server refuses that session's writes from then
+ * on (a write of it that tgtd read only after the fence is never applied
+ * behind the receipt the learner resends by). */
+#define BLKPS_SESSION_ALIAS_PREFIX "blkps-session-"
 #define BLKPS_CONTROL_COUNTERS_OFFSET ((UINT64_C(1) << 20) - (UINT64_C(4) << 10))
 #define BLKPS_CONTROL_COUNTERS_BYTES (UINT64_C(4) << 10)
 #define BLKPS_CONTROL_WEIGHTS_OFFSET (UINT64_C(1) << 20)
