@@ -334,6 +334,8 @@ class Job {
   // then applied whole: a refused block (InvalidArgument naming the first
   // bad line) changes nothing. The status JSON's control_error holds that
   // reason until a write succeeds; control_refused counts the refusals.
+  // A primary's rule parameters reach its backup before the block returns
+  // (a PARAMS record: Replicate's waits and errors).
   // rank=<rank>:<run> is a collective rank's heartbeat (blkps.torch,
   // doc/pytorch.md "Horovod's API"): rank a number below
   // kMaxRanks, run 1 to 32 lower-case hex digits naming the run; status
@@ -395,6 +397,9 @@ class Job {
   // (wire/include/blkps/replication.h). Unavailable once promoted.
   Status BeginReplicaSnapshot(const std::string& body);
   Status ApplyReplicaSnapshot(const std::string& body);
+  // A backup: a PARAMS record, the primary's rule parameters as control
+  // lines (Control's errors). Unavailable once promoted.
+  Status ApplyReplicaParams(const std::string& body);
   // A backup not promoted: learner I/O and checkpoints are refused.
   bool standby() const { return standby_.load(); }
   // What a backup on standby answers a learner's I/O or a checkpoint.
@@ -539,7 +544,11 @@ class Job {
   // where `channel` was catching a backup up, or was replaced); otherwise
   // (no lease, or no verdict in time) fails the job and returns
   // Unavailable.
-  Status Replicate(ReplicaPush* push, ReplicaChannel& channel);
+  Status Replicate(ReplicaChannel::Record kind, const std::string& body, ReplicaChannel& channel);
+  // A primary with a backup in sync or catching up: every rule parameter
+  // as a PARAMS record, replicated as a write's record is (Replicate); OK
+  // without one. REQUIRES: rule_params_mu_ held since the values were set.
+  Status ReplicateRuleParams() REQUIRES(rule_params_mu_);
   // OK unless this job holds a lease whose deadline passed (Standby, and
   // one log line per lapse).
   Status CheckLease();
@@ -685,6 +694,9 @@ class Job {
   std::atomic<uint64_t> replica_records_{0};
   LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges
   BackupVerdict backup_;  // a primary's backup: in sync, lost, outdated or catching up
+  // Held from setting rule parameters until their PARAMS record is sent:
+  // records carry the values in the order they were set.
+  Mutex rule_params_mu_;
   const Clock::time_point started_ = Clock::now();
 
   Mutex checkpoint_mu_;                                 // one checkpoint at a time

@@ -40,6 +40,10 @@ Status Job::CatchUp(std::shared_ptr<ReplicaChannel> channel) {
                                       : not_outdated;
     OpenWriteGate();
   }
+  if (s.ok()) {
+    MutexLock in_order(&rule_params_mu_);  // a Control setting one after this sends its own record
+    s = ReplicateRuleParams();
+  }
   const std::string peer = channel->peer();
   if (s.ok()) {
     log_("backup at " + peer + " returned: catching it up (" + std::to_string(model_->num_blocks()) +

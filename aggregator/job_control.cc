@@ -232,9 +232,15 @@ Status Job::Control(const std::string& commands, const Initiator& initiator, Con
   if (lease_until && lease_.Extend(*lease_until)) {
     log_("lease renewed: this primary acknowledges learner writes again");
   }
-  for (const auto& [key, v] : params) {
-    SetRuleParam(key, v);
-    log_("control: " + key + " set to " + FloatShort(v));
+  // A primary's rule parameters are its backup's before the write completes.
+  Status replicated;
+  if (!params.empty()) {
+    MutexLock in_order(&rule_params_mu_);
+    for (const auto& [key, v] : params) {
+      SetRuleParam(key, v);
+      log_("control: " + key + " set to " + FloatShort(v));
+    }
+    replicated = ReplicateRuleParams();
   }
   MutexLock lock(&mu_);
   for (const Line& l : lines) {
@@ -255,7 +261,7 @@ Status Job::Control(const std::string& commands, const Initiator& initiator, Con
     failed_.store(false);
   }
   control_error_.clear();
-  return Status::OK();
+  return replicated;
 }
 
 Status Job::CheckTag(const std::string& tag) {

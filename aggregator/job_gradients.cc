@@ -56,7 +56,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   // count, or neither.
   FinishWrite(slot, initiator.name, device_offset, s.ok(), round);
   LeaveWriteGate();
-  if (s.ok() && push && !push->empty()) s = Replicate(&*push, *channel);
+  if (s.ok() && push && !push->empty()) s = Replicate(ReplicaChannel::Record::kPush, push->Body(), *channel);
   // Acknowledged only while the lease holds (a lease may lapse while the
   // backup has the record): the receipt says it was applied.
   if (s.ok()) s = CheckLease();

@@ -3,6 +3,7 @@
 // backup's records applied, promotion, and a leased primary's fence. A
 // returning backup's catch-up: job_catch_up.cc.
 #include "job.h"
+#include "number_text.h"
 
 namespace blkps::server {
 
@@ -26,8 +27,8 @@ Status Job::StandbyStatus() {
                          "promote); until then use its primary");
 }
 
-Status Job::Replicate(ReplicaPush* push, ReplicaChannel& channel) {
-  Status s = channel.Send(ReplicaChannel::Record::kPush, push->Body());
+Status Job::Replicate(ReplicaChannel::Record kind, const std::string& body, ReplicaChannel& channel) {
+  Status s = channel.Send(kind, body);
   if (s.ok()) {
     replica_records_.fetch_add(1);
     return s;
@@ -95,6 +96,19 @@ Status Job::ApplyReplica(const std::string& body) {
   receipts_.FinishWrite(slot, record.initiator, record.receipt_unit, true);
   replica_records_.fetch_add(1);
   return Status::OK();
+}
+
+Status Job::ReplicateRuleParams() {
+  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  if (!channel) return Status::OK();
+  std::string lines;
+  for (const auto& [key, value] : model_->rule().params()) lines += key + "=" + FloatText(value) + "\n";
+  return Replicate(ReplicaChannel::Record::kParams, lines, *channel);
+}
+
+Status Job::ApplyReplicaParams(const std::string& body) {
+  if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
+  return Control(body);
 }
 
 Status Job::Promote() {

@@ -38,9 +38,10 @@ class ReplicaChannel {
   // OK, or non-OK with why it refused or could not be reached.
   virtual Status Hello(const std::string& body) = 0;
   // What a record is (the frame kinds of wire/include/blkps/replication.h).
-  enum class Record { kPush, kSnapshotBegin, kSnapshot };
+  enum class Record { kPush, kSnapshotBegin, kSnapshot, kParams };
   // Sends a record's body (PUSH and SNAPSHOT: ReplicaPush::Body;
-  // SNAPSHOT_BEGIN: ReplicaCounts::Body) and returns once the backup has
+  // SNAPSHOT_BEGIN: ReplicaCounts::Body; PARAMS: control lines) and returns
+  // once the backup has
   // applied it (OK), or non-OK with why it cannot be acknowledged. Records
   // reach the backup in the order their Send calls began.
   virtual Status Send(Record kind, const std::string& body) = 0;

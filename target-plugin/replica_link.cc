@@ -132,6 +132,7 @@ Status ReplicaLink::Hello(const std::string& body) {
 Status ReplicaLink::Send(Record kind, const std::string& body) {
   const uint32_t frame_kind = kind == Record::kPush            ? BLKPS_REPLICA_PUSH
                               : kind == Record::kSnapshotBegin ? BLKPS_REPLICA_SNAPSHOT_BEGIN
+                              : kind == Record::kParams        ? BLKPS_REPLICA_PARAMS
                                                                : BLKPS_REPLICA_SNAPSHOT;
   uint64_t sequence = 0;
   {
@@ -313,6 +314,8 @@ void ReplicaListener::Follow(int fd, bool snapshot_first) {
       snapshot_begun = snapshot_begun || s.ok();
     } else if (f.kind == BLKPS_REPLICA_SNAPSHOT) {
       s = job->ApplyReplicaSnapshot(body);
+    } else if (f.kind == BLKPS_REPLICA_PARAMS) {
+      s = job->ApplyReplicaParams(body);
     } else {
       s = Status::InvalidArgument("unexpected frame kind " + std::to_string(f.kind));
     }

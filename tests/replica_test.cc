@@ -395,6 +395,37 @@ TEST(Replicas, AConnectionEndedBeforeTheCatchUpDoesNotKeepTheBackupOutdated) {
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
+// A rule parameter an operator sets on the primary is the backup's before
+// the control write completes, and a returning backup's catch-up carries
+// the one set while it was away: after a failover the job trains on with
+// the learning rate it had.
+TEST(Replicas, RuleParametersSetOnThePrimaryAreTheBackupsInSyncAndAfterACatchUp) {
+  ReplicatedShard shard(kModel + ";rule=sgd;lr=1");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
+  ASSERT_EQ(Command(shard.primary, "lr=0.5"), "GOOD");
+  EXPECT_TRUE(Contains(StatusJson(shard.backup), "\"rule_params\": {\"lr\": 0.5}")) << StatusJson(shard.backup);
+  std::mt19937 rng(1);
+  RawLun learner(shard.primary.url(1), Learner(1));
+  ASSERT_EQ(learner.Write(0, Gradient(rng, 1)), "GOOD");
+  std::string why;
+  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
+  std::string alone;
+  std::thread write([&] { alone = learner.Write(0, Gradient(rng, 1)); });
+  const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
+  const std::string verdict = Command(shard.primary, "backup_outdated=1");
+  write.join();
+  ASSERT_TRUE(lost) << StatusJson(shard.primary);
+  ASSERT_EQ(verdict, "GOOD");
+  ASSERT_EQ(alone, "GOOD");
+  ASSERT_EQ(Command(shard.primary, "lr=0.25"), "GOOD");  // the backup is away
+  ASSERT_TRUE(shard.backup.Restart()) << shard.backup.start_output();
+  ASSERT_TRUE(StatusShows(shard.primary, "\"backup\": \"\"")) << StatusJson(shard.primary) << shard.primary.Log();
+  EXPECT_TRUE(Contains(StatusJson(shard.backup), "\"rule_params\": {\"lr\": 0.25}")) << StatusJson(shard.backup);
+  ExpectThePromotedBackupEqualsThePrimary(shard);
+}
+
 TEST(Replicas, APrimaryDoesNotStartWithoutItsBackup) {
   TargetProcess primary(kModel + ";rule=sum;replicate_to=127.0.0.1:" + std::to_string(FreePort()));
   EXPECT_FALSE(primary.ok());

@@ -9,7 +9,8 @@
  * struct blkps_replica_frame (32 bytes, little-endian), then `bytes` bytes
  * of body. The primary sends HELLO once, then PUSH records; the backup
  * answers each with ACK (same sequence) once it has applied it, or with
- * REFUSE (body: a one-line reason) and closes the connection. ACKs are
+ * REFUSE (body: a one-line reason) and closes the connection; PARAMS
+ * records come between them whenever the rule's parameters change. ACKs are
  * cumulative: an ACK of sequence S says that every record up to S is
  * applied, and a record followed closely by another may get none of its
  * own. A backup
@@ -55,6 +56,12 @@
  * part's state unless the one it holds is newer (a PUSH made after the
  * instant): snapshot and stream may reach a part in either order. It
  * counts no receipt and no clock.
+ *
+ * PARAMS body: every parameter of the rule, as control lines `key=value\n`
+ * (lr, momentum, beta1, beta2, eps: doc/server.md "Status and control"),
+ * the values the primary holds. Sent when an operator sets one (the
+ * control write completes once the backup has it) and after a catch-up's
+ * SNAPSHOT_BEGIN; acknowledged as a PUSH is. The backup sets them.
  */
 #ifndef BLKPS_REPLICATION_H
 #define BLKPS_REPLICATION_H
@@ -62,7 +69,7 @@
 #include <stdint.h>
 
 #define BLKPS_REPLICA_MAGIC "blkpsrep" /* 8 bytes, no NUL */
-#define BLKPS_REPLICA_VERSION 2
+#define BLKPS_REPLICA_VERSION 3        /* 3: PARAMS */
 /* A block's part: this many parameters (64 KiB of weights). */
 #define BLKPS_REPLICA_PART_PARAMS 16384u
 
@@ -73,6 +80,7 @@ enum blkps_replica_kind {
   BLKPS_REPLICA_REFUSE = 4,
   BLKPS_REPLICA_SNAPSHOT_BEGIN = 5,
   BLKPS_REPLICA_SNAPSHOT = 6,
+  BLKPS_REPLICA_PARAMS = 7,
 };
 
 struct blkps_replica_frame {
