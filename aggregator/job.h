@@ -439,9 +439,11 @@ class Job {
   // Windows per learner LUN (BLKPS_CONTROL_WINDOWS_PER_LUN).
   static constexpr uint64_t kRowWindowsPerLun = 16;
 
-  // The weights window: read, or set (e.g. initial weights).
+  // The weights window: read, or set (e.g. initial weights). A primary's
+  // set weights reach its backup before it returns (a SNAPSHOT record of
+  // the parts set, replicated as a write's record is: Replicate).
   Status ReadWeights(uint64_t offset, void* dst, size_t len) const { return model_->Read(offset, dst, len); }
-  Status AssignWeights(uint64_t offset, const void* src, size_t len) { return model_->AssignWeights(offset, src, len); }
+  Status AssignWeights(uint64_t offset, const void* src, size_t len);
 
  private:
   using Clock = std::chrono::steady_clock;

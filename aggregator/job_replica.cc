@@ -106,6 +106,21 @@ Status Job::ReplicateRuleParams() {
   return Replicate(ReplicaChannel::Record::kParams, lines, *channel);
 }
 
+Status Job::AssignWeights(uint64_t offset, const void* src, size_t len) {
+  // In the write gate, as a write: a catch-up's snapshot holds the weights
+  // set, or their record goes through the channel it made.
+  EnterWriteGate();
+  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  std::optional<ReplicaPush> record;
+  if (channel) record.emplace(0, "", 0);  // a SNAPSHOT record: states only, nothing counted
+  Status s = model_->AssignWeights(offset, src, len, [&](uint64_t block, uint64_t first, uint64_t n) {
+    if (record) record->AddBlockLocked(*model_, replica_parts_, block, first, n, 0);
+  });
+  LeaveWriteGate();
+  if (s.ok() && record && !record->empty()) s = Replicate(ReplicaChannel::Record::kSnapshot, record->Body(), *channel);
+  return s;
+}
+
 Status Job::ApplyReplicaParams(const std::string& body) {
   if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
   return Control(body);

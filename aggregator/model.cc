@@ -289,16 +289,17 @@ void Model::ApplyAverageLocked(uint64_t block, uint32_t given) {
   std::fill_n(acc, n, 0.0f);
 }
 
-Status Model::AssignWeights(uint64_t offset, const void* src, size_t len) {
+Status Model::AssignWeights(uint64_t offset, const void* src, size_t len, const AssignedFn& assigned) {
   ParamRange range;
   Status s = CheckValues(offset, src, len, "weight", &range);
   if (!s.ok()) return s;
   const float* values = static_cast<const float*>(src);  // values[i - range.first]: parameter i
-  ForEachBlockLocked(range, [&](uint64_t, uint64_t first, uint64_t n) {
+  ForEachBlockLocked(range, [&](uint64_t block, uint64_t first, uint64_t n) {
     if (table_.is_table()) {  // rows made first: their values outside the range stay their initial ones
       for (uint64_t r = first / table_.width; r * table_.width < first + n; ++r) MakeRowLocked(r);
     }
     std::memcpy(weights_ + first, values + (first - range.first), n * sizeof(float));
+    if (assigned) assigned(block, first, n);
   });
   return Status::OK();
 }

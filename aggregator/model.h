@@ -202,7 +202,10 @@ class Model {
   // Sets the weights of device bytes [offset, offset + len) to src, block by
   // block under write locks; rule state is kept. OutOfRange /
   // InvalidArgument (alignment, NaN or infinite value) as ApplyGradient.
-  Status AssignWeights(uint64_t offset, const void* src, size_t len);
+  // `assigned(block, first, n)`, if given, runs after each block's share
+  // [first, first + n) is set, with its write lock still held.
+  using AssignedFn = std::function<void(uint64_t block, uint64_t first, uint64_t n)>;
+  Status AssignWeights(uint64_t offset, const void* src, size_t len, const AssignedFn& assigned = nullptr);
 
   // The model's arrays, for checkpoints: "weights", the rule's state arrays,
   // "accumulator" if any, and a table's "table.made" (the bitmap of rows

@@ -426,6 +426,24 @@ TEST(Replicas, RuleParametersSetOnThePrimaryAreTheBackupsInSyncAndAfterACatchUp)
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
+// Weights an operator writes through the primary's control LUN are the
+// backup's before the write completes (no push touches them after).
+TEST(Replicas, WeightsAnOperatorWritesOnThePrimaryAreTheBackups) {
+  ReplicatedShard shard(kModel + ";rule=adam;lr=0.001");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  const int failed = FailedPushesOfTwoLearners(shard.primary, 20, [](RawLun& lun, std::mt19937& rng, int) {
+    return lun.Write(rng() % kBlocks * kBlockBytes / kRawLbaBytes, Gradient(rng, 1));
+  });
+  ASSERT_EQ(failed, 0);
+  std::vector<float> weights(kParams / 2 + 128);  // from inside block 3 on, across parts and blocks
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.5f * static_cast<float>(i % 1000) - 7.0f;
+  RawLun control(shard.primary.control_url(), "iqn.2026-11.io.blkps.test:operator");
+  const uint64_t at = BLKPS_CONTROL_WEIGHTS_OFFSET + 3 * kBlockBytes + 512;
+  ASSERT_EQ(control.Write(at / kRawLbaBytes, FloatBytes(weights)), "GOOD");
+  ExpectThePromotedBackupEqualsThePrimary(shard);
+}
+
 TEST(Replicas, APrimaryDoesNotStartWithoutItsBackup) {
   TargetProcess primary(kModel + ";rule=sum;replicate_to=127.0.0.1:" + std::to_string(FreePort()));
   EXPECT_FALSE(primary.ok());

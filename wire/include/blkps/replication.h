@@ -55,7 +55,9 @@
  * snapshot's instant, numbered as they were then. The backup takes a
  * part's state unless the one it holds is newer (a PUSH made after the
  * instant): snapshot and stream may reach a part in either order. It
- * counts no receipt and no clock.
+ * counts no receipt and no clock. Weights an operator writes through the
+ * primary's control LUN go as a SNAPSHOT record too, at any time: the
+ * parts they set, as they are after it, with their new numbers.
  *
  * PARAMS body: every parameter of the rule, as control lines `key=value\n`
  * (lr, momentum, beta1, beta2, eps: doc/server.md "Status and control"),
