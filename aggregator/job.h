@@ -696,6 +696,9 @@ class Job {
   std::atomic<uint64_t> replica_records_{0};
   LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges
   BackupVerdict backup_;  // a primary's backup: in sync, lost, outdated or catching up
+  // The state number of each block's clocks (wire/include/blkps/replication.h
+  // PUSH): a primary's last sent, a backup's last taken.
+  std::vector<uint64_t> clock_sequence_ GUARDED_BY(mu_);
   // Held from setting rule parameters until their PARAMS record is sent:
   // records carry the values in the order they were set.
   Mutex rule_params_mu_;

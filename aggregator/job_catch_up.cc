@@ -103,6 +103,7 @@ Status Job::BeginReplicaSnapshot(const std::string& body) {
   if (s.ok()) s = clocks_.Restore(counts.clocks);
   if (!s.ok()) return Status::InvalidArgument("replica snapshot: " + s.message());
   receipts_ = std::move(receipts);
+  std::fill(clock_sequence_.begin(), clock_sequence_.end(), 0);  // the stream's are newer
   return Status::OK();
 }
 

@@ -89,14 +89,23 @@ Status Job::ApplyAdmittedWrite(size_t slot, uint64_t offset, const void* src, si
       offset, src, len,
       [&](uint64_t b, uint64_t n) {
         uint32_t given = 0;
+        std::vector<uint64_t> clocks;  // b's, as this push left them, for the backup
+        uint64_t clocks_sequence = 0;
         {
           MutexLock lock(&mu_);
           given = CountGradientLocked(slot, b, n);
+          if (push) {
+            clocks = clocks_.SaveBlock(b);
+            clocks_sequence = ++clock_sequence_[b];
+          }
         }
         // Readers released by the round wait for this block's lock, which
         // ApplyGradient holds here, so they see the round's update.
         if (given > 0) model_->ApplyAverageLocked(b, given);
-        if (push) push->AddBlockLocked(*model_, replica_parts_, b, offset / sizeof(float), len / sizeof(float), n);
+        if (push) {
+          push->AddBlockLocked(*model_, replica_parts_, b, offset / sizeof(float), len / sizeof(float));
+          push->AddClocks(b, clocks_sequence, clocks);
+        }
       },
       staleness, values);
   if (!s.ok()) rejected_writes_.fetch_add(1);

@@ -22,7 +22,8 @@ Job::Admission Job::Admit(size_t slot, bool write, uint64_t offset, uint64_t len
   (write ? s.bytes_written : s.bytes_read) += len;
   Receipt* receipt = receipts_.Use(slot, initiator, write);
   if (write) ++receipt->in_progress;
-  if (FailedLocked()) return Admission::kRun;  // Read/Write fail it
+  // Read/Write fail it; a backup's clocks are its primary's, and hold nothing.
+  if (FailedLocked() || standby()) return Admission::kRun;
   if (!clocks_.live(slot)) {
     clocks_.Rejoin(slot);
     log_("learner at lun " + std::to_string(s.lun) + " is back; it rejoins at iteration " +

@@ -42,7 +42,8 @@ void Job::Tick() {
     bool died = false;
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& s = slots_[k];
-      if (clocks_.live(k) && holds_.held(k) == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
+      // A backup on standby sees no learner I/O: liveness is its primary's.
+      if (!standby() && clocks_.live(k) && holds_.held(k) == 0 && Seconds(now - s.last_io) > opts_.dead_after_s) {
         clocks_.MarkDead(k);
         ++s.deaths;
         died = true;

@@ -13,8 +13,10 @@ Status CheckReplicaJob(const JobOptions& opts, bool primary) {
   if (primary && opts.backup) {
     return Status::InvalidArgument("backup: a server is a primary (replicate_to=) or a backup (backup=), not both");
   }
-  if (opts.consistency.mode != ConsistencyMode::kAsync) {
-    return Status::InvalidArgument(std::string(key) + ": replicas serve async jobs only for now; use mode=async");
+  if (opts.consistency.mode != ConsistencyMode::kAsync && opts.shards > 1) {
+    return Status::InvalidArgument(std::string(key) +
+                                   ": replicas serve a scaled-out job in async only for now: its bsp and ssp round "
+                                   "boundaries are not replicated");
   }
   if (opts.model.table.is_table() || opts.hashed_capacity > 0) {
     return Status::InvalidArgument(std::string(key) + ": replicas serve dense models only for now, not tables");
@@ -88,11 +90,14 @@ Status Job::ApplyReplica(const std::string& body) {
   for (const ReplicaRecord::Part& p : record.parts) {
     std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(p.part.block);
     if (replica_parts_.TakeIfNewerLocked(p.part.index, p.sequence)) RestorePartLocked(*model_, p.part, p.state);
-    if (p.given == 0) continue;  // the block's clocks come with its first part
-    MutexLock lock(&mu_);
-    clocks_.AddGradient(slot, p.part.block, p.given);
   }
   MutexLock lock(&mu_);
+  for (const ReplicaRecord::Clocks& c : record.clocks) {
+    if (c.sequence <= clock_sequence_[c.block]) continue;  // a newer record's came first
+    s = clocks_.RestoreBlock(c.block, c.words);
+    if (!s.ok()) return Status::InvalidArgument("replica record: " + s.message());
+    clock_sequence_[c.block] = c.sequence;
+  }
   receipts_.FinishWrite(slot, record.initiator, record.receipt_unit, true);
   replica_records_.fetch_add(1);
   return Status::OK();
@@ -114,7 +119,7 @@ Status Job::AssignWeights(uint64_t offset, const void* src, size_t len) {
   std::optional<ReplicaPush> record;
   if (channel) record.emplace(0, "", 0);  // a SNAPSHOT record: states only, nothing counted
   Status s = model_->AssignWeights(offset, src, len, [&](uint64_t block, uint64_t first, uint64_t n) {
-    if (record) record->AddBlockLocked(*model_, replica_parts_, block, first, n, 0);
+    if (record) record->AddBlockLocked(*model_, replica_parts_, block, first, n);
   });
   LeaveWriteGate();
   if (s.ok() && record && !record->empty()) s = Replicate(ReplicaChannel::Record::kSnapshot, record->Body(), *channel);
@@ -130,6 +135,12 @@ Status Job::Promote() {
   bool expected = true;
   if (!standby_.compare_exchange_strong(expected, false)) {
     return Status::Unavailable("promote: this server is not a backup on standby");
+  }
+  {
+    // Every learner had no I/O here: each gets dead_after from now to come
+    // over (its clocks are the primary's; a rejoin would move them).
+    MutexLock lock(&mu_);
+    for (Slot& s : slots_) s.last_io = Clock::now();
   }
   log_("promoted: this backup serves learners from now on, as a primary without a backup; it follows no "
        "primary (" +

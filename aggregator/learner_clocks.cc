@@ -235,6 +235,25 @@ std::vector<uint64_t> LearnerClocks::Save() const {
   return words;
 }
 
+std::vector<uint64_t> LearnerClocks::SaveBlock(uint64_t b) const {
+  std::vector<uint64_t> words{blocks_[b].round, blocks_[b].contributors, blocks_[b].version};
+  for (const Learner& learner : learners_)
+    words.insert(words.end(), {learner.blocks[b].clock, learner.blocks[b].partial});
+  return words;
+}
+
+Status LearnerClocks::RestoreBlock(uint64_t b, const std::vector<uint64_t>& words) {
+  if (words.size() != 3 + 2 * learners_.size()) {
+    return Status::InvalidArgument("a block's clocks of " +
+                                   std::to_string(words.size() < 3 ? 0 : (words.size() - 3) / 2) +
+                                   " learners, for a model with " + std::to_string(learners_.size()));
+  }
+  blocks_[b] = Block{words[0], static_cast<uint32_t>(words[1]), words[2]};
+  for (size_t l = 0; l < learners_.size(); ++l)
+    learners_[l].blocks[b] = LearnerBlock{words[3 + 2 * l], words[4 + 2 * l]};
+  return Status::OK();
+}
+
 std::vector<uint64_t> LearnerClocks::SaveAtRound(uint64_t R) const {
   LearnerClocks at = *this;
   for (Block& block : at.blocks_) block.contributors = 0;  // round R, its version as it is

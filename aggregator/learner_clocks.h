@@ -137,6 +137,11 @@ class LearnerClocks {
   // returned for the same geometry and number of learners.
   std::vector<uint64_t> Save() const;
   Status Restore(const std::vector<uint64_t>& words);
+  // Block b's share of Save(): its round, contributors and version, then
+  // each learner's clock and partial on b, in learner order; RestoreBlock()
+  // takes it back for a model with as many learners (liveness is neither's).
+  std::vector<uint64_t> SaveBlock(uint64_t b) const;
+  Status RestoreBlock(uint64_t b, const std::vector<uint64_t>& words);
   // bsp: Save() as at the boundary where round R ended (doc/server.md
   // "One round on every shard"): the gradients given towards the rounds
   // after R left out, so every learner that had given R is at clock R with

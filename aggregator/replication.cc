@@ -13,8 +13,8 @@ namespace blkps::server {
 namespace {
 
 // The arrays a record carries for each block: those with a value per
-// parameter (weights, the rule's state). Tables and bsp are refused with
-// replicas (Job), so there is nothing else.
+// parameter (weights, the rule's state, bsp's accumulator). Tables are
+// refused with replicas (Job), so there is nothing else.
 std::vector<Model::Array> BlockArrays(Model& model) {
   std::vector<Model::Array> arrays;
   for (const Model::Array& a : model.Arrays()) {
@@ -84,7 +84,7 @@ void ReplicaParts::ForgetBlockLocked(uint64_t block) {
 }
 
 ReplicaPush::ReplicaPush(uint64_t lun, const std::string& initiator, uint64_t receipt_unit) {
-  const blkps_replica_push head{lun, receipt_unit, initiator.size(), 0};
+  const blkps_replica_push head{lun, receipt_unit, initiator.size(), 0, 0};
   body_.append(reinterpret_cast<const char*>(&head), sizeof head);
   body_ += initiator;
 }
@@ -97,25 +97,30 @@ void ReplicaPush::Reserve(Model& model, uint64_t params) {
   body_.reserve(body_.size() + parts * (sizeof(blkps_replica_part) + part_params * elem_bytes));
 }
 
-void ReplicaPush::AddPartHead(const ReplicaPart& part, uint64_t sequence, uint64_t given) {
-  const blkps_replica_part head{part.first, sequence, given, part.params};
+void ReplicaPush::AddPartHead(const ReplicaPart& part, uint64_t sequence) {
+  const blkps_replica_part head{part.first, sequence, part.params};
   body_.append(reinterpret_cast<const char*>(&head), sizeof head);
   ++parts_;
 }
 
-void ReplicaPush::AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n,
-                                 uint64_t given) {
+void ReplicaPush::AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n) {
   for (const ReplicaPart& part : parts.Overlapping(block, first, n)) {
-    AddPartHead(part, parts.NextLocked(part.index), given);
-    given = 0;  // the block's clocks count once
+    AddPartHead(part, parts.NextLocked(part.index));
     for (const Model::Array& a : BlockArrays(model)) {
       body_.append(static_cast<const char*>(a.data) + part.first * a.elem_bytes, part.params * a.elem_bytes);
     }
   }
 }
 
+void ReplicaPush::AddClocks(uint64_t block, uint64_t sequence, const std::vector<uint64_t>& words) {
+  const blkps_replica_block_clocks head{block, sequence, words.size()};
+  clocks_.append(reinterpret_cast<const char*>(&head), sizeof head);
+  clocks_.append(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(uint64_t));
+  ++blocks_;
+}
+
 void ReplicaPush::AddSnapshotPart(Model::Snapshot& snapshot, const ReplicaPart& part, uint64_t sequence) {
-  AddPartHead(part, sequence, 0);
+  AddPartHead(part, sequence);
   const std::vector<Model::Array>& arrays = snapshot.arrays();
   for (size_t k = 0; k < arrays.size(); ++k) {  // BlockArrays' order: the model's, per-parameter ones
     if (arrays[k].elem_bytes == 0) continue;
@@ -126,7 +131,13 @@ void ReplicaPush::AddSnapshotPart(Model::Snapshot& snapshot, const ReplicaPart& 
 }
 
 const std::string& ReplicaPush::Body() {
+  if (!complete_) {
+    complete_ = true;
+    body_ += clocks_;
+    clocks_.clear();
+  }
   std::memcpy(&body_[offsetof(blkps_replica_push, parts)], &parts_, sizeof parts_);
+  std::memcpy(&body_[offsetof(blkps_replica_push, blocks)], &blocks_, sizeof blocks_);
   return body_;
 }
 
@@ -155,10 +166,23 @@ Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::stri
                  " parameters is not one of this model's");
     }
     if (body.size() - at < p.params * elem_bytes) return bad("part state past its end");
-    out->parts.push_back({part, p.sequence, p.given, body.data() + at});
+    out->parts.push_back({part, p.sequence, body.data() + at});
     at += p.params * elem_bytes;
   }
-  if (at != body.size()) return bad("bytes after its last part");
+  out->clocks.clear();
+  for (uint64_t k = 0; k < head.blocks; ++k) {
+    blkps_replica_block_clocks c;
+    if (body.size() - at < sizeof c) return bad("block clocks' header past its end");
+    std::memcpy(&c, body.data() + at, sizeof c);
+    at += sizeof c;
+    if (c.block >= model.num_blocks()) return bad("clocks of block " + std::to_string(c.block) + ", past the model");
+    if (c.words > (body.size() - at) / sizeof(uint64_t)) return bad("block clocks past their end");
+    std::vector<uint64_t> words(c.words);
+    std::memcpy(words.data(), body.data() + at, c.words * sizeof(uint64_t));
+    at += c.words * sizeof(uint64_t);
+    out->clocks.push_back({c.block, c.sequence, std::move(words)});
+  }
+  if (at != body.size()) return bad("bytes after its last part and clocks");
   return Status::OK();
 }
 

@@ -114,10 +114,12 @@ class ReplicaPush {
   // body is built without reallocating).
   void Reserve(Model& model, uint64_t params);
   // Adds the parts of `block` that the push's parameters [first, first + n)
-  // touch, each part's state as it is now, numbered by `parts`; the first
-  // of them carries `given`, the block's parameters the push gave.
+  // touch, each part's state as it is now, numbered by `parts`.
   // REQUIRES: the block's write lock, held since the push was applied there.
-  void AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n, uint64_t given);
+  void AddBlockLocked(Model& model, ReplicaParts& parts, uint64_t block, uint64_t first, uint64_t n);
+  // Adds `block`'s clocks as the push left them (LearnerClocks::SaveBlock),
+  // their state number `sequence`.
+  void AddClocks(uint64_t block, uint64_t sequence, const std::vector<uint64_t>& words);
   // A SNAPSHOT record's part (made with lun 0, initiator "", unit 0): its
   // state as `snapshot` holds it, numbered `sequence` (the
   // part's number at the snapshot's instant).
@@ -129,9 +131,12 @@ class ReplicaPush {
   const std::string& Body();
 
  private:
-  void AddPartHead(const ReplicaPart& part, uint64_t sequence, uint64_t given);
+  void AddPartHead(const ReplicaPart& part, uint64_t sequence);
   std::string body_;
   uint64_t parts_ = 0;
+  std::string clocks_;  // after the parts, once Body() is asked for
+  uint64_t blocks_ = 0;
+  bool complete_ = false;
 };
 
 // A PUSH body as the backup reads it. `state` points into the body.
@@ -140,10 +145,15 @@ struct ReplicaRecord {
   std::string initiator;
   struct Part {
     ReplicaPart part;
-    uint64_t sequence, given;
+    uint64_t sequence;
     const char* state;
   };
   std::vector<Part> parts;
+  struct Clocks {
+    uint64_t block, sequence;
+    std::vector<uint64_t> words;
+  };
+  std::vector<Clocks> clocks;
 };
 // Reads `body` (which must outlive *out) for `model` and its `parts`.
 // InvalidArgument if it is malformed or names parts `model` does not have.

@@ -183,6 +183,30 @@ TEST(CheckGradientParts, WantsBspOneServerAndWholeBlocks) {
 }
 
 // Blocks 0 and 1 of {4, 4, 4} take two parts; block 2 one.
+// A backup takes each block's clocks from its primary's records: the
+// blocks restored one by one equal the whole, a round half given included,
+// and clocks for another number of learners are refused.
+TEST(LearnerClocks, BlocksSavedAndRestoredOneByOneEqualTheWhole) {
+  LearnerClocks primary(Bsp(), {4, 4, 2});
+  primary.AddLearner();
+  primary.AddLearner();
+  for (uint64_t b = 0; b < 3; ++b) primary.AddGradient(0, b, b == 2 ? 2 : 4);
+  for (uint64_t b = 0; b < 3; ++b) primary.AddGradient(1, b, b == 2 ? 2 : 4);
+  for (uint64_t b = 0; b < 3; ++b) {
+    if (primary.RoundComplete(b)) primary.FinishRound(b);
+  }
+  primary.AddGradient(0, 1, 4);  // block 1's next round, half given
+  primary.AddGradient(1, 2, 1);  // and a partial gradient
+  LearnerClocks backup(Bsp(), {4, 4, 2});
+  backup.AddLearner();
+  backup.AddLearner();
+  for (uint64_t b = 0; b < 3; ++b) ASSERT_TRUE(backup.RestoreBlock(b, primary.SaveBlock(b)).ok());
+  EXPECT_EQ(backup.Save(), primary.Save());
+  LearnerClocks other(Bsp(), {4, 4, 2});
+  other.AddLearner();
+  EXPECT_FALSE(other.RestoreBlock(0, primary.SaveBlock(0)).ok());
+}
+
 TEST(LearnerClocks, BspBlockInPartsTicksAtItsLastPartOnly) {
   LearnerClocks c(Bsp(), {4, 4, 4}, GradientParts{0, 8, 2});
   c.AddLearner();

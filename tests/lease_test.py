@@ -30,6 +30,14 @@ Cases:
   outdated-backup-never-promoted     the backup stopped (SIGSTOP) while the
       learners push, so it misses pushes; then the primary killed: the
       backup's keeper refuses to take over (etcd says it is outdated).
+  bsp-learners-follow-exactly      two bsp learners, each pushing ones to
+      the whole model and pulling every round, while the primary is
+      killed: the backup, whose clocks and accumulator are the primary's,
+      takes over and every pull before and after shows exactly the
+      rounds applied (no gradient lost or counted twice in a round).
+  ssp-learners-follow-exactly      the same in ssp:1 (each push applied as
+      it comes, reads gated by the clocks): the learners follow with no
+      error, and the backup holds every acknowledged push exactly once.
   restarted-backup-catches-up-and-takes-over   kill -9 of the backup while
       two learners push; `blkps target restart` starts it and its keeper
       again; the primary catches it up while the learners go on, its
@@ -99,12 +107,12 @@ class LeasedTarget:
     """A target with a backup and leases in `cluster`, stopped on leaving
     the block (also on failure)."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, bsopts="params=1024;rule=sum"):
         self.dir = tempfile.mkdtemp(prefix="blkps-lease-test-")
         self.backup = os.path.join(self.dir, "backup")
         rc, _, err = blkps_cli("target", "start", "--dir", self.dir, "--plugin", PLUGIN, "--owner-pid",
                                str(os.getpid()), "--tgtd", "1", "--replicas", "2", "--lease", cluster.endpoints,
-                               "--lease-ttl", str(TTL), "--luns", "2", "--bsopts", "params=1024;rule=sum")
+                               "--lease-ttl", str(TTL), "--luns", "2", "--bsopts", bsopts)
         if rc != 0:
             self.__exit__()
             testbed.fail(f"target start: {err.strip()}")
@@ -271,6 +279,68 @@ class Learners:
                       f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
 
 
+class RoundLearners(Learners):
+    """Two learners that push ones to all 1024 parameters and pull them
+    each round. In bsp (`exact_rounds`) every pull must hold the same value
+    everywhere, `per_round` (the first round's) times the rounds the
+    learner has pushed; a pull that does not is a failure. `acknowledged`
+    counts rounds."""
+
+    def __init__(self, t, exact_rounds):
+        super().__init__(t)
+        self.exact_rounds = exact_rounds
+        self.per_round = None
+
+    def _push(self, k):
+        ones = np.ones(1024, dtype=np.float32)
+        try:
+            with blkps.Model("layout:" + os.path.join(self.t.dir, f"slot-{k + 1}.layout")) as m:
+                rounds = 0
+                while not self._stop.is_set() and not self.failure:
+                    began = time.monotonic()
+                    m.push(0, ones)
+                    weights = m.pull(0, 1024)
+                    rounds += 1
+                    if self.per_round is None:
+                        self.per_round = float(weights[0])
+                    if self.exact_rounds and not np.all(weights == np.float32(self.per_round * rounds)):
+                        values = sorted(set(weights.tolist()))[:4]
+                        self.failure.append(f"learner {k + 1}: round {rounds} pulled {values}, expected "
+                                            f"{self.per_round * rounds}")
+                    self.acknowledged[k] += 1
+                    if self.marked is not None and began > self.marked and self.first_after is None:
+                        self.first_after = time.monotonic()
+        except OSError as e:
+            self.failure.append(str(e))
+
+
+def round_learners_follow_exactly(mode):
+    """Two RoundLearners in `mode` while the primary is killed."""
+    bsp = mode == "bsp"
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster, "params=1024;rule=sum;mode=" + mode) as t:
+        with RoundLearners(t, exact_rounds=bsp) as learners:
+            learners.wait_for_more("by the primary")
+            os.kill(primary_pid(t), signal.SIGKILL)
+            wait_for("the backup took over", lambda: status(t.backup)["replica"] == "primary")
+            learners.wait_for_more("after the failover")
+        testbed.check(not learners.failure, f"a learner failed: {learners.failure}")
+        print(f"rounds of each learner: {learners.acknowledged}")
+        if not bsp:  # each push applied as it came: the sum of them all
+            with blkps.Model(t.url(t.backup)) as reader:
+                weights = reader.pull(0, 1024)
+            pushes = sum(learners.acknowledged)
+            testbed.check(np.all(weights == np.float32(pushes)),
+                          f"{pushes} pushes acknowledged, the backup holds {sorted(set(weights.tolist()))[:4]}")
+
+
+def test_bsp_learners_follow_exactly():
+    round_learners_follow_exactly("bsp")
+
+
+def test_ssp_learners_follow_exactly():
+    round_learners_follow_exactly("ssp:1")
+
+
 def learner_follows_through(fault, repair=lambda t, pid: None):
     """Two learners push through their layouts while fault(t, pid) strikes
     the primary (its tgtd's pid): the backup takes over by the lease, the
@@ -400,5 +470,7 @@ testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_take
              "learner-follows-past-a-silent-primary": test_learner_follows_past_a_silent_primary,
              "backup-killed-training-goes-on": test_backup_killed_training_goes_on,
              "outdated-backup-never-promoted": test_outdated_backup_never_promoted,
+             "bsp-learners-follow-exactly": test_bsp_learners_follow_exactly,
+             "ssp-learners-follow-exactly": test_ssp_learners_follow_exactly,
              "restarted-backup-catches-up-and-takes-over": test_restarted_backup_catches_up_and_takes_over}, None)
 print(f"lease_test {args[0]}: ok")

@@ -51,8 +51,8 @@ TEST(LuOptions, ReplicaOptionsTakeAnIpv4AddressAndAnAsyncDenseModel) {
   EXPECT_EQ(o.replicate_to, "10.0.0.2:3270");
   EXPECT_EQ(ErrorOf("params=10;backup=localhost:3270").rfind("backup: expected HOST:PORT", 0), 0u);
   EXPECT_EQ(ErrorOf("params=10;replicate_to=127.0.0.1:0").rfind("replicate_to: expected HOST:PORT", 0), 0u);
-  EXPECT_EQ(ErrorOf("params=10;mode=bsp;replicate_to=127.0.0.1:1"),
-            "replicate_to: replicas serve async jobs only for now; use mode=async");
+  ASSERT_TRUE(ParseLuOptions("params=10;mode=bsp;replicate_to=127.0.0.1:1", &o).ok());
+  ASSERT_TRUE(ParseLuOptions("params=10;mode=ssp:2;backup=127.0.0.1:1", &o).ok());
   EXPECT_EQ(ErrorOf("table=10:4;staleness_aware=0;backup=127.0.0.1:1"),
             "backup: replicas serve dense models only for now, not tables");
   EXPECT_EQ(ErrorOf("params=10;backup=127.0.0.1:1;replicate_to=127.0.0.1:2"),

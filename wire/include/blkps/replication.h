@@ -33,13 +33,18 @@
  *   struct blkps_replica_push
  *   the initiator's name (initiator_bytes, no NUL)
  *   `parts` times: struct blkps_replica_part, then the part's share of
- *   each per-parameter array in HELLO's order (weights first), each
- *   params * 4 bytes.
+ *   each per-parameter array in HELLO's order (weights first, then the
+ *   rule's state, then bsp's accumulator), each params * 4 bytes.
+ *   `blocks` times: struct blkps_replica_block_clocks, then its words: the
+ *   clocks of a block the push gave to, as they were right after it (the
+ *   block's round, contributors and version, then each learner slot's
+ *   clock and partial on it, in slot order: a checkpoint's "clocks" words
+ *   for one block, doc/server.md "Checkpoints").
  * The backup counts the write on the initiator's receipt of LUN `lun` at
- * `receipt_unit`, adds `given` gradients to the clocks of each part's
- * block, and takes a part's state only if its `sequence` is above the one
- * it holds: records of concurrent pushes may arrive in either order, and
- * the newest state of a part includes every push applied to it before.
+ * `receipt_unit`, and takes a part's state, or a block's clocks, only if
+ * its `sequence` is above the one it holds: records of concurrent pushes
+ * may arrive in either order, and the newest state of a part or of a
+ * block's clocks includes every push applied to it before.
  *
  * SNAPSHOT_BEGIN body: the primary's counts at the snapshot's instant,
  * u64 words: the number of learner LUNs, then each LUN in the primary's
@@ -47,11 +52,11 @@
  * number of receipt words, then the receipts (the words of a checkpoint's
  * "luns", "clocks" and "receipts" sections: doc/server.md "Checkpoints").
  * The backup replaces its clocks and receipts with these (its learner LUNs
- * must be the same, in the same order) and forgets every part's state
- * number: the PUSH records that follow count on top of these.
+ * must be the same, in the same order) and forgets every part's and every
+ * block's clocks' state number: the PUSH records that follow are newer.
  *
- * SNAPSHOT body: a PUSH body (lun, receipt_unit and initiator_bytes 0,
- * every part's `given` 0) holding parts' states as they were at the
+ * SNAPSHOT body: a PUSH body (lun, receipt_unit, initiator_bytes and
+ * blocks 0) holding parts' states as they were at the
  * snapshot's instant, numbered as they were then. The backup takes a
  * part's state unless the one it holds is newer (a PUSH made after the
  * instant): snapshot and stream may reach a part in either order. It
@@ -98,20 +103,26 @@ struct blkps_replica_push {
   uint64_t receipt_unit;    /* where the write started, in receipt units */
   uint64_t initiator_bytes; /* the initiator's name that follows */
   uint64_t parts;           /* part states that follow it */
+  uint64_t blocks;          /* block clocks that follow the parts */
 };
 
 struct blkps_replica_part {
   uint64_t first;    /* the part's first parameter (in the model) */
   uint64_t sequence; /* the part's state number on the primary, from 1 */
-  uint64_t given;    /* parameters of the part's block the push gave (its
-                        clocks), on the block's first part in the record */
   uint64_t params;   /* parameters in the part */
+};
+
+struct blkps_replica_block_clocks {
+  uint64_t block;    /* the model block */
+  uint64_t sequence; /* the state number of the block's clocks on the primary, from 1 */
+  uint64_t words;    /* u64 words that follow: 3 + 2 per learner slot */
 };
 
 #ifdef __cplusplus
 static_assert(sizeof(struct blkps_replica_frame) == 32, "frame layout");
-static_assert(sizeof(struct blkps_replica_push) == 32, "push layout");
-static_assert(sizeof(struct blkps_replica_part) == 32, "part layout");
+static_assert(sizeof(struct blkps_replica_push) == 40, "push layout");
+static_assert(sizeof(struct blkps_replica_part) == 24, "part layout");
+static_assert(sizeof(struct blkps_replica_block_clocks) == 24, "block clocks layout");
 #endif
 
 #endif /* BLKPS_REPLICATION_H */
