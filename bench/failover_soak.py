@@ -22,6 +22,10 @@ Faults (the lease test's cases; doc/replicas.md "Failover by a lease"):
           primary killed (the fault timed): the caught-up backup takes over
           (doc/replicas.md "A backup that returns"). Also collects the time
           from the restart to the backup in sync.
+  bsp-kill, ssp-kill  kill, with two learners in bsp (ssp:1) that push to
+          the whole model and pull it every round: every bsp pull must
+          show exactly the rounds applied; the time is to the first round
+          begun after the primary's tgtd was gone.
 
 Writes failover-soak.md and failover-soak.json to --out (default
 bench/results/failover-soak). Exit status 1 if any run failed.
@@ -38,8 +42,10 @@ import time
 top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"kill": "learner-follows-the-lease", "freeze": "learner-follows-past-a-frozen-primary",
          "silent": "learner-follows-past-a-silent-primary",
-         "backup-restart": "restarted-backup-catches-up-and-takes-over"}
+         "backup-restart": "restarted-backup-catches-up-and-takes-over",
+         "bsp-kill": "bsp-learners-follow-exactly", "ssp-kill": "ssp-learners-follow-exactly"}
 FIRST_ACK = re.compile(r"the first push acknowledged after the fault: ([0-9.]+) s after it")
+OUT = os.path.join(top, "bench", "results", "failover-soak")
 IN_SYNC = re.compile(r"the backup was in sync ([0-9.]+) s after the restart began")
 
 
@@ -47,7 +53,7 @@ def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--times", type=int, default=20, help="runs of each fault (default 20)")
     p.add_argument("--faults", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
-    p.add_argument("--out", default=os.path.join(top, "bench", "results", "failover-soak"))
+    p.add_argument("--out", default=OUT)
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     a = p.parse_args()
     a.faults = a.faults.split(",")
@@ -92,9 +98,10 @@ def main():
     lines = ["# Failover soak: a primary's fault under two learners, each fault repeated", "",
              f"Each run: a fresh three-member etcd, a primary and its backup (lease TTL 2 s), two learners "
              f"pushing through libblkps over their layouts; the run passes if the learners follow with no "
-             f"error and the new primary holds every acknowledged push exactly once. Loopback; load average "
-             f"{load:.1f} at the end. Command: `sudo bench/failover_soak.py --times {a.times} "
-             f"--faults {','.join(a.faults)}`.", "",
+             f"error and the new primary holds every acknowledged push exactly once (bsp-kill: every pull "
+             f"shows exactly the rounds applied). Loopback; load average {load:.1f} at the end. Command: "
+             f"`sudo bench/failover_soak.py --times {a.times} --faults {','.join(a.faults)}"
+             f"{'' if a.out == OUT else ' --out ' + os.path.relpath(a.out, top)}`.", "",
              "| fault | runs | passed | first ack after the fault: median | max | backup in sync after its "
              "restart: median | max |",
              "|---|---:|---:|---:|---:|---:|---:|"]

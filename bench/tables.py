@@ -189,9 +189,9 @@ def catch_up():
     return _render(_tables(_read("catch-up", "catch-up.md"))[0])
 
 
-def failover_soak():
-    """The committed failover soak's table (bench/failover_soak.py writes it)."""
-    return _render(_tables(_read("failover-soak", "failover-soak.md"))[0])
+def failover_soak(folder="failover-soak"):
+    """A committed failover soak's table (bench/failover_soak.py writes it)."""
+    return _render(_tables(_read(folder, "failover-soak.md"))[0])
 
 
 def _async_runs():
@@ -617,6 +617,8 @@ TABLES = {
     "fio": (fio_subset, "bench/results/report.md"),
     "soak": (soak, "bench/results/soak/soak.md"),
     "failover-soak": (failover_soak, "bench/results/failover-soak/failover-soak.md"),
+    "failover-soak-rounds": (lambda: failover_soak("failover-soak-rounds"),
+                             "bench/results/failover-soak-rounds/failover-soak.md"),
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
     "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),

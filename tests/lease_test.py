@@ -320,11 +320,18 @@ def round_learners_follow_exactly(mode):
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster, "params=1024;rule=sum;mode=" + mode) as t:
         with RoundLearners(t, exact_rounds=bsp) as learners:
             learners.wait_for_more("by the primary")
-            os.kill(primary_pid(t), signal.SIGKILL)
+            pid = primary_pid(t)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + WAIT_S
+            while not gone(pid):  # polled closely: the time is counted from here
+                testbed.check(time.monotonic() < deadline, "the primary's tgtd outlived kill -9")
+                time.sleep(0.001)
+            learners.mark()  # a round begun from here on is the backup's
             wait_for("the backup took over", lambda: status(t.backup)["replica"] == "primary")
             learners.wait_for_more("after the failover")
         testbed.check(not learners.failure, f"a learner failed: {learners.failure}")
         print(f"rounds of each learner: {learners.acknowledged}")
+        print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
         if not bsp:  # each push applied as it came: the sum of them all
             with blkps.Model(t.url(t.backup)) as reader:
                 weights = reader.pull(0, 1024)
@@ -421,6 +428,15 @@ def tgtd_pid(folder):
     rc, pid, err = blkps_cli("target", "show", "--dir", folder, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
     return int(pid)
+
+
+def gone(pid):
+    """Whether process `pid` has ended (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
 
 
 def primary_pid(t):

@@ -89,7 +89,7 @@ def add_arguments(start, cmds):
     `promote` command on target's subparsers `cmds`."""
     start.add_argument("--replicas", type=int, choices=(1, 2), default=1,
                        help="2: a backup tgtd (in DIR/backup) holds every push before its WRITE completes and serves "
-                       "learners once promoted (doc/replicas.md); async, one tgtd")
+                       "learners once promoted (doc/replicas.md); async, bsp or ssp; one tgtd")
     p = cmds.add_parser("promote", help="have a target's backup serve learners",
                         description="Promotes the backup of a target started with --replicas 2: it serves learners "
                         "from now on, at its own portal (printed). Stop the primary first if it still runs.")
