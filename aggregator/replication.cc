@@ -23,6 +23,25 @@ std::vector<Model::Array> BlockArrays(Model& model) {
   return arrays;
 }
 
+// Copies the `T` at body[*at] into *out and moves *at past it; false if
+// the body ends first.
+template <typename T>
+bool Take(const std::string& body, size_t* at, T* out) {
+  if (body.size() - *at < sizeof *out) return false;
+  std::memcpy(out, body.data() + *at, sizeof *out);
+  *at += sizeof *out;
+  return true;
+}
+
+// The same for `n` u64 words, into *out.
+bool TakeWords(const std::string& body, size_t* at, uint64_t n, std::vector<uint64_t>* out) {
+  if (n > (body.size() - *at) / sizeof(uint64_t)) return false;
+  out->resize(n);
+  std::memcpy(out->data(), body.data() + *at, n * sizeof(uint64_t));
+  *at += n * sizeof(uint64_t);
+  return true;
+}
+
 void AppendWords(std::string* out, std::initializer_list<uint64_t> words) {
   for (uint64_t w : words) out->append(reinterpret_cast<const char*>(&w), sizeof w);
 }
@@ -144,9 +163,8 @@ const std::string& ReplicaPush::Body() {
 Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::string& body, ReplicaRecord* out) {
   const auto bad = [](const std::string& why) { return Status::InvalidArgument("replica record: " + why); };
   blkps_replica_push head;
-  if (body.size() < sizeof head) return bad("shorter than its header");
-  std::memcpy(&head, body.data(), sizeof head);
-  size_t at = sizeof head;
+  size_t at = 0;
+  if (!Take(body, &at, &head)) return bad("shorter than its header");
   if (head.initiator_bytes > body.size() - at) return bad("initiator name past its end");
   out->lun = head.lun;
   out->receipt_unit = head.receipt_unit;
@@ -157,9 +175,7 @@ Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::stri
   out->parts.clear();
   for (uint64_t k = 0; k < head.parts; ++k) {
     blkps_replica_part p;
-    if (body.size() - at < sizeof p) return bad("part header past its end");
-    std::memcpy(&p, body.data() + at, sizeof p);
-    at += sizeof p;
+    if (!Take(body, &at, &p)) return bad("part header past its end");
     ReplicaPart part;
     if (!parts.Find(p.first, p.params, &part)) {
       return bad("a part at parameter " + std::to_string(p.first) + " of " + std::to_string(p.params) +
@@ -172,14 +188,10 @@ Status ParseReplicaPush(Model& model, const ReplicaParts& parts, const std::stri
   out->clocks.clear();
   for (uint64_t k = 0; k < head.blocks; ++k) {
     blkps_replica_block_clocks c;
-    if (body.size() - at < sizeof c) return bad("block clocks' header past its end");
-    std::memcpy(&c, body.data() + at, sizeof c);
-    at += sizeof c;
+    if (!Take(body, &at, &c)) return bad("block clocks' header past its end");
     if (c.block >= model.num_blocks()) return bad("clocks of block " + std::to_string(c.block) + ", past the model");
-    if (c.words > (body.size() - at) / sizeof(uint64_t)) return bad("block clocks past their end");
-    std::vector<uint64_t> words(c.words);
-    std::memcpy(words.data(), body.data() + at, c.words * sizeof(uint64_t));
-    at += c.words * sizeof(uint64_t);
+    std::vector<uint64_t> words;
+    if (!TakeWords(body, &at, c.words, &words)) return bad("block clocks past their end");
     out->clocks.push_back({c.block, c.sequence, std::move(words)});
   }
   if (at != body.size()) return bad("bytes after its last part and clocks");
@@ -206,14 +218,9 @@ Status ReplicaCounts::Parse(const std::string& body, ReplicaCounts* out) {
   size_t at = 0;
   for (std::vector<uint64_t>* words : {&out->luns, &out->clocks, &out->receipts}) {
     uint64_t n = 0;
-    if (body.size() - at < sizeof n) return Status::InvalidArgument("replica snapshot: counts past their end");
-    std::memcpy(&n, body.data() + at, sizeof n);
-    at += sizeof n;
-    if (n > (body.size() - at) / sizeof(uint64_t))
+    if (!Take(body, &at, &n) || !TakeWords(body, &at, n, words)) {
       return Status::InvalidArgument("replica snapshot: counts past their end");
-    words->resize(n);
-    std::memcpy(words->data(), body.data() + at, n * sizeof(uint64_t));
-    at += n * sizeof(uint64_t);
+    }
   }
   if (at != body.size()) return Status::InvalidArgument("replica snapshot: bytes after its counts");
   return Status::OK();

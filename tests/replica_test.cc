@@ -356,6 +356,29 @@ TEST(Replicas, ARestartedBackupCatchesUpWhileLearnersPushAndEqualsThePrimary) {
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
+// Kills `shard`'s backup (the primary holds a lease) and has its primary
+// find it lost with a learner's write, which waits for the verdict; runs
+// `meanwhile`, then declares the backup outdated as its lease keeper would:
+// the write is acknowledged alone. "" or what went wrong.
+std::string OutdateTheBackup(
+    ReplicatedShard& shard, const std::function<void()>& meanwhile = [] {}) {
+  std::mt19937 rng(1);
+  RawLun learner(shard.primary.url(1), Learner(1));
+  if (learner.Write(0, Gradient(rng, 1)) != "GOOD") return "a write failed before the backup's kill";
+  std::string why;
+  if (!shard.backup.KillTgtd(&why)) return why;
+  std::string alone;
+  std::thread write([&] { alone = learner.Write(0, Gradient(rng, 1)); });
+  const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
+  meanwhile();
+  const std::string verdict = Command(shard.primary, "backup_outdated=1");
+  write.join();
+  if (!lost) return "the primary did not find its backup lost: " + StatusJson(shard.primary);
+  if (verdict != "GOOD") return "backup_outdated=1: " + verdict;
+  if (alone != "GOOD") return "the write alone: " + alone;
+  return "";
+}
+
 // A connection the restarted backup took and that ended before any catch-up
 // (a stranger's, or a catch-up refused while the backup was still adding
 // its LUNs) does not use up the backup: the primary's catch-up, tried
@@ -365,32 +388,23 @@ TEST(Replicas, AConnectionEndedBeforeTheCatchUpDoesNotKeepTheBackupOutdated) {
   ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
   ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
-  std::mt19937 rng(1);
-  RawLun learner(shard.primary.url(1), Learner(1));
-  ASSERT_EQ(learner.Write(0, Gradient(rng, 1)), "GOOD");
-  std::string why;
-  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
-  // The primary finds the backup lost with this write, which waits for the
-  // verdict: the primary's catch-up starts only once it is outdated.
-  std::string alone;
-  std::thread write([&] { alone = learner.Write(0, Gradient(rng, 1)); });
-  const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
-  const bool restarted = shard.backup.Restart();
-  const int port = std::stoi(shard.address.substr(shard.address.rfind(':') + 1));
-  const int stranger = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool connected = connect(stranger, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(stranger);  // the backup's first connection since its restart, ended at once
-  const std::string verdict = Command(shard.primary, "backup_outdated=1");
-  write.join();
-  ASSERT_TRUE(lost) << StatusJson(shard.primary);
+  bool restarted = false, connected = false;
+  ASSERT_EQ(OutdateTheBackup(shard,
+                             [&] {
+                               // The primary's catch-up starts only once the backup is outdated.
+                               restarted = shard.backup.Restart();
+                               const int port = std::stoi(shard.address.substr(shard.address.rfind(':') + 1));
+                               const int stranger = socket(AF_INET, SOCK_STREAM, 0);
+                               sockaddr_in a{};
+                               a.sin_family = AF_INET;
+                               a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                               a.sin_port = htons(static_cast<uint16_t>(port));
+                               connected = connect(stranger, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+                               close(stranger);  // the backup's first connection since its restart, ended at once
+                             }),
+            "");
   ASSERT_TRUE(restarted) << shard.backup.start_output();
   ASSERT_TRUE(connected) << "the restarted backup does not listen on " << shard.address;
-  ASSERT_EQ(verdict, "GOOD");
-  ASSERT_EQ(alone, "GOOD");
   ASSERT_TRUE(StatusShows(shard.primary, "\"backup\": \"\"")) << StatusJson(shard.primary) << shard.primary.Log();
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
@@ -406,19 +420,7 @@ TEST(Replicas, RuleParametersSetOnThePrimaryAreTheBackupsInSyncAndAfterACatchUp)
   ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
   ASSERT_EQ(Command(shard.primary, "lr=0.5"), "GOOD");
   EXPECT_TRUE(Contains(StatusJson(shard.backup), "\"rule_params\": {\"lr\": 0.5}")) << StatusJson(shard.backup);
-  std::mt19937 rng(1);
-  RawLun learner(shard.primary.url(1), Learner(1));
-  ASSERT_EQ(learner.Write(0, Gradient(rng, 1)), "GOOD");
-  std::string why;
-  ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
-  std::string alone;
-  std::thread write([&] { alone = learner.Write(0, Gradient(rng, 1)); });
-  const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
-  const std::string verdict = Command(shard.primary, "backup_outdated=1");
-  write.join();
-  ASSERT_TRUE(lost) << StatusJson(shard.primary);
-  ASSERT_EQ(verdict, "GOOD");
-  ASSERT_EQ(alone, "GOOD");
+  ASSERT_EQ(OutdateTheBackup(shard), "");
   ASSERT_EQ(Command(shard.primary, "lr=0.25"), "GOOD");  // the backup is away
   ASSERT_TRUE(shard.backup.Restart()) << shard.backup.start_output();
   ASSERT_TRUE(StatusShows(shard.primary, "\"backup\": \"\"")) << StatusJson(shard.primary) << shard.primary.Log();
