@@ -86,6 +86,14 @@ Status Job::ApplyReplica(const std::string& body) {
       return Status::InvalidArgument("replica record for learner LUN " + std::to_string(record.lun) +
                                      ", which this backup does not serve: give it the primary's LUNs");
     }
+    // Refused whole, before any of it is taken.
+    for (const ReplicaRecord::Clocks& c : record.clocks) {
+      if (c.words.size() != 3 + 2 * clocks_.num_learners()) {
+        return Status::InvalidArgument("replica record: block " + std::to_string(c.block) + "'s clocks are not for " +
+                                       std::to_string(clocks_.num_learners()) +
+                                       " learners: give both the same learner LUNs");
+      }
+    }
   }
   for (const ReplicaRecord::Part& p : record.parts) {
     std::unique_lock<std::shared_mutex> block_lock = model_->LockBlock(p.part.block);
@@ -94,8 +102,7 @@ Status Job::ApplyReplica(const std::string& body) {
   MutexLock lock(&mu_);
   for (const ReplicaRecord::Clocks& c : record.clocks) {
     if (c.sequence <= clock_sequence_[c.block]) continue;  // a newer record's came first
-    s = clocks_.RestoreBlock(c.block, c.words);
-    if (!s.ok()) return Status::InvalidArgument("replica record: " + s.message());
+    (void)clocks_.RestoreBlock(c.block, c.words);          // OK: its size was checked above
     clock_sequence_[c.block] = c.sequence;
   }
   receipts_.FinishWrite(slot, record.initiator, record.receipt_unit, true);
