@@ -91,7 +91,9 @@ no_tgtd_left() {
   local pid
   for pid in "$@"; do
     if [ -e "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; then
-      fail "tgtd $pid still runs after target stop"
+      # What it is, for a failure's reader: a tgtd that outlived its stop, or another process by that id.
+      fail "tgtd $pid still runs after target stop ($(grep '^State:' "/proc/$pid/status" 2>/dev/null);" \
+        "command: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null))"
     fi
   done
 }
