@@ -52,6 +52,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +64,8 @@ top, build, args = testbed.setup("lease_test")
 import blkps  # noqa: E402  (this checkout's package, this build's library)
 import etcd_cluster  # noqa: E402
 import numpy as np  # noqa: E402
+sys.path.insert(0, os.path.join(top, "scripts"))
+from blkps_cli import processes  # noqa: E402  (stdlib only)
 
 BLKPS = os.path.join(top, "scripts", "blkps")
 PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
@@ -239,11 +242,15 @@ class Learners:
                 while not self._stop.is_set():
                     began = time.monotonic()
                     m.push(0, ones)
-                    self.acknowledged[k] += 1
-                    if self.marked is not None and began > self.marked and self.first_after is None:
-                        self.first_after = time.monotonic()
+                    self._acknowledged(k, began)
         except OSError as e:
             self.failure.append(str(e))
+
+    def _acknowledged(self, k, began):
+        """Learner k's push (round) begun at `began` was acknowledged."""
+        self.acknowledged[k] += 1
+        if self.marked is not None and began > self.marked and self.first_after is None:
+            self.first_after = time.monotonic()
 
     def mark(self):
         self.marked = time.monotonic()
@@ -307,9 +314,7 @@ class RoundLearners(Learners):
                         values = sorted(set(weights.tolist()))[:4]
                         self.failure.append(f"learner {k + 1}: round {rounds} pulled {values}, expected "
                                             f"{self.per_round * rounds}")
-                    self.acknowledged[k] += 1
-                    if self.marked is not None and began > self.marked and self.first_after is None:
-                        self.first_after = time.monotonic()
+                    self._acknowledged(k, began)
         except OSError as e:
             self.failure.append(str(e))
 
@@ -323,7 +328,7 @@ def round_learners_follow_exactly(mode):
             pid = primary_pid(t)
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + WAIT_S
-            while not gone(pid):  # polled closely: the time is counted from here
+            while processes.running(pid):  # polled closely: the time is counted from here
                 testbed.check(time.monotonic() < deadline, "the primary's tgtd outlived kill -9")
                 time.sleep(0.001)
             learners.mark()  # a round begun from here on is the backup's
@@ -428,15 +433,6 @@ def tgtd_pid(folder):
     rc, pid, err = blkps_cli("target", "show", "--dir", folder, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
     return int(pid)
-
-
-def gone(pid):
-    """Whether process `pid` has ended (a zombie counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 def primary_pid(t):
