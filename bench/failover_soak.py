@@ -26,6 +26,11 @@ Faults (the lease test's cases; doc/replicas.md "Failover by a lease"):
           the whole model and pull it every round: every bsp pull must
           show exactly the rounds applied; the time is to the first round
           begun after the primary's tgtd was gone.
+  hosts-MODE-FAULT  tests/replica_cluster_test.py's cases: the primary and
+          its backup on hosts of their own in the netns cluster, etcd on
+          three other hosts, the learners on one of them; MODE async or
+          bsp, FAULT primary-killed, link-cut (the primary's host's link
+          down until the learners went on) or primary-frozen.
 
 Writes failover-soak.md and failover-soak.json to --out (default
 bench/results/failover-soak). Exit status 1 if any run failed.
@@ -40,10 +45,14 @@ import sys
 import time
 
 top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = {"kill": "learner-follows-the-lease", "freeze": "learner-follows-past-a-frozen-primary",
-         "silent": "learner-follows-past-a-silent-primary",
-         "backup-restart": "restarted-backup-catches-up-and-takes-over",
-         "bsp-kill": "bsp-learners-follow-exactly", "ssp-kill": "ssp-learners-follow-exactly"}
+LEASE_TEST, CLUSTER_TEST = "lease_test.py", "replica_cluster_test.py"
+CASES = {"kill": (LEASE_TEST, "learner-follows-the-lease"),
+         "freeze": (LEASE_TEST, "learner-follows-past-a-frozen-primary"),
+         "silent": (LEASE_TEST, "learner-follows-past-a-silent-primary"),
+         "backup-restart": (LEASE_TEST, "restarted-backup-catches-up-and-takes-over"),
+         "bsp-kill": (LEASE_TEST, "bsp-learners-follow-exactly"), "ssp-kill": (LEASE_TEST, "ssp-learners-follow-exactly"),
+         **{f"hosts-{mode}-{fault}": (CLUSTER_TEST, f"{mode}-{fault}") for mode in ("async", "bsp")
+            for fault in ("primary-killed", "link-cut", "primary-frozen")}}
 FIRST_ACK = re.compile(r"the first push acknowledged after the fault: ([0-9.]+) s after it")
 OUT = os.path.join(top, "bench", "results", "failover-soak")
 IN_SYNC = re.compile(r"the backup was in sync ([0-9.]+) s after the restart began")
@@ -52,7 +61,8 @@ IN_SYNC = re.compile(r"the backup was in sync ([0-9.]+) s after the restart bega
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--times", type=int, default=20, help="runs of each fault (default 20)")
-    p.add_argument("--faults", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    p.add_argument("--faults", default=",".join(f for f in CASES if not f.startswith("hosts-")),
+                   help="comma-separated, of: " + ", ".join(CASES) + " (default: those on loopback)")
     p.add_argument("--out", default=OUT)
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     a = p.parse_args()
@@ -67,13 +77,24 @@ def run_once(a, fault):
     """One run of the fault's case: (passed, seconds to the first ack after
     the fault or None, seconds from a backup's restart to its catch-up or
     None, the case's last line)."""
-    out = subprocess.run([sys.executable, os.path.join(top, "tests", "lease_test.py"), top, a.build, CASES[fault]],
+    script, case = CASES[fault]
+    out = subprocess.run([sys.executable, os.path.join(top, "tests", script), top, a.build, case],
                          capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     first, in_sync = FIRST_ACK.search(text), IN_SYNC.search(text)
     lines = [line for line in text.splitlines() if line.strip()]
     return (out.returncode == 0, float(first.group(1)) if first else None,
             float(in_sync.group(1)) if in_sync else None, lines[-1] if lines else "")
+
+
+def where(faults):
+    """Where the runs of `faults` ran, in words."""
+    hosts = [f for f in faults if f.startswith("hosts-")]
+    if not hosts:
+        return "Loopback"
+    said = ("hosts-*: a netns cluster of 4 hosts (primary, backup, learners and etcd each on hosts of their own, "
+            "links unshaped)")
+    return said if len(hosts) == len(faults) else "Loopback, and " + said
 
 
 def main():
@@ -98,8 +119,8 @@ def main():
     lines = ["# Failover soak: a primary's fault under two learners, each fault repeated", "",
              f"Each run: a fresh three-member etcd, a primary and its backup (lease TTL 2 s), two learners "
              f"pushing through libblkps over their layouts; the run passes if the learners follow with no "
-             f"error and the new primary holds every acknowledged push exactly once (bsp-kill: every pull "
-             f"shows exactly the rounds applied). Loopback; load average {load:.1f} at the end. Command: "
+             f"error and the new primary holds every acknowledged push exactly once (in bsp every pull "
+             f"shows exactly the rounds applied). {where(a.faults)}; load average {load:.1f} at the end. Command: "
              f"`sudo bench/failover_soak.py --times {a.times} --faults {','.join(a.faults)}"
              f"{'' if a.out == OUT else ' --out ' + os.path.relpath(a.out, top)}`.", "",
              "| fault | runs | passed | first ack after the fault: median | max | backup in sync after its "

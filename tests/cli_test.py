@@ -270,6 +270,21 @@ def test_lease_options_refused():
                           "blkps: target start: argument --lease-ttl: invalid lease TTL in whole seconds")
 
 
+def test_serve_replica_options_refused():
+    # A part's replicas on two hosts meet in the job's folder and each task
+    # says which it is (doc/replicas.md "Replicas on several hosts"): one
+    # line before any tgtd starts.
+    serve = ["target", "serve", "--dir", "/nonexistent-blkps", "--address", "127.0.0.1", "--bsopts", "params=10"]
+    expect_one_line_error([*serve, "--replicas", "2", "--replica", "primary"],
+                          "blkps: --replicas: 2: a primary and its backup meet in the job's folder")
+    expect_one_line_error([*serve, "--replicas", "2", "--publish", "/nonexistent-blkps-job"],
+                          "blkps: --replicas: 2: which replica this task is must be said")
+    expect_one_line_error([*serve, "--replica", "backup"], "blkps: --replica: names a replica's role")
+    expect_one_line_error([*serve[:-1], "params=1000000", "--replicas", "2", "--replica", "backup", "--publish",
+                           "/nonexistent-blkps-job", "--tgtd", "2"],
+                          "blkps: --replicas: a backup for each of 2 tgtds is not done yet")
+
+
 def test_set_needs_operator():
     # D3: with --operator, set and status --dir log in to the operator target
     # with DIR/operator.chap; the learners' control LUN refuses set whatever

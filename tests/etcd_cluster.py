@@ -6,6 +6,10 @@ ports with its own --data-dir in a temporary folder.
         ... cluster.endpoints ...   # "127.0.0.1:PORT,127.0.0.1:PORT,..."
         cluster.kill(0)             # kill -9 of member 0
 
+`places` puts member k on another host: (its address, the argv prefix that
+runs a command there, e.g. bench/cluster/net.py's exec_argv), one per member;
+the health checks then run there too.
+
 Contract: the constructor returns once every member answers /health with
 "true" (within `deadline_s`, else it stops what it started and raises
 RuntimeError naming the member, with its log's end; a port taken before
@@ -20,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -43,8 +48,19 @@ def _free_ports(count):
             s.close()
 
 
+LOOPBACK = ("127.0.0.1", [])
+# Prints member URL's /health answer ("true" when healthy), where it runs.
+HEALTH = """import json, sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1] + "/health", timeout=2) as answer:
+        print(json.loads(answer.read()).get("health"))
+except (OSError, ValueError):
+    print("false")"""
+
+
 class EtcdCluster:
-    def __init__(self, deadline_s=60):
+    def __init__(self, deadline_s=60, places=(LOOPBACK,) * MEMBERS):
+        self.places = places
         self.procs = []
         self.folder = None
         atexit.register(self.stop)
@@ -67,15 +83,16 @@ class EtcdCluster:
         why not (the member and its log's last lines)."""
         self.folder = tempfile.mkdtemp(prefix="blkps-etcd-")
         ports = _free_ports(2 * MEMBERS)
-        clients = [f"http://127.0.0.1:{ports[2 * k]}" for k in range(MEMBERS)]
-        peers = [f"http://127.0.0.1:{ports[2 * k + 1]}" for k in range(MEMBERS)]
+        addresses = [address for address, _ in self.places]
+        clients = [f"http://{addresses[k]}:{ports[2 * k]}" for k in range(MEMBERS)]
+        peers = [f"http://{addresses[k]}:{ports[2 * k + 1]}" for k in range(MEMBERS)]
         cluster = ",".join(f"e{k}={peers[k]}" for k in range(MEMBERS))
         self.clients = clients
         self.endpoints = ",".join(c.removeprefix("http://") for c in clients)
         for k in range(MEMBERS):
             with open(self.log(k), "w") as log:
                 self.procs.append(subprocess.Popen(
-                    ["etcd", "--name", f"e{k}", "--data-dir", os.path.join(self.folder, f"e{k}"),
+                    [*self.places[k][1], "etcd", "--name", f"e{k}", "--data-dir", os.path.join(self.folder, f"e{k}"),
                      "--listen-client-urls", clients[k], "--advertise-client-urls", clients[k],
                      "--listen-peer-urls", peers[k], "--initial-advertise-peer-urls", peers[k],
                      "--initial-cluster", cluster, "--initial-cluster-state", "new",
@@ -96,6 +113,10 @@ class EtcdCluster:
 
     def healthy(self, k):
         """Whether member k answers /health with "true"."""
+        if self.places[k][1]:
+            answer = subprocess.run([*self.places[k][1], sys.executable, "-c", HEALTH, self.clients[k]],
+                                    capture_output=True, text=True)
+            return answer.stdout.strip() == "true"
         try:
             with urllib.request.urlopen(self.clients[k] + "/health", timeout=2) as answer:
                 return json.loads(answer.read()).get("health") == "true"

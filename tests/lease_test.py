@@ -63,6 +63,7 @@ import testbed
 top, build, args = testbed.setup("lease_test")
 import blkps  # noqa: E402  (this checkout's package, this build's library)
 import etcd_cluster  # noqa: E402
+import failover_learner  # noqa: E402
 import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(top, "scripts"))
 from blkps_cli import processes  # noqa: E402  (stdlib only)
@@ -221,30 +222,29 @@ def test_etcd_member_killed_lease_held():
 
 
 class Learners:
-    """Two learners pushing ones to parameters 0..127 (rule sum) through
-    their layouts of target `t`, in threads, from entering the block to
-    leaving it: `acknowledged` counts each one's acknowledged pushes,
-    `failure` their errors, `first_after` the time of the first push
-    acknowledged that began after `mark()`."""
+    """Two learners of `kind` (failover_learner.py) training through their
+    layouts of target `t`, in threads, from entering the block to leaving
+    it: `acknowledged` counts each one's acknowledged rounds, `failure`
+    their errors (a failure stops both), `first_after` the time of the
+    first round acknowledged that began after `mark()`."""
 
-    def __init__(self, t):
-        self.t = t
+    def __init__(self, t, kind="push"):
+        self.t, self.kind = t, kind
         self.acknowledged = [0, 0]
         self.failure = []
         self.marked, self.first_after = None, None
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._push, args=(k,)) for k in range(2)]
+        self._threads = [threading.Thread(target=self._train, args=(k,)) for k in range(2)]
 
-    def _push(self, k):
-        ones = np.ones(128, dtype=np.float32)
+    def _train(self, k):
         try:
             with blkps.Model("layout:" + os.path.join(self.t.dir, f"slot-{k + 1}.layout")) as m:
-                while not self._stop.is_set():
-                    began = time.monotonic()
-                    m.push(0, ones)
-                    self._acknowledged(k, began)
-        except OSError as e:
-            self.failure.append(str(e))
+                why = failover_learner.train(m, self.kind, lambda: self._stop.is_set() or self.failure,
+                                             lambda began: self._acknowledged(k, began))
+        except OSError as e:  # the open
+            why = str(e)
+        if why:
+            self.failure.append(f"learner {k + 1}: {why}")
 
     def _acknowledged(self, k, began):
         """Learner k's push (round) begun at `began` was acknowledged."""
@@ -286,44 +286,11 @@ class Learners:
                       f"{sorted(set(weights[:128].tolist()))} and 128.. are {sorted(set(weights[128:].tolist()))}")
 
 
-class RoundLearners(Learners):
-    """Two learners that push ones to all 1024 parameters and pull them
-    each round. In bsp (`exact_rounds`) every pull must hold the same value
-    everywhere, `per_round` (the first round's) times the rounds the
-    learner has pushed; a pull that does not is a failure. `acknowledged`
-    counts rounds."""
-
-    def __init__(self, t, exact_rounds):
-        super().__init__(t)
-        self.exact_rounds = exact_rounds
-        self.per_round = None
-
-    def _push(self, k):
-        ones = np.ones(1024, dtype=np.float32)
-        try:
-            with blkps.Model("layout:" + os.path.join(self.t.dir, f"slot-{k + 1}.layout")) as m:
-                rounds = 0
-                while not self._stop.is_set() and not self.failure:
-                    began = time.monotonic()
-                    m.push(0, ones)
-                    weights = m.pull(0, 1024)
-                    rounds += 1
-                    if self.per_round is None:
-                        self.per_round = float(weights[0])
-                    if self.exact_rounds and not np.all(weights == np.float32(self.per_round * rounds)):
-                        values = sorted(set(weights.tolist()))[:4]
-                        self.failure.append(f"learner {k + 1}: round {rounds} pulled {values}, expected "
-                                            f"{self.per_round * rounds}")
-                    self._acknowledged(k, began)
-        except OSError as e:
-            self.failure.append(str(e))
-
-
 def round_learners_follow_exactly(mode):
-    """Two RoundLearners in `mode` while the primary is killed."""
+    """Two learners pushing and pulling every round in `mode` while the primary is killed."""
     bsp = mode == "bsp"
     with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster, "params=1024;rule=sum;mode=" + mode) as t:
-        with RoundLearners(t, exact_rounds=bsp) as learners:
+        with Learners(t, "bsp" if bsp else "ssp") as learners:
             learners.wait_for_more("by the primary")
             pid = primary_pid(t)
             os.kill(pid, signal.SIGKILL)

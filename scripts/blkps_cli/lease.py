@@ -55,14 +55,17 @@ KEEPER_LOG = "lease.log"
 LEASE_OPTIONS = "lease.json"
 
 
-def key_of(env):
-    """The etcd key of the shard that target.env `env` serves."""
-    return f"blkps/lease/{env['IQN']}"
+def key_of(env, part=None):
+    """The etcd key of the shard that target.env `env` serves; `part`
+    (K/S, blkps target serve --part) names a part of a model whose parts
+    share one IQN."""
+    return f"blkps/lease/{env['IQN']}" + (f"/part-{part.replace('/', '-of-')}" if part else "")
 
 
-def outdated_key_of(env):
-    """The etcd key that says the shard's backup missed acknowledged pushes."""
-    return key_of(env) + "/outdated"
+def outdated_key_of(key):
+    """The etcd key that says the shard (of lease key `key`) has a backup
+    that missed acknowledged pushes."""
+    return key + "/outdated"
 
 
 def endpoint_urls(text):
@@ -76,12 +79,12 @@ def endpoint_urls(text):
 class Keeper:
     """One tgtd's lease keeper: holds or watches its shard's key."""
 
-    def __init__(self, folder, endpoints, ttl):
+    def __init__(self, folder, endpoints, ttl, part=None):
         self.folder, self.ttl = folder, ttl
         self.etcd = etcd.Etcd(endpoint_urls(endpoints), timeout_s=ttl / 4)
         self.env = state.target(folder, "target lease")
-        self.key = key_of(self.env)
-        self.outdated_key = outdated_key_of(self.env)
+        self.key = key_of(self.env, part)
+        self.outdated_key = outdated_key_of(self.key)
         self.marked = None  # whether etcd holds the outdated key (None: not known)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
@@ -192,12 +195,14 @@ class Keeper:
                 value = self.etcd.get(self.key)
                 if value is not None:
                     holder, seen = value, time.monotonic()
+                elif holder is None:
+                    pass  # no primary yet (a backup served before it, blkps target serve): wait for one
                 else:  # the lease lapsed: take over, unless this backup missed pushes
                     outdated = self.etcd.get(self.outdated_key)
                     if outdated is None and self.acquire():
                         break
                     if outdated is not None and outdated != said:
-                        self.log(f"will not take over: the lease of {holder or 'no one'} lapsed, but etcd says this "
+                        self.log(f"will not take over: the lease of {holder} lapsed, but etcd says this "
                                  f"backup missed acknowledged pushes ({outdated})")
                     said = outdated
             except etcd.Error:
@@ -209,7 +214,7 @@ class Keeper:
             self.tell("promote=1")
         except OSError as e:
             return self.release(f"gave up the lease: promote=1 failed ({e})")
-        self.log(f"became primary: the lease of {holder or 'no one'} lapsed ({time.monotonic() - seen:.1f} s after "
+        self.log(f"became primary: the lease of {holder} lapsed ({time.monotonic() - seen:.1f} s after "
                  f"this keeper last saw it held); this tgtd serves learners at {self.env['URL']}")
         return self.hold()
 
@@ -231,7 +236,7 @@ def command_keep(a):
     "error: ..." and exits."""
     folder = os.path.abspath(a.dir)
     os.environ["BLKPS_RECONNECT_SECONDS"] = str(a.ttl)  # a dead tgtd must not hold the keeper
-    keeper = Keeper(folder, a.endpoints, a.ttl)
+    keeper = Keeper(folder, a.endpoints, a.ttl, a.part)
 
     def started(line):
         keeper.log(line)
@@ -262,8 +267,9 @@ def start_keeper(folder, a, role):
     returns once it holds the key; backup: once it watches it). A
     UserError if it could not."""
     with open(os.path.join(folder, KEEPER_LOG), "a") as log:
+        part = ["--part", a.lease_part] if getattr(a, "lease_part", None) else []
         keeper = subprocess.Popen([tools.script("blkps"), "target", "lease", "--dir", folder, "--endpoints",
-                                   a.lease, "--ttl", str(a.lease_ttl), "--role", role], stdin=subprocess.DEVNULL,
+                                   a.lease, "--ttl", str(a.lease_ttl), "--role", role, *part], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True)
     with open(os.path.join(folder, KEEPER_PID), "w") as f:
         f.write(f"{keeper.pid}\n")
@@ -284,19 +290,25 @@ def stop_keeper(folder):
 
 def start(a):
     """The keepers of a target started with --replicas 2 --lease: the
-    primary's (it takes the key), then the backup's (it watches). Both
-    replicas start from one state: an outdated mark left by an earlier
-    run goes first."""
-    primary = os.path.abspath(a.dir)
-    try:
-        etcd.Etcd(endpoint_urls(a.lease), timeout_s=a.lease_ttl).delete(
-            outdated_key_of(state.target(primary, "target start")))
-    except etcd.Error as e:
-        raise UserError("--lease", f"etcd: {e}", "check the etcd endpoints") from None
-    with open(os.path.join(primary, LEASE_OPTIONS), "w") as f:
+    primary's (it takes the key), then the backup's (it watches); of a
+    `target serve --replica ROLE` task, its own (a.replica, a.lease_part).
+    Both replicas start from one state: the primary deletes an outdated
+    mark left by an earlier run first."""
+    folder = os.path.abspath(a.dir)
+    role = getattr(a, "replica", None)
+    if role != "backup":
+        key = key_of(state.target(folder, "target start"), getattr(a, "lease_part", None))
+        try:
+            etcd.Etcd(endpoint_urls(a.lease), timeout_s=a.lease_ttl).delete(outdated_key_of(key))
+        except etcd.Error as e:
+            raise UserError("--lease", f"etcd: {e}", "check the etcd endpoints") from None
+    if role:
+        start_keeper(folder, a, role)
+        return
+    with open(os.path.join(folder, LEASE_OPTIONS), "w") as f:
         json.dump({"lease": a.lease, "lease_ttl": a.lease_ttl}, f)
-    start_keeper(primary, a, "primary")
-    start_keeper(replicas.backup_dir(primary), a, "backup")
+    start_keeper(folder, a, "primary")
+    start_keeper(replicas.backup_dir(folder), a, "backup")
 
 
 def restart_backup_keeper(folder):
@@ -321,23 +333,29 @@ def stop(folder):
 
 
 def check_options(a):
-    if getattr(a, "lease", None) and getattr(a, "replicas", 1) < 2:  # serve --part has neither
+    if getattr(a, "lease", None) and getattr(a, "replicas", 1) < 2 and not getattr(a, "replica", None):
         raise UserError("--lease", "decides which of a primary and its backup serves", "give --replicas 2 with it")
+
+
+def add_start_arguments(parser):
+    """--lease and --lease-ttl (on `blkps target start` and `serve`)."""
+    parser.add_argument("--lease", metavar="HOST:PORT[,...]",
+                        help="with --replicas 2: etcd members (client URLs); a lease there decides which "
+                        "replica is primary, and the backup takes over when the primary's lapses "
+                        '(doc/replicas.md "Failover by a lease")')
+    parser.add_argument("--lease-ttl", type=lease_ttl, default=2, metavar="S",
+                        help="the lease's TTL in whole seconds, 2 or more (default 2): a primary that "
+                        "stops renewing refuses writes after 3/4 of it, its backup takes over after it")
 
 
 def add_arguments(start_parser, cmds):
     """--lease and --lease-ttl on `blkps target start`; the keeper's own
     command on target's subparsers `cmds` (not for people)."""
-    start_parser.add_argument("--lease", metavar="HOST:PORT[,...]",
-                              help="with --replicas 2: etcd members (client URLs); a lease there decides which "
-                              "replica is primary, and the backup takes over when the primary's lapses "
-                              '(doc/replicas.md "Failover by a lease")')
-    start_parser.add_argument("--lease-ttl", type=lease_ttl, default=2, metavar="S",
-                              help="the lease's TTL in whole seconds, 2 or more (default 2): a primary that "
-                              "stops renewing refuses writes after 3/4 of it, its backup takes over after it")
+    add_start_arguments(start_parser)
     k = cmds.add_parser("lease")
     k.add_argument("--dir", required=True)
     k.add_argument("--endpoints", required=True)
     k.add_argument("--ttl", type=lease_ttl, required=True)
     k.add_argument("--role", choices=("primary", "backup"), required=True)
+    k.add_argument("--part", help="K/S: the key of part K of S (blkps target serve --part)")
     k.set_defaults(run=command_keep)

@@ -40,17 +40,20 @@ def part_path(jobdir, part, parts):
     return os.path.join(jobdir, SERVERS, f"part-{part}-of-{parts}.json")
 
 
-def publish(jobdir, served, envs, model):
+def publish(jobdir, served, envs, model, backup=None):
     """Writes the file of the part `served` (serve_parts.Part) from its
     tgtds' target.env values `envs` (tgtd 0 first) and `model`
-    (blkps-bsopts's JSON of the WHOLE model); then, if every part is
-    present, the layouts."""
+    (blkps-bsopts's JSON of the WHOLE model), with its `backup`'s learner
+    URLs if it has one (serve_replicas.py: the backup's file); then, if
+    every part is present, the layouts."""
     os.makedirs(os.path.join(jobdir, SERVERS), exist_ok=True)
     unit = served.plan.unit if served.plan.unit == shards.HASHED else int(served.plan.unit)  # a layout's unit
     values = {"part": served.part, "parts": served.parts, "tgtds": served.tgtds, "host": socket.gethostname(),
               "portals": [portal(env["URL"]) for env in envs], "urls": [env["URLS"].split() for env in envs],
               "control_urls": [env["CONTROL_URL"] for env in envs], "stripe_unit": unit,
               "params": model["params"], "dtype": model["dtype"]}
+    if backup:
+        values["backup_urls"] = backup["urls"]
     path = part_path(jobdir, served.part, served.parts)
     with open(path + ".tmp", "w") as f:
         json.dump(values, f, indent=1)
@@ -93,8 +96,10 @@ def assemble(jobdir, parts):
         labels.append(f"part {part} tgtd {t} on {ordered[part]['host']}")
     first = ordered[0]
     levels = f": {parts} server task(s) (parts) x {tgtds} tgtd(s)" if parts > 1 and tgtds > 1 else ""
+    backups = [{"URLS": " ".join(p["backup_urls"])} if "backup_urls" in p else None for p in ordered] \
+        if tgtds == 1 else ()  # a part with a backup has one tgtd (serve_replicas.check_options)
     return shards.write_layouts(jobdir, envs, len(first["urls"][0]), first["stripe_unit"], first["params"],
-                                first["dtype"], levels, labels)
+                                first["dtype"], levels, labels, backups)
 
 
 def unpublish(jobdir, part, parts):

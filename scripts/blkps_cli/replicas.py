@@ -24,6 +24,13 @@ def backup_dir(folder):
     return os.path.join(os.path.abspath(folder), BACKUP_FOLDER)
 
 
+def local_backup(a):
+    """Whether start's options `a` ask for a backup here, in DIR/backup
+    (`target start --replicas 2`; `target serve --replicas 2` has its
+    backup on another host: serve_replicas.py)."""
+    return getattr(a, "replicas", 1) > 1 and not getattr(a, "replica", None)
+
+
 def start_backup(a):
     """Starts the backup of the target that `a` (blkps target start's
     options) describes; returns the --bsopts its primary starts with."""

@@ -25,19 +25,25 @@ import socket
 import subprocess
 import sys
 
-from . import metrics, publish, serve_parts, state, target, tgtd
+from . import lease, metrics, publish, serve_parts, serve_replicas, state, target, tgtd
 from .errors import UserError
 
 
-def part_of(text):
-    """--part's (K, S): K/S, or slurm (SLURM_PROCID of SLURM_NTASKS); (0, 1)
-    without --part."""
+def part_of(a):
+    """--part's (K, S): K/S, or slurm (SLURM_PROCID of SLURM_NTASKS; with
+    --replicas 2, two tasks a part, serve_replicas.py, which also sets
+    a.replica); (0, 1) without --part."""
+    text = a.part
     if text is None:
         return 0, 1
     if text == "slurm":
         if "SLURM_PROCID" not in os.environ or "SLURM_NTASKS" not in os.environ:
             raise UserError("--part", "slurm: SLURM_PROCID and SLURM_NTASKS are not set (not run by srun?)",
                             "run it as an srun task, or give --part K/S")
+        if a.replicas > 1:
+            k, s, role = serve_replicas.slurm_part_and_role()
+            a.replica = a.replica or role
+            return k, s
         text = f"{os.environ['SLURM_PROCID']}/{os.environ['SLURM_NTASKS']}"
     k, slash, s = text.partition("/")
     if not (slash and k.isdigit() and s.isdigit() and int(k) < int(s)):
@@ -114,16 +120,24 @@ def command_serve(a):
     a.foreground = True
     a.address = listen_address(a.address)
     a.allow = allowed(a.allow)
-    part, parts = part_of(a.part)
+    part, parts = part_of(a)
+    serve_replicas.check_options(a)
     model = tgtd.check_bsopts(a.bsopts)
     served = serve_parts.plan(a, model, part, parts) if a.part is not None or a.publish else None
+    if a.replica:
+        a.lease_part = f"{part}/{parts}" if parts > 1 else None
+        option = serve_replicas.replication_option(a, served)
+        served = served._replace(plan=served.plan._replace(bsopts=[f"{b};{option}" for b in served.plan.bsopts]))
     with contextlib.redirect_stdout(sys.stderr):  # stdout: the serving line alone
         target.command_start(a, served)
     folder = os.path.abspath(a.dir)
     try:
         env = state.target(folder)
-        if a.publish:
-            publish.publish(os.path.abspath(a.publish), served, tgtd_envs(env), model)
+        if a.replica == "backup":
+            serve_replicas.publish_backup(a, served, env)
+        elif a.publish:
+            publish.publish(os.path.abspath(a.publish), served, tgtd_envs(env), model,
+                            getattr(a, "backup_of_part", None))
         print(f"serving {','.join(portals(env))} {env['URL']}", flush=True)
         died = wait_for_end(tgtd_pids(env))
     except BaseException:
@@ -186,7 +200,9 @@ def stop(a, part, parts, final_checkpoint):
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] != 0:
                 pass
-        if a.publish:
+        if a.replica == "backup":
+            serve_replicas.unpublish_backup(a, part, parts)
+        elif a.publish:
             publish.unpublish(os.path.abspath(a.publish), part, parts)
 
 
@@ -207,5 +223,12 @@ def add_parser(cmds):
     f.add_argument("--part", metavar="K/S|slurm", help="serve part K (0-based) of S of the model: --bsopts params= "
                    "is the WHOLE model's, and part K serves its stripe units (as shard K of blkps shards; with --tgtd T, "
                    "shards K, K+S, ... of S x T); slurm: K and S from SLURM_PROCID and SLURM_NTASKS")
+    f.add_argument("--replicas", dest="replicas", type=int, choices=(1, 2), default=1,
+                   help="2: each part has a primary and a backup, two serve tasks on different hosts that meet in "
+                   "--publish JOBDIR; the backup holds every push before its WRITE completes and serves once "
+                   'promoted (doc/replicas.md "Replicas on several hosts"); one tgtd each')
+    f.add_argument("--replica", choices=serve_replicas.ROLES, help="with --replicas 2: whether this task starts as "
+                   "the part's primary or its backup (--part slurm: even tasks are primaries)")
+    lease.add_start_arguments(f)
     f.add_argument("--publish", metavar="JOBDIR", help="write JOBDIR/servers/part-K-of-S.json once serving; the "
                    "part that completes the set writes JOBDIR/slot-L.layout (blkps layout wait JOBDIR)")

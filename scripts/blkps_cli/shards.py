@@ -213,8 +213,8 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=(),
     (`kind = hashed`, no stripe unit). `levels` and `labels` (one per
     shard) are comments: how the shards are grouped (a two-level stripe,
     serve_parts.py) and where each is. `backups` (one per shard, or none):
-    each shard's backup target.env, its LUN L a replica line under the
-    shard's (doc/replicas.md "Learners follow a failover")."""
+    each shard's backup target.env (None: it has none), its LUN L a
+    replica line under the shard's (doc/replicas.md "Learners follow a failover")."""
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
@@ -226,7 +226,7 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=(),
                        f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else "")))
             for k, (env, label) in enumerate(zip(envs, labels or [""] * len(envs))):
                 f.write(f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n"))
-                if backups:
+                if backups and backups[k]:
                     f.write(f"replica = {backups[k]['URLS'].split()[lun - 1]}  # its backup\n")
             for env in envs:
                 f.write(f"control = {env['CONTROL_URL']}\n")

@@ -34,7 +34,7 @@ def start_locked(a, part=None):
         raise UserError("--fresh", "starts a new job over a checkpoint, and --bsopts names none (checkpoint=)",
                         "leave --fresh out")
     tgtds = part.tgtds if part else scaleout.tgtds_for(a, model)
-    if getattr(a, "replicas", 1) > 1 and tgtds > 1:
+    if getattr(a, "replicas", 1) > 1 and tgtds > 1:  # here or on another host (target serve)
         raise UserError("--replicas", f"a backup for each of {tgtds} tgtds is not done yet", "give --tgtd 1")
     if tgtds > 1:
         env = scaleout.start(a, model, tgtds, part and part.plan)
@@ -46,7 +46,7 @@ def start_locked(a, part=None):
             a.bsopts = part.plan.bsopts[0]
         if a.fresh:
             a.bsopts += ";fresh=1"
-        if getattr(a, "replicas", 1) > 1:
+        if replicas.local_backup(a):
             a.bsopts = replicas.start_backup(a)
         try:
             env = tgtd.Target(a.dir).start(tgtd.Options.of(a))
@@ -60,7 +60,7 @@ def start_locked(a, part=None):
                 stop(a.dir, final_checkpoint=False)
                 raise
         print("\n".join(tgtd.labelled_urls(env)))
-        if getattr(a, "replicas", 1) > 1:
+        if replicas.local_backup(a):
             print(f"backup: {replicas.backup_dir(a.dir)} (serves learners once promoted: blkps target promote "
                   f"--dir {a.dir})")
             for lun, path in enumerate(replicas.write_layouts(a.dir, env, model), 1):

@@ -1,0 +1,107 @@
+"""`blkps target serve --replicas 2`: a part's primary and its backup on
+hosts of their own (doc/replicas.md "Replicas on several hosts"). The two
+server tasks meet in the --publish JOBDIR:
+
+  - the backup (--replica backup) starts first, its plugin listening for
+    its primary on a free port of its --address, and writes
+    JOBDIR/servers/backup-K-of-S.json (that address and its learner URLs)
+    once it serves;
+  - the primary (--replica primary) waits for that file (bounded, with
+    progress), starts with replicate_to= that address, and publishes its
+    part with the backup's URLs, so that the layouts name both
+    (publish.assemble: a replica line under each shard).
+
+With --part slurm, task P of N serves part P // 2 of N / 2, as the primary
+if P is even: two consecutive tasks are one part's replicas (place them on
+different nodes: one task per node).
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+from . import publish, tgtd
+from .errors import UserError
+
+ROLES = ("primary", "backup")
+WAIT_TIMEOUT_S = 300
+PROGRESS_EVERY_S = 10
+
+
+def slurm_part_and_role():
+    """(K, S, role) of this Slurm task when two tasks serve each part."""
+    task, tasks = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    if tasks % 2:
+        raise UserError("--replicas", f"2 with --part slurm needs an even number of tasks, got {tasks}",
+                        "run two tasks (a primary and its backup) per part")
+    return task // 2, tasks // 2, ROLES[task % 2]
+
+
+def check_options(a):
+    """Refuses, in one line, what --replicas 2 on serve cannot do (more
+    than one tgtd a replica: target.start_locked)."""
+    if a.replicas < 2:
+        if a.replica:
+            raise UserError("--replica", "names a replica's role", "give --replicas 2 with it")
+        return
+    if not a.publish:
+        raise UserError("--replicas", "2: a primary and its backup meet in the job's folder",
+                        "give --publish JOBDIR (a folder both hosts see)")
+    if a.replica not in ROLES:
+        raise UserError("--replicas", "2: which replica this task is must be said",
+                        "give --replica primary or --replica backup (or --part slurm)")
+
+
+def backup_path(jobdir, part, parts):
+    return os.path.join(jobdir, publish.SERVERS, f"backup-{part}-of-{parts}.json")
+
+
+def replication_option(a, served):
+    """The --bsopts option that makes this task the part's primary or its
+    backup: the backup listens on a free port of a.address; the primary
+    waits for its backup's file and replicates to it. Also remembers the
+    backup's URLs on `a` for publish()."""
+    jobdir = os.path.abspath(a.publish)
+    if a.replica == "backup":
+        a.replication = f"{a.address}:{tgtd.free_port(a.address)}"
+        return f"backup={a.replication}"
+    path = backup_path(jobdir, served.part, served.parts)
+    start = said = time.monotonic()
+    while True:
+        try:
+            with open(path) as f:
+                a.backup_of_part = json.load(f)
+            break
+        except FileNotFoundError:
+            pass
+        except ValueError as e:
+            raise UserError("--replicas", f"{path}: not a backup's file ({e})") from None
+        now = time.monotonic()
+        if now - start >= WAIT_TIMEOUT_S:
+            raise UserError("--replica", f"primary: no backup of part {served.part} published {path} within "
+                            f"{WAIT_TIMEOUT_S} s", "start its backup: blkps target serve --replica backup ...")
+        if now - said >= PROGRESS_EVERY_S:
+            print(f"blkps: target serve: waiting for the backup of part {served.part} ({path})", file=sys.stderr)
+            said = now
+        time.sleep(0.2)
+    return f"replicate_to={a.backup_of_part['replication']}"
+
+
+def publish_backup(a, served, env):
+    """The backup's file, once it serves (target.env `env`)."""
+    path = backup_path(os.path.abspath(a.publish), served.part, served.parts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    values = {"part": served.part, "parts": served.parts, "host": socket.gethostname(),
+              "replication": a.replication, "urls": env["URLS"].split(), "control_url": env["CONTROL_URL"]}
+    with open(path + ".tmp", "w") as f:
+        json.dump(values, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def unpublish_backup(a, part, parts):
+    try:
+        os.remove(backup_path(os.path.abspath(a.publish), part, parts))
+    except FileNotFoundError:
+        pass

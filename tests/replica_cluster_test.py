@@ -1,0 +1,232 @@
+#!/usr/bin/python3
+"""Replicas on hosts of their own (doc/replicas.md "Replicas on several
+hosts"), in the netns cluster (bench/cluster/net.py), four hosts:
+
+  host 0  the part's primary: blkps target serve --replicas 2 --replica
+          primary --lease ... --publish JOBDIR
+  host 1  its backup (--replica backup), and etcd member 0
+  host 2  two learners (failover_learner.py processes over the layout the
+          primary published), and etcd member 1
+  host 3  etcd member 2
+
+Cases, MODE-FAULT with MODE async (learners push ones, rule sum) or bsp
+(they push ones to the whole model and pull it every round):
+  primary-killed  the primary's tgtd killed (kill -9)
+  link-cut        host 0's link taken down (the primary, its keeper and
+                  its connections cut off), until the backup took over by
+                  the lease and the learners went on there; then up again:
+                  the old primary's keeper finds its lease gone and ends,
+                  and the old primary acknowledges nothing
+  primary-frozen  the primary's tgtd stopped (SIGSTOP) until the backup took
+                  over, then woken (the split-brain attempt)
+
+Each: the learners go on with no error (20 more rounds each after the
+fault) and the backup, promoted, holds every acknowledged push exactly once
+(async: the weights are the count of acknowledged pushes, as a one-process
+reference has them; bsp: every pull, before and after, shows exactly the
+rounds applied). Prints the time from the fault to the first round
+acknowledged that began after it. Waits are for a state, with generous
+deadlines; no timing is asserted.
+
+  replica_cluster_test.py TOP BUILD CASE
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import testbed
+
+top, build, args = testbed.setup("replica_cluster_test")
+sys.path.insert(0, os.path.join(top, "bench", "cluster"))
+import etcd_cluster  # noqa: E402
+import net  # noqa: E402
+
+BLKPS = os.path.join(top, "scripts", "blkps")
+LEARNER = os.path.join(top, "tests", "failover_learner.py")
+PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
+PRIMARY, BACKUP, LEARNERS = 0, 1, 2
+WAIT_S = 60  # for a state the test waits for: far above any failover here
+
+
+def wait_for(what, condition):
+    deadline = time.monotonic() + WAIT_S
+    while not (value := condition()):
+        testbed.check(time.monotonic() < deadline, f"not within {WAIT_S} s: {what}")
+        time.sleep(0.1)
+    return value
+
+
+class Job:
+    """A part's primary and backup, each `blkps target serve` on its host,
+    with lease keepers in a three-member etcd spread over hosts 1 to 3, and
+    two learners of `kind` on host 2; all ended on leaving the block."""
+
+    def __init__(self, cluster, mode):
+        self.cluster, self.serves, self.learners = cluster, {}, []
+        self.folder = tempfile.mkdtemp(prefix="blkps-replica-cluster-")
+        try:
+            self._start(mode)
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def _start(self, mode):
+        cluster = self.cluster
+        self.jobdir = os.path.join(self.folder, "job")
+        self.etcd = etcd_cluster.EtcdCluster(places=[(cluster.address(h), cluster.exec_argv(h, []))
+                                                     for h in (1, 2, 3)])
+        bsopts = "params=1024;rule=sum" + (";mode=bsp" if mode == "bsp" else "")
+        for host, role in ((BACKUP, "backup"), (PRIMARY, "primary")):
+            self.serves[host] = cluster.popen(host, [
+                BLKPS, "target", "serve", "--dir", self.dir(host), "--plugin", PLUGIN, "--address",
+                cluster.address(host), "--allow", cluster.subnet(), "--luns", "2", "--bsopts", bsopts,
+                "--replicas", "2", "--replica", role, "--publish", self.jobdir, "--lease", self.etcd.endpoints],
+                stdout=subprocess.PIPE, stderr=open(os.path.join(self.folder, f"serve-{role}.err"), "w"), text=True)
+            line = self.serves[host].stdout.readline()
+            testbed.check(line.startswith("serving "), f"the {role}'s serve ended: {self.serve_errors(host)}")
+        self.acknowledged, self.failure = [0, 0], []
+        self.marked, self.first_after = None, None
+        kind = "bsp" if mode == "bsp" else "push"
+        self.learners = [cluster.popen(LEARNERS, [sys.executable, LEARNER, top, build, self.layout(k), kind],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env={**os.environ, "BLKPS_RECONNECT_SECONDS": str(WAIT_S)})
+                         for k in range(2)]
+        self.readers = [threading.Thread(target=self._read, args=(k,)) for k in range(2)]
+        for reader in self.readers:
+            reader.start()
+
+    def dir(self, host):
+        return os.path.join(self.folder, f"host-{host}")
+
+    def layout(self, k):
+        return os.path.join(self.jobdir, f"slot-{k + 1}.layout")
+
+    def serve_errors(self, host):
+        with open(os.path.join(self.folder, f"serve-{'backup' if host == BACKUP else 'primary'}.err")) as f:
+            return f.read().strip()
+
+    def _read(self, k):
+        for line in self.learners[k].stdout:
+            if line.startswith("ack "):
+                self.acknowledged[k] += 1
+                if self.marked is not None and float(line.split()[1]) > self.marked and self.first_after is None:
+                    self.first_after = time.monotonic()
+            else:
+                self.failure.append(f"learner {k + 1}: {line.strip()}")
+
+    def wait_for_more(self, what, rounds=20):
+        at = list(self.acknowledged)
+        wait_for(f"{rounds} more rounds of each learner acknowledged {what}",
+                 lambda: all(a >= f + rounds for a, f in zip(self.acknowledged, at)) or self.failure)
+        testbed.check(not self.failure, f"a learner failed {what}: {self.failure}")
+
+    def blkps(self, host, *argv):
+        out = subprocess.run(self.cluster.exec_argv(host, [BLKPS, *argv]), capture_output=True, text=True)
+        return out.returncode, out.stdout, out.stderr
+
+    def status(self, host):
+        rc, out, err = self.blkps(host, "status", "--dir", self.dir(host), "--json")
+        return json.loads(out) if rc == 0 else {}
+
+    def tgtd_pid(self, host):
+        rc, out, err = self.blkps(host, "target", "show", "--dir", self.dir(host), "--get", "PID")
+        testbed.check(rc == 0, f"target show: {err.strip()}")
+        return int(out)
+
+    def stop_learners(self):
+        for p in self.learners:
+            if p.poll() is None:
+                p.stdin.close()
+        for p, reader in zip(self.learners, self.readers):
+            p.wait(timeout=WAIT_S)
+            reader.join()
+            p.stdout.close()
+
+    def weights(self, host):
+        """The first 1024 weights the tgtd on `host` serves learners, read
+        from the learners' host."""
+        rc, url, err = self.blkps(host, "target", "show", "--dir", self.dir(host), "--get", "URL")
+        out = subprocess.run(self.cluster.exec_argv(LEARNERS, [sys.executable, LEARNER, top, build, url.strip(), "read"]),
+                             capture_output=True, text=True)
+        testbed.check(out.returncode == 0, f"reading the weights of {url}: {out.stdout}{out.stderr}")
+        return json.loads(out.stdout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """Ends the learners, then each serve (SIGTERM: it stops its tgtd
+        and keeper), then etcd; prints the serves' output on a failure."""
+        for p in self.learners:
+            if p.poll() is None:
+                p.kill()
+        for serve in self.serves.values():
+            if serve.poll() is None:
+                serve.send_signal(signal.SIGTERM)
+        for host, serve in self.serves.items():
+            try:
+                serve.wait(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+            if exc and exc[0] is not None:
+                print(f"---- serve on host {host}:\n{self.serve_errors(host)}", flush=True)
+        if hasattr(self, "etcd"):
+            self.etcd.stop()
+        subprocess.run(["rm", "-rf", self.folder])
+
+
+def link(job, state):
+    subprocess.run(["ip", "-n", job.cluster.netns(PRIMARY), "link", "set", "eth0", state], check=True)
+
+
+def mend_link(job, pid):
+    link(job, "up")
+    with open(os.path.join(job.dir(PRIMARY), "lease.log")) as f:
+        wait_for("the old primary's keeper says its lease is lost", lambda: "lost the lease" in f.read())
+
+
+# Each fault: how it strikes the primary (its tgtd's pid), and how it ends:
+# at the backup's takeover, or once the learners went on without the primary.
+FAULTS = {"primary-killed": (lambda job, pid: os.kill(pid, signal.SIGKILL), None, None),
+          "link-cut": (lambda job, pid: link(job, "down"), None, mend_link),
+          "primary-frozen": (lambda job, pid: os.kill(pid, signal.SIGSTOP),
+                             lambda job, pid: os.kill(pid, signal.SIGCONT), None)}
+
+
+def run(mode, fault):
+    strike, at_takeover, at_end = FAULTS[fault]
+    with net.Cluster(4, "none") as cluster, Job(cluster, mode) as job:
+        pid = job.tgtd_pid(PRIMARY)
+        job.wait_for_more("by the primary")
+        try:
+            strike(job, pid)
+            job.marked = time.monotonic()  # a round begun from here on is the backup's
+            try:
+                wait_for("the backup took over", lambda: job.status(BACKUP).get("replica") == "primary")
+            finally:
+                if at_takeover:
+                    at_takeover(job, pid)
+            job.wait_for_more("after the fault")
+        finally:
+            if at_end:
+                at_end(job, pid)
+        job.stop_learners()
+        testbed.check(not job.failure, f"a learner failed: {job.failure}")
+        print(f"rounds of each learner: {job.acknowledged}")
+        print(f"the first push acknowledged after the fault: {job.first_after - job.marked:.2f} s after it")
+        if mode == "async":
+            pushes = sum(job.acknowledged)
+            weights = job.weights(BACKUP)
+            testbed.check(weights[:128] == [pushes] * 128 and weights[128:] == [0] * 896,
+                          f"{pushes} pushes acknowledged, the promoted backup holds {sorted(set(weights[:128]))} "
+                          f"and {sorted(set(weights[128:]))} beyond")
+
+
+testbed.run({f"{mode}-{fault}": (lambda mode=mode, fault=fault: run(mode, fault))
+             for mode in ("async", "bsp") for fault in FAULTS}, None)
+print(f"replica_cluster_test {args[0]}: ok")
