@@ -46,6 +46,9 @@ Status Job::Checkpoint() { return Checkpoint(kNoSlot); }
 
 Status Job::Checkpoint(size_t slot) {
   if (standby()) return StandbyStatus();
+  // A primary past its lease writes no generation: a backup may be the
+  // primary by then, and one from here would roll back what it acknowledged.
+  if (Status leased = CheckLease(); !leased.ok()) return leased;
   if (opts_.checkpoint.empty()) return Status::OK();
   if (!RoundBoundaries()) return WriteCheckpoint(kNoCheckpointRound);
   uint64_t round = kNoCheckpointRound;

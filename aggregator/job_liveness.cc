@@ -61,8 +61,8 @@ void Job::Tick() {
       failed_.store(true);
       log_(failure_);
     }
-    checkpoint_due =
-        opts_.checkpoint_every_s > 0 && !standby() && Seconds(now - last_checkpoint_) >= opts_.checkpoint_every_s;
+    checkpoint_due = opts_.checkpoint_every_s > 0 && !standby() && !lease_.lapsed() &&
+                     Seconds(now - last_checkpoint_) >= opts_.checkpoint_every_s;
     if (died) {
       ReleaseLocked();
       round_cv_.notify_all();  // ssp: a round boundary may have waited for the dead

@@ -42,6 +42,9 @@ class LeaseFence {
   Status Admit(bool* lapsed_first);
   // Whether lease_until= was ever given: this job is leased.
   bool leased() const { return until_ms_.load() != 0; }
+  // Whether this job is leased and its deadline has passed (Admit would
+  // refuse), without counting as a refusal.
+  bool lapsed() const { return leased() && NowMs() > until_ms_.load(); }
   // For status: "" without a lease, "held: S s left", or "lapsed S s ago:
   // ..." (one line).
   std::string Describe() const;

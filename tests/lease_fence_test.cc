@@ -2,7 +2,9 @@
 // "Failover by a lease"), through Job's public face: control lease_until=
 // and learner writes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <vector>
 
 #include "job.h"
@@ -64,6 +66,28 @@ TEST(LeaseFence, WritesPastTheDeadlineAreRefusedWithStandbyAndNotApplied) {
   ASSERT_TRUE(job->ReadWeights(0, w.data(), w.size() * 4).ok());
   EXPECT_EQ(w, std::vector<float>(16, 0.0f));
   EXPECT_EQ(StatusLease(*job).rfind("lapsed ", 0), 0u) << StatusLease(*job);
+}
+
+TEST(LeaseFence, APrimaryPastItsLeaseWritesNoCheckpoint) {
+  char folder[] = "/tmp/blkps-lease-fence-test-XXXXXX";
+  ASSERT_NE(mkdtemp(folder), nullptr);
+  const std::string path = std::string(folder) + "/model.ckpt";
+  JobOptions o;
+  o.model.num_params = 16;
+  o.model.block_bytes = 64;
+  o.checkpoint = path;
+  ASSERT_TRUE(ParseConsistency("async", &o.consistency).ok());
+  std::shared_ptr<Job> job;
+  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  ASSERT_TRUE(job->Control(LeaseUntil(-1)).ok());
+  Status s = job->Checkpoint();
+  EXPECT_EQ(s.code(), Status::Code::kStandby) << s.message();
+  EXPECT_EQ(s.message().rfind("lease: lapsed ", 0), 0u) << s.message();
+  EXPECT_EQ(access(path.c_str(), F_OK), -1) << "a generation was written past the lease";
+  ASSERT_TRUE(job->Control(LeaseUntil(60000)).ok());
+  EXPECT_TRUE(job->Checkpoint().ok());
+  EXPECT_EQ(access(path.c_str(), F_OK), 0) << "no generation after the renewal";
+  std::filesystem::remove_all(folder);
 }
 
 TEST(LeaseFence, ARenewalReopensTheFence) {

@@ -195,7 +195,7 @@ def stop(a, part, parts, final_checkpoint):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return target.stop(a.dir, final_checkpoint)
+        return target.stop(a.dir, final_checkpoint and serve_replicas.writes_checkpoints(a))
     finally:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] != 0:

@@ -8,8 +8,11 @@ server tasks meet in the --publish JOBDIR:
     once it serves;
   - the primary (--replica primary) waits for that file (bounded, with
     progress), starts with replicate_to= that address, and publishes its
-    part with the backup's URLs, so that the layouts name both
-    (publish.assemble: a replica line under each shard).
+    part with the backup's URLs and address, so that the layouts name both
+    (publish.assemble: a replica line under each shard);
+  - a backup started again while its primary serves takes the addresses
+    the primary's part file names (where it replicates to, the backup's
+    portal), and is caught up there.
 
 With --part slurm, task P of N serves part P // 2 of N / 2, as the primary
 if P is even: two consecutive tasks are one part's replicas (place them on
@@ -22,7 +25,7 @@ import socket
 import sys
 import time
 
-from . import publish, tgtd
+from . import publish, replicas, tgtd
 from .errors import UserError
 
 ROLES = ("primary", "backup")
@@ -65,7 +68,11 @@ def replication_option(a, served):
     backup's URLs on `a` for publish()."""
     jobdir = os.path.abspath(a.publish)
     if a.replica == "backup":
-        a.replication = f"{a.address}:{tgtd.free_port(a.address)}"
+        before = backup_before(jobdir, served, a.address)
+        if before and a.port == "auto":
+            a.replication, a.port = before
+        else:
+            a.replication = f"{a.address}:{tgtd.free_port(a.address)}"
         return f"backup={a.replication}"
     path = backup_path(jobdir, served.part, served.parts)
     start = said = time.monotonic()
@@ -87,6 +94,41 @@ def replication_option(a, served):
             said = now
         time.sleep(0.2)
     return f"replicate_to={a.backup_of_part['replication']}"
+
+
+def backup_before(jobdir, served, address):
+    """If the part's primary serves with a backup on `address` (its part
+    file says so): the address it replicates to and the backup's portal
+    port, (HOST:PORT, PORT). A backup started again while its primary
+    serves takes both, so that the primary, which looks for its lost
+    backup there, catches it up (doc/replicas.md "A backup that returns"),
+    and the learners' layouts, which name its portal, find it."""
+    try:
+        with open(publish.part_path(jobdir, served.part, served.parts)) as f:
+            values = json.load(f)
+        replication, urls = values["replication"], values["backup_urls"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if replication.rpartition(":")[0] != address:
+        return None
+    return replication, int(publish.portal(urls[0]).rpartition(":")[2])
+
+
+def writes_checkpoints(a):
+    """Whether this task's tgtd writes its part's checkpoint generations,
+    the final one included: not a backup that was never promoted, nor a
+    primary past its lease (a backup may serve by then, and a generation
+    from here would roll back what that one acknowledged). True without
+    --replicas 2, or if its status cannot be read (its stop then says why
+    the checkpoint failed)."""
+    if not a.replica:
+        return True
+    try:
+        with replicas.operator_control(a.dir, "target serve") as c:
+            values = c.status()
+    except (OSError, UserError):
+        return True
+    return values.get("replica") != "backup" and not values.get("lease", "").startswith("lapsed ")
 
 
 def publish_backup(a, served, env):
