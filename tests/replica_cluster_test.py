@@ -19,9 +19,15 @@ Cases, MODE-FAULT with MODE async (learners push ones, rule sum) or bsp
                   and the old primary acknowledges nothing
   primary-frozen  the primary's tgtd stopped (SIGSTOP) until the backup took
                   over, then woken (the split-brain attempt)
+and two async cases of their own:
+  async-backup-restarted  the backup's tgtd killed, its task started again
+                  and caught up while the learners push, then the primary
+                  killed: the caught-up backup takes over
+  async-both-killed  both replicas' tgtds killed: each learner fails in one
+                  line naming the shard and what each replica answered
 
-Each: the learners go on with no error (20 more rounds each after the
-fault) and the backup, promoted, holds every acknowledged push exactly once
+Each (but the last): the learners go on with no error (20 more rounds each
+after the fault) and the backup, promoted, holds every acknowledged push exactly once
 (async: the weights are the count of acknowledged pushes, as a one-process
 reference has them; bsp: every pull, before and after, shows exactly the
 rounds applied). Prints the time from the fault to the first round
@@ -50,6 +56,7 @@ BLKPS = os.path.join(top, "scripts", "blkps")
 LEARNER = os.path.join(top, "tests", "failover_learner.py")
 PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
 PRIMARY, BACKUP, LEARNERS = 0, 1, 2
+ROLES = {PRIMARY: "primary", BACKUP: "backup"}
 WAIT_S = 60  # for a state the test waits for: far above any failover here
 
 
@@ -66,39 +73,48 @@ class Job:
     with lease keepers in a three-member etcd spread over hosts 1 to 3, and
     two learners of `kind` on host 2; all ended on leaving the block."""
 
-    def __init__(self, cluster, mode):
+    def __init__(self, cluster, mode, reconnect_s=WAIT_S):
         self.cluster, self.serves, self.learners = cluster, {}, []
         self.folder = tempfile.mkdtemp(prefix="blkps-replica-cluster-")
         try:
-            self._start(mode)
+            self._start(mode, reconnect_s)
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
 
-    def _start(self, mode):
+    def _start(self, mode, reconnect_s):
         cluster = self.cluster
         self.jobdir = os.path.join(self.folder, "job")
         self.etcd = etcd_cluster.EtcdCluster(places=[(cluster.address(h), cluster.exec_argv(h, []))
                                                      for h in (1, 2, 3)])
-        bsopts = "params=1024;rule=sum" + (";mode=bsp" if mode == "bsp" else "")
-        for host, role in ((BACKUP, "backup"), (PRIMARY, "primary")):
-            self.serves[host] = cluster.popen(host, [
-                BLKPS, "target", "serve", "--dir", self.dir(host), "--plugin", PLUGIN, "--address",
-                cluster.address(host), "--allow", cluster.subnet(), "--luns", "2", "--bsopts", bsopts,
-                "--replicas", "2", "--replica", role, "--publish", self.jobdir, "--lease", self.etcd.endpoints],
-                stdout=subprocess.PIPE, stderr=open(os.path.join(self.folder, f"serve-{role}.err"), "w"), text=True)
-            line = self.serves[host].stdout.readline()
-            testbed.check(line.startswith("serving "), f"the {role}'s serve ended: {self.serve_errors(host)}")
+        self.bsopts = "params=1024;rule=sum" + (";mode=bsp" if mode == "bsp" else "")
+        self.serve(BACKUP)
+        self.serve(PRIMARY)
         self.acknowledged, self.failure = [0, 0], []
         self.marked, self.first_after = None, None
         kind = "bsp" if mode == "bsp" else "push"
         self.learners = [cluster.popen(LEARNERS, [sys.executable, LEARNER, top, build, self.layout(k), kind],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                       env={**os.environ, "BLKPS_RECONNECT_SECONDS": str(WAIT_S)})
+                                       env={**os.environ, "BLKPS_RECONNECT_SECONDS": str(reconnect_s)})
                          for k in range(2)]
         self.readers = [threading.Thread(target=self._read, args=(k,)) for k in range(2)]
         for reader in self.readers:
             reader.start()
+
+    def serve(self, host):
+        """Starts the primary's or the backup's serve task on `host`;
+        returns once it serves (its stderr goes to serve-ROLE.err)."""
+        role = ROLES[host]
+        if host in self.serves:  # a task started again: the one before has ended
+            self.serves[host].wait(timeout=WAIT_S)
+        with open(os.path.join(self.folder, f"serve-{role}.err"), "a") as err:
+            self.serves[host] = self.cluster.popen(host, [
+                BLKPS, "target", "serve", "--dir", self.dir(host), "--plugin", PLUGIN, "--address",
+                self.cluster.address(host), "--allow", self.cluster.subnet(), "--luns", "2", "--bsopts", self.bsopts,
+                "--replicas", "2", "--replica", role, "--publish", self.jobdir, "--lease", self.etcd.endpoints],
+                stdout=subprocess.PIPE, stderr=err, text=True)
+        line = self.serves[host].stdout.readline()
+        testbed.check(line.startswith("serving "), f"the {role}'s serve ended: {self.serve_errors(host)}")
 
     def dir(self, host):
         return os.path.join(self.folder, f"host-{host}")
@@ -107,7 +123,7 @@ class Job:
         return os.path.join(self.jobdir, f"slot-{k + 1}.layout")
 
     def serve_errors(self, host):
-        with open(os.path.join(self.folder, f"serve-{'backup' if host == BACKUP else 'primary'}.err")) as f:
+        with open(os.path.join(self.folder, f"serve-{ROLES[host]}.err")) as f:
             return f.read().strip()
 
     def _read(self, k):
@@ -155,6 +171,17 @@ class Job:
                              capture_output=True, text=True)
         testbed.check(out.returncode == 0, f"reading the weights of {url}: {out.stdout}{out.stderr}")
         return json.loads(out.stdout)
+
+    def check_exactly_once(self):
+        """No learner failed, and the promoted backup holds every
+        acknowledged push once: what a one-process reference that applies
+        each acknowledged push once holds (async learners, rule sum)."""
+        testbed.check(not self.failure, f"a learner failed: {self.failure}")
+        pushes = sum(self.acknowledged)
+        weights = self.weights(BACKUP)
+        testbed.check(weights[:128] == [pushes] * 128 and weights[128:] == [0] * 896,
+                      f"{pushes} pushes acknowledged, the promoted backup holds {sorted(set(weights[:128]))} "
+                      f"and {sorted(set(weights[128:]))} beyond")
 
     def __enter__(self):
         return self
@@ -220,13 +247,52 @@ def run(mode, fault):
         print(f"rounds of each learner: {job.acknowledged}")
         print(f"the first push acknowledged after the fault: {job.first_after - job.marked:.2f} s after it")
         if mode == "async":
-            pushes = sum(job.acknowledged)
-            weights = job.weights(BACKUP)
-            testbed.check(weights[:128] == [pushes] * 128 and weights[128:] == [0] * 896,
-                          f"{pushes} pushes acknowledged, the promoted backup holds {sorted(set(weights[:128]))} "
-                          f"and {sorted(set(weights[128:]))} beyond")
+            job.check_exactly_once()
 
 
-testbed.run({f"{mode}-{fault}": (lambda mode=mode, fault=fault: run(mode, fault))
-             for mode in ("async", "bsp") for fault in FAULTS}, None)
+def backup_restarted():
+    """The backup's tgtd killed while the learners push: the primary goes
+    on alone (its keeper declares the backup outdated); the backup's task
+    started again takes the address its primary replicates to and is
+    caught up while the learners push; then the primary killed: the
+    caught-up backup takes over and holds every acknowledged push once."""
+    with net.Cluster(4, "none") as cluster, Job(cluster, "async") as job:
+        job.wait_for_more("by the primary")
+        os.kill(job.tgtd_pid(BACKUP), signal.SIGKILL)
+        wait_for("the backup declared outdated", lambda: job.status(PRIMARY).get("backup", "").startswith("outdated: "))
+        job.wait_for_more("by the primary alone")
+        job.serve(BACKUP)
+        wait_for("the backup caught up", lambda: job.status(PRIMARY).get("backup") == "")
+        job.wait_for_more("after the catch-up")
+        with open(os.path.join(job.dir(PRIMARY), "lease.log")) as f:
+            wait_for("the primary's keeper removed the outdated mark", lambda: "the backup caught up" in f.read())
+        os.kill(job.tgtd_pid(PRIMARY), signal.SIGKILL)
+        wait_for("the caught-up backup took over", lambda: job.status(BACKUP).get("replica") == "primary")
+        job.wait_for_more("after the failover")
+        job.stop_learners()
+        job.check_exactly_once()
+
+
+def both_killed():
+    """Both replicas' tgtds killed: each learner fails in one line that
+    names the shard (its layout file and line) and what each replica
+    answered, once its reconnect deadline passed."""
+    with net.Cluster(4, "none") as cluster, Job(cluster, "async", reconnect_s=5) as job:
+        job.wait_for_more("by the primary")
+        for host in (PRIMARY, BACKUP):
+            os.kill(job.tgtd_pid(host), signal.SIGKILL)
+        for p in job.learners:
+            p.wait(timeout=WAIT_S)
+        for reader in job.readers:
+            reader.join()
+        testbed.check(len(job.failure) == 2, f"expected both learners to fail, got {job.failure}")
+        for k in range(2):
+            line = next(f for f in job.failure if f.startswith(f"learner {k + 1}: "))
+            testbed.check(f"{job.layout(k)}:4: shard 0" in line and cluster.address(PRIMARY) in line
+                          and cluster.address(BACKUP) in line, f"the failure does not name the shard: {line}")
+
+
+testbed.run({**{f"{mode}-{fault}": (lambda mode=mode, fault=fault: run(mode, fault))
+                for mode in ("async", "bsp") for fault in FAULTS},
+             "async-backup-restarted": backup_restarted, "async-both-killed": both_killed}, None)
 print(f"replica_cluster_test {args[0]}: ok")

@@ -44,7 +44,8 @@ def publish(jobdir, served, envs, model, backup=None):
     """Writes the file of the part `served` (serve_parts.Part) from its
     tgtds' target.env values `envs` (tgtd 0 first) and `model`
     (blkps-bsopts's JSON of the WHOLE model), with its `backup`'s learner
-    URLs if it has one (serve_replicas.py: the backup's file); then, if
+    URLs and replication address if it has one (serve_replicas.py: the
+    backup's file); then, if
     every part is present, the layouts."""
     os.makedirs(os.path.join(jobdir, SERVERS), exist_ok=True)
     unit = served.plan.unit if served.plan.unit == shards.HASHED else int(served.plan.unit)  # a layout's unit
@@ -53,7 +54,7 @@ def publish(jobdir, served, envs, model, backup=None):
               "control_urls": [env["CONTROL_URL"] for env in envs], "stripe_unit": unit,
               "params": model["params"], "dtype": model["dtype"]}
     if backup:
-        values["backup_urls"] = backup["urls"]
+        values["backup_urls"], values["replication"] = backup["urls"], backup["replication"]
     path = part_path(jobdir, served.part, served.parts)
     with open(path + ".tmp", "w") as f:
         json.dump(values, f, indent=1)
