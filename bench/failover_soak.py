@@ -92,8 +92,8 @@ def where(faults):
     hosts = [f for f in faults if f.startswith("hosts-")]
     if not hosts:
         return "Loopback"
-    said = ("hosts-*: a netns cluster of 4 hosts (primary, backup, learners and etcd each on hosts of their own, "
-            "links unshaped)")
+    said = ("hosts-*: a netns cluster of 4 hosts (the primary on host 0, its backup on 1, the learners on 2, "
+            "etcd's members on 1 to 3; links unshaped)")
     return said if len(hosts) == len(faults) else "Loopback, and " + said
 
 

@@ -619,6 +619,8 @@ TABLES = {
     "failover-soak": (failover_soak, "bench/results/failover-soak/failover-soak.md"),
     "failover-soak-rounds": (lambda: failover_soak("failover-soak-rounds"),
                              "bench/results/failover-soak-rounds/failover-soak.md"),
+    "failover-soak-hosts": (lambda: failover_soak("failover-soak-hosts"),
+                            "bench/results/failover-soak-hosts/failover-soak.md"),
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
     "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
