@@ -179,9 +179,9 @@ def soak():
     return _render(_tables(_read("soak", "soak.md"))[0])
 
 
-def replica_cost():
+def replica_cost(folder="replica-cost"):
     """The committed replica cost run's table (bench/replica_cost.py writes it)."""
-    return _render(_tables(_read("replica-cost", "replica-cost.md"))[0])
+    return _render(_tables(_read(folder, "replica-cost.md"))[0])
 
 
 def catch_up():
@@ -622,6 +622,8 @@ TABLES = {
     "failover-soak-hosts": (lambda: failover_soak("failover-soak-hosts"),
                             "bench/results/failover-soak-hosts/failover-soak.md"),
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
+    "replica-cost-hosts": (lambda: replica_cost("replica-cost-hosts"),
+                           "bench/results/replica-cost-hosts/replica-cost.md"),
     "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
