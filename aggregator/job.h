@@ -400,6 +400,10 @@ class Job {
   // A backup: a PARAMS record, the primary's rule parameters as control
   // lines (Control's errors). Unavailable once promoted.
   Status ApplyReplicaParams(const std::string& body);
+  // A backup: a LIVENESS record: the learners its primary holds dead are
+  // dead here, every other one live (a return rejoins it). InvalidArgument
+  // for a LUN it does not serve; Unavailable once promoted.
+  Status ApplyReplicaLiveness(const std::string& body);
   // A backup not promoted: learner I/O and checkpoints are refused.
   bool standby() const { return standby_.load(); }
   // What a backup on standby answers a learner's I/O or a checkpoint.
@@ -551,6 +555,11 @@ class Job {
   // as a PARAMS record, replicated as a write's record is (Replicate); OK
   // without one. REQUIRES: rule_params_mu_ held since the values were set.
   Status ReplicateRuleParams() REQUIRES(rule_params_mu_);
+  // A primary with a backup in sync or catching up (the ticker's): the
+  // learners dead now as a LIVENESS record, if they changed since the last
+  // one the backup took; replicated as a write's record is (Replicate). OK
+  // without a backup. (A catch-up's counts carry liveness in their clocks.)
+  Status ReplicateLiveness() EXCLUDES(liveness_mu_, mu_);
   // OK unless this job holds a lease whose deadline passed (Standby, and
   // one log line per lapse).
   Status CheckLease();
@@ -670,8 +679,12 @@ class Job {
   std::map<uint64_t, RankBeat> ranks_ GUARDED_BY(mu_);
   Receipts receipts_ GUARDED_BY(mu_);                    // by slots_ index
   std::condition_variable windows_cv_;                   // with mu_: a RowWindow stopped being busy
-  bool rounds_may_be_complete_ GUARDED_BY(mu_) = false;  // a slot went away
-  std::atomic<bool> failed_{false};                      // failure_ non-empty, for the data path
+  bool rounds_may_be_complete_ GUARDED_BY(mu_) = false;  // a slot went away, or a promotion
+  // A primary's LIVENESS records one at a time, in the order of the sets
+  // they carry; the last set its backup took.
+  Mutex liveness_mu_;  // taken before mu_
+  std::vector<uint64_t> liveness_sent_ GUARDED_BY(liveness_mu_);
+  std::atomic<bool> failed_{false};  // failure_ non-empty, for the data path
   // RoundBoundaries(): the writes applied towards rounds the shard has not
   // finished on every block (older ones are pruned), and a wake-up for
   // checkpoints waiting for a round.

@@ -92,6 +92,9 @@ void Job::Tick() {
     Status s = Checkpoint();
     if (!s.ok()) log_("periodic checkpoint failed: " + s.message());
   }
+  // A learner that died or returned: the backup must know, or once promoted
+  // it would wait dead_after for one its primary had given up.
+  if (opts_.replica_channel && !standby()) (void)ReplicateLiveness();  // a failure is Replicate's to handle
 }
 
 void Job::TickerLoop() {

@@ -118,6 +118,50 @@ Status Job::ReplicateRuleParams() {
   return Replicate(ReplicaChannel::Record::kParams, lines, *channel);
 }
 
+Status Job::ReplicateLiveness() {
+  MutexLock in_order(&liveness_mu_);
+  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  if (!channel) return Status::OK();
+  ReplicaLiveness dead;
+  {
+    MutexLock lock(&mu_);
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (!clocks_.live(k)) dead.dead_luns.push_back(slots_[k].lun);
+    }
+  }
+  if (dead.dead_luns == liveness_sent_) return Status::OK();
+  Status s = Replicate(ReplicaChannel::Record::kLiveness, dead.Body(), *channel);
+  if (s.ok()) liveness_sent_ = dead.dead_luns;
+  return s;
+}
+
+Status Job::ApplyReplicaLiveness(const std::string& body) {
+  if (!standby()) return Status::Unavailable("this server was promoted: it follows no primary");
+  ReplicaLiveness record;
+  Status s = ReplicaLiveness::Parse(body, &record);
+  if (!s.ok()) return s;
+  MutexLock lock(&mu_);
+  std::vector<bool> dead(slots_.size(), false);
+  for (uint64_t lun : record.dead_luns) {
+    const size_t slot = SlotOfLunLocked(lun);
+    if (slot == slots_.size()) {
+      return Status::InvalidArgument("replica liveness: learner LUN " + std::to_string(lun) +
+                                     ", which this backup does not serve: give it the primary's LUNs");
+    }
+    dead[slot] = true;
+  }
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    if (dead[k] && clocks_.live(k)) {
+      clocks_.MarkDead(k);
+      ++slots_[k].deaths;
+    } else if (!dead[k] && !clocks_.live(k)) {
+      clocks_.Rejoin(k);
+    }
+  }
+  replica_records_.fetch_add(1);
+  return Status::OK();
+}
+
 Status Job::AssignWeights(uint64_t offset, const void* src, size_t len) {
   // In the write gate, as a write: a catch-up's snapshot holds the weights
   // set, or their record goes through the channel it made.
@@ -144,10 +188,12 @@ Status Job::Promote() {
     return Status::Unavailable("promote: this server is not a backup on standby");
   }
   {
-    // Every learner had no I/O here: each gets dead_after from now to come
-    // over (its clocks are the primary's; a rejoin would move them).
+    // Every learner had no I/O here: each live one gets dead_after from now
+    // to come over (its clocks are the primary's; a rejoin would move them);
+    // those its primary held dead stay dead (LIVENESS records).
     MutexLock lock(&mu_);
     for (Slot& s : slots_) s.last_io = Clock::now();
+    rounds_may_be_complete_ = true;  // bsp: rounds its primary's learners' deaths completed (the ticker's)
   }
   log_("promoted: this backup serves learners from now on, as a primary without a backup; it follows no "
        "primary (" +

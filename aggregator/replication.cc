@@ -205,24 +205,47 @@ void RestorePartLocked(Model& model, const ReplicaPart& part, const char* state)
   }
 }
 
+namespace {
+
+// A list of words as the records carry it: its length, then the words.
+void AppendCounted(std::string* body, const std::vector<uint64_t>& words) {
+  AppendWords(body, {words.size()});
+  body->append(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(uint64_t));
+}
+
+bool TakeCounted(const std::string& body, size_t* at, std::vector<uint64_t>* out) {
+  uint64_t n = 0;
+  return Take(body, at, &n) && TakeWords(body, at, n, out);
+}
+
+}  // namespace
+
 std::string ReplicaCounts::Body() const {
   std::string body;
-  for (const std::vector<uint64_t>* words : {&luns, &clocks, &receipts}) {
-    AppendWords(&body, {words->size()});
-    body.append(reinterpret_cast<const char*>(words->data()), words->size() * sizeof(uint64_t));
-  }
+  for (const std::vector<uint64_t>* words : {&luns, &clocks, &receipts}) AppendCounted(&body, *words);
   return body;
 }
 
 Status ReplicaCounts::Parse(const std::string& body, ReplicaCounts* out) {
   size_t at = 0;
   for (std::vector<uint64_t>* words : {&out->luns, &out->clocks, &out->receipts}) {
-    uint64_t n = 0;
-    if (!Take(body, &at, &n) || !TakeWords(body, &at, n, words)) {
-      return Status::InvalidArgument("replica snapshot: counts past their end");
-    }
+    if (!TakeCounted(body, &at, words)) return Status::InvalidArgument("replica snapshot: counts past their end");
   }
   if (at != body.size()) return Status::InvalidArgument("replica snapshot: bytes after its counts");
+  return Status::OK();
+}
+
+std::string ReplicaLiveness::Body() const {
+  std::string body;
+  AppendCounted(&body, dead_luns);
+  return body;
+}
+
+Status ReplicaLiveness::Parse(const std::string& body, ReplicaLiveness* out) {
+  size_t at = 0;
+  if (!TakeCounted(body, &at, &out->dead_luns) || at != body.size()) {
+    return Status::InvalidArgument("replica liveness: not a count of LUNs and those LUNs");
+  }
   return Status::OK();
 }
 

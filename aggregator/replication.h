@@ -38,7 +38,7 @@ class ReplicaChannel {
   // OK, or non-OK with why it refused or could not be reached.
   virtual Status Hello(const std::string& body) = 0;
   // What a record is (the frame kinds of wire/include/blkps/replication.h).
-  enum class Record { kPush, kSnapshotBegin, kSnapshot, kParams };
+  enum class Record { kPush, kSnapshotBegin, kSnapshot, kParams, kLiveness };
   // Sends a record's body (PUSH and SNAPSHOT: ReplicaPush::Body;
   // SNAPSHOT_BEGIN: ReplicaCounts::Body; PARAMS: control lines) and returns
   // once the backup has
@@ -169,6 +169,15 @@ struct ReplicaCounts {
   std::string Body() const;
   // InvalidArgument if `body` is malformed.
   static Status Parse(const std::string& body, ReplicaCounts* out);
+};
+
+// A LIVENESS body: the learner LUNs the primary holds dead
+// (wire/include/blkps/replication.h).
+struct ReplicaLiveness {
+  std::vector<uint64_t> dead_luns;
+  std::string Body() const;
+  // InvalidArgument if `body` is malformed.
+  static Status Parse(const std::string& body, ReplicaLiveness* out);
 };
 
 }  // namespace blkps::server

@@ -133,6 +133,7 @@ Status ReplicaLink::Send(Record kind, const std::string& body) {
   const uint32_t frame_kind = kind == Record::kPush            ? BLKPS_REPLICA_PUSH
                               : kind == Record::kSnapshotBegin ? BLKPS_REPLICA_SNAPSHOT_BEGIN
                               : kind == Record::kParams        ? BLKPS_REPLICA_PARAMS
+                              : kind == Record::kLiveness      ? BLKPS_REPLICA_LIVENESS
                                                                : BLKPS_REPLICA_SNAPSHOT;
   uint64_t sequence = 0;
   {
@@ -316,6 +317,8 @@ void ReplicaListener::Follow(int fd, bool snapshot_first) {
       s = job->ApplyReplicaSnapshot(body);
     } else if (f.kind == BLKPS_REPLICA_PARAMS) {
       s = job->ApplyReplicaParams(body);
+    } else if (f.kind == BLKPS_REPLICA_LIVENESS) {
+      s = job->ApplyReplicaLiveness(body);
     } else {
       s = Status::InvalidArgument("unexpected frame kind " + std::to_string(f.kind));
     }

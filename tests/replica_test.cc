@@ -446,6 +446,41 @@ TEST(Replicas, WeightsAnOperatorWritesOnThePrimaryAreTheBackups) {
   ExpectThePromotedBackupEqualsThePrimary(shard);
 }
 
+// A learner the primary declared dead is dead on the backup too, in sync
+// (LIVENESS records) and after a catch-up (its counts' clocks): promoted,
+// the backup waits for no learner its primary had given up (a bsp round
+// would wait dead_after).
+TEST(Replicas, ALearnerItsPrimaryHoldsDeadIsDeadOnTheBackupInSyncAndAfterACatchUp) {
+  ReplicatedShard shard(kModel + ";rule=sum;mode=bsp;dead_after=1");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
+  // Learner 1 reads on; learner 2 never comes.
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    RawLun lun(shard.primary.url(1), Learner(1));
+    std::vector<uint8_t> block;
+    while (!stop.load()) {
+      (void)lun.Read(0, 1, &block);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  const std::string dead = "{\"lun\": 2, \"dtype\": \"float32\", \"state\": \"dead\"";
+  const std::string live = "{\"lun\": 1, \"dtype\": \"float32\", \"state\": \"live\"";
+  EXPECT_TRUE(StatusShows(shard.primary, dead)) << StatusJson(shard.primary);
+  EXPECT_TRUE(StatusShows(shard.backup, dead)) << StatusJson(shard.backup);
+  EXPECT_TRUE(Contains(StatusJson(shard.backup), live)) << StatusJson(shard.backup);
+  // Learner 1's bsp rounds complete without learner 2 on the primary; the
+  // restarted backup is caught up and holds learner 2 dead again.
+  EXPECT_EQ(OutdateTheBackup(shard), "");
+  ASSERT_TRUE(shard.backup.Restart()) << shard.backup.start_output();
+  EXPECT_TRUE(StatusShows(shard.primary, "\"backup\": \"\"")) << StatusJson(shard.primary) << shard.primary.Log();
+  EXPECT_TRUE(StatusShows(shard.backup, dead)) << StatusJson(shard.backup);
+  stop.store(true);
+  reader.join();
+  ExpectThePromotedBackupEqualsThePrimary(shard);
+}
+
 TEST(Replicas, APrimaryDoesNotStartWithoutItsBackup) {
   TargetProcess primary(kModel + ";rule=sum;replicate_to=127.0.0.1:" + std::to_string(FreePort()));
   EXPECT_FALSE(primary.ok());

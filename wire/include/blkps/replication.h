@@ -10,7 +10,8 @@
  * of body. The primary sends HELLO once, then PUSH records; the backup
  * answers each with ACK (same sequence) once it has applied it, or with
  * REFUSE (body: a one-line reason) and closes the connection; PARAMS
- * records come between them whenever the rule's parameters change. ACKs are
+ * records come between them whenever the rule's parameters change, and
+ * LIVENESS records whenever a learner dies or returns. ACKs are
  * cumulative: an ACK of sequence S says that every record up to S is
  * applied, and a record followed closely by another may get none of its
  * own. A backup
@@ -69,6 +70,15 @@
  * the values the primary holds. Sent when an operator sets one (the
  * control write completes once the backup has it) and after a catch-up's
  * SNAPSHOT_BEGIN; acknowledged as a PUSH is. The backup sets them.
+ *
+ * LIVENESS body: u64 words, the number of learner LUNs the primary holds
+ * dead (declared dead after dead_after without I/O, or whose LUN went
+ * away), then those LUNs. Sent by the primary's ticker when that set
+ * changed (a death, a learner back); acknowledged as a PUSH is (a
+ * catch-up's SNAPSHOT_BEGIN carries liveness in its clocks' words). The backup marks those learners dead and
+ * lets every other one back (as a learner's return does): once promoted
+ * it waits for no learner its primary had given up, and finishes the bsp
+ * rounds that their deaths completed.
  */
 #ifndef BLKPS_REPLICATION_H
 #define BLKPS_REPLICATION_H
@@ -76,7 +86,7 @@
 #include <stdint.h>
 
 #define BLKPS_REPLICA_MAGIC "blkpsrep" /* 8 bytes, no NUL */
-#define BLKPS_REPLICA_VERSION 3        /* 3: PARAMS */
+#define BLKPS_REPLICA_VERSION 4        /* 3: PARAMS; 4: LIVENESS */
 /* A block's part: this many parameters (64 KiB of weights). */
 #define BLKPS_REPLICA_PART_PARAMS 16384u
 
@@ -88,6 +98,7 @@ enum blkps_replica_kind {
   BLKPS_REPLICA_SNAPSHOT_BEGIN = 5,
   BLKPS_REPLICA_SNAPSHOT = 6,
   BLKPS_REPLICA_PARAMS = 7,
+  BLKPS_REPLICA_LIVENESS = 8,
 };
 
 struct blkps_replica_frame {
