@@ -30,7 +30,10 @@ Faults (the lease test's cases; doc/replicas.md "Failover by a lease"):
           its backup on hosts of their own in the netns cluster, etcd on
           three other hosts, the learners on one of them; MODE async or
           bsp, FAULT primary-killed, link-cut (the primary's host's link
-          down until the learners went on) or primary-frozen.
+          down until the learners went on) or primary-frozen; and
+          hosts-async-backup-restarted (the backup's task killed, started
+          again and caught up; then the primary killed: the time is to the
+          first push after that kill).
 
 Writes failover-soak.md and failover-soak.json to --out (default
 bench/results/failover-soak). Exit status 1 if any run failed.
@@ -52,7 +55,8 @@ CASES = {"kill": (LEASE_TEST, "learner-follows-the-lease"),
          "backup-restart": (LEASE_TEST, "restarted-backup-catches-up-and-takes-over"),
          "bsp-kill": (LEASE_TEST, "bsp-learners-follow-exactly"), "ssp-kill": (LEASE_TEST, "ssp-learners-follow-exactly"),
          **{f"hosts-{mode}-{fault}": (CLUSTER_TEST, f"{mode}-{fault}") for mode in ("async", "bsp")
-            for fault in ("primary-killed", "link-cut", "primary-frozen")}}
+            for fault in ("primary-killed", "link-cut", "primary-frozen")},
+         "hosts-async-backup-restarted": (CLUSTER_TEST, "async-backup-restarted")}
 FIRST_ACK = re.compile(r"the first push acknowledged after the fault: ([0-9.]+) s after it")
 OUT = os.path.join(top, "bench", "results", "failover-soak")
 IN_SYNC = re.compile(r"the backup was in sync ([0-9.]+) s after the restart began")

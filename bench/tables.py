@@ -621,6 +621,8 @@ TABLES = {
                              "bench/results/failover-soak-rounds/failover-soak.md"),
     "failover-soak-hosts": (lambda: failover_soak("failover-soak-hosts"),
                             "bench/results/failover-soak-hosts/failover-soak.md"),
+    "failover-soak-hosts-restart": (lambda: failover_soak("failover-soak-hosts-restart"),
+                                    "bench/results/failover-soak-hosts-restart/failover-soak.md"),
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
     "replica-cost-hosts": (lambda: replica_cost("replica-cost-hosts"),
                            "bench/results/replica-cost-hosts/replica-cost.md"),
