@@ -283,6 +283,13 @@ def test_serve_replica_options_refused():
     expect_one_line_error([*serve[:-1], "params=1000000", "--replicas", "2", "--replica", "backup", "--publish",
                            "/nonexistent-blkps-job", "--tgtd", "2"],
                           "blkps: --replicas: a backup for each of 2 tgtds is not done yet")
+    # Under Slurm two tasks serve each part: an odd count cannot pair them.
+    os.environ.update(SLURM_PROCID="0", SLURM_NTASKS="3")
+    try:
+        expect_one_line_error([*serve, "--part", "slurm", "--replicas", "2", "--publish", "/nonexistent-blkps-job"],
+                              "blkps: --replicas: 2 with --part slurm needs an even number of tasks, got 3")
+    finally:
+        del os.environ["SLURM_PROCID"], os.environ["SLURM_NTASKS"]
 
 
 def test_set_needs_operator():
