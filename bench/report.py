@@ -312,7 +312,7 @@ def tgtd_profile(raw, procs):
         m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+\[(.)\]\s+(\S+)", line)
         if not m:
             continue
-        share, dso, kind, sym = float(m.group(1)), m.group(2), m.group(3), m.group(4)
+        share, kind, sym = float(m.group(1)), m.group(3), m.group(4)
         if kind == "k":
             key = ("kernel copies to and from TCP sockets" if sym in ("_copy_to_iter", "_copy_from_iter")
                    else "rest of the kernel (TCP stack, scheduling)")
