@@ -14,8 +14,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -156,12 +158,51 @@ TEST(Replicas, PushesOfPartsOfLargeBlocksLeaveTheBackupEqual) {
   ExpectThePromotedBackupEqualsThePrimary(shard, kLargeBytes);
 }
 
+// Ends the test process, saying `phase` and both servers' logs, unless
+// Done() comes first: a hang (seen once in CI, 300 s without a line) then
+// says where it stood.
+class HangWatch {
+ public:
+  HangWatch(const ReplicatedShard& shard, int seconds) : shard_(shard) {
+    thread_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::seconds(seconds), [this] { return done_; })) return;
+      std::cerr << "hung " << seconds << " s at: " << phase_ << "\n---- primary's log\n"
+                << shard_.primary.Log() << "\n---- backup's log\n"
+                << shard_.backup.Log() << std::endl;
+      std::abort();
+    });
+  }
+  void Phase(const char* phase) {
+    std::lock_guard<std::mutex> lock(mu_);
+    phase_ = phase;
+  }
+  ~HangWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  const ReplicatedShard& shard_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  const char* phase_ = "start";
+  std::thread thread_;
+};
+
 TEST(Replicas, EveryPushThePrimaryAcknowledgedIsOnTheBackupAfterItsKill9) {
   // sum with gradients of small integers: the weights are exact whatever the
   // order, so they can be compared with a reference of every push once.
   ReplicatedShard shard(kModel + ";rule=sum;staleness_aware=0");
   ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  HangWatch watch(shard, 150);
+  watch.Phase("two learners pushing to the primary");
   struct Push {
     uint32_t lba;
     std::vector<uint8_t> gradient;
@@ -199,9 +240,12 @@ TEST(Replicas, EveryPushThePrimaryAcknowledgedIsOnTheBackupAfterItsKill9) {
     ASSERT_EQ(finished, 0) << "a push failed before the kill";
   }
   std::string why;
+  watch.Phase("killing the primary's tgtd");
   ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
+  watch.Phase("the learners finding the primary gone");
   for (std::thread& t : learners) t.join();
 
+  watch.Phase("promoting the backup, then reading and resending there");
   ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
   std::vector<float> reference(kParams, 0.0f);
   for (int k = 1; k <= 2; ++k) {
