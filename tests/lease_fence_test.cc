@@ -12,11 +12,13 @@
 namespace blkps::server {
 namespace {
 
-std::shared_ptr<Job> AsyncJob() {
+// With checkpoint= `checkpoint` if given.
+std::shared_ptr<Job> AsyncJob(const std::string& checkpoint = "") {
   JobOptions o;
   o.model.num_params = 16;
   o.model.block_bytes = 64;
   o.model.rule.lr = 1.0f;
+  o.checkpoint = checkpoint;
   EXPECT_TRUE(ParseConsistency("async", &o.consistency).ok());
   std::shared_ptr<Job> job;
   EXPECT_TRUE(Job::Create("m", o, nullptr, &job).ok());
@@ -72,13 +74,8 @@ TEST(LeaseFence, APrimaryPastItsLeaseWritesNoCheckpoint) {
   char folder[] = "/tmp/blkps-lease-fence-test-XXXXXX";
   ASSERT_NE(mkdtemp(folder), nullptr);
   const std::string path = std::string(folder) + "/model.ckpt";
-  JobOptions o;
-  o.model.num_params = 16;
-  o.model.block_bytes = 64;
-  o.checkpoint = path;
-  ASSERT_TRUE(ParseConsistency("async", &o.consistency).ok());
-  std::shared_ptr<Job> job;
-  ASSERT_TRUE(Job::Create("m", o, nullptr, &job).ok());
+  std::shared_ptr<Job> job = AsyncJob(path);
+  ASSERT_NE(job, nullptr);
   ASSERT_TRUE(job->Control(LeaseUntil(-1)).ok());
   Status s = job->Checkpoint();
   EXPECT_EQ(s.code(), Status::Code::kStandby) << s.message();
