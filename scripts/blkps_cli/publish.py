@@ -138,16 +138,23 @@ def command_wait(argv):
                    help=f"give up after S seconds (default {WAIT_TIMEOUT_S})")
     a = p.parse_args(argv)
     layout = os.path.join(os.path.abspath(a.jobdir), "slot-1.layout")
-    start = time.monotonic()
-    said = start
-    while not os.path.exists(layout):
-        now = time.monotonic()
-        if now - start >= a.timeout:
-            raise UserError("layout wait", f"no layout after {a.timeout:g} s: {missing(a.jobdir)}",
-                            "see each server task's output (blkps target serve --publish)")
-        if now - said >= PROGRESS_EVERY_S:
-            print(f"blkps: layout wait: waiting: {missing(a.jobdir)}", file=sys.stderr)
-            said = now
-        time.sleep(0.2)
+    wait_for_file(layout, a.timeout, lambda: f"blkps: layout wait: waiting: {missing(a.jobdir)}",
+                  lambda: UserError("layout wait", f"no layout after {a.timeout:g} s: {missing(a.jobdir)}",
+                                    "see each server task's output (blkps target serve --publish)"))
     print(layout)
     return 0
+
+
+def wait_for_file(path, timeout_s, progress, gave_up):
+    """Returns once `path` exists (its writers replace it whole); prints
+    progress() on stderr every PROGRESS_EVERY_S meanwhile, and raises
+    gave_up() (a UserError) after `timeout_s`."""
+    start = said = time.monotonic()
+    while not os.path.exists(path):
+        now = time.monotonic()
+        if now - start >= timeout_s:
+            raise gave_up()
+        if now - said >= PROGRESS_EVERY_S:
+            print(progress(), file=sys.stderr)
+            said = now
+        time.sleep(0.2)

@@ -22,15 +22,11 @@ different nodes: one task per node).
 import json
 import os
 import socket
-import sys
-import time
 
 from . import publish, replicas, tgtd
 from .errors import UserError
 
 ROLES = ("primary", "backup")
-WAIT_TIMEOUT_S = 300
-PROGRESS_EVERY_S = 10
 
 
 def slurm_part_and_role():
@@ -75,24 +71,16 @@ def replication_option(a, served):
             a.replication = f"{a.address}:{tgtd.free_port(a.address)}"
         return f"backup={a.replication}"
     path = backup_path(jobdir, served.part, served.parts)
-    start = said = time.monotonic()
-    while True:
-        try:
-            with open(path) as f:
-                a.backup_of_part = json.load(f)
-            break
-        except FileNotFoundError:
-            pass
-        except ValueError as e:
-            raise UserError("--replicas", f"{path}: not a backup's file ({e})") from None
-        now = time.monotonic()
-        if now - start >= WAIT_TIMEOUT_S:
-            raise UserError("--replica", f"primary: no backup of part {served.part} published {path} within "
-                            f"{WAIT_TIMEOUT_S} s", "start its backup: blkps target serve --replica backup ...")
-        if now - said >= PROGRESS_EVERY_S:
-            print(f"blkps: target serve: waiting for the backup of part {served.part} ({path})", file=sys.stderr)
-            said = now
-        time.sleep(0.2)
+    publish.wait_for_file(
+        path, publish.WAIT_TIMEOUT_S,
+        lambda: f"blkps: target serve: waiting for the backup of part {served.part} ({path})",
+        lambda: UserError("--replica", f"primary: no backup of part {served.part} published {path} within "
+                          f"{publish.WAIT_TIMEOUT_S} s", "start its backup: blkps target serve --replica backup ..."))
+    try:
+        with open(path) as f:
+            a.backup_of_part = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError("--replicas", f"{path}: not a backup's file ({e})") from None
     return f"replicate_to={a.backup_of_part['replication']}"
 
 
