@@ -38,7 +38,8 @@ expect_error() {
 }
 
 # The node record blkps login makes for the portal given, and the settings it
-# writes before each login (IQN, portal, iface).
+# writes before each login (IQN, portal, iface); replacement_timeout is
+# $replacement (default 30).
 settings() {
   local node="iscsiadm -m node -T $1 -p $2 -I $3 -o update -n"
   cat <<EOF
@@ -51,7 +52,7 @@ $node node.session.iscsi.MaxBurstLength -v 16776192
 $node 'node.conn[0].iscsi.MaxRecvDataSegmentLength' -v 262144
 $node node.session.cmds_max -v 128
 $node node.session.queue_depth -v 64
-$node node.session.timeo.replacement_timeout -v 30
+$node node.session.timeo.replacement_timeout -v ${replacement:-30}
 EOF
   [ "${4:-}" = chap ] || echo "$node node.session.auth.authmethod -v None"
 }
@@ -303,6 +304,64 @@ iscsi://127.0.0.1:3262/$iqn_b/1  not logged in
 blkps-slot-1  not assembled" ] || fail "node-status printed: $got"
 }
 
+test_replicated_login() {
+  # Both shards with a backup (replica lines, as blkps target start
+  # --replicas 2 writes them): a multipath device per shard, primary's path
+  # group first, then the stripe over the two; replacement_timeout 5.
+  local rep_a=/dev/disk/by-path/ip-127.0.0.1:3263-iscsi-$iqn_a-lun-1
+  local rep_b=/dev/disk/by-path/ip-127.0.0.1:3264-iscsi-$iqn_b-lun-1
+  cat >"$work/replicated.layout" <<EOF
+stripe_unit = 1048576
+shard = iscsi://127.0.0.1:3261/$iqn_a/1
+replica = iscsi://127.0.0.1:3263/$iqn_a/1
+shard = iscsi://127.0.0.1:3262/$iqn_b/1
+replica = iscsi://127.0.0.1:3264/$iqn_b/1
+EOF
+  local iqn portal
+  want=$(
+    echo "iscsiadm -m iface -I blkps-tcp -o new"
+    echo "iscsiadm -m iface -I blkps-tcp -o update -n iface.transport_name -v tcp"
+    for iqn_portal in "$iqn_a 3261" "$iqn_a 3263" "$iqn_b 3262" "$iqn_b 3264"; do
+      read -r iqn portal <<<"$iqn_portal"
+      echo "iscsiadm -m discovery -t sendtargets -p 127.0.0.1:$portal -I blkps-tcp -o nonpersistent"
+      replacement=5 settings "$iqn" "127.0.0.1:$portal" blkps-tcp
+      echo "iscsiadm -m node -T $iqn -p 127.0.0.1:$portal -I blkps-tcp --login"
+    done
+    echo "udevadm settle"
+    for dev in "$dev_a" "$rep_a" "$dev_b" "$rep_b"; do command_timeout "$dev"; done
+    echo "dmsetup create blkps-replicated-shard0 --table '0 4096 multipath 0 0 2 1 round-robin 0 1 1 $dev_a 1 round-robin 0 1 1 $rep_a 1'"
+    echo "dmsetup create blkps-replicated-shard1 --table '0 4096 multipath 0 0 2 1 round-robin 0 1 1 $dev_b 1 round-robin 0 1 1 $rep_b 1'"
+    echo "dmsetup create blkps-replicated --table '0 8192 striped 2 2048 /dev/mapper/blkps-replicated-shard0 0 /dev/mapper/blkps-replicated-shard1 0'"
+    echo "udevadm settle"
+    echo "/dev/mapper/blkps-replicated"
+  )
+  expect_output "2-shard login with replicas" "$want" "$login" login --dry-run \
+        --layout "$work/replicated.layout" --params 1048576
+  want=$(
+    echo "dmsetup remove blkps-replicated"
+    echo "dmsetup remove blkps-replicated-shard0"
+    echo "dmsetup remove blkps-replicated-shard1"
+    for iqn_portal in "$iqn_a 3261" "$iqn_a 3263" "$iqn_b 3262" "$iqn_b 3264"; do
+      read -r iqn portal <<<"$iqn_portal"
+      echo "iscsiadm -m node -T $iqn -p 127.0.0.1:$portal -I blkps-tcp --logout"
+    done
+  )
+  expect_output "2-shard logout with replicas" "$want" "$login" logout --dry-run --layout "$work/replicated.layout"
+  # One shard with a backup: its multipath device is the model's.
+  head -n 3 "$work/replicated.layout" >"$work/one.layout"
+  expect_output "1-shard login with a replica (last lines)" \
+    "dmsetup create blkps-one --table '0 2048 multipath 0 0 2 1 round-robin 0 1 1 $dev_a 1 round-robin 0 1 1 $rep_a 1'
+udevadm settle
+/dev/mapper/blkps-one" \
+    sh -c '"$@" | tail -n 3' sh "$login" login --dry-run --layout "$work/one.layout" --params 262144
+  local got rc=0
+  got=$("$login" node-status --layout "$work/one.layout" 2>&1) || rc=$?
+  [ "$rc" = 1 ] || fail "node-status with a replica: exit $rc, expected 1"
+  [ "$got" = "iscsi://127.0.0.1:3261/$iqn_a/1  not logged in
+iscsi://127.0.0.1:3263/$iqn_a/1  not logged in
+blkps-one  not assembled" ] || fail "node-status with a replica printed: $got"
+}
+
 test_missing_iscsiadm_fails() {
   # A PATH with what scripts/blkps uses but no iscsiadm.
   mkdir -p "$work/bin"
@@ -326,7 +385,7 @@ test_bad_layout_names_file_and_line() {
 
 cases=(shellcheck tcp_login chap_login iser_login iser_without_rdma_fails sharded_login_dm
        dm_table_maps_layout sharded_login_md md_refuses_unequal_shards logout node_status
-       missing_iscsiadm_fails bad_layout_names_file_and_line)
+       replicated_login missing_iscsiadm_fails bad_layout_names_file_and_line)
 if [ $# -ge 2 ]; then cases=("$2"); fi
 for c in "${cases[@]}"; do
   before=$failures

@@ -9,7 +9,9 @@
 //       block, which must divide the stripe unit.
 //   blkps-layout read FILE
 //       the layout file's stripe unit on the first line, then each shard's
-//       target, one per line, in stripe order. A hashed table's layout
+//       target, one per line, in stripe order, followed on its line by the
+//       shard's other replicas (its replica lines), space-separated, in
+//       the order the layout gives them. A hashed table's layout
 //       (kind = hashed) has no stripe to present as one device: refused,
 //       since a hashed table is reached through the row windows only.
 //   blkps-layout split --stripe-unit BYTES --shards S --params N FILE OUT...
@@ -161,7 +163,11 @@ int Read(const Args& a) {
     return 1;
   }
   std::printf("%llu\n", static_cast<unsigned long long>(layout.stripe_unit));
-  for (const auto& shard : layout.shards) std::printf("%s\n", shard.target.c_str());
+  for (const auto& shard : layout.shards) {
+    std::printf("%s", shard.target.c_str());
+    for (const auto& replica : shard.replicas) std::printf(" %s", replica.c_str());
+    std::printf("\n");
+  }
   return 0;
 }
 

@@ -11,9 +11,13 @@ node record for the portal given (-o new), the session settings
 name /dev/disk/by-path/ip-HOST:PORT-iscsi-IQN-lun-LUN, and the disk's SCSI
 command timeout. With --layout it logs into every shard and assembles the
 shard devices into one striped device (--stripe) whose byte 4*i is parameter
-i, as libblkps's layout: does; blkps-layout does the stripe arithmetic. The
+i, as libblkps's layout: does; blkps-layout does the stripe arithmetic. A
+shard with replicas (the layout's replica lines: doc/replicas.md) becomes
+one dm-multipath device over every replica's disk, the primary's path group
+first, after a check that they present one SCSI identity: the kernel fails
+a dead primary's path over to its backup. The
 last line on stdout is the device to open; the programs' own output goes to
-stderr. logout removes the striped device, then logs out of each target
+stderr. logout removes the striped device and the multipath devices, then logs out of each target
 (every LUN of that target on this node goes with the session). node-status
 prints each shard's device, or "not logged in", and exits 1 if one is
 missing. --dry-run prints every command that would change this node, one per
@@ -39,6 +43,11 @@ HOLD_LIMIT_MAX_S = 25
 # 2-core host, three in a row have timed out (each waits for iscsiadm's
 # PDU timeout; a refused connection fails at once).
 DISCOVERY_TRIES, DISCOVERY_PAUSE_S = 5, 2
+# --replacement-timeout's default: the kernel queues a dead session's I/O this
+# long before failing it; on a shard with replicas, before dm-multipath sends
+# it to the next replica (a lease promotes a backup within about 3 s:
+# doc/replicas.md "Failover by a lease").
+REPLACEMENT_TIMEOUT_S, REPLICATED_REPLACEMENT_TIMEOUT_S = 30, 5
 _URL = re.compile(r"(iscsi|iser)://([^/:@]+)(?::([0-9]+))?/([^/]+)/([0-9]+)")
 _BARE = re.compile(r"[A-Za-z0-9_./:=@%+,-]+")
 _PACKAGES = {"iscsiadm": "open-iscsi", "dmsetup": "dmsetup", "mdadm": "mdadm", "udevadm": "udev",
@@ -56,15 +65,21 @@ def command_line(argv):
 
 class Shard:
     """One LUN of a target: its URL, portal (numeric address:port), IQN and
-    LUN, and the stable name the kernel gives its disk."""
+    LUN, and the stable name the kernel gives its disk; `replicas`, the
+    shard's other replicas (Shards), in the layout's order."""
 
-    def __init__(self, url, what):
+    def __init__(self, url, what, replicas=()):
         m = _URL.fullmatch(url)
         if not m:
             raise UserError(what, f"bad target URL '{url}': expected iscsi://HOST[:PORT]/IQN/LUN or iser://...")
         self.url, self.scheme, host, port, self.iqn, self.lun = url, m[1], m[2], m[3] or "3260", m[4], m[5]
         self.portal = f"{address(host, what)}:{port}"
         self.by_path = f"/dev/disk/by-path/ip-{self.portal}-iscsi-{self.iqn}-lun-{self.lun}"
+        self.replicas = [Shard(r, what) for r in replicas]
+
+    def paths(self):
+        """Every replica's disk, the primary's first."""
+        return [self.by_path, *(r.by_path for r in self.replicas)]
 
 
 def address(host, what):
@@ -89,6 +104,16 @@ def device_size(path):
         os.close(fd)
 
 
+def identity(path):
+    """The SCSI identity (VPD page 0x83, as the kernel keeps it in sysfs) of
+    the disk at `path`, or None if it has none."""
+    try:
+        with open(f"/sys/block/{os.path.basename(os.path.realpath(path))}/device/wwid") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def is_block(path):
     try:
         return os.path.exists(path) and os.stat(path).st_mode & 0o170000 == 0o060000
@@ -108,20 +133,23 @@ class Node:
         self.credentials = chap.credentials(a.chap_file)
         self.stripe_unit = None
         if a.url:
-            urls = [a.url]
+            lines = [[a.url]]
         else:
             if not os.access(a.layout, os.R_OK):
                 raise UserError(self.what, f"cannot read the layout file {a.layout}")
             parsed = self.layout_tool("read", a.layout)
             if len(parsed) < 2:
                 raise UserError(self.what, f"the layout file {a.layout} names no shard")
-            self.stripe_unit, urls = int(parsed[0]), parsed[1:]
+            self.stripe_unit, lines = int(parsed[0]), [line.split() for line in parsed[1:]]
         default_name = "blkps-" + re.sub(r"\.layout$", "", os.path.basename(a.layout)) if a.layout else ""
         self.name = a.name or default_name
         if not re.fullmatch(r"[A-Za-z0-9_.+-]*", self.name):
             raise UserError("--name", f"use letters, digits and _.+- only, got '{self.name}'")
-        self.shards = [Shard(u, self.what) for u in urls]
-        if len({s.scheme for s in self.shards}) > 1:
+        self.shards = [Shard(urls[0], self.what, urls[1:]) for urls in lines]
+        self.replicated = any(s.replicas for s in self.shards)
+        if a.replacement_timeout is None:
+            a.replacement_timeout = REPLICATED_REPLACEMENT_TIMEOUT_S if self.replicated else REPLACEMENT_TIMEOUT_S
+        if len({s.scheme for s in self.all_replicas()}) > 1:
             raise UserError(self.what, "the shards mix iscsi:// and iser:// URLs; use one transport")
         transport = a.transport or ("iser" if self.shards[0].scheme == "iser" else "tcp")
         self.transport = "tcp" if transport == "iscsi" else transport
@@ -129,13 +157,17 @@ class Node:
 
     # --- running programs ----------------------------------------------------
 
+    def all_replicas(self):
+        """Every shard's every replica, in shard order, each primary first."""
+        return [r for s in self.shards for r in (s, *s.replicas)]
+
     def layout_tool(self, *args):
         """blkps-layout's output lines; its one-line error is ours."""
         out = subprocess.run([tools.built("blkps-layout"), *args], capture_output=True, text=True)
         if out.returncode != 0:
             lines = (out.stderr or out.stdout).strip().splitlines() or [f"blkps-layout exit {out.returncode}"]
             raise UserError(self.what, lines[-1].removeprefix("blkps: "))
-        return out.stdout.split()
+        return out.stdout.splitlines()
 
     def run(self, argv, shown=None, input=None):
         """Runs a program that changes the node, its output on stderr (stdout
@@ -166,7 +198,7 @@ class Node:
 
     def targets(self):
         """Each (IQN, portal) once, in shard order: LUNs of one target share a session."""
-        return list(dict.fromkeys((s.iqn, s.portal) for s in self.shards))
+        return list(dict.fromkeys((s.iqn, s.portal) for s in self.all_replicas()))
 
     def logged_in(self, iqn, portal):
         """Whether a session to this target exists now; never under --dry-run."""
@@ -271,10 +303,11 @@ class Node:
             raise UserError(self.what, f"iSER needs an RDMA device and this host has none ({tools.rdma_class()} is "
                             "empty)", "use --transport tcp")
         striped = len(self.shards) > 1
-        if a.dry_run and striped and not a.params:
+        if a.dry_run and (striped or self.replicated) and not a.params:
             raise UserError(self.what, "--dry-run of a --layout login needs --params N (the shard sizes come from "
                             "the devices otherwise)")
-        self.need("udevadm", "blockdev", *(([a.stripe == "dm" and "dmsetup" or "mdadm"]) if striped else []))
+        mapper = ["dmsetup"] if self.replicated or (striped and a.stripe == "dm") else []
+        self.need("udevadm", "blockdev", *mapper, *(["mdadm"] if striped and a.stripe == "md" else []))
         if a.dry_run or not self.quiet(["iscsiadm", "-m", "iface", "-I", self.iface]):
             self.run(["iscsiadm", "-m", "iface", "-I", self.iface, "-o", "new"])
         self.run(["iscsiadm", "-m", "iface", "-I", self.iface, "-o", "update", "-n", "iface.transport_name", "-v",
@@ -290,19 +323,58 @@ class Node:
                 self.run(self.iscsiadm_node(iqn, portal, "-o", "update", "-n", key, "-v", value))
             self.set_chap(iqn, portal)
             self.run(self.iscsiadm_node(iqn, portal, "--login"))
-        self.wait_for([s.by_path for s in self.shards])
-        for s in self.shards:
-            self.set_command_timeout(s.by_path)
-        if not striped:
+        paths = [p for s in self.shards for p in s.paths()]
+        self.wait_for(paths)
+        for p in paths:
+            self.set_command_timeout(p)
+        if not striped and not self.replicated:
             print(self.shards[0].by_path)
             return 0
-        if not a.dry_run and (is_block(f"/dev/mapper/{self.name}") or is_block(f"/dev/md/{self.name}")):
-            raise UserError(self.what, f"a striped device named {self.name} exists already",
-                            f"log out first (blkps logout --layout {a.layout}) or choose --name")
-        device = self.assemble(self.shard_sizes())
-        self.wait_for([device])
-        print(device)
+        for device in (*filter(None, self.multipath_devices()), f"/dev/mapper/{self.name}", f"/dev/md/{self.name}"):
+            if not a.dry_run and is_block(device):
+                raise UserError(self.what, f"a device named {device} exists already",
+                                f"log out first (blkps logout --layout {a.layout}) or choose --name")
+        sizes = self.shard_sizes()
+        devices = [self.follow(s, d, size) if s.replicas else s.by_path
+                   for s, d, size in zip(self.shards, self.multipath_devices(), sizes)]
+        if striped:
+            devices = [self.assemble(devices, sizes)]
+        self.wait_for(devices)
+        print(devices[-1])
         return 0
+
+    # --- the replicas of a shard -----------------------------------------------------
+
+    def multipath_devices(self):
+        """Each shard's dm-multipath device, None for a shard without
+        replicas: /dev/mapper/NAME for a layout of one shard (the device
+        learners open), /dev/mapper/NAME-shardK under a striped one."""
+        one = len(self.shards) == 1
+        return [None if not s.replicas else f"/dev/mapper/{self.name}" if one else f"/dev/mapper/{self.name}-shard{k}"
+                for k, s in enumerate(self.shards)]
+
+    def follow(self, shard, device, size):
+        """`device`, a dm-multipath device over the disks of `shard`'s
+        replicas (`size` bytes each): a path group per replica in the
+        layout's order, the primary's first. A dead primary's disk fails
+        its I/O after replacement_timeout and a backup answers standby
+        until promoted (sense 02/04/0B, which fails the path, not the disk):
+        dm-multipath then sends it to the next group. No queueing once
+        every path has failed: the I/O fails (EIO), as a dead target's
+        does without replicas. Refused if the replicas present different
+        SCSI identities (not one disk)."""
+        if not self.a.dry_run:
+            ids = [identity(p) for p in shard.paths()]
+            if None in ids or len(set(ids)) > 1:
+                shown = ", ".join(f"{r.url}: {i or 'none'}" for r, i in zip((shard, *shard.replicas), ids))
+                raise UserError(self.what, f"the replicas of {shard.url} do not present one SCSI identity ({shown})",
+                                "start them with --replicas 2 (blkps target start or serve), which gives a LUN's "
+                                "replicas one scsi_id")
+        groups = " ".join(f"round-robin 0 1 1 {p} 1" for p in shard.paths())
+        name = device.removeprefix("/dev/mapper/")
+        self.run(["dmsetup", "create", name, "--table",
+                  f"0 {size // 512} multipath 0 0 {len(shard.paths())} 1 {groups}"])
+        return device
 
     # --- the striped device --------------------------------------------------------
 
@@ -324,6 +396,10 @@ class Node:
                 size = device_size(s.by_path)
                 if size is None:
                     raise UserError(self.what, f"cannot read the size of {s.by_path}")
+                for r in s.replicas:
+                    if device_size(r.by_path) != size:
+                        raise UserError(self.what, f"replica {r.url} of {s.url} is {device_size(r.by_path)} bytes, "
+                                        f"not {size}")
                 if want and size != want[k]:
                     raise UserError(self.what, f"{s.url} is {size} bytes but a model of {a.params} params striped by "
                                     f"this layout gives it {want[k]}", "check --params and the layout")
@@ -332,15 +408,15 @@ class Node:
             sizes.append(size)
         return sizes
 
-    def assemble(self, sizes):
-        """The striped device over the shard devices; returns its path.
+    def assemble(self, paths, sizes):
+        """The striped device over the shard devices `paths`; returns its path.
         dm: blkps-layout's table, whole rows of stripe units as one striped
         segment, then the last row's units as linear segments. md: RAID-0
         built without a superblock (mdadm --build; --create would write md
         metadata into the model, which the server applies as gradient)."""
-        unit, paths = self.stripe_unit, [s.by_path for s in self.shards]
+        unit = self.stripe_unit
         if self.a.stripe == "dm":
-            table = self.layout_table(sizes)
+            table = self.layout_table(paths, sizes)
             create = ["dmsetup", "create", self.name]
             if len(table) == 1:
                 self.run([*create, "--table", table[0]])
@@ -360,9 +436,9 @@ class Node:
                   f"--raid-devices={len(paths)}", *paths])
         return f"/dev/md/{self.name}"
 
-    def layout_table(self, sizes):
+    def layout_table(self, paths, sizes):
         out = subprocess.run([tools.built("blkps-layout"), "dm-table", "--stripe-unit", str(self.stripe_unit),
-                              *(f"{s.by_path}={size}" for s, size in zip(self.shards, sizes))],
+                              *(f"{p}={size}" for p, size in zip(paths, sizes))],
                              capture_output=True, text=True)
         if out.returncode != 0:
             raise UserError(self.what, (out.stderr.strip().splitlines() or ["blkps-layout dm-table failed"])[-1]
@@ -379,6 +455,9 @@ class Node:
                 self.run(["dmsetup", "remove", self.name])
             elif self.a.dry_run or is_block(md):
                 self.run(["mdadm", "--stop", md])
+        for device in filter(None, self.multipath_devices()):
+            if self.a.dry_run or is_block(device):
+                self.run(["dmsetup", "remove", device.removeprefix("/dev/mapper/")])
         for iqn, portal in self.targets():
             if not self.a.dry_run and not self.logged_in(iqn, portal):
                 print(f"blkps: {self.what}: not logged in to {iqn} at {portal}", file=sys.stderr)
@@ -391,9 +470,12 @@ class Node:
             size = device_size(path)
             return f"{path} -> {os.path.realpath(path)} ({'?' if size is None else size} bytes)"
         missing = 0
-        for s in self.shards:
+        for s in self.all_replicas():
             print(f"{s.url}  {described(s.by_path) if is_block(s.by_path) else 'not logged in'}")
             missing |= not is_block(s.by_path)
+        for device in filter(None, self.multipath_devices()):
+            print(f"{device.removeprefix('/dev/mapper/')}  {described(device) if is_block(device) else 'not assembled'}")
+            missing |= not is_block(device)
         if len(self.shards) > 1:
             device = next((d for d in (f"/dev/mapper/{self.name}", f"/dev/md/{self.name}") if is_block(d)), None)
             print(f"{self.name}  {described(device) if device else 'not assembled'}")
@@ -430,9 +512,10 @@ def add_parsers(sub):
                        "read from the devices and checked)")
         p.add_argument("--queue-depth", type=positive_int, default=64, metavar="N",
                        help="SCSI commands in flight per LUN (default 64)")
-        p.add_argument("--replacement-timeout", type=positive_int, default=30, metavar="S",
-                       help="seconds the kernel queues I/O while a session is down before failing it (default 30, "
-                       "like libblkps)")
+        p.add_argument("--replacement-timeout", type=positive_int, metavar="S",
+                       help=f"seconds the kernel queues I/O while a session is down before failing it (default "
+                       f"{REPLACEMENT_TIMEOUT_S}, like libblkps; {REPLICATED_REPLACEMENT_TIMEOUT_S} where a shard has "
+                       "replicas, whose multipath device then sends it to the next replica)")
         p.add_argument("--command-timeout", type=positive_int, default=30, metavar="S",
                        help=f"the SCSI command timeout of each disk (default 30; more than {HOLD_LIMIT_MAX_S}: blkps "
                        "holds a bsp/ssp command up to hold_limit, and a held gradient write aborted and retried "

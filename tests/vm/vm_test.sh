@@ -57,6 +57,15 @@
 #                   iscsi:// (the MB/s to compare); and blkps-mount serves an
 #                   iser:// LUN as a file that an O_DIRECT gradient write and
 #                   read-back go through exactly.
+#   replica-failover a target with a backup (target start --replicas 2): the
+#                   guest logs in to its layout (blkps login --layout), one
+#                   dm-multipath device over both replicas' disks, and
+#                   trains the digits MLP through it; the primary's tgtd is
+#                   killed (kill -9) after epoch 1 and the backup promoted:
+#                   the kernel fails the path over and the learner goes on
+#                   to its last epoch with no error; the promoted backup's
+#                   model reaches a held-out accuracy of 0.90. A layout whose
+#                   replica is another target's LUN is refused.
 #   held-write      a bsp gradient write from a guest that the server holds
 #                   past hold_limit fails (ABORTED COMMAND) and the kernel's
 #                   SCSI layer retries it; it is applied once, when the round
@@ -435,6 +444,44 @@ test_node_dies() {
   grep "learner at lun 1 is dead" "$state/dies/tgtd.log" | tail -n 1
 }
 
+test_replica_failover() {
+  local params g
+  params=$("$py" "$train" --params)
+  start_target replicated "params=$params;lr=0.2;init=normal:0.1;seed=1" 1 --replicas 2
+  sed 's|iscsi://127.0.0.1:|iscsi://10.0.2.2:|' "$state/replicated/slot-1.layout" > "$state/node.layout"
+  # A "replica" that is another target: its LUN is not the same disk.
+  start_target other "params=$params" 1
+  { grep -v '^replica' "$state/node.layout"; echo "replica = $(guest_url "$URL")"; } > "$state/mismatched.layout"
+  cat > "$state/in-guest.sh" <<EOF
+set -uo pipefail
+scripts/blkps login --layout $state/mismatched.layout 2> $state/mismatched.err && exit 1
+scripts/blkps logout --layout $state/mismatched.layout
+dev=\$(scripts/blkps login --layout $state/node.layout) || exit 1
+echo "\$dev" > $state/device
+scripts/blkps node-status --layout $state/node.layout > $state/status || exit 1
+env $blas_env python3 $plain --target "\$dev" --epochs 6 > $state/learner.out 2>&1
+echo \$? > $state/learner.status
+dmsetup status blkps-node > $state/multipath
+dmesg | grep -E 'multipath|connection' > $state/dmesg
+scripts/blkps logout --layout $state/node.layout
+EOF
+  "$guest" --rw "$state" -- bash "$state/in-guest.sh" & g=$!
+  wait_for_line "$state/learner.out" "epoch +1 " $g "the guest"
+  kill -9 "$PID"
+  "$top/scripts/blkps" target promote --dir "$state/replicated"
+  echo "the primary's tgtd killed after epoch 1, its backup promoted"
+  wait $g || fail "the guest's script failed: $(cat "$state/status" 2>/dev/null)"
+  cat "$state/mismatched.err" "$state/device" "$state/status" "$state/learner.out" "$state/multipath" "$state/dmesg"
+  grep -q "do not present one SCSI identity" "$state/mismatched.err" ||
+    fail "a layout whose replica is another disk was not refused"
+  [ "$(cat "$state/device")" = /dev/mapper/blkps-node ] || fail "blkps login did not print the multipath device"
+  [ "$(cat "$state/learner.status")" = 0 ] || fail "the learner failed across the failover"
+  grep -qE "epoch +6 " "$state/learner.out" || fail "the learner did not reach its last epoch"
+  grep -q "Failing path" "$state/dmesg" || fail "dm-multipath failed no path"
+  load_state target "$state/replicated/backup" URL
+  "$py" "$train" --target "$URL" --evaluate --min-accuracy 0.90
+}
+
 test_held_write() {
   # One block of 1024 parameters, lr 1: the guest (lun 1) writes gradient 1
   # twice, the host (lun 2) writes 0 twice; each round moves the weights by
@@ -541,6 +588,7 @@ case "$what" in
   target-restart) test_target_restart ;;
   node-dies) test_node_dies ;;
   held-write) test_held_write ;;
+  replica-failover) test_replica_failover ;;
   iser) test_iser ;;
   iser-train) test_iser_train ;;
   iser-url) test_iser_url ;;
