@@ -57,6 +57,16 @@ Status BackupVerdict::DeclareOutdated() {
   return Status::OK();
 }
 
+void BackupVerdict::None(const std::string& why) {
+  {
+    MutexLock lock(&mu_);
+    state_ = State::kOutdated;
+    why_ = why;
+    channel_.reset();
+  }
+  changed_.notify_all();
+}
+
 bool BackupVerdict::BeginCatchUp(std::shared_ptr<ReplicaChannel> channel) {
   MutexLock lock(&mu_);
   if (state_ != State::kOutdated) return false;

@@ -66,6 +66,9 @@ class BackupVerdict {
   // The control command backup_outdated=1: InvalidArgument unless the
   // backup is lost (a backup in sync must not be declared outdated).
   Status DeclareOutdated();
+  // A primary that has no backup (a promoted one: `why`): outdated, so
+  // that a new backup is caught up as a returning one is.
+  void None(const std::string& why);
 
   // A catch-up through `channel` begins: false unless the backup is
   // outdated. REQUIRES (the caller's): the write gate closed and drained,

@@ -98,6 +98,7 @@ Job::Job(const std::string& name, const JobOptions& opts, Logger log, std::uniqu
       replica_parts_(*model_),
       standby_(opts.backup),
       backup_(opts.replica_channel),
+      replicated_(opts.replica_channel != nullptr),
       clock_sequence_(model_->num_blocks(), 0),
       last_checkpoint_(Clock::now()) {}
 

@@ -133,7 +133,10 @@
 // the job fails (nothing is acknowledged without the backup). A backup
 // (opts.backup) is on standby: its learners' READ, WRITE and checkpoints
 // are refused (Standby) and it applies its primary's records
-// (ApplyReplica) until Promote(). Async dense jobs only. A primary that
+// (ApplyReplica) until Promote(). A promoted backup has no backup (status
+// `backup` says it is outdated) until the control command
+// replicate_to=HOST:PORT names a new one, which it then catches up as a
+// returning one (CatchUp). Async dense jobs only. A primary that
 // holds a lease (control lease_until=, doc/replicas.md "Failover by a
 // lease") admits and acknowledges learner writes only until the lease's
 // deadline (LeaseFence); without lease_until= there is no such deadline.
@@ -194,6 +197,10 @@ struct JobOptions {
   // plugin makes it from replicate_to=), or this job is a backup (backup=).
   std::shared_ptr<ReplicaChannel> replica_channel;
   bool backup = false;
+  // Where the control command replicate_to=HOST:PORT goes (the plugin: it
+  // watches that address for a new backup and catches it up, Job::CatchUp);
+  // its error refuses the command. Unset: the command is refused.
+  std::function<Status(const std::string& address)> watch_new_backup;
   // Async and ssp (doc/server.md "Asynchronous training"): a push's staleness τ is
   // the number of other learners' updates applied to its block between the
   // pusher's last read of that block and the push. With staleness_aware, the push is
@@ -381,6 +388,11 @@ class Job {
   // A backup serves learners from now on, as a primary without a backup.
   // Unavailable if this job is not a backup on standby.
   Status Promote();
+  // A primary without a backup (a promoted one, or one whose backup is
+  // outdated): the control command replicate_to=ADDRESS, a new backup at
+  // ADDRESS (opts.watch_new_backup). Unavailable on standby,
+  // InvalidArgument if this primary has a backup or the address is refused.
+  Status ReplicateTo(const std::string& address);
   // A primary whose backup was declared outdated: whether it is (for the
   // plugin, which then looks for the backup's return).
   bool BackupOutdated() const { return backup_.outdated(); }
@@ -709,6 +721,9 @@ class Job {
   std::atomic<uint64_t> replica_records_{0};
   LeaseFence lease_;      // lease_until=: the writes a leased primary acknowledges
   BackupVerdict backup_;  // a primary's backup: in sync, lost, outdated or catching up
+  // Whether this job may have a backup to send records to: a primary made
+  // with one, or a promoted backup given a new one (replicate_to=).
+  std::atomic<bool> replicated_;
   // The state number of each block's clocks (wire/include/blkps/replication.h
   // PUSH): a primary's last sent, a backup's last taken.
   std::vector<uint64_t> clock_sequence_ GUARDED_BY(mu_);

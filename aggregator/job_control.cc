@@ -2,7 +2,8 @@
 // parameter (lr, momentum, beta1, beta2, eps), resume=1, fence=<lun>,
 // stop=1|0, tag=<text>, rank=<rank>:<run>, pipeline=<lun>:<depth>,
 // lease_until=<ms> (job.h, "Receipts", "Replicas", Control) or
-// checkpoint=1, promote=1 or backup_outdated=1, alone.
+// checkpoint=1, promote=1, backup_outdated=1 or replicate_to=<host:port>,
+// alone.
 // One grammar, one parser: a block is parsed and checked whole, then
 // applied whole or not at all.
 #include "job.h"
@@ -87,8 +88,8 @@ Status Job::Control(const std::string& commands, const Initiator& initiator, Con
     const std::string value = eq == std::string::npos ? "" : line.substr(eq + 1);
     if (eq == std::string::npos || !IsKey(key)) {
       return bad("expected lr|momentum|beta1|beta2|eps=<number>, resume=1, stop=1|0, fence=<learner LUN>, tag=<text>, "
-                 "rank=<rank>:<run>, pipeline=<learner LUN>:<depth>, lease_until=<ms>, checkpoint=1, promote=1 or "
-                 "backup_outdated=1, one a line, got '" +
+                 "rank=<rank>:<run>, pipeline=<learner LUN>:<depth>, lease_until=<ms>, checkpoint=1, promote=1, "
+                 "backup_outdated=1 or replicate_to=<host:port>, one a line, got '" +
                  ShowBytes(line) + "'");
     }
     if (!std::all_of(value.begin(), value.end(), IsWordByte)) {
@@ -141,6 +142,13 @@ Status Job::Control(const std::string& commands, const Initiator& initiator, Con
     log_("backup declared outdated by the lease keeper: this primary acknowledges writes alone from now on "
          "(degraded); the backup must not be promoted");
     return s;
+  }
+  // replicate_to=HOST:PORT (a new backup for a primary without one, a
+  // promoted one: doc/replicas.md "A new backup") comes alone too.
+  if (std::any_of(lines.begin(), lines.end(), [](const Line& l) { return l.key == "replicate_to"; })) {
+    if (lines.size() != 1) return bad("replicate_to: expected replicate_to=<host:port>, alone in its write");
+    Status s = ReplicateTo(lines[0].value);
+    return s.ok() ? s : refuse(s);
   }
   // Whether `text` is the number of one of this model's learner LUNs (*lun).
   auto learner_lun = [this](const std::string& text, uint64_t* lun) {

@@ -42,7 +42,7 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   // backup is outdated: a catch-up's snapshot, taken with the gate closed,
   // has this write or the record goes to it).
   std::optional<ReplicaPush> push;
-  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  std::shared_ptr<ReplicaChannel> channel = replicated_.load() ? backup_.ChannelForWrite() : nullptr;
   if (channel) {
     MutexLock lock(&mu_);
     push.emplace(slots_[slot].lun, initiator.name, device_offset / kReceiptUnit);

@@ -94,7 +94,7 @@ void Job::Tick() {
   }
   // A learner that died or returned: the backup must know, or once promoted
   // it would wait dead_after for one its primary had given up.
-  if (opts_.replica_channel && !standby()) (void)ReplicateLiveness();  // a failure is Replicate's to handle
+  if (replicated_.load() && !standby()) (void)ReplicateLiveness();  // a failure is Replicate's to handle
 }
 
 void Job::TickerLoop() {

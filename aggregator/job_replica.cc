@@ -111,7 +111,7 @@ Status Job::ApplyReplica(const std::string& body) {
 }
 
 Status Job::ReplicateRuleParams() {
-  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  std::shared_ptr<ReplicaChannel> channel = replicated_.load() ? backup_.ChannelForWrite() : nullptr;
   if (!channel) return Status::OK();
   std::string lines;
   for (const auto& [key, value] : model_->rule().params()) lines += key + "=" + FloatText(value) + "\n";
@@ -120,7 +120,7 @@ Status Job::ReplicateRuleParams() {
 
 Status Job::ReplicateLiveness() {
   MutexLock in_order(&liveness_mu_);
-  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  std::shared_ptr<ReplicaChannel> channel = replicated_.load() ? backup_.ChannelForWrite() : nullptr;
   if (!channel) return Status::OK();
   ReplicaLiveness dead;
   {
@@ -166,7 +166,7 @@ Status Job::AssignWeights(uint64_t offset, const void* src, size_t len) {
   // In the write gate, as a write: a catch-up's snapshot holds the weights
   // set, or their record goes through the channel it made.
   EnterWriteGate();
-  std::shared_ptr<ReplicaChannel> channel = opts_.replica_channel ? backup_.ChannelForWrite() : nullptr;
+  std::shared_ptr<ReplicaChannel> channel = replicated_.load() ? backup_.ChannelForWrite() : nullptr;
   std::optional<ReplicaPush> record;
   if (channel) record.emplace(0, "", 0);  // a SNAPSHOT record: states only, nothing counted
   Status s = model_->AssignWeights(offset, src, len, [&](uint64_t block, uint64_t first, uint64_t n) {
@@ -195,9 +195,25 @@ Status Job::Promote() {
     for (Slot& s : slots_) s.last_io = Clock::now();
     rounds_may_be_complete_ = true;  // bsp: rounds its primary's learners' deaths completed (the ticker's)
   }
+  backup_.None("none since this server was promoted (control replicate_to= names a new one)");
   log_("promoted: this backup serves learners from now on, as a primary without a backup; it follows no "
        "primary (" +
        std::to_string(replica_records_.load()) + " records applied)");
+  return Status::OK();
+}
+
+Status Job::ReplicateTo(const std::string& address) {
+  if (standby()) return Status::Unavailable("control: replicate_to: this server is a backup on standby");
+  if (!backup_.outdated()) {
+    return Status::InvalidArgument(
+        "control: replicate_to: this primary has a backup (in sync, lost or catching up: status `backup`); only "
+        "one without one takes a new one");
+  }
+  if (!opts_.watch_new_backup) return Status::InvalidArgument("control: replicate_to: not served by the plugin");
+  Status s = opts_.watch_new_backup(address);
+  if (!s.ok()) return Status::InvalidArgument("control: replicate_to: " + s.message());
+  replicated_.store(true);
+  log_("replicate_to: looking for a new backup at " + address + " (caught up once it answers)");
   return Status::OK();
 }
 

@@ -75,6 +75,17 @@ class JobRegistry {
         return server::Status::Unavailable("replicate_to: backup " + lu.options.replicate_to + ": " + s.message());
       options.replica_channel = std::move(link);
     }
+    // replicate_to= on a primary without a backup (a promoted one): watch
+    // that address as for a returning backup.
+    options.watch_new_backup = [this, name, log](const std::string& address) {
+      sockaddr_in parsed;
+      server::Status s = server::ParseReplicaAddress(address, &parsed);
+      if (!s.ok()) return s;
+      std::lock_guard<std::mutex> lock(mu_);
+      Entry& entry = jobs_[name];
+      entry.rejoiner = std::make_unique<server::BackupRejoiner>(address, entry.job, log);
+      return server::Status::OK();
+    };
     entry.listener.reset();  // a backup's port, if a job of this name had it
     entry.rejoiner.reset();
     server::Status s = server::Job::Create(name, options, log, out);
@@ -103,7 +114,8 @@ class JobRegistry {
     // A backup's replication port (backup=): it follows the primary while
     // tgtd runs or until a job of this name is created again.
     std::unique_ptr<server::ReplicaListener> listener;
-    // A primary's watch for its outdated backup's return (replicate_to=).
+    // A primary's watch for its outdated backup's return (replicate_to=, the
+    // option or the control command).
     std::unique_ptr<server::BackupRejoiner> rejoiner;
   };
   std::mutex mu_;

@@ -43,6 +43,12 @@ Cases:
       again; the primary catches it up while the learners go on, its
       keeper removes the outdated mark, and a kill -9 of the primary then
       fails over to it with every acknowledged push held exactly once.
+  dead-primary-returns-as-backup   kill -9 of the primary while two
+      learners push; the backup takes over by the lease; `blkps target
+      restart` starts the dead one again as the backup of the promoted one,
+      which catches it up while the learners go on; a kill -9 of the
+      promoted one then fails over to the returned one, which holds every
+      acknowledged push exactly once.
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -396,6 +402,30 @@ def test_restarted_backup_catches_up_and_takes_over():
         print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
 
 
+def test_dead_primary_returns_as_backup():
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        with Learners(t) as learners:
+            learners.wait_for_more("by the primary")
+            os.kill(primary_pid(t), signal.SIGKILL)
+            wait_for("the backup took over", lambda: status(t.backup)["replica"] == "primary")
+            testbed.check(status(t.backup)["backup"].startswith("outdated: none since"),
+                          f"the promoted backup: {status(t.backup)['backup']!r}")
+            learners.wait_for_more("by the promoted backup")
+            restarted = time.monotonic()
+            rc, out, err = blkps_cli("target", "restart", "--dir", t.dir)
+            testbed.check(rc == 0 and "as the backup of the promoted one" in out, f"target restart: {out}{err}")
+            print(f"the returned primary was in sync {time.monotonic() - restarted:.2f} s after the restart began")
+            testbed.check(status(t.backup)["backup"] == "", f"the promoted one's backup: {status(t.backup)['backup']}")
+            testbed.check(status(t.dir)["replica"] == "backup", f"the returned one: {status(t.dir)['replica']}")
+            learners.wait_for_more("after the catch-up")
+            learners.mark()
+            os.kill(tgtd_pid(t.backup), signal.SIGKILL)
+            wait_for("the returned one took over", lambda: status(t.dir)["replica"] == "primary")
+            learners.wait_for_more("after the second failover")
+        learners.check_exactly_once(t.dir)
+        print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
+
+
 def tgtd_pid(folder):
     rc, pid, err = blkps_cli("target", "show", "--dir", folder, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
@@ -451,5 +481,6 @@ testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_take
              "outdated-backup-never-promoted": test_outdated_backup_never_promoted,
              "bsp-learners-follow-exactly": test_bsp_learners_follow_exactly,
              "ssp-learners-follow-exactly": test_ssp_learners_follow_exactly,
-             "restarted-backup-catches-up-and-takes-over": test_restarted_backup_catches_up_and_takes_over}, None)
+             "restarted-backup-catches-up-and-takes-over": test_restarted_backup_catches_up_and_takes_over,
+             "dead-primary-returns-as-backup": test_dead_primary_returns_as_backup}, None)
 print(f"lease_test {args[0]}: ok")

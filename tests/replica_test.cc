@@ -103,17 +103,21 @@ int FailedPushesOfTwoLearners(const TargetProcess& primary, int pushes,
   return failed.load();
 }
 
-// Promotes the backup of `shard` (a model of `device_bytes`) and expects
-// it to hold the primary's weights (and through them the rule's state)
-// and both learners' receipts, byte for byte.
+// Promotes `backup` (a model of `device_bytes`) and expects it to hold
+// `primary`'s weights (and through them the rule's state) and both
+// learners' receipts, byte for byte.
+void ExpectPromotionKeepsEverything(const TargetProcess& primary, const TargetProcess& backup,
+                                    uint64_t device_bytes = kDeviceBytes) {
+  const std::vector<uint8_t> weights = Weights(primary, device_bytes);
+  const std::vector<uint8_t> receipts1 = Receipts(primary, 1, device_bytes);
+  const std::vector<uint8_t> receipts2 = Receipts(primary, 2, device_bytes);
+  ASSERT_EQ(Command(backup, "promote=1"), "GOOD");
+  EXPECT_TRUE(Weights(backup, device_bytes) == weights) << "the backup's weights differ from the primary's";
+  EXPECT_TRUE(Receipts(backup, 1, device_bytes) == receipts1) << "learner 1's receipts differ";
+  EXPECT_TRUE(Receipts(backup, 2, device_bytes) == receipts2) << "learner 2's receipts differ";
+}
 void ExpectThePromotedBackupEqualsThePrimary(const ReplicatedShard& shard, uint64_t device_bytes = kDeviceBytes) {
-  const std::vector<uint8_t> weights = Weights(shard.primary, device_bytes);
-  const std::vector<uint8_t> receipts1 = Receipts(shard.primary, 1, device_bytes);
-  const std::vector<uint8_t> receipts2 = Receipts(shard.primary, 2, device_bytes);
-  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
-  EXPECT_TRUE(Weights(shard.backup, device_bytes) == weights) << "the backup's weights differ from the primary's";
-  EXPECT_TRUE(Receipts(shard.backup, 1, device_bytes) == receipts1) << "learner 1's receipts differ";
-  EXPECT_TRUE(Receipts(shard.backup, 2, device_bytes) == receipts2) << "learner 2's receipts differ";
+  ExpectPromotionKeepsEverything(shard.primary, shard.backup, device_bytes);
 }
 
 TEST(Replicas, TheBackupEqualsThePrimaryExactlyAfterTwoLearnersPush) {
@@ -351,53 +355,113 @@ bool StatusShows(const TargetProcess& target, const std::string& part) {
 // moments through them, and receipts. From the backup's restart on the
 // learners push to the first half of the model only: the second half's
 // state reaches the backup through the snapshot alone.
+// Learners 1 and 2 of `target`, each in a thread, push one or two blocks
+// at a time (reading one push in three) until Stop().
+class PushingLearners {
+ public:
+  explicit PushingLearners(const TargetProcess& target) {
+    for (int k = 1; k <= 2; ++k) {
+      threads_.emplace_back([this, &target, k] {
+        RawLun lun(target.url(k), Learner(k));
+        std::mt19937 rng(k);
+        for (int i = 0; !stop_.load(); ++i) {
+          const uint64_t blocks = 1 + rng() % 2;
+          const uint64_t block = rng() % (within_.load() - blocks + 1);
+          std::vector<uint8_t> weights;
+          if (i % 3 == 0) lun.Read(block * kBlockBytes / kRawLbaBytes, kBlockBytes / kRawLbaBytes, &weights);
+          if (lun.Write(block * kBlockBytes / kRawLbaBytes, Gradient(rng, blocks)) != "GOOD") ++failed_;
+          ++pushes_;
+        }
+      });
+    }
+  }
+  ~PushingLearners() { Stop(); }
+  // Waits until they made `n` more pushes, or one failed.
+  void AfterMore(int n) {
+    const int until = pushes_.load() + n;
+    while (pushes_.load() < until && failed_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // From now on they push to blocks [0, blocks) only.
+  void Within(uint64_t blocks) { within_ = blocks; }
+  // Stops and joins them; the number of pushes that were not GOOD.
+  int Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    return failed_.load();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> pushes_{0}, failed_{0};
+  std::atomic<uint64_t> within_{kBlocks};
+  std::vector<std::thread> threads_;
+};
+
 TEST(Replicas, ARestartedBackupCatchesUpWhileLearnersPushAndEqualsThePrimary) {
   ReplicatedShard shard(kModel + ";rule=adam;lr=0.001;init=uniform:0.1;seed=7");
   ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
   ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
   ASSERT_EQ(Command(shard.primary, LeaseForAMinute()), "GOOD");
-  std::atomic<bool> stop{false};
-  std::atomic<int> pushes{0}, failed{0};
-  std::atomic<uint64_t> pushed_blocks{kBlocks};  // pushes go to blocks [0, this)
-  std::vector<std::thread> learners;
-  for (int k = 1; k <= 2; ++k) {
-    learners.emplace_back([&, k] {
-      RawLun lun(shard.primary.url(k), Learner(k));
-      std::mt19937 rng(k);
-      for (int i = 0; !stop.load(); ++i) {
-        const uint64_t blocks = 1 + rng() % 2;
-        const uint64_t block = rng() % (pushed_blocks.load() - blocks + 1);
-        std::vector<uint8_t> weights;
-        if (i % 3 == 0) lun.Read(block * kBlockBytes / kRawLbaBytes, kBlockBytes / kRawLbaBytes, &weights);
-        if (lun.Write(block * kBlockBytes / kRawLbaBytes, Gradient(rng, blocks)) != "GOOD") ++failed;
-        ++pushes;
-      }
-    });
-  }
-  const auto after_more = [&](int n) {
-    const int until = pushes.load() + n;
-    while (pushes.load() < until && failed.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  };
-  after_more(100);
+  PushingLearners learners(shard.primary);
+  learners.AfterMore(100);
   std::string why;
   ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
   const bool lost = StatusShows(shard.primary, "\"backup\": \"lost: ");
   const std::string verdict = Command(shard.primary, "backup_outdated=1");
-  after_more(100);  // acknowledged alone
-  pushed_blocks = kBlocks / 2;
-  after_more(10);
+  learners.AfterMore(100);  // acknowledged alone
+  learners.Within(kBlocks / 2);
+  learners.AfterMore(10);
   const bool restarted = shard.backup.Restart();
   const bool caught_up = restarted && StatusShows(shard.primary, "\"backup\": \"\"");
-  after_more(100);  // in sync again
-  stop = true;
-  for (std::thread& t : learners) t.join();
+  learners.AfterMore(100);  // in sync again
+  const int failed = learners.Stop();
   ASSERT_TRUE(lost) << StatusJson(shard.primary);
   ASSERT_EQ(verdict, "GOOD");
   ASSERT_TRUE(restarted) << shard.backup.start_output();
   ASSERT_TRUE(caught_up) << StatusJson(shard.primary) << shard.primary.Log();
-  ASSERT_EQ(failed.load(), 0);
+  ASSERT_EQ(failed, 0);
   EXPECT_TRUE(Contains(shard.primary.Log(), "caught up")) << shard.primary.Log();
   ExpectThePromotedBackupEqualsThePrimary(shard);
+}
+
+// doc/replicas.md "A new backup": the backup promoted after its primary's
+// kill -9 has no backup (status `backup` says so) until replicate_to= names
+// a new one, which it catches up while two learners push to it; promoted in
+// its turn, the new backup equals it exactly (weights, adam's moments
+// through them, receipts). replicate_to= is refused on a primary that has
+// a backup, on a backup on standby, and with a malformed address.
+TEST(Replicas, APromotedBackupCatchesUpANewBackupThatThenEqualsIt) {
+  const std::string model = kModel + ";rule=adam;lr=0.001;init=uniform:0.1;seed=7";
+  ReplicatedShard shard(model);
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+  EXPECT_NE(Command(shard.primary, "replicate_to=" + address), "GOOD") << "a primary with a backup took another";
+  EXPECT_NE(Command(shard.backup, "replicate_to=" + address), "GOOD") << "a backup on standby took one";
+  {
+    PushingLearners learners(shard.primary);
+    learners.AfterMore(100);
+    ASSERT_EQ(learners.Stop(), 0);
+  }
+  std::string why;
+  ASSERT_TRUE(shard.primary.KillTgtd(&why)) << why;
+  ASSERT_EQ(Command(shard.backup, "promote=1"), "GOOD");
+  EXPECT_TRUE(Contains(StatusJson(shard.backup), "\"backup\": \"outdated: none since this server was promoted"))
+      << StatusJson(shard.backup);
+  TargetProcess fresh(model + ";backup=" + address, "--luns 2");
+  ASSERT_TRUE(fresh.ok()) << fresh.start_output();
+  PushingLearners learners(shard.backup);
+  learners.AfterMore(50);
+  EXPECT_NE(Command(shard.backup, "replicate_to=127.0.0.1"), "GOOD") << "a malformed address was taken";
+  const std::string taken = Command(shard.backup, "replicate_to=" + address);
+  const bool caught_up = taken == "GOOD" && StatusShows(shard.backup, "\"backup\": \"\"");
+  learners.AfterMore(100);  // in sync
+  const int failed = learners.Stop();
+  ASSERT_EQ(taken, "GOOD") << StatusJson(shard.backup);
+  ASSERT_TRUE(caught_up) << StatusJson(shard.backup) << shard.backup.Log();
+  ASSERT_EQ(failed, 0);
+  ExpectPromotionKeepsEverything(shard.backup, fresh);
 }
 
 // Kills `shard`'s backup (the primary holds a lease) and has its primary

@@ -311,16 +311,16 @@ def start(a):
     start_keeper(replicas.backup_dir(folder), a, "backup")
 
 
-def restart_backup_keeper(folder):
-    """Starts the keeper of the backup of the target in `folder` again, as
-    `blkps target start` did (its lease.json), if it had one. Whether it
-    did."""
+def restart_keeper(folder, backup):
+    """Starts the keeper of `backup` (the target in `folder` or its backup
+    folder, a backup now) again, as `blkps target start` did (the
+    target's lease.json), if it had one. Whether it did."""
     try:
         with open(os.path.join(os.path.abspath(folder), LEASE_OPTIONS)) as f:
             options = types.SimpleNamespace(**json.load(f))
     except FileNotFoundError:
         return False
-    start_keeper(replicas.backup_dir(folder), options, "backup")
+    start_keeper(backup, options, "backup")
     return True
 
 

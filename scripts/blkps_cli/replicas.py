@@ -9,11 +9,18 @@ learners that follow a failover (libblkps, layout:PATH).
 
 import glob
 import os
+import time
 
 from . import control, shards, state, tgtd
 from .errors import UserError
 
 BACKUP_FOLDER = "backup"
+# How long `target restart` waits for a new backup's catch-up (a progress
+# line every CATCH_UP_PROGRESS_S).
+CATCH_UP_WAIT_S, CATCH_UP_PROGRESS_S = 600, 10
+# What a promoted backup's status `backup` says until it has a backup
+# (aggregator/job_replica.cc, Promote).
+NO_BACKUP_SINCE_PROMOTION = "outdated: none since this server was promoted"
 # The stripe unit of a one-shard layout: any serves (one shard holds every
 # unit); a multiple of 1024, as 16-bit shards need.
 ONE_SHARD_STRIPE_UNIT = 1 << 20
@@ -62,6 +69,48 @@ def stop(folder):
             os.remove(layout)
         tgtd.stop_watchdog(backup)
         tgtd.Target(backup).stop()
+
+
+def promoted_without_backup(folder, what):
+    """Whether the target in `folder` serves learners as a promoted backup
+    that has no backup of its own (status)."""
+    with operator_control(folder, what) as c:
+        return c.status().get("backup", "").startswith(NO_BACKUP_SINCE_PROMOTION)
+
+
+def as_backup(options, address):
+    """tgtd.Options `options` of a primary made those of a backup that
+    follows its primary at `address` (the learners' portal as before; no
+    benchmark LUNs, no exporter: as start_backup gives a backup)."""
+    kept = [pair for pair in options.bsopts.split(";") if not pair.startswith(("replicate_to=", "backup="))]
+    options.bsopts = ";".join([*kept, f"backup={address}"])
+    options.null_lun, options.rdwr_lun, options.metrics = False, None, None
+    return options
+
+
+def catch_up(folder, address, what):
+    """Has the promoted primary in `folder` take the new backup at
+    `address` (control replicate_to=) and waits until it is in sync
+    (status `backup` empty), a line every CATCH_UP_PROGRESS_S; a UserError
+    if it refuses, or if the backup is not in sync within CATCH_UP_WAIT_S."""
+    began = time.monotonic()
+    with operator_control(folder, what) as c:
+        try:
+            c.command(f"replicate_to={address}")
+        except OSError as e:
+            reason = c.status().get("control_error") or f"{e.strerror} (tgtd's log has the reason)"
+            raise UserError(what, f"{folder} did not take the new backup: {reason}") from None
+        said = began
+        while (backup := c.status().get("backup", "")) != "":
+            now = time.monotonic()
+            if now - began > CATCH_UP_WAIT_S:
+                raise UserError(what, f"the new backup was not in sync within {CATCH_UP_WAIT_S} s (status `backup` of "
+                                f"{folder}: {backup})", "see both tgtd.log files")
+            if now - said >= CATCH_UP_PROGRESS_S:
+                print(f"{what}: waiting for the catch-up ({now - began:.0f} s; backup: {backup})", flush=True)
+                said = now
+            time.sleep(0.1)
+    return time.monotonic() - began
 
 
 def operator_control(folder, what):

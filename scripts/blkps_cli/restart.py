@@ -9,7 +9,10 @@ learners reconnect to the same addresses (their layouts and URLs stay
 valid), and it loads the last committed checkpoint generation. A
 target started with --replicas 2 whose backup died gets its backup (and
 the backup's lease keeper) started again instead: the primary catches it
-up (doc/replicas.md "A backup that returns"). In bsp and
+up (doc/replicas.md "A backup that returns"); one whose primary died and
+whose backup was promoted gets its primary started again as the backup
+of the promoted one, caught up before its keeper starts (doc/replicas.md
+"A new backup"). In bsp and
 ssp a job is one model at one round: the live shards are restarted too, so
 that every shard serves that same generation. In async only the dead ones
 are. Each learner then reads its receipts and learns exactly what was lost
@@ -37,12 +40,33 @@ def restart_target(folder):
     return t.start(options)
 
 
+def restart_as_backup(folder):
+    """The dead primary of a target whose backup was promoted starts again
+    as that one's backup (doc/replicas.md "A new backup"): on its port,
+    which the layouts name, following a new replication address that the
+    promoted one is given (replicate_to=); once it is caught up its lease
+    keeper starts (it may take over from then on, never before)."""
+    primary = replicas.backup_dir(folder)
+    address = f"127.0.0.1:{tgtd.free_port('127.0.0.1')}"
+    options = replicas.as_backup(started_with(folder), address)
+    tgtd.stop_watchdog(folder)
+    target = tgtd.Target(folder)
+    target.stop()
+    env = target.start(options)
+    took = replicas.catch_up(primary, address, "target restart")
+    keeper = lease.restart_keeper(folder, folder)
+    print(f"restarted the dead primary on port {env['PORT']} as the backup of the promoted one ({primary}): in sync "
+          f"{took:.2f} s after it was asked{', its lease keeper started' if keeper else ''}; it takes over if that one "
+          "dies")
+    return 0
+
+
 def restart_backup(folder):
     """Starts the dead backup of the live target in `folder` again, and its
     lease keeper: its primary catches it up while training goes on
     (doc/replicas.md "A backup that returns")."""
     env = restart_target(replicas.backup_dir(folder))
-    keeper = lease.restart_backup_keeper(folder)
+    keeper = lease.restart_keeper(folder, replicas.backup_dir(folder))
     print(f"restarted the backup (dead) on port {env['PORT']}{' with its lease keeper' if keeper else ''}: its "
           f"primary catches it up while training goes on (status `backup` is empty once it is in sync)")
     return 0
@@ -64,6 +88,8 @@ def command_restart(a):
             raise UserError("target restart", "the primary and its backup are both dead",
                             "start the target again (blkps target start)")
         return restart_backup(folder)
+    if not scaled and dead and os.path.isdir(backup) and replicas.promoted_without_backup(backup, "target restart"):
+        return restart_as_backup(folder)
     if not dead:
         print("every tgtd runs: nothing to restart")
         return 0
