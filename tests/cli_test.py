@@ -29,6 +29,10 @@ BLKPS = os.path.join(top, "scripts", "blkps")
 PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
 PYTHON = "/usr/bin/python3"
 os.environ["BLKPS_LIB"] = os.path.join(build, "learner", "libblkps.so")
+# Folders no target uses, for options refused before any tgtd starts (a
+# start may still take its folder's lock): removed when the test ends.
+_SCRATCH = tempfile.TemporaryDirectory(prefix="blkps-cli-test-")
+NO_TARGET, NO_JOB = os.path.join(_SCRATCH.name, "no-target"), os.path.join(_SCRATCH.name, "no-job")
 
 
 def fail(message):
@@ -255,7 +259,7 @@ def test_wildcard_address_needs_allow():
                          (["--address", "::"], "blkps: --address: :: listens on every interface"),
                          (["--allow", "10.0.0.0/33"], "blkps: --allow: expected an address, a subnet"),
                          (["--allow", "host.example"], "blkps: --allow: expected an address, a subnet")):
-        expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", *args],
+        expect_one_line_error(["target", "start", "--dir", NO_TARGET, "--bsopts", "params=10", *args],
                               starts)
 
 
@@ -263,9 +267,9 @@ def test_lease_options_refused():
     # --lease decides between a primary and its backup (doc/replicas.md
     # "Failover by a lease"): without --replicas 2, or with a TTL under
     # etcd's shortest, one line before any tgtd starts.
-    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--lease",
+    expect_one_line_error(["target", "start", "--dir", NO_TARGET, "--bsopts", "params=10", "--lease",
                            "127.0.0.1:2379"], "blkps: --lease: decides which of a primary and its backup serves")
-    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--replicas",
+    expect_one_line_error(["target", "start", "--dir", NO_TARGET, "--bsopts", "params=10", "--replicas",
                            "2", "--lease", "127.0.0.1:2379", "--lease-ttl", "1"],
                           "blkps: target start: argument --lease-ttl: invalid lease TTL in whole seconds")
 
@@ -274,19 +278,19 @@ def test_serve_replica_options_refused():
     # A part's replicas on two hosts meet in the job's folder and each task
     # says which it is (doc/replicas.md "Replicas on several hosts"): one
     # line before any tgtd starts.
-    serve = ["target", "serve", "--dir", "/nonexistent-blkps", "--address", "127.0.0.1", "--bsopts", "params=10"]
+    serve = ["target", "serve", "--dir", NO_TARGET, "--address", "127.0.0.1", "--bsopts", "params=10"]
     expect_one_line_error([*serve, "--replicas", "2", "--replica", "primary"],
                           "blkps: --replicas: 2: a primary and its backup meet in the job's folder")
-    expect_one_line_error([*serve, "--replicas", "2", "--publish", "/nonexistent-blkps-job"],
+    expect_one_line_error([*serve, "--replicas", "2", "--publish", NO_JOB],
                           "blkps: --replicas: 2: which replica this task is must be said")
     expect_one_line_error([*serve, "--replica", "backup"], "blkps: --replica: names a replica's role")
     expect_one_line_error([*serve[:-1], "params=1000000", "--replicas", "2", "--replica", "backup", "--publish",
-                           "/nonexistent-blkps-job", "--tgtd", "2"],
+                           NO_JOB, "--tgtd", "2"],
                           "blkps: --replicas: a backup for each of 2 tgtds is not done yet")
     # Under Slurm two tasks serve each part: an odd count cannot pair them.
     os.environ.update(SLURM_PROCID="0", SLURM_NTASKS="3")
     try:
-        expect_one_line_error([*serve, "--part", "slurm", "--replicas", "2", "--publish", "/nonexistent-blkps-job"],
+        expect_one_line_error([*serve, "--part", "slurm", "--replicas", "2", "--publish", NO_JOB],
                               "blkps: --replicas: 2 with --part slurm needs an even number of tasks, got 3")
     finally:
         del os.environ["SLURM_PROCID"], os.environ["SLURM_NTASKS"]
@@ -296,7 +300,7 @@ def test_set_needs_operator():
     # D3: with --operator, set and status --dir log in to the operator target
     # with DIR/operator.chap; the learners' control LUN refuses set whatever
     # initiator name is given; --operator IQN is refused in one line.
-    expect_one_line_error(["target", "start", "--dir", "/nonexistent-blkps", "--bsopts", "params=10", "--operator",
+    expect_one_line_error(["target", "start", "--dir", NO_TARGET, "--bsopts", "params=10", "--operator",
                            "iqn.2026-11.io.blkps:cli-operator"], "blkps: --operator: takes no initiator name")
     with Target("params=1000;lr=0.1", "--operator") as t:
         if t.rc != 0:
