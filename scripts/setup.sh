@@ -34,6 +34,7 @@ packages=(
   python3 python3-numpy python3-sklearn
   python3-torch dataset-fashion-mnist
   dpkg-dev iproute2 procps shellcheck
+  python3-pyflakes          # tests/pyflakes_check.sh: the tree's Python files
   file                      # cpack: finds the ELF files dpkg-shlibdeps reads
   systemd                   # systemd-analyze: Install.service verifies blkps@.service
   help2man                  # man pages from the commands' --help
