@@ -12,13 +12,18 @@ instant to the last snapshot record acknowledged), the time from the
 restart to in sync, and the learner's pushes per second alone, during the
 catch-up, and with its backup in sync after it.
 
-  sudo bench/catch_up.py [--params N] [--rule sgd] [--runs 3] [--out DIR]
-                         [--build DIR]
+  sudo bench/catch_up.py [--params N] [--rule sgd] [--runs 3] [--hosts LINK]
+                         [--out DIR] [--build DIR]
+
+--hosts LINK: the primary, its backup and the learner each on a host of
+the netns cluster, links shaped to LINK (catch_up_hosts.py; the backup
+served by `blkps target serve --replicas 2`, killed and served again).
 
 Writes catch-up.md and catch-up.json to --out (default
 bench/results/catch-up) and prints the table.
 """
 import argparse
+import json
 import os
 import re
 import signal
@@ -31,11 +36,13 @@ import time
 
 import numpy as np
 
+import catch_up_hosts
 from bench_results import top, use_this_checkout, write_results
 
 BLKPS = os.path.join(top, "scripts", "blkps")
 CAUGHT_UP = re.compile(r"caught up in ([0-9.]+) s \(([0-9]+) MiB of state\)")
 WAIT_S = 120
+OUT = os.path.join(top, "bench", "results", "catch-up")
 
 
 def parse():
@@ -43,7 +50,12 @@ def parse():
     p.add_argument("--params", type=int, default=1 << 26, help="model parameters (default 67108864: 256 MiB)")
     p.add_argument("--rule", default="sgd", help="the rule (momentum, adam: more state per parameter)")
     p.add_argument("--runs", type=int, default=3, help="catch-ups measured (default 3)")
-    p.add_argument("--out", default=os.path.join(top, "bench", "results", "catch-up"))
+    p.add_argument("--settle", type=float, default=2, metavar="S", help="seconds the learner runs alone before the "
+                   "restart, and in sync after it, for its rates (default 2; several of its pushes' time)")
+    p.add_argument("--hosts", metavar="LINK", help="primary, backup and learner on hosts of their own in the netns "
+                   "cluster (bench/cluster/net.py), every link shaped to LINK (e.g. 1gbit)")
+    p.add_argument("--learn", help=argparse.SUPPRESS)  # --hosts's learner: pushes to this URL until stdin ends
+    p.add_argument("--out", default=OUT)
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     a = p.parse_args()
     if a.params < 1024 or a.runs < 1:
@@ -89,7 +101,30 @@ class Learner:
         self.model.close()
 
 
-def one_run(blkps, a, state, env, learner):
+def caught_up(log):
+    """The last catch-up the primary's tgtd.log `log` says: (seconds, MiB)."""
+    with open(log, errors="replace") as f:
+        logged = CAUGHT_UP.findall(f.read())
+    if not logged:
+        sys.exit("catch_up: the primary logged no catch-up")
+    return float(logged[-1][0]), int(logged[-1][1])
+
+
+def result(logged, alone_from, restarted, in_sync, settle, rate):
+    """A run's figures: the primary's `logged` (seconds, MiB), the times
+    the backup's kill, its restart and in sync were seen, `settle` (the
+    learner's time in sync after it), and the learner's rate(start, end)
+    in pushes a second."""
+    seconds, mib = logged
+    return {"catch_up_s": seconds, "state_mib": mib, "mib_per_s": mib / seconds if seconds > 0 else None,
+            "restart_to_in_sync_s": in_sync - restarted,
+            "pushes_per_s_alone": rate(alone_from + 1, restarted),
+            "pushes_per_s_during": rate(in_sync - seconds, in_sync),
+            "pushes_per_s_in_sync": rate(in_sync, in_sync + settle)}
+
+
+def one_run(blkps, state, env, settle):
+    """As catch_up_hosts.one_run, on loopback (blkps target restart)."""
     control = blkps.control.Control(env["CONTROL_URL"])
     try:
         control.command(f"lease_until={int(time.monotonic() * 1000) + 3_600_000}")
@@ -100,24 +135,52 @@ def one_run(blkps, a, state, env, learner):
         os.kill(pid, signal.SIGKILL)
         wait_for("the primary says its backup is lost", lambda: control.status()["backup"].startswith("lost: "))
         control.command("backup_outdated=1")
-        time.sleep(2)  # the learner alone, for its rate
+        time.sleep(settle)  # the learner alone, for its rate
         restarted = time.monotonic()
         subprocess.run([BLKPS, "target", "restart", "--dir", state], check=True, stdout=subprocess.DEVNULL)
         wait_for("the backup in sync", lambda: control.status()["backup"] == "")
         in_sync = time.monotonic()
-        time.sleep(2)  # the learner with its backup in sync, for its rate
+        time.sleep(settle)  # the learner with its backup in sync, for its rate
     finally:
         control.close()
-    with open(os.path.join(state, "tgtd.log"), errors="replace") as f:
-        logged = CAUGHT_UP.findall(f.read())
-    if not logged or learner.error:
-        sys.exit(f"catch_up: {learner.error or 'the primary logged no catch-up'}")
-    seconds, mib = float(logged[-1][0]), int(logged[-1][1])
-    return {"catch_up_s": seconds, "state_mib": mib, "mib_per_s": mib / seconds if seconds > 0 else None,
-            "restart_to_in_sync_s": in_sync - restarted,
-            "pushes_per_s_alone": learner.rate(alone_from + 1, restarted),
-            "pushes_per_s_during": learner.rate(in_sync - seconds, in_sync),
-            "pushes_per_s_in_sync": learner.rate(in_sync, in_sync + 2)}
+    return caught_up(os.path.join(state, "tgtd.log")), alone_from, restarted, in_sync, settle
+
+
+def on_loopback(a, bsopts):
+    import blkps
+    import blkps.control  # noqa: F401  (blkps.control.Control)
+    from torch_fashion_job import start_server, stop_server
+    state = tempfile.mkdtemp(prefix="blkps-catch-up-")
+    runs = []
+    try:
+        env = start_server(state, bsopts, 1, a.build, replicas=2)
+        learner = Learner(blkps, env["URL"], a.params)
+        try:
+            for k in range(a.runs):
+                runs.append(result(*one_run(blkps, state, env, a.settle), learner.rate))
+                r = runs[-1]
+                print(f"catch-up {k + 1}/{a.runs}: {r['state_mib']} MiB in {r['catch_up_s']:.3f} s; in sync "
+                      f"{r['restart_to_in_sync_s']:.2f} s after the restart began", file=sys.stderr, flush=True)
+        finally:
+            learner.stop()
+        if learner.error:
+            sys.exit(f"catch_up: {learner.error}")
+    finally:
+        stop_server(state)
+    return runs
+
+
+def learn(a):
+    """--hosts's learner: pushes to a.learn until stdin ends, then prints
+    its pushes' end times (CLOCK_MONOTONIC, one clock for every host)."""
+    import blkps
+    learner = Learner(blkps, a.learn, a.params)
+    sys.stdin.read()
+    learner.stop()
+    if learner.error:
+        sys.exit(f"catch_up: the learner: {learner.error}")
+    print(json.dumps(learner.done))
+    return 0
 
 
 def main():
@@ -125,33 +188,21 @@ def main():
     if os.geteuid() != 0:
         sys.exit("catch_up: needs root (tgtd): sudo " + sys.argv[0])
     use_this_checkout(a.build)
-    import blkps
-    import blkps.control  # noqa: F401  (blkps.control.Control)
-    from torch_fashion_job import start_server, stop_server
-    state = tempfile.mkdtemp(prefix="blkps-catch-up-")
-    runs = []
-    try:
-        env = start_server(state, f"params={a.params};rule={a.rule};lr=1e-9", 1, a.build, replicas=2)
-        learner = Learner(blkps, env["URL"], a.params)
-        try:
-            for k in range(a.runs):
-                runs.append(one_run(blkps, a, state, env, learner))
-                r = runs[-1]
-                print(f"catch-up {k + 1}/{a.runs}: {r['state_mib']} MiB in {r['catch_up_s']:.3f} s; in sync "
-                      f"{r['restart_to_in_sync_s']:.2f} s after the restart began", file=sys.stderr, flush=True)
-        finally:
-            learner.stop()
-    finally:
-        stop_server(state)
+    if a.learn:
+        return learn(a)
+    bsopts = f"params={a.params};rule={a.rule};lr=1e-9"
+    runs = catch_up_hosts.on_hosts(a, bsopts, wait_for, caught_up, result) if a.hosts else on_loopback(a, bsopts)
     load = os.getloadavg()[0]
     numbers = {"params": a.params, "rule": a.rule, "cpus": os.cpu_count(), "load_average": load, "runs": runs}
     def median(key):
         return statistics.median(r[key] for r in runs)
     lines = ["# A returning backup's catch-up, a learner pushing throughout", "",
-             f"One tgtd and its backup, loopback, {os.cpu_count()} CPUs; a {a.params * 4 / 2**20:.0f} MiB model, "
+             f"One tgtd and its backup, {catch_up_hosts.described(a.hosts) if a.hosts else 'loopback'}, "
+             f"{os.cpu_count()} CPUs; a {a.params * 4 / 2**20:.0f} MiB model, "
              f"rule {a.rule}; one learner pushing the whole model in a loop; medians of {a.runs} catch-ups; load "
              f"average {load:.1f} at the end. Command: `sudo bench/catch_up.py --params {a.params} --rule {a.rule} "
-             f"--runs {a.runs}`.", "",
+             f"--runs {a.runs}{f' --settle {a.settle:g}' if a.settle != 2 else ''}{f' --hosts {a.hosts}' if a.hosts else ''}"
+             f"{'' if a.out == OUT else ' --out ' + os.path.relpath(a.out, top)}`.", "",
              "| state sent | catch-up (primary's log) | rate | restart to in sync | learner pushes/s alone | during the "
              "catch-up | in sync after it |", "|---:|---:|---:|---:|---:|---:|---:|",
              f"| {median('state_mib'):.0f} MiB | {median('catch_up_s'):.2f} s | {median('mib_per_s'):.0f} MiB/s | "

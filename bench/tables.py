@@ -184,9 +184,9 @@ def replica_cost(folder="replica-cost"):
     return _render(_tables(_read(folder, "replica-cost.md"))[0])
 
 
-def catch_up():
+def catch_up(folder="catch-up"):
     """The committed catch-up run's table (bench/catch_up.py writes it)."""
-    return _render(_tables(_read("catch-up", "catch-up.md"))[0])
+    return _render(_tables(_read(folder, "catch-up.md"))[0])
 
 
 def failover_soak(folder="failover-soak"):
@@ -627,6 +627,7 @@ TABLES = {
     "replica-cost-hosts": (lambda: replica_cost("replica-cost-hosts"),
                            "bench/results/replica-cost-hosts/replica-cost.md"),
     "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
+    "catch-up-hosts": (lambda: catch_up("catch-up-hosts"), "bench/results/catch-up-hosts/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),
     "async-summary": (async_summary, "bench/results/torch-fashion-async/2epochs"),
     "straggler": (straggler, "bench/results/torch-fashion-async/straggler-4-quiet.json, no-straggler-4-quiet.json"),
