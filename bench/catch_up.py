@@ -201,7 +201,8 @@ def main():
              f"{os.cpu_count()} CPUs; a {a.params * 4 / 2**20:.0f} MiB model, "
              f"rule {a.rule}; one learner pushing the whole model in a loop; medians of {a.runs} catch-ups; load "
              f"average {load:.1f} at the end. Command: `sudo bench/catch_up.py --params {a.params} --rule {a.rule} "
-             f"--runs {a.runs}{f' --settle {a.settle:g}' if a.settle != 2 else ''}{f' --hosts {a.hosts}' if a.hosts else ''}"
+             f"--runs {a.runs}{f' --settle {a.settle:g}' if a.settle != 2 else ''}"
+             f"{f' --hosts {a.hosts}' if a.hosts else ''}"
              f"{'' if a.out == OUT else ' --out ' + os.path.relpath(a.out, top)}`.", "",
              "| state sent | catch-up (primary's log) | rate | restart to in sync | learner pushes/s alone | during the "
              "catch-up | in sync after it |", "|---:|---:|---:|---:|---:|---:|---:|",

@@ -15,9 +15,9 @@ i, as libblkps's layout: does; blkps-layout does the stripe arithmetic. A
 shard with replicas (the layout's replica lines: doc/replicas.md) becomes
 one dm-multipath device over every replica's disk, the primary's path group
 first, after a check that they present one SCSI identity: the kernel fails
-a dead primary's path over to its backup. The
-last line on stdout is the device to open; the programs' own output goes to
-stderr. logout removes the striped device and the multipath devices, then logs out of each target
+a dead primary's path over to its backup. The last line on stdout is the
+device to open; the programs' own output goes to stderr. logout removes the
+striped device and the multipath devices, then logs out of each target
 (every LUN of that target on this node goes with the session). node-status
 prints each shard's device, or "not logged in", and exits 1 if one is
 missing. --dry-run prints every command that would change this node, one per
@@ -474,7 +474,8 @@ class Node:
             print(f"{s.url}  {described(s.by_path) if is_block(s.by_path) else 'not logged in'}")
             missing |= not is_block(s.by_path)
         for device in filter(None, self.multipath_devices()):
-            print(f"{device.removeprefix('/dev/mapper/')}  {described(device) if is_block(device) else 'not assembled'}")
+            shown = described(device) if is_block(device) else "not assembled"
+            print(f"{device.removeprefix('/dev/mapper/')}  {shown}")
             missing |= not is_block(device)
         if len(self.shards) > 1:
             device = next((d for d in (f"/dev/mapper/{self.name}", f"/dev/md/{self.name}") if is_block(d)), None)
