@@ -42,10 +42,8 @@ def start_backup(a):
     """Starts the backup of the target that `a` (blkps target start's
     options) describes; returns the --bsopts its primary starts with."""
     address = f"127.0.0.1:{tgtd.free_port('127.0.0.1')}"
-    options = tgtd.Options.of(a)
-    # The learners' portal and the benchmark LUNs are the primary's.
-    options.bsopts, options.port = f"{a.bsopts};backup={address}", "auto"
-    options.null_lun, options.rdwr_lun, options.metrics = False, None, None
+    options = as_backup(tgtd.Options.of(a), address)
+    options.port = "auto"  # the learners' portal is the primary's
     tgtd.Target(backup_dir(a.dir)).start(options)
     return f"{a.bsopts};replicate_to={address}"
 
@@ -80,8 +78,8 @@ def promoted_without_backup(folder, what):
 
 def as_backup(options, address):
     """tgtd.Options `options` of a primary made those of a backup that
-    follows its primary at `address` (the learners' portal as before; no
-    benchmark LUNs, no exporter: as start_backup gives a backup)."""
+    follows its primary at `address`: no replicate_to=, no benchmark LUNs,
+    no exporter (the primary's); the learners' portal as given."""
     kept = [pair for pair in options.bsopts.split(";") if not pair.startswith(("replicate_to=", "backup="))]
     options.bsopts = ";".join([*kept, f"backup={address}"])
     options.null_lun, options.rdwr_lun, options.metrics = False, None, None

@@ -29,11 +29,11 @@ from .errors import UserError
 from .tgtd import START_OPTIONS, started_with
 
 
-def restart_target(folder):
+def restart_target(folder, options=None):
     """Stops the tgtd of `folder` if it runs (no final checkpoint: it rolls
-    back) and starts it again as it was started, on its port. Returns its
-    target.env values."""
-    options = started_with(folder)
+    back) and starts it again with `options` (default: as it was started),
+    on its port. Returns its target.env values."""
+    options = options or started_with(folder)
     tgtd.stop_watchdog(folder)
     t = tgtd.Target(folder)
     t.stop()
@@ -48,11 +48,7 @@ def restart_as_backup(folder):
     keeper starts (it may take over from then on, never before)."""
     primary = replicas.backup_dir(folder)
     address = f"127.0.0.1:{tgtd.free_port('127.0.0.1')}"
-    options = replicas.as_backup(started_with(folder), address)
-    tgtd.stop_watchdog(folder)
-    target = tgtd.Target(folder)
-    target.stop()
-    env = target.start(options)
+    env = restart_target(folder, replicas.as_backup(started_with(folder), address))
     took = replicas.catch_up(primary, address, "target restart")
     keeper = lease.restart_keeper(folder, folder)
     print(f"restarted the dead primary on port {env['PORT']} as the backup of the promoted one ({primary}): in sync "
