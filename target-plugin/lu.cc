@@ -81,9 +81,13 @@ class JobRegistry {
       sockaddr_in parsed;
       server::Status s = server::ParseReplicaAddress(address, &parsed);
       if (!s.ok()) return s;
-      std::lock_guard<std::mutex> lock(mu_);
-      Entry& entry = jobs_[name];
-      entry.rejoiner = std::make_unique<server::BackupRejoiner>(address, entry.job, log);
+      std::unique_ptr<server::BackupRejoiner> before;  // ended outside the lock: it may be waiting on a HELLO
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        Entry& entry = jobs_[name];
+        before = std::move(entry.rejoiner);
+        entry.rejoiner = std::make_unique<server::BackupRejoiner>(address, entry.job, log);
+      }
       return server::Status::OK();
     };
     entry.listener.reset();  // a backup's port, if a job of this name had it
