@@ -123,27 +123,47 @@ def result(logged, alone_from, restarted, in_sync, settle, rate):
             "pushes_per_s_in_sync": rate(in_sync, in_sync + settle)}
 
 
-def one_run(blkps, state, env, settle):
-    """As catch_up_hosts.one_run, on loopback (blkps target restart)."""
-    control = blkps.control.Control(env["CONTROL_URL"])
-    try:
-        control.command(f"lease_until={int(time.monotonic() * 1000) + 3_600_000}")
-        backup = os.path.join(state, "backup")
-        pid = int(subprocess.run([BLKPS, "target", "show", "--dir", backup, "--get", "PID"], check=True,
-                                 capture_output=True, text=True).stdout)
-        alone_from = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        wait_for("the primary says its backup is lost", lambda: control.status()["backup"].startswith("lost: "))
-        control.command("backup_outdated=1")
-        time.sleep(settle)  # the learner alone, for its rate
-        restarted = time.monotonic()
-        subprocess.run([BLKPS, "target", "restart", "--dir", state], check=True, stdout=subprocess.DEVNULL)
-        wait_for("the backup in sync", lambda: control.status()["backup"] == "")
-        in_sync = time.monotonic()
-        time.sleep(settle)  # the learner with its backup in sync, for its rate
-    finally:
-        control.close()
-    return caught_up(os.path.join(state, "tgtd.log")), alone_from, restarted, in_sync, settle
+def one_run(job, settle):
+    """Kills the backup's tgtd, declares it outdated once the primary says
+    it is lost (the lease keeper's part, through the primary's control
+    LUN), starts it again and waits until it is in sync. `job`: set(command)
+    on the primary's control LUN, backup_state() (its status `backup`),
+    backup_pid(), restart_backup(), primary_log. Returns (the primary's
+    logged (seconds, MiB), alone from, restarted, in sync, settle)."""
+    job.set(f"lease_until={int(time.monotonic() * 1000) + 3_600_000}")
+    alone_from = time.monotonic()
+    os.kill(job.backup_pid(), signal.SIGKILL)
+    wait_for("the primary says its backup is lost", lambda: job.backup_state().startswith("lost: "))
+    job.set("backup_outdated=1")
+    time.sleep(settle)  # the learner alone, for its rate
+    restarted = time.monotonic()
+    job.restart_backup()
+    wait_for("the backup in sync", lambda: job.backup_state() == "")
+    in_sync = time.monotonic()
+    time.sleep(settle)  # the learner with its backup in sync, for its rate
+    return caught_up(job.primary_log), alone_from, restarted, in_sync, settle
+
+
+class LoopbackJob:
+    """one_run's job for a target with a backup on loopback (`blkps target
+    start --replicas 2` in `state`; restarted with `blkps target restart`)."""
+
+    def __init__(self, blkps, state, env):
+        self.state, self.primary_log = state, os.path.join(state, "tgtd.log")
+        self.control = blkps.control.Control(env["CONTROL_URL"])
+
+    def set(self, command):
+        self.control.command(command)
+
+    def backup_state(self):
+        return self.control.status()["backup"]
+
+    def backup_pid(self):
+        return int(subprocess.run([BLKPS, "target", "show", "--dir", os.path.join(self.state, "backup"), "--get",
+                                   "PID"], check=True, capture_output=True, text=True).stdout)
+
+    def restart_backup(self):
+        subprocess.run([BLKPS, "target", "restart", "--dir", self.state], check=True, stdout=subprocess.DEVNULL)
 
 
 def on_loopback(a, bsopts):
@@ -155,13 +175,15 @@ def on_loopback(a, bsopts):
     try:
         env = start_server(state, bsopts, 1, a.build, replicas=2)
         learner = Learner(blkps, env["URL"], a.params)
+        job = LoopbackJob(blkps, state, env)
         try:
             for k in range(a.runs):
-                runs.append(result(*one_run(blkps, state, env, a.settle), learner.rate))
+                runs.append(result(*one_run(job, a.settle), learner.rate))
                 r = runs[-1]
                 print(f"catch-up {k + 1}/{a.runs}: {r['state_mib']} MiB in {r['catch_up_s']:.3f} s; in sync "
                       f"{r['restart_to_in_sync_s']:.2f} s after the restart began", file=sys.stderr, flush=True)
         finally:
+            job.control.close()
             learner.stop()
         if learner.error:
             sys.exit(f"catch_up: {learner.error}")
@@ -191,7 +213,7 @@ def main():
     if a.learn:
         return learn(a)
     bsopts = f"params={a.params};rule={a.rule};lr=1e-9"
-    runs = catch_up_hosts.on_hosts(a, bsopts, wait_for, caught_up, result) if a.hosts else on_loopback(a, bsopts)
+    runs = catch_up_hosts.on_hosts(a, bsopts, one_run, result) if a.hosts else on_loopback(a, bsopts)
     load = os.getloadavg()[0]
     numbers = {"params": a.params, "rule": a.rule, "cpus": os.cpu_count(), "load_average": load, "runs": runs}
     def median(key):

@@ -13,11 +13,9 @@ returns"). The hosts share this machine's cores.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 from bench_results import top
 import replica_cost_hosts
@@ -31,8 +29,8 @@ def described(link):
 
 
 class Job:
-    """The served part and its learner in `cluster`; the keeper's part
-    through the learner's host."""
+    """catch_up.one_run's job: the served part in `cluster`, its control
+    LUN reached from the learner's host."""
 
     def __init__(self, cluster, folder, a, bsopts):
         self.cluster, self.folder, self.a, self.bsopts = cluster, folder, a, bsopts
@@ -41,10 +39,16 @@ class Job:
         self.url, _ = replica_cost_hosts.serve(cluster, folder, a, bsopts, PRIMARY, [*self.replicas, "--replica",
                                                                                      "primary"])
         self.control = self.show(PRIMARY, "CONTROL_URL")
+        self.primary_log = os.path.join(folder, f"host-{PRIMARY}", "tgtd.log")
 
     def serve_backup(self):
         replica_cost_hosts.serve(self.cluster, self.folder, self.a, self.bsopts, BACKUP,
                                  [*self.replicas, "--replica", "backup"])
+
+    restart_backup = serve_backup
+
+    def backup_pid(self):
+        return int(self.show(BACKUP, "PID"))
 
     def show(self, host, key):
         return subprocess.run([BLKPS, "target", "show", "--dir", os.path.join(self.folder, f"host-{host}"), "--get",
@@ -60,29 +64,10 @@ class Job:
         return json.loads(out)["backup"]
 
 
-def one_run(job, wait_for, caught_up, settle):
-    """Kills the backup's tgtd, declares it outdated once the primary says
-    it is lost, serves it again and waits until it is in sync: (the
-    primary's logged (seconds, MiB), alone from, restarted, in sync,
-    settle)."""
-    job.set(f"lease_until={int(time.monotonic() * 1000) + 3_600_000}")
-    alone_from = time.monotonic()
-    os.kill(int(job.show(BACKUP, "PID")), signal.SIGKILL)
-    wait_for("the primary says its backup is lost", lambda: job.backup_state().startswith("lost: "))
-    job.set("backup_outdated=1")
-    time.sleep(settle)  # the learner alone, for its rate
-    restarted = time.monotonic()
-    job.serve_backup()
-    wait_for("the backup in sync", lambda: job.backup_state() == "")
-    in_sync = time.monotonic()
-    time.sleep(settle)  # the learner with its backup in sync, for its rate
-    return caught_up(os.path.join(job.folder, f"host-{PRIMARY}", "tgtd.log")), alone_from, restarted, in_sync, settle
-
-
-def on_hosts(a, bsopts, wait_for, caught_up, result):
-    """The runs of catch_up.py, on hosts: result(logged, alone_from,
-    restarted, in_sync, settle, rate) makes each run's figures,
-    rate(start, end) being the learner's pushes a second."""
+def on_hosts(a, bsopts, one_run, result):
+    """The runs of catch_up.py on hosts: one_run(job, settle) each;
+    result(*what one_run returned, rate) makes its figures, rate(start,
+    end) being the learner's pushes a second."""
     folder = tempfile.mkdtemp(prefix="blkps-catch-up-hosts-")
     runs = []
     try:
@@ -94,7 +79,7 @@ def on_hosts(a, bsopts, wait_for, caught_up, result):
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             timed = []
             for k in range(a.runs):
-                timed.append(one_run(job, wait_for, caught_up, a.settle))
+                timed.append(one_run(job, a.settle))
                 print(f"catch-up {k + 1}/{a.runs}: {timed[-1][0]}", file=sys.stderr, flush=True)
             out, _ = learner.communicate("")  # its stdin closed: it stops and prints its pushes' end times
             if learner.returncode != 0:
