@@ -11,12 +11,16 @@ primary's tgtd also copies and sends that state and the backup applies it,
 on the same cores.
 
   sudo bench/replica_cost.py [--params N] [--rule sgd] [--rounds 9]
-                             [--calls 4] [--hosts LINK] [--out DIR] [--build DIR]
+                             [--calls 4] [--hosts LINK [--back-network]]
+                             [--out DIR] [--build DIR]
 
 --hosts LINK: the primary, its backup, the side without one and the
 learner each on a host of its own in the netns cluster, links shaped to
 LINK (replica_cost_hosts.py): replication then competes with the pulls on
-the primary's link, not with them for the cores alone.
+the primary's link, not with them for the cores alone. --back-network:
+every host also has a second link, as fast, on a network of its own, and
+the backup listens for its primary there (blkps target serve
+--replication-address): the records leave the primary over that link.
 
 Writes replica-cost.md and replica-cost.json to --out (default
 bench/results/replica-cost) and prints the table.
@@ -48,11 +52,15 @@ def parse():
     p.add_argument("--out", default=OUT)
     p.add_argument("--hosts", metavar="LINK", help="servers and learner on hosts of their own in the netns cluster "
                    "(bench/cluster/net.py), every link shaped to LINK (e.g. 1gbit; none: unshaped)")
+    p.add_argument("--back-network", action="store_true", help="with --hosts: the primary's records to its backup "
+                   "go over a second network of their own (doc/replicas.md \"A network for the records\")")
     p.add_argument("--measure", help=argparse.SUPPRESS)  # --hosts's learner: {replicas: url}, {replicas: pids}
     p.add_argument("--build", default=os.path.join(top, "build", "cmake"))
     a = p.parse_args()
     if a.params < 1024 or a.rounds < 1 or a.calls < 1:
         p.error("--params must be 1024 or more, --rounds and --calls 1 or more")
+    if a.back_network and not a.hosts:
+        p.error("--back-network is a network of the --hosts cluster: give --hosts LINK")
     return a
 
 
@@ -141,13 +149,14 @@ def main():
                      "two_replicas_cores": statistics.median(cores[op, 2])})
     numbers = {"params": a.params, "rule": a.rule, "rounds": a.rounds, "calls": a.calls, "cpus": os.cpu_count(),
                "load_average": load, "times": {f"{op}/{r}": v for (op, r), v in times.items()}, "rows": rows}
-    where = replica_cost_hosts.described(a.hosts) if a.hosts else "loopback"
+    where = replica_cost_hosts.described(a.hosts, a.back_network) if a.hosts else "loopback"
     lines = ["# What a backup costs: the whole model through libblkps, with a backup against without", "",
              f"One learner, one tgtd per side (and the backup's), {where}, {os.cpu_count()} CPUs; a {mib:.0f} MiB "
              f"model, rule {a.rule}; medians of {a.rounds} interleaved rounds of {a.calls} calls each; cores busy: "
              f"the CPU time of the learner and the side's tgtds over the wall time; load average {load:.1f} at "
              f"the end. Command: `sudo bench/replica_cost.py --params {a.params} --rule {a.rule} --rounds "
              f"{a.rounds} --calls {a.calls}{f' --hosts {a.hosts}' if a.hosts else ''}"
+             f"{' --back-network' if a.back_network else ''}"
              f"{'' if a.out == OUT else ' --out ' + os.path.relpath(a.out, top)}`.", "",
              "| operation | 1 replica | cores busy | 2 replicas | cores busy | 2 / 1 |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -8,8 +8,9 @@ directions:
   host 3  the learner: replica_cost.py --measure, run there
 
 so that the primary's records to its backup leave over the link its pulls
-leave over (doc/replicas.md "What a backup costs"). The hosts share this
-machine's cores.
+leave over (doc/replicas.md "What a backup costs"); with --back-network,
+over a second link of their own (the backup's --replication-address on the
+cluster's back network). The hosts share this machine's cores.
 """
 import json
 import os
@@ -26,9 +27,10 @@ BLKPS = os.path.join(top, "scripts", "blkps")
 PRIMARY, BACKUP, ALONE, LEARNER = 0, 1, 2, 3
 
 
-def described(link):
+def described(link, back_network):
+    records = "a back network of its own, links as fast" if back_network else "the learners' network"
     return (f"netns cluster (the primary, its backup, the side without one and the learner on 4 hosts, links "
-            f"{link})")
+            f"{link}; the records to the backup over {records})")
 
 
 def serve(cluster, folder, a, bsopts, host, extra):
@@ -53,10 +55,11 @@ def on_hosts(a, bsopts):
     """replica_cost.measure()'s result, measured on the learner's host."""
     folder = tempfile.mkdtemp(prefix="blkps-replica-cost-hosts-")
     try:
-        with net.Cluster(4, a.hosts) as cluster:
+        with net.Cluster(4, a.hosts, back_network=a.back_network) as cluster:
             print(f"replica cost: {cluster.shaping}", file=sys.stderr, flush=True)
             job = ["--replicas", "2", "--publish", os.path.join(folder, "job")]
-            _, backup_pid = serve(cluster, folder, a, bsopts, BACKUP, [*job, "--replica", "backup"])
+            back = ["--replication-address", cluster.back_address(BACKUP)] if a.back_network else []
+            _, backup_pid = serve(cluster, folder, a, bsopts, BACKUP, [*job, "--replica", "backup", *back])
             primary_url, primary_pid = serve(cluster, folder, a, bsopts, PRIMARY, [*job, "--replica", "primary"])
             alone_url, alone_pid = serve(cluster, folder, a, bsopts, ALONE, [])
             urls, pids = {1: alone_url, 2: primary_url}, {1: [alone_pid], 2: [primary_pid, backup_pid]}

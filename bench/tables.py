@@ -626,6 +626,8 @@ TABLES = {
     "replica-cost": (replica_cost, "bench/results/replica-cost/replica-cost.md"),
     "replica-cost-hosts": (lambda: replica_cost("replica-cost-hosts"),
                            "bench/results/replica-cost-hosts/replica-cost.md"),
+    "replica-cost-back-network": (lambda: replica_cost("replica-cost-back-network"),
+                                  "bench/results/replica-cost-back-network/replica-cost.md"),
     "catch-up": (catch_up, "bench/results/catch-up/catch-up.md"),
     "catch-up-hosts": (lambda: catch_up("catch-up-hosts"), "bench/results/catch-up-hosts/catch-up.md"),
     "async-2epochs": (async_two_epochs, "bench/results/torch-fashion-async/2epochs"),

@@ -284,6 +284,8 @@ def test_serve_replica_options_refused():
     expect_one_line_error([*serve, "--replicas", "2", "--publish", NO_JOB],
                           "blkps: --replicas: 2: which replica this task is must be said")
     expect_one_line_error([*serve, "--replica", "backup"], "blkps: --replica: names a replica's role")
+    expect_one_line_error([*serve, "--replication-address", "127.0.0.2"],
+                          "blkps: --replication-address: is where a backup listens")
     expect_one_line_error([*serve[:-1], "params=1000000", "--replicas", "2", "--replica", "backup", "--publish",
                            NO_JOB, "--tgtd", "2"],
                           "blkps: --replicas: a backup for each of 2 tgtds is not done yet")

@@ -4,7 +4,8 @@
   cluster_net_test.py TOP CASE
     hosts-linked-shaped-and-removed  (integration, root) two hosts reach each
         other over the bridge, every link carries tbf at the asked rate on
-        both ends, the counters count, and leaving the with-block ends a
+        both ends, the counters count, what goes to a host's back-network
+        address crosses eth1 and not eth0, and leaving the with-block ends a
         host's process and deletes every namespace, also on an exception
     rates-and-targets                (unit) link rates parse or say what is
         expected; the time to a target loss is the first window at or under it;
@@ -54,14 +55,24 @@ def namespaces():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
+def send_payload(cluster, address):
+    """Host 0 sends PAYLOAD bytes to `address` (host 1's) over TCP."""
+    server = cluster.popen(1, [sys.executable, "-c", SERVER, address], stdout=subprocess.PIPE, text=True)
+    client = subprocess.run(cluster.exec_argv(0, [sys.executable, "-c", CLIENT, address]),
+                            capture_output=True, text=True)
+    if client.returncode != 0 or server.communicate(timeout=30)[0].strip() != str(PAYLOAD):
+        fail(f"host 0 could not send {PAYLOAD} bytes to host 1 at {address}: {client.stderr}")
+
+
 def hosts_linked_shaped_and_removed():
     try:
-        with net.Cluster(2, "200mbit") as cluster:
-            made = [cluster.switch, cluster.netns(0), cluster.netns(1)]
+        with net.Cluster(2, "200mbit", back_network=True) as cluster:
+            made = [cluster.switch, cluster.networks[1][0], cluster.netns(0), cluster.netns(1)]
             if not all(ns in namespaces() for ns in made):
                 fail(f"namespaces {made} not all made: {namespaces()}")
-            for ns, dev in [(cluster.netns(0), "eth0"), (cluster.netns(1), "eth0"),
-                            (cluster.switch, "p0"), (cluster.switch, "p1")]:
+            shaped = [(cluster.netns(h), dev) for h in range(2) for dev in ("eth0", "eth1")]
+            shaped += [(switch, f"p{h}") for switch, _, _ in cluster.networks for h in range(2)]
+            for ns, dev in shaped:
                 if "tbf" not in qdisc(ns, dev) or "200Mbit" not in qdisc(ns, dev):
                     fail(f"{ns} {dev} is not shaped to 200Mbit: {qdisc(ns, dev)!r}")
             for h in range(2):  # IPv4 only (MPI's daemons once tried a tentative IPv6 address)
@@ -73,14 +84,13 @@ def hosts_linked_shaped_and_removed():
                 fail(f"subnet() {cluster.subnet()} is not the hosts' /24")
             sent0, _ = cluster.wire_bytes(0)
             _, received1 = cluster.wire_bytes(1)
-            address = cluster.address(1)
-            server = cluster.popen(1, [sys.executable, "-c", SERVER, address], stdout=subprocess.PIPE, text=True)
-            client = subprocess.run(cluster.exec_argv(0, [sys.executable, "-c", CLIENT, address]),
-                                    capture_output=True, text=True)
-            if client.returncode != 0 or server.communicate(timeout=30)[0].strip() != str(PAYLOAD):
-                fail(f"host 0 could not send {PAYLOAD} bytes to host 1: {client.stderr}")
+            send_payload(cluster, cluster.address(1))
             if cluster.wire_bytes(0)[0] - sent0 < PAYLOAD or cluster.wire_bytes(1)[1] - received1 < PAYLOAD:
                 fail(f"the links' counters did not count the {PAYLOAD} bytes sent")
+            sent0, back_sent0 = cluster.wire_bytes(0)[0], cluster.wire_bytes(0, "eth1")[0]
+            send_payload(cluster, cluster.back_address(1))
+            if cluster.wire_bytes(0, "eth1")[0] - back_sent0 < PAYLOAD or cluster.wire_bytes(0)[0] - sent0 >= PAYLOAD:
+                fail(f"the {PAYLOAD} bytes sent to the back address did not cross eth1 alone")
             sleeper = cluster.popen(1, ["sleep", "600"])
             for _ in range(100):  # until ip netns exec has become sleep, inside host 1
                 with open(f"/proc/{sleeper.pid}/cmdline", "rb") as f:

@@ -19,7 +19,12 @@ Cases, MODE-FAULT with MODE async (learners push ones, rule sum) or bsp
                   and the old primary acknowledges nothing
   primary-frozen  the primary's tgtd stopped (SIGSTOP) until the backup took
                   over, then woken (the split-brain attempt)
-and two async cases of their own:
+and async-link-cut-back-network: link-cut with the primary's records to its
+backup on a network of their own (eth1, the backup's --replication-address;
+doc/replicas.md "A network for the records"): only host 0's eth0 is cut, so
+the old primary still reaches its backup, which must refuse its records
+once promoted; the records crossed eth1, not eth0. And two async cases of
+their own:
   async-backup-restarted  the backup's tgtd killed, its task started again
                   and caught up while the learners push, then the primary
                   killed: the caught-up backup takes over
@@ -73,8 +78,9 @@ class Job:
     with lease keepers in a three-member etcd spread over hosts 1 to 3, and
     two learners of `kind` on host 2; all ended on leaving the block."""
 
-    def __init__(self, cluster, mode, reconnect_s=WAIT_S):
+    def __init__(self, cluster, mode, reconnect_s=WAIT_S, back_network=False):
         self.cluster, self.serves, self.learners = cluster, {}, []
+        self.back_network = back_network
         self.folder = tempfile.mkdtemp(prefix="blkps-replica-cluster-")
         try:
             self._start(mode, reconnect_s)
@@ -105,13 +111,14 @@ class Job:
         """Starts the primary's or the backup's serve task on `host`;
         returns once it serves (its stderr goes to serve-ROLE.err)."""
         role = ROLES[host]
+        back = ["--replication-address", self.cluster.back_address(host)] if self.back_network else []
         if host in self.serves:  # a task started again: the one before has ended
             self.serves[host].wait(timeout=WAIT_S)
         with open(os.path.join(self.folder, f"serve-{role}.err"), "a") as err:
             self.serves[host] = self.cluster.popen(host, [
                 BLKPS, "target", "serve", "--dir", self.dir(host), "--plugin", PLUGIN, "--address",
                 self.cluster.address(host), "--allow", self.cluster.subnet(), "--luns", "2", "--bsopts", self.bsopts,
-                "--replicas", "2", "--replica", role, "--publish", self.jobdir, "--lease", self.etcd.endpoints],
+                "--replicas", "2", "--replica", role, "--publish", self.jobdir, "--lease", self.etcd.endpoints, *back],
                 stdout=subprocess.PIPE, stderr=err, text=True)
         line = self.serves[host].stdout.readline()
         testbed.check(line.startswith("serving "), f"the {role}'s serve ended: {self.serve_errors(host)}")
@@ -225,11 +232,15 @@ FAULTS = {"primary-killed": (lambda job, pid: os.kill(pid, signal.SIGKILL), None
                              lambda job, pid: os.kill(pid, signal.SIGCONT), None)}
 
 
-def run(mode, fault):
+def run(mode, fault, back_network=False):
     strike, at_takeover, at_end = FAULTS[fault]
-    with net.Cluster(4, "none") as cluster, Job(cluster, mode) as job:
+    with net.Cluster(4, "none", back_network=back_network) as cluster, \
+            Job(cluster, mode, back_network=back_network) as job:
         pid = job.tgtd_pid(PRIMARY)
         job.wait_for_more("by the primary")
+        if back_network:  # 20 rounds of 2 learners, each record 128 weights and more
+            sent = {dev: cluster.wire_bytes(PRIMARY, dev)[0] for dev in ("eth0", "eth1")}
+            testbed.check(sent["eth1"] > 40 * 512, f"the records did not cross the back network: sent {sent}")
         try:
             strike(job, pid)
             job.marked = time.monotonic()  # a round begun from here on is the backup's
@@ -298,5 +309,6 @@ def both_killed():
 
 testbed.run({**{f"{mode}-{fault}": (lambda mode=mode, fault=fault: run(mode, fault))
                 for mode in ("async", "bsp") for fault in FAULTS},
+             "async-link-cut-back-network": lambda: run("async", "link-cut", back_network=True),
              "async-backup-restarted": backup_restarted, "async-both-killed": both_killed}, None)
 print(f"replica_cluster_test {args[0]}: ok")

@@ -11,6 +11,11 @@ Host h is namespace blkpscl<pid>-h<h>, address 10.80.0.<10+h>; the switch is
 blkpscl<pid>-sw. The names carry this process's pid, so clusters of
 concurrent runs never meet; the addresses live only inside these namespaces.
 
+With back_network=True every host also has eth1 on a second switch
+(blkpscl<pid>-bk), address 10.81.0.<10+h> (`back_address`), shaped as eth0:
+a network of its own for what servers send each other (a backup's records:
+doc/replicas.md "A network for the records"), as Ceph's cluster network.
+
 Shaping: tbf on the host's eth0 limits what the host sends; tbf on the
 switch's port to the host limits what it receives (a switch with one
 RATE port per host). netem delay is added where the kernel has sch_netem
@@ -30,6 +35,7 @@ import subprocess
 import time
 
 SUBNET = "10.80.0"
+BACK_SUBNET = "10.81.0"
 PREFIX_BITS = 24
 FIRST_HOST = 10
 RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -53,14 +59,19 @@ def _ip(*args, check=True):
 
 
 class Cluster:
-    def __init__(self, hosts, link, delay=None):
+    def __init__(self, hosts, link, delay=None, back_network=False):
         """hosts >= 1; link a tc rate ('1gbit') or 'none' (unshaped); delay
-        a netem delay per direction ('0.1ms') or None."""
+        a netem delay per direction ('0.1ms') or None; back_network: a
+        second network (eth1), shaped as the first."""
         if link != "none":
             link_bits_per_s(link)
         self.hosts, self.link, self.delay = hosts, link, delay
         self.tag = f"blkpscl{os.getpid()}"
         self.switch = f"{self.tag}-sw"
+        # (switch namespace, host device, subnet) of each network
+        self.networks = [(self.switch, "eth0", SUBNET)]
+        if back_network:
+            self.networks.append((f"{self.tag}-bk", "eth1", BACK_SUBNET))
         self.namespaces = []
         self.processes = []
         self.has_netem = False
@@ -73,6 +84,11 @@ class Cluster:
 
     def address(self, host):
         return f"{SUBNET}.{FIRST_HOST + host}"
+
+    def back_address(self, host):
+        """host's address on the back network (back_network=True)."""
+        assert len(self.networks) > 1, "a Cluster made without back_network"
+        return f"{BACK_SUBNET}.{FIRST_HOST + host}"
 
     def subnet(self):
         """The hosts' network, ADDRESS/BITS: what every host's eth0 is on."""
@@ -101,27 +117,33 @@ class Cluster:
         _ip("-n", name, "link", "set", "lo", "up")
 
     def _up(self):
-        self._new_netns(self.switch)
-        _ip("-n", self.switch, "link", "add", "sw", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "sw", "up")
         for h in range(self.hosts):
-            ns, port = self.netns(h), f"p{h}"
+            ns = self.netns(h)
             self._new_netns(ns)
-            _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", self.switch, "link", "set", port, "master", "sw", "up")
             # IPv4 only: an eth0 that also had an IPv6 link-local address
             # (tentative while the kernel checks it is unique) gave OpenMPI's
             # daemons an address to try that leads nowhere.
             _ip("netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
                 "net.ipv6.conf.default.disable_ipv6=1")
-            _ip("-n", ns, "addr", "add", f"{self.address(h)}/{PREFIX_BITS}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
+        for switch, dev, subnet in self.networks:
+            self._new_netns(switch)
+            _ip("-n", switch, "link", "add", "sw", "type", "bridge")
+            _ip("-n", switch, "link", "set", "sw", "up")
+            for h in range(self.hosts):
+                ns, port = self.netns(h), f"p{h}"
+                _ip("-n", switch, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns)
+                _ip("-n", switch, "link", "set", port, "master", "sw", "up")
+                _ip("-n", ns, "addr", "add", f"{subnet}.{FIRST_HOST + h}/{PREFIX_BITS}", "dev", dev)
+                _ip("-n", ns, "link", "set", dev, "up")
         self.has_netem = self._try_qdisc(self.switch, "p0", ["netem", "delay", "1ms"])
         if self.link != "none":
-            for h in range(self.hosts):
-                self._shape(self.netns(h), "eth0")
-                self._shape(self.switch, f"p{h}")
+            for switch, dev, _ in self.networks:
+                for h in range(self.hosts):
+                    self._shape(self.netns(h), dev)
+                    self._shape(switch, f"p{h}")
             how = "tbf rate {0} on both directions of every host's link".format(self.link)
+            if len(self.networks) > 1:
+                how += " (eth0, and eth1 on a back network of its own)"
             how += f", TCP congestion control {self.congestion_control()} (the machine's default)"
             if self.delay and self.has_netem:
                 how += f", netem delay {self.delay} each way"
@@ -184,10 +206,11 @@ class Cluster:
         self.processes.append(p)
         return p
 
-    def wire_bytes(self, host):
+    def wire_bytes(self, host, dev="eth0"):
         """(bytes sent, bytes received) on host's link so far: the kernel's
-        counters of its eth0, Ethernet headers included."""
-        out = _ip("-n", self.netns(host), "-j", "-s", "link", "show", "eth0").stdout
+        counters of its `dev` (eth1: the back network's), Ethernet headers
+        included."""
+        out = _ip("-n", self.netns(host), "-j", "-s", "link", "show", dev).stdout
         stats = json.loads(out)[0]["stats64"]
         return stats["tx"]["bytes"], stats["rx"]["bytes"]
 

@@ -3,7 +3,9 @@ hosts of their own (doc/replicas.md "Replicas on several hosts"). The two
 server tasks meet in the --publish JOBDIR:
 
   - the backup (--replica backup) starts first, its plugin listening for
-    its primary on a free port of its --address, and writes
+    its primary on a free port of its --replication-address (default its
+    --address: a network of its own keeps the records off the learners'
+    links, doc/replicas.md "A network for the records"), and writes
     JOBDIR/servers/backup-K-of-S.json (that address and its learner URLs)
     once it serves;
   - the primary (--replica primary) waits for that file (bounded, with
@@ -44,6 +46,8 @@ def check_options(a):
     if a.replicas < 2:
         if a.replica:
             raise UserError("--replica", "names a replica's role", "give --replicas 2 with it")
+        if a.replication_address:
+            raise UserError("--replication-address", "is where a backup listens", "give --replicas 2 with it")
         return
     if not a.publish:
         raise UserError("--replicas", "2: a primary and its backup meet in the job's folder",
@@ -64,11 +68,12 @@ def replication_option(a, served):
     backup's URLs on `a` for publish()."""
     jobdir = os.path.abspath(a.publish)
     if a.replica == "backup":
-        before = backup_before(jobdir, served, a.address)
+        listen = a.replication_address or a.address
+        before = backup_before(jobdir, served, listen)
         if before and a.port == "auto":
             a.replication, a.port = before
         else:
-            a.replication = f"{a.address}:{tgtd.free_port(a.address)}"
+            a.replication = f"{listen}:{tgtd.free_port(listen)}"
         return f"backup={a.replication}"
     path = backup_path(jobdir, served.part, served.parts)
     publish.wait_for_file(
