@@ -286,6 +286,13 @@ def test_serve_replica_options_refused():
     expect_one_line_error([*serve, "--replica", "backup"], "blkps: --replica: names a replica's role")
     expect_one_line_error([*serve, "--replication-address", "127.0.0.2"],
                           "blkps: --replication-address: is where a backup listens")
+    replicated = [*serve, "--replicas", "2", "--replica", "backup", "--publish", NO_JOB]
+    expect_one_line_error([*replicated, "--replication-address", "10.0.0.300"],
+                          "blkps: --replication-address: expected an address or NETWORK/BITS, got '10.0.0.300'")
+    shown = subprocess.run(["ip", "-4", "-br", "addr"], capture_output=True, text=True).stdout
+    elsewhere = next(n for n in ("198.51.100", "203.0.113", "192.0.2") if f" {n}." not in shown) + ".0/24"
+    expect_one_line_error([*replicated, "--replication-address", elsewhere],
+                          f"blkps: --replication-address: this host has no address on {elsewhere} (it has ")
     expect_one_line_error([*serve[:-1], "params=1000000", "--replicas", "2", "--replica", "backup", "--publish",
                            NO_JOB, "--tgtd", "2"],
                           "blkps: --replicas: a backup for each of 2 tgtds is not done yet")

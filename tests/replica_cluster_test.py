@@ -111,7 +111,8 @@ class Job:
         """Starts the primary's or the backup's serve task on `host`;
         returns once it serves (its stderr goes to serve-ROLE.err)."""
         role = ROLES[host]
-        back = ["--replication-address", self.cluster.back_address(host)] if self.back_network else []
+        # the network's form: each host takes its own address on it
+        back = ["--replication-address", f"{self.cluster.back_address(0)}/24"] if self.back_network else []
         if host in self.serves:  # a task started again: the one before has ended
             self.serves[host].wait(timeout=WAIT_S)
         with open(os.path.join(self.folder, f"serve-{role}.err"), "a") as err:

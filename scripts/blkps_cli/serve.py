@@ -230,7 +230,8 @@ def add_parser(cmds):
     f.add_argument("--replica", choices=serve_replicas.ROLES, help="with --replicas 2: whether this task starts as "
                    "the part's primary or its backup (--part slurm: even tasks are primaries)")
     f.add_argument("--replication-address", metavar="ADDRESS", help="with --replicas 2: the address a backup "
-                   "listens for its primary's records on (default --address); one on a network of their own keeps "
+                   "listens for its primary's records on, or NETWORK/BITS for this host's address on that network "
+                   "(default --address); one on a network of their own keeps "
                    'the records off the learners\' links (doc/replicas.md "A network for the records")')
     lease.add_start_arguments(f)
     f.add_argument("--publish", metavar="JOBDIR", help="write JOBDIR/servers/part-K-of-S.json once serving; the "

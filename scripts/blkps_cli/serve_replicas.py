@@ -21,9 +21,11 @@ if P is even: two consecutive tasks are one part's replicas (place them on
 different nodes: one task per node).
 """
 
+import ipaddress
 import json
 import os
 import socket
+import subprocess
 
 from . import publish, replicas, tgtd
 from .errors import UserError
@@ -55,6 +57,27 @@ def check_options(a):
     if a.replica not in ROLES:
         raise UserError("--replicas", "2: which replica this task is must be said",
                         "give --replica primary or --replica backup (or --part slurm)")
+    if a.replication_address:
+        a.replication_address = own_address(a.replication_address)
+
+
+def own_address(text):
+    """--replication-address: an address as given, or NETWORK/BITS: this
+    host's IPv4 address on that network (one command line for every host
+    of a Slurm job)."""
+    try:
+        network = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise UserError("--replication-address", f"expected an address or NETWORK/BITS, got {text!r}") from None
+    if "/" not in text:
+        return text
+    shown = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True)
+    mine = [info["local"] for link in json.loads(shown.stdout or "[]") for info in link.get("addr_info", [])]
+    for address in mine:
+        if ipaddress.ip_address(address) in network:
+            return address
+    raise UserError("--replication-address", f"this host has no address on {network} (it has {', '.join(mine)})",
+                    "give an address of this host, or the network of one")
 
 
 def backup_path(jobdir, part, parts):
