@@ -9,6 +9,8 @@
 #          [--params 25000000,100000000] [--link 1gbit] [--servers K] ...
 #        sudo bench/cluster.sh --out DIR --table ROWS:WIDTH [--table-memory 64M]
 #          [--servers K] [--hosts L]   (a table over shards: doc/embeddings.md)
+#        sudo bench/cluster.sh --out DIR --table hash:CAPACITY:WIDTH [--table-ids N]
+#          [--servers K] [--hosts L]   (a hashed table over server hosts)
 #   (all options: bench/cluster/run.py --help)
 # Writes DIR/cluster.md, DIR/cluster.json, DIR/cluster.png and DIR/raw/.
 set -euo pipefail

@@ -531,6 +531,27 @@ def cluster_table():
     ])
 
 
+def cluster_hashed_table():
+    """bench/cluster.sh --table hash:CAPACITY:WIDTH: a hashed table split by
+    id hash over the netns cluster's server hosts (serve --part K/S),
+    pulled and pushed by learners on other hosts (doc/embeddings.md
+    "Hashed ids over shards")."""
+    with open(os.path.join(RESULTS, "cluster-hashed-table", "table.json"), encoding="utf-8") as f:
+        r = json.load(f)
+    return _right([
+        ["hashed table over server hosts, netns cluster", "figure"],
+        ["table", f"hash:{r['capacity']:,}:{r['width']} (ids: {r['ids']:,} possible, hashed), rule sgd"],
+        [f"{r['servers']} parts (server hosts)", "; ".join(
+            f"part {k}: {t['rows_made']:,} rows made of {t['row_limit']:,}, {t['memory_bytes'] / 2**20:.1f} MiB"
+            for k, t in enumerate(r["parts"]))],
+        [f"{r['learners']} learners (other hosts), links {r['link']}",
+         f"{r['batches']} batches of {r['batch']:,} Zipf ids each"],
+        ["pull, all learners", f"{r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} rows/s)"],
+        ["push, all learners", f"{r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"],
+        ["rows equal to the reference", f"{r['rows_checked']:,} touched, {r['untouched_checked']:,} untouched"],
+    ])
+
+
 def overlap():
     """bench/overlap.py's run: blkps.torch and DDP on models whose layers
     sleep for their compute, each step beside the step alone."""
@@ -643,6 +664,7 @@ TABLES = {
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),
     "cluster-table": (cluster_table, "bench/results/cluster-table"),
+    "cluster-hashed-table": (cluster_hashed_table, "bench/results/cluster-hashed-table"),
     "overlap": (overlap, "bench/results/overlap-2core"),
     "gpu": (gpu, "bench/results/h100-80gb-hbm3"),
     "gpu-readme": (gpu_readme, "bench/results/h100-80gb-hbm3"),

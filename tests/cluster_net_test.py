@@ -10,6 +10,11 @@
     rates-and-targets                (unit) link rates parse or say what is
         expected; the time to a target loss is the first window at or under it;
         the learners' phase alignment counts their overlap in the same phase
+    hashed-table-case                (integration, root; BLKPS_BUILD) the
+        cluster bench's hashed-table case (bench/cluster/hashed_table.py)
+        on 2 server and 2 learner hosts: it passes its own check of every
+        touched row, and its parts made exactly one row per distinct id
+        pushed, no more
     report-goals                     (unit) cluster.md's goals take blkps
         bfloat16 against MPI float32 and DDP fp16, and float32 from the case
         that does not drop gradients; the dropping case gets its own line;
@@ -204,9 +209,25 @@ def failed_case_is_a_result():
         fail("the headline is empty beside a failed case")
 
 
+def hashed_table_case():
+    with tempfile.TemporaryDirectory(prefix="blkps-cluster-hashed-") as out:
+        ran = subprocess.run(["/usr/bin/python3", os.path.join(top, "bench", "cluster", "run.py"), "--out", out,
+                              "--table", "hash:20000:8", "--table-ids", "100000", "--servers", "2", "--hosts", "2",
+                              "--link", "10gbit", "--table-batches", "2", "--table-batch", "256"],
+                             capture_output=True, text=True)
+        if ran.returncode != 0:
+            fail(f"the hashed table case failed: {ran.stderr.strip()[-500:]}")
+        with open(os.path.join(out, "table.json")) as f:
+            r = json.load(f)
+    made = sum(t["rows_made"] for t in r["parts"])
+    if r["rows_checked"] < 100 or made != r["rows_checked"] or min(t["rows_made"] for t in r["parts"]) == 0:
+        fail(f"{r['rows_checked']} distinct ids pushed, the parts made {[t['rows_made'] for t in r['parts']]} rows")
+
+
 if __name__ == "__main__":
     started = time.monotonic()
     {"hosts-linked-shaped-and-removed": hosts_linked_shaped_and_removed,
+     "hashed-table-case": hashed_table_case,
      "rates-and-targets": rates_and_targets, "report-goals": report_goals,
      "failed-case-is-a-result": failed_case_is_a_result}[case]()
     print(f"PASS {case} ({time.monotonic() - started:.1f} s)")

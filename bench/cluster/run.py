@@ -33,6 +33,7 @@ the bytes each host's link carried per exchange (the kernel's counters of
 its eth0 over the whole run, warm-up included, divided by the exchanges;
 for blkps from the learners' common start, after their logins and the
 engine's first pull).
+--table hash:CAPACITY:WIDTH runs the hashed-table case (hashed_table.py).
 --table ROWS:WIDTH runs, instead, the table case (doc/embeddings.md "Tables
 over shards"): a table (rule sgd, lr 1, init zeros) with --bsopts
 memory=--table-memory on every server, which one server alone must refuse,
@@ -69,6 +70,7 @@ sys.path.insert(0, HERE)
 from blkps_cli import shards, state, tools  # noqa: E402
 from net import Cluster, link_bits_per_s  # noqa: E402
 
+import hashed_table  # noqa: E402
 import report  # noqa: E402
 import results  # noqa: E402
 
@@ -429,12 +431,35 @@ class Runner:
         return self.read_results(tag, hosts)
 
 
+def hashed_table_case(args, out, raw, capacity, width):
+    """--table hash:CAPACITY:WIDTH (hashed_table.py); writes DIR/table.json
+    and DIR/table.md."""
+    hosts = args.hosts[0]
+    runner = Runner(args, raw)
+    try:
+        r = hashed_table.run(runner, hosts, args.servers, capacity, width)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+        sys.exit(f"cluster: the hashed table case failed: {e}")
+    finally:
+        runner.close()
+    command = (f"sudo bench/cluster.sh --out DIR --table {args.table} --table-ids {args.table_ids} "
+               f"--servers {args.servers} --hosts {hosts} --link {args.link} --table-batches {args.table_batches} "
+               f"--table-batch {args.table_batch}")
+    print("\n".join(hashed_table.write(out, r, command)))
+    return 0
+
+
 def table_case(args, out, raw):
     """--table: the table case alone; writes DIR/table.json and DIR/table.md."""
     try:
-        rows, width = (int(v) for v in args.table.split(":"))
+        hashed = hashed_table.parse(args.table)
+        if not hashed:
+            rows, width = (int(v) for v in args.table.split(":"))
     except ValueError:
-        sys.exit(f"cluster: --table: expected ROWS:WIDTH, e.g. 200000:128; got '{args.table}'")
+        sys.exit(f"cluster: --table: expected ROWS:WIDTH (e.g. 200000:128) or hash:CAPACITY:WIDTH; "
+                 f"got '{args.table}'")
+    if hashed:
+        return hashed_table_case(args, out, raw, *hashed)
     hosts = args.hosts[0]
     runner = Runner(args, raw)
     try:
@@ -544,6 +569,7 @@ def main():
     ap.add_argument("--table", help="instead of the exchanges and training: the table case, ROWS:WIDTH "
                     "(e.g. 200000:128; see above), on --servers server hosts and the first of --hosts learners")
     ap.add_argument("--table-memory", default="64M", help="the table case's memory= per server (default 64M)")
+    ap.add_argument("--table-ids", type=int, default=10**8, help="a hashed table case's possible ids (default 10^8)")
     ap.add_argument("--table-batches", type=int, default=20, help="the table case's batches per learner (default 20)")
     ap.add_argument("--table-batch", type=int, default=4096, help="ids per batch of the table case (default 4096)")
     args = ap.parse_args()

@@ -7,6 +7,9 @@ pushed through libblkps's pull_rows / push_rows on a layout: target.
                 --batches B --batch S --start-at T --result FILE
   blkps_rows.py --target layout:PATH --rows N --width W --learners K
                 --batches B --batch S --lr LR --check
+  ... --hashed: a hashed table (table=hash:CAPACITY:WIDTH): rank r of
+      [0, N) is the 64-bit id r x 0x9E3779B97F4A7C15 mod 2^64 (a fixed
+      feature hash; odd, so ranks keep distinct ids)
 
 A learner waits until wall-clock second T, then for each of its B batches
 (S Zipf(1.05) ids, learner L's own seed) pulls the batch's rows and pushes a
@@ -30,17 +33,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import blkps  # noqa: E402
 
 
-def batches(learner, rows, width, count, size):
+FEATURE_HASH = np.uint64(0x9E3779B97F4A7C15)
+
+
+def ids_of(ranks, hashed):
+    """The table ids of `ranks`: themselves, or (--hashed) their hashes."""
+    ranks = np.asarray(ranks, dtype=np.uint64)
+    return ranks * FEATURE_HASH if hashed else ranks
+
+
+def batches(learner, rows, width, count, size, hashed=False):
     """Learner `learner`'s batches: (ids, gradients) pairs, the same every
     time for the same arguments."""
     rng = np.random.default_rng(1000 + learner)
     for _ in range(count):
-        ids = ((rng.zipf(1.05, size) - 1) % rows).astype(np.uint64)
+        ids = ids_of((rng.zipf(1.05, size) - 1) % rows, hashed)
         yield ids, rng.integers(-3, 4, (size, width)).astype(np.float32)
 
 
 def learn(a):
-    work = list(batches(a.learner, a.rows, a.width, a.batches, a.batch))
+    work = list(batches(a.learner, a.rows, a.width, a.batches, a.batch, a.hashed))
     pull_s = push_s = 0.0
     with blkps.Model(a.target) as table:
         late = max(0.0, time.time() - a.start_at)
@@ -61,11 +73,11 @@ def learn(a):
 def check(a):
     want = {}
     for learner in range(a.learners):
-        for ids, grads in batches(learner, a.rows, a.width, a.batches, a.batch):
+        for ids, grads in batches(learner, a.rows, a.width, a.batches, a.batch, a.hashed):
             for i, g in zip(ids.tolist(), grads):
                 want[i] = want.get(i, 0) - a.lr * g
     touched = np.array(sorted(want), dtype=np.uint64)
-    untouched = np.setdiff1d(np.linspace(0, a.rows - 1, 1000).astype(np.uint64), touched)
+    untouched = np.setdiff1d(ids_of(np.linspace(0, a.rows - 1, 1000).astype(np.uint64), a.hashed), touched)
     with blkps.Model(a.target) as table:
         got = table.pull_rows(touched, a.width)
         zeros = table.pull_rows(untouched, a.width)
@@ -91,6 +103,7 @@ def main():
     ap.add_argument("--start-at", type=float, default=0.0)
     ap.add_argument("--result")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--hashed", action="store_true", help="ids are 64-bit hashes of the ranks (a hashed table)")
     a = ap.parse_args()
     try:
         check(a) if a.check else learn(a)
