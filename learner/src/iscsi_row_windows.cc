@@ -25,6 +25,14 @@ constexpr uint64_t kMinRowsPerWindow = 128;
 // The READ of a window's state (and nothing else).
 constexpr uint64_t kStateBytes = BLKPS_ROW_WINDOW_HEADER_BYTES;
 
+// bytes as `size` bytes whose [0, zeros_before) and [zeros_from, size) are
+// zero; the bytes between are the caller's to fill. Keeps its memory.
+void Shape(std::vector<uint8_t>& bytes, uint64_t size, uint64_t zeros_before, uint64_t zeros_from) {
+  bytes.resize(size);
+  std::memset(bytes.data(), 0, zeros_before);
+  std::memset(bytes.data() + zeros_from, 0, size - zeros_from);
+}
+
 }  // namespace
 
 struct IscsiDevice::RowWindowRequest {
@@ -115,11 +123,15 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
                                     ? (max_request_bytes_ - BLKPS_ROW_WINDOW_HEADER_BYTES - 1024) / (8 + row_bytes)
                                     : 1;
   const uint64_t capacity = std::max<uint64_t>(1, std::min(blkps_row_window_capacity(width), fits_command));
-  // Rounds of up to `windows` pieces, each piece in its own window.
+  row_window_buffers_.resize(windows);
+  // Rounds of up to `windows` pieces, each piece in its own window, its
+  // bytes in that window's buffer (taken, and given back once the round
+  // went well).
   for (uint64_t done = 0; done < n;) {
     const uint64_t left = n - done;
     const uint64_t per_window = std::min(capacity, std::max(kMinRowsPerWindow, (left + windows - 1) / windows));
     std::vector<RowWindowRequest> requests;
+    requests.reserve(windows);
     for (uint64_t w = 0; w < windows && done < n; ++w) {
       RowWindowRequest r;
       r.window = w;
@@ -127,7 +139,14 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
       r.count = std::min(per_window, n - done);
       r.sequence = ++row_windows_[w].sequence;
       r.tag = ++row_window_tags_;
-      r.bytes.assign(blkps_row_window_request_bytes(op, r.count, width), 0);
+      r.bytes.swap(row_window_buffers_[w]);
+      const uint64_t ids_end = BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * sizeof(uint64_t);
+      const uint64_t rows_end =
+          op == BLKPS_ROW_WINDOW_PUSH ? blkps_row_window_rows_offset(r.count) + r.count * row_bytes : ids_end;
+      Shape(r.bytes, blkps_row_window_request_bytes(op, r.count, width), BLKPS_ROW_WINDOW_HEADER_BYTES, rows_end);
+      if (op == BLKPS_ROW_WINDOW_PUSH) {  // the padding between the ids and the rows
+        std::memset(r.bytes.data() + ids_end, 0, blkps_row_window_rows_offset(r.count) - ids_end);
+      }
       blkps_row_window_request header{};
       header.op = op;
       header.sequence = r.sequence;
@@ -148,9 +167,10 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
     if (op == BLKPS_ROW_WINDOW_PUSH) {
       for (const RowWindowRequest& r : requests) row_windows_[r.window].rows_acknowledged += r.count;
     } else {
-      for (RowWindowRequest& r : requests) {
-        r.bytes.assign(
-            (BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * row_bytes + block_size_ - 1) / block_size_ * block_size_, 0);
+      for (RowWindowRequest& r : requests) {  // the READ fills it; a stale header would not match
+        Shape(r.bytes,
+              (BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * row_bytes + block_size_ - 1) / block_size_ * block_size_,
+              BLKPS_ROW_WINDOW_HEADER_BYTES, BLKPS_ROW_WINDOW_HEADER_BYTES + r.count * row_bytes);
       }
       s = RunWindowCommands(Direction::kRead, requests, queue_depth);
       if (!s.ok()) return s;
@@ -170,6 +190,7 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
         std::memcpy(rows + r.first * width, r.bytes.data() + BLKPS_ROW_WINDOW_HEADER_BYTES, r.count * row_bytes);
       }
     }
+    for (RowWindowRequest& r : requests) r.bytes.swap(row_window_buffers_[r.window]);
   }
   // A reconnect during this batch: what did a restart lose?
   return SyncRowWindows(row_bytes);

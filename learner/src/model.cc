@@ -70,14 +70,17 @@ void AddRow(float* __restrict row, const float* __restrict g, uint64_t n) {
 // push's gradients summed per row, checked finite before anything is sent),
 // a batch in a few commands (device.h TransferRows). A pull that the server
 // forgot by restarting between its write and read (EAGAIN) is pulled again,
-// once.
+// once. `values`: room for the distinct rows, kept by the caller between
+// batches.
 Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Direction direction, const uint64_t* ids,
-                                  uint64_t n, uint64_t width, const float* grads, float* rows) {
+                                  uint64_t n, uint64_t width, const float* grads, float* rows,
+                                  std::vector<float>& values) {
   try {
     const DistinctRows distinct(ids, n);
     const uint64_t m = distinct.rows.size();
-    std::vector<float> values(m * width, 0.0f);
+    values.resize(m * width);  // a pull's are all read; a push's are sums
     if (direction == Direction::kWrite) {
+      std::fill(values.begin(), values.end(), 0.0f);
       for (uint64_t k = 0; k < n; ++k) AddRow(values.data() + distinct.row_of_id[k] * width, grads + k * width, width);
       const size_t bad = wire::FirstNonFinite32(values.data(), values.size());
       if (bad != values.size()) {
@@ -101,10 +104,11 @@ Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Directio
   }
 }
 
-// Model::PullRows (grads null) and PushRows (rows null) on `device`.
+// Model::PullRows (grads null) and PushRows (rows null) on `device`;
+// `values` is the Model's room for a batch's rows.
 Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, uint32_t queue_depth,
                     Direction direction, const uint64_t* ids, uint64_t n, uint64_t width, const float* grads,
-                    float* rows) {
+                    float* rows, std::vector<float>& values) {
   const char* operation = direction == Direction::kRead ? "pull_rows" : "push_rows";
   if (width == 0) return Status::Error(EINVAL, "%s: a row needs a width of at least 1 value", operation);
   if (dtype != wire::Dtype::kFloat32) {
@@ -129,7 +133,7 @@ Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, u
   }
   if (n == 0) return Status();
   if (device.has_row_windows()) {
-    return TransferRowsThroughWindows(device, queue_depth, direction, ids, n, width, grads, rows);
+    return TransferRowsThroughWindows(device, queue_depth, direction, ids, n, width, grads, rows, values);
   }
   try {
     RowBatch batch(direction, ids, n, width, grads, device.logical_block_size(), request_bytes);
@@ -234,6 +238,7 @@ Model& Model::operator=(Model&& other) noexcept {
   queue_depth_ = other.queue_depth_;
   dtype_ = other.dtype_;
   wire_buffer_ = std::move(other.wire_buffer_);
+  row_values_ = std::move(other.row_values_);
   last_error_ = std::move(other.last_error_);
   next_ticket_ = other.next_ticket_;
   return *this;
@@ -439,14 +444,14 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
 
 int Model::PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows) {
   Settle();
-  return Record(
-      TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr, rows));
+  return Record(TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr,
+                             rows, row_values_));
 }
 
 int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads) {
   Settle();
-  return Record(
-      TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads, nullptr));
+  return Record(TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads,
+                             nullptr, row_values_));
 }
 
 uint64_t Model::table_width() const { return device_->table_width(); }

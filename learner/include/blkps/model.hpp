@@ -322,6 +322,7 @@ class BLKPS_EXPORT Model {
   uint32_t queue_depth_;
   wire::Dtype dtype_;
   std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
+  std::vector<float> row_values_;      // pull_rows/push_rows: a batch's distinct rows, kept between batches
   std::string last_error_;
   // Made with the Model (its thread starts with the first submission);
   // destroyed before device_, which it uses.
