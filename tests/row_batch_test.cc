@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,31 @@ TEST(RowBatch, RowsAreKeptOnceSortedAndCoalescedByBlock) {
   EXPECT_EQ(batch.requests()[0].length, 512u);
   EXPECT_EQ(batch.requests()[1].offset, 1000u * 128 / 512 * 512);
   EXPECT_EQ(batch.requests()[1].length, 512u);
+}
+
+TEST(DistinctRows, EachOrderKeepsEveryIdOnceAndNamesItsRow) {
+  // Many repeats, ids that all hash alike (j / G mod 2^64 for the
+  // multiplier G of DistinctRows's hash: their hashes are j, whose top bits
+  // are all zero), and the largest ids.
+  uint64_t inverse = 0x9E3779B97F4A7C15ull;  // Newton: inverse * G = 1 mod 2^64
+  for (int i = 0; i < 6; ++i) inverse *= 2 - 0x9E3779B97F4A7C15ull * inverse;
+  std::mt19937_64 rng(11);
+  std::vector<uint64_t> ids;
+  for (int k = 0; k < 5000; ++k) ids.push_back((rng() % 700) * inverse);
+  ids.push_back(~uint64_t{0});
+  ids.push_back(0);
+  ids.push_back(~uint64_t{0});
+  for (auto order : {DistinctRows::Order::kAscending, DistinctRows::Order::kFirstSeen}) {
+    const DistinctRows distinct(ids.data(), ids.size(), order);
+    std::vector<uint64_t> expected;  // in the order asked
+    for (uint64_t id : ids) {
+      if (std::find(expected.begin(), expected.end(), id) == expected.end()) expected.push_back(id);
+    }
+    if (order == DistinctRows::Order::kAscending) std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(distinct.rows, expected);
+    ASSERT_EQ(distinct.row_of_id.size(), ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) ASSERT_EQ(distinct.rows[distinct.row_of_id[k]], ids[k]) << k;
+  }
 }
 
 TEST(RowBatch, TouchingBlocksShareARequestCutAtRequestBytes) {

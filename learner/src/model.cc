@@ -76,7 +76,7 @@ Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Directio
                                   uint64_t n, uint64_t width, const float* grads, float* rows,
                                   std::vector<float>& values) {
   try {
-    const DistinctRows distinct(ids, n);
+    const DistinctRows distinct(ids, n, DistinctRows::Order::kFirstSeen);
     const uint64_t m = distinct.rows.size();
     values.resize(m * width);  // a pull's are all read; a push's are sums
     if (direction == Direction::kWrite) {
