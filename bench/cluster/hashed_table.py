@@ -20,9 +20,7 @@ import results
 from net import Cluster
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYTHON = "/usr/bin/python3"
 BLKPS = os.path.join(TOP, "scripts", "blkps")
-ROWS_PY = os.path.join(TOP, "bench", "peers", "blkps_rows.py")
 
 SERVE_WAIT_S = 120  # for a part's `serving` line and for the layouts
 
@@ -75,26 +73,12 @@ def run(runner, hosts, servers, capacity, width):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the parts wrote no layouts in {jobdir} within {SERVE_WAIT_S} s")
             time.sleep(0.1)
-        start_at = time.time() + 1.0 + 0.3 * hosts
-        procs = [cluster.popen(h, [PYTHON, ROWS_PY, "--target", f"layout:{layouts[slot]}", *work,
-                                   "--learner", str(slot), "--start-at", str(start_at),
-                                   "--result", runner.out(tag, f"{slot}.json")],
-                               stderr=open(runner.out(tag, f"{slot}.err"), "w"))
-                 for slot, h in enumerate(learners)]
-        runner.wait_all(procs, tag, tag)
-        checked = subprocess.run(cluster.exec_argv(learners[0], [
-            PYTHON, ROWS_PY, "--target", f"layout:{layouts[0]}", *work, "--learners", str(hosts), "--check"]),
-            capture_output=True, text=True)
-        if checked.returncode != 0:
-            raise RuntimeError(f"the rows do not match the reference: {checked.stderr.strip()[-300:]}")
-        made = [json.loads(subprocess.run(cluster.exec_argv(h, [BLKPS, "status", "--dir", folder, "--json"]),
-                                          check=True, capture_output=True, text=True).stdout)["table"]
-                for h, (_, folder) in zip(server_hosts, parts)]
+        checked, learner_results = runner.row_learners(cluster, tag, layouts, work)
+        made = runner.table_status(cluster, [(h, folder) for h, (_, folder) in zip(server_hosts, parts)])
         shaping = cluster.shaping
-    learner_results = [results.load(runner.out(tag, f"{slot}.json")) for slot in learners]
     return {"capacity": capacity, "width": width, "ids": a.table_ids, "servers": servers, "learners": hosts,
             "link": a.link, "shaping": shaping, "batches": a.table_batches, "batch": a.table_batch,
-            "parts": made, **json.loads(checked.stdout), **results.rows(learner_results),
+            "parts": made, **checked, **results.rows(learner_results),
             "learner_results": learner_results, "load": os.getloadavg()[0]}
 
 
@@ -114,10 +98,7 @@ def write(out, r, command):
              f"Command: `{command}`.", "",
              "- Parts: " + ", ".join(f"{t['rows_made']:,} rows made of {t['row_limit']:,} "
                                      f"({t['memory_bytes'] / 2**20:.1f} MiB)" for t in r["parts"]),
-             f"- Rows checked against the learners' summed gradients: {r['rows_checked']:,} touched rows and "
-             f"{r['untouched_checked']:,} untouched, all equal",
-             f"- All learners together: pull {r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} "
-             f"distinct rows/s), push {r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"]
+             *results.rows_lines(r)]
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines

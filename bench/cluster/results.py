@@ -76,6 +76,15 @@ def rows(results):
             "push_rows_per_s": sum(r["distinct"] / r["push_s"] for r in results)}
 
 
+def rows_lines(r):
+    """The table cases' report lines of a record with a row check
+    (blkps_rows.py --check) and rows()'s rates."""
+    return [f"- Rows checked against the learners' summed gradients: {r['rows_checked']:,} touched rows and "
+            f"{r['untouched_checked']:,} untouched, all equal",
+            f"- All learners together: pull {r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} "
+            f"distinct rows/s), push {r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"]
+
+
 def phase_alignment(spans):
     """Of the time the learners spent in their phases while another learner
     was in one too, the share in which both were in the same phase (both

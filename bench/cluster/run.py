@@ -289,9 +289,8 @@ class Runner:
         unit = math.lcm(512, 4 * width)
         options = [("table", f"{rows}:{width}"), ("rule", "sgd"), ("lr", "1"), ("init", "zeros"),
                    ("memory", a.table_memory)]
-        learners, server_hosts = list(range(hosts)), list(range(hosts, hosts + servers))
+        server_hosts = list(range(hosts, hosts + servers))  # learners: hosts 0 .. hosts - 1
         tag = f"table-{hosts}h-{servers}s"
-        rows_py = os.path.join(PEERS, "blkps_rows.py")
         work = ["--rows", str(rows), "--width", str(width), "--batches", str(a.table_batches),
                 "--batch", str(a.table_batch)]
         with Cluster(hosts + servers, a.link, a.delay) as cluster:
@@ -322,29 +321,42 @@ class Runner:
                         check=True, stdout=subprocess.DEVNULL)
                     envs.append(state.target(folder))
                 layouts = shards.write_layouts(self.state, envs, hosts, str(unit), rows * width, "float32")
-                start_at = time.time() + 1.0 + 0.3 * hosts
-                procs = [cluster.popen(h, [PYTHON, rows_py, "--target", f"layout:{layouts[slot]}", *work,
-                                           "--learner", str(slot), "--start-at", str(start_at),
-                                           "--result", self.out(tag, f"{slot}.json")],
-                                       stderr=open(self.out(tag, f"{slot}.err"), "w"))
-                         for slot, h in enumerate(learners)]
-                self.wait_all(procs, tag, tag)
-                checked = subprocess.run(cluster.exec_argv(learners[0], [
-                    PYTHON, rows_py, "--target", f"layout:{layouts[0]}", *work, "--learners", str(hosts),
-                    "--check"]), capture_output=True, text=True)
-                if checked.returncode != 0:
-                    raise RuntimeError(f"the rows do not match the reference: {checked.stderr.strip()[-300:]}")
-                made = [json.loads(subprocess.run(cluster.exec_argv(h, [BLKPS, "status", "--dir", f, "--json"]),
-                                                  check=True, capture_output=True, text=True).stdout)["table"]
-                        for h, f in zip(server_hosts, folders)]
+                checked, learner_results = self.row_learners(cluster, tag, layouts, work)
+                made = self.table_status(cluster, zip(server_hosts, folders))
             finally:
                 self.stop_targets()
-        learner_results = [results.load(self.out(tag, f"{slot}.json")) for slot in range(hosts)]
         return {"rows": rows, "width": width, "table_bytes": rows * width * 4, "memory": a.table_memory,
                 "servers": servers, "learners": hosts, "stripe_unit": unit, "link": a.link,
                 "batches": a.table_batches, "batch": a.table_batch, "one_server_refused": refusal,
-                "shard_tables": made, **json.loads(checked.stdout),
+                "shard_tables": made, **checked,
                 **results.rows(learner_results), "learner_results": learner_results, "load": os.getloadavg()[0]}
+
+    @staticmethod
+    def table_status(cluster, placed):
+        """The status "table" of each (host, --dir) in `placed`."""
+        return [json.loads(subprocess.run(cluster.exec_argv(h, [BLKPS, "status", "--dir", folder, "--json"]),
+                                          check=True, capture_output=True, text=True).stdout)["table"]
+                for h, folder in placed]
+
+    def row_learners(self, cluster, tag, layouts, work):
+        """bench/peers/blkps_rows.py `work` on learner hosts 0.. (slot L on
+        host L, through layouts[L]) at once, then its --check from host 0:
+        (the check's figures, each learner's results). Raises RuntimeError
+        when a learner fails or a row differs from the reference."""
+        rows_py = os.path.join(PEERS, "blkps_rows.py")
+        start_at = time.time() + 1.0 + 0.3 * len(layouts)
+        procs = [cluster.popen(slot, [PYTHON, rows_py, "--target", f"layout:{layout}", *work,
+                                      "--learner", str(slot), "--start-at", str(start_at),
+                                      "--result", self.out(tag, f"{slot}.json")],
+                               stderr=open(self.out(tag, f"{slot}.err"), "w"))
+                 for slot, layout in enumerate(layouts)]
+        self.wait_all(procs, tag, tag)
+        checked = subprocess.run(cluster.exec_argv(0, [
+            PYTHON, rows_py, "--target", f"layout:{layouts[0]}", *work, "--learners", str(len(layouts)),
+            "--check"]), capture_output=True, text=True)
+        if checked.returncode != 0:
+            raise RuntimeError(f"the rows do not match the reference: {checked.stderr.strip()[-300:]}")
+        return json.loads(checked.stdout), [results.load(self.out(tag, f"{slot}.json")) for slot in range(len(layouts))]
 
     # --- training -------------------------------------------------------------
 
@@ -431,17 +443,24 @@ class Runner:
         return self.read_results(tag, hosts)
 
 
+def run_case(args, raw, what, case):
+    """case(runner)'s record, on a Runner made and closed here; a failure
+    ends the bench with one line naming `what`."""
+    runner = Runner(args, raw)
+    try:
+        return case(runner)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+        sys.exit(f"cluster: the {what} case failed: {e}")
+    finally:
+        runner.close()
+
+
 def hashed_table_case(args, out, raw, capacity, width):
     """--table hash:CAPACITY:WIDTH (hashed_table.py); writes DIR/table.json
     and DIR/table.md."""
     hosts = args.hosts[0]
-    runner = Runner(args, raw)
-    try:
-        r = hashed_table.run(runner, hosts, args.servers, capacity, width)
-    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
-        sys.exit(f"cluster: the hashed table case failed: {e}")
-    finally:
-        runner.close()
+    r = run_case(args, raw, "hashed table", lambda runner: hashed_table.run(runner, hosts, args.servers, capacity,
+                                                                            width))
     command = (f"sudo bench/cluster.sh --out DIR --table {args.table} --table-ids {args.table_ids} "
                f"--servers {args.servers} --hosts {hosts} --link {args.link} --table-batches {args.table_batches} "
                f"--table-batch {args.table_batch}")
@@ -461,13 +480,7 @@ def table_case(args, out, raw):
     if hashed:
         return hashed_table_case(args, out, raw, *hashed)
     hosts = args.hosts[0]
-    runner = Runner(args, raw)
-    try:
-        r = runner.run_table(hosts, args.servers, rows, width)
-    except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
-        sys.exit(f"cluster: the table case failed: {e}")
-    finally:
-        runner.close()
+    r = run_case(args, raw, "table", lambda runner: runner.run_table(hosts, args.servers, rows, width))
     command = (f"sudo bench/cluster.sh --out DIR --table {args.table} --table-memory {args.table_memory} "
                f"--servers {args.servers} --hosts {hosts} --link {args.link} --table-batches {args.table_batches} "
                f"--table-batch {args.table_batch}")
@@ -481,10 +494,7 @@ def table_case(args, out, raw):
              f"learner, each pulled then pushed. Load average {r['load']:.1f}. Command: `{command}`.", "",
              f"- One server alone: `{r['one_server_refused']}`",
              "- Shards: " + ", ".join(f"{t['rows']:,} rows ({t['rows_made']:,} made)" for t in r["shard_tables"]),
-             f"- Rows checked against the learners' summed gradients: {r['rows_checked']:,} touched rows and "
-             f"{r['untouched_checked']:,} untouched, all equal",
-             f"- All learners together: pull {r['pull_ids_per_s']:,.0f} ids/s ({r['pull_rows_per_s']:,.0f} "
-             f"distinct rows/s), push {r['push_ids_per_s']:,.0f} ids/s ({r['push_rows_per_s']:,.0f} rows/s)"]
+             *results.rows_lines(r)]
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
