@@ -238,8 +238,9 @@ class IscsiDevice : public Device {
   // at the given windows' offsets, each with its own buffer.
   Status RunWindowCommands(Direction direction, const std::vector<RowWindowRequest>& requests, uint32_t queue_depth);
   std::vector<RowWindowCursor> row_windows_;  // empty until first use
-  // Each window's request buffer, kept between batches: fresh megabytes a
-  // batch cost the learner page faults (a quarter of its time in perf).
+  // Each window's request buffer, kept between batches (up to 4 MiB each):
+  // fresh megabytes a batch cost the learner page faults (a quarter of its
+  // time in perf).
   std::vector<std::vector<uint8_t>> row_window_buffers_;
   uint64_t row_windows_reconnects_ = 0;  // reconnects_ when last synced
   uint64_t row_window_tags_ = 0;         // the last tag given; see TransferRows

@@ -29,6 +29,10 @@ constexpr uint64_t kMinRowsPerWindow = 1024;
 // The READ of a window's state (and nothing else).
 constexpr uint64_t kStateBytes = BLKPS_ROW_WINDOW_HEADER_BYTES;
 
+// A window's buffer is kept between batches up to this size: a rare huge
+// batch does not hold its megabytes for the device's life.
+constexpr uint64_t kKeptWindowBytes = 4 << 20;
+
 // bytes as `size` bytes whose [0, zeros_before) and [zeros_from, size) are
 // zero; the bytes between are the caller's to fill. Keeps its memory.
 void Shape(std::vector<uint8_t>& bytes, uint64_t size, uint64_t zeros_before, uint64_t zeros_from) {
@@ -194,7 +198,9 @@ Status IscsiDevice::TransferRows(Direction direction, const uint64_t* ids, uint6
         std::memcpy(rows + r.first * width, r.bytes.data() + BLKPS_ROW_WINDOW_HEADER_BYTES, r.count * row_bytes);
       }
     }
-    for (RowWindowRequest& r : requests) r.bytes.swap(row_window_buffers_[r.window]);
+    for (RowWindowRequest& r : requests) {
+      if (r.bytes.capacity() <= kKeptWindowBytes) r.bytes.swap(row_window_buffers_[r.window]);
+    }
   }
   // A reconnect during this batch: what did a restart lose?
   return SyncRowWindows(row_bytes);

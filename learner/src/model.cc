@@ -444,14 +444,18 @@ int Model::ReadBytes(uint64_t offset, void* buffer, uint64_t length) {
 
 int Model::PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows) {
   Settle();
-  return Record(TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr,
-                             rows, row_values_));
+  Status status = TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr,
+                               rows, row_values_);
+  if (row_values_.capacity() > kKeptRowValues) std::vector<float>().swap(row_values_);
+  return Record(status);
 }
 
 int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float* grads) {
   Settle();
-  return Record(TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads,
-                             nullptr, row_values_));
+  Status status = TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads,
+                               nullptr, row_values_);
+  if (row_values_.capacity() > kKeptRowValues) std::vector<float>().swap(row_values_);
+  return Record(status);
 }
 
 uint64_t Model::table_width() const { return device_->table_width(); }
