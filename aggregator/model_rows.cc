@@ -22,12 +22,13 @@ namespace {
 
 // The batch's (id, position) pairs by id: a block's rows come together, and
 // a repeated id's positions stay in the batch's order. Per thread: a batch
-// is sorted and visited before the next on that thread.
+// is sorted and visited before the next on that thread. libblkps sends a
+// dense table's ids ascending: then checking costs a pass, not a sort.
 const std::vector<std::pair<uint64_t, uint64_t>>& ById(const uint64_t* ids, uint64_t count) {
   thread_local std::vector<std::pair<uint64_t, uint64_t>> by_id;
   by_id.resize(count);
   for (uint64_t k = 0; k < count; ++k) by_id[k] = {ids[k], k};
-  std::sort(by_id.begin(), by_id.end());
+  if (!std::is_sorted(by_id.begin(), by_id.end())) std::sort(by_id.begin(), by_id.end());
   return by_id;
 }
 
