@@ -22,8 +22,8 @@ namespace {
 
 // The batch's (id, position) pairs by id: a block's rows come together, and
 // a repeated id's positions stay in the batch's order. Per thread: a batch
-// is sorted and visited before the next on that thread. libblkps sends a
-// dense table's ids ascending: then checking costs a pass, not a sort.
+// is sorted and visited before the next on that thread. Ids that come
+// ascending (from a client that sorts them) cost a pass, not a sort.
 const std::vector<std::pair<uint64_t, uint64_t>>& ById(const uint64_t* ids, uint64_t count) {
   thread_local std::vector<std::pair<uint64_t, uint64_t>> by_id;
   by_id.resize(count);

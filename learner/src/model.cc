@@ -76,10 +76,11 @@ Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Directio
                                   uint64_t n, uint64_t width, const float* grads, float* rows,
                                   std::vector<float>& values) {
   try {
-    // A dense table's server visits rows in id order (it sorts what is
-    // not); a hashed table's takes them as they come.
-    const DistinctRows distinct(
-        ids, n, device.table_hashed() ? DistinctRows::Order::kFirstSeen : DistinctRows::Order::kAscending);
+    // In first-seen order: a dense table's server sorts them (it visits
+    // rows by id), a hashed table's takes them as they come. Measured with
+    // the two orders alternated, one learner, 10^6 rows of 128 bytes: the
+    // learner's sort cost it more than it spared the server.
+    const DistinctRows distinct(ids, n, DistinctRows::Order::kFirstSeen);
     const uint64_t m = distinct.rows.size();
     values.resize(m * width);  // a pull's are all read; a push's are sums
     if (direction == Direction::kWrite) {

@@ -33,11 +33,10 @@ namespace blkps {
 // device.h TransferRows) send once per row.
 struct DistinctRows {
   enum class Order {
-    kAscending,  // by sorting: RowBatch covers them with block runs, and a
-                 // dense table's server visits rows in id order
+    kAscending,  // by sorting: RowBatch covers them with block runs
     kFirstSeen,  // by hashing, in about a third of the time (perf: the sort
-                 // was a sixth of a learner's push_rows): a hashed table
-                 // takes rows in any order
+                 // was a sixth of a learner's push_rows): the row windows
+                 // take rows in any order
   };
   // Throws std::bad_alloc when out of memory.
   DistinctRows(const uint64_t* ids, uint64_t n, Order order = Order::kAscending);
