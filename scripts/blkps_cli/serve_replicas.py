@@ -71,7 +71,11 @@ def own_address(text):
         raise UserError("--replication-address", f"expected an address or NETWORK/BITS, got {text!r}") from None
     if "/" not in text:
         return text
-    shown = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True)
+    try:
+        shown = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UserError("--replication-address", f"{text}: `ip` (iproute2) is not installed to find this "
+                        "host's address there", "give the address itself") from None
     mine = [info["local"] for link in json.loads(shown.stdout or "[]") for info in link.get("addr_info", [])]
     for address in mine:
         if ipaddress.ip_address(address) in network:
