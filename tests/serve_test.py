@@ -12,8 +12,10 @@ two-level-parts-restart-from-final-generation,
 restart-with-other-tgtd-count-refused, parts-with-other-tgtd-counts-refused,
 chap-file-in-job-folder, hashed-table-over-parts.
 """
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,12 +42,20 @@ def fail(message):
     sys.exit(f"serve_test {case}: FAIL: {message}")
 
 
+def temp_dir(prefix):
+    """A folder of this test's, removed when it ends, passed or failed (its
+    servers are stopped by then)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 class Serve:
     """`blkps target serve ARGS` in a folder of its own, as this process's
     child; stopped (SIGTERM, then the folder's stop) at the end."""
 
     def __init__(self, bsopts, *extra, folder=None, refused=False):
-        self.dir = folder or tempfile.mkdtemp(prefix="blkps-serve-test-")
+        self.dir = folder or temp_dir("blkps-serve-test-")
         self.proc = subprocess.Popen([BLKPS, "target", "serve", "--dir", self.dir, "--plugin", PLUGIN,
                                       "--address", "127.0.0.1", "--bsopts", bsopts, *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -80,7 +90,7 @@ class Serve:
 def sigterm_keeps_pushes():
     """SIGTERM writes a final checkpoint generation holding every push, stops
     tgtd and exits 0; a start over the checkpoint serves the pushed weights."""
-    folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    folder = temp_dir("blkps-serve-test-")
     bsopts = f"params={UNIT};lr=1;checkpoint={folder}/model.ckpt"
     grad = np.arange(UNIT, dtype=np.float32)
     with Serve(bsopts) as s:
@@ -96,7 +106,7 @@ def sigterm_keeps_pushes():
             fail(f"tgtd {tgtd} still runs after serve exited")
         if out.strip():
             fail(f"stdout after the serving line: {out!r}")
-    restarted = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    restarted = temp_dir("blkps-serve-test-")
     try:
         started = subprocess.run([BLKPS, "target", "start", "--dir", restarted, "--plugin", PLUGIN, "--tgtd", "1",
                                   "--owner-pid", str(os.getpid()), "--bsopts", bsopts], capture_output=True, text=True)
@@ -114,7 +124,7 @@ def sigterm_keeps_pushes():
 def two_parts_assemble_layout():
     """Two `serve --part K/2 --publish D` assemble D/slot-1.layout; a learner
     through it reaches the whole model, both parts."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     params = 3 * UNIT  # part 0: units 0 and 2; part 1: unit 1
     grad = np.arange(params, dtype=np.float32)
     with Serve(f"params={params};lr=1", "--part", "0/2", "--publish", jobdir) as s0, \
@@ -150,7 +160,7 @@ def hashed_table_over_parts():
     hashed over the 4 shards of the flat order, and rows pushed through it
     (push_rows) land on the shard of their id's hash, which made exactly
     those rows, and read back (pull_rows) as the rule made them."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     rng = np.random.default_rng(38)
     ids = rng.integers(0, 2**64, 200, dtype=np.uint64)
     grads = rng.standard_normal((ids.size, 8)).astype(np.float32)
@@ -197,7 +207,7 @@ def two_level_parts_serve_a_flat_stripe():
     part K's tgtd t holds exactly the stripe units of shard K + 2t, and the
     layout lists the shards in that order, each labelled with its part and
     tgtd."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     params = 6 * UNIT  # shards 0 and 1 hold two units, shards 2 and 3 one
     grad = np.random.default_rng(39).standard_normal(params).astype(np.float32)
     bsopts = f"params={params};lr=1"
@@ -249,7 +259,7 @@ def serve_two_level_job(jobdir, bsopts, grad):
 def two_level_parts_restart_from_final_generation():
     """Parts of 2 tgtds each, SIGTERMed, commit one final generation of 4
     shards; the same parts started again serve exactly the pushed weights."""
-    jobdir, folder = tempfile.mkdtemp(prefix="blkps-serve-job-"), tempfile.mkdtemp(prefix="blkps-serve-ckpt-")
+    jobdir, folder = temp_dir("blkps-serve-job-"), temp_dir("blkps-serve-ckpt-")
     params = 6 * UNIT
     grad = np.random.default_rng(39).standard_normal(params).astype(np.float32)
     bsopts = f"params={params};lr=1;checkpoint={folder}/model.ckpt;job=two-level"
@@ -267,10 +277,10 @@ def restart_with_other_tgtd_count_refused():
     """A part restarted over a checkpoint set of 2 parts x 2 tgtds with
     --tgtd 1 is refused in one line naming both counts, before any tgtd
     starts."""
-    jobdir, folder = tempfile.mkdtemp(prefix="blkps-serve-job-"), tempfile.mkdtemp(prefix="blkps-serve-ckpt-")
+    jobdir, folder = temp_dir("blkps-serve-job-"), temp_dir("blkps-serve-ckpt-")
     bsopts = f"params={4 * UNIT};lr=1;checkpoint={folder}/model.ckpt;job=two-level"
     serve_two_level_job(jobdir, bsopts, np.ones(4 * UNIT, dtype=np.float32))
-    again = tempfile.mkdtemp(prefix="blkps-serve-test-")
+    again = temp_dir("blkps-serve-test-")
     out = subprocess.run([BLKPS, "target", "serve", "--dir", again, "--plugin", PLUGIN, "--address", "127.0.0.1",
                           "--part", "0/2", "--tgtd", "1", "--publish", jobdir, "--bsopts", bsopts],
                          capture_output=True, text=True)
@@ -286,7 +296,7 @@ def parts_with_other_tgtd_counts_refused():
     """The part that completes a set whose parts serve through different
     numbers of tgtds exits 1 with one line naming each part's count; no
     layout is written."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     bsopts = f"params={4 * UNIT};lr=1"
     with Serve(bsopts, "--part", "0/2", "--tgtd", "2", "--publish", jobdir):
         with Serve(bsopts, "--part", "1/2", "--tgtd", "1", "--publish", jobdir, refused=True) as other:
@@ -310,7 +320,7 @@ def parts_with_other_tgtd_counts_refused():
 def layout_wait_names_missing_part():
     """`layout wait` gives up after --timeout with one line naming the part
     that never published."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     with Serve(f"params={2 * UNIT};lr=1", "--part", "0/2", "--publish", jobdir):
         waited = subprocess.run([BLKPS, "layout", "wait", jobdir, "--timeout", "1"], capture_output=True, text=True)
     lines = waited.stderr.splitlines()
@@ -334,7 +344,7 @@ def chap_file_in_job_folder():
     refused in one line before any tgtd starts; at mode 0600 the part
     serves, a learner through the published layout without the credentials
     is refused, and with them (BLKPS_CHAP_FILE) pushes and pulls."""
-    jobdir = tempfile.mkdtemp(prefix="blkps-serve-job-")
+    jobdir = temp_dir("blkps-serve-job-")
     chap_file = os.path.join(jobdir, "learner.chap")
     with open(chap_file, "w") as f:
         f.write("user=learner\nsecret=job-secret-01\n")
@@ -376,7 +386,7 @@ def bad_part_refused():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     for part, says in (("2/2", "blkps: --part: expected K/S with 0 <= K < S"),
                        ("slurm", "blkps: --part: slurm: SLURM_PROCID and SLURM_NTASKS are not set")):
-        folder = tempfile.mkdtemp(prefix="blkps-serve-test-")
+        folder = temp_dir("blkps-serve-test-")
         out = subprocess.run([BLKPS, "target", "serve", "--dir", folder, "--address", "127.0.0.1", "--part", part,
                               "--bsopts", f"params={UNIT}"], capture_output=True, text=True, env=env)
         lines = out.stderr.splitlines()
