@@ -502,11 +502,12 @@ def clicks():
     process with a local table (doc/embeddings.md "Click model")."""
     with open(os.path.join(RESULTS, "clicks", "clicks.json"), encoding="utf-8") as f:
         c = json.load(f)
+    from clicks import from_new_table
     rows = [["run", "seconds per epoch (the first making the table)", "held-out AUC", "log-loss"]]
     for key, name in (("local", "one process, local table"), ("blkps", f"{c['learners']} learners, blkps")):
         r = c[key]
-        seconds = sum(r["epoch_seconds"]) + r.get("table_seconds", 0.0)  # clicks.py from_new_table
-        rows.append([name, f"{seconds / len(r['epoch_seconds']):.2f}", f"{r['auc']:.4f}", f"{r['logloss']:.4f}"])
+        seconds = from_new_table(r)
+        rows.append([name, f"{sum(seconds) / len(seconds):.2f}", f"{r['auc']:.4f}", f"{r['logloss']:.4f}"])
     rows.append(["blkps vs local", "", f"{100 * c['auc_relative']:+.2f}%", f"{100 * c['logloss_relative']:+.2f}%"])
     return _right(rows)
 

@@ -87,6 +87,8 @@ def hosts_linked_shaped_and_removed():
                     fail(f"host {h}'s eth0 has an IPv6 address: {shown!r}")
             if cluster.subnet() != f"{cluster.address(0).rsplit('.', 1)[0]}.0/24":
                 fail(f"subnet() {cluster.subnet()} is not the hosts' /24")
+            if cluster.back_subnet() != f"{cluster.back_address(0).rsplit('.', 1)[0]}.0/24":
+                fail(f"back_subnet() {cluster.back_subnet()} is not the hosts' back /24")
             sent0, _ = cluster.wire_bytes(0)
             _, received1 = cluster.wire_bytes(1)
             send_payload(cluster, cluster.address(1))

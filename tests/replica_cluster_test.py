@@ -23,7 +23,7 @@ and async-link-cut-back-network: link-cut with the primary's records to its
 backup on a network of their own (eth1, the backup's --replication-address;
 doc/replicas.md "A network for the records"): only host 0's eth0 is cut, so
 the old primary still reaches its backup, which must refuse its records
-once promoted; the records crossed eth1, not eth0. And two async cases of
+once promoted; the records crossed eth1. And two async cases of
 their own:
   async-backup-restarted  the backup's tgtd killed, its task started again
                   and caught up while the learners push, then the primary
@@ -112,7 +112,7 @@ class Job:
         returns once it serves (its stderr goes to serve-ROLE.err)."""
         role = ROLES[host]
         # the network's form: each host takes its own address on it
-        back = ["--replication-address", f"{self.cluster.back_address(0)}/24"] if self.back_network else []
+        back = ["--replication-address", self.cluster.back_subnet()] if self.back_network else []
         if host in self.serves:  # a task started again: the one before has ended
             self.serves[host].wait(timeout=WAIT_S)
         with open(os.path.join(self.folder, f"serve-{role}.err"), "a") as err:

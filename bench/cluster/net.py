@@ -90,6 +90,11 @@ class Cluster:
         assert len(self.networks) > 1, "a Cluster made without back_network"
         return f"{BACK_SUBNET}.{FIRST_HOST + host}"
 
+    def back_subnet(self):
+        """The back network, ADDRESS/BITS: what every host's eth1 is on."""
+        assert len(self.networks) > 1, "a Cluster made without back_network"
+        return f"{BACK_SUBNET}.0/{PREFIX_BITS}"
+
     def subnet(self):
         """The hosts' network, ADDRESS/BITS: what every host's eth0 is on."""
         return f"{SUBNET}.0/{PREFIX_BITS}"

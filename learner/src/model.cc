@@ -108,6 +108,13 @@ Status TransferRowsThroughWindows(Device& device, uint32_t queue_depth, Directio
   }
 }
 
+// After a batch: the Model keeps its rows' buffer for the next, unless a
+// rare huge batch made it larger than 64 MiB.
+void KeepRowValues(std::vector<float>& values) {
+  constexpr size_t kKeptRowValues = size_t{16} << 20;
+  if (values.capacity() > kKeptRowValues) std::vector<float>().swap(values);
+}
+
 // Model::PullRows (grads null) and PushRows (rows null) on `device`;
 // `values` is the Model's room for a batch's rows.
 Status TransferRows(Device& device, wire::Dtype dtype, uint64_t request_bytes, uint32_t queue_depth,
@@ -450,7 +457,7 @@ int Model::PullRows(const uint64_t* ids, uint64_t n, uint64_t width, float* rows
   Settle();
   Status status = TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kRead, ids, n, width, nullptr,
                                rows, row_values_);
-  if (row_values_.capacity() > kKeptRowValues) std::vector<float>().swap(row_values_);
+  KeepRowValues(row_values_);
   return Record(status);
 }
 
@@ -458,7 +465,7 @@ int Model::PushRows(const uint64_t* ids, uint64_t n, uint64_t width, const float
   Settle();
   Status status = TransferRows(*device_, dtype_, request_bytes_, queue_depth_, Direction::kWrite, ids, n, width, grads,
                                nullptr, row_values_);
-  if (row_values_.capacity() > kKeptRowValues) std::vector<float>().swap(row_values_);
+  KeepRowValues(row_values_);
   return Record(status);
 }
 

@@ -323,9 +323,8 @@ class BLKPS_EXPORT Model {
   wire::Dtype dtype_;
   std::vector<uint16_t> wire_buffer_;  // 16-bit devices: the values on the wire
   // pull_rows/push_rows: a batch's distinct rows, kept between batches up
-  // to kKeptRowValues floats (64 MiB).
+  // to 64 MiB (model.cc KeepRowValues).
   std::vector<float> row_values_;
-  static constexpr size_t kKeptRowValues = size_t{16} << 20;
   std::string last_error_;
   // Made with the Model (its thread starts with the first submission);
   // destroyed before device_, which it uses.
