@@ -123,6 +123,8 @@ Status Model::Create(const ModelOptions& opts, std::unique_ptr<Model>* out) {
   if (table.is_table()) {
     s = PageBuffer::Allocate((table.rows + 63) / 64, sizeof(uint64_t), "the table's bitmap of rows made", &made);
     if (!s.ok()) return s;
+    AdviseSmallPages(weights.as<void>(), weights.bytes());
+    for (const StateArray& a : rule->state()) AdviseSmallPages(a.data, a.bytes);
   }
   // A table makes its rows when first written; from a file, all at once.
   if (opts.initialize && (!table.is_table() || opts.init.kind == InitSpec::Kind::kFile)) {
@@ -153,6 +155,7 @@ Model::Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<Updat
       weights_buffer_(std::move(weights)),
       weights_(weights_buffer_.as<float>()),
       rule_(std::move(rule)),
+      rule_state_(rule_->state()),
       accumulator_(std::move(accumulator)),
       table_(opts.table),
       init_(opts.init),
@@ -317,6 +320,14 @@ bool Model::RowMadeLocked(uint64_t r) const {
 void Model::MakeRowLocked(uint64_t r) {
   if (RowMadeLocked(r)) return;
   InitializeRow(init_, r, weights_ + r * table_.width, table_.width);
+  // Written before the rule reads it: a page's first touch a write commits
+  // it at once, where a read first maps the shared zero page and the write
+  // after it copies that page and flushes the TLB of every CPU running
+  // tgtd's threads (an interprocessor interrupt each, costly in a VM).
+  for (const StateArray& a : rule_state_) {
+    const uint64_t row_bytes = a.bytes / num_params_ * table_.width;
+    std::memset(static_cast<char*>(a.data) + r * row_bytes, 0, row_bytes);
+  }
   __atomic_fetch_or(made_.as<uint64_t>() + r / 64, uint64_t{1} << (r % 64), __ATOMIC_RELAXED);
 }
 
@@ -364,7 +375,7 @@ void Model::ApplyTableLocked(uint64_t first, const float* g, uint64_t n) {
 
 std::vector<Model::Array> Model::Arrays() {
   std::vector<Array> arrays{{"weights", weights_, num_params_ * sizeof(float), sizeof(float)}};
-  for (const StateArray& state : rule_->state()) {
+  for (const StateArray& state : rule_state_) {
     arrays.push_back({state.name, state.data, state.bytes, state.bytes / num_params_});
   }
   if (has_accumulator())

@@ -252,7 +252,8 @@ class Model {
   Model(const ModelOptions& opts, PageBuffer weights, std::unique_ptr<UpdateRule> rule, PageBuffer accumulator,
         PageBuffer made);
 
-  // Tables: whether row r is made; makes it (writes its initial values).
+  // Tables: whether row r is made; makes it (writes its initial values, and
+  // zeros over its rule state, which is zero until then).
   // REQUIRES: the write lock of r's block for MakeRowLocked, a lock of it
   // for RowMadeLocked.
   bool RowMadeLocked(uint64_t r) const;
@@ -317,7 +318,8 @@ class Model {
   PageBuffer weights_buffer_;
   float* const weights_;  // weights_buffer_'s num_params_ floats
   std::unique_ptr<UpdateRule> rule_;
-  PageBuffer accumulator_;  // bsp only
+  const std::vector<StateArray> rule_state_;  // rule_->state(), asked once
+  PageBuffer accumulator_;                    // bsp only
   const TableShape table_;
   const InitSpec init_;  // a table makes rows with it
   PageBuffer made_;      // a table's bitmap of rows made

@@ -105,8 +105,7 @@ Status Model::ApplyRows(const uint64_t* ids, uint64_t count, const float* rows, 
   const uint64_t rows_per_block = block_bytes_ / table_.row_bytes();
   const auto& by_id = ById(ids, count);
   std::vector<ParamArray> written{{reinterpret_cast<const char*>(weights_), sizeof(float)}};
-  for (const StateArray& a : rule_->state())
-    written.push_back({static_cast<const char*>(a.data), a.bytes / num_params_});
+  for (const StateArray& a : rule_state_) written.push_back({static_cast<const char*>(a.data), a.bytes / num_params_});
   for (size_t i = 0; i < by_id.size();) {
     const uint64_t block = by_id[i].first / rows_per_block;
     size_t end = i;

@@ -6,10 +6,14 @@
 // model fits, and the kernel hands out zeroed pages. Move-only.
 //
 // A buffer of 2 MiB or more asks for transparent huge pages (MADV_HUGEPAGE;
-// Debian's kernels give them only to who asks): a table's rows are reached
-// at random, and with 4 KiB pages each row cost a TLB miss besides its cache
-// misses (model_rows.cc). Where the kernel has them, such a buffer's memory
-// is committed in 2 MiB pieces as it is first written.
+// Debian's kernels give them only to who asks): fewer TLB misses, and where
+// the kernel has them its memory is committed in 2 MiB pieces as it is
+// first written. A dense table's arrays take 4 KiB pages back
+// (AdviseSmallPages): its rows are made one by one where pushes first land,
+// and a 2 MiB page committed for one row would cost the memory of thousands
+// (a table costs the rows it holds); on a VM whose host takes back the
+// guest's free memory, a huge page's first touch also cost five times the
+// 4 KiB pages it replaces (doc/embeddings.md "Click model").
 #pragma once
 
 #include <sys/mman.h>
@@ -75,5 +79,12 @@ class PageBuffer {
   size_t bytes_ = 0;
   size_t mapped_ = 0;
 };
+
+// Asks that [data, data + bytes) be committed in 4 KiB pages (advice, as
+// MADV_HUGEPAGE is). data is page-aligned, as a PageBuffer's is.
+inline void AdviseSmallPages(void* data, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (data != nullptr) madvise(data, (bytes + page - 1) / page * page, MADV_NOHUGEPAGE);
+}
 
 }  // namespace blkps::server
