@@ -36,8 +36,9 @@ const std::vector<std::pair<uint64_t, uint64_t>>& ById(const uint64_t* ids, uint
 // caches' size), so each row's first touch waits for memory: asking for
 // the row kRowsAhead places on (its weights, and its rule state when it is
 // applied) while this one is copied or applied lets those waits overlap
-// the work (with huge pages, page_buffer.h, the two together more than
-// halved a random row's apply in a loop on this project's machines). The
+// the work (with huge pages, the two together more than halved a random
+// row's apply in a loop on this project's machines; a dense table has 4 KiB
+// pages since, page_buffer.h, at a few percent of the bench's row rates). The
 // first kPrefetchBytes of a row: the hardware's own prefetcher follows a
 // row read in order.
 constexpr size_t kRowsAhead = 4;
