@@ -515,6 +515,24 @@ def clicks():
     return _right(rows)
 
 
+def cluster_torch():
+    """bench/cluster.sh's blkps.torch cases beside the whole-model exchange in
+    one run (doc/gpu.md "blkps.torch's buckets on the netns cluster"): time
+    a step, each direction's share of the link, CPU."""
+    import report  # bench/cluster/report.py
+    with open(os.path.join(RESULTS, "cluster-torch-buckets", "cluster.json"), encoding="utf-8") as f:
+        records = report.measured(json.load(f))
+    labels = {"blkps-async-exchange": "`Model.exchange`, the whole model",
+              "blkps-async-torch": "blkps.torch, `pipeline=False`",
+              "blkps-async-torch-pipelined": "blkps.torch, `pipeline=True`"}
+    rows = [["learner", "ms a step", "share of the link", "CPU ms a step: learner · a host's tgtd"]]
+    for r in records:
+        share = report.phase_link_share(r)
+        rows.append([labels[r["system"]], f"{r['ms_per_exchange']:,.0f}", f"{100 * share[0]:.0f}%",
+                     f"{r['cpu_ms_per_exchange']:,.0f} · {r['tgtd_cpu_ms_per_exchange']:,.0f}"])
+    return _right(rows)
+
+
 def cluster_table():
     """bench/cluster.sh --table: a table larger than one server's memory=,
     over shards on the netns cluster's server hosts, pulled and pushed by
@@ -668,6 +686,7 @@ TABLES = {
     "embeddings-1tb": (embeddings_1tb, "bench/results/embeddings"),
     "clicks": (clicks, "bench/results/clicks"),
     "cluster-table": (cluster_table, "bench/results/cluster-table"),
+    "cluster-torch": (cluster_torch, "bench/results/cluster-torch-buckets"),
     "cluster-hashed-table": (cluster_hashed_table, "bench/results/cluster-hashed-table"),
     "overlap": (overlap, "bench/results/overlap-2core"),
     "gpu": (gpu, "bench/results/h100-80gb-hbm3"),

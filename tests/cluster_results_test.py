@@ -6,8 +6,9 @@ writer and its reader cannot drift apart unseen (the DDP ranks once wrote
 no push_times and `bench/cluster.sh --quick` died reading them).
 
   cluster_results_test.py TOP BUILD CASE     (label unit)
-    exchanges-of-blkps-ranks   bench/peers/blkps_exchange.py, plain and
-        pipelined: every timed exchange, CPU, push and pull medians
+    exchanges-of-blkps-ranks   bench/peers/blkps_exchange.py, plain,
+        pipelined and blkps.torch's steps (with and without its pipeline):
+        every timed exchange, CPU, push and pull medians where timed apart
     exchanges-of-gloo-ranks    bench/peers/gloo_allreduce.py, all_reduce and
         DDP (with and without fp16): times and CPU, no phases
     mpi-rank-line              rank 0's line as bench/peers/mpi_allreduce.c
@@ -60,15 +61,15 @@ def free_port():
 
 def exchanges_of_blkps_ranks(tmp):
     device = model_file(tmp, PARAMS)
-    for extra in ([], ["--pipelined"]):
-        path = os.path.join(tmp, f"blkps{len(extra)}.json")
+    for k, extra in enumerate(([], ["--pipelined"], ["--torch"], ["--torch", "--pipelined"])):
+        path = os.path.join(tmp, f"blkps{k}.json")
         run([PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", device, "--params", str(PARAMS),
              "--iterations", str(ITERATIONS), "--warmup", str(WARMUP), "--result", path, *extra],
             f"blkps_exchange.py {' '.join(extra)}")
         times, figures = results.exchanges([results.load(path)], ITERATIONS)
         if len(times) != ITERATIONS or "cpu_ms_per_exchange" not in figures:
             fail(f"{extra}: {len(times)} times, figures {figures}")
-        timed_apart = not extra  # pipelined: push and pull are one call
+        timed_apart = not extra  # pipelined: push and pull are one call; torch: a step
         if timed_apart != ("ms_per_push" in figures and "ms_per_pull" in figures):
             fail(f"{extra}: push and pull medians {'missing' if timed_apart else 'present'}: {figures}")
 

@@ -55,7 +55,8 @@ def write(out, records, trainings, run):
               "whole model per learner (blkps-async-engine: the push and the pull of the next weights at once, "
               "blkps.Engine's double buffering; it pulls ahead of its steps, so its wire bytes per exchange may be "
               "off by one pull in the warm-up and timed exchanges; drop: the engine pushes only the largest runs of the gradient, "
-              "keeping the rest as its residual); mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
+              "keeping the rest as its residual; -torch: one step of blkps.torch's DistributedOptimizer, which pushes and "
+              "pulls its own buckets, -torch-pipelined with its one-step pipeline); mpi = one MPI_Allreduce (ring); ddp = one DDP backward (gloo all-reduce). "
               "Median over hosts and timed exchanges. Wire bytes: the kernel's counters of each host's link, "
               "per exchange, mean over learner hosts (sent). CPU: user + system seconds of one learner process "
               "(rank) per timed exchange, and of one host's tgtd per learner exchange (warm-up included); where "
@@ -116,7 +117,7 @@ def _shape_table(records, rows, ideal):
         # The engine pulls ahead of its steps: its bytes per exchange are off by up to a pull.
         wire = f"~{sent / 1e6:.0f} | " if r["system"].endswith("-engine") else f"{sent / 1e6:.1f} | {sent / ideal:.2f}"
         lines.append(f"| {_system(r)} | {r['placement']} | {r['dtype']} | {ms:.0f} | "
-                     f"{ms / mpi if mpi else float('nan'):.2f} | {ms / ddp if ddp else float('nan'):.2f} | {wire} | "
+                     f"{f'{ms / mpi:.2f}' if mpi else ''} | {f'{ms / ddp:.2f}' if ddp else ''} | {wire} | "
                      f"{_ms(r.get('cpu_ms_per_exchange'))}{'' if cpu is None else f' · {cpu:.0f}'} |")
     return lines
 
@@ -196,6 +197,11 @@ def _goals(records, trainings):
         lines += ["", f"The pipelined exchange (async): {exchange['ms_per_exchange']:.0f} ms per exchange"
                   f"{_phases(exchange)}; a host's link sent {exchange['wire_bytes_per_host'] / 1e6:.1f} MB and "
                   f"received {exchange['wire_rx_bytes_per_host'] / 1e6:.1f} MB per exchange."]
+    for torch in (r for r in rows if "-torch" in r["system"]):
+        lines += ["", f"blkps.torch's own buckets ({_system(torch)}: a DistributedOptimizer step whose backward "
+                  f"costs next to nothing): {torch['ms_per_exchange']:.0f} ms per step{_phases(torch)}; per step "
+                  f"a learner used {_ms(torch.get('cpu_ms_per_exchange'))} ms of CPU and each host's tgtd "
+                  f"{torch.get('tgtd_cpu_ms_per_exchange', 0):.0f} ms."]
     if dropping:
         lines += ["", f"Gradient dropping (ratio {dropping['drop_ratio']:g}, async; the engine pushes the largest "
                   f"runs and pulls the whole model): {dropping['ms_per_exchange']:.0f} ms per exchange"
@@ -215,8 +221,8 @@ def _drop_ratio(rows):
 def _phases(r):
     """The push's and the pull's median ms of an exchange, as a clause, where the run has them."""
     share = phase_link_share(r)
-    if r["system"].endswith("-exchange") and share:
-        return (f"; push and pull pipelined, each direction of a host's link carried its payload at "
+    if unphased(r["system"]) and share:
+        return (f"; push and pull not timed apart, each direction of a host's link carried its payload at "
                 f"{100 * share[0]:.0f}% of the link over the exchange")
     if "ms_per_push" not in r:
         return ""
@@ -229,6 +235,12 @@ def _phases(r):
     return text
 
 
+def unphased(system):
+    """Whether a blkps system's learner times its exchanges whole, not its
+    push and pull apart: a pipelined exchange or a blkps.torch step."""
+    return system.endswith("-exchange") or "-torch" in system
+
+
 def phase_link_share(r):
     """(push, pull): the share of a host's link rate at which a learner's
     median push and pull moved its payload over the link ((H-1)/H of the
@@ -236,16 +248,17 @@ def phase_link_share(r):
     phase moves less than the whole model (dropping) or overlaps the other
     (the engine). Payload only: with 1500-byte frames TCP's and Ethernet's
     headers take 4.4% of the link, so 0.956 is the ceiling.
-    A pipelined exchange (-exchange) has no phases: its push and pull run at
-    once, so each direction of a co-located host's link carries both
-    payloads (its push out and others' pushes in; its shard's weights out
-    and its pull in) within the median exchange: the same share both ways."""
+    A pipelined exchange (-exchange) and a blkps.torch step (-torch) have
+    no phases timed apart (unphased): each direction of a co-located host's
+    link carries both payloads (its push out and others' pushes in; its
+    shard's weights out and its pull in) within the median exchange,
+    whatever their order: the same share both ways."""
     if r.get("drop_ratio") or r["system"].endswith("-engine"):
         return None
     model = r["params"] * (4 if r["dtype"] == "float32" else 2)
     payload = model if r.get("servers") else model * (r["hosts"] - 1) / r["hosts"]
     seconds = payload * 8 / _bits(r["link"])
-    if r["system"].endswith("-exchange"):
+    if unphased(r["system"]):
         both = (1 if r.get("servers") else 2) * seconds * 1e3 / r["ms_per_exchange"]
         return both, both
     if "ms_per_push" not in r:

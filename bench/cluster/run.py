@@ -86,7 +86,9 @@ TRAIN_LR = 50  # bench/training.sh's step for the synthetic model
 # "-exchange": one Model.exchange per exchange (each request's pull follows
 # its push on the same connection: doc/data-path.md "Phases at link rate").
 # "-bf16": the shards' LUNs are bfloat16 (dtype=bfloat16); "-drop": the
-# engine with gradient dropping (--drop-ratio).
+# engine with gradient dropping (--drop-ratio). Exchange cases only:
+# "-torch": a step of blkps.torch's DistributedOptimizer, its own buckets
+# ("-torch-pipelined": with its one-step pipeline).
 TRAIN_SYSTEMS = ["blkps-async", "blkps-async-engine", "blkps-async-bf16", "blkps-async-drop", "blkps-ssp:2",
                  "allreduce-gloo"]
 
@@ -118,6 +120,8 @@ def cases(quick, servers, drop_ratio):
         out += [Case("blkps-bsp", "co-located", "float32"),
                 Case("blkps-async-exchange", "co-located", "float32"),
                 Case("blkps-bsp-exchange", "co-located", "float32"),
+                Case("blkps-async-torch", "co-located", "float32"),
+                Case("blkps-async-torch-pipelined", "co-located", "float32"),
                 Case("blkps-async", f"dedicated-{servers}", "float32")]
     return out
 
@@ -265,7 +269,8 @@ class Runner:
                 PYTHON, os.path.join(PEERS, "blkps_exchange.py"), "--target", f"layout:{layouts[slot]}",
                 *self.common(params), "--dtype", case.dtype, "--drop-ratio", str(case.drop_ratio),
                 *(["--overlap"] if case.system.endswith("-engine") else []),
-                *(["--pipelined"] if case.system.endswith("-exchange") else []),
+                *(["--torch"] if "-torch" in case.system else []),
+                *(["--pipelined"] if case.system.endswith(("-exchange", "-pipelined")) else []),
                 "--ready", ready[slot], "--go", go,
                 "--result", self.out(tag, f"{slot}.json")],
                 stderr=open(self.out(tag, f"{slot}.err"), "w")))

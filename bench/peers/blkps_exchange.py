@@ -25,8 +25,14 @@ push behind, as when the engine trains. With --pipelined an exchange is one
 blkps.Model.exchange (doc/libblkps.md "Exchange"): each request's pull
 follows its push on the same connection while later pushes are in flight,
 so push and pull are not timed apart (the result's push and pull lists stay
-empty).
+empty). With --torch an exchange is one step of blkps.torch's
+DistributedOptimizer (gradient mode) on a model of P parameters in
+TORCH_TENSORS tensors whose backward costs next to nothing: its own buckets,
+pushed by its communication thread as backward fills them, and the weights
+pulled; with --pipelined too, its one-step pipeline (pipeline=True), else
+pipeline=False. Its phases are not timed apart either.
 """
+import contextlib
 import argparse
 import json
 import os
@@ -60,12 +66,17 @@ def main():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--overlap", action="store_true", help="push and pull at once (blkps.Engine, double buffering)")
     mode.add_argument("--pipelined", action="store_true", help="one Model.exchange: each request's pull follows "
-                      "its push")
+                      "its push (with --torch: blkps.torch's pipeline)")
+    ap.add_argument("--torch", action="store_true", help="a step of blkps.torch's DistributedOptimizer")
     args = ap.parse_args()
     if args.pipelined and args.drop_ratio > 0:
         sys.exit("blkps_exchange: --pipelined exchanges the whole gradient; it does not drop (--drop-ratio)")
+    if args.torch and (args.overlap or args.drop_ratio > 0 or args.dtype not in (None, "float32")):
+        sys.exit("blkps_exchange: --torch takes a float32 model and neither --overlap nor --drop-ratio")
     try:
-        if args.drop_ratio > 0 or args.overlap:
+        if args.torch:
+            exchange = TorchExchange(args)
+        elif args.drop_ratio > 0 or args.overlap:
             exchange = EngineExchange(args)
         else:
             exchange = PipelinedExchange(args) if args.pipelined else ModelExchange(args)
@@ -159,6 +170,41 @@ class EngineExchange:
 
     def params_pushed(self):
         return self.handle.params_pushed
+
+
+TORCH_TENSORS = 16
+
+
+class TorchExchange:
+    """blkps.torch: step() is zero_grad, a backward whose every gradient is
+    1e-6, and the optimizer's step(); the communication thread pushes the
+    buckets and pulls the weights. The handle closes the optimizer (its last
+    transfers drained) and the session."""
+
+    def __init__(self, args):
+        import torch
+        import blkps.torch as bps
+        torch.set_num_threads(1)
+        bps.init(target=args.target)
+        sizes = [args.params // TORCH_TENSORS + (k < args.params % TORCH_TENSORS) for k in range(TORCH_TENSORS)]
+        self.tensors = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+        self.opt = bps.DistributedOptimizer(None, named_parameters=[(f"t{k}", t) for k, t in enumerate(self.tensors)],
+                                            pipeline=args.pipelined)
+        self.steps = 0
+        self.handle = contextlib.ExitStack()
+        self.handle.callback(bps.shutdown)
+        self.handle.callback(self.opt.close)
+
+    def step(self):
+        """One step; returns (None, None): no separate phases."""
+        self.opt.zero_grad()
+        (1e-6 * sum(t.sum() for t in self.tensors)).backward()
+        self.opt.step()
+        self.steps += 1
+        return None, None
+
+    def params_pushed(self):
+        return self.steps * sum(t.numel() for t in self.tensors)
 
 
 if __name__ == "__main__":
