@@ -32,8 +32,8 @@ pushed by its communication thread as backward fills them, and the weights
 pulled; with --pipelined too, its one-step pipeline (pipeline=True), else
 pipeline=False. Its phases are not timed apart either.
 """
-import contextlib
 import argparse
+import contextlib
 import json
 import os
 import resource
