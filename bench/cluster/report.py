@@ -222,7 +222,8 @@ def _phases(r):
     """The push's and the pull's median ms of an exchange, as a clause, where the run has them."""
     share = phase_link_share(r)
     if unphased(r["system"]) and share:
-        return (f"; push and pull not timed apart, each direction of a host's link carried its payload at "
+        how = "pipelined" if r["system"].endswith("-exchange") else "not timed apart"
+        return (f"; push and pull {how}, each direction of a host's link carried its payload at "
                 f"{100 * share[0]:.0f}% of the link over the exchange")
     if "ms_per_push" not in r:
         return ""
