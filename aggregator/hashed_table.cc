@@ -132,7 +132,8 @@ HashedTable::HashedTable(const HashedTableOptions& opts, uint64_t slots, uint64_
       row_limit_(row_limit),
       init_(opts.init),
       evict_(opts.evict),
-      rule_(std::move(rule)) {}
+      rule_(std::move(rule)),
+      rule_state_(rule_->state()) {}
 
 uint64_t HashedTable::RowsMade() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
@@ -229,10 +230,7 @@ void HashedTable::AppendLocked(uint32_t row) {
 
 void HashedTable::MakeRowLocked(uint64_t id, uint32_t row) {
   InitializeRow(init_, id, weights_.as<float>() + row * width_, width_);
-  for (const StateArray& a : rule_->state()) {
-    const uint64_t part = StateRowBytes(a);
-    std::memset(static_cast<char*>(a.data) + row * part, 0, part);
-  }
+  ZeroStateRow(rule_state_, row_limit_, row);
   row_ids_.as<uint64_t>()[row] = id;
   last_push_.as<uint64_t>()[row] = updates_;
   InsertLocked(id, row);

@@ -187,6 +187,7 @@ class HashedTable {
   const InitSpec init_;
   const EvictionRule evict_;
   std::unique_ptr<UpdateRule> rule_;
+  const std::vector<StateArray> rule_state_;  // rule_->state(), asked once
 
   mutable std::shared_mutex mu_;
   // The index: slot s holds slot_ids_[s] -> row slot_rows_[s] - 1 (0: empty).

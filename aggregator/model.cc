@@ -320,15 +320,7 @@ bool Model::RowMadeLocked(uint64_t r) const {
 void Model::MakeRowLocked(uint64_t r) {
   if (RowMadeLocked(r)) return;
   InitializeRow(init_, r, weights_ + r * table_.width, table_.width);
-  // Written before the rule reads it: a page first touched by a write is
-  // committed at once, where one first read maps the shared zero page, and
-  // the write after it copies that page and flushes the TLB of every CPU
-  // running tgtd's threads (an interprocessor interrupt each, costly in a
-  // VM).
-  for (const StateArray& a : rule_state_) {
-    const uint64_t row_bytes = a.bytes / num_params_ * table_.width;
-    std::memset(static_cast<char*>(a.data) + r * row_bytes, 0, row_bytes);
-  }
+  ZeroStateRow(rule_state_, table_.rows, r);
   __atomic_fetch_or(made_.as<uint64_t>() + r / 64, uint64_t{1} << (r % 64), __ATOMIC_RELAXED);
 }
 

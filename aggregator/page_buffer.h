@@ -11,9 +11,9 @@
 // first written. A dense table's arrays take 4 KiB pages back
 // (AdviseSmallPages): its rows are made one by one where pushes first land,
 // and a 2 MiB page committed for one row would cost the memory of thousands
-// (a table costs the rows it holds); on a VM whose host takes back the
-// guest's free memory, a huge page's first touch also cost five times the
-// 4 KiB pages it replaces (doc/embeddings.md "Click model").
+// (a table costs the rows it holds); on this project's VM a huge page's
+// first touch also cost five times the 4 KiB pages it replaces
+// (doc/embeddings.md "Click model").
 #pragma once
 
 #include <sys/mman.h>

@@ -283,6 +283,13 @@ Status CheckOptions(const RuleOptions& o) {
 
 }  // namespace
 
+void ZeroStateRow(const std::vector<StateArray>& state, uint64_t rows, uint64_t row) {
+  for (const StateArray& a : state) {
+    const uint64_t row_bytes = a.bytes / rows;
+    std::memset(static_cast<char*>(a.data) + row * row_bytes, 0, row_bytes);
+  }
+}
+
 // g/N scaled inside the rule's own loop: one pass over g, no copy.
 void UpdateRule::ApplyStale(uint64_t first, float* w, const float* g, size_t n, uint64_t staleness) {
   if (staleness == 0) return Apply(first, w, g, n);

@@ -180,4 +180,13 @@ class UpdateRule {
 //   ResourceExhausted  the state cannot be mapped.
 Status MakeUpdateRule(const RuleOptions& opts, uint64_t num_params, std::unique_ptr<UpdateRule>* out);
 
+// A table's row made: writes zeros over row `row` of each array of `state`,
+// whose bytes are `rows` equal rows. The state of a row not made is zero
+// already; written before the rule reads it, a page first touched here is
+// committed by that write, where a read first would map the shared zero
+// page and the write after it copy that page and flush the TLB of every
+// CPU running the process's threads (an interprocessor interrupt each,
+// costly in a VM).
+void ZeroStateRow(const std::vector<StateArray>& state, uint64_t rows, uint64_t row);
+
 }  // namespace blkps::server
