@@ -489,7 +489,8 @@ def write(out, result):
     with open(os.path.join(out, "overlap.md"), "w") as f:
         f.write("# A GPU step's proxy against the H100 (bench/overlap.py)\n\n"
                 f"{m['cores']} cores, load {m['load_before']} before and {m.get('load_after', '–')} after "
-                "(1, 5, 15 minutes): a machine shared with other work, so every figure here is loaded. "
+                "(1, 5, 15 minutes; the run's own shards and learners are in the load after, so the load before says "
+                "whether anything else ran). "
                 f"Interpreter share {result.get('interpreter_share', '–')}"
                 f"{' (--pipeline)' if result['pipeline'] else ''}; ratio = the proxy's step alone / its step "
                 "through blkps.torch; the H100's from the committed run (gpu.json).\n\n")
