@@ -10,6 +10,8 @@ Cases:
           the training is the same as through a quick transport
   failing a push that fails is raised by step() once, in one line, and is
           never sent again: its range keeps the previous step's gradient
+  reopened an optimizer closed leaves the parameters alone: a second one on
+          the same model pushes its own gradients
 Usage: torch_pipeline_test.py <repo> <build dir> <case>"""
 
 import contextlib
@@ -134,7 +136,29 @@ def case_failing():
     print(f"failing: step 1 raised {raised[0][1]!r} once; [{first}, {first + count}) kept step 0's gradient")
 
 
-CASES = {"slow": case_slow, "failing": case_failing}
+def case_reopened():
+    transport = torch_transports.Transport()
+    with mlp_on_a_file(transport) as (model, first, on_device):
+        for opt, steps in ((first, range(2)), (None, range(2, 5))):
+            if opt is None:  # the first closed, a second on the same parameters
+                first.close()
+                opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
+                                               bucket_bytes=SMALL_BUCKET, transport=transport)
+            for t in steps:
+                opt.zero_grad()
+                x, y = batch(t)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                gradient = opt.gradient.detach().clone().numpy()
+                opt.step()
+        bps.shutdown()
+        values = on_device()
+    check(np.count_nonzero(gradient) > 0, "the second optimizer's last gradient is all zeros: the closed one's "
+          "hooks still ran on the parameters")
+    check(np.array_equal(values, gradient), "the device does not hold the second optimizer's last gradient")
+    print(f"reopened: a second optimizer pushed its own gradient ({np.count_nonzero(gradient)} nonzero values)")
+
+
+CASES = {"slow": case_slow, "failing": case_failing, "reopened": case_reopened}
 
 if __name__ == "__main__":
     testbed.run(CASES, None)

@@ -194,7 +194,8 @@ class Optimizer:
         # Models count them (blkps.metrics.SessionFaults).
         self.faults = _metrics.SessionFaults()
         self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
-        self._hooks = []
+        self._hooks = []         # the parameters' hooks' handles, removed by close()
+        self._accumulators = []  # their gradient accumulators, kept alive for their hooks
         self._push_device = None
         self._forward_hook = None
         self._tied = None  # gradient mode with tied_head: the head's part (blkps.torch.tied)
@@ -250,11 +251,11 @@ class Optimizer:
             if not p.requires_grad:
                 continue  # frozen: pushed as zeros by step()
             p.grad = g  # autograd adds into the flat gradient
-            p.register_hook(self._make_guard(k))
+            self._hooks.append(p.register_hook(self._make_guard(k)))
             with torch.enable_grad():
                 accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(self._make_hook(k))
-            self._hooks.append(accumulator)  # keep it alive
+            self._hooks.append(accumulator.register_hook(self._make_hook(k)))
+            self._accumulators.append(accumulator)  # keep it alive
         if self.overlap_pull:
             self._param_index = {id(p): k for k, (_, p) in enumerate(self.layout.named)}
             self._buckets_of_module = weakref.WeakKeyDictionary()
@@ -719,6 +720,9 @@ class Optimizer:
         if getattr(self, "_forward_hook", None) is not None:
             self._forward_hook.remove()
             self._forward_hook = None
+        for hook in getattr(self, "_hooks", ()):  # a closed optimizer leaves the parameters alone
+            hook.remove()
+        self._hooks, self._accumulators = [], []
         if getattr(self, "_tied", None) is not None:
             self._tied.close()
         if getattr(self, "rows_first", None) is not None:
