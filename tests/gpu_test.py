@@ -243,8 +243,8 @@ def case_staging():
     # that it costs one copy of the weights, not two), equals it in one piece.
     import blkps.torch.staging as staging_module
     results = []
-    for chunk in (staging_module.LOOK_AHEAD_CHUNK, 3):
-        saved, staging_module.LOOK_AHEAD_CHUNK = staging_module.LOOK_AHEAD_CHUNK, chunk
+    for chunk in (staging_module.LOOK_AHEAD_CHUNK, staging_module.CPU_LOOK_AHEAD_CHUNK, 3):
+        saved, staging_module.CPU_LOOK_AHEAD_CHUNK = staging_module.CPU_LOOK_AHEAD_CHUNK, chunk
         try:
             fm = staging_module.FlatModel(10, "cpu", "float32", (), 0.75)
             check(fm._moved.numel() == min(10, chunk), f"a look-ahead scratch of {fm._moved.numel()} values")
@@ -254,8 +254,9 @@ def case_staging():
                 fm.weights_arrived(0, 10)
             results.append(fm.weights.clone())
         finally:
-            staging_module.LOOK_AHEAD_CHUNK = saved
-    check(torch.equal(results[0], results[1]), "the chunked look-ahead step differs from the one-piece step")
+            staging_module.CPU_LOOK_AHEAD_CHUNK = saved
+    check(all(torch.equal(results[0], r) for r in results[1:]),
+          "the chunked look-ahead step differs from the one-piece step")
     # On a 16-bit wire the last pull is kept in the wire's type (half the
     # memory): the pulled values came in it, so the steps are float32's.
     fm = staging_module.FlatModel(10, "cpu", "bfloat16", (), 0.75)
