@@ -528,7 +528,7 @@ def cluster_torch():
     rows = [["learner", "ms a step", "share of the link", "CPU ms a step: learner · a host's tgtd"]]
     for r in records:
         share = report.phase_link_share(r)
-        rows.append([labels[r["system"]], f"{r['ms_per_exchange']:,.0f}", f"{100 * share[0]:.0f}%",
+        rows.append([labels[r["system"]], f"{r['ms_per_exchange']:,.0f}", f"{100 * share[0]:.1f}%",
                      f"{r['cpu_ms_per_exchange']:,.0f} · {r['tgtd_cpu_ms_per_exchange']:,.0f}"])
     return _right(rows)
 
