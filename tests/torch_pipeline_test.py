@@ -12,6 +12,8 @@ Cases:
           never sent again: its range keeps the previous step's gradient
   reopened an optimizer closed leaves the parameters alone: a second one on
           the same model pushes its own gradients
+  zero_grad zero_grad() zeroes what was written into the gradients after
+          step() (it skips its pass only when nothing was)
 Usage: torch_pipeline_test.py <repo> <build dir> <case>"""
 
 import contextlib
@@ -158,7 +160,27 @@ def case_reopened():
     print(f"reopened: a second optimizer pushed its own gradient ({np.count_nonzero(gradient)} nonzero values)")
 
 
-CASES = {"slow": case_slow, "failing": case_failing, "reopened": case_reopened}
+def case_zero_grad():
+    with mlp_on_a_file(torch_transports.Transport()) as (model, opt, _):
+        for t in range(2):
+            opt.zero_grad()
+            x, y = batch(t)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        check(opt.gradient.count_nonzero().item() == 0, "step() left a gradient in the flat buffer")
+        first, last = list(model.parameters())[0], list(model.parameters())[-1]
+        first.grad.add_(1.0)  # written in place after step(), through the parameters' own views
+        last.grad[0] = 2.0
+        opt.zero_grad()
+        left = opt.gradient.count_nonzero().item()
+        opt.zero_grad()  # nothing written since: still all zeros
+        bps.shutdown()
+    check(left == 0, f"zero_grad() left {left} values written after step() in the flat gradient")
+    check(opt.gradient.count_nonzero().item() == 0, "a second zero_grad() left values in the flat gradient")
+    print("zero_grad: gradients written in place after step() are zeroed")
+
+
+CASES = {"slow": case_slow, "failing": case_failing, "reopened": case_reopened, "zero_grad": case_zero_grad}
 
 if __name__ == "__main__":
     testbed.run(CASES, None)

@@ -194,6 +194,7 @@ class Optimizer:
         # Models count them (blkps.metrics.SessionFaults).
         self.faults = _metrics.SessionFaults()
         self._stepped = True    # skip_nonfinite: step() ran since the last zero_grad()
+        self._zeroed_version = None  # the flat gradient's version when it was last zeroed
         self._hooks = []         # the parameters' hooks' handles, removed by close()
         self._accumulators = []  # their gradient accumulators, kept alive for their hooks
         self._push_device = None
@@ -495,7 +496,7 @@ class Optimizer:
                 if self.rows_first is None or not self.rows_first.defers(b):
                     self._queue_pull(b)
         self.flat.release_gradient()
-        self.gradient.zero_()
+        self._zero_gradient()
         if self._tied is not None:
             self._tied.reset()
         for b in self.buckets:
@@ -539,6 +540,16 @@ class Optimizer:
         """Delta mode: the server's weights into the parameters, then the
         look-ahead step (look_ahead times the move since the last pull)."""
         self.flat.pull_all(self.device)
+
+    def _zero_gradient(self):
+        """Gradient mode: zeroes the flat gradient unless nothing has written
+        it since it was last zeroed (its version counter, which every
+        in-place write through a parameter's .grad view bumps, is unchanged),
+        so that a loop's zero_grad() right after step() costs no second pass
+        over the model."""
+        if self.gradient._version != self._zeroed_version:
+            self.gradient.zero_()
+            self._zeroed_version = self.gradient._version
 
     def _skipped_step(self):
         """A step GradScaler skipped (no step() between two zero_grad()):
@@ -621,7 +632,7 @@ class Optimizer:
             self._stepped = False
         if self.optimizer is None:
             self.flat.release_gradient()  # a pipeline's copies out of it may still run
-            self.gradient.zero_()
+            self._zero_gradient()
             if self._tied is not None and not self._tied.queued:
                 self._tied.reset()
         else:
