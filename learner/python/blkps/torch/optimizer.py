@@ -169,7 +169,10 @@ class Optimizer:
         self.flat = FlatModel(layout.count, layout.device, options.wire, self.buckets,
                               self.look_ahead, self.pipeline)
         self.weights, self.gradient = self.flat.weights, self.flat.gradient
-        self._grad_views = layout.views(self.gradient)
+        # The parameters' .grad views into each flat gradient (two in a
+        # pipeline on the CPU: FlatModel.next_gradient()).
+        self._grad_views_of = [layout.views(g) for g in self.flat.gradients]
+        self._grad_views = self._grad_views_of[0]
         with torch.no_grad():
             for (_, p), w in zip(layout.named, layout.views(self.weights)):
                 w.copy_(p)  # keep the local values until broadcast_parameters or step()
@@ -243,6 +246,7 @@ class Optimizer:
             b.arrived = threading.Event()  # its weights of this step are in the parameters (a pipeline: landed)
             b.arrived.set()
             b.landed = False  # a pipeline: weights landed beside the parameters, not swapped in yet
+            b.generation = 0  # the flat gradient its last push reads (FlatModel.next_gradient())
         self._comm = Pipeline(self, self._connect)
         if self._tied_range is not None:
             first, count, index = self._tied_range
@@ -409,6 +413,7 @@ class Optimizer:
         """Queues the bucket's push (zeros when `zero`) and, when pulling
         during backward, its pull; on a GPU its copy to the host starts now."""
         bucket.queued = True
+        bucket.generation = self.flat.generation
         if zero:
             self.flat.after_compute()  # its pull's copy must not overtake backward
         else:
@@ -496,7 +501,10 @@ class Optimizer:
                 if self.rows_first is None or not self.rows_first.defers(b):
                     self._queue_pull(b)
         self.flat.release_gradient()
-        self._zero_gradient()
+        if self.flat.next_gradient():  # the next step fills the other flat gradient, zeroed
+            self._take_gradient()
+        else:
+            self._zero_gradient()
         if self._tied is not None:
             self._tied.reset()
         for b in self.buckets:
@@ -550,6 +558,16 @@ class Optimizer:
         if self.gradient._version != self._zeroed_version:
             self.gradient.zero_()
             self._zeroed_version = self.gradient._version
+
+    def _take_gradient(self):
+        """The flat gradient became the other one (FlatModel.next_gradient()):
+        the parameters' .grad views follow it."""
+        self.gradient = self.flat.gradient
+        self._grad_views = self._grad_views_of[self.flat.generation]
+        for (_, p), g in zip(self.layout.named, self._grad_views):
+            if p.requires_grad:
+                p.grad = g
+        self._zeroed_version = self.gradient._version
 
     def _skipped_step(self):
         """A step GradScaler skipped (no step() between two zero_grad()):

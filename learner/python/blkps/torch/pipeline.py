@@ -176,7 +176,7 @@ class Pipeline:
             return (device.submit_pull16_into if sixteen else device.submit_pull_into)(first, into)
         for bucket, zero in batch:
             self._stage_push(bucket, zero)
-        host = self._owner.flat.host_pushed(first, end)
+        host = self._owner.flat.host_pushed(first, end, batch[0][0].generation)
         self._owner.bytes["pushed"] += host.nbytes
         self._owner.overlapped += (not self._owner.backward_done) * len(batch)
         if not self._owner.pull_during_backward:
@@ -231,7 +231,8 @@ class Pipeline:
                 return _NOTHING
             flat = self._owner.flat
             if (item is None or item[0] != kind or not (item[1].end == first or item[1].first == end)
-                    or (kind == "push" and not item[2] and not flat.gradient_copied(item[1].first, item[1].end))):
+                    or (kind == "push" and not item[2] and not flat.gradient_copied(item[1].first, item[1].end))
+                    or (kind == "push" and item[1].generation != batch[0][0].generation)):
                 return item
             batch.append((item[1], item[2]))
             first, end = min(first, item[1].first), max(end, item[1].end)
@@ -241,8 +242,9 @@ class Pipeline:
         """The host array of the bucket's push: its gradient, or zeros."""
         start = time.perf_counter()
         if zero:
-            host = self._owner.flat.host_zeros(bucket.first, bucket.end)
+            host = self._owner.flat.host_zeros(bucket.first, bucket.end, bucket.generation)
         else:
-            host = self._owner.flat.host_gradient(bucket.first, bucket.end, self._owner.push_scale)
+            host = self._owner.flat.host_gradient(bucket.first, bucket.end, self._owner.push_scale,
+                                                  bucket.generation)
         self._owner.seconds["copy_out"] += time.perf_counter() - start
         return host

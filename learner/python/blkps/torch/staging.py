@@ -28,10 +28,13 @@ learner LUN's dtype: float32, bfloat16 or float16). So:
 A pipeline (blkps.torch's pipeline=True: the next step computes while this
 step's transfers run) adds a landing buffer for the pulled weights, float32
 on the model's device, which swap_in() copies into the weights at the step
-boundary; on the CPU the gradient is also staged out of the flat buffer at
-gradient_ready(), so that the next step may zero and refill it while this
-one is on the wire. On a GPU that is one more float32 copy of the
-parameters, beside the flat gradient's.
+boundary. On a GPU that is one more float32 copy of the parameters, beside
+the flat gradient's. On the CPU with a float32 wire there are two flat
+gradients instead: a step fills one while the previous step's pushes read
+the other in place, and next_gradient() swaps them at the step boundary
+(the parameters' .grad views follow); with a 16-bit wire the gradient is
+narrowed into the host buffer at gradient_ready(), out of the next step's
+way.
 
 Everything is allocated once, at construction: no allocation per step.
 torch's narrowing rounds to nearest, ties to even, exactly as
@@ -93,9 +96,9 @@ class FlatModel:
             self.weights = host_tensor(count, torch.float32, False)
             self.gradient = host_tensor(count, torch.float32, False)
             self.host_weights_all, self.host_gradient_all = self.weights, self.gradient
-            if self.pipeline:  # the pulls land beside the weights; a gradient is staged out of the way
+            if self.pipeline:  # the pulls land beside the weights; two flat gradients (next_gradient())
                 self.host_weights_all = host_tensor(count, torch.float32, False)
-                self.host_gradient_all = host_tensor(count, torch.float32, False)
+                self.gradients = (self.gradient, host_tensor(count, torch.float32, False))
         else:
             if self.cuda:
                 self.weights = torch.zeros(count, dtype=torch.float32, device=self.device)
@@ -117,7 +120,14 @@ class FlatModel:
             self.landing = (torch.zeros(count, dtype=torch.float32, device=self.device) if self.cuda
                             else host_tensor(count, torch.float32, False))
         self._np_weights = as_numpy(self.host_weights_all)
-        self._np_gradient = as_numpy(self.host_gradient_all)
+        # The host arrays pushes read, by generation: the one host gradient,
+        # or a CPU pipeline's two flat gradients, the step's `generation`
+        # filled while the other's pushes may still read it.
+        if not hasattr(self, "gradients"):
+            self.gradients = (self.gradient,)
+        self.generation = 0
+        self._host_gradients = self.gradients if len(self.gradients) == 2 else (self.host_gradient_all,)
+        self._np_gradients = tuple(as_numpy(g) for g in self._host_gradients)
         if self.cuda:
             self.copy_out = torch.cuda.Stream(device=self.device)
             self.copy_in = torch.cuda.Stream(device=self.device)
@@ -165,7 +175,7 @@ class FlatModel:
         """Host memory this object added to the model's own: the staging
         buffers (0 for a CPU model on a float32 wire)."""
         own = {id(self.weights), id(self.gradient)}
-        staging = {id(t): t for t in (self.host_weights_all, self.host_gradient_all, self.landing)
+        staging = {id(t): t for t in (self.host_weights_all, self.landing) + self._host_gradients
                    if t.device.type == "cpu" and id(t) not in own}
         return sum(t.numel() * t.element_size() for t in staging.values())
 
@@ -193,7 +203,8 @@ class FlatModel:
                 grad = self.gradient[first:end]
                 if scale != 1.0:
                     grad.mul_(scale)
-                self.host_gradient_all[first:end].copy_(grad)
+                if self.sixteen:
+                    self.host_gradient_all[first:end].copy_(grad)
             return
         ready = self._ready[(first, end)]
         ready.record(torch.cuda.current_stream(self.device))
@@ -227,9 +238,10 @@ class FlatModel:
         finished (on the CPU there is none to wait for); does not wait."""
         return not self.cuda or self._copied[(first, end)].query()
 
-    def host_gradient(self, first, end, scale=1.0):
+    def host_gradient(self, first, end, scale=1.0, generation=0):
         """The host array of [first, end) to push, in the wire's type
-        (communication thread), once gradient_ready() has been called for it."""
+        (communication thread), once gradient_ready() has been called for it
+        in the step of `generation` (next_gradient())."""
         if self.cuda:
             self._copied[(first, end)].synchronize()
         elif not self.pipeline:  # a pipeline staged it in gradient_ready()
@@ -238,19 +250,33 @@ class FlatModel:
                 grad.mul_(scale)
             if self.sixteen:
                 self.host_gradient_all[first:end].copy_(grad)
-        return self._np_gradient[first:end]
+        return self._np_gradients[generation][first:end]
 
-    def host_pushed(self, first, end):
+    def host_pushed(self, first, end, generation=0):
         """The host array of [first, end) as host_gradient() and
         host_zeros() of its buckets left it (communication thread): one
-        push of several adjacent buckets."""
-        return self._np_gradient[first:end]
+        push of several adjacent buckets of one generation."""
+        return self._np_gradients[generation][first:end]
 
-    def host_zeros(self, first, end):
+    def host_zeros(self, first, end, generation=0):
         """A zeroed host array of [first, end) to push instead of the
         gradient (a skipped step; communication thread)."""
-        self.host_gradient_all[first:end].zero_()
-        return self._np_gradient[first:end]
+        self._host_gradients[generation][first:end].zero_()
+        return self._np_gradients[generation][first:end]
+
+    def next_gradient(self):
+        """The step boundary of a pipeline on the CPU with a float32 wire
+        (training thread): the next step fills the other flat gradient,
+        zeroed here, while this step's pushes read this one in place (no
+        copy). Returns False, changing nothing, where there is one flat
+        gradient (the caller zeroes it). REQUIRES: every push of the step
+        before this one has ended (a pipeline's step() waits for them)."""
+        if len(self.gradients) == 1:
+            return False
+        self.generation ^= 1
+        self.gradient = self.gradients[self.generation]
+        self.gradient.zero_()
+        return True
 
     def release_gradient(self):
         """Orders the compute stream's later work (zeroing the gradient for
@@ -390,5 +416,5 @@ class FlatModel:
     def push_all(self, device):
         """Pushes the whole gradient buffer through `device`."""
         self.gradient_ready(0, self.count)
-        host = self.host_gradient(0, self.count)
+        host = self.host_gradient(0, self.count, generation=self.generation)
         (device.push16 if self.sixteen else device.push)(0, host)
