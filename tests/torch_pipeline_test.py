@@ -138,20 +138,26 @@ def case_failing():
     print(f"failing: step 1 raised {raised[0][1]!r} once; [{first}, {first + count}) kept step 0's gradient")
 
 
+def steps(model, opt, ts):
+    """Trains the MLP through `opt` on the batches of steps `ts`; returns
+    the last step's gradient as step() got it."""
+    for t in ts:
+        opt.zero_grad()
+        x, y = batch(t)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        gradient = opt.gradient.detach().clone().numpy()
+        opt.step()
+    return gradient
+
+
 def case_reopened():
     transport = torch_transports.Transport()
     with mlp_on_a_file(transport) as (model, first, on_device):
-        for opt, steps in ((first, range(2)), (None, range(2, 5))):
-            if opt is None:  # the first closed, a second on the same parameters
-                first.close()
-                opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
-                                               bucket_bytes=SMALL_BUCKET, transport=transport)
-            for t in steps:
-                opt.zero_grad()
-                x, y = batch(t)
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                gradient = opt.gradient.detach().clone().numpy()
-                opt.step()
+        steps(model, first, range(2))
+        first.close()  # a second optimizer on the same parameters
+        second = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
+                                          bucket_bytes=SMALL_BUCKET, transport=transport)
+        gradient = steps(model, second, range(2, 5))
         bps.shutdown()
         values = on_device()
     check(np.count_nonzero(gradient) > 0, "the second optimizer's last gradient is all zeros: the closed one's "
@@ -162,11 +168,7 @@ def case_reopened():
 
 def case_zero_grad():
     with mlp_on_a_file(torch_transports.Transport()) as (model, opt, _):
-        for t in range(2):
-            opt.zero_grad()
-            x, y = batch(t)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+        steps(model, opt, range(2))
         check(opt.gradient.count_nonzero().item() == 0, "step() left a gradient in the flat buffer")
         first, last = list(model.parameters())[0], list(model.parameters())[-1]
         first.grad.add_(1.0)  # written in place after step(), through the parameters' own views

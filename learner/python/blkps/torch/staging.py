@@ -92,6 +92,7 @@ class FlatModel:
         self.pipeline = bool(pipeline)
         wire_dtype = WIRE_TORCH_DTYPES[wire]
         self.sixteen = wire != "float32"
+        self.gradients = None  # set below: the flat gradients the parameters' .grad views take in turn
         if not self.cuda and not self.sixteen:
             self.weights = host_tensor(count, torch.float32, False)
             self.gradient = host_tensor(count, torch.float32, False)
@@ -123,8 +124,7 @@ class FlatModel:
         # The host arrays pushes read, by generation: the one host gradient,
         # or a CPU pipeline's two flat gradients, the step's `generation`
         # filled while the other's pushes may still read it.
-        if not hasattr(self, "gradients"):
-            self.gradients = (self.gradient,)
+        self.gradients = self.gradients or (self.gradient,)
         self.generation = 0
         self._host_gradients = self.gradients if len(self.gradients) == 2 else (self.host_gradient_all,)
         self._np_gradients = tuple(as_numpy(g) for g in self._host_gradients)
