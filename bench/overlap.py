@@ -11,10 +11,12 @@ its share of the H100's step alone (gpu.json's standalone_step_ms): the
 forward a third, the backward two thirds, each layer's share by its
 multiply-adds (convolutions and matrix products, attention's scores; norms
 and lookups count as none; GPT-2's tied head is a layer that reads the
-embedding's weight). Of each layer's time, the share --interpreter-share is
-spent in a Python loop holding the interpreter lock, as a GPU step's Python
-and kernel launches hold it; the rest is slept, with the lock released, as
-the GPU computes while its host thread waits. The layers run as a GPU's
+embedding's weight). Of each layer's time, the share --interpreter-share
+holds the interpreter lock, as a GPU step's Python and kernel launches hold
+it, without using a CPU (the GPU host's training thread has a core of its
+own; here a busy loop would take one of 2 from the shards); the rest is
+slept, with the lock released, as the GPU computes while its host thread
+waits. The layers run as a GPU's
 queue does (Device): a host late by less than a layer's asleep share is
 hidden, a later one delays the step.
 
@@ -60,6 +62,7 @@ cores, load before and after) and DIR/overlap.md, both rewritten after
 every run.
 """
 import argparse
+import ctypes
 import inspect
 import json
 import os
@@ -127,31 +130,50 @@ def profile(torch, name):
     return layers
 
 
+# Its calls keep the interpreter lock: a wait that holds it and uses no CPU.
+_HOLDING = ctypes.PyDLL(None)
+
+
+def hold(seconds, interval):
+    """Holds the interpreter lock for `seconds` without using a CPU, in
+    waits of a tenth of `interval` (the switch interval) between which the
+    interpreter hands the lock to a thread that has asked for it that long,
+    as a thread running Python does. A GPU host's training thread runs on a
+    core of its own (16 there); a busy loop here would take one of this
+    machine's 2 from the shards and the other learners."""
+    end = time.perf_counter() + seconds
+    while True:
+        left = end - time.perf_counter()
+        if left <= 0:
+            return
+        _HOLDING.usleep(max(1, int(1e6 * min(left, interval / 10))))
+
+
 class Device:
     """The GPU as the proxy's layers use it. A layer's compute takes its
-    seconds: the share `held` (0 to 1) in Python, holding the interpreter
-    lock as a GPU step's Python and kernel launches do, then the rest
-    asleep with the lock released, as the host waits while the GPU
-    computes. The device works through its queue: a layer ends its seconds
-    after the previous layer ended, so a host late by less than the layer's
-    asleep share (a sleep's late wake-up, a wait for the lock) is hidden,
-    as behind a GPU's queue; a later host delays the device by the rest.
-    The queue starts empty at each step's first layer."""
+    seconds: the share `held` (0 to 1) holding the interpreter lock as a
+    GPU step's Python and kernel launches do, then the rest asleep with the
+    lock released, as the host waits while the GPU computes. The device
+    works through its queue: a layer ends its seconds after the previous
+    layer ended, so a host late by less than the layer's asleep share (a
+    sleep's late wake-up, a wait for the lock) is hidden, as behind a GPU's
+    queue; a later host delays the device by the rest. The queue starts
+    empty at each step's first layer. `interval`: the learners' switch
+    interval, on the proxy's clock."""
 
-    def __init__(self, held):
+    def __init__(self, held, interval):
         self.held, self.due = held, 0.0  # due: when the layers launched so far are done
+        self.interval = interval
 
     def compute(self, seconds, first=False):
         now = time.perf_counter()
         start = now if first else max(self.due, now - seconds * (1 - self.held))
         self.due = start + seconds
-        launched = now + seconds * self.held
-        while time.perf_counter() < launched:
-            pass
+        hold(seconds * self.held, self.interval)
         time.sleep(max(0.0, self.due - time.perf_counter()))
 
 
-def proxy_model(torch, layers, compute_s, held):
+def proxy_model(torch, layers, compute_s, held, interval):
     """A model of `layers` (profile()) whose step computes for compute_s
     seconds on a Device (`held` of it holding the interpreter). The
     gradients cost no memory traffic beyond autograd's accumulation: each
@@ -161,7 +183,7 @@ def proxy_model(torch, layers, compute_s, held):
     gradient is complete only at the end of backward, as when tied)."""
     total = sum(macs for _, macs, _ in layers)
     read_later = {reads for _, _, reads in layers if reads is not None}
-    device = Device(held)
+    device = Device(held, interval)
 
     class LayerCompute(torch.autograd.Function):
         @staticmethod
@@ -237,7 +259,8 @@ def learner(cfg):
     import torch
     torch.set_num_threads(1)
     sys.setswitchinterval(cfg["switch_interval"])
-    model = proxy_model(torch, [tuple(x) for x in cfg["layers"]], cfg["compute_s"], cfg["held"])
+    model = proxy_model(torch, [tuple(x) for x in cfg["layers"]], cfg["compute_s"], cfg["held"],
+                        cfg["switch_interval"])
     opt, extra = None, {}
     if cfg["code"]:
         bps = import_code(cfg["code"])

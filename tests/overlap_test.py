@@ -12,16 +12,22 @@ Cases:
              one run per tree, each with its ratio against the H100's
              committed one; each tree's blkps.torch was the one imported;
              no shard folder left.
+  hold       the proxy's share holding the interpreter: another thread
+             runs no Python meanwhile until it has waited the switch
+             interval, and the hold uses no CPU.
   refusals   a --code that is not a blkps tree, an interpreter share out
              of [0, 1) and --pipeline with a blkps.torch that has no such
              option are each refused in one line naming the option.
 """
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import testbed
 from testbed import check
@@ -93,6 +99,34 @@ def case_calibrate():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def case_hold():
+    spec = importlib.util.spec_from_file_location("overlap", BENCH)
+    overlap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overlap)
+    counted, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            counted[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    try:
+        for interval, share in ((0.5, False), (0.02, True)):
+            sys.setswitchinterval(interval)
+            if not spinner.is_alive():
+                spinner.start()
+            time.sleep(0.05)
+            before, cpu = counted[0], time.thread_time()
+            overlap.hold(0.2, interval)  # the spinner asks for the lock from now on
+            used, ran = time.thread_time() - cpu, counted[0] - before
+            check(used < 0.05, f"a hold of 0.2 s used {used:.3f} s of CPU")
+            check((ran > 0) == share, f"switch interval {interval} s: the other thread counted {ran} during a "
+                                      f"hold of 0.2 s ({'some' if share else 'none'} expected)")
+    finally:
+        stop.set()
+        spinner.join()
+
+
 def case_refusals():
     tmp = tempfile.mkdtemp(prefix="blkps-overlap-test-")
     try:
@@ -110,7 +144,7 @@ def case_refusals():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CASES = {"calibrate": case_calibrate, "refusals": case_refusals}
+CASES = {"calibrate": case_calibrate, "hold": case_hold, "refusals": case_refusals}
 
 if __name__ == "__main__":
     testbed.run(CASES, None)
