@@ -2,7 +2,8 @@
 # GPU learners through blkps (doc/gpu.md "bench/gpu.sh"): ResNet-50 and a
 # GPT-2-shaped transformer on one GPU, alone and through co-located shards
 # (async and bsp, pipeline on and off, float32 and bfloat16 LUNs, 1 and 2
-# learners), written to --out DIR as gpu.json and gpu.md; --check runs
+# learners, and the ceiling: plain processes sharing the GPU, MPS off and on),
+# written to --out DIR as gpu.json and gpu.md; --check runs
 # tests/gpu_test.py's cases (the CUDA ones need a GPU); --all runs both,
 # most telling runs first, within --budget-s (330 s).
 # Without a CUDA device the measurement says so and exits 1.

@@ -7,7 +7,8 @@ through co-located shards (`blkps shards start`, one tgtd each, stripe 1
 MiB, server rule sgd; the layout's control LUNs are the job's control, rank
 0 broadcasts its weights) in each server mode (async, bsp), pipeline
 setting, wire (float32, bfloat16 LUNs) and learner count (sharing the GPU,
-each at batch / learners), in gpu_plan's order, within a time budget.
+each at batch / learners), and with --ceiling as many plain processes
+(gpu_ceiling), in gpu_plan's order, within a time budget.
 Each run is a record of OUT/gpu.json and a row of OUT/gpu.md
 (gpu_report), both rewritten after every run; where rank 0 waits for
 weights, by module: gpu_waits. A run that fails or passes --run-timeout
@@ -17,10 +18,10 @@ is a record with "failed": the reason; the others still run.
                [--learners 1,2] [--models resnet50,gpt2] [--budget-s S] [--steps 20] [--warmup 3]
                [--shards 8] [--stripe-unit 1M] [--run-timeout 300] [--build DIR]
                [--pull-during-backward default|yes|no] [--switch-interval S] [--look-ahead X]
-               [--bucket-mb N] [--device cpu --batch N]
+               [--bucket-mb N] [--ceiling off,on] [--device cpu --batch N]
   bench/gpu.sh --check [--check-cases LIST]   tests/gpu_test.py's cases (the CUDA ones need a GPU)
   bench/gpu.sh --all --out DIR                --check into DIR/check.log, then every mode, pipeline,
-                                              wire and learner count within --budget-s (330)
+                                              wire, learner count and ceiling within --budget-s (330)
 
 DIR may hold {gpu}: the GPU's name as a folder (h100-80gb-hbm3). With OUT
 set (a lent GPU host's folder), the files are also written to
@@ -48,6 +49,7 @@ BLKPS = [sys.executable, os.path.join(TOP, "scripts", "blkps_cli", "__main__.py"
 sys.path.insert(0, os.path.join(TOP, "scripts"))  # blkps_cli's state: the shards' target.env
 sys.path.insert(0, os.path.join(TOP, "learner", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_ceiling  # noqa: E402
 import gpu_plan  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_waits  # noqa: E402
@@ -348,6 +350,36 @@ def run_head(args, run, batch):
             "learners": run.learners, "steps": args.steps, "warmup": args.warmup}
 
 
+def plain_cfg(args, model, batch):
+    """A training process of `model` at `batch` without blkps: the step alone, or one of a ceiling's."""
+    return {"model": model, "batch": batch, "blkps": False, "wire_dtype": "float32", "steps": args.steps,
+            "warmup": args.warmup, "device": args.device}
+
+
+def ceiling_head(args, ceiling, batch):
+    """The fields that name `ceiling` (gpu_plan.Ceiling), in every record of it."""
+    return {"model": ceiling.model, "params": MODEL_PARAMS[ceiling.model], "batch": batch, "system": "plain",
+            "mps": ceiling.mps, "learners": ceiling.learners, "steps": args.steps, "warmup": args.warmup}
+
+
+def measure_ceiling(args, ceiling, head, alone, timeout):
+    """A ceiling (gpu_plan.Ceiling): its plain processes at once, each at
+    the batch / learners; its record (a failure is a record with "failed")."""
+    started = time.monotonic()
+    try:
+        outs, served = gpu_ceiling.measure(plain_cfg(args, ceiling.model, head["batch"] // ceiling.learners),
+                                           ceiling.learners, ceiling.mps, run_learners, timeout)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        return dict(head, failed=str(e), run_s=round(time.monotonic() - started, 1))
+    step_ms = max(o["step_ms"] for o in outs)
+    peaks = [o["memory"].get("gpu_peak_mb") for o in outs]
+    return dict(head, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
+                ratio=round(alone["step_ms"] / step_ms, 3), gpu=outs[0]["gpu"],
+                learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
+                memory={"gpu_peak_mb": round(sum(peaks), 1)} if None not in peaks else {},
+                run_s=round(time.monotonic() - started, 1), alone_run_s=alone["run_s"])
+
+
 def measure(args, run, batch, alone, with_transfers, timeout):
     """One run (gpu_plan.Run) of blkps.torch through co-located shards of
     its own, started and stopped here; returns its record (a failure is a
@@ -436,31 +468,34 @@ def learners_memory(outs, alone_peak):
 
 
 def measure_all(args, runs, budget, record):
-    """Each of `runs` (gpu_plan.Run) in order, each model's step alone
-    first; once `budget` is spent the rest are records "not run (budget)".
-    Hands each record to record()."""
+    """Each of `runs` (gpu_plan.Run or Ceiling) in order, each model's
+    step alone first; once `budget` is spent the rest are records "not
+    run (budget)". Hands each record to record()."""
     alone, transfers_done = {}, set()
     for run in runs:
         batch = args.batch or MODELS[run.model]
+        ceiling = isinstance(run, gpu_plan.Ceiling)
+        head = ceiling_head(args, run, batch) if ceiling else run_head(args, run, batch)
         if budget.spent():
-            record(dict(run_head(args, run, batch), not_run=gpu_plan.NOT_RUN))
+            record(dict(head, not_run=gpu_plan.NOT_RUN))
             continue
-        if run.pipeline != "default" and not args.pipeline_option:
-            record(dict(run_head(args, run, batch), failed=PIPELINE_ABSENT))
+        if not ceiling and run.pipeline != "default" and not args.pipeline_option:
+            record(dict(head, failed=PIPELINE_ABSENT))
             continue
         timeout = budget.capped(args.run_timeout, RUN_GRACE_S)
         if run.model not in alone:
-            cfg = {"model": run.model, "batch": batch, "blkps": False, "wire_dtype": "float32",
-                   "steps": args.steps, "warmup": args.warmup, "device": args.device}
             started = time.monotonic()
             try:
-                alone[run.model] = dict(run_learners(cfg, [None], timeout)[0],
+                alone[run.model] = dict(run_learners(plain_cfg(args, run.model, batch), [None], timeout)[0],
                                         run_s=round(time.monotonic() - started, 1))
             except RuntimeError as e:
                 alone[run.model] = f"alone: {e}"
             timeout = budget.capped(args.run_timeout, RUN_GRACE_S)
         if isinstance(alone[run.model], str):
-            record(dict(run_head(args, run, batch), failed=alone[run.model]))
+            record(dict(head, failed=alone[run.model]))
+            continue
+        if ceiling:
+            record(measure_ceiling(args, run, head, alone[run.model], timeout))
             continue
         with_transfers = run.learners == 1 and (run.model, run.wire) not in transfers_done
         row = measure(args, run, batch, alone[run.model], with_transfers, timeout)
@@ -568,6 +603,8 @@ def main():
                                       "passed), on, off (default: default); bsp runs take none")
     p.add_argument("--wires", help="the learner LUNs' types: float32, bfloat16 (default both)")
     p.add_argument("--learners", help="learner counts to run, sharing the GPU (default 1,2)")
+    p.add_argument("--ceiling", help="for each learner count above 1, that many plain processes on the GPU "
+                                     "at once, without blkps, with MPS off, on or both (off,on); default none")
     p.add_argument("--budget-s", type=float, help=f"seconds from the start after which no run starts; the rest are "
                                                    f"records \"{gpu_plan.NOT_RUN}\" (--all: {ALL_BUDGET_S})")
     p.add_argument("--shards", type=int, default=8)
@@ -610,15 +647,17 @@ def main():
         p.error("give --out DIR, or --check")
     models = list_option(p, args, "models", list(MODELS), "")
     if args.all:
-        given = [o for o in ("mode", "pipeline", "wires", "learners") if getattr(args, o) is not None]
+        given = [o for o in ("mode", "pipeline", "wires", "learners", "ceiling") if getattr(args, o) is not None]
         if given:
-            p.error(f"--all runs every mode, pipeline, wire and learner count: leave out --{given[0]}")
-        runs = gpu_plan.all_runs(models)
+            p.error(f"--all runs every mode, pipeline, wire, learner count and ceiling: leave out --{given[0]}")
+        runs = gpu_plan.all_runs(models, gpu_ceiling.MPS_SETTINGS)
     else:
         runs = gpu_plan.runs(models, list_option(p, args, "mode", gpu_plan.MODES, "async"),
                              list_option(p, args, "pipeline", gpu_plan.PIPELINES, "default"),
                              list_option(p, args, "wires", gpu_plan.WIRES, ",".join(gpu_plan.WIRES)),
                              list_option(p, args, "learners", None, "1,2"))
+        if args.ceiling is not None:
+            runs = gpu_plan.with_ceilings(runs, models, list_option(p, args, "ceiling", gpu_ceiling.MPS_SETTINGS, ""))
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu bench: no CUDA device here (torch.cuda.is_available() is False): run it on a GPU host; "

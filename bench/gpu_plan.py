@@ -5,8 +5,9 @@ the most come first and a time budget ends the list: runs it leaves out are
 records "not run (budget)", never estimated.
 
 The order: one learner in async (pipeline on, then off), then one learner
-in bsp, then two learners (async on, bsp, async off); within each, the
-models and wires in the order asked.
+in bsp, then two learners (async on, bsp, the ceiling: plain processes
+with MPS off and on, then async off); within each, the models and wires in
+the order asked. A ceiling (gpu_ceiling) is a Ceiling, not a Run.
 """
 import time
 from collections import namedtuple
@@ -17,6 +18,7 @@ WIRES = ("float32", "bfloat16")
 NOT_RUN = "not run (budget)"
 
 Run = namedtuple("Run", "mode pipeline model wire learners")
+Ceiling = namedtuple("Ceiling", "model learners mps")  # mps: gpu_ceiling.MPS_SETTINGS
 
 
 def runs(models, modes, pipelines, wires, learners):
@@ -41,10 +43,22 @@ def runs(models, modes, pipelines, wires, learners):
     return sorted(out, key=priority)
 
 
-def all_runs(models):
+def with_ceilings(planned, models, mps):
+    """`planned` (Runs, in order) with the ceilings of each learner count
+    above 1 among them, MPS settings `mps` each, put before the first run
+    of several learners in async with the pipeline off (else at the end)."""
+    counts = sorted({r.learners for r in planned if r.learners > 1})
+    ceilings = [Ceiling(model, n, m) for n in counts for model in models for m in mps]
+    at = next((k for k, r in enumerate(planned) if r.learners > 1 and r.mode == "async" and r.pipeline == "off"),
+              len(planned))
+    return planned[:at] + ceilings + planned[at:]
+
+
+def all_runs(models, mps):
     """--all: both wires, 1 and 2 learners, async with the pipeline on and
-    off, bsp (issue 36 item 8, issue 37 item 1)."""
-    return runs(models, list(MODES), ["on", "off"], list(WIRES), [1, 2])
+    off, bsp (issue 36 item 8, issue 37 item 1), and two plain processes
+    with MPS off and on (issue 37 item 4)."""
+    return with_ceilings(runs(models, list(MODES), ["on", "off"], list(WIRES), [1, 2]), models, mps)
 
 
 class Budget:

@@ -2,7 +2,9 @@
 (every record, as is) and gpu.md (its tables), both rewritten after every
 run into each folder asked, so what finished is on disk whatever stops the
 bench. A record is a finished run, or one with "failed" (the reason) or
-"not_run" (gpu_plan.NOT_RUN): those are a row of the first table only.
+"not_run" (gpu_plan.NOT_RUN): those are a row of the first table only. A
+ceiling's record (gpu_ceiling: "system": "plain", with "mps") is a row of
+the ceiling's table, never of the others.
 """
 import json
 import os
@@ -52,6 +54,36 @@ def _runs(rows):
     return out
 
 
+def _ceilings(rows):
+    out = ["| model | batch each | learners | MPS | step ms | alone ms | ratio | learner CPU s/step | "
+           "GPU peak MB, all |", "|" + "---|" * 9]
+    for r in rows:
+        head = f"| {r['model']} | {r.get('batch', 0) // r['learners']} | {r['learners']} | {r['mps']} | "
+        if "failed" in r or "not_run" in r:
+            out.append(head + (f"failed: {r['failed']}" if "failed" in r else r["not_run"]) + " |" * 5)
+            continue
+        out.append(head + f"{r['step_ms']} | {r['standalone_step_ms']} | {r['ratio']} | "
+                   f"{r['learner_cpu_s_per_step']} | {r['memory'].get('gpu_peak_mb', '–')} |")
+    return out
+
+
+def _of_ceiling(rows, ceilings):
+    """Each run of several learners against the ceiling of its model and
+    learner count: the plain processes' step time over the run's (both
+    move a whole batch a step), per MPS setting measured."""
+    mps = sorted({c["mps"] for c in ceilings})
+    out = ["| model | mode | wire | learners | pipeline | " + " | ".join(f"of plain, MPS {m}" for m in mps) + " |",
+           "|" + "---|" * (5 + len(mps))]
+    for r in rows:
+        cells = []
+        for m in mps:
+            c = next((c for c in ceilings if (c["model"], c["learners"], c["mps"]) == (r["model"], r["learners"], m)),
+                     None)
+            cells.append(f"{c['step_ms'] / r['step_ms']:.3f}" if c else "–")
+        out.append(_key(r) + " | ".join(cells) + " |")
+    return out
+
+
 def _key(r):
     return f"| {r['model']} | {r.get('mode', 'async')} | {r['wire_dtype']} | {r['learners']} | {pipeline_cell(r)} | "
 
@@ -93,6 +125,8 @@ def markdown(rows):
     """gpu.md: the runs, then for the finished ones the memory, rank 0's
     waits for weights by module and the transfers alone."""
     gpu = next((r["gpu"] for r in rows if "gpu" in r), "no run finished")
+    ceilings = [r for r in rows if "mps" in r]
+    rows = [r for r in rows if "mps" not in r]
     done = [r for r in rows if "failed" not in r and "not_run" not in r]
     parts = [f"# GPU learners through blkps ({gpu})",
              "Written by `bench/gpu.sh`; a step's time, with the GPU's own step time alone beside it (ratio = "
@@ -100,6 +134,17 @@ def markdown(rows):
              "during step t): on, off, or blkps.torch's default where the run did not say. Pulls: each bucket's "
              "right after its push (during backward) or all after step(). Rank 0's time per step, timed steps "
              "only: the optimizer's `seconds` (doc/gpu.md \"bench/gpu.sh\").", "\n".join(_runs(rows))]
+    if ceilings:
+        parts += ["## The ceiling: plain processes sharing the GPU",
+                  "The same model trained by that many processes on the GPU at once, without blkps, each at the "
+                  "batch / learners, with CUDA's MPS off and on (a daemon of the run's own); ratio = alone / "
+                  "step, as above (bench/gpu_ceiling.py).", "\n".join(_ceilings(ceilings))]
+        measured = [c for c in ceilings if "failed" not in c and "not_run" not in c]
+        several = [r for r in done if r["learners"] > 1]
+        if measured and several:
+            parts += ["### Learners through blkps against the ceiling",
+                      "Samples per second of the run over those of the plain processes (their step time over the "
+                      "run's; issue 37's bar for two bsp learners: 0.90).", "\n".join(_of_ceiling(several, measured))]
     if done:
         parts += ["## Memory", "All learners together; alone: one process, the whole batch (two learners run "
                   "half a batch each, so their excess includes the second model and its CUDA state). Host "

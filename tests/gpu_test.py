@@ -673,13 +673,17 @@ def run_bench(out, *options, copy_to=None):
 
 
 def bench_records(out):
-    """gpu.json's records; gpu.md's first table has a row for each."""
+    """gpu.json's records; gpu.md's first table has a row for each run
+    through blkps, its ceiling's table one for each ceiling."""
     with open(os.path.join(out, "gpu.json")) as f:
         rows = json.load(f)
     with open(os.path.join(out, "gpu.md")) as f:
-        runs = f.read().split("\n## ")[0]
-    table = [line for line in runs.splitlines() if line.startswith("| resnet50 ")]
-    check(len(table) == len(rows), f"gpu.md's table has {len(table)} rows for {len(rows)} records")
+        sections = f.read().split("\n## ")
+    ceiling = next((part for part in sections if part.startswith("The ceiling")), "").split("\n### ")[0]
+    for text, records in ((sections[0], [r for r in rows if "mps" not in r]),
+                          (ceiling, [r for r in rows if "mps" in r])):
+        table = [line for line in text.splitlines() if line.startswith("| resnet50 ")]
+        check(len(table) == len(records), f"a table of gpu.md has {len(table)} rows for {len(records)} records")
     return rows
 
 
@@ -734,12 +738,28 @@ def case_bench():
         rows = bench_records(out)
         check(rc != 0 and len(rows) == 1 and "--run-timeout" in rows[0].get("failed", ""),
               f"a run past --run-timeout: exit {rc}, records {rows}")
+        # The ceiling of two learners: two plain processes at once, each at half the batch; MPS is CUDA's.
+        rc = run_bench(out, "--mode", "bsp", "--wires", "float32", "--learners", "2", "--ceiling", "off,on")
+        rows = bench_records(out)
+        plain = [r for r in rows if r.get("system") == "plain"]
+        check(rc != 0 and [(r["learners"], r["mps"]) for r in plain] == [(2, "off"), (2, "on")],
+              f"--ceiling off,on: exit {rc}, records {rows}")
+        check(plain[0]["batch"] == 2 and plain[0]["step_ms"] > 0 and
+              abs(plain[0]["ratio"] - plain[0]["standalone_step_ms"] / plain[0]["step_ms"]) < 2e-3,
+              f"the plain processes' record {plain[0]}")
+        check("not on --device cpu" in plain[1].get("failed", ""), f"MPS on the CPU: {plain[1]}")
+        with open(os.path.join(out, "gpu.md")) as f:
+            against = f.read().split("### Learners through blkps against the ceiling")[-1]
+        bsp = next(r for r in rows if r.get("mode") == "bsp")
+        want = f" | {plain[0]['step_ms'] / bsp['step_ms']:.3f} |"
+        check(any(line.startswith("| resnet50 | bsp | float32 | 2 | ") and line.endswith(want)
+                  for line in against.splitlines()), f"gpu.md's comparison lacks a bsp row ending {want!r}: {against}")
         if pipeline == "default":  # this blkps.torch has no pipeline=: a run that needs it cannot run
             rc = run_bench(out, "--pipeline", "on", "--learners", "1", "--wires", "float32")
             rows = bench_records(out)
             check(rc != 0 and [r.get("failed") for r in rows] == [gpu_bench.PIPELINE_ABSENT],
                   f"--pipeline on without blkps.torch's pipeline=: exit {rc}, records {rows}")
-        print(f"bench: async (pipeline {pipeline}) and bsp on the CPU; a run past --run-timeout"
+        print(f"bench: async (pipeline {pipeline}) and bsp on the CPU, the ceiling of two; a run past --run-timeout"
               + (", or one asking for a pipeline blkps.torch lacks," if pipeline == "default" else "")
               + " is a failed record")
     finally:
@@ -762,10 +782,12 @@ def case_bench_all():
         order = [("async", "on", "float32", 1), ("async", "off", "float32", 1), ("async", "on", "bfloat16", 1),
                  ("async", "off", "bfloat16", 1), ("bsp", "default", "float32", 1), ("bsp", "default", "bfloat16", 1),
                  ("async", "on", "float32", 2), ("async", "on", "bfloat16", 2), ("bsp", "default", "float32", 2),
-                 ("bsp", "default", "bfloat16", 2), ("async", "off", "float32", 2), ("async", "off", "bfloat16", 2)]
+                 ("bsp", "default", "bfloat16", 2), ("plain", "off", None, 2), ("plain", "on", None, 2),
+                 ("async", "off", "float32", 2), ("async", "off", "bfloat16", 2)]
         for folder in (os.path.join(root, "results", "cpu"), os.path.join(root, "out", "cpu")):
             rows = bench_records(folder)
-            runs = [(r["mode"], r["pipeline_asked"], r["wire_dtype"], r["learners"]) for r in rows]
+            runs = [(r["mode"], r["pipeline_asked"], r["wire_dtype"], r["learners"]) if "mps" not in r else
+                    (r["system"], r["mps"], None, r["learners"]) for r in rows]
             check(runs == order, f"--all's runs in {folder}: {runs}")
             check(all(r.get("not_run") == gpu_plan.NOT_RUN for r in rows), f"runs past the budget: {rows}")
             with open(os.path.join(folder, "check.log")) as f:
@@ -773,7 +795,7 @@ def case_bench_all():
             check("gpu check look-ahead-switched: passed" in log, f"check.log: {log!r}")
         with open(os.path.join(root, "out", "gpu-bench.log")) as f:
             output = f.read()
-        check("gpu bench: 12 runs" in output, f"$OUT/gpu-bench.log lacks the bench's output: {output!r}")
+        check("gpu bench: 14 runs" in output, f"$OUT/gpu-bench.log lacks the bench's output: {output!r}")
         print(f"bench --all: the check, then {len(order)} runs in order, each not run past a budget of 0 s")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,79 @@
+"""The ceiling of learners sharing one GPU (doc/gpu.md "bench/gpu.sh",
+issue 37 item 4): the same model trained by that many plain processes on
+the GPU at once, each at batch / learners, without blkps, with CUDA's
+Multi-Process Service (MPS) off and on. Learners through blkps are then
+compared with what the GPU gives plain processes, not with one process
+alone.
+
+MPS: a control daemon of its own (nvidia-cuda-mps-control -d) with its
+pipe and log in a private folder, which only this run's processes name
+(CUDA_MPS_PIPE_DIRECTORY), asked after the run whether a server served
+them (get_server_list) and told to quit whatever happened."""
+import os
+import shutil
+import subprocess
+import tempfile
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_SETTINGS = ("off", "on")
+
+
+class Mps:
+    """A private MPS control daemon while in a `with` block; env() is what
+    its clients need. Raises RuntimeError, in one line, where it cannot
+    start."""
+
+    def __init__(self, timeout):
+        self.timeout, self.folder = timeout, None
+
+    def env(self):
+        return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder, "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.folder, "log")}
+
+    def _control(self, *argv, command=None):
+        return subprocess.run([MPS_CONTROL, *argv], input=command, env=dict(os.environ, **self.env()),
+                              capture_output=True, text=True, timeout=self.timeout)
+
+    def __enter__(self):
+        if shutil.which(MPS_CONTROL) is None:
+            raise RuntimeError(f"MPS: {MPS_CONTROL} is not on PATH")
+        self.folder = tempfile.mkdtemp(prefix="blkps-gpu-mps-")
+        for part in self.env().values():
+            os.mkdir(part)
+        started = self._control("-d")
+        if started.returncode != 0:
+            self._remove()
+            raise RuntimeError(f"MPS: {MPS_CONTROL} -d exited with {started.returncode}: "
+                               f"{(started.stderr or started.stdout).strip()[:200]}")
+        return self
+
+    def served(self):
+        """Whether an MPS server has run for this daemon's clients."""
+        listed = self._control(command="get_server_list\n")
+        return listed.returncode == 0 and bool(listed.stdout.strip())
+
+    def __exit__(self, *_):
+        try:
+            self._control(command="quit\n")
+        finally:
+            self._remove()
+
+    def _remove(self):
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def measure(cfg, learners, mps, run, timeout):
+    """`learners` plain processes of the training `cfg` (gpu_bench.train,
+    blkps off; cfg["batch"] is each one's) at once, with MPS `mps` ("off",
+    "on"); run(cfg, envs, timeout) runs them (gpu_bench.run_learners).
+    Returns (their results, whether an MPS server served them: None with
+    MPS off). Raises RuntimeError where they, or MPS, fail."""
+    if mps == "off":
+        return run(cfg, [None] * learners, timeout), None
+    if cfg.get("device", "cuda") != "cuda":
+        raise RuntimeError("MPS: a CUDA service, not on --device cpu")
+    with Mps(timeout) as daemon:
+        outs = run(cfg, [dict(os.environ, **daemon.env())] * learners, timeout)
+        if not daemon.served():
+            raise RuntimeError("MPS: the daemon started, but no MPS server served the processes")
+        return outs, True
