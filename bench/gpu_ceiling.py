@@ -16,15 +16,16 @@ import tempfile
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_SETTINGS = ("off", "on")
+CONTROL_TIMEOUT_S = 30  # a control command's answer
 
 
 class Mps:
     """A private MPS control daemon while in a `with` block; env() is what
     its clients need. Raises RuntimeError, in one line, where it cannot
-    start."""
+    start, or does not quit at the end (its folder is then left, named)."""
 
-    def __init__(self, timeout):
-        self.timeout, self.folder = timeout, None
+    def __init__(self):
+        self.folder = None
 
     def env(self):
         return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder, "pipe"),
@@ -32,7 +33,7 @@ class Mps:
 
     def _control(self, *argv, command=None):
         return subprocess.run([MPS_CONTROL, *argv], input=command, env=dict(os.environ, **self.env()),
-                              capture_output=True, text=True, timeout=self.timeout)
+                              capture_output=True, text=True, timeout=CONTROL_TIMEOUT_S)
 
     def __enter__(self):
         if shutil.which(MPS_CONTROL) is None:
@@ -54,9 +55,14 @@ class Mps:
 
     def __exit__(self, *_):
         try:
-            self._control(command="quit\n")
-        finally:
-            self._remove()
+            quit_ = self._control(command="quit\n")
+        except subprocess.TimeoutExpired:
+            quit_ = None
+        if quit_ is None or quit_.returncode != 0:
+            raise RuntimeError(f"MPS: the control daemon of {self.folder} did not quit: stop it with "
+                               f"CUDA_MPS_PIPE_DIRECTORY={self.env()['CUDA_MPS_PIPE_DIRECTORY']} {MPS_CONTROL} "
+                               "and the command quit")
+        self._remove()
 
     def _remove(self):
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -72,7 +78,7 @@ def measure(cfg, learners, mps, run, timeout):
         return run(cfg, [None] * learners, timeout), None
     if cfg.get("device", "cuda") != "cuda":
         raise RuntimeError("MPS: a CUDA service, not on --device cpu")
-    with Mps(timeout) as daemon:
+    with Mps() as daemon:
         outs = run(cfg, [dict(os.environ, **daemon.env())] * learners, timeout)
         if not daemon.served():
             raise RuntimeError("MPS: the daemon started, but no MPS server served the processes")
