@@ -367,8 +367,8 @@ def measure_ceiling(args, ceiling, head, alone, timeout):
     the batch / learners; its record (a failure is a record with "failed")."""
     started = time.monotonic()
     try:
-        outs, served = gpu_ceiling.measure(plain_cfg(args, ceiling.model, head["batch"] // ceiling.learners),
-                                           ceiling.learners, ceiling.mps, run_learners, timeout)
+        outs = gpu_ceiling.measure(plain_cfg(args, ceiling.model, head["batch"] // ceiling.learners),
+                                   ceiling.learners, ceiling.mps, run_learners, timeout)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         return dict(head, failed=str(e), run_s=round(time.monotonic() - started, 1))
     step_ms = max(o["step_ms"] for o in outs)

@@ -72,14 +72,14 @@ def measure(cfg, learners, mps, run, timeout):
     """`learners` plain processes of the training `cfg` (gpu_bench.train,
     blkps off; cfg["batch"] is each one's) at once, with MPS `mps` ("off",
     "on"); run(cfg, envs, timeout) runs them (gpu_bench.run_learners).
-    Returns (their results, whether an MPS server served them: None with
-    MPS off). Raises RuntimeError where they, or MPS, fail."""
+    Returns their results. Raises RuntimeError where they fail, or MPS
+    does (an MPS server that served none of them included)."""
     if mps == "off":
-        return run(cfg, [None] * learners, timeout), None
+        return run(cfg, [None] * learners, timeout)
     if cfg.get("device", "cuda") != "cuda":
         raise RuntimeError("MPS: a CUDA service, not on --device cpu")
     with Mps() as daemon:
         outs = run(cfg, [dict(os.environ, **daemon.env())] * learners, timeout)
         if not daemon.served():
             raise RuntimeError("MPS: the daemon started, but no MPS server served the processes")
-        return outs, True
+        return outs

@@ -16,9 +16,8 @@ holds the interpreter lock, as a GPU step's Python and kernel launches hold
 it, without using a CPU (the GPU host's training thread has a core of its
 own; here a busy loop would take one of 2 from the shards); the rest is
 slept, with the lock released, as the GPU computes while its host thread
-waits. The layers run as a GPU's
-queue does (Device): a host late by less than a layer's asleep share is
-hidden, a later one delays the step.
+waits. The layers run as a GPU's queue does (Device): a host late by less
+than a layer's asleep share is hidden, a later one delays the step.
 
 The proxy runs the H100's step in slow motion: its clock is this machine's
 push and pull of the whole model by hand through the same shards, against
