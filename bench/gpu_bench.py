@@ -372,11 +372,10 @@ def measure_ceiling(args, ceiling, head, alone, timeout):
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         return dict(head, failed=str(e), run_s=round(time.monotonic() - started, 1))
     step_ms = max(o["step_ms"] for o in outs)
-    peaks = [o["memory"].get("gpu_peak_mb") for o in outs]
     return dict(head, step_ms=round(step_ms, 2), standalone_step_ms=round(alone["step_ms"], 2),
                 ratio=round(alone["step_ms"] / step_ms, 3), gpu=outs[0]["gpu"],
                 learner_cpu_s_per_step=round(sum(o["cpu_s_per_step"] for o in outs), 4),
-                memory={"gpu_peak_mb": round(sum(peaks), 1)} if None not in peaks else {},
+                memory=learners_memory(outs, alone["memory"].get("gpu_peak_mb")),
                 run_s=round(time.monotonic() - started, 1), alone_run_s=alone["run_s"])
 
 
@@ -453,11 +452,12 @@ def learners_memory(outs, alone_peak):
     peaks summed, what that is beyond training alone (one process, the
     whole batch: for 2 learners at half batch each it includes the second
     copy of the model and its CUDA state), what blkps.torch added on the
-    GPU, and its host staging (page-locked with a CUDA model)."""
+    GPU, and its host staging (page-locked with a CUDA model); plain
+    processes (a ceiling) have neither of the last two."""
     peaks = [o["memory"].get("gpu_peak_mb") for o in outs]
     out = {}
     for key in ("blkps_gpu_mb", "host_staging_mb"):
-        values = [o["memory"][key] for o in outs]
+        values = [o["memory"].get(key) for o in outs]
         if None not in values:
             out[key] = round(sum(values), 1)
     if None not in peaks:
