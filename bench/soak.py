@@ -46,16 +46,21 @@ REQUEST_BYTES = MIB  # the learners' request size: a push of n bytes is ceil(n /
 START_ALIGN = 16384  # parameters: push starts on 64 KiB, so a receipt has at most size/64 KiB units
 MAX_PUSH = 4 * REQUEST_BYTES // 4  # parameters per push at most (4 requests)
 VALUES = [-3, -2, -1, 1, 2, 3, 4]
+QUEUE_DEPTH = 16  # the learners' requests in flight (libblkps's default, named so the bound below holds)
 # tgtd log lines that are events of a soak, not errors: checkpoints, a slot
 # declared dead (no I/O for dead_after, e.g. a slow restart) and back
-# (aggregator/job*.cc), and tgt's own line when a connection closes while a
-# command's PDU is half received (usr/iscsi/conn.c: the command is dropped
-# before it reaches the backing store), which a learner killed mid-push
-# causes: at most one per kill. tgtd's start-up lines come before the soak and
-# are not read; every other line is an error.
+# (aggregator/job*.cc), and tgt's own lines when a connection closes with
+# commands in flight (usr/iscsi/conn.c conn_close), which a learner killed
+# mid-push or mid-pull causes: the command whose PDU was half received
+# ("rx task": dropped before it reaches the backing store, at most one per
+# kill) and the commands waiting for their CmdSN or whose response was
+# queued ("pending" and "tx" tasks: at most QUEUE_DEPTH per kill; a write
+# among them was applied and its receipt says so). tgtd's start-up lines come
+# before the soak and are not read; every other line is an error.
 EXPECTED_LOG = re.compile(r"blkps: model '[^']*': (checkpoint of step \d+ (\(generation \d+\) )?written|"
                           r"learner at lun \d+ "
-                          r"(?P<slot>is dead|is back))|conn_close\(\d+\) (?P<kill>Forcing release of rx task)")
+                          r"(?P<slot>is dead|is back))|conn_close\(\d+\) (?P<kill>Forcing release of "
+                          r"(rx|tx|pending) task|Add current tx task to the tx list for removal)")
 # RSS bound: the largest RSS in the last third of the run may exceed the
 # largest of the first third (tgt's command buffers and malloc's kept heap
 # have grown by then) by at most this much. A leak of one 1 MiB request
@@ -76,7 +81,8 @@ def learner(args):
     rng = random.Random(args.seed)
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        model = blkps.Model(args.url, request_bytes=REQUEST_BYTES, initiator_name=args.initiator)
+        model = blkps.Model(args.url, request_bytes=REQUEST_BYTES, queue_depth=QUEUE_DEPTH,
+                            initiator_name=args.initiator)
     except OSError as e:
         print(f"soak-learner {args.lun}: {e.strerror}", file=sys.stderr)
         return 1
@@ -299,6 +305,11 @@ class Soak:
         self.events["restarts"] += 1
         print(f"soak: killed learner {inc['initiator']} (pid {inc['pid']}) and started it again", flush=True)
 
+    def note_error(self, line):
+        """Counts an error once, however many samples see it again."""
+        if line not in self.errors:
+            self.errors.append(line)
+
     def read_tgtd_log(self):
         with open(self.tgtd_log, "rb") as f:
             f.seek(self.log_pos)
@@ -331,13 +342,16 @@ class Soak:
         sample["push_mb_s"] = (sample["bytes_written"] - last[1]["bytes_written"]) / span / 1e6
         sample["pull_mb_s"] = (sample["bytes_read"] - last[1]["bytes_read"]) / span / 1e6
         self.read_tgtd_log()
-        if self.events["tgtd_log: Forcing release of rx task"] > self.events["kills"]:
-            self.errors.append("tgtd.log: more half-received commands dropped than learners killed")
+        kills = self.events["kills"]
+        released = {what: self.events[f"tgtd_log: Forcing release of {what} task"] for what in ("rx", "tx", "pending")}
+        if released["rx"] > kills:
+            self.note_error("tgtd.log: more half-received commands dropped than learners killed")
+        if released["tx"] + released["pending"] > kills * QUEUE_DEPTH:
+            self.note_error(f"tgtd.log: more queued commands released than {QUEUE_DEPTH} per learner killed")
         # The server's own error counters and reasons, each once.
         for key in ("rejected_writes", "hold_timeouts", "failed", "checkpoint_error", "control_error"):
-            line = f"status: {key}: {sample[key]}"
-            if sample[key] and line not in self.errors:
-                self.errors.append(line)
+            if sample[key]:
+                self.note_error(f"status: {key}: {sample[key]}")
         sample["errors"] = len(self.errors)
         self.samples.append(sample)
         print(f"soak: {sample['t_s']:7.1f} s  tgtd RSS {sample['rss_mib']:.1f} MiB  push {sample['push_mb_s']:.0f} "
