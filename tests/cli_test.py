@@ -7,7 +7,7 @@ Usage: cli_test.py <repo> <build dir> <case>
 Cases without a server (ctest label unit): unknown-command, help, bsopts,
 demo-options, progress-lines, device-larger-warning, layout, mount-point-missing,
 no-numpy, no-python3, scaled-error-names-option, tgtd-above-stripe-units-refused,
-build-folder-from-environment. Cases that start their own tgtd (label
+build-folder-from-environment, layouts-written-at-once-by-two-parts. Cases that start their own tgtd (label
 integration): start-labels-urls, set-shows-reason, model-too-large,
 owner-pid-watchdog, start-after-tgtd-killed, folder-with-space, status-shows-stale-pushes,
 concurrent-starts-one-serves, concurrent-scaled-starts-one-serves,
@@ -745,6 +745,40 @@ def test_build_folder_from_environment():
     finally:
         blkps("target", "stop", "--dir", os.path.join(fake, "state"))
         subprocess.run(["rm", "-rf", fake])
+
+
+def test_layouts_written_at_once_by_two_parts():
+    # Two server tasks completing a job's set of parts at once each write
+    # its layouts (blkps_cli/publish.py): both must succeed and every
+    # layout must be one writer's whole file.
+    sys.path.insert(0, os.path.join(top, "scripts"))
+    from blkps_cli import shards
+    import multiprocessing
+    folder = tempfile.mkdtemp(prefix="blkps-cli-layouts-")
+
+    def writer(label):
+        envs = [{"URLS": f"iscsi://127.0.0.1:3260/iqn.{label}/1 iscsi://127.0.0.1:3260/iqn.{label}/2",
+                 "CONTROL_URL": f"iscsi://127.0.0.1:3260/iqn.{label}/3"}]
+        for _ in range(300):
+            shards.write_layouts(folder, envs, 2, 65536, 1000, "float32", "", [label])
+    try:
+        procs = [multiprocessing.Process(target=writer, args=(f"part{k}",)) for k in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        if any(proc.exitcode != 0 for proc in procs):
+            fail(f"a layout writer failed: exit statuses {[proc.exitcode for proc in procs]}")
+        if sorted(os.listdir(folder)) != ["slot-1.layout", "slot-2.layout"]:
+            fail(f"the folder holds {sorted(os.listdir(folder))}")
+        for lun in (1, 2):
+            with open(os.path.join(folder, f"slot-{lun}.layout")) as f:
+                text = f.read()
+            names = set(re.findall(r"iqn\.(part\d)", text))
+            if len(names) != 1 or not text.endswith("/3\n"):
+                fail(f"slot-{lun}.layout is not one writer's whole file: {text!r}")
+    finally:
+        subprocess.run(["rm", "-rf", folder])
 
 
 def test_replicas_start_promote_stop():

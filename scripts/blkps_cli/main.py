@@ -64,7 +64,8 @@ def main(argv=None):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # libblkps's messages start with "blkps: " too
-        return report(UserError(command, (e.strerror or str(e)).removeprefix("blkps: ")))
+        why = (e.strerror or str(e)).removeprefix("blkps: ")
+        return report(UserError(command, f"{e.filename}: {why}" if e.filename else why))
     except KeyboardInterrupt as e:
         return 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
 

@@ -24,6 +24,7 @@ import time
 
 from . import serve_parts, shards
 from .errors import Parser, UserError
+from .files import write_atomically
 
 SERVERS = "servers"
 WAIT_TIMEOUT_S = 300
@@ -56,9 +57,7 @@ def publish(jobdir, served, envs, model, backup=None):
     if backup:
         values["backup_urls"], values["replication"] = backup["urls"], backup["replication"]
     path = part_path(jobdir, served.part, served.parts)
-    with open(path + ".tmp", "w") as f:
-        json.dump(values, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(values, indent=1))
     assemble(jobdir, served.parts)
 
 

@@ -29,6 +29,7 @@ import subprocess
 
 from . import publish, replicas, tgtd
 from .errors import UserError
+from .files import write_atomically
 
 ROLES = ("primary", "backup")
 
@@ -157,9 +158,7 @@ def publish_backup(a, served, env):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     values = {"part": served.part, "parts": served.parts, "host": socket.gethostname(),
               "replication": a.replication, "urls": env["URLS"].split(), "control_url": env["CONTROL_URL"]}
-    with open(path + ".tmp", "w") as f:
-        json.dump(values, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(values, indent=1))
 
 
 def unpublish_backup(a, part, parts):

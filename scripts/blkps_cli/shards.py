@@ -28,6 +28,7 @@ import subprocess
 from . import chap, checkpoints, state, tgtd, tools
 from .arguments import positive_int
 from .errors import UserError
+from .files import write_atomically
 
 Plan = collections.namedtuple("Plan", "unit bsopts sizes")
 Plan.__doc__ = """What one host serves of a stripe (plan_shards): the stripe unit in
@@ -218,19 +219,18 @@ def write_layouts(folder, envs, luns, unit, params, dtype, levels="", labels=(),
     layouts = []
     for lun in range(1, luns + 1):
         path = os.path.join(folder, f"slot-{lun}.layout")
-        with open(path + ".tmp", "w") as f:
-            f.write(f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
-                    + (f"# a hashed table split by id hash over {len(envs)} shard(s).\nkind = {HASHED}\n"
-                       if unit == HASHED else
-                       f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
-                       f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else "")))
-            for k, (env, label) in enumerate(zip(envs, labels or [""] * len(envs))):
-                f.write(f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n"))
-                if backups and backups[k]:
-                    f.write(f"replica = {backups[k]['URLS'].split()[lun - 1]}  # its backup\n")
-            for env in envs:
-                f.write(f"control = {env['CONTROL_URL']}\n")
-        os.replace(path + ".tmp", path)  # a learner waiting for it never reads half a file
+        text = (f"# blkps shard layout (written by blkps): learner slot {lun} of a model\n"
+                + (f"# a hashed table split by id hash over {len(envs)} shard(s).\nkind = {HASHED}\n"
+                   if unit == HASHED else
+                   f"# of {params} parameters striped over {len(envs)} shard(s){levels}.\n"
+                   f"stripe_unit = {unit}\n" + (f"dtype = {dtype}\n" if dtype != "float32" else "")))
+        for k, (env, label) in enumerate(zip(envs, labels or [""] * len(envs))):
+            text += f"shard = {env['URLS'].split()[lun - 1]}" + (f"  # {label}\n" if label else "\n")
+            if backups and backups[k]:
+                text += f"replica = {backups[k]['URLS'].split()[lun - 1]}  # its backup\n"
+        for env in envs:
+            text += f"control = {env['CONTROL_URL']}\n"
+        write_atomically(path, text)  # a learner waiting for it never reads half a file
         layouts.append(path)
     return layouts
 

@@ -25,6 +25,7 @@ shards.env:
 import os
 
 from .errors import UserError
+from .files import write_atomically
 
 TARGET_ENV = "target.env"
 SHARDS_ENV = "shards.env"
@@ -39,10 +40,7 @@ def write(path, values):
         if any(c in text for c in "\"\n'$`\\"):
             raise UserError(os.path.basename(path), f"{key}: cannot hold {text!r}", "use plain names and paths")
         lines.append(f'{key}="{text}"' if " " in text else f"{key}={text}")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def read(path):

@@ -43,6 +43,7 @@ import types
 from . import chap, processes, session, state, tools
 from .processes import running
 from .errors import UserError
+from .files import write_atomically
 
 # tgt 1.0.85's iSER driver listens on every address at port 3260: its
 # `--iser port=N` is refused whatever N (it tests a stale errno).
@@ -569,9 +570,7 @@ def remember(folder, a, port):
     options["port"] = str(port)
     options["bsopts"] = ";".join(pair for pair in a.bsopts.split(";") if pair != "fresh=1")
     path = os.path.join(folder, START_OPTIONS)
-    with open(path + ".tmp", "w") as f:
-        json.dump(options, f)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(options))
 
 
 def started_with(folder):
