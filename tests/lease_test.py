@@ -369,6 +369,15 @@ def test_outdated_backup_never_promoted():
                 # from the primary): it misses the pushes from here on.
                 os.kill(backup, signal.SIGSTOP)
                 learners.wait_for_more("while the backup is stopped")
+                # Those pushes were acknowledged only once the primary had
+                # the verdict: the backup stopped, lost and marked outdated.
+                with open(f"/proc/{backup}/stat") as f:
+                    stat_fields = f.read().rsplit(")", 1)[1].split()
+                testbed.check(stat_fields[0] == "T", f"the backup's tgtd ({backup}) is in state {stat_fields[0]}, "
+                                                     "not stopped")
+                testbed.check(status(t.dir)["backup"].startswith("outdated: "),
+                              f"the primary acknowledged pushes while its backup was stopped, but its status "
+                              f"says backup {status(t.dir)['backup']!r}")
             learners.check_exactly_once(t.dir)
             os.kill(primary_pid(t), signal.SIGKILL)
             wait_for("the backup's keeper refuses to take over",
