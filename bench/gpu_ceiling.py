@@ -7,16 +7,20 @@ alone.
 
 MPS: a control daemon of its own (nvidia-cuda-mps-control -d) with its
 pipe and log in a private folder, which only this run's processes name
-(CUDA_MPS_PIPE_DIRECTORY), asked after the run whether a server served
-them (get_server_list) and told to quit whatever happened."""
+(CUDA_MPS_PIPE_DIRECTORY), asked during and after the run whether a
+server served them (get_server_list: a server that ends with its last
+client is seen while they run) and told to quit whatever happened."""
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_SETTINGS = ("off", "on")
 CONTROL_TIMEOUT_S = 30  # a control command's answer
+POLL_S = 1.0  # watching(): how often the daemon is asked for its servers
 
 
 class Mps:
@@ -26,6 +30,7 @@ class Mps:
 
     def __init__(self):
         self.folder = None
+        self._seen = False  # a server listed (watching, served)
 
     def env(self):
         return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder, "pipe"),
@@ -48,10 +53,37 @@ class Mps:
                                f"{(started.stderr or started.stdout).strip()[:200]}")
         return self
 
-    def served(self):
-        """Whether an MPS server has run for this daemon's clients."""
-        listed = self._control(command="get_server_list\n")
+    def _listed(self):
+        """Whether get_server_list names a server now."""
+        try:
+            listed = self._control(command="get_server_list\n")
+        except subprocess.TimeoutExpired:
+            return False
         return listed.returncode == 0 and bool(listed.stdout.strip())
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Asks the daemon every POLL_S, while in the block, whether a
+        server serves its clients: served() then holds the answer even
+        where the server is gone by the block's end."""
+        stop = threading.Event()
+
+        def poll():
+            while not self._seen and not stop.wait(POLL_S):
+                self._seen = self._listed()
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            poller.join()
+
+    def served(self):
+        """Whether an MPS server served this daemon's clients: seen while
+        watching(), or listed now."""
+        self._seen = self._seen or self._listed()
+        return self._seen
 
     def __exit__(self, *_):
         try:
@@ -79,7 +111,8 @@ def measure(cfg, learners, mps, run, timeout):
     if cfg.get("device", "cuda") != "cuda":
         raise RuntimeError("MPS: a CUDA service, not on --device cpu")
     with Mps() as daemon:
-        outs = run(cfg, [dict(os.environ, **daemon.env())] * learners, timeout)
+        with daemon.watching():
+            outs = run(cfg, [dict(os.environ, **daemon.env())] * learners, timeout)
         if not daemon.served():
             raise RuntimeError("MPS: the daemon started, but no MPS server served the processes")
         return outs
