@@ -139,7 +139,7 @@ void Job::AddSlotLocked() {
 void Job::RemoveLearner(size_t slot) {
   MutexLock lock(&mu_);
   for (const HeldCommand& h : holds_.Drop(slot)) {
-    if (h.write) receipts_.DropWrite(slot, h.initiator);  // dropped: never run
+    if (h.write) receipts_.EndWrite(slot, h.initiator);  // dropped: never run
   }
   slots_[slot].attached = false;
   clocks_.MarkDead(slot);

@@ -581,9 +581,13 @@ class Job {
   // and the gradients to average returned (0: none), for the caller to
   // apply once it has released mu_. REQUIRES: b's write lock.
   uint32_t CountGradientLocked(size_t slot, uint64_t b, uint64_t n) REQUIRES(mu_);
-  // A write of `initiator` ends, applied (counted at `offset`'s unit) or not;
+  // A write of `initiator` is counted, applied (at `offset`'s unit) or not;
   // `round`: the round its gradient was towards (RoundBoundaries() only).
+  // It is still in progress: a learner reading its receipt after a
+  // reconnect waits, until EndWrite(), for its record to reach the backup.
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t offset, bool applied, uint64_t round);
+  // Write() returns: the write is no longer in progress on its receipt.
+  void EndWrite(size_t slot, const std::string& initiator);
   // The row windows as words for a checkpoint section, and back.
   std::vector<uint64_t> SaveRowWindowsLocked() const REQUIRES(mu_);
   Status RestoreRowWindowsLocked(const std::vector<uint64_t>& words) REQUIRES(mu_);

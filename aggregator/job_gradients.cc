@@ -60,6 +60,9 @@ Status Job::Write(size_t slot, uint64_t offset, const void* src, size_t len, con
   // Acknowledged only while the lease holds (a lease may lapse while the
   // backup has the record): the receipt says it was applied.
   if (s.ok()) s = CheckLease();
+  // Only now: a learner that reconnected while the record was on its way
+  // would otherwise read a receipt counting a write its backup may lack.
+  EndWrite(slot, initiator.name);
   return s;
 }
 

@@ -75,7 +75,7 @@ void Job::RecordLeadLocked(size_t slot, uint64_t first_block, uint64_t last_bloc
 
 Status Job::OnReleaseLocked(const HeldCommand& held, Status status) {
   if (status.ok() && !held.write) RecordLeadLocked(held.slot, held.first_block, held.last_block);
-  if (held.write && !status.ok()) receipts_.DropWrite(held.slot, held.initiator);  // it will never run
+  if (held.write && !status.ok()) receipts_.EndWrite(held.slot, held.initiator);  // it will never run
   return status;
 }
 

@@ -38,6 +38,11 @@ void Job::FinishWrite(size_t slot, const std::string& initiator, uint64_t offset
   if (applied && RoundBoundaries()) RecordRoundWriteLocked(slot, initiator, offset / kReceiptUnit, round);
 }
 
+void Job::EndWrite(size_t slot, const std::string& initiator) {
+  MutexLock lock(&mu_);
+  receipts_.EndWrite(slot, initiator);
+}
+
 void Job::FenceLocked(uint64_t lun, const std::string& initiator, uint64_t ended_session) {
   // A write of the ended session that tgtd had not read off its socket yet
   // comes after the fence, maybe after the learner read its receipt: it is

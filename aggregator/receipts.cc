@@ -41,14 +41,13 @@ const Receipts::Receipt* Receipts::Find(size_t slot, const std::string& initiato
 
 void Receipts::FinishWrite(size_t slot, const std::string& initiator, uint64_t unit, bool applied) {
   Receipt& r = At(slot, initiator);
-  if (r.in_progress > 0) --r.in_progress;
   r.last_use = ++uses_;
   if (!applied) return;
   ++r.applied[unit];
   ++r.writes_applied;
 }
 
-void Receipts::DropWrite(size_t slot, const std::string& initiator) {
+void Receipts::EndWrite(size_t slot, const std::string& initiator) {
   Receipt& r = At(slot, initiator);
   if (r.in_progress > 0) --r.in_progress;
 }

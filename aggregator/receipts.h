@@ -101,13 +101,14 @@ class Receipts {
   // The slot's receipts, by initiator.
   const std::map<std::string, Receipt>& of(size_t slot) const { return by_slot_[slot]; }
 
-  // A write admitted on `initiator`'s receipt ends: applied (counted at
-  // `unit`) or not; it is no longer in progress either way, and the receipt
-  // becomes the most recently used.
+  // A write admitted on `initiator`'s receipt is counted: applied (at
+  // `unit`) or not; the receipt becomes the most recently used. It stays in
+  // progress until EndWrite().
   void FinishWrite(size_t slot, const std::string& initiator, uint64_t unit, bool applied);
-  // A held write of `initiator` will never run (failed, fenced, or its LUN
-  // went away): no longer in progress.
-  void DropWrite(size_t slot, const std::string& initiator);
+  // A write of `initiator` is no longer in progress: it ended (counted by
+  // FinishWrite and, on a primary, on its backup or judged without it), or
+  // it was held and will never run (failed, fenced, or its LUN went away).
+  void EndWrite(size_t slot, const std::string& initiator);
   // A fence of `initiator` on `slot` ended `session` (not 0): the receipt,
   // made if there is none, keeps it among its kEndedSessions most recent.
   void EndSession(size_t slot, const std::string& initiator, uint64_t session);

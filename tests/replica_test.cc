@@ -339,6 +339,47 @@ TEST(Replicas, APrimaryWhoseBackupStopsAnsweringFailsTheWrite) {
   EXPECT_TRUE(Contains(StatusJson(shard.primary), "backup " + shard.address)) << StatusJson(shard.primary);
 }
 
+// Learner `k`'s receipt header for its LUN on `target` (writes applied, in
+// progress), as the control LUN serves it to the learner.
+blkps_control_receipt ReceiptHeader(const TargetProcess& target, int k) {
+  const std::vector<uint8_t> r = Receipts(target, k);
+  blkps_control_receipt header{};
+  EXPECT_EQ(blkps_control_receipt_decode(r.data() + k * blkps_control_receipt_bytes(kDeviceBytes),
+                                         BLKPS_CONTROL_RECEIPT_HEADER_BYTES, k, &header),
+            0);
+  return header;
+}
+
+// A write the primary applied while its record waits for the backup is
+// still in progress on the learner's receipt: a learner that reconnects
+// then (a silent replica: doc/libblkps.md "Faults") waits for it to end
+// before it trusts the receipt, instead of counting as done a push that a
+// failover to the backup would lose. It ends once the backup answers.
+TEST(Replicas, AWriteWaitingForItsBackupIsInProgressOnItsReceipt) {
+  ReplicatedShard shard(kModel + ";rule=sum");
+  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
+  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
+  RawLun lun(shard.primary.url(1), Learner(1));
+  ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
+  std::string why;
+  ASSERT_TRUE(shard.backup.StopTgtd(&why)) << why;
+  std::string stalled;
+  std::thread pusher([&] { stalled = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)); });
+  blkps_control_receipt applied{};
+  for (int i = 0; i < 200 && applied.writes_applied < 2; ++i) {  // the primary applies it at once
+    applied = ReceiptHeader(shard.primary, 1);
+    if (applied.writes_applied < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  shard.backup.ContinueTgtd();
+  pusher.join();
+  EXPECT_EQ(applied.writes_applied, 2u);
+  EXPECT_EQ(applied.writes_in_progress, 1u) << "the receipt counted the write as ended before its backup had it";
+  EXPECT_EQ(stalled, "GOOD");
+  const blkps_control_receipt ended = ReceiptHeader(shard.primary, 1);
+  EXPECT_EQ(ended.writes_applied, 2u);
+  EXPECT_EQ(ended.writes_in_progress, 0u);
+}
+
 // Polls the primary's status until `part` shows in it (about 30 s at most).
 bool StatusShows(const TargetProcess& target, const std::string& part) {
   for (int i = 0; i < 600; ++i) {
