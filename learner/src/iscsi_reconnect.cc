@@ -186,8 +186,10 @@ Status IscsiDevice::FenceAndReadReceipt(uint64_t ended, std::vector<uint32_t>* c
   Status s = SyncTransfer(iscsi_, control_lun_, Direction::kWrite, BLKPS_CONTROL_COMMANDS_OFFSET, fence.data(),
                           fence.size(), block_size_, deadline);
   if (!s.ok()) return Status::Error(EIO, "%s: after reconnecting: fence: %s", name_.c_str(), s.message().c_str());
-  // Writes already running on the server finish in well under a command
-  // timeout; poll for that.
+  // Writes already running on the server finish in under a command
+  // timeout (a primary's waits at most 10 s for its backup's acknowledgement
+  // and 10 s more for a lease keeper's verdict: doc/replicas.md); poll for
+  // that.
   const Deadline drained =
       std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(kCommandTimeoutSeconds));
   blkps_control_receipt header{};
