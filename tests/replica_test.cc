@@ -19,6 +19,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -305,12 +306,28 @@ TEST(Replicas, ABackupWhosePrimaryDiedStaysOnStandby) {
   EXPECT_EQ(lun.Read(0, 1), "sense 0x2 0x040b");
 }
 
+// Learner 1's session on `shard`'s primary once it has pushed one block
+// (GOOD); null, with the failure added, if the shard did not start or the
+// push failed.
+std::unique_ptr<RawLun> LearnerOneAfterAPush(const ReplicatedShard& shard) {
+  if (!shard.backup.ok() || !shard.primary.ok()) {
+    ADD_FAILURE() << shard.backup.start_output() << shard.primary.start_output();
+    return nullptr;
+  }
+  auto lun = std::make_unique<RawLun>(shard.primary.url(1), Learner(1));
+  const std::string first = lun->Write(0, std::vector<uint8_t>(kRawLbaBytes));
+  if (first != "GOOD") {
+    ADD_FAILURE() << "the first push: " << first;
+    return nullptr;
+  }
+  return lun;
+}
+
 TEST(Replicas, APrimaryWhoseBackupIsGoneAcknowledgesNoMoreWrites) {
   ReplicatedShard shard(kModel + ";rule=sum");
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  RawLun lun(shard.primary.url(1), Learner(1));
-  ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
+  std::unique_ptr<RawLun> pushed = LearnerOneAfterAPush(shard);
+  ASSERT_TRUE(pushed);
+  RawLun& lun = *pushed;
   std::string why;
   ASSERT_TRUE(shard.backup.KillTgtd(&why)) << why;
   // NOT READY, MANUAL INTERVENTION REQUIRED: the job failed, saying why.
@@ -324,10 +341,9 @@ TEST(Replicas, APrimaryWhoseBackupIsGoneAcknowledgesNoMoreWrites) {
 // as if the backup were gone, and so does every later one.
 TEST(Replicas, APrimaryWhoseBackupStopsAnsweringFailsTheWrite) {
   ReplicatedShard shard(kModel + ";rule=sum");
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  RawLun lun(shard.primary.url(1), Learner(1));
-  ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
+  std::unique_ptr<RawLun> pushed = LearnerOneAfterAPush(shard);
+  ASSERT_TRUE(pushed);
+  RawLun& lun = *pushed;
   std::string why;
   const bool stopped = shard.backup.StopTgtd(&why);
   const std::string stalled = lun.Write(0, std::vector<uint8_t>(kRawLbaBytes));
@@ -357,10 +373,9 @@ blkps_control_receipt ReceiptHeader(const TargetProcess& target, int k) {
 // failover to the backup would lose. It ends once the backup answers.
 TEST(Replicas, AWriteWaitingForItsBackupIsInProgressOnItsReceipt) {
   ReplicatedShard shard(kModel + ";rule=sum");
-  ASSERT_TRUE(shard.backup.ok()) << shard.backup.start_output();
-  ASSERT_TRUE(shard.primary.ok()) << shard.primary.start_output();
-  RawLun lun(shard.primary.url(1), Learner(1));
-  ASSERT_EQ(lun.Write(0, std::vector<uint8_t>(kRawLbaBytes)), "GOOD");
+  std::unique_ptr<RawLun> pushed = LearnerOneAfterAPush(shard);
+  ASSERT_TRUE(pushed);
+  RawLun& lun = *pushed;
   std::string why;
   ASSERT_TRUE(shard.backup.StopTgtd(&why)) << why;
   std::string stalled;
