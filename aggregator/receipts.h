@@ -64,7 +64,7 @@ class Receipts {
     // plugin (doc/embeddings.md "Bench").
     std::unordered_map<uint64_t, uint32_t> applied;
     uint64_t writes_applied = 0;
-    uint64_t in_progress = 0;  // admitted, not yet finished or failed
+    uint64_t in_progress = 0;  // admitted, not yet ended (EndWrite)
     uint64_t last_use = 0;     // the Receipts' use count at its initiator's last I/O
     // The last kEndedSessions sessions its initiator's fences ended: their
     // writes are refused (Initiator::session).
