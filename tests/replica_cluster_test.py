@@ -196,7 +196,8 @@ class Job:
 
     def __exit__(self, *exc):
         """Ends the learners, then each serve (SIGTERM: it stops its tgtd
-        and keeper), then etcd; prints the serves' output on a failure."""
+        and keeper), then etcd; prints the serves' output, and their
+        keepers' and tgtds' logs, on a failure."""
         for p in self.learners:
             if p.poll() is None:
                 p.kill()
@@ -210,6 +211,12 @@ class Job:
                 serve.kill()
             if exc and exc[0] is not None:
                 print(f"---- serve on host {host}:\n{self.serve_errors(host)}", flush=True)
+                for name, lines in (("lease.log", 20), ("tgtd.log", 15)):  # what its keeper and tgtd said
+                    path = os.path.join(self.dir(host), name)
+                    if os.path.exists(path):
+                        with open(path, errors="replace") as f:
+                            tail = f.read().splitlines()[-lines:]
+                        print(f"---- {path} (last {len(tail)} lines)\n" + "\n".join(tail), flush=True)
         if hasattr(self, "etcd"):
             self.etcd.stop()
         subprocess.run(["rm", "-rf", self.folder])
