@@ -17,7 +17,8 @@ it, without using a CPU (the GPU host's training thread has a core of its
 own; here a busy loop would take one of 2 from the shards); the rest is
 slept, with the lock released, as the GPU computes while its host thread
 waits. The layers run as a GPU's queue does (Device): a host late by less
-than a layer's asleep share is hidden, a later one delays the step.
+than a layer's asleep share is hidden, a later one delays the step; two
+learners' layers take turns on one queue.
 
 The proxy runs the H100's step in slow motion: its clock is this machine's
 push and pull of the whole model by hand through the same shards, against
@@ -50,8 +51,8 @@ start`, async, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
 pull by hand (the clock), then per case blkps.torch in gradient mode
 (overlap_pull, as for a CUDA model) of each tree, with the step alone (no
 transfers) just before and just after the case's runs (their mean: a load
-that drifts falls on both). Each learner computes the whole step (learners
-sharing a GPU each take about the step alone's time). No run takes an
+that drifts falls on both). Learners of one run share one device, each
+with half the batch, as on the H100 (Device, SharedQueue). No run takes an
 optimizer step on the learner (the server applies the gradient). Writes
 DIR/overlap.json (calibration: each bisection's share and ratio; runs:
 model, code, wire_dtype, learners, step_ms, alone_ms,
@@ -63,11 +64,14 @@ every run.
 import argparse
 import ctypes
 import inspect
+import fcntl
 import json
+import mmap
 import os
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -84,6 +88,7 @@ H100_BY_HAND_MS = {"resnet50": 9 + 8, "gpt2": 43 + 35}
 REFERENCE = os.path.join(HERE, "results", "h100-80gb-hbm3")
 CALIBRATION_CASE = ("resnet50", "float32", 1)  # model, wire, learners
 SWITCH_INTERVAL_S = 0.005  # Python's default, on the H100's clock
+BY_HAND_WARMUP_S = 5.0  # by_hand(): pushes and pulls untimed first
 
 
 # ---- the layers and their compute, from gpu_bench's real models ----
@@ -149,33 +154,74 @@ def hold(seconds, interval):
         _HOLDING.usleep(max(1, int(1e6 * min(left, interval / 10))))
 
 
+class Queue:
+    """The end of a device's queue (when the work launched so far is done)
+    as one process sees it: its own."""
+
+    def __init__(self):
+        self.due = 0.0
+
+    def take(self, earliest, seconds):
+        """Queues `seconds` of work that may start at `earliest` (CLOCK_MONOTONIC)
+        behind the work queued so far; returns when it ends."""
+        self.due = max(self.due, earliest) + seconds
+        return self.due
+
+
+class SharedQueue:
+    """The end of one device's queue shared by the learners of a run, each a
+    process: one float64 in the file `path` (made by the parent, zeroed),
+    read and moved under an exclusive flock, so that the learners' work
+    runs on the device one piece after another, as two processes' kernels
+    take turns on one GPU."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR)
+        self.map = mmap.mmap(self.fd, 8)
+
+    def take(self, earliest, seconds):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            due = max(struct.unpack("d", self.map[:8])[0], earliest) + seconds
+            self.map[:8] = struct.pack("d", due)
+            return due
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
 class Device:
     """The GPU as the proxy's layers use it. A layer's compute takes its
     seconds: the share `held` (0 to 1) holding the interpreter lock as a
     GPU step's Python and kernel launches do, then the rest asleep with the
     lock released, as the host waits while the GPU computes. The device
-    works through its queue: a layer ends its seconds after the previous
-    layer ended, so a host late by less than the layer's asleep share (a
+    works through its queue (Queue, or a SharedQueue of `sharers`
+    learners): a layer's work ends its seconds after the work queued before
+    it ended, so a host late by less than the layer's asleep share (a
     sleep's late wake-up, a wait for the lock) is hidden, as behind a GPU's
-    queue; a later host delays the device by the rest. The queue starts
-    empty at each step's first layer. `interval`: the learners' switch
-    interval, on the proxy's clock."""
+    queue; a later host delays the device by the rest. A learner's first
+    layer of a step starts no earlier than its launch. `sharers` learners
+    on one device each run 1/sharers of the batch: a layer's device time
+    is its seconds / sharers, its host time (held) is not divided (a
+    launch costs the same at any batch), and one learner's device work
+    waits behind the others' (the GPU takes them in turn: a learner waiting
+    for the network leaves the device to the others). `interval`: the
+    learners' switch interval, on the proxy's clock."""
 
-    def __init__(self, held, interval):
-        self.held, self.due = held, 0.0  # due: when the layers launched so far are done
-        self.interval = interval
+    def __init__(self, held, interval, queue=None, sharers=1):
+        self.held, self.interval = held, interval
+        self.queue, self.sharers = queue or Queue(), sharers
 
     def compute(self, seconds, first=False):
-        now = time.perf_counter()
-        start = now if first else max(self.due, now - seconds * (1 - self.held))
-        self.due = start + seconds
+        busy = seconds / self.sharers
+        now = time.monotonic()
+        due = self.queue.take(now if first else now - busy * (1 - self.held), busy)
         hold(seconds * self.held, self.interval)
-        time.sleep(max(0.0, self.due - time.perf_counter()))
+        time.sleep(max(0.0, due - time.monotonic()))
 
 
-def proxy_model(torch, layers, compute_s, held, interval):
+def proxy_model(torch, layers, compute_s, device):
     """A model of `layers` (profile()) whose step computes for compute_s
-    seconds on a Device (`held` of it holding the interpreter). The
+    seconds on `device` (a Device). The
     gradients cost no memory traffic beyond autograd's accumulation: each
     is one value broadcast over its parameter's shape, and a weight that a
     later layer reads (a tied embedding) gets its gradient from that layer
@@ -183,7 +229,6 @@ def proxy_model(torch, layers, compute_s, held, interval):
     gradient is complete only at the end of backward, as when tied)."""
     total = sum(macs for _, macs, _ in layers)
     read_later = {reads for _, _, reads in layers if reads is not None}
-    device = Device(held, interval)
 
     class LayerCompute(torch.autograd.Function):
         @staticmethod
@@ -238,8 +283,11 @@ def import_code(code):
 def by_hand(cfg):
     """The whole model's float32 parameters pushed, then pulled, by hand
     through slot 1 of the shards with cfg["code"]'s binding; the median ms
-    of cfg["reps"] after one to warm up (a mean took the odd slow one
-    whole: GPT-2's clock moved by 15% between two quiet runs)."""
+    of cfg["reps"] (a mean took the odd slow one whole: GPT-2's clock moved
+    by 15% between two quiet runs) after BY_HAND_WARMUP_S of them untimed
+    (at least one): a set of shards just started moves the model slower
+    for its first seconds (ResNet-50's first median of 7 took 1.4 times
+    the next ones', once 2.2 times)."""
     import numpy as np
     sys.path.insert(0, os.path.join(cfg["code"], "learner", "python"))
     import blkps
@@ -247,12 +295,14 @@ def by_hand(cfg):
     with blkps.Model(os.environ["BLKPS_TARGET"].replace("{slot}", "1")) as model:
         grad = np.full(cfg["params"], GRAD, np.float32)
         into = np.empty_like(grad)
-        for _ in range(cfg["reps"] + 1):
+        warm = time.monotonic() + BY_HAND_WARMUP_S
+        while len(times) < cfg["reps"]:
             start = time.perf_counter()
             model.push(0, grad)
             model.pull_into(0, into)
-            times.append(1000 * (time.perf_counter() - start))
-    return {"by_hand_ms": statistics.median(times[1:])}
+            if time.monotonic() >= warm:
+                times.append(1000 * (time.perf_counter() - start))
+    return {"by_hand_ms": statistics.median(times)}
 
 
 def learner(cfg):
@@ -261,8 +311,9 @@ def learner(cfg):
     import torch
     torch.set_num_threads(1)
     sys.setswitchinterval(cfg["switch_interval"])
-    model = proxy_model(torch, [tuple(x) for x in cfg["layers"]], cfg["compute_s"], cfg["held"],
-                        cfg["switch_interval"])
+    shared = cfg.get("device_file")
+    device = Device(cfg["held"], cfg["switch_interval"], shared and SharedQueue(shared), cfg.get("sharers", 1))
+    model = proxy_model(torch, [tuple(x) for x in cfg["layers"]], cfg["compute_s"], device)
     opt, extra = None, {}
     if cfg["code"]:
         bps = import_code(cfg["code"])
@@ -423,8 +474,15 @@ class Bench:
         return run(self.cfg(held), [None], self.args.run_timeout)[0]["step_ms"]
 
     def through(self, held, tree, wire, learners):
-        """blkps.torch's step (the slowest rank's) and rank 0's result."""
-        outs = run(self.cfg(held, tree, wire), self.shards[tree.path, wire].envs(learners), self.args.run_timeout)
+        """blkps.torch's step (the slowest rank's) and rank 0's result;
+        `learners` share one device (Device)."""
+        cfg = self.cfg(held, tree, wire)
+        with tempfile.NamedTemporaryFile(prefix="blkps-overlap-device-") as queue:
+            if learners > 1:
+                queue.write(bytes(8))  # the shared queue's end: 0.0
+                queue.flush()
+                cfg.update(device_file=queue.name, sharers=learners)
+            outs = run(cfg, self.shards[tree.path, wire].envs(learners), self.args.run_timeout)
         return max(o["step_ms"] for o in outs), outs[0]
 
     def stop(self):

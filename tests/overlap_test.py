@@ -15,12 +15,18 @@ Cases:
   hold       the proxy's share holding the interpreter: another thread
              runs no Python meanwhile until it has waited the switch
              interval, and the hold uses no CPU.
+  shared     the device two learners share: two processes taking 2,000
+             turns each on one SharedQueue end every turn at an instant
+             of its own and the queue at the sum of the turns (none lost
+             to a race); a Device of 2 sharers queues half a layer's
+             seconds, one of its own the whole.
   refusals   a --code that is not a blkps tree, an interpreter share out
              of [0, 1) and --pipeline with a blkps.torch that has no such
              option are each refused in one line naming the option.
 """
 import importlib.util
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -99,10 +105,54 @@ def case_calibrate():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def case_hold():
+def load_bench():
+    """bench/overlap.py as a module."""
     spec = importlib.util.spec_from_file_location("overlap", BENCH)
     overlap = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(overlap)
+    return overlap
+
+
+TURNS = 2000
+
+
+def case_shared():
+    overlap = load_bench()
+
+    def take_turns(path, out):
+        queue = overlap.SharedQueue(path)
+        out.send([queue.take(0.0, 1.0) for _ in range(TURNS)])
+
+    with tempfile.NamedTemporaryFile(prefix="blkps-overlap-test-") as f:
+        f.write(bytes(8))
+        f.flush()
+        fork = multiprocessing.get_context("fork")
+        pipes = [fork.Pipe(duplex=False) for _ in range(2)]
+        procs = [fork.Process(target=take_turns, args=(f.name, send)) for _, send in pipes]
+        for p in procs:
+            p.start()
+        ends = [receive.recv() for receive, _ in pipes]
+        for p in procs:
+            p.join()
+        every = sorted(e for mine in ends for e in mine)
+        check(every == [float(k) for k in range(1, 2 * TURNS + 1)],
+              f"{2 * TURNS} turns of 1 s ended at {len(set(every))} instants, the last at {every[-1]}: "
+              "turns were lost to a race")
+        check(overlap.SharedQueue(f.name).take(0.0, 0.0) == 2 * TURNS, "the queue's end is not the sum of the turns")
+
+    class Recording(overlap.Queue):
+        def take(self, earliest, seconds):
+            self.seconds = seconds
+            return super().take(earliest, seconds)
+
+    for sharers in (1, 2):
+        queue = Recording()
+        overlap.Device(0.0, 0.005, queue, sharers).compute(0.02, first=True)
+        check(queue.seconds == 0.02 / sharers, f"{sharers} sharers: a layer of 0.02 s queued {queue.seconds} s")
+
+
+def case_hold():
+    overlap = load_bench()
     counted, stop = [0], threading.Event()
 
     def spin():
@@ -144,7 +194,7 @@ def case_refusals():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CASES = {"calibrate": case_calibrate, "hold": case_hold, "refusals": case_refusals}
+CASES = {"calibrate": case_calibrate, "hold": case_hold, "shared": case_shared, "refusals": case_refusals}
 
 if __name__ == "__main__":
     testbed.run(CASES, None)
