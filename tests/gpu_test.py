@@ -308,7 +308,8 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
         opt = bps.DistributedOptimizer(None, named_parameters=model.named_parameters(),
                                        bucket_bytes=SMALL_BUCKET, overlap_pull=overlap,
                                        transport=torch_transports.Transport({"pull": slow_pulls}))
-        opt.log_forward_waits = log
+        if log:
+            opt.forwards.log = True
         outputs = []
         for t in range(steps):
             opt.zero_grad()
@@ -318,7 +319,7 @@ def train_on_file(overlap, steps=4, log=False, model_fn=lambda: mlp(0), slow_pul
             torch.nn.functional.cross_entropy(out, y).backward()
             opt.step()
         opt.wait_weights()
-        waited = [(m, b) for m, b in getattr(opt, "waited", [])]
+        waited = list(opt.forwards.waited) if opt.forwards is not None else []
         result = (outputs, flat(model), opt, waited)
         opt.close()
         return result
@@ -337,8 +338,8 @@ def case_pipeline():
     check(waited, "no forward pre-hook ran")
     for module, indices in waited:
         ids = {id(p) for p in module.parameters(recurse=False)}
-        want = sorted({i for k, (_, p) in enumerate(layers) if id(p) in ids
-                       for i, b in enumerate(opt.buckets) if b in opt._buckets_of[k]})
+        want = sorted({i for _, p in layers if id(p) in ids
+                       for i, b in enumerate(opt.buckets) if b in opt.forwards.buckets_of_params([p])})
         check(sorted(indices) == want, f"{module} waited for buckets {indices}, its own are {want}")
         check(len(indices) < len(opt.buckets), f"{module} waited for the whole model")
     print(f"pipeline: same outputs and weights; per-module waits {[i for _, i in waited[:3]]}, "
@@ -351,8 +352,8 @@ def case_pipeline():
           "attention: forward outputs differ between overlap_pull and waiting in step()")
     check(np.array_equal(plain_w, piped_w), "attention: final weights differ with overlap_pull")
     attn = [set(i) for m, i in waited if isinstance(m, torch.nn.MultiheadAttention)]
-    out_proj = {opt.buckets.index(b) for k, (name, _) in enumerate(opt.layout.named) if "out_proj" in name
-                for b in opt._buckets_of[k]}
+    out_proj = {opt.buckets.index(b) for name, p in opt.layout.named if "out_proj" in name
+                for b in opt.forwards.buckets_of_params([p])}
     check(attn and all(out_proj <= i for i in attn), f"attention waited for {attn}, out_proj lies in {out_proj}")
     print(f"pipeline attention: same outputs with slow pulls; attention waits for out_proj's buckets {out_proj}")
 

@@ -4,20 +4,21 @@ and gradients as views into flat buffers in the device's layout
 backward finishes it and makes the parameters the server's weights
 (gradient mode), or pushes the change of the weights a local optimizer
 made (delta mode); pipelined, a step computes on the weights the previous
-step's exchanges brought. Its transfers go through blkps.torch.pipeline;
+step's exchanges brought. Its transfers go through blkps.torch.pipeline,
+its forwards' waits for weights (overlap_pull) are blkps.torch.forward_waits';
 its knobs are OptimizerOptions, its place in the job the session's. The
 Horovod-shaped face over it is blkps.torch.horovod."""
 
 import contextlib
 import threading
 import time
-import weakref
 
 import torch
 
 from blkps import metrics as _metrics
 from blkps.control import open_control as _open_control
 from blkps.pushing_learners import PushingLearners as _PushingLearners
+from blkps.torch.forward_waits import ForwardWaits
 from blkps.torch.staging import FlatModel
 from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets, learner_lun
 from blkps.torch.pipeline import Pipeline, connector
@@ -73,18 +74,6 @@ class OptimizerOptions:
         if mode == "bsp":
             return 1.0 if self.combine == "average" else float(size_)
         return 1.0 / size_ if self.combine == "average" else 1.0
-
-
-def _params_read(module, ran):
-    """The parameters `module`'s forward reads, as far as modules tell: its
-    own, and those of its descendants whose forward is not in `ran` (the
-    modules whose forward ran): a module may read a child's parameters
-    without calling it, as nn.MultiheadAttention reads its out_proj's."""
-    params = list(module.parameters(recurse=False))
-    for child in module.children():
-        if child not in ran:
-            params += _params_read(child, ran)
-    return params
 
 
 def _pipeline_of(pipeline, gradient_mode, mode, device):
@@ -201,7 +190,7 @@ class Optimizer:
         self._hooks = []         # the parameters' hooks' handles, removed by close()
         self._accumulators = []  # their gradient accumulators, kept alive for their hooks
         self._push_device = None
-        self._forward_hook = None
+        self.forwards = None  # overlap_pull: the forwards' waits (blkps.torch.forward_waits)
         self._tied = None  # gradient mode with tied_head: the head's part (blkps.torch.tied)
         self.rows_first = None  # ... and overlap_pull, from the first step(): the tied weight's pull order
         if optimizer is None:
@@ -262,58 +251,21 @@ class Optimizer:
             self._hooks.append(accumulator.register_hook(self._make_hook(k)))
             self._accumulators.append(accumulator)  # keep it alive
         if self.overlap_pull:
-            self._param_index = {id(p): k for k, (_, p) in enumerate(self.layout.named)}
-            self._buckets_of_module = weakref.WeakKeyDictionary()
-            # Until the first step() the forwards that run are recorded, and
-            # each waits for the whole model (nothing is in flight then).
-            self._ran = weakref.WeakSet()
-            self._learning = True
-            self._unread_buckets = []  # of parameters no module that ran reads: waited for first
-            self._unread_due = False
-            self.waited = []  # (module, [bucket indices]) of the last forward_log_steps
-            self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._before_forward)
-
-    def _before_forward(self, module, _inputs):
-        """Every module's forward starts here: wait for the weights this
-        module's forward reads (_params_read: its own parameters' buckets
-        and those of children read through it), so the first layers run
-        while the last ones still arrive. The first forward after step()
-        waits first for the parameters no module's forward reads."""
-        if self._learning:
-            self._ran.add(module)
-            self.wait_weights()
-            return
-        if self._unread_due:
-            self._unread_due = False
-            self._wait_buckets(self._unread_buckets)
-        if self.rows_first is not None and self.rows_first.reads_rows(module, _inputs):
-            return
-        buckets = self._buckets_of_module.get(module)
-        if buckets is None:
-            buckets = self._buckets_of_params(_params_read(module, self._ran))
-            self._buckets_of_module[module] = buckets
-        if self.log_forward_waits and buckets:
-            self.waited.append((module, [self.buckets.index(b) for b in buckets]))
-        self._wait_buckets(buckets)
-
-    def _buckets_of_params(self, params):
-        """The buckets that this optimizer's parameters among `params` lie in, in layout order."""
-        ks = [self._param_index[id(p)] for p in params if id(p) in self._param_index]
-        return sorted({id(b): b for k in ks for b in self._buckets_of[k]}.values(), key=lambda b: b.first)
+            self.forwards = ForwardWaits(self.layout, self.buckets, self._buckets_of, self.wait_weights,
+                                         self._wait_buckets)
 
     def _learnt(self):
-        """The first step(): which modules' forwards run is known. The
-        parameters that none of them reads (_params_read) are waited for
-        at the start of each forward."""
-        self._learning = False
-        read = {id(p) for m in self._ran for p in _params_read(m, self._ran)}
-        self._unread_buckets = self._buckets_of_params(p for _, p in self.layout.named if id(p) not in read)
-        if self._tied is not None:
-            readers = self._tied.readers(self._ran)
-            if readers:
-                self.rows_first = RowsFirst(self._tied, self.flat, self.device,
-                                            self._buckets_of_params([self._tied.weight]), readers,
-                                            self._queue_pull)
+        """The first step() with overlap_pull: the forwards that run are
+        known (ForwardWaits), and so the tied weight's readers, whose
+        forwards read its rows first (RowsFirst)."""
+        if self._tied is None:
+            return
+        readers = self._tied.readers(self.forwards.ran)
+        if readers:
+            self.rows_first = RowsFirst(self._tied, self.flat, self.device,
+                                        self.forwards.buckets_of_params([self._tied.weight]), readers,
+                                        self._queue_pull)
+            self.forwards.skip = self.rows_first.reads_rows
 
     def _wait_buckets(self, buckets):
         if self.rows_first is not None:
@@ -321,8 +273,6 @@ class Optimizer:
         for b in buckets:
             self._wait_arrived(b)
             self.flat.wait_weights(b.first, b.end)
-
-    log_forward_waits = False  # tests: record which buckets each module's forward waited for
 
     def _wait_arrived(self, bucket):
         if self._await_transfers(bucket, "weights_wait"):
@@ -515,9 +465,8 @@ class Optimizer:
             pass  # the weights of the exchanges just queued are swapped in next step
         elif not self.overlap_pull:
             self.wait_weights()
-        elif self._learning:
+        elif self.forwards.stepped():
             self._learnt()
-        self._unread_due = self.overlap_pull
         if self._misuse is not None:
             misuse, self._misuse = self._misuse, None
             raise RuntimeError(misuse)
@@ -746,9 +695,8 @@ class Optimizer:
             except Exception as e:  # raised once everything is closed
                 failed = e
             comm.close()
-        if getattr(self, "_forward_hook", None) is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
+        if getattr(self, "forwards", None) is not None:
+            self.forwards.close()
         for hook in getattr(self, "_hooks", ()):  # a closed optimizer leaves the parameters alone
             hook.remove()
         self._hooks, self._accumulators = [], []
