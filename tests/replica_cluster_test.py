@@ -30,6 +30,10 @@ their own:
                   killed: the caught-up backup takes over
   async-both-killed  both replicas' tgtds killed: each learner fails in one
                   line naming the shard and what each replica answered
+  async-primary-lost-unseen  the backup's keeper, watching, stopped
+                  (SIGSTOP) while the primary takes the lease and loses it
+                  (its tgtd killed): it never reads the key held, and takes
+                  over once it runs again (the primary's mark in etcd)
 
 Each (but the last): the learners go on with no error (20 more rounds each
 after the fault) and the backup, promoted, holds every acknowledged push exactly once
@@ -78,8 +82,9 @@ class Job:
     with lease keepers in a three-member etcd spread over hosts 1 to 3, and
     two learners of `kind` on host 2; all ended on leaving the block."""
 
-    def __init__(self, cluster, mode, reconnect_s=WAIT_S, back_network=False):
+    def __init__(self, cluster, mode, reconnect_s=WAIT_S, back_network=False, after_backup=None):
         self.cluster, self.serves, self.learners = cluster, {}, []
+        self.after_backup = after_backup  # called with the job once the backup serves
         self.back_network = back_network
         self.folder = tempfile.mkdtemp(prefix="blkps-replica-cluster-")
         try:
@@ -95,6 +100,8 @@ class Job:
                                                      for h in (1, 2, 3)])
         self.bsopts = "params=1024;rule=sum" + (";mode=bsp" if mode == "bsp" else "")
         self.serve(BACKUP)
+        if self.after_backup:
+            self.after_backup(self)
         self.serve(PRIMARY)
         self.acknowledged, self.failure = [0, 0], []
         self.marked, self.first_after = None, None
@@ -296,6 +303,35 @@ def backup_restarted():
         print(f"the first push acknowledged after the fault: {job.first_after - job.marked:.2f} s after it")
 
 
+def keeper_pid(job, host):
+    with open(os.path.join(job.dir(host), "lease.pid")) as f:
+        return int(f.read())
+
+
+def primary_lost_unseen():
+    """The backup's keeper watches from before the primary takes the lease,
+    but is stopped while the primary takes it and loses it: it never reads
+    the key held. Once it runs again it must take over."""
+    with net.Cluster(4, "none") as cluster, \
+            Job(cluster, "async", after_backup=lambda job: os.kill(keeper_pid(job, BACKUP), signal.SIGSTOP)) as job:
+        try:
+            job.wait_for_more("by the primary")
+            os.kill(job.tgtd_pid(PRIMARY), signal.SIGKILL)
+            job.marked = time.monotonic()
+            # the primary's task ends once its keeper has given the lease up
+            wait_for("the primary's serve ended", lambda: job.serves[PRIMARY].poll() is not None)
+        finally:
+            os.kill(keeper_pid(job, BACKUP), signal.SIGCONT)
+        wait_for("the backup took over", lambda: job.status(BACKUP).get("replica") == "primary")
+        with open(os.path.join(job.dir(BACKUP), "lease.log")) as f:
+            said = f.read()
+        testbed.check("taken and lost between two reads" in said, f"the backup's keeper said: {said}")
+        job.wait_for_more("after the fault")
+        job.stop_learners()
+        job.check_exactly_once()
+        print(f"the first push acknowledged after the fault: {job.first_after - job.marked:.2f} s after it")
+
+
 def both_killed():
     """Both replicas' tgtds killed: each learner fails in one line that
     names the shard (its layout file and line) and what each replica
@@ -318,5 +354,6 @@ def both_killed():
 testbed.run({**{f"{mode}-{fault}": (lambda mode=mode, fault=fault: run(mode, fault))
                 for mode in ("async", "bsp") for fault in FAULTS},
              "async-link-cut-back-network": lambda: run("async", "link-cut", back_network=True),
-             "async-backup-restarted": backup_restarted, "async-both-killed": both_killed}, None)
+             "async-backup-restarted": backup_restarted, "async-both-killed": both_killed,
+             "async-primary-lost-unseen": primary_lost_unseen}, None)
 print(f"replica_cluster_test {args[0]}: ok")

@@ -67,15 +67,19 @@ class Etcd:
         """A new lease of `ttl_s` seconds; its id."""
         return self.call("/v3/lease/grant", {"TTL": str(ttl_s)})["ID"]
 
-    def create(self, key, value, lease, absent=()):
+    def create(self, key, value, lease, absent=(), also=None):
         """Puts `key` = `value` on `lease` only if neither `key` nor any key
         of `absent` exists (their create revisions are 0), in one
+        transaction, with `also` ((key, value), on no lease) put in the same
         transaction; whether it did."""
         k = _b64(key)
+        puts = [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}]
+        if also is not None:
+            puts.append({"request_put": {"key": _b64(also[0]), "value": _b64(also[1])}})
         answer = self.call("/v3/kv/txn", {
             "compare": [{"key": _b64(c), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
                         for c in (key, *absent)],
-            "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
+            "success": puts,
         })
         return bool(answer.get("succeeded"))
 
@@ -103,8 +107,16 @@ class Etcd:
 
     def get(self, key):
         """`key`'s value, or None if it does not exist."""
-        kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs") or []
-        return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
+        return self.get_revisions(key)[0]
+
+    def get_revisions(self, key):
+        """(`key`'s value or None, the revision it was last written at or
+        0, etcd's revision now): a write to any key moves etcd's revision on."""
+        answer = self.call("/v3/kv/range", {"key": _b64(key)})
+        kvs, now = answer.get("kvs") or [], int(answer.get("header", {}).get("revision", 0))
+        if not kvs:
+            return None, 0, now
+        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0].get("mod_revision", 0)), now
 
     def keepalive(self, lease):
         """Renews `lease`; its TTL from now in seconds, 0 if it has lapsed."""

@@ -16,6 +16,11 @@ lease.log). Both use the key blkps/lease/<IQN>; its value names the holder.
 - The backup's keeper reads the key every TTL/4; once it is gone, it
   creates it on its own lease (the same txn), tells its plugin the
   deadline, promotes its tgtd (promote=1) and holds the lease as above.
+  A primary that took the key and lost it between two of those reads is
+  known by its mark: the txn that creates the key also puts
+  blkps/lease/<IQN>/held (not on a lease) naming the holder, and a mark
+  written after the etcd revision the backup began to watch at counts as
+  a lease seen held.
 - A keeper whose tgtd dies (or stops answering the control LUN) revokes
   its lease at once: the backup takes over without waiting for the TTL.
   One that is stopped (SIGTERM, blkps target stop) revokes it too.
@@ -62,6 +67,12 @@ def key_of(env, part=None):
     return f"blkps/lease/{env['IQN']}" + (f"/part-{part.replace('/', '-of-')}" if part else "")
 
 
+def held_key_of(key):
+    """The etcd key that names the last keeper to take lease key `key`,
+    written with it and left when the lease goes."""
+    return key + "/held"
+
+
 def outdated_key_of(key):
     """The etcd key that says the shard (of lease key `key`) has a backup
     that missed acknowledged pushes."""
@@ -85,6 +96,8 @@ class Keeper:
         self.env = state.target(folder, "target lease")
         self.key = key_of(self.env, part)
         self.outdated_key = outdated_key_of(self.key)
+        self.held_key = held_key_of(self.key)
+        self.watch_from = None  # a backup: etcd's revision when it began to watch (watch())
         self.marked = None  # whether etcd holds the outdated key (None: not known)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
@@ -110,7 +123,8 @@ class Keeper:
         lease = self.etcd.grant(self.ttl)
         # Never while the backup is marked outdated: the check and the take
         # are one transaction.
-        if not self.etcd.create(self.key, self.me, lease, absent=(self.outdated_key,)):
+        if not self.etcd.create(self.key, self.me, lease, absent=(self.outdated_key,),
+                                also=(self.held_key, self.me)):
             self.etcd.revoke(lease)
             return False
         self.lease = lease
@@ -183,16 +197,30 @@ class Keeper:
             self.log("the backup caught up: it is in sync again and may take over (removed the outdated mark "
                      "in etcd)")
 
+    def watch(self):
+        """A backup begins to watch: a lease taken from now on is followed,
+        even one lost before follow() reads the key (unseen_holder())."""
+        self.watch_from = self.etcd.get_revisions(self.key)[2]
+
+    def unseen_holder(self):
+        """The keeper that took the key since watch() and lost it between
+        two of follow()'s reads (the mark acquire() leaves), or None."""
+        holder, written, _ = self.etcd.get_revisions(self.held_key)
+        return holder if holder is not None and written > self.watch_from else None
+
     def follow(self):
-        """A backup's watch: once the key is gone, takes it and promotes
-        the tgtd. Returns the exit status (of hold(), as the primary)."""
-        holder, seen, said = None, time.monotonic(), None
+        """A backup's watch, after watch(): once the key is gone, takes it
+        and promotes the tgtd. Returns the exit status (of hold(), as the
+        primary)."""
+        holder, seen, said = None, None, None
         while True:
             if not self.target.alive():
                 self.log(f"stopped: tgtd ({self.env['PID']}) is not running")
                 return 1
             try:
                 value = self.etcd.get(self.key)
+                if value is None and holder is None:
+                    holder = self.unseen_holder()
                 if value is not None:
                     holder, seen = value, time.monotonic()
                 elif holder is None:
@@ -214,8 +242,10 @@ class Keeper:
             self.tell("promote=1")
         except OSError as e:
             return self.release(f"gave up the lease: promote=1 failed ({e})")
-        self.log(f"became primary: the lease of {holder} lapsed ({time.monotonic() - seen:.1f} s after "
-                 f"this keeper last saw it held); this tgtd serves learners at {self.env['URL']}")
+        when = ("it was taken and lost between two reads of this keeper" if seen is None else
+                f"{time.monotonic() - seen:.1f} s after this keeper last saw it held")
+        self.log(f"became primary: the lease of {holder} lapsed ({when}); this tgtd serves learners at "
+                 f"{self.env['URL']}")
         return self.hold()
 
     def release(self, why):
@@ -256,6 +286,11 @@ def command_keep(a):
                 return 1
             started(f"holds {keeper.key} (TTL {a.ttl} s)")
             return keeper.hold()
+        try:
+            keeper.watch()
+        except OSError as e:  # etcd
+            started(f"error: could not watch {keeper.key}: {e}")
+            return 1
         started(f"watches {keeper.key} (TTL {a.ttl} s)")
         return keeper.follow()
     except KeyboardInterrupt:  # SIGTERM: blkps target stop
