@@ -18,8 +18,10 @@ train() is the loop; run as a process,
 
 prints `ack BEGAN` (BEGAN: the round's start on CLOCK_MONOTONIC, which
 every network namespace shares) for each acknowledged round until its
-stdin ends (a signal could cut a push short), then exits 0; a failure
-prints `error: WHY` and exits 1.
+stdin ends (a signal could cut a push short), then exits 0; a first line
+on stdin, R, makes it go on until it has R acknowledged rounds (bsp
+learners that stop at different rounds hold each other until dead_after).
+A failure prints `error: WHY` and exits 1.
 """
 import json
 import sys
@@ -63,11 +65,24 @@ def main():
         with blkps.Model(layout) as model:
             print(json.dumps(model.pull(0, 1024).tolist()))
         return 0
-    stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    stop, last, acks = threading.Event(), [None], [0]
+
+    def watch():
+        line = sys.stdin.readline()
+        if line.strip():
+            last[0] = int(line)
+        sys.stdin.read()
+        stop.set()
+
+    def acknowledged(began):
+        acks[0] += 1
+        print(f"ack {began:.6f}", flush=True)
+
+    threading.Thread(target=watch, daemon=True).start()
     try:
         with blkps.Model("layout:" + layout) as model:
-            why = train(model, kind, stop.is_set, lambda began: print(f"ack {began:.6f}", flush=True))
+            why = train(model, kind, lambda: stop.is_set() and (last[0] is None or acks[0] >= last[0]),
+                        acknowledged)
     except OSError as e:  # the open
         why = str(e)
     if why:

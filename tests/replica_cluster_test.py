@@ -105,7 +105,7 @@ class Job:
         self.serve(PRIMARY)
         self.acknowledged, self.failure = [0, 0], []
         self.marked, self.first_after = None, None
-        kind = "bsp" if mode == "bsp" else "push"
+        self.kind = kind = "bsp" if mode == "bsp" else "push"
         self.learners = [cluster.popen(LEARNERS, [sys.executable, LEARNER, top, build, self.layout(k), kind],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                        env={**os.environ, "BLKPS_RECONNECT_SECONDS": str(reconnect_s)})
@@ -170,9 +170,17 @@ class Job:
         return int(out)
 
     def stop_learners(self):
+        """Ends the learners; bsp ones after the same round (failover_learner.py),
+        well past any acknowledged yet."""
+        last = max(self.acknowledged) + 50 if self.kind == "bsp" else None
         for p in self.learners:
             if p.poll() is None:
-                p.stdin.close()
+                try:
+                    if last is not None:
+                        p.stdin.write(f"{last}\n")
+                    p.stdin.close()
+                except BrokenPipeError:
+                    pass  # it has just ended (its output says why)
         for p, reader in zip(self.learners, self.readers):
             p.wait(timeout=WAIT_S)
             reader.join()
