@@ -63,8 +63,8 @@ every run.
 """
 import argparse
 import ctypes
-import inspect
 import fcntl
+import inspect
 import json
 import mmap
 import os
