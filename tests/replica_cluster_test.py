@@ -45,6 +45,7 @@ deadlines; no timing is asserted.
 
   replica_cluster_test.py TOP BUILD CASE
 """
+import contextlib
 import json
 import os
 import signal
@@ -320,16 +321,26 @@ def primary_lost_unseen():
     """The backup's keeper watches from before the primary takes the lease,
     but is stopped while the primary takes it and loses it: it never reads
     the key held. Once it runs again it must take over."""
-    with net.Cluster(4, "none") as cluster, \
-            Job(cluster, "async", after_backup=lambda job: os.kill(keeper_pid(job, BACKUP), signal.SIGSTOP)) as job:
-        try:
-            job.wait_for_more("by the primary")
-            os.kill(job.tgtd_pid(PRIMARY), signal.SIGKILL)
-            job.marked = time.monotonic()
-            # the primary's task ends once its keeper has given the lease up
-            wait_for("the primary's serve ended", lambda: job.serves[PRIMARY].poll() is not None)
-        finally:
-            os.kill(keeper_pid(job, BACKUP), signal.SIGCONT)
+    stopped = []
+
+    def stop_keeper(job):
+        stopped.append(keeper_pid(job, BACKUP))
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    def resume_keeper():
+        while stopped:  # a failure before the resume must not leave it stopped
+            os.kill(stopped.pop(), signal.SIGCONT)
+
+    with contextlib.ExitStack() as ending:
+        ending.callback(resume_keeper)  # last: after the job's end has asked it to stop
+        cluster = ending.enter_context(net.Cluster(4, "none"))
+        job = ending.enter_context(Job(cluster, "async", after_backup=stop_keeper))
+        job.wait_for_more("by the primary")
+        os.kill(job.tgtd_pid(PRIMARY), signal.SIGKILL)
+        job.marked = time.monotonic()
+        # the primary's task ends once its keeper has given the lease up
+        wait_for("the primary's serve ended", lambda: job.serves[PRIMARY].poll() is not None)
+        resume_keeper()
         wait_for("the backup took over", lambda: job.status(BACKUP).get("replica") == "primary")
         with open(os.path.join(job.dir(BACKUP), "lease.log")) as f:
             said = f.read()
