@@ -98,6 +98,7 @@ class Keeper:
         self.outdated_key = outdated_key_of(self.key)
         self.held_key = held_key_of(self.key)
         self.watch_from = None  # a backup: etcd's revision when it began to watch (watch())
+        self.watched_holder = None  # ... and the key's holder then, if any
         self.marked = None  # whether etcd holds the outdated key (None: not known)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
@@ -198,9 +199,10 @@ class Keeper:
                      "in etcd)")
 
     def watch(self):
-        """A backup begins to watch: a lease taken from now on is followed,
-        even one lost before follow() reads the key (unseen_holder())."""
-        self.watch_from = self.etcd.get_revisions(self.key)[2]
+        """A backup begins to watch: the lease held now, or taken from now
+        on, is followed, even one lost before follow() reads the key
+        (unseen_holder())."""
+        self.watched_holder, _, self.watch_from = self.etcd.get_revisions(self.key)
 
     def unseen_holder(self):
         """The keeper that took the key since watch() and lost it between
@@ -212,7 +214,8 @@ class Keeper:
         """A backup's watch, after watch(): once the key is gone, takes it
         and promotes the tgtd. Returns the exit status (of hold(), as the
         primary)."""
-        holder, seen, said = None, None, None
+        holder, said = self.watched_holder, None
+        seen = None if holder is None else time.monotonic()
         while True:
             if not self.target.alive():
                 self.log(f"stopped: tgtd ({self.env['PID']}) is not running")
