@@ -6,8 +6,8 @@ backward finishes it and makes the parameters the server's weights
 made (delta mode); pipelined, a step computes on the weights the previous
 step's exchanges brought. Its transfers go through blkps.torch.pipeline,
 its forwards wait for weights through blkps.torch.forward_waits
-(overlap_pull); its knobs are OptimizerOptions, its place in the job the session's. The
-Horovod-shaped face over it is blkps.torch.horovod."""
+(overlap_pull); its knobs are OptimizerOptions, its place in the job the
+session's. The Horovod-shaped face over it is blkps.torch.horovod."""
 
 import contextlib
 import threading
