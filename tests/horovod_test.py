@@ -216,8 +216,35 @@ def learner_heartbeat(config):
     hvd.shutdown()
 
 
+def learner_late_broadcast(config):
+    """Rank 0 calls broadcast_parameters with config "timeout_s", before
+    DistributedOptimizer (config "order": "horovod") or after it; rank 1,
+    alive (it heartbeats), calls nothing for config "late_s" seconds and
+    ends. Reports rank 0's CollectiveTimeout, or what it got instead."""
+    hvd.init()
+    m = model(10 + hvd.rank())
+    opt = None
+    if config["order"] != "horovod":
+        opt = hvd.DistributedOptimizer(None, named_parameters=m.named_parameters())
+    out = {}
+    if hvd.rank() == 0:
+        try:
+            hvd.broadcast_parameters(m.state_dict(), root_rank=0, timeout_s=config["timeout_s"])
+            out["broadcast"] = "returned"
+        except hvd.CollectiveTimeout as e:
+            out["timeout"], out["error"] = e.ranks, str(e)
+        except hvd.RankDied as e:
+            out["died"], out["error"] = e.ranks, str(e)
+    else:
+        time.sleep(config["late_s"])
+    if opt is not None:
+        opt.close()
+    print(json.dumps(out))
+    hvd.shutdown()
+
+
 LEARNERS = {"collectives": learner_collectives, "train": learner_train, "early-stop": learner_early_stop,
-            "heartbeat": learner_heartbeat}
+            "heartbeat": learner_heartbeat, "late-broadcast": learner_late_broadcast}
 
 
 # ---- the test side ----
@@ -581,6 +608,21 @@ def case_slow_rank():
     with_server(f"params={params()};rule=sum;mode=async", 2, body)
 
 
+def case_broadcast_timeout():
+    """broadcast_parameters(timeout_s=2) waits for a live rank that does not
+    join no longer than that, before DistributedOptimizer and after it: it
+    raises CollectiveTimeout naming the rank, in one line (ignoring the
+    timeout, it would wait until the rank ends and call it dead)."""
+    def body(server):
+        for order in ("horovod", "blkps"):
+            reports = run_learners(server, "late-broadcast", {"order": order, "timeout_s": 2, "late_s": 12}, 2)
+            check(reports[0].get("timeout") == [1], f"{order} order: rank 0 did not time out on rank 1: {reports[0]}")
+            check("within its timeout of 2 s" in reports[0]["error"] and "\n" not in reports[0]["error"],
+                  f"unclear error: {reports[0]['error']}")
+            print(f"{order} order: {reports[0]['error']}")
+    with_server(f"params={params()};rule=sum;mode=async", 2, body)
+
+
 CASES = {
     "ranks": case_ranks,
     "collectives": case_collectives,
@@ -590,6 +632,7 @@ CASES = {
     "early-stop": case_early_stop,
     "dead-rank": case_dead_rank,
     "slow-rank": case_slow_rank,
+    "broadcast-timeout": case_broadcast_timeout,
 }
 
 if __name__ == "__main__":

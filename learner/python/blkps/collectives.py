@@ -42,7 +42,10 @@ a round reads that status about once a second while ranks are missing: a
 missing rank whose heartbeat of this run is older than ``dead_after_s``,
 or that has none after this rank has waited that long, is dead, and the
 round fails with RankDied naming it. A missing rank that heartbeats is
-only slow, and is waited for as long as it beats.
+only slow, and is waited for as long as it beats, or until the call's
+``timeout_s``, if it gives one: then the call fails with CollectiveTimeout
+naming the ranks still missing. Either failure leaves this rank's
+collectives out of step with the others': the job cannot go on.
 
 The session names one run of the job (hashed from the launcher's variables:
 $BLKPS_RUN_ID, torchrun's run id and master address, Open MPI's job id,
@@ -56,7 +59,7 @@ import struct
 import threading
 import time
 
-__all__ = ["Exchange", "Heartbeat", "RankDied", "session_of"]
+__all__ = ["CollectiveTimeout", "Exchange", "Heartbeat", "RankDied", "session_of"]
 
 CELL = 4096
 _MAGIC = b"blkpsxc1"
@@ -70,6 +73,15 @@ _SESSION_KEYS = ("BLKPS_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_P
 class RankDied(RuntimeError):
     """A collective cannot complete: ranks it waits for stopped
     heartbeating (their process died or hangs without its threads)."""
+
+    def __init__(self, message, ranks):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class CollectiveTimeout(TimeoutError):
+    """A collective cannot complete within the time its caller gave: ranks
+    it waits for are alive (they heartbeat) but have not joined it."""
 
     def __init__(self, message, ranks):
         super().__init__(message)
@@ -180,25 +192,31 @@ class Exchange:
     def _payload_at(self, parity, rank):
         return self._base + 2 * self.size * CELL + (parity * self.size + rank) * self.chunk
 
-    def exchange(self, label, data):
-        """Every rank's `data` (bytes) of this call, as a list in rank order."""
+    def exchange(self, label, data, timeout_s=None):
+        """Every rank's `data` (bytes) of this call, as a list in rank order.
+        `timeout_s` (None: no bound): the longest this call waits for the
+        other ranks, whether or not they heartbeat (CollectiveTimeout)."""
         if self.size == 1:
             return [bytes(data)]
         label_bytes = label.encode()[:_LABEL_MAX]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             out = [bytearray() for _ in range(self.size)]
             sent = 0
             while True:
-                totals, pieces = self._round(label_bytes, len(data), data[sent:sent + self.chunk])
+                totals, pieces = self._round(label_bytes, len(data), data[sent:sent + self.chunk], deadline,
+                                             timeout_s)
                 for k, piece in enumerate(pieces):
                     out[k] += piece
                 sent += self.chunk
                 if sent >= max(totals):
                     return [bytes(b) for b in out]
 
-    def _round(self, label, total, piece):
+    def _round(self, label, total, piece, deadline=None, timeout_s=None):
         """One round: this rank's `piece` of a call of `total` bytes in,
-        every rank's (totals, pieces) out."""
+        every rank's (totals, pieces) out; CollectiveTimeout after
+        `deadline` (time.monotonic()'s; None: none), the call's
+        `timeout_s` from its start."""
         self._seq += 1
         self.rounds += 1
         parity = self._seq % 2
@@ -226,6 +244,11 @@ class Exchange:
             if not missing:
                 break
             now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise CollectiveTimeout(
+                    f"blkps: rank(s) {missing} did not join {label.decode(errors='replace')!r} (round "
+                    f"{self._seq}) within its timeout of {timeout_s:g} s; the job's collectives cannot "
+                    "complete without them: restart the job", missing)
             if now >= next_look:
                 next_look = now + heartbeat_period(self.dead_after_s)
                 self._fail_if_dead(missing, now - waiting_since, label)

@@ -62,15 +62,16 @@ join, elastic, SyncBatchNorm) is refused in one line.
 The package (doc/pytorch.md "Package layout"): session (ranks, the
 launcher's environment, the job's control), layout (the device's layout
 of a model, buckets), staging (the flat buffers and host staging),
-optimizer (the core, with its own OptimizerOptions), pipeline (the one
-module that opens connections to the model target, through an injectable
-transport, and the communication thread), collectives, compression,
-early_stopping, embedding, tied (a tied weight pushed in two parts), and
-horovod (Horovod's names, translated into the core's). This file only
+optimizer (the core, with its own OptimizerOptions), delta (delta mode's
+steps), weights_broadcast (broadcast_parameters through the server),
+pipeline (the one module that opens connections to the model target,
+through an injectable transport, and the communication thread),
+collectives, compression, early_stopping, embedding, tied (a tied weight
+pushed in two parts), and horovod (Horovod's names, translated into the core's). This file only
 re-exports.
 """
 
-from blkps.collectives import RankDied
+from blkps.collectives import CollectiveTimeout, RankDied
 from blkps.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                                      allgather_object, allreduce, allreduce_, allreduce_async, allreduce_async_,
                                      barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
@@ -101,6 +102,6 @@ __all__ = ["init", "rank", "size", "local_rank", "target", "control", "param_cou
            "synchronize", "broadcast_optimizer_state", "join", "elastic", "SyncBatchNorm",
            "start_timeline", "stop_timeline",
            # early stopping
-           "stop_requested", "request_stop", "EarlyStopping", "RankDied",
+           "stop_requested", "request_stop", "EarlyStopping", "RankDied", "CollectiveTimeout",
            # rows on the server (blkps.torch.embedding)
            "Embedding", "EmbeddingBag"]

@@ -181,11 +181,12 @@ def barrier(process_set=None):
 
 def broadcast_named_tensors(items, root_rank, what, timeout_s=None):
     """Copies root_rank's values of the tensors in `items` ([(name,
-    tensor)]) into every rank's, in one collective call."""
+    tensor)]) into every rank's, in one collective call that waits at most
+    `timeout_s` for the others (None: as long as they heartbeat)."""
     items = [(n, t) for n, t in items if torch.is_tensor(t)]
     key = hashlib.sha256(";".join(f"{n}:{t.dtype}:{tuple(t.shape)}" for n, t in items).encode()).hexdigest()[:16]
     mine = b"".join(_to_bytes(t) for _, t in items) if rank() == root_rank else b""
-    data = _exchange().exchange(f"{what}:{key}:root{root_rank}", mine)[root_rank]
+    data = _exchange().exchange(f"{what}:{key}:root{root_rank}", mine, timeout_s)[root_rank]
     at = 0
     with torch.no_grad():
         for _, t in items:

@@ -97,13 +97,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     job = _the_job()  # BLKPS_METRICS_PORT: its counters over HTTP (doc/monitoring.md "Learner metrics")
     opt.metrics_server = _metrics.serve_optimizer(opt, job.rank, job.local_rank)
     if session.pending_broadcast is not None:
-        root, session.pending_broadcast = session.pending_broadcast, None
+        (root, timeout_s), session.pending_broadcast = session.pending_broadcast, None
         if opt.has_control or _the_job().size > 1:
-            opt.broadcast([p for _, p in opt.layout.named], root, 120.0)
+            opt.broadcast([p for _, p in opt.layout.named], root, timeout_s)
     return opt
 
 
-def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
+def broadcast_parameters(params, root_rank=0, timeout_s=None):
     """Every learner gets root_rank's values of `params`
     (model.state_dict() or model.named_parameters()), before or after
     DistributedOptimizer. After it: once every learner has joined (a
@@ -115,13 +115,14 @@ def broadcast_parameters(params, root_rank=0, timeout_s=120.0):
     broadcast through the collectives, and the server gets root's
     parameters when DistributedOptimizer is created. Afterwards, entries
     that are not the model's parameters (buffers) are broadcast through the
-    collectives too (as Horovod does). timeout_s bounds the wait for the
-    others."""
+    collectives too (as Horovod does). timeout_s bounds each wait for the
+    others (CollectiveTimeout naming those missing); None: they are waited
+    for as long as they heartbeat (RankDied once one stops)."""
     items = list(params.items() if hasattr(params, "items") else params)
     opt = session.active_optimizer
     if opt is None:
         broadcast_named_tensors(items, root_rank, "broadcast_parameters", timeout_s)
-        session.pending_broadcast = root_rank
+        session.pending_broadcast = (root_rank, timeout_s)
         return
     given = dict(items)
     values = []

@@ -3,7 +3,7 @@ and gradients as views into flat buffers in the device's layout
 (blkps.torch.layout, blkps.torch.staging), pushes each bucket of the gradient as
 backward finishes it and makes the parameters the server's weights
 (gradient mode), or pushes the change of the weights a local optimizer
-made (delta mode); pipelined, a step computes on the weights the previous
+made (delta mode, blkps.torch.delta); pipelined, a step computes on the weights the previous
 step's exchanges brought. Its transfers go through blkps.torch.pipeline,
 its forwards wait for weights through blkps.torch.forward_waits
 (overlap_pull); its knobs are OptimizerOptions, its place in the job the
@@ -18,19 +18,19 @@ import torch
 from blkps import metrics as _metrics
 from blkps.control import open_control as _open_control
 from blkps.pushing_learners import PushingLearners as _PushingLearners
+from blkps.torch.delta import DeltaSteps
 from blkps.torch.forward_waits import ForwardWaits
 from blkps.torch.staging import FlatModel
-from blkps.torch.layout import TAG_PREFIX, Layout, check_device, check_wire, cut_buckets, learner_lun
+from blkps.torch.layout import Layout, check_device, check_wire, cut_buckets, learner_lun
 from blkps.torch.pipeline import Pipeline, connector
 from blkps.torch.tied import RowsFirst, TiedWeight, check_parts
-from blkps.torch.session import exchange
+from blkps.torch.weights_broadcast import broadcast_weights
 
 DEFAULT_BUCKET_BYTES = 4 << 20  # measured best of 64 KiB..64 MiB: doc/pytorch.md "PyTorch"
 # A pipelined learner's: its transfers overlap a whole step, not the rest of
 # its backward, so fewer, larger buckets cost it nothing in overlap and cut
 # the host's work per bucket (doc/gpu.md "Measured on an H200").
 PIPELINED_BUCKET_BYTES = 16 << 20
-_BROADCAST_MARK = ":broadcast"
 
 
 class OptimizerOptions:
@@ -189,7 +189,7 @@ class Optimizer:
         self._zeroed_version = None  # the flat gradient's version when it was last zeroed
         self._hooks = []         # the parameters' hooks' handles, removed by close()
         self._accumulators = []  # their gradient accumulators, kept alive for their hooks
-        self._push_device = None
+        self._delta = DeltaSteps(optimizer, self.flat, self.device, self._connect) if optimizer is not None else None
         self.forwards = None  # overlap_pull: the forwards' waits (blkps.torch.forward_waits)
         self._tied = None  # gradient mode with tied_head: the head's part (blkps.torch.tied)
         self.rows_first = None  # ... and overlap_pull, from the first step(): the tied weight's pull order
@@ -471,32 +471,19 @@ class Optimizer:
             misuse, self._misuse = self._misuse, None
             raise RuntimeError(misuse)
 
-    # ---- delta mode ----
+    # ---- delta mode (blkps.torch.delta) ----
 
     def _delta_step(self, closure):
-        delta = self.gradient
-        delta.copy_(self.weights)  # the weights before the local step
-        loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        torch.sub(self.weights, delta, out=delta)
-        if self._push_device is None:  # pushes on their own connection, as in gradient mode
-            self._push_device = self._connect()
-        skipped = self.skip_nonfinite and not self.flat.gradient_finite()
-        if skipped:
-            self.skipped_steps += 1
-            delta.zero_()
-        self._follow_pushing_learners()
-        if self.push_scale != 1.0:
-            delta.mul_(self.push_scale)
-        if not (skipped and self.mode == "async"):
-            self.flat.push_all(self._push_device)
-            self.pushes += 1
-        self._pull_delta()  # a skipped step's local change is undone here
+        loss, skipped, pushed = self._delta.step(closure, self.skip_nonfinite, self._scale_now,
+                                                 push_skipped=self.mode != "async")
+        self.skipped_steps += skipped
+        self.pushes += pushed
         return loss
 
-    def _pull_delta(self):
-        """Delta mode: the server's weights into the parameters, then the
-        look-ahead step (look_ahead times the move since the last pull)."""
-        self.flat.pull_all(self.device)
+    def _scale_now(self):
+        """push_scale for the push about to go, the server's N followed."""
+        self._follow_pushing_learners()
+        return self.push_scale
 
     def _zero_gradient(self):
         """Gradient mode: zeroes the flat gradient unless nothing has written
@@ -524,14 +511,9 @@ class Optimizer:
         if self.optimizer is None:
             self._gradient_step(skipped=True)
         else:
-            self.gradient.zero_()
             self.skipped_steps += 1
-            if self.mode != "async":
-                if self._push_device is None:
-                    self._push_device = self._connect()
-                self.flat.push_all(self._push_device)
-                self.pushes += 1
-            self._pull_delta()
+            self._delta.skipped(push=self.mode != "async")
+            self.pushes += self.mode != "async"
         self.steps += 1
 
     # ---- the optimizer's interface ----
@@ -555,8 +537,8 @@ class Optimizer:
     def _note_faults(self):
         """Copies the training thread's Models' reconnect counts."""
         self.faults.note("training", self.device)
-        if self._push_device is not None:
-            self.faults.note("delta pushes", self._push_device)
+        if self._delta is not None and self._delta.push_device is not None:
+            self.faults.note("delta pushes", self._delta.push_device)
 
     def synchronize(self):
         """Horovod's synchronize(): after it the gradients are final for this
@@ -636,44 +618,14 @@ class Optimizer:
         if self.optimizer is None and getattr(self, "_comm", None) is not None and self._comm.alive():
             self.wait_weights()
 
-    def broadcast(self, values, root_rank, timeout_s):
-        """broadcast_parameters() for this model: see there."""
-        job = self._job
+    def broadcast(self, values, root_rank, timeout_s=None):
+        """broadcast_parameters() for this model: see there
+        (blkps.torch.weights_broadcast)."""
         if self._ctl is None:
             raise ValueError("blkps.torch: broadcast_parameters needs the model's control LUN "
                              "(init(control=...) or BLKPS_CONTROL)")
         self._wait_idle()
-        tag = TAG_PREFIX + self.layout.fingerprint
-        if job.size > 1:
-            # Every learner has stamped the model's tag (_check_device, when
-            # it found none) before root marks it: a stamp read before
-            # root's and written after its mark would clear the mark. The
-            # fingerprint is in the label, so learners of different models
-            # fail here naming both.
-            exchange().exchange(f"broadcast_parameters:{tag}:root{root_rank}", b"")
-        if job.rank == root_rank:
-            flat = self.weights.detach().to("cpu", copy=True)
-            with torch.no_grad():
-                for view, v in zip(self.layout.views(flat), values):
-                    view.copy_(v.detach())  # in the parameter's own memory order
-            self._ctl.command(f"tag={tag}")  # clear the mark while the weights change
-            self._ctl.write_weights(flat.numpy())
-            self._ctl.command(f"tag={tag}{_BROADCAST_MARK}")
-        if job.size > 1:
-            # Root has written the weights before it joins: after this round
-            # every learner reads them.
-            exchange().exchange(f"broadcast_parameters:{tag}:written", b"")
-            seen = self._ctl.status().get("tag", "")
-            if seen != tag + _BROADCAST_MARK:
-                raise ValueError(f"blkps.torch: rank {root_rank} broadcast no weights of this model "
-                                 f"(model tag {seen!r}, expected {tag + _BROADCAST_MARK!r})")
-        self.flat.forget_pulls()  # the broadcast is no move of the model (look_ahead)
-        self.flat.pull_all(self.device)
-        if job.size > 1:
-            # Nobody steps before everyone has pulled: in async a quick
-            # learner's first push would otherwise reach a slower learner's
-            # pull, and that learner would not start from root's weights.
-            exchange().exchange(f"broadcast_parameters:{tag}:pulled", b"")
+        broadcast_weights(self._job, self._ctl, self.layout, self.flat, self.device, values, root_rank, timeout_s)
 
     def pull_server_weights(self):
         """Makes the parameters the server's current weights, without the
@@ -704,7 +656,9 @@ class Optimizer:
             self._tied.close()
         if getattr(self, "rows_first", None) is not None:
             self.rows_first.close()
-        for conn in (self.device, self._ctl, getattr(self, "_push_device", None)):
+        if getattr(self, "_delta", None) is not None:
+            self._delta.close()
+        for conn in (self.device, self._ctl):
             if conn is not None:
                 conn.close()
         server, self.metrics_server = getattr(self, "metrics_server", None), None

@@ -14,7 +14,7 @@ from blkps.control import describe_layout as _describe_layout, open_control as _
 
 _job = None
 active_optimizer = None   # the DistributedOptimizer of this session (blkps.torch.horovod), or None
-pending_broadcast = None  # root_rank of a broadcast_parameters made before DistributedOptimizer
+pending_broadcast = None  # (root_rank, timeout_s) of a broadcast_parameters made before DistributedOptimizer
 
 
 class _Job:
@@ -261,7 +261,7 @@ class _SoloExchange:
     """One learner: every collective is its own data."""
     rounds = 0
 
-    def exchange(self, label, data):
+    def exchange(self, label, data, timeout_s=None):
         return [bytes(data)]
 
     def close(self):
