@@ -101,7 +101,6 @@ class Optimizer:
 
     def __init__(self, optimizer, named_parameters, job, options, transport=None):
         pull_during_backward, overlap_pull = options.pull_during_backward, options.overlap_pull
-        look_ahead, pipeline = options.look_ahead, options.pipeline
         self.optimizer = optimizer
         self._job = job
         self._wire = None if options.wire == "float32" else options.wire
@@ -114,37 +113,14 @@ class Optimizer:
                                 for k, p in enumerate(group["params"])]
         self.layout = layout = Layout(named_parameters)
         self.device = self._connect()  # this thread's; the comm thread opens its own
-        self._ctl = _open_control(job.control) if job.control else None
+        self._ctl = None
         try:
-            check_wire(options.wire, self._ctl.status() if self._ctl else None, self.device,
-                       layout.count, job.target)
-            status = check_device(layout, self.device, self._ctl, 4 if self._wire is None else 2)
+            self._ctl = _open_control(job.control) if job.control else None
+            self._check_server(options, optimizer is None)
         except Exception:
             self.close()
             raise
-        self.mode = status["mode"] if status else "bsp"
-        try:
-            self._tied_range = check_parts(status, layout, options.tied_head, optimizer is None,
-                                           pull_during_backward)
-            self.pipeline = _pipeline_of(pipeline, optimizer is None, status["mode"] if status else None,
-                                         layout.device)
-        except ValueError:
-            self.close()
-            raise
-        if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0 + self.pipeline:
-            self.close()
-            raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, {1 + self.pipeline}]")
-        lun = learner_lun(job.target)
-        if self._ctl and self.mode != "bsp" and lun is not None:
-            # The server counts a push's staleness from the read its gradient
-            # was taken on: a pipeline's is one step back
-            # (doc/async.md "Pipelined learners").
-            try:
-                self._ctl.command(f"pipeline={lun}:{int(self.pipeline)}")
-            except Exception:
-                self.close()
-                raise
-        self._options, self._look_ahead_given = options, look_ahead
+        self._options, self._look_ahead_given = options, options.look_ahead
         # The N of async steps, the server's (bsp: none; no control LUN: the launcher's size).
         self._pushing = _PushingLearners(job.size, self._ctl if self.mode != "bsp" else None)
         self._take_share(job.size)
@@ -200,6 +176,29 @@ class Optimizer:
             if self.pipeline:  # each push's pull lands beside the weights; no forward waits for any
                 self.pull_during_backward, self.overlap_pull = True, False
             self._start_gradient_mode()
+
+    def _check_server(self, options, gradient_mode):
+        """Checks the model target and its server against the model and
+        `options`, sets mode, pipeline and the tied weight's range, and
+        tells the server this learner's pipeline depth. Raises ValueError
+        in one line (or the connection's error)."""
+        job, layout = self._job, self.layout
+        check_wire(options.wire, self._ctl.status() if self._ctl else None, self.device, layout.count, job.target)
+        status = check_device(layout, self.device, self._ctl, 4 if self._wire is None else 2)
+        self.mode = status["mode"] if status else "bsp"
+        self._tied_range = check_parts(status, layout, options.tied_head, gradient_mode,
+                                       options.pull_during_backward)
+        self.pipeline = _pipeline_of(options.pipeline, gradient_mode, status["mode"] if status else None,
+                                     layout.device)
+        look_ahead = options.look_ahead
+        if look_ahead is not None and not 0.0 <= float(look_ahead) <= 1.0 + self.pipeline:
+            raise ValueError(f"blkps.torch: look_ahead={look_ahead}: expected a number in [0, {1 + self.pipeline}]")
+        lun = learner_lun(job.target)
+        if self._ctl and self.mode != "bsp" and lun is not None:
+            # The server counts a push's staleness from the read its gradient
+            # was taken on: a pipeline's is one step back
+            # (doc/async.md "Pipelined learners").
+            self._ctl.command(f"pipeline={lun}:{int(self.pipeline)}")
 
     def _take_share(self, learners):
         """Sets push_scale, and look_ahead unless it was given, for a step
