@@ -49,6 +49,11 @@ Cases:
       which catches it up while the learners go on; a kill -9 of the
       promoted one then fails over to the returned one, which holds every
       acknowledged push exactly once.
+  keeper-started-after-the-primary-died   the backup's keeper killed, then
+      the primary's tgtd: the backup's keeper, started again as `blkps
+      target restart` starts a caught-up backup's, never sees the lease
+      held, and takes over (its target's primary took the key before it
+      started).
 
 Waits are for a state (status, a log line) with generous deadlines; no
 timing is asserted.
@@ -72,7 +77,7 @@ import etcd_cluster  # noqa: E402
 import failover_learner  # noqa: E402
 import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(top, "scripts"))
-from blkps_cli import processes  # noqa: E402  (stdlib only)
+from blkps_cli import lease, processes  # noqa: E402
 
 BLKPS = os.path.join(top, "scripts", "blkps")
 PLUGIN = os.path.join(build, "target-plugin", "bs_blkps.so")
@@ -435,6 +440,29 @@ def test_dead_primary_returns_as_backup():
         print(f"the first push acknowledged after the fault: {learners.first_after - learners.marked:.2f} s after it")
 
 
+def test_keeper_started_after_the_primary_died():
+    """The backup's keeper dies (kill -9) while its tgtd stays in sync; the
+    primary's tgtd is killed, so its keeper gives the lease up; the backup's
+    keeper is then started again as `blkps target restart` starts a
+    caught-up backup's (lease.restart_keeper): it never saw the lease held,
+    yet it must take over (its target's primary took the key before it
+    started)."""
+    with etcd_cluster.EtcdCluster() as cluster, LeasedTarget(cluster) as t:
+        testbed.check(t.push(t.dir) is None, "a push to the primary failed before any fault")
+        keeper = keeper_pid(t.backup)
+        os.kill(keeper, signal.SIGKILL)
+        wait_for("the backup's keeper ended", lambda: not processes.running(keeper))
+        primary_keeper = keeper_pid(t.dir)
+        os.kill(primary_pid(t), signal.SIGKILL)
+        wait_for("the primary's keeper gave the lease up", lambda: not processes.running(primary_keeper))
+        testbed.check(status(t.backup)["replica"] == "backup", "the backup was promoted with no keeper")
+        testbed.check(lease.restart_keeper(t.dir, t.backup, caught_up=True), "the target kept no lease options")
+        wait_for("the backup's status says primary", lambda: status(t.backup)["replica"] == "primary")
+        said = log_of(t.backup)
+        testbed.check("it was lost before this keeper began to watch" in said, f"the backup's keeper said: {said}")
+        testbed.check(t.push(t.backup) is None, "the new primary refused a push")
+
+
 def tgtd_pid(folder):
     rc, pid, err = blkps_cli("target", "show", "--dir", folder, "--get", "PID")
     testbed.check(rc == 0, f"target show: {err.strip()}")
@@ -491,5 +519,6 @@ testbed.run({"primary-killed-backup-takes-over": test_primary_killed_backup_take
              "bsp-learners-follow-exactly": test_bsp_learners_follow_exactly,
              "ssp-learners-follow-exactly": test_ssp_learners_follow_exactly,
              "restarted-backup-catches-up-and-takes-over": test_restarted_backup_catches_up_and_takes_over,
-             "dead-primary-returns-as-backup": test_dead_primary_returns_as_backup}, None)
+             "dead-primary-returns-as-backup": test_dead_primary_returns_as_backup,
+             "keeper-started-after-the-primary-died": test_keeper_started_after_the_primary_died}, None)
 print(f"lease_test {args[0]}: ok")

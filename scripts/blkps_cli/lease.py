@@ -20,7 +20,11 @@ lease.log). Both use the key blkps/lease/<IQN>; its value names the holder.
   known by its mark: the txn that creates the key also puts
   blkps/lease/<IQN>/held (not on a lease) naming the holder, and a mark
   written after the etcd revision the backup began to watch at counts as
-  a lease seen held.
+  a lease seen held. A backup's keeper that `blkps target start` starts,
+  or `restart` once the backup is caught up, begins after its target's
+  primary took the key: a key absent when it begins to watch was held and
+  lost, by the holder its mark names, and it takes over as from any
+  lapsed lease.
 - A keeper whose tgtd dies (or stops answering the control LUN) revokes
   its lease at once: the backup takes over without waiting for the TTL.
   One that is stopped (SIGTERM, blkps target stop) revokes it too.
@@ -99,6 +103,7 @@ class Keeper:
         self.held_key = held_key_of(self.key)
         self.watch_from = None  # a backup: etcd's revision when it began to watch (watch())
         self.watched_holder = None  # ... and the key's holder then, if any
+        self.lost_before = None  # ... or, after its primary, the holder of a lease lost before it
         self.marked = None  # whether etcd holds the outdated key (None: not known)
         self.me = f"{self.env['URL']} ({folder})"
         self.lease = None
@@ -198,11 +203,15 @@ class Keeper:
             self.log("the backup caught up: it is in sync again and may take over (removed the outdated mark "
                      "in etcd)")
 
-    def watch(self):
+    def watch(self, after_primary=False):
         """A backup begins to watch: the lease held now, or taken from now
         on, is followed, even one lost before follow() reads the key
-        (unseen_holder())."""
+        (unseen_holder()). `after_primary`: this target's primary took the
+        key before this keeper started, so a key absent now was held and
+        lost, by the holder its mark names."""
         self.watched_holder, _, self.watch_from = self.etcd.get_revisions(self.key)
+        if self.watched_holder is None and after_primary:
+            self.lost_before = self.etcd.get(self.held_key)
 
     def unseen_holder(self):
         """The keeper that took the key since watch() and lost it between
@@ -214,8 +223,8 @@ class Keeper:
         """A backup's watch, after watch(): once the key is gone, takes it
         and promotes the tgtd. Returns the exit status (of hold(), as the
         primary)."""
-        holder, said = self.watched_holder, None
-        seen = None if holder is None else time.monotonic()
+        holder, said = self.watched_holder or self.lost_before, None
+        seen = None if self.watched_holder is None else time.monotonic()
         while True:
             if not self.target.alive():
                 self.log(f"stopped: tgtd ({self.env['PID']}) is not running")
@@ -245,8 +254,12 @@ class Keeper:
             self.tell("promote=1")
         except OSError as e:
             return self.release(f"gave up the lease: promote=1 failed ({e})")
-        when = ("it was taken and lost between two reads of this keeper" if seen is None else
-                f"{time.monotonic() - seen:.1f} s after this keeper last saw it held")
+        if seen is not None:
+            when = f"{time.monotonic() - seen:.1f} s after this keeper last saw it held"
+        elif self.lost_before is not None and holder == self.lost_before:
+            when = "it was lost before this keeper began to watch"
+        else:
+            when = "it was taken and lost between two reads of this keeper"
         self.log(f"became primary: the lease of {holder} lapsed ({when}); this tgtd serves learners at "
                  f"{self.env['URL']}")
         return self.hold()
@@ -290,7 +303,7 @@ def command_keep(a):
             started(f"holds {keeper.key} (TTL {a.ttl} s)")
             return keeper.hold()
         try:
-            keeper.watch()
+            keeper.watch(a.after_primary)
         except OSError as e:  # etcd
             started(f"error: could not watch {keeper.key}: {e}")
             return 1
@@ -300,14 +313,16 @@ def command_keep(a):
         return keeper.release("stopped")
 
 
-def start_keeper(folder, a, role):
+def start_keeper(folder, a, role, after_primary=False):
     """Starts the lease keeper of the tgtd in `folder` as `role` (primary:
-    returns once it holds the key; backup: once it watches it). A
-    UserError if it could not."""
+    returns once it holds the key; backup: once it watches it;
+    `after_primary`: its target's primary took the key before, Keeper.watch()).
+    A UserError if it could not."""
     with open(os.path.join(folder, KEEPER_LOG), "a") as log:
-        part = ["--part", a.lease_part] if getattr(a, "lease_part", None) else []
+        extra = ["--part", a.lease_part] if getattr(a, "lease_part", None) else []
+        extra += ["--after-primary"] if after_primary else []
         keeper = subprocess.Popen([tools.script("blkps"), "target", "lease", "--dir", folder, "--endpoints",
-                                   a.lease, "--ttl", str(a.lease_ttl), "--role", role, *part], stdin=subprocess.DEVNULL,
+                                   a.lease, "--ttl", str(a.lease_ttl), "--role", role, *extra], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=log, start_new_session=True, text=True)
     with open(os.path.join(folder, KEEPER_PID), "w") as f:
         f.write(f"{keeper.pid}\n")
@@ -346,19 +361,22 @@ def start(a):
     with open(os.path.join(folder, LEASE_OPTIONS), "w") as f:
         json.dump({"lease": a.lease, "lease_ttl": a.lease_ttl}, f)
     start_keeper(folder, a, "primary")
-    start_keeper(replicas.backup_dir(folder), a, "backup")
+    start_keeper(replicas.backup_dir(folder), a, "backup", after_primary=True)
 
 
-def restart_keeper(folder, backup):
+def restart_keeper(folder, backup, caught_up):
     """Starts the keeper of `backup` (the target in `folder` or its backup
     folder, a backup now) again, as `blkps target start` did (the
-    target's lease.json), if it had one. Whether it did."""
+    target's lease.json), if it had one. Whether it did. `caught_up`: the
+    backup is in sync with its primary, so it may take over from a lease
+    lost before its keeper began to watch (Keeper.watch()); one still to
+    be caught up never does."""
     try:
         with open(os.path.join(os.path.abspath(folder), LEASE_OPTIONS)) as f:
             options = types.SimpleNamespace(**json.load(f))
     except FileNotFoundError:
         return False
-    start_keeper(backup, options, "backup")
+    start_keeper(backup, options, "backup", after_primary=caught_up)
     return True
 
 
@@ -396,4 +414,6 @@ def add_arguments(start_parser, cmds):
     k.add_argument("--ttl", type=lease_ttl, required=True)
     k.add_argument("--role", choices=("primary", "backup"), required=True)
     k.add_argument("--part", help="K/S: the key of part K of S (blkps target serve --part)")
+    k.add_argument("--after-primary", action="store_true",
+                   help="a backup started after its target's primary took the key: a key absent was lost")
     k.set_defaults(run=command_keep)

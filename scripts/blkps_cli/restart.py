@@ -50,7 +50,7 @@ def restart_as_backup(folder):
     address = f"127.0.0.1:{tgtd.free_port('127.0.0.1')}"
     env = restart_target(folder, replicas.as_backup(started_with(folder), address))
     took = replicas.catch_up(primary, address, "target restart")
-    keeper = lease.restart_keeper(folder, folder)
+    keeper = lease.restart_keeper(folder, folder, caught_up=True)
     print(f"restarted the dead primary on port {env['PORT']} as the backup of the promoted one ({primary}): in sync "
           f"{took:.2f} s after it was asked{', its lease keeper started' if keeper else ''}; it takes over if that one "
           "dies")
@@ -62,7 +62,7 @@ def restart_backup(folder):
     lease keeper: its primary catches it up while training goes on
     (doc/replicas.md "A backup that returns")."""
     env = restart_target(replicas.backup_dir(folder))
-    keeper = lease.restart_keeper(folder, replicas.backup_dir(folder))
+    keeper = lease.restart_keeper(folder, replicas.backup_dir(folder), caught_up=False)
     print(f"restarted the backup (dead) on port {env['PORT']}{' with its lease keeper' if keeper else ''}: its "
           f"primary catches it up while training goes on (status `backup` is empty once it is in sync)")
     return 0
