@@ -34,7 +34,9 @@ switch interval is slowed alike.
 
 --code: the blkps trees whose blkps.torch the learners run, each in turn
 case by case (interleaved, so that the machine's load falls on all alike);
-default this tree. Each tree runs whole, with its own build (libblkps.so,
+default this tree. A tree named more than once is run that many times per
+case (one shard set serves them all), and overlap.md adds the median
+ratio and error of each case's runs, with their spread, beside every run. Each tree runs whole, with its own build (libblkps.so,
 the server plugin; DIR/build/cmake, this tree's --build) and its own CLI
 starting its shards: an older tree's Python refuses a library of another
 build. Build an older commit for it with
@@ -454,7 +456,8 @@ class Bench:
         try:
             for tree in args.trees:
                 for wire in args.wires:
-                    self.shards[tree.path, wire] = Shards(args, tree, self.params, wire)
+                    if (tree.path, wire) not in self.shards:  # a tree named twice: repeats on one set
+                        self.shards[tree.path, wire] = Shards(args, tree, self.params, wire)
             first = args.trees[0]
             self.by_hand_ms = run({"system": "by_hand", "code": first.path, "params": self.params, "reps": 7},
                                   self.shards[first.path, args.wires[0]].envs(1), args.run_timeout)[0]["by_hand_ms"]
@@ -595,6 +598,21 @@ def write(out, result):
                     f"{r.get('alone_ms', '–')} | {r['step_ms']} | {r.get('ratio', '–')} | {r['h100_ratio']} | "
                     f"{r.get('error', '–')} | {t.get('copy_out')}, {t.get('exchange')}, {t.get('step_wait')}, "
                     f"{t.get('weights_wait')}, {t.get('pipeline_wait', '–')}; {r['rank0_transfers']} |\n")
+        cases = {}
+        for r in result["runs"]:
+            if "ratio" in r:
+                cases.setdefault((r["model"], r["code"], r["wire_dtype"], r["learners"]), []).append(r)
+        if any(len(runs) > 1 for runs in cases.values()):
+            f.write("\nEach case's runs (a tree named more than once in --code): the median ratio and error, "
+                    "and the spread of the ratio (lowest to highest).\n\n"
+                    "| model | code | wire | learners | runs | median ratio | spread | H100 ratio | median error |\n"
+                    "|---|---|---|---|---|---|---|---|---|\n")
+            for (model, code, wire, learners), runs in cases.items():
+                ratios = [r["ratio"] for r in runs]
+                errors = [r["error"] for r in runs if "error" in r]
+                f.write(f"| {model} | {code} | {wire} | {learners} | {len(runs)} | "
+                        f"{round(statistics.median(ratios), 3)} | {min(ratios)}–{max(ratios)} | "
+                        f"{runs[0]['h100_ratio']} | {round(statistics.median(errors), 3) if errors else '–'} |\n")
 
 
 def main():

@@ -1,13 +1,15 @@
 """blkps.torch.optimizer: the optimizer core. It keeps a model's parameters
 and gradients as views into flat buffers in the device's layout
-(blkps.torch.layout, blkps.torch.staging), pushes each bucket of the gradient as
-backward finishes it and makes the parameters the server's weights
-(gradient mode), or pushes the change of the weights a local optimizer
-made (delta mode, blkps.torch.delta); pipelined, a step computes on the weights the previous
-step's exchanges brought. Its transfers go through blkps.torch.pipeline,
-its forwards wait for weights through blkps.torch.forward_waits
-(overlap_pull); its knobs are OptimizerOptions, its place in the job the
-session's. The Horovod-shaped face over it is blkps.torch.horovod."""
+(blkps.torch.layout, blkps.torch.staging), pushes each bucket of the
+gradient as backward finishes it and makes the parameters the server's
+weights (gradient mode), or pushes the change of the weights a local
+optimizer made (delta mode, blkps.torch.delta); pipelined, a step computes
+on the weights the previous step's exchanges brought. Its transfers go
+through blkps.torch.pipeline, its forwards wait for weights through
+blkps.torch.forward_waits (overlap_pull), broadcast_parameters writes
+through blkps.torch.weights_broadcast; its knobs are OptimizerOptions, its
+place in the job the session's. The Horovod-shaped face over it is
+blkps.torch.horovod."""
 
 import contextlib
 import threading
