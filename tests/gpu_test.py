@@ -376,6 +376,7 @@ def learner(config):
                                    pull_during_backward=config.get("pull_during_backward"),
                                    pipeline=config.get("pipeline"), look_ahead=config.get("look_ahead"))
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    grads_moved = 0.0  # config "synchronize": how far synchronize() moved a gradient, at most
     for t in range(config["steps"]):
         opt.zero_grad()
         x, y = batch(t, bps.rank(), device)
@@ -384,13 +385,20 @@ def learner(config):
         if what == "inf":
             loss = loss * float("inf")  # every gradient inf or NaN: GradScaler would skip
         loss.backward()
-        if what != "scaler-skips":  # GradScaler.step() skips: no step(); the next zero_grad() sees it
+        if config.get("synchronize"):  # Horovod's point to clip or log the step's final gradients
+            before = [p.grad.clone() for p in model.parameters()]
+            opt.synchronize()
+            grads_moved = max([grads_moved] + [float((p.grad - b).abs().max())
+                                               for p, b in zip(model.parameters(), before)])
+            with opt.skip_synchronize():
+                opt.step()
+        elif what != "scaler-skips":  # GradScaler.step() skips: no step(); the next zero_grad() sees it
             opt.step()
     if config.get("faults"):
         opt.zero_grad()  # ends a skipped last step
     opt.wait_weights()
     print(json.dumps({"weights": flat(model).tolist(), "skipped": opt.skipped_steps, "steps": opt.steps,
-                      "forward_waits": opt.forward_waits}), flush=True)
+                      "forward_waits": opt.forward_waits, "grads_moved": grads_moved}), flush=True)
     opt.close()
 
 
@@ -442,7 +450,9 @@ def case_pipelined():
     on the weights the previous step's exchanges brought, so the server
     and the learner (drained) hold exactly the one-step-delayed reference,
     with and without steps skipped for inf gradients or by GradScaler
-    (nothing pushed); bsp and delta mode refuse a pipeline in one line."""
+    (nothing pushed); after synchronize() the step's gradients still read
+    as backward made them; bsp and delta mode refuse a pipeline in one
+    line."""
     lr, steps = 0.1, 8
     count = bps.param_count(mlp(0))
     for faults in ({}, {"0:2": "inf", "0:5": "scaler-skips"}):
@@ -463,6 +473,14 @@ def case_pipelined():
             print(f"pipelined async: 1 learner equals the one-step-delayed reference over {steps} steps "
                   f"(skipped {sorted(skipped)})")
         with_server(f"params={count};rule=sgd;lr={lr};mode=async;staleness_aware=0", 1, body)
+
+    def synchronized(server):
+        config = {"optimizer": "gradient", "lr": lr, "steps": 4, "seed": 0, "pipeline": True, "synchronize": True}
+        report = server.run_learners(config, 1)[0]
+        check(report["grads_moved"] == 0.0, "pipelined: after synchronize() the step's gradients read "
+              f"{report['grads_moved']:g} away from backward's: they must stay readable until step()")
+        print("pipelined: synchronize() leaves the step's gradients as backward made them")
+    with_server(f"params={count};rule=sgd;lr={lr};mode=async", 1, synchronized)
 
     def refusals(server):
         bps.init(target=server.target, control=server.control, env={})

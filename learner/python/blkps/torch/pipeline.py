@@ -207,8 +207,6 @@ class Pipeline:
             if pulled and seconds and error is None:
                 self._owner.flat.weights_arrived(b.first, b.end)
                 b.landed = self._owner.pipeline
-            if kind == "push":  # before arrived: the step boundary waits for it
-                self._owner.flat.push_ended(b.first, b.end, b.generation)
             if pulled:
                 b.arrived.set()
             if kind != "pull":

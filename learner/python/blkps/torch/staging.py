@@ -126,9 +126,6 @@ class FlatModel:
         # filled while the other's pushes may still read it.
         self.gradients = self.gradients or (self.gradient,)
         self.generation = 0
-        # Two flat gradients: how many values of each push_ended() has zeroed
-        # since it was last the one to fill (next_gradient()).
-        self._zeroed = [0, 0]
         self._host_gradients = self.gradients if len(self.gradients) == 2 else (self.host_gradient_all,)
         self._np_gradients = tuple(as_numpy(g) for g in self._host_gradients)
         if self.cuda:
@@ -267,32 +264,18 @@ class FlatModel:
         self._host_gradients[generation][first:end].zero_()
         return self._np_gradients[generation][first:end]
 
-    def push_ended(self, first, end, generation):
-        """The push of [first, end) of the flat gradient of `generation` has
-        ended, sent or not (communication thread): where there are two flat
-        gradients nothing reads that range again until next_gradient()
-        hands it to a step to fill, so it is zeroed here, off the training
-        thread. REQUIRES: [first, end) a bucket's range (they partition the
-        model), each pushed at most once per step."""
-        if len(self.gradients) == 2:
-            self.gradients[generation][first:end].zero_()
-            self._zeroed[generation] += end - first
-
     def next_gradient(self):
         """The step boundary of a pipeline on the CPU with a float32 wire
         (training thread): the next step fills the other flat gradient,
-        zeroed (by push_ended() where all its buckets were pushed, else
-        here), while this step's pushes read this one in place (no copy).
-        Returns False, changing nothing, where there is one flat gradient
-        (the caller zeroes it). REQUIRES: every push of the step before
-        this one has ended (a pipeline's step() waits for them)."""
+        zeroed here, while this step's pushes read this one in place (no
+        copy). Returns False, changing nothing, where there is one flat
+        gradient (the caller zeroes it). REQUIRES: every push of the step
+        before this one has ended (a pipeline's step() waits for them)."""
         if len(self.gradients) == 1:
             return False
         self.generation ^= 1
         self.gradient = self.gradients[self.generation]
-        if self._zeroed[self.generation] != self.count:  # a skipped async step pushed nothing
-            self.gradient.zero_()
-        self._zeroed[self.generation] = 0
+        self.gradient.zero_()
         return True
 
     def release_gradient(self):
