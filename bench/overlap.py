@@ -31,6 +31,7 @@ switch interval is slowed alike.
                    [--wires float32,bfloat16] [--learners 1,2] [--shards 8]
                    [--steps 6] [--warmup 2] [--pipeline] [--build DIR]
                    [--reference DIR] [--bisections 4] [--run-timeout 300]
+                   [--mode async|bsp]
 
 --code: the blkps trees whose blkps.torch the learners run, each in turn
 case by case (interleaved, so that the machine's load falls on all alike);
@@ -46,10 +47,17 @@ build. Build an older commit for it with
 keeps the H100's ratio on the calibration case (ResNet-50, float32 wire,
 1 learner), by bisection, then runs every case with it. --pipeline passes
 pipeline=True to blkps.torch's DistributedOptimizer (a tree whose
-optimizer has no such option is refused before any run).
+optimizer has no such option is refused before any run). --mode bsp
+serves the shards in bsp (a step's pulls wait for its round; blkps.torch
+pulls after step(), first layers first, and each forward waits for its
+own buckets), on a fresh shard set per run with one learner slot per
+learner (a bsp round waits for every slot); it takes --interpreter-share (the calibration case is the
+H100's async run) and refuses --pipeline, as blkps.torch does in bsp. Its
+cases have no H100 figure to be compared with: the committed run is
+async.
 
 Per model, one set of co-located shards per tree and wire (`blkps shards
-start`, async, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
+start`, --mode, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
 pull by hand (the clock), then per case blkps.torch in gradient mode
 (overlap_pull, as for a CUDA model) of each tree, with the step alone (no
 transfers) just before and just after the case's runs (their mean: a load
@@ -57,7 +65,7 @@ that drifts falls on both). Learners of one run share one device, each
 with half the batch, as on the H100 (Device, SharedQueue). No run takes an
 optimizer step on the learner (the server applies the gradient). Writes
 DIR/overlap.json (calibration: each bisection's share and ratio; runs:
-model, code, wire_dtype, learners, step_ms, alone_ms,
+model, code, mode, wire_dtype, learners, step_ms, alone_ms,
 alone_ms_before_after, ratio, h100_ratio, error = ratio - h100_ratio, rank
 0's ms per step by the optimizer's seconds and its transfers; machine:
 cores, load before and after) and DIR/overlap.md, both rewritten after
@@ -88,7 +96,7 @@ GRAD = 1e-7      # every gradient value: finite, small
 # yardstick of the proxy's clock.
 H100_BY_HAND_MS = {"resnet50": 9 + 8, "gpt2": 43 + 35}
 REFERENCE = os.path.join(HERE, "results", "h100-80gb-hbm3")
-CALIBRATION_CASE = ("resnet50", "float32", 1)  # model, wire, learners
+CALIBRATION_CASE = ("resnet50", "float32", 1)  # model, wire, learners (async)
 SWITCH_INTERVAL_S = 0.005  # Python's default, on the H100's clock
 BY_HAND_WARMUP_S = 5.0  # by_hand(): pushes and pulls untimed first
 
@@ -339,7 +347,8 @@ def learner(cfg):
     if opt is not None:  # where the time goes, ms per step (warm-up included, as the counters are)
         extra = {"ms_per_step": {k: round(1000 * v / (cfg["steps"] + cfg["warmup"]), 2)
                                  for k, v in opt.seconds.items()},
-                 "transfers": getattr(opt, "transfers", getattr(opt, "exchanges", 0))}  # f4377fc: exchanges
+                 "transfers": getattr(opt, "transfers", getattr(opt, "exchanges", 0)),  # f4377fc: exchanges
+                 "mode": opt.mode}  # the server's, as the optimizer read it
         opt.close()
     return {"step_ms": 1000 * wall / cfg["steps"], **extra}
 
@@ -390,16 +399,16 @@ class Tree:
 
 class Shards:
     """One set of co-located shards of `tree` (its `blkps shards start`,
-    async, rule sgd, 2 learner slots) in a private folder; stopped, and the
-    folder removed, by stop()."""
+    args.mode, rule sgd, `luns` learner slots) in a private folder;
+    stopped, and the folder removed, by stop()."""
 
-    def __init__(self, args, tree, params, wire):
+    def __init__(self, args, tree, params, wire, luns=2):
         self.tree, self.folder = tree, tempfile.mkdtemp(prefix="blkps-overlap-")
         dtype = "" if wire == "float32" else f";dtype={wire}"
         try:
             subprocess.run([*tree.cli, "shards", "start", "--dir", self.folder, "--shards", str(args.shards),
-                            "--stripe-unit", "1M", "--luns", "2", "--owner-pid", str(os.getpid()),
-                            "--bsopts", f"params={params};rule=sgd;lr=0.001;mode=async;dead_after=60{dtype}",
+                            "--stripe-unit", "1M", "--luns", str(luns), "--owner-pid", str(os.getpid()),
+                            "--bsopts", f"params={params};rule=sgd;lr=0.001;mode={args.mode};dead_after=60{dtype}",
                             "--plugin", tree.plugin], check=True, stdout=subprocess.DEVNULL)
         except subprocess.CalledProcessError:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -431,10 +440,12 @@ def run(cfg, envs, timeout):
         raise SystemExit(f"overlap: {cfg['system']}: {e}") from None
 
 
-def reference(folder):
-    """The committed H100 run: {(model, wire, learners): record}."""
+def reference(folder, mode):
+    """The committed H100 run's records of `mode` (a record without one is
+    async): {(model, wire, learners): record}."""
     with open(os.path.join(folder, "gpu.json")) as f:
-        return {(r["model"], r["wire_dtype"], r["learners"]): r for r in json.load(f) if "failed" not in r}
+        return {(r["model"], r["wire_dtype"], r["learners"]): r for r in json.load(f)
+                if "failed" not in r and r.get("mode", "async") == mode}
 
 
 def load():
@@ -447,7 +458,7 @@ class Bench:
     """One model's servers (a shard set per tree and wire) and clock; runs
     the step alone and through blkps.torch on them. stop() stops them."""
 
-    def __init__(self, args, name, h100):
+    def __init__(self, args, name, h100, alone_ms):
         import torch
         self.args, self.name = args, name
         self.layers = profile(torch, name)
@@ -457,7 +468,9 @@ class Bench:
             for tree in args.trees:
                 for wire in args.wires:
                     if (tree.path, wire) not in self.shards:  # a tree named twice: repeats on one set
-                        self.shards[tree.path, wire] = Shards(args, tree, self.params, wire)
+                        # bsp: a round waits for every slot; through() starts one per learner
+                        self.shards[tree.path, wire] = Shards(args, tree, self.params, wire,
+                                                              1 if args.mode == "bsp" else 2)
             first = args.trees[0]
             self.by_hand_ms = run({"system": "by_hand", "code": first.path, "params": self.params, "reps": 7},
                                   self.shards[first.path, args.wires[0]].envs(1), args.run_timeout)[0]["by_hand_ms"]
@@ -465,7 +478,7 @@ class Bench:
             self.stop()
             raise
         self.clock = self.by_hand_ms / H100_BY_HAND_MS[name]  # proxy seconds per H100 second
-        self.h100_alone_ms = h100[(name, "float32", 1)]["standalone_step_ms"]
+        self.h100_alone_ms = alone_ms
 
     def cfg(self, held, tree=None, wire="float32"):
         a = self.args
@@ -480,6 +493,9 @@ class Bench:
         """blkps.torch's step (the slowest rank's) and rank 0's result;
         `learners` share one device (Device)."""
         cfg = self.cfg(held, tree, wire)
+        if self.args.mode == "bsp":  # a round waits for every learner slot: fresh ones, one per learner
+            self.shards.pop((tree.path, wire)).stop()
+            self.shards[tree.path, wire] = Shards(self.args, tree, self.params, wire, learners)
         with tempfile.NamedTemporaryFile(prefix="blkps-overlap-device-") as queue:
             if learners > 1:
                 queue.write(bytes(8))  # the shared queue's end: 0.0
@@ -514,12 +530,13 @@ def calibrate(bench, tree, target, bisections, record):
     return best[0]
 
 
-def measure(args, name, held, h100, result, save):
+def measure(args, name, held, h100, alone_ms, result, save):
     """Every case of `name` with interpreter share `held` (with
     --calibrate, the calibration case's model first finds it), each --code
     in turn per case; appends each run's record to result["runs"]. Returns
-    the share it used."""
-    bench = Bench(args, name, h100)
+    the share it used. `h100`: the H100's records of args.mode; `alone_ms`:
+    its step alone, by model."""
+    bench = Bench(args, name, h100, alone_ms[name])
     try:
         result["clock"][name] = {"by_hand_ms": round(bench.by_hand_ms, 1), "h100_by_hand_ms": H100_BY_HAND_MS[name],
                                  "proxy_s_per_h100_s": round(bench.clock, 2)}
@@ -545,7 +562,7 @@ def measure(args, name, held, h100, result, save):
                 step, rank0 = bench.through(held, tree, wire, learners)
                 ref = h100.get((name, wire, learners), {})
                 rows.append({"model": name, "params": bench.params, "code": result["code"][tree.path],
-                             "wire_dtype": wire, "learners": learners, "step_ms": round(step, 1),
+                             "mode": rank0["mode"], "wire_dtype": wire, "learners": learners, "step_ms": round(step, 1),
                              "compute_ms": round(bench.h100_alone_ms * bench.clock, 1),
                              "h100_ratio": ref.get("ratio"), "rank0_ms_per_step": rank0["ms_per_step"],
                              "rank0_transfers": rank0["transfers"]})
@@ -577,7 +594,7 @@ def write(out, result):
                 f"{m['cores']} cores, load {m['load_before']} before and {m.get('load_after', '–')} after "
                 "(1, 5, 15 minutes; the run's own shards and learners are in the load after, so the load before says "
                 "whether anything else ran). "
-                f"Interpreter share {result.get('interpreter_share', '–')}"
+                f"Mode {result.get('mode', 'async')}. Interpreter share {result.get('interpreter_share', '–')}"
                 f"{' (--pipeline)' if result['pipeline'] else ''}; ratio = the proxy's step alone / its step "
                 "through blkps.torch; the H100's from the committed run (gpu.json).\n\n")
         cal = result["calibration"]
@@ -595,7 +612,8 @@ def write(out, result):
         for r in result["runs"]:
             t = r["rank0_ms_per_step"]
             f.write(f"| {r['model']} | {r['code']} | {r['wire_dtype']} | {r['learners']} | {r['compute_ms']} | "
-                    f"{r.get('alone_ms', '–')} | {r['step_ms']} | {r.get('ratio', '–')} | {r['h100_ratio']} | "
+                    f"{r.get('alone_ms', '–')} | {r['step_ms']} | {r.get('ratio', '–')} | "
+                    f"{'–' if r['h100_ratio'] is None else r['h100_ratio']} | "
                     f"{r.get('error', '–')} | {t.get('copy_out')}, {t.get('exchange')}, {t.get('step_wait')}, "
                     f"{t.get('weights_wait')}, {t.get('pipeline_wait', '–')}; {r['rank0_transfers']} |\n")
         cases = {}
@@ -612,7 +630,8 @@ def write(out, result):
                 errors = [r["error"] for r in runs if "error" in r]
                 f.write(f"| {model} | {code} | {wire} | {learners} | {len(runs)} | "
                         f"{round(statistics.median(ratios), 3)} | {min(ratios)}–{max(ratios)} | "
-                        f"{runs[0]['h100_ratio']} | {round(statistics.median(errors), 3) if errors else '–'} |\n")
+                        f"{'–' if runs[0]['h100_ratio'] is None else runs[0]['h100_ratio']} | "
+                        f"{round(statistics.median(errors), 3) if errors else '–'} |\n")
 
 
 def main():
@@ -635,6 +654,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(TOP, "build", "cmake"), help="this tree's build")
     ap.add_argument("--reference", default=REFERENCE, help="the H100 run's folder (its gpu.json)")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds a run may take (default 300)")
+    ap.add_argument("--mode", choices=("async", "bsp"), default="async",
+                    help="the shards' mode (default async; bsp: no --pipeline, no --calibrate)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     # A stop (kill PID) ends the runs and the servers as Ctrl-C does.
@@ -662,6 +683,12 @@ def main():
     for tree in args.trees:
         if tree.missing():
             ap.error(f"--code: {tree.missing()}")
+    if args.mode == "bsp" and args.pipeline:
+        ap.error("--pipeline: a bsp step computes on its own round's weights; blkps.torch refuses pipeline=True "
+                 "in bsp")
+    if args.mode == "bsp" and args.calibrate:
+        ap.error("--calibrate: the calibration case is the H100's async run; give --interpreter-share with "
+                 "--mode bsp")
     if args.pipeline:  # refused before any run, not in its middle
         for tree in args.trees:
             env = dict(os.environ, BLKPS_LIB=tree.lib)
@@ -669,8 +696,12 @@ def main():
                 ap.error(f"--pipeline: the blkps.torch of {tree.path} has no pipeline= option (from before it)")
     if args.calibrate and (CALIBRATION_CASE[0] not in args.models or "float32" not in args.wires):
         ap.error("--calibrate needs resnet50 in --models and float32 in --wires (the calibration case)")
-    h100 = reference(args.reference)
-    result = {"machine": {"cores": os.cpu_count(), "load_before": load()}, "pipeline": args.pipeline,
+    h100 = reference(args.reference, args.mode)
+    # The clock's compute: the H100's step alone (async records carry it).
+    alone_ms = {m: r["standalone_step_ms"] for (m, wire, n), r in reference(args.reference, "async").items()
+                if (wire, n) == ("float32", 1)}
+    result = {"machine": {"cores": os.cpu_count(), "load_before": load()}, "mode": args.mode,
+              "pipeline": args.pipeline,
               "code": {t.path: t.label() for t in args.trees}, "calibration": None, "clock": {}, "runs": []}
 
     def save():
@@ -680,7 +711,7 @@ def main():
     held = args.interpreter_share
     # The calibration case's model first: its share holds for the others.
     for name in sorted(args.models, key=lambda n: n != CALIBRATION_CASE[0]):
-        held = measure(args, name, held, h100, result, save)
+        held = measure(args, name, held, h100, alone_ms, result, save)
     result["machine"]["load_after"] = load()
     save()
     print(f"overlap: {len(result['runs'])} runs in {args.out}/overlap.json and overlap.md")

@@ -12,6 +12,9 @@ Cases:
              one run per tree, each with its ratio against the H100's
              committed one; each tree's blkps.torch was the one imported;
              no shard folder left.
+  bsp        --mode bsp, 1 and 2 learners: a run each on shards served in
+             bsp, recorded as bsp with no H100 figure (the committed run
+             is async); no shard folder left.
   hold       the proxy's share holding the interpreter: another thread
              runs no Python meanwhile until it has waited the switch
              interval, and the hold uses no CPU.
@@ -21,8 +24,9 @@ Cases:
              to a race); a Device of 2 sharers queues half a layer's
              seconds, one of its own the whole.
   refusals   a --code that is not a blkps tree, an interpreter share out
-             of [0, 1) and --pipeline with a blkps.torch that has no such
-             option are each refused in one line naming the option.
+             of [0, 1), --pipeline with a blkps.torch that has no such
+             option, and --pipeline or --calibrate with --mode bsp are
+             each refused in one line naming the option.
 """
 import importlib.util
 import json
@@ -101,6 +105,27 @@ def case_calibrate():
         with open(os.path.join(out, "overlap.md")) as f:
             rows = [line for line in f if line.startswith("| resnet50 ")]
         check(len(rows) == 2, f"overlap.md has {len(rows)} rows for 2 runs")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def case_bsp():
+    tmp = tempfile.mkdtemp(prefix="blkps-overlap-test-")
+    out, shards = os.path.join(tmp, "out"), os.path.join(tmp, "shards")
+    os.mkdir(shards)
+    try:
+        rc, err = bench(out, "--mode", "bsp", "--interpreter-share", "0.1", "--learners", "1,2", tmp=shards)
+        check(rc == 0, f"bench/overlap.py --mode bsp exited with {rc}: {err[-2000:]}")
+        left = os.listdir(shards)
+        check(not left, f"the proxy left {left} in its TMPDIR")
+        with open(os.path.join(out, "overlap.json")) as f:
+            result = json.load(f)
+        runs = result["runs"]
+        check(result["mode"] == "bsp" and [r["learners"] for r in runs] == [1, 2], f"runs {runs}")
+        for r in runs:
+            # mode: the server's, as rank 0's optimizer read it
+            check(r["mode"] == "bsp" and r["h100_ratio"] is None and "error" not in r, f"run {r}")
+            check(r["step_ms"] > 0 and r["rank0_transfers"] > 0, f"rank 0 sent nothing: {r}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -186,7 +211,9 @@ def case_refusals():
             "blkps/torch.py": "def DistributedOptimizer(optimizer, named_parameters=None, compression=None):\n"
                               "    raise AssertionError('not to be called')\n"})
         for options, says in ((["--code", tmp], "--code"), (["--interpreter-share", "1"], "--interpreter-share"),
-                              (["--code", old, "--pipeline"], "--pipeline")):
+                              (["--code", old, "--pipeline"], "--pipeline"),
+                              (["--mode", "bsp", "--pipeline"], "--pipeline"),
+                              (["--mode", "bsp", "--calibrate"], "--calibrate")):
             rc, err = bench(os.path.join(tmp, "out"), *options)
             lines = err.strip().splitlines()
             check(rc != 0 and lines and says in lines[-1], f"{options}: exit {rc}, stderr {err[-1500:]!r}")
@@ -194,7 +221,8 @@ def case_refusals():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CASES = {"calibrate": case_calibrate, "hold": case_hold, "shared": case_shared, "refusals": case_refusals}
+CASES = {"calibrate": case_calibrate, "bsp": case_bsp, "hold": case_hold, "shared": case_shared,
+         "refusals": case_refusals}
 
 if __name__ == "__main__":
     testbed.run(CASES, None)
