@@ -37,8 +37,9 @@ switch interval is slowed alike.
 case by case (interleaved, so that the machine's load falls on all alike);
 default this tree. A tree named more than once is run that many times per
 case (one shard set serves them all), and overlap.md adds the median
-ratio and error of each case's runs, with their spread, beside every run. Each tree runs whole, with its own build (libblkps.so,
-the server plugin; DIR/build/cmake, this tree's --build) and its own CLI
+ratio and error of each case's runs, with their spread, beside every
+run. Each tree runs whole, with its own build (libblkps.so, the server
+plugin; DIR/build/cmake, this tree's --build) and its own CLI
 starting its shards: an older tree's Python refuses a library of another
 build. Build an older commit for it with
 `git worktree add --detach DIR COMMIT` and, in DIR,
@@ -51,10 +52,10 @@ optimizer has no such option is refused before any run). --mode bsp
 serves the shards in bsp (a step's pulls wait for its round; blkps.torch
 pulls after step(), first layers first, and each forward waits for its
 own buckets), on a fresh shard set per run with one learner slot per
-learner (a bsp round waits for every slot); it takes --interpreter-share (the calibration case is the
-H100's async run) and refuses --pipeline, as blkps.torch does in bsp. Its
-cases have no H100 figure to be compared with: the committed run is
-async.
+learner (a bsp round waits for every slot); it takes
+--interpreter-share (the calibration case is the H100's async run) and
+refuses --pipeline, as blkps.torch does in bsp. Its cases have no H100
+figure to be compared with: the committed run is async.
 
 Per model, one set of co-located shards per tree and wire (`blkps shards
 start`, --mode, rule sgd, 2 learner slots), as bench/gpu.sh: the push and
@@ -455,10 +456,11 @@ def load():
 
 
 class Bench:
-    """One model's servers (a shard set per tree and wire) and clock; runs
-    the step alone and through blkps.torch on them. stop() stops them."""
+    """One model's servers (a shard set per tree and wire) and clock, its
+    compute the H100's step alone, `alone_ms`; runs the step alone and
+    through blkps.torch on them. stop() stops them."""
 
-    def __init__(self, args, name, h100, alone_ms):
+    def __init__(self, args, name, alone_ms):
         import torch
         self.args, self.name = args, name
         self.layers = profile(torch, name)
@@ -536,7 +538,7 @@ def measure(args, name, held, h100, alone_ms, result, save):
     in turn per case; appends each run's record to result["runs"]. Returns
     the share it used. `h100`: the H100's records of args.mode; `alone_ms`:
     its step alone, by model."""
-    bench = Bench(args, name, h100, alone_ms[name])
+    bench = Bench(args, name, alone_ms[name])
     try:
         result["clock"][name] = {"by_hand_ms": round(bench.by_hand_ms, 1), "h100_by_hand_ms": H100_BY_HAND_MS[name],
                                  "proxy_s_per_h100_s": round(bench.clock, 2)}
