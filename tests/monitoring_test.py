@@ -32,6 +32,7 @@ Cases that start their own tgtd (label integration):
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -71,9 +72,20 @@ def blkps(*args):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: one the kernel
+    hands out for bind(0) or to an outgoing connection (this test's or one
+    running beside it) may be taken again before a restart binds it
+    (exporter-follows-a-restart once failed: address already in use)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for port in random.sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    fail("no free port below the ephemeral range")
 
 
 def get(url, auth=None):
