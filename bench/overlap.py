@@ -467,13 +467,15 @@ class Bench:
         self.params = sum(torch.Size(s).numel() for shapes, _, _ in self.layers for s in shapes)
         self.shards = {}
         try:
-            for tree in args.trees:
-                for wire in args.wires:
-                    if (tree.path, wire) not in self.shards:  # a tree named twice: repeats on one set
-                        # bsp: a round waits for every slot; through() starts one per learner
-                        self.shards[tree.path, wire] = Shards(args, tree, self.params, wire,
-                                                              1 if args.mode == "bsp" else 2)
             first = args.trees[0]
+            # bsp: the clock's set alone, of one slot (a round waits for every
+            # slot); through() starts a set per run, one slot per learner
+            kept = [(first, args.wires[0])] if args.mode == "bsp" else [(t, w) for t in args.trees
+                                                                         for w in args.wires]
+            for tree, wire in kept:
+                if (tree.path, wire) not in self.shards:  # a tree named twice: repeats on one set
+                    self.shards[tree.path, wire] = Shards(args, tree, self.params, wire,
+                                                          1 if args.mode == "bsp" else 2)
             self.by_hand_ms = run({"system": "by_hand", "code": first.path, "params": self.params, "reps": 7},
                                   self.shards[first.path, args.wires[0]].envs(1), args.run_timeout)[0]["by_hand_ms"]
         except BaseException:
@@ -496,7 +498,9 @@ class Bench:
         `learners` share one device (Device)."""
         cfg = self.cfg(held, tree, wire)
         if self.args.mode == "bsp":  # a round waits for every learner slot: fresh ones, one per learner
-            self.shards.pop((tree.path, wire)).stop()
+            used = self.shards.pop((tree.path, wire), None)
+            if used is not None:
+                used.stop()
             self.shards[tree.path, wire] = Shards(self.args, tree, self.params, wire, learners)
         with tempfile.NamedTemporaryFile(prefix="blkps-overlap-device-") as queue:
             if learners > 1:
